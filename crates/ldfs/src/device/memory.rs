@@ -1,0 +1,71 @@
+//! A device held in memory. Writes are durable at once; `flush` is a no-op.
+
+use std::sync::Mutex;
+
+use super::{check_range, Device, DeviceError, DeviceOp};
+
+pub struct MemoryDevice {
+    bytes: Mutex<Vec<u8>>,
+}
+
+impl MemoryDevice {
+    /// A zero-filled device of `size_bytes`.
+    pub fn new(size_bytes: u64) -> MemoryDevice {
+        MemoryDevice::from_vec(vec![0; size_bytes as usize])
+    }
+
+    /// A device whose contents are `bytes` (for example a crash image).
+    pub fn from_vec(bytes: Vec<u8>) -> MemoryDevice {
+        MemoryDevice { bytes: Mutex::new(bytes) }
+    }
+
+    /// A copy of the whole device.
+    pub fn snapshot(&self) -> Vec<u8> {
+        self.bytes.lock().unwrap().clone()
+    }
+}
+
+impl Device for MemoryDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        let bytes = self.bytes.lock().unwrap();
+        check_range(DeviceOp::Read, offset, buf.len(), bytes.len() as u64)?;
+        let start = offset as usize;
+        buf.copy_from_slice(&bytes[start..start + buf.len()]);
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+        let mut bytes = self.bytes.lock().unwrap();
+        check_range(DeviceOp::Write, offset, buf.len(), bytes.len() as u64)?;
+        let start = offset as usize;
+        bytes[start..start + buf.len()].copy_from_slice(buf);
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), DeviceError> {
+        Ok(())
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.bytes.lock().unwrap().len() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_then_read_and_bounds() {
+        let dev = MemoryDevice::new(8192);
+        dev.write_at(b"hello", 4094).unwrap();
+        let mut buf = [0u8; 5];
+        dev.read_at(&mut buf, 4094).unwrap();
+        assert_eq!(&buf, b"hello");
+        assert!(matches!(
+            dev.write_at(b"x", 8192),
+            Err(DeviceError::OutOfRange { .. })
+        ));
+        assert!(dev.read_at(&mut buf, 8190).is_err());
+    }
+}

@@ -1,0 +1,206 @@
+//! The Logical Disk interface (`logical-disk-1993.txt` section 2, with the
+//! "offset addressing" and concurrent-ARU extensions of section 6).
+//!
+//! A *list* is a sparse array of blocks named by a [`ListId`]; a block is
+//! addressed by `(list, index)`, so no layer above keeps physical addresses.
+//! Blocks have any length from 1 byte to [`LogicalDisk::max_block_bytes`].
+//!
+//! An *atomic recovery unit* (ARU) groups operations that recovery treats as
+//! one: after a crash all of them are present or none is. ARUs give recovery
+//! atomicity only, not isolation: reads see every accepted write at once.
+//! Several ARUs may be open at a time, each named by its [`AruId`].
+//!
+//! Invariants the interface promises:
+//! - A call that returns `Ok` has been accepted and will not later fail for
+//!   lack of space (space is checked, or reserved, before acceptance).
+//! - After `flush` returns `Ok`, every operation accepted before the call
+//!   survives a crash, except those in ARUs that had not ended at the crash.
+//! - After a crash the state equals the state after some prefix of the
+//!   accepted operations, with operations of unfinished ARUs removed.
+
+use std::fmt;
+use std::ops::Range;
+
+use crate::device::DeviceError;
+
+/// Names a list. List 0 is the engine's own list of lists; users get ids >= 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ListId(pub u64);
+
+/// Names an atomic recovery unit while it is open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AruId(pub u64);
+
+impl fmt::Display for ListId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "list {}", self.0)
+    }
+}
+
+impl fmt::Display for AruId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "aru {}", self.0)
+    }
+}
+
+/// What the list holds; a placement and cleaning hint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ListKind {
+    #[default]
+    Data,
+    Metadata,
+}
+
+/// How often the list's blocks are expected to change; a placement hint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Temperature {
+    #[default]
+    Warm,
+    Hot,
+    Cold,
+}
+
+/// Hints given when a list is created (LD Table 1, `NewList(PredLid, Hints)`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ListHints {
+    pub kind: ListKind,
+    pub temperature: Temperature,
+    /// Store blocks compressed when that makes them smaller.
+    pub compress: bool,
+    /// Place this list's blocks near those of another list.
+    pub near: Option<ListId>,
+}
+
+/// Space as the LD sees it, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpaceStats {
+    /// Capacity usable for blocks and their summaries.
+    pub capacity_bytes: u64,
+    /// Bytes a caller can still have accepted now.
+    pub available_bytes: u64,
+    /// Bytes of live blocks (after compression).
+    pub live_bytes: u64,
+}
+
+/// Corruption found in bytes read from a device: what, where, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Corruption {
+    /// The structure that failed to decode, e.g. "summary", "checkpoint slot 1".
+    pub what: &'static str,
+    /// Byte offset on the device of that structure.
+    pub offset: u64,
+    pub reason: CorruptReason,
+}
+
+/// Why bytes were rejected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CorruptReason {
+    BadMagic { got: u64 },
+    BadVersion { got: u32 },
+    BadChecksum { expected: u32, got: u32 },
+    WrongFileSystem { expected: u64, got: u64 },
+    WrongSequence { expected: u64, got: u64 },
+    WrongLocation { expected: u64, got: u64 },
+    OutOfBounds { field: &'static str, value: u64, limit: u64 },
+    Inconsistent(String),
+}
+
+impl fmt::Display for Corruption {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "corrupt {} at byte {}: ", self.what, self.offset)?;
+        match &self.reason {
+            CorruptReason::BadMagic { got } => write!(f, "bad magic {got:#x}"),
+            CorruptReason::BadVersion { got } => write!(f, "unsupported version {got}"),
+            CorruptReason::BadChecksum { expected, got } => {
+                write!(f, "checksum mismatch (expected {expected:#010x}, got {got:#010x})")
+            }
+            CorruptReason::WrongFileSystem { expected, got } => {
+                write!(f, "belongs to file system {got:#x}, not {expected:#x}")
+            }
+            CorruptReason::WrongSequence { expected, got } => {
+                write!(f, "sequence {got}, expected {expected}")
+            }
+            CorruptReason::WrongLocation { expected, got } => {
+                write!(f, "claims location {got}, found at {expected}")
+            }
+            CorruptReason::OutOfBounds { field, value, limit } => {
+                write!(f, "{field} = {value} exceeds limit {limit}")
+            }
+            CorruptReason::Inconsistent(s) => f.write_str(s),
+        }
+    }
+}
+
+/// Errors of the LD layer. errno exists only at the FUSE boundary.
+#[derive(Debug, thiserror::Error)]
+pub enum LdError {
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    #[error("{0}")]
+    Corrupt(Corruption),
+    #[error("no space: {needed} bytes needed, {available} available")]
+    NoSpace { needed: u64, available: u64 },
+    #[error("{0} does not exist")]
+    NoSuchList(ListId),
+    #[error("{0} is not open")]
+    NoSuchAru(AruId),
+    #[error("{aru} is too large: {ops} operations (limit {limit})")]
+    AruTooLarge { aru: AruId, ops: u64, limit: u64 },
+    #[error("block of {len} bytes is outside 1..={max}")]
+    BadBlockLength { len: usize, max: usize },
+    #[error("read-only: {0}")]
+    ReadOnly(String),
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+impl From<Corruption> for LdError {
+    fn from(c: Corruption) -> Self {
+        LdError::Corrupt(c)
+    }
+}
+
+pub type LdResult<T> = Result<T, LdError>;
+
+/// The Logical Disk interface. Every method takes `&self`: implementations
+/// are shared between threads.
+pub trait LogicalDisk: Send + Sync {
+    /// Largest block accepted by `write`.
+    fn max_block_bytes(&self) -> usize;
+
+    /// Create a list and return its id.
+    fn create_list(&self, aru: Option<AruId>, hints: ListHints) -> LdResult<ListId>;
+    /// Delete a list and all its blocks.
+    fn delete_list(&self, aru: Option<AruId>, list: ListId) -> LdResult<()>;
+    /// The hints a list was created with, or `None` if it does not exist.
+    fn list_hints(&self, list: ListId) -> LdResult<Option<ListHints>>;
+
+    /// Write (create or replace) one block.
+    fn write(&self, aru: Option<AruId>, list: ListId, index: u64, data: &[u8]) -> LdResult<()>;
+    /// Read one block; `None` if no block is at that index.
+    fn read(&self, list: ListId, index: u64) -> LdResult<Option<Vec<u8>>>;
+    /// Delete one block (no error if absent).
+    fn delete(&self, aru: Option<AruId>, list: ListId, index: u64) -> LdResult<()>;
+    /// Delete every block whose index lies in `range`.
+    fn delete_range(&self, aru: Option<AruId>, list: ListId, range: Range<u64>) -> LdResult<()>;
+    /// Indices of up to `limit` present blocks with index >= `from`, ascending.
+    fn indices(&self, list: ListId, from: u64, limit: usize) -> LdResult<Vec<u64>>;
+
+    /// Open an ARU.
+    fn begin_aru(&self) -> LdResult<AruId>;
+    /// Close an ARU; from here on its operations recover together.
+    fn end_aru(&self, aru: AruId) -> LdResult<()>;
+    /// Guarantee that `bytes` more bytes of blocks written in `aru` will be
+    /// accepted; fails with `NoSpace` before anything is accepted. The
+    /// reservation is released when the ARU ends.
+    fn reserve(&self, aru: AruId, bytes: u64) -> LdResult<()>;
+
+    /// Make every accepted operation durable.
+    fn flush(&self) -> LdResult<()>;
+    /// Make `list`'s accepted operations durable. The log is one sequence, so
+    /// implementations may flush more than the list.
+    fn flush_list(&self, list: ListId) -> LdResult<()>;
+
+    /// Space figures.
+    fn space(&self) -> SpaceStats;
+}

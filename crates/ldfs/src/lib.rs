@@ -1,0 +1,16 @@
+//! ldfs storage core.
+//!
+//! Layers, each knowing only the one below it (see `docs/DESIGN.md`):
+//!
+//! ```text
+//! ld   the Logical Disk interface: lists of variable-length blocks, ARUs, flush, reserve
+//! lld  the log-structured Logical Disk (the engine)
+//! device  block devices: file, memory, crash simulation, fault injection
+//! ```
+//!
+//! Nothing in this crate knows about FUSE.
+
+pub mod device;
+pub mod ld;
+pub mod lld;
+pub mod testing;

@@ -1,0 +1,1 @@
+//! Test support: models, workload generators and seeded simulation.
