@@ -14,10 +14,16 @@ pub struct Key {
 
 impl Key {
     pub const MIN: Key = Key { list: 0, index: 0 };
-    pub const MAX: Key = Key { list: u64::MAX, index: u64::MAX };
+    pub const MAX: Key = Key {
+        list: u64::MAX,
+        index: u64::MAX,
+    };
 
     pub fn new(list: ListId, index: u64) -> Key {
-        Key { list: list.0, index }
+        Key {
+            list: list.0,
+            index,
+        }
     }
 }
 

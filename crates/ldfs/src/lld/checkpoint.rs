@@ -1,0 +1,292 @@
+//! Checkpoints (docs/FORMAT.md, "Checkpoint slot"; BSD-LFS 3.3, STYLE 8).
+//!
+//! Two fixed slots are written alternately; each holds a header page and the
+//! segment usage table, all under one crc32c. The newest slot whose checksum
+//! holds wins (by `serial`, a counter, never a clock). A torn checkpoint
+//! write therefore leaves the other slot, one checkpoint older, intact.
+
+use super::codec::{crc_with_hole, get_u32, get_u64, put_u32, put_u64};
+use super::layout::{Geometry, USAGE_ENTRY_BYTES};
+use super::types::{PagePtr, PAGE_BYTES};
+use super::usage::{SegmentState, Usage};
+use crate::ld::{CorruptReason, Corruption};
+
+pub const CHECKPOINT_MAGIC: u64 = u64::from_le_bytes(*b"LDFSCKPT");
+pub const CHECKPOINT_VERSION: u32 = 1;
+
+const C_MAGIC: usize = 0;
+const C_VERSION: usize = 8;
+const C_PAGES: usize = 12;
+const C_FS_ID: usize = 16;
+const C_SERIAL: usize = 24;
+const C_EPOCH: usize = 32;
+const C_NEXT_SEQ: usize = 40;
+const C_LOG_SEGMENT: usize = 48;
+const C_LOG_PAGE: usize = 52;
+const C_NEXT_SEGMENT: usize = 56;
+const C_SEGMENT_COUNT: usize = 60;
+const C_MAP_ADDR: usize = 64;
+const C_MAP_CRC: usize = 72;
+const C_MAP_HEIGHT: usize = 76;
+const C_MAP_ENTRIES: usize = 80;
+const C_NEXT_LIST: usize = 88;
+const C_USER_BYTES: usize = 96;
+const C_MOVED_BYTES: usize = 104;
+const C_CRC: usize = 112;
+
+/// Everything a checkpoint records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointHeader {
+    pub serial: u64,
+    /// Incremented on every open for writing: summaries of another epoch are
+    /// not part of this checkpoint's log, even if their sequence matches.
+    pub epoch: u64,
+    /// Sequence of the first partial segment after the checkpoint.
+    pub next_seq: u64,
+    /// Where that partial segment starts.
+    pub log_segment: u32,
+    pub log_page: u32,
+    /// The segment the log moves to after `log_segment`.
+    pub next_segment: u32,
+    /// Map root; `None` for an empty map.
+    pub map_root: Option<(PagePtr, u8, u64)>,
+    pub next_list: u64,
+    /// Bytes of blocks written by users since mkfs (for write cost).
+    pub user_bytes: u64,
+    /// Bytes moved by the cleaner since mkfs.
+    pub moved_bytes: u64,
+}
+
+pub fn encode(
+    g: &Geometry,
+    h: &CheckpointHeader,
+    usage: &Usage,
+    released: &[super::types::SegmentId],
+) -> Vec<u8> {
+    let pages = g.checkpoint_pages as usize;
+    let mut b = vec![0u8; PAGE_BYTES];
+    put_u64(&mut b, C_MAGIC, CHECKPOINT_MAGIC);
+    put_u32(&mut b, C_VERSION, CHECKPOINT_VERSION);
+    put_u32(&mut b, C_PAGES, pages as u32);
+    put_u64(&mut b, C_FS_ID, g.fs_id);
+    put_u64(&mut b, C_SERIAL, h.serial);
+    put_u64(&mut b, C_EPOCH, h.epoch);
+    put_u64(&mut b, C_NEXT_SEQ, h.next_seq);
+    put_u32(&mut b, C_LOG_SEGMENT, h.log_segment);
+    put_u32(&mut b, C_LOG_PAGE, h.log_page);
+    put_u32(&mut b, C_NEXT_SEGMENT, h.next_segment);
+    put_u32(&mut b, C_SEGMENT_COUNT, g.segment_count);
+    if let Some((ptr, height, entries)) = h.map_root {
+        assert!(ptr.addr != 0 && height >= 1);
+        put_u64(&mut b, C_MAP_ADDR, ptr.addr);
+        put_u32(&mut b, C_MAP_CRC, ptr.crc);
+        b[C_MAP_HEIGHT] = height;
+        put_u64(&mut b, C_MAP_ENTRIES, entries);
+    }
+    put_u64(&mut b, C_NEXT_LIST, h.next_list);
+    put_u64(&mut b, C_USER_BYTES, h.user_bytes);
+    put_u64(&mut b, C_MOVED_BYTES, h.moved_bytes);
+    usage.encode(released, &mut b);
+    b.resize(pages * PAGE_BYTES, 0);
+    let crc = crc_with_hole(&b, C_CRC);
+    put_u32(&mut b, C_CRC, crc);
+    b
+}
+
+/// Decodes a slot (`checkpoint_pages` pages) read at `offset`.
+pub fn decode(
+    g: &Geometry,
+    b: &[u8],
+    offset: u64,
+) -> Result<(CheckpointHeader, Usage), Corruption> {
+    let bad = |reason| Corruption {
+        what: "checkpoint",
+        offset,
+        reason,
+    };
+    let len = g.checkpoint_pages as usize * PAGE_BYTES;
+    if b.len() != len {
+        return Err(bad(CorruptReason::OutOfBounds {
+            field: "length",
+            value: b.len() as u64,
+            limit: len as u64,
+        }));
+    }
+    let magic = get_u64(b, C_MAGIC);
+    if magic != CHECKPOINT_MAGIC {
+        return Err(bad(CorruptReason::BadMagic { got: magic }));
+    }
+    let expected = get_u32(b, C_CRC);
+    let got = crc_with_hole(b, C_CRC);
+    if expected != got {
+        return Err(bad(CorruptReason::BadChecksum { expected, got }));
+    }
+    let version = get_u32(b, C_VERSION);
+    if version != CHECKPOINT_VERSION {
+        return Err(bad(CorruptReason::BadVersion { got: version }));
+    }
+    let fs_id = get_u64(b, C_FS_ID);
+    if fs_id != g.fs_id {
+        return Err(bad(CorruptReason::WrongFileSystem {
+            expected: g.fs_id,
+            got: fs_id,
+        }));
+    }
+    let check = |field: &'static str, value: u64, limit: u64| {
+        if value >= limit {
+            Err(bad(CorruptReason::OutOfBounds {
+                field,
+                value,
+                limit,
+            }))
+        } else {
+            Ok(value)
+        }
+    };
+    check(
+        "pages",
+        get_u32(b, C_PAGES) as u64,
+        g.checkpoint_pages as u64 + 1,
+    )?;
+    let count = get_u32(b, C_SEGMENT_COUNT);
+    if count != g.segment_count {
+        return Err(bad(CorruptReason::Inconsistent(format!(
+            "{count} segments, superblock says {}",
+            g.segment_count
+        ))));
+    }
+    let log_segment = check(
+        "log segment",
+        get_u32(b, C_LOG_SEGMENT) as u64,
+        g.segment_count as u64,
+    )? as u32;
+    let log_page = check(
+        "log page",
+        get_u32(b, C_LOG_PAGE) as u64,
+        g.segment_pages as u64,
+    )? as u32;
+    let next_segment = check(
+        "next segment",
+        get_u32(b, C_NEXT_SEGMENT) as u64,
+        g.segment_count as u64,
+    )? as u32;
+    let map_addr = get_u64(b, C_MAP_ADDR);
+    let map_root = if map_addr == 0 {
+        None
+    } else {
+        let height = b[C_MAP_HEIGHT];
+        check("map height", height as u64, 17)?;
+        if height == 0 || g.segment_of(map_addr).is_none() || map_addr % PAGE_BYTES as u64 != 0 {
+            return Err(bad(CorruptReason::Inconsistent(format!(
+                "map root at byte {map_addr}, height {height}"
+            ))));
+        }
+        Some((
+            PagePtr {
+                addr: map_addr,
+                crc: get_u32(b, C_MAP_CRC),
+            },
+            height,
+            get_u64(b, C_MAP_ENTRIES),
+        ))
+    };
+    let usage = Usage::decode(
+        &b[PAGE_BYTES..],
+        count,
+        g.segment_bytes() as u32,
+        offset + PAGE_BYTES as u64,
+    )?;
+    debug_assert!(len >= PAGE_BYTES + count as usize * USAGE_ENTRY_BYTES);
+    let active = usage.get(super::types::SegmentId(log_segment)).state;
+    if active != SegmentState::Active {
+        return Err(bad(CorruptReason::Inconsistent(format!(
+            "log segment {log_segment} is {active:?}, not Active"
+        ))));
+    }
+    let header = CheckpointHeader {
+        serial: get_u64(b, C_SERIAL),
+        epoch: get_u64(b, C_EPOCH),
+        next_seq: get_u64(b, C_NEXT_SEQ),
+        log_segment,
+        log_page,
+        next_segment,
+        map_root,
+        next_list: get_u64(b, C_NEXT_LIST),
+        user_bytes: get_u64(b, C_USER_BYTES),
+        moved_bytes: get_u64(b, C_MOVED_BYTES),
+    };
+    Ok((header, usage))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lld::layout::MkfsOptions;
+    use crate::lld::types::SegmentId;
+
+    fn sample() -> (Geometry, CheckpointHeader, Usage) {
+        let g = Geometry::plan(
+            16 << 20,
+            &MkfsOptions {
+                segment_bytes: 64 << 10,
+                max_block_bytes: 16 << 10,
+                fs_id: 9,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut usage = Usage::new(g.segment_count, g.segment_bytes() as u32);
+        usage.transition(SegmentId(2), SegmentState::Active);
+        usage.add_live(SegmentId(2), 4096, 5);
+        usage.transition(SegmentId(3), SegmentState::Next);
+        let root = Some((
+            PagePtr {
+                addr: g.page_addr(SegmentId(2), 1),
+                crc: 0x1234,
+            },
+            2,
+            300,
+        ));
+        let h = CheckpointHeader {
+            serial: 4,
+            epoch: 2,
+            next_seq: 77,
+            log_segment: 2,
+            log_page: 3,
+            next_segment: 3,
+            map_root: root,
+            next_list: 12,
+            user_bytes: 1 << 20,
+            moved_bytes: 0,
+        };
+        (g, h, usage)
+    }
+
+    #[test]
+    fn roundtrip() {
+        let (g, h, usage) = sample();
+        let b = encode(&g, &h, &usage, &[]);
+        let (h2, u2) = decode(&g, &b, 0).unwrap();
+        assert_eq!(h2, h);
+        assert_eq!(u2.get(SegmentId(2)), usage.get(SegmentId(2)));
+        assert_eq!(u2.clean_count(), usage.clean_count());
+    }
+
+    #[test]
+    fn every_flipped_byte_is_rejected() {
+        let (g, h, usage) = sample();
+        let good = encode(&g, &h, &usage, &[]);
+        for i in 0..good.len() {
+            let mut b = good.clone();
+            b[i] ^= 0x80;
+            let err = decode(&g, &b, 0).unwrap_err();
+            assert!(
+                matches!(
+                    err.reason,
+                    CorruptReason::BadChecksum { .. } | CorruptReason::BadMagic { .. }
+                ),
+                "byte {i}: {err}"
+            );
+        }
+    }
+}

@@ -1,0 +1,377 @@
+//! Device layout and the superblock (docs/FORMAT.md, "Layout", "Superblock").
+//!
+//! ```text
+//! page 0                      superblock copy 0
+//! pages 1 ..                  checkpoint slot 0, then slot 1 (checkpoint_pages each)
+//! first_segment_page ..       segment_count segments of segment_pages pages
+//! page total_pages - 1        superblock copy 1
+//! ```
+//!
+//! The superblock is written once, by mkfs, and never changes: everything
+//! that changes lives in the checkpoints and the log. Two copies sit at the
+//! two ends of the device so one damaged region cannot take both.
+
+use super::codec::{crc_with_hole, get_u32, get_u64, put_u32, put_u64};
+use super::types::{SegmentId, PAGE_BYTES};
+use crate::ld::{CorruptReason, Corruption, LdError, LdResult};
+
+pub const SUPERBLOCK_MAGIC: u64 = u64::from_le_bytes(*b"LDFS-SB\0");
+pub const FORMAT_VERSION: u32 = 1;
+/// Incompatible feature flags this build understands (none yet).
+pub const INCOMPAT_SUPPORTED: u32 = 0;
+
+// Superblock byte offsets.
+const SB_MAGIC: usize = 0;
+const SB_VERSION: usize = 8;
+const SB_INCOMPAT: usize = 12;
+const SB_FS_ID: usize = 16;
+const SB_PAGE_BYTES: usize = 24;
+const SB_SEGMENT_PAGES: usize = 28;
+const SB_TOTAL_PAGES: usize = 32;
+const SB_CHECKPOINT_PAGES: usize = 40;
+const SB_SLOT0_PAGE: usize = 48;
+const SB_SLOT1_PAGE: usize = 56;
+const SB_FIRST_SEGMENT_PAGE: usize = 64;
+const SB_SEGMENT_COUNT: usize = 72;
+const SB_MAX_BLOCK_BYTES: usize = 76;
+const SB_RESERVED_SEGMENTS: usize = 80;
+const SB_COPY: usize = 84;
+const SB_CRC: usize = PAGE_BYTES - 4;
+
+/// Limits on geometry; every value read from a superblock is checked against them.
+pub const MIN_SEGMENT_PAGES: u32 = 8;
+pub const MAX_SEGMENT_PAGES: u32 = 16384; // 64 MiB
+pub const MAX_SEGMENTS: u32 = 1 << 24;
+pub const MAX_BLOCK_BYTES_LIMIT: u32 = 1 << 20;
+/// Bytes per usage-table entry in a checkpoint.
+pub const USAGE_ENTRY_BYTES: usize = 16;
+
+/// The fixed geometry of a formatted device: the superblock's contents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    pub fs_id: u64,
+    pub total_pages: u64,
+    pub segment_pages: u32,
+    pub segment_count: u32,
+    pub first_segment_page: u64,
+    /// Pages per checkpoint slot: one header page plus the usage table.
+    pub checkpoint_pages: u32,
+    pub slot_pages: [u64; 2],
+    pub max_block_bytes: u32,
+    /// Clean segments user writes may not consume: they belong to the
+    /// checkpoint (map pages) and the cleaner, so both can always progress.
+    pub reserved_segments: u32,
+}
+
+/// Options for formatting.
+#[derive(Clone, Copy, Debug)]
+pub struct MkfsOptions {
+    pub segment_bytes: u64,
+    pub max_block_bytes: u32,
+    /// `None` chooses 1/16 of the segments, clamped to 4..=64.
+    pub reserved_segments: Option<u32>,
+    pub fs_id: u64,
+}
+
+impl Default for MkfsOptions {
+    fn default() -> Self {
+        MkfsOptions {
+            segment_bytes: 2 << 20,
+            max_block_bytes: 64 << 10,
+            reserved_segments: None,
+            fs_id: 0,
+        }
+    }
+}
+
+fn invalid(msg: String) -> LdError {
+    LdError::InvalidArgument(msg)
+}
+
+impl Geometry {
+    /// Lays out a device of `size_bytes`.
+    pub fn plan(size_bytes: u64, opts: &MkfsOptions) -> LdResult<Geometry> {
+        let page = PAGE_BYTES as u64;
+        if opts.segment_bytes % page != 0 {
+            return Err(invalid(format!(
+                "segment size {} is not a multiple of {page}",
+                opts.segment_bytes
+            )));
+        }
+        let segment_pages = (opts.segment_bytes / page) as u32;
+        if !(MIN_SEGMENT_PAGES..=MAX_SEGMENT_PAGES).contains(&segment_pages) {
+            return Err(invalid(format!(
+                "segment size {} outside {}..={} bytes",
+                opts.segment_bytes,
+                MIN_SEGMENT_PAGES as u64 * page,
+                MAX_SEGMENT_PAGES as u64 * page
+            )));
+        }
+        let max_block = opts.max_block_bytes;
+        if max_block == 0
+            || max_block > MAX_BLOCK_BYTES_LIMIT
+            || max_block as u64 > (segment_pages as u64 - 2) * page / 2
+        {
+            return Err(invalid(format!(
+                "max block size {max_block} must be 1..={MAX_BLOCK_BYTES_LIMIT} and at most half a segment"
+            )));
+        }
+        let total_pages = size_bytes / page;
+        // First guess of the segment count, then size the checkpoint slots for it.
+        let rough = total_pages.saturating_sub(2) / segment_pages as u64;
+        let rough = rough.min(MAX_SEGMENTS as u64) as u32;
+        let checkpoint_pages = checkpoint_pages_for(rough);
+        let meta_end = 1 + 2 * checkpoint_pages as u64;
+        // Segments start on a segment-size boundary (aligned large writes).
+        let first_segment_page = meta_end.div_ceil(segment_pages as u64) * segment_pages as u64;
+        let room = total_pages.saturating_sub(first_segment_page + 1);
+        let segment_count = (room / segment_pages as u64).min(rough as u64) as u32;
+        let reserved = opts
+            .reserved_segments
+            .unwrap_or_else(|| (segment_count / 16).clamp(4, 64));
+        if segment_count < reserved + 4 {
+            return Err(invalid(format!(
+                "device of {size_bytes} bytes holds {segment_count} segments of {} bytes; at least {} are needed",
+                opts.segment_bytes,
+                reserved + 4
+            )));
+        }
+        Ok(Geometry {
+            fs_id: opts.fs_id,
+            total_pages,
+            segment_pages,
+            segment_count,
+            first_segment_page,
+            checkpoint_pages,
+            slot_pages: [1, 1 + checkpoint_pages as u64],
+            max_block_bytes: max_block,
+            reserved_segments: reserved,
+        })
+    }
+
+    pub fn segment_bytes(&self) -> u64 {
+        self.segment_pages as u64 * PAGE_BYTES as u64
+    }
+
+    /// Byte address of a page within a segment.
+    pub fn page_addr(&self, seg: SegmentId, page: u32) -> u64 {
+        assert!(seg.0 < self.segment_count && page <= self.segment_pages);
+        (self.first_segment_page + seg.0 as u64 * self.segment_pages as u64 + page as u64)
+            * PAGE_BYTES as u64
+    }
+
+    /// The segment holding byte address `addr`, if it lies in the segment area.
+    pub fn segment_of(&self, addr: u64) -> Option<SegmentId> {
+        let page = addr / PAGE_BYTES as u64;
+        let rel = page.checked_sub(self.first_segment_page)?;
+        let seg = rel / self.segment_pages as u64;
+        (seg < self.segment_count as u64).then_some(SegmentId(seg as u32))
+    }
+
+    pub fn superblock_addrs(&self) -> [u64; 2] {
+        [0, (self.total_pages - 1) * PAGE_BYTES as u64]
+    }
+
+    pub fn slot_addr(&self, slot: usize) -> u64 {
+        self.slot_pages[slot] * PAGE_BYTES as u64
+    }
+
+    /// Encodes superblock copy `copy` (0 or 1).
+    pub fn encode_superblock(&self, copy: u32) -> Vec<u8> {
+        let mut b = vec![0u8; PAGE_BYTES];
+        put_u64(&mut b, SB_MAGIC, SUPERBLOCK_MAGIC);
+        put_u32(&mut b, SB_VERSION, FORMAT_VERSION);
+        put_u32(&mut b, SB_INCOMPAT, 0);
+        put_u64(&mut b, SB_FS_ID, self.fs_id);
+        put_u32(&mut b, SB_PAGE_BYTES, PAGE_BYTES as u32);
+        put_u32(&mut b, SB_SEGMENT_PAGES, self.segment_pages);
+        put_u64(&mut b, SB_TOTAL_PAGES, self.total_pages);
+        put_u64(&mut b, SB_CHECKPOINT_PAGES, self.checkpoint_pages as u64);
+        put_u64(&mut b, SB_SLOT0_PAGE, self.slot_pages[0]);
+        put_u64(&mut b, SB_SLOT1_PAGE, self.slot_pages[1]);
+        put_u64(&mut b, SB_FIRST_SEGMENT_PAGE, self.first_segment_page);
+        put_u32(&mut b, SB_SEGMENT_COUNT, self.segment_count);
+        put_u32(&mut b, SB_MAX_BLOCK_BYTES, self.max_block_bytes);
+        put_u32(&mut b, SB_RESERVED_SEGMENTS, self.reserved_segments);
+        put_u32(&mut b, SB_COPY, copy);
+        let crc = crc_with_hole(&b, SB_CRC);
+        put_u32(&mut b, SB_CRC, crc);
+        b
+    }
+
+    /// Decodes and validates a superblock read at byte `offset` of a device of
+    /// `device_bytes`. Every field is bounded before use.
+    pub fn decode_superblock(
+        b: &[u8],
+        offset: u64,
+        device_bytes: u64,
+    ) -> Result<Geometry, Corruption> {
+        let bad = |reason| Corruption {
+            what: "superblock",
+            offset,
+            reason,
+        };
+        if b.len() != PAGE_BYTES {
+            return Err(bad(CorruptReason::OutOfBounds {
+                field: "length",
+                value: b.len() as u64,
+                limit: PAGE_BYTES as u64,
+            }));
+        }
+        let magic = get_u64(b, SB_MAGIC);
+        if magic != SUPERBLOCK_MAGIC {
+            return Err(bad(CorruptReason::BadMagic { got: magic }));
+        }
+        let expected = get_u32(b, SB_CRC);
+        let got = crc_with_hole(b, SB_CRC);
+        if expected != got {
+            return Err(bad(CorruptReason::BadChecksum { expected, got }));
+        }
+        let version = get_u32(b, SB_VERSION);
+        if version != FORMAT_VERSION {
+            return Err(bad(CorruptReason::BadVersion { got: version }));
+        }
+        let incompat = get_u32(b, SB_INCOMPAT);
+        if incompat & !INCOMPAT_SUPPORTED != 0 {
+            return Err(bad(CorruptReason::Inconsistent(format!(
+                "unsupported incompatible features {incompat:#x}"
+            ))));
+        }
+        let bound = |field: &'static str, value: u64, lo: u64, hi: u64| {
+            if value < lo || value > hi {
+                Err(bad(CorruptReason::OutOfBounds {
+                    field,
+                    value,
+                    limit: hi,
+                }))
+            } else {
+                Ok(value)
+            }
+        };
+        bound(
+            "page size",
+            get_u32(b, SB_PAGE_BYTES) as u64,
+            PAGE_BYTES as u64,
+            PAGE_BYTES as u64,
+        )?;
+        let segment_pages = bound(
+            "segment pages",
+            get_u32(b, SB_SEGMENT_PAGES) as u64,
+            MIN_SEGMENT_PAGES as u64,
+            MAX_SEGMENT_PAGES as u64,
+        )? as u32;
+        let device_pages = device_bytes / PAGE_BYTES as u64;
+        let total_pages = bound("total pages", get_u64(b, SB_TOTAL_PAGES), 2, device_pages)?;
+        let segment_count = bound(
+            "segment count",
+            get_u32(b, SB_SEGMENT_COUNT) as u64,
+            1,
+            MAX_SEGMENTS as u64,
+        )? as u32;
+        let checkpoint_pages = bound(
+            "checkpoint pages",
+            get_u64(b, SB_CHECKPOINT_PAGES),
+            checkpoint_pages_for(segment_count) as u64,
+            checkpoint_pages_for(MAX_SEGMENTS) as u64,
+        )? as u32;
+        let slot0 = get_u64(b, SB_SLOT0_PAGE);
+        let slot1 = get_u64(b, SB_SLOT1_PAGE);
+        let first_segment_page = get_u64(b, SB_FIRST_SEGMENT_PAGE);
+        let max_block_bytes = bound(
+            "max block bytes",
+            get_u32(b, SB_MAX_BLOCK_BYTES) as u64,
+            1,
+            MAX_BLOCK_BYTES_LIMIT as u64,
+        )? as u32;
+        let reserved_segments = bound(
+            "reserved segments",
+            get_u32(b, SB_RESERVED_SEGMENTS) as u64,
+            1,
+            segment_count as u64,
+        )? as u32;
+        // The regions must be disjoint and inside the device.
+        let cp = checkpoint_pages as u64;
+        let seg_end = first_segment_page
+            .checked_add(segment_count as u64 * segment_pages as u64)
+            .unwrap_or(u64::MAX);
+        let layout_ok = slot0 >= 1
+            && slot1 >= slot0 + cp
+            && first_segment_page >= slot1 + cp
+            && seg_end < total_pages
+            && (max_block_bytes as u64) <= (segment_pages as u64 - 2) * PAGE_BYTES as u64 / 2;
+        if !layout_ok {
+            return Err(bad(CorruptReason::Inconsistent(format!(
+                "regions overlap or exceed the device: slots at pages {slot0} and {slot1} ({cp} pages), \
+                 segments {first_segment_page}..{seg_end}, total {total_pages}"
+            ))));
+        }
+        Ok(Geometry {
+            fs_id: get_u64(b, SB_FS_ID),
+            total_pages,
+            segment_pages,
+            segment_count,
+            first_segment_page,
+            checkpoint_pages,
+            slot_pages: [slot0, slot1],
+            max_block_bytes,
+            reserved_segments,
+        })
+    }
+}
+
+/// Pages of one checkpoint slot for `segments` segments: a header page plus
+/// the usage table.
+pub fn checkpoint_pages_for(segments: u32) -> u32 {
+    1 + (segments as usize * USAGE_ENTRY_BYTES).div_ceil(PAGE_BYTES) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_is_disjoint_and_roundtrips() {
+        let g = Geometry::plan(
+            64 << 20,
+            &MkfsOptions {
+                fs_id: 7,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert!(g.first_segment_page >= g.slot_pages[1] + g.checkpoint_pages as u64);
+        assert!(
+            g.page_addr(SegmentId(g.segment_count - 1), g.segment_pages) <= g.superblock_addrs()[1]
+        );
+        for copy in 0..2 {
+            let b = g.encode_superblock(copy);
+            assert_eq!(Geometry::decode_superblock(&b, 0, 64 << 20).unwrap(), g);
+        }
+    }
+
+    #[test]
+    fn too_small_device_is_refused() {
+        assert!(matches!(
+            Geometry::plan(1 << 20, &MkfsOptions::default()),
+            Err(LdError::InvalidArgument(_))
+        ));
+    }
+
+    #[test]
+    fn every_flipped_byte_is_rejected() {
+        let g = Geometry::plan(64 << 20, &MkfsOptions::default()).unwrap();
+        let good = g.encode_superblock(0);
+        for i in 0..PAGE_BYTES {
+            let mut b = good.clone();
+            b[i] ^= 0x40;
+            let err = Geometry::decode_superblock(&b, 0, 64 << 20).unwrap_err();
+            assert!(
+                matches!(
+                    err.reason,
+                    CorruptReason::BadChecksum { .. } | CorruptReason::BadMagic { .. }
+                ),
+                "byte {i}: {err}"
+            );
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! The segment usage table: per segment, its state, live bytes and age
+//! (BSD-LFS 3.2 "segment usage table"; the cleaner's input).
+//!
+//! States and the only legal transitions (asserted):
+//!
+//! ```text
+//! Clean --choose as next--> Next --log enters--> Active --log leaves--> Dirty
+//! Dirty --live bytes 0 at a checkpoint, made Clean once that checkpoint is durable--> Clean
+//! ```
+//!
+//! A segment is reused only after the checkpoint that stops referencing it is
+//! durable (STYLE 11): nothing moves Dirty to Clean except `Usage::release`,
+//! which the engine calls after the checkpoint's flush.
+
+use super::layout::USAGE_ENTRY_BYTES;
+use super::types::SegmentId;
+use crate::ld::{CorruptReason, Corruption};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SegmentState {
+    /// Holds nothing anyone needs; may be chosen as the next log segment.
+    Clean = 0,
+    /// Chosen to follow the active segment; summaries point at it.
+    Next = 1,
+    /// The log head is in it.
+    Active = 2,
+    /// Written; may hold live blocks.
+    Dirty = 3,
+}
+
+impl SegmentState {
+    fn from_u8(v: u8) -> Option<SegmentState> {
+        Some(match v {
+            0 => SegmentState::Clean,
+            1 => SegmentState::Next,
+            2 => SegmentState::Active,
+            3 => SegmentState::Dirty,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentUsage {
+    pub state: SegmentState,
+    /// Bytes of live blocks and map pages in the segment.
+    pub live_bytes: u32,
+    /// Sequence number of the last partial segment written to it: its age.
+    pub last_seq: u64,
+}
+
+#[derive(Debug)]
+pub struct Usage {
+    segs: Vec<SegmentUsage>,
+    clean: u32,
+    segment_bytes: u32,
+}
+
+impl Usage {
+    pub fn new(segment_count: u32, segment_bytes: u32) -> Usage {
+        let e = SegmentUsage {
+            state: SegmentState::Clean,
+            live_bytes: 0,
+            last_seq: 0,
+        };
+        Usage {
+            segs: vec![e; segment_count as usize],
+            clean: segment_count,
+            segment_bytes,
+        }
+    }
+
+    pub fn len(&self) -> u32 {
+        self.segs.len() as u32
+    }
+    pub fn is_empty(&self) -> bool {
+        self.segs.is_empty()
+    }
+    pub fn get(&self, s: SegmentId) -> SegmentUsage {
+        self.segs[s.0 as usize]
+    }
+    pub fn iter(&self) -> impl Iterator<Item = (SegmentId, SegmentUsage)> + '_ {
+        self.segs
+            .iter()
+            .enumerate()
+            .map(|(i, u)| (SegmentId(i as u32), *u))
+    }
+    pub fn clean_count(&self) -> u32 {
+        self.clean
+    }
+    pub fn live_bytes_total(&self) -> u64 {
+        self.segs.iter().map(|u| u.live_bytes as u64).sum()
+    }
+
+    /// Moves `s` to `to`, asserting the transition is one of the legal ones.
+    pub fn transition(&mut self, s: SegmentId, to: SegmentState) {
+        use SegmentState::*;
+        let u = &mut self.segs[s.0 as usize];
+        let ok = matches!(
+            (u.state, to),
+            (Clean, Next) | (Next, Active) | (Active, Dirty) | (Dirty, Clean) | (Clean, Active)
+        );
+        assert!(
+            ok,
+            "illegal segment transition {:?} -> {:?} for segment {}",
+            u.state, to, s.0
+        );
+        if u.state == Clean {
+            self.clean -= 1;
+        }
+        if to == Clean {
+            assert_eq!(
+                u.live_bytes, 0,
+                "segment {} made clean with live bytes",
+                s.0
+            );
+            self.clean += 1;
+        }
+        u.state = to;
+    }
+
+    /// A clean segment other than those in `avoid`, lowest number first
+    /// after `after` (wrapping), so the log sweeps the device.
+    pub fn pick_clean(&self, after: SegmentId) -> Option<SegmentId> {
+        let n = self.segs.len() as u32;
+        (1..=n)
+            .map(|d| (after.0 + d) % n)
+            .find(|&i| self.segs[i as usize].state == SegmentState::Clean)
+            .map(SegmentId)
+    }
+
+    pub fn add_live(&mut self, s: SegmentId, bytes: u32, seq: u64) {
+        let u = &mut self.segs[s.0 as usize];
+        assert!(
+            matches!(u.state, SegmentState::Active),
+            "live bytes added to {:?} segment {}",
+            u.state,
+            s.0
+        );
+        u.live_bytes = u
+            .live_bytes
+            .checked_add(bytes)
+            .expect("live bytes overflow");
+        assert!(
+            u.live_bytes <= self.segment_bytes,
+            "segment {} live {} > size",
+            s.0,
+            u.live_bytes
+        );
+        u.last_seq = u.last_seq.max(seq);
+    }
+
+    pub fn touch(&mut self, s: SegmentId, seq: u64) {
+        let u = &mut self.segs[s.0 as usize];
+        u.last_seq = u.last_seq.max(seq);
+    }
+
+    pub fn sub_live(&mut self, s: SegmentId, bytes: u32) {
+        let u = &mut self.segs[s.0 as usize];
+        u.live_bytes = u.live_bytes.checked_sub(bytes).unwrap_or_else(|| {
+            panic!(
+                "segment {} live bytes {} would go below zero (-{bytes})",
+                s.0, u.live_bytes
+            )
+        });
+    }
+
+    /// Dirty segments with no live bytes: free once the next checkpoint is durable.
+    pub fn releasable(&self) -> Vec<SegmentId> {
+        self.iter()
+            .filter(|(_, u)| u.state == SegmentState::Dirty && u.live_bytes == 0)
+            .map(|(s, _)| s)
+            .collect()
+    }
+
+    /// Marks `segs` clean. Call only after a checkpoint that no longer
+    /// references them is durable.
+    pub fn release(&mut self, segs: &[SegmentId]) {
+        for &s in segs {
+            self.transition(s, SegmentState::Clean);
+        }
+    }
+
+    /// Encodes the table as a checkpoint stores it; segments in
+    /// `released` are recorded as Clean (they are, once the checkpoint holds).
+    pub fn encode(&self, released: &[SegmentId], out: &mut Vec<u8>) {
+        let mut rel = released.to_vec();
+        rel.sort_unstable();
+        for (s, u) in self.iter() {
+            let state = if rel.binary_search(&s).is_ok() {
+                SegmentState::Clean
+            } else {
+                u.state
+            };
+            let mut e = [0u8; USAGE_ENTRY_BYTES];
+            e[0..4].copy_from_slice(&u.live_bytes.to_le_bytes());
+            e[4] = state as u8;
+            e[8..16].copy_from_slice(&u.last_seq.to_le_bytes());
+            out.extend_from_slice(&e);
+        }
+    }
+
+    /// Decodes `count` entries; bounds each.
+    pub fn decode(
+        b: &[u8],
+        count: u32,
+        segment_bytes: u32,
+        offset: u64,
+    ) -> Result<Usage, Corruption> {
+        let mut segs = Vec::with_capacity(count as usize);
+        let mut clean = 0;
+        for i in 0..count as usize {
+            let e = b
+                .get(i * USAGE_ENTRY_BYTES..(i + 1) * USAGE_ENTRY_BYTES)
+                .ok_or(Corruption {
+                    what: "usage table",
+                    offset,
+                    reason: CorruptReason::OutOfBounds {
+                        field: "entries",
+                        value: count as u64,
+                        limit: (b.len() / USAGE_ENTRY_BYTES) as u64,
+                    },
+                })?;
+            let live_bytes = u32::from_le_bytes(e[0..4].try_into().unwrap());
+            let state = SegmentState::from_u8(e[4]);
+            let last_seq = u64::from_le_bytes(e[8..16].try_into().unwrap());
+            let state = match state {
+                Some(s)
+                    if live_bytes <= segment_bytes
+                        && (s != SegmentState::Clean || live_bytes == 0) =>
+                {
+                    s
+                }
+                _ => {
+                    return Err(Corruption {
+                        what: "usage table",
+                        offset: offset + (i * USAGE_ENTRY_BYTES) as u64,
+                        reason: CorruptReason::Inconsistent(format!(
+                            "segment {i}: state {} with {live_bytes} live bytes",
+                            e[4]
+                        )),
+                    })
+                }
+            };
+            if state == SegmentState::Clean {
+                clean += 1;
+            }
+            segs.push(SegmentUsage {
+                state,
+                live_bytes,
+                last_seq,
+            });
+        }
+        Ok(Usage {
+            segs,
+            clean,
+            segment_bytes,
+        })
+    }
+
+    /// Replaces a segment's entry wholesale (recovery and rebuild).
+    pub fn set(&mut self, s: SegmentId, u: SegmentUsage) {
+        let old = self.segs[s.0 as usize];
+        if old.state == SegmentState::Clean {
+            self.clean -= 1;
+        }
+        if u.state == SegmentState::Clean {
+            self.clean += 1;
+        }
+        self.segs[s.0 as usize] = u;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transitions_and_roundtrip() {
+        let mut u = Usage::new(4, 1 << 16);
+        u.transition(SegmentId(1), SegmentState::Next);
+        u.transition(SegmentId(1), SegmentState::Active);
+        u.add_live(SegmentId(1), 100, 7);
+        u.transition(SegmentId(1), SegmentState::Dirty);
+        assert_eq!(u.clean_count(), 3);
+        let mut b = Vec::new();
+        u.encode(&[], &mut b);
+        let v = Usage::decode(&b, 4, 1 << 16, 0).unwrap();
+        assert_eq!(v.get(SegmentId(1)), u.get(SegmentId(1)));
+        assert_eq!(v.clean_count(), 3);
+        u.sub_live(SegmentId(1), 100);
+        assert_eq!(u.releasable(), vec![SegmentId(1)]);
+        u.release(&[SegmentId(1)]);
+        assert_eq!(u.clean_count(), 4);
+    }
+
+    #[test]
+    #[should_panic(expected = "illegal segment transition")]
+    fn dirty_cannot_become_active() {
+        let mut u = Usage::new(2, 1 << 16);
+        u.transition(SegmentId(0), SegmentState::Next);
+        u.transition(SegmentId(0), SegmentState::Active);
+        u.transition(SegmentId(0), SegmentState::Dirty);
+        u.transition(SegmentId(0), SegmentState::Active);
+    }
+
+    #[test]
+    fn decode_rejects_bad_state_and_overfull() {
+        let mut b = vec![0u8; 16];
+        b[4] = 9;
+        assert!(Usage::decode(&b, 1, 4096, 0).is_err());
+        let mut b = vec![0u8; 16];
+        b[0..4].copy_from_slice(&5000u32.to_le_bytes());
+        b[4] = 3;
+        assert!(Usage::decode(&b, 1, 4096, 0).is_err());
+        assert!(Usage::decode(&b, 2, 1 << 20, 0).is_err());
+    }
+}
