@@ -1,1 +1,279 @@
-fn main() {}
+//! The `ldfs` command. Subcommands so far: `mkfs` and `inspect`
+//! (mount, fsck, clean and bench follow the engine; see the issues).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use ldfs::device::{Device, FileDevice, FileDeviceOptions};
+use ldfs::lld::layout::MkfsOptions;
+use ldfs::lld::mkfs::{mkfs, read_checkpoints, read_superblock};
+use ldfs::lld::summary::{self, Expect};
+use ldfs::lld::usage::SegmentState;
+use ldfs::lld::{SegmentId, PAGE_BYTES};
+
+#[derive(Parser)]
+#[command(
+    name = "ldfs",
+    version,
+    about = "ldfs: a log-structured file system (Logical Disk + BSD-LFS engineering)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Format an image file (created or resized to --size) or a block device.
+    Mkfs {
+        image: PathBuf,
+        /// Size of the image file to create, e.g. 1G, 512M. Omit for a block device or an existing file.
+        #[arg(long, value_parser = parse_size)]
+        size: Option<u64>,
+        /// Segment size (the unit of cleaning and of large writes).
+        #[arg(long, default_value = "2M", value_parser = parse_size)]
+        segment_size: u64,
+        /// Largest block the engine accepts.
+        #[arg(long, default_value = "64K", value_parser = parse_size)]
+        max_block: u64,
+        /// Segments kept back for checkpoints and the cleaner (default: 1/16, 4..=64).
+        #[arg(long)]
+        reserved_segments: Option<u32>,
+    },
+    /// Print the superblock, both checkpoints, the segment usage table and,
+    /// with --segment, that segment's partial-segment summaries.
+    Inspect {
+        image: PathBuf,
+        #[arg(long)]
+        segment: Option<u32>,
+        /// Print every segment's usage entry, not only a summary of states.
+        #[arg(long)]
+        all_segments: bool,
+    },
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        None => (s, 1u64),
+        Some((i, _)) => {
+            let m = match s[i..]
+                .to_ascii_uppercase()
+                .trim_end_matches("IB")
+                .trim_end_matches('B')
+            {
+                "" => 1,
+                "K" => 1 << 10,
+                "M" => 1 << 20,
+                "G" => 1 << 30,
+                "T" => 1 << 40,
+                other => {
+                    return Err(format!(
+                        "unknown size suffix '{other}' in '{s}' (use K, M, G or T)"
+                    ))
+                }
+            };
+            (&s[..i], m)
+        }
+    };
+    let n: u64 = num.parse().map_err(|_| format!("'{s}' is not a size"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("'{s}' is too large"))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Mkfs {
+            image,
+            size,
+            segment_size,
+            max_block,
+            reserved_segments,
+        } => cmd_mkfs(image, size, segment_size, max_block, reserved_segments),
+        Cmd::Inspect {
+            image,
+            segment,
+            all_segments,
+        } => cmd_inspect(image, segment, all_segments),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ldfs: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type CmdResult = Result<(), Box<dyn std::error::Error>>;
+
+fn cmd_mkfs(
+    image: PathBuf,
+    size: Option<u64>,
+    segment_size: u64,
+    max_block: u64,
+    reserved: Option<u32>,
+) -> CmdResult {
+    let dev = match size {
+        Some(size) => FileDevice::create(&image, size, FileDeviceOptions::default())?,
+        None => FileDevice::open(&image, FileDeviceOptions::default())?,
+    };
+    let max_block_bytes =
+        u32::try_from(max_block).map_err(|_| format!("--max-block {max_block} is too large"))?;
+    let opts = MkfsOptions {
+        segment_bytes: segment_size,
+        max_block_bytes,
+        reserved_segments: reserved,
+        fs_id: 0,
+    };
+    let g = mkfs(&dev, &opts)?;
+    println!(
+        "formatted {}: {} bytes, {} segments of {} KiB, max block {} bytes, {} reserved segments, fs id {:016x}",
+        image.display(),
+        dev.size_bytes(),
+        g.segment_count,
+        g.segment_bytes() >> 10,
+        g.max_block_bytes,
+        g.reserved_segments,
+        g.fs_id
+    );
+    Ok(())
+}
+
+fn cmd_inspect(image: PathBuf, segment: Option<u32>, all: bool) -> CmdResult {
+    let dev = FileDevice::open(&image, FileDeviceOptions::default())?;
+    let (g, sb_errs) = read_superblock(&dev)?;
+    println!("superblock");
+    for (i, e) in sb_errs.iter().enumerate() {
+        match e {
+            None => println!("  copy {i}: ok"),
+            Some(e) => println!("  copy {i}: BAD: {e}"),
+        }
+    }
+    println!("  fs id              {:016x}", g.fs_id);
+    println!(
+        "  device             {} pages of {PAGE_BYTES} bytes",
+        g.total_pages
+    );
+    println!(
+        "  segments           {} x {} pages, from page {}",
+        g.segment_count, g.segment_pages, g.first_segment_page
+    );
+    println!(
+        "  checkpoint slots   pages {} and {}, {} pages each",
+        g.slot_pages[0], g.slot_pages[1], g.checkpoint_pages
+    );
+    println!("  max block          {} bytes", g.max_block_bytes);
+    println!("  reserved segments  {}", g.reserved_segments);
+    let slots = read_checkpoints(&dev, &g)?;
+    let mut newest: Option<(u64, usize)> = None;
+    for (i, s) in slots.iter().enumerate() {
+        match s {
+            Ok((h, _)) => {
+                println!(
+                    "checkpoint slot {i}: serial {} epoch {} next seq {} log at segment {} page {} next segment {} next list {}",
+                    h.serial, h.epoch, h.next_seq, h.log_segment, h.log_page, h.next_segment, h.next_list
+                );
+                match h.map_root {
+                    Some((ptr, height, entries)) => {
+                        println!("  map root at byte {} (crc {:08x}), height {height}, {entries} entries", ptr.addr, ptr.crc)
+                    }
+                    None => println!("  map empty"),
+                }
+                if newest.is_none_or(|(s, _)| h.serial > s) {
+                    newest = Some((h.serial, i));
+                }
+            }
+            Err(e) => println!("checkpoint slot {i}: invalid: {e}"),
+        }
+    }
+    if let Some((_, i)) = newest {
+        let (_, usage) = slots[i].as_ref().unwrap();
+        let mut counts = [0u32; 4];
+        for (_, u) in usage.iter() {
+            counts[u.state as usize] += 1;
+        }
+        println!(
+            "segment usage (slot {i}): {} clean, {} next, {} active, {} dirty; {} live bytes",
+            counts[0],
+            counts[1],
+            counts[2],
+            counts[3],
+            usage.live_bytes_total()
+        );
+        if all {
+            for (s, u) in usage.iter().filter(|(_, u)| u.state != SegmentState::Clean) {
+                println!(
+                    "  segment {:>6}  {:<6?}  live {:>10}  last seq {}",
+                    s.0, u.state, u.live_bytes, u.last_seq
+                );
+            }
+        }
+    }
+    if let Some(seg) = segment {
+        if seg >= g.segment_count {
+            return Err(format!(
+                "segment {seg} does not exist (the device has {})",
+                g.segment_count
+            )
+            .into());
+        }
+        println!("segment {seg} summaries");
+        let mut page = 0;
+        while page < g.segment_pages {
+            let addr = g.page_addr(SegmentId(seg), page);
+            let mut first = vec![0u8; PAGE_BYTES];
+            dev.read_at(&mut first, addr)?;
+            let ex = Expect {
+                fs_id: g.fs_id,
+                segment: seg,
+                page,
+                pages_left: g.segment_pages - page,
+                segment_count: g.segment_count,
+                max_block_bytes: g.max_block_bytes,
+            };
+            let h = match summary::decode_header(&first, addr, &ex) {
+                Ok(h) => h,
+                Err(e) => {
+                    println!("  page {page}: no valid summary ({e}); end of segment's log");
+                    break;
+                }
+            };
+            let mut b = vec![0u8; h.summary_pages as usize * PAGE_BYTES];
+            dev.read_at(&mut b, addr)?;
+            println!(
+                "  page {page}: epoch {} seq {} summary {} pages, data {} pages, next segment {}",
+                h.epoch, h.seq, h.summary_pages, h.data_pages, h.next_segment
+            );
+            match summary::decode_records(&b, addr, h.summary_pages, h.data_pages) {
+                Ok(records) => {
+                    for r in records {
+                        println!("    {r:?}");
+                    }
+                }
+                Err(e) => {
+                    println!("    records invalid: {e}");
+                    break;
+                }
+            }
+            page += h.total_pages();
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("2M").unwrap(), 2 << 20);
+        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("").is_err());
+    }
+}

@@ -16,7 +16,9 @@ impl MemoryDevice {
 
     /// A device whose contents are `bytes` (for example a crash image).
     pub fn from_vec(bytes: Vec<u8>) -> MemoryDevice {
-        MemoryDevice { bytes: Mutex::new(bytes) }
+        MemoryDevice {
+            bytes: Mutex::new(bytes),
+        }
     }
 
     /// A copy of the whole device.

@@ -16,8 +16,14 @@
 //! Invariant: a write that returned `Ok` is visible to every later read on the
 //! same device; it is durable only after a later `flush` returned `Ok`.
 
+mod crash;
+mod fault;
+mod file;
 mod memory;
 
+pub use crash::{CrashDevice, CrashOptions, CrashStats};
+pub use fault::{FaultDevice, FaultPlan};
+pub use file::{FileDevice, FileDeviceOptions};
 pub use memory::MemoryDevice;
 
 use std::fmt;
@@ -58,7 +64,9 @@ pub enum DeviceError {
         #[source]
         source: std::io::Error,
     },
-    #[error("device {op} of {len} bytes at offset {offset} is beyond the device end ({size} bytes)")]
+    #[error(
+        "device {op} of {len} bytes at offset {offset} is beyond the device end ({size} bytes)"
+    )]
     OutOfRange {
         op: DeviceOp,
         offset: u64,
@@ -112,10 +120,20 @@ impl<D: Device + ?Sized> Device for Box<D> {
 }
 
 /// Checks that `[offset, offset+len)` lies inside a device of `size` bytes.
-pub(crate) fn check_range(op: DeviceOp, offset: u64, len: usize, size: u64) -> Result<(), DeviceError> {
+pub(crate) fn check_range(
+    op: DeviceOp,
+    offset: u64,
+    len: usize,
+    size: u64,
+) -> Result<(), DeviceError> {
     let len = len as u64;
     match offset.checked_add(len) {
         Some(end) if end <= size => Ok(()),
-        _ => Err(DeviceError::OutOfRange { op, offset, len, size }),
+        _ => Err(DeviceError::OutOfRange {
+            op,
+            offset,
+            len,
+            size,
+        }),
     }
 }

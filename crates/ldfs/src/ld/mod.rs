@@ -95,13 +95,33 @@ pub struct Corruption {
 /// Why bytes were rejected.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CorruptReason {
-    BadMagic { got: u64 },
-    BadVersion { got: u32 },
-    BadChecksum { expected: u32, got: u32 },
-    WrongFileSystem { expected: u64, got: u64 },
-    WrongSequence { expected: u64, got: u64 },
-    WrongLocation { expected: u64, got: u64 },
-    OutOfBounds { field: &'static str, value: u64, limit: u64 },
+    BadMagic {
+        got: u64,
+    },
+    BadVersion {
+        got: u32,
+    },
+    BadChecksum {
+        expected: u32,
+        got: u32,
+    },
+    WrongFileSystem {
+        expected: u64,
+        got: u64,
+    },
+    WrongSequence {
+        expected: u64,
+        got: u64,
+    },
+    WrongLocation {
+        expected: u64,
+        got: u64,
+    },
+    OutOfBounds {
+        field: &'static str,
+        value: u64,
+        limit: u64,
+    },
     Inconsistent(String),
 }
 
@@ -112,7 +132,10 @@ impl fmt::Display for Corruption {
             CorruptReason::BadMagic { got } => write!(f, "bad magic {got:#x}"),
             CorruptReason::BadVersion { got } => write!(f, "unsupported version {got}"),
             CorruptReason::BadChecksum { expected, got } => {
-                write!(f, "checksum mismatch (expected {expected:#010x}, got {got:#010x})")
+                write!(
+                    f,
+                    "checksum mismatch (expected {expected:#010x}, got {got:#010x})"
+                )
             }
             CorruptReason::WrongFileSystem { expected, got } => {
                 write!(f, "belongs to file system {got:#x}, not {expected:#x}")
@@ -123,7 +146,11 @@ impl fmt::Display for Corruption {
             CorruptReason::WrongLocation { expected, got } => {
                 write!(f, "claims location {got}, found at {expected}")
             }
-            CorruptReason::OutOfBounds { field, value, limit } => {
+            CorruptReason::OutOfBounds {
+                field,
+                value,
+                limit,
+            } => {
                 write!(f, "{field} = {value} exceeds limit {limit}")
             }
             CorruptReason::Inconsistent(s) => f.write_str(s),

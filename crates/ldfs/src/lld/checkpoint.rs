@@ -176,7 +176,10 @@ pub fn decode(
     } else {
         let height = b[C_MAP_HEIGHT];
         check("map height", height as u64, 17)?;
-        if height == 0 || g.segment_of(map_addr).is_none() || map_addr % PAGE_BYTES as u64 != 0 {
+        if height == 0
+            || g.segment_of(map_addr).is_none()
+            || !map_addr.is_multiple_of(PAGE_BYTES as u64)
+        {
             return Err(bad(CorruptReason::Inconsistent(format!(
                 "map root at byte {map_addr}, height {height}"
             ))));

@@ -92,7 +92,7 @@ impl Geometry {
     /// Lays out a device of `size_bytes`.
     pub fn plan(size_bytes: u64, opts: &MkfsOptions) -> LdResult<Geometry> {
         let page = PAGE_BYTES as u64;
-        if opts.segment_bytes % page != 0 {
+        if !opts.segment_bytes.is_multiple_of(page) {
             return Err(invalid(format!(
                 "segment size {} is not a multiple of {page}",
                 opts.segment_bytes
@@ -291,9 +291,8 @@ impl Geometry {
         )? as u32;
         // The regions must be disjoint and inside the device.
         let cp = checkpoint_pages as u64;
-        let seg_end = first_segment_page
-            .checked_add(segment_count as u64 * segment_pages as u64)
-            .unwrap_or(u64::MAX);
+        let seg_end =
+            first_segment_page.saturating_add(segment_count as u64 * segment_pages as u64);
         let layout_ok = slot0 >= 1
             && slot1 >= slot0 + cp
             && first_segment_page >= slot1 + cp

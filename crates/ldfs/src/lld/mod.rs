@@ -10,6 +10,7 @@ pub mod checkpoint;
 mod codec;
 pub mod layout;
 pub mod map;
+pub mod mkfs;
 pub mod summary;
 pub mod types;
 pub mod usage;

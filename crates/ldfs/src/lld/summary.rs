@@ -474,7 +474,7 @@ pub fn decode_records_limited(
             Record::MapPage {
                 data_off, level, ..
             } => {
-                data_off as usize % PAGE_BYTES == 0
+                (data_off as usize).is_multiple_of(PAGE_BYTES)
                     && data_off as u64 + PAGE_BYTES as u64 <= data_bytes
                     && level < 16
             }
