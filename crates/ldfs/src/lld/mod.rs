@@ -1,18 +1,28 @@
 //! lld: the log-structured Logical Disk (the engine).
 //!
-//! Built so far: the on-disk format — layout and superblock (`layout`),
-//! partial-segment summaries (`summary`), checkpoints (`checkpoint`), the
-//! segment usage table (`usage`) — and the persistent paged block-number map
-//! (`map`). The writer, recovery and the `LogicalDisk` implementation stand on
-//! these (issue 2, in progress).
+//! - `layout`, `summary`, `checkpoint`, `usage`: the on-disk format
+//!   (docs/FORMAT.md) and the segment usage table;
+//! - `map`: the persistent paged block-number map (copy-on-write B+tree);
+//! - `writer`: the open partial segment and how it is laid out when sealed;
+//! - `flight`: sealed partial segments on their way to the device;
+//! - `engine`: `Lld`, the `LogicalDisk` implementation: admission, the log
+//!   head, group commit, checkpoints;
+//! - `recovery`: checkpoint + two-phase roll-forward, and the rebuild.
+//!
+//! Invariants and the crash model are in docs/DESIGN.md.
 
 pub mod checkpoint;
 mod codec;
+pub mod engine;
+mod flight;
 pub mod layout;
 pub mod map;
 pub mod mkfs;
+mod recovery;
 pub mod summary;
 pub mod types;
 pub mod usage;
+mod writer;
 
+pub use engine::{EngineStats, Lld, LldOptions, OpenReport};
 pub use types::{Key, MapEntry, PagePtr, SegmentId, PAGE_BYTES};

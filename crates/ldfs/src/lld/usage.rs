@@ -54,6 +54,9 @@ pub struct Usage {
     segs: Vec<SegmentUsage>,
     clean: u32,
     segment_bytes: u32,
+    /// Times live-byte accounting would have gone below zero or above the
+    /// segment size. Always 0 unless an image lies; fsck and tests check it.
+    drift: u64,
 }
 
 impl Usage {
@@ -67,6 +70,7 @@ impl Usage {
             segs: vec![e; segment_count as usize],
             clean: segment_count,
             segment_bytes,
+            drift: 0,
         }
     }
 
@@ -137,17 +141,31 @@ impl Usage {
             u.state,
             s.0
         );
-        u.live_bytes = u
-            .live_bytes
-            .checked_add(bytes)
-            .expect("live bytes overflow");
-        assert!(
-            u.live_bytes <= self.segment_bytes,
-            "segment {} live {} > size",
-            s.0,
-            u.live_bytes
-        );
+        match u.live_bytes.checked_add(bytes) {
+            Some(v) if v <= self.segment_bytes => u.live_bytes = v,
+            _ => {
+                self.drift += 1;
+                u.live_bytes = self.segment_bytes;
+            }
+        }
         u.last_seq = u.last_seq.max(seq);
+    }
+
+    /// Whether `transition(s, to)` is legal now (recovery checks before
+    /// trusting a summary's segment pointers).
+    pub fn can_transition(&self, s: SegmentId, to: SegmentState) -> bool {
+        use SegmentState::*;
+        let Some(u) = self.segs.get(s.0 as usize) else {
+            return false;
+        };
+        matches!(
+            (u.state, to),
+            (Clean, Next) | (Next, Active) | (Active, Dirty) | (Clean, Active)
+        ) || (u.state == Dirty && to == Clean && u.live_bytes == 0)
+    }
+
+    pub fn drift(&self) -> u64 {
+        self.drift
     }
 
     pub fn touch(&mut self, s: SegmentId, seq: u64) {
@@ -155,14 +173,18 @@ impl Usage {
         u.last_seq = u.last_seq.max(seq);
     }
 
+    /// Subtracts live bytes. Going below zero means the accounting and the
+    /// map disagree (a lying image); it is counted in `drift`, not a panic,
+    /// because the numbers came from a device.
     pub fn sub_live(&mut self, s: SegmentId, bytes: u32) {
         let u = &mut self.segs[s.0 as usize];
-        u.live_bytes = u.live_bytes.checked_sub(bytes).unwrap_or_else(|| {
-            panic!(
-                "segment {} live bytes {} would go below zero (-{bytes})",
-                s.0, u.live_bytes
-            )
-        });
+        match u.live_bytes.checked_sub(bytes) {
+            Some(v) => u.live_bytes = v,
+            None => {
+                self.drift += 1;
+                u.live_bytes = 0;
+            }
+        }
     }
 
     /// Dirty segments with no live bytes: free once the next checkpoint is durable.
@@ -255,6 +277,7 @@ impl Usage {
             segs,
             clean,
             segment_bytes,
+            drift: 0,
         })
     }
 

@@ -1,0 +1,1433 @@
+//! The engine: `Lld`, the log-structured Logical Disk.
+//!
+//! One mutex guards the in-memory state (map, usage table, open partial
+//! segment, log head, ARUs). Sealing a partial segment writes it to the device
+//! under that lock, so the log's order on disk is the order operations were
+//! accepted. `flush` adds group commit on top: callers that arrive while a
+//! device flush is running are covered by the next one, which seals
+//! everything buffered by then (`docs/DESIGN.md`, "Flush").
+//!
+//! Invariants (asserted where cheap, checked by the crash tests):
+//! - every map entry is on disk or BUFFERED in the open partial, never both;
+//! - after `seal`, no entry is BUFFERED;
+//! - a checkpoint is written only when no ARU that has logged anything is
+//!   open, so a checkpoint never holds part of an ARU;
+//! - a segment becomes Clean only after a checkpoint that no longer needs it
+//!   is durable;
+//! - an operation is accepted only if the space it needs, with the reserve
+//!   kept back for checkpoints and the cleaner, exists now.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::checkpoint::{self, CheckpointHeader};
+use super::flight::{Flight, Writer};
+use super::layout::Geometry;
+use super::map::{Map, MapRoot, PageReader};
+use super::mkfs;
+use super::recovery;
+use super::summary::{self, Record, SummaryHeader};
+use super::types::{entry_flags, Key, MapEntry, PagePtr, SegmentId, PAGE_BYTES};
+use super::usage::{SegmentState, SegmentUsage, Usage};
+use super::writer::{self, Pending, PendingWrite, WRITE_RECORD_BYTES};
+use crate::device::Device;
+use crate::ld::{
+    AruId, CorruptReason, Corruption, LdError, LdResult, ListHints, ListId, ListKind, LogicalDisk,
+    SpaceStats, Temperature,
+};
+
+/// How an engine is opened and when it checkpoints.
+#[derive(Clone, Debug)]
+pub struct LldOptions {
+    /// Never write: no recovery checkpoint, every mutation fails.
+    pub read_only: bool,
+    /// Memory budget of the block-number map.
+    pub map_budget_bytes: usize,
+    /// Checkpoint after this many bytes of log, so roll-forward stays short.
+    pub checkpoint_log_bytes: u64,
+    /// Checkpoint when this many map pages are dirty (`None`: an eighth of
+    /// the reserved segments, so a checkpoint always fits in the reserve).
+    pub checkpoint_dirty_pages: Option<usize>,
+    /// Seal the open partial segment once its data reaches this size.
+    pub partial_bytes: usize,
+}
+
+impl Default for LldOptions {
+    fn default() -> Self {
+        LldOptions {
+            read_only: false,
+            map_budget_bytes: 64 << 20,
+            checkpoint_log_bytes: 256 << 20,
+            checkpoint_dirty_pages: None,
+            partial_bytes: 1 << 20,
+        }
+    }
+}
+
+/// Counters for tests, `inspect` and benchmarks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    pub partials_written: u64,
+    pub checkpoints: u64,
+    pub map_pages_written: u64,
+    pub device_flushes: u64,
+    /// Partial segments applied by roll-forward at open.
+    pub rolled_forward: u64,
+    /// Whether open had to rebuild from every summary (both slots bad).
+    pub rebuilt: bool,
+}
+
+/// What open found, for `inspect` and tests.
+#[derive(Clone, Debug, Default)]
+pub struct OpenReport {
+    pub checkpoint_slot: Option<usize>,
+    pub checkpoint_errors: Vec<String>,
+    pub rolled_forward: u64,
+    /// Why roll-forward stopped, if not at a clean end of the log.
+    pub stopped: Option<String>,
+    pub rebuilt: bool,
+}
+
+/// The log head.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LogHead {
+    pub seg: SegmentId,
+    /// Next free page in `seg`.
+    pub page: u32,
+    /// The segment the log continues in; equal to `seg` when none is chosen.
+    pub next: SegmentId,
+    /// Sequence of the next partial segment.
+    pub seq: u64,
+    pub epoch: u64,
+}
+
+struct AruState {
+    /// Records logged in this ARU.
+    ops: u64,
+    /// Reserved bytes not yet used.
+    reserved: u64,
+}
+
+/// Space class of an operation: user writes keep the whole reserve free;
+/// deletes, ARU ends and list creation may dip into half of it, so that
+/// freeing space is always possible on a full device.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Class {
+    User,
+    Meta,
+}
+
+pub(crate) struct Inner {
+    pub map: Map,
+    pub usage: Usage,
+    pub log: LogHead,
+    pub serial: u64,
+    pub next_list: u64,
+    pub user_bytes: u64,
+    pub moved_bytes: u64,
+    pending: Pending,
+    arus: HashMap<u64, AruState>,
+    next_aru: u64,
+    /// Open ARUs that have logged something; checkpoints wait for 0.
+    open_nonempty: usize,
+    /// Operations accepted so far (flush targets).
+    op_seq: u64,
+    log_bytes_since_checkpoint: u64,
+    hints: HashMap<u64, ListHints>,
+    failed: Option<String>,
+    closed: bool,
+    stats: EngineStats,
+    /// The log writer thread (`None` once stopped).
+    writer: Option<Writer>,
+}
+
+/// The log-structured Logical Disk.
+pub struct Lld {
+    dev: Arc<dyn Device>,
+    geo: Geometry,
+    opts: LldOptions,
+    inner: Mutex<Inner>,
+    /// Held while a device flush runs; callers queue here (group commit).
+    flush_lock: Mutex<()>,
+    /// Operations made durable by the last completed flush.
+    durable_op: AtomicU64,
+    /// Sealed partial segments not yet written.
+    flight: Arc<Flight>,
+    report: OpenReport,
+}
+
+/// Reads map pages for the map, checking each against its pointer's crc.
+pub(crate) struct DevPages<'a> {
+    pub dev: &'a dyn Device,
+}
+
+impl PageReader for DevPages<'_> {
+    fn read_page(&self, ptr: PagePtr) -> LdResult<Vec<u8>> {
+        let mut b = vec![0u8; PAGE_BYTES];
+        self.dev.read_at(&mut b, ptr.addr)?;
+        let got = crc32c::crc32c(&b);
+        if got != ptr.crc {
+            return Err(LdError::Corrupt(Corruption {
+                what: "map page",
+                offset: ptr.addr,
+                reason: CorruptReason::BadChecksum {
+                    expected: ptr.crc,
+                    got,
+                },
+            }));
+        }
+        Ok(b)
+    }
+}
+
+const HINTS_CACHE_LIMIT: usize = 1 << 16;
+const HINTS_BYTES: usize = 16;
+
+pub(crate) fn encode_hints(h: &ListHints) -> Vec<u8> {
+    let mut b = vec![0u8; HINTS_BYTES];
+    b[0] = match h.kind {
+        ListKind::Data => 0,
+        ListKind::Metadata => 1,
+    };
+    b[1] = match h.temperature {
+        Temperature::Warm => 0,
+        Temperature::Hot => 1,
+        Temperature::Cold => 2,
+    };
+    b[2] = h.compress as u8;
+    b[8..16].copy_from_slice(&h.near.map_or(0, |l| l.0).to_le_bytes());
+    b
+}
+
+fn decode_hints(b: &[u8], offset: u64) -> LdResult<ListHints> {
+    let bad = || {
+        LdError::Corrupt(Corruption {
+            what: "list hints",
+            offset,
+            reason: CorruptReason::Inconsistent(format!("{} bytes: {:?}", b.len(), b)),
+        })
+    };
+    if b.len() != HINTS_BYTES {
+        return Err(bad());
+    }
+    let kind = match b[0] {
+        0 => ListKind::Data,
+        1 => ListKind::Metadata,
+        _ => return Err(bad()),
+    };
+    let temperature = match b[1] {
+        0 => Temperature::Warm,
+        1 => Temperature::Hot,
+        2 => Temperature::Cold,
+        _ => return Err(bad()),
+    };
+    if b[2] > 1 {
+        return Err(bad());
+    }
+    let near = u64::from_le_bytes(b[8..16].try_into().unwrap());
+    Ok(ListHints {
+        kind,
+        temperature,
+        compress: b[2] == 1,
+        near: (near != 0).then_some(ListId(near)),
+    })
+}
+
+/// The key range holding every block of `list`.
+fn list_range(list: u64) -> (Key, Key) {
+    let from = Key { list, index: 0 };
+    let to = if list == u64::MAX {
+        Key::MAX
+    } else {
+        Key {
+            list: list + 1,
+            index: 0,
+        }
+    };
+    (from, to)
+}
+
+impl Lld {
+    /// Formats `dev` and opens it.
+    pub fn create(
+        dev: Arc<dyn Device>,
+        mkfs_opts: &super::layout::MkfsOptions,
+        opts: LldOptions,
+    ) -> LdResult<Lld> {
+        mkfs::mkfs(&*dev, mkfs_opts)?;
+        Lld::open(dev, opts)
+    }
+
+    /// Opens a formatted device: newest valid checkpoint, then roll-forward;
+    /// a rebuild from every summary if neither checkpoint slot is usable.
+    /// Unless read-only, writes a checkpoint at once with a new epoch, so the
+    /// recovered state is durable and stale summaries can never be replayed.
+    pub fn open(dev: Arc<dyn Device>, opts: LldOptions) -> LdResult<Lld> {
+        let (geo, _sb_errors) = mkfs::read_superblock(&*dev)?;
+        let recovered = recovery::recover(&*dev, &geo, &opts)?;
+        let stats = EngineStats {
+            rolled_forward: recovered.report.rolled_forward,
+            rebuilt: recovered.report.rebuilt,
+            ..Default::default()
+        };
+        let inner = Inner {
+            map: recovered.map,
+            usage: recovered.usage,
+            log: recovered.log,
+            serial: recovered.serial,
+            next_list: recovered.next_list,
+            user_bytes: recovered.user_bytes,
+            moved_bytes: recovered.moved_bytes,
+            pending: Pending::default(),
+            arus: HashMap::new(),
+            next_aru: 1,
+            open_nonempty: 0,
+            op_seq: 0,
+            log_bytes_since_checkpoint: 0,
+            hints: HashMap::new(),
+            failed: None,
+            closed: false,
+            stats,
+            writer: None,
+        };
+        let flight = Arc::new(Flight::default());
+        let mut inner = inner;
+        if !opts.read_only {
+            inner.writer = Some(flight.start(dev.clone()));
+        }
+        let lld = Lld {
+            dev,
+            geo,
+            opts,
+            inner: Mutex::new(inner),
+            flush_lock: Mutex::new(()),
+            durable_op: AtomicU64::new(0),
+            flight,
+            report: recovered.report,
+        };
+        if !lld.opts.read_only {
+            let mut g = lld.lock();
+            g.log.epoch += 1;
+            if g.log.next == g.log.seg {
+                let Inner { usage, log, .. } = &mut *g;
+                choose_next(usage, log);
+            }
+            lld.checkpoint(&mut g)?;
+        }
+        Ok(lld)
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        &self.geo
+    }
+
+    pub fn open_report(&self) -> &OpenReport {
+        &self.report
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.lock().stats
+    }
+
+    /// The segment usage table (the cleaner's input).
+    pub fn segment_usage(&self) -> Vec<(SegmentId, SegmentUsage)> {
+        self.lock().usage.iter().collect()
+    }
+
+    /// Times live-byte accounting disagreed with the map (0 on a sound image).
+    pub fn accounting_drift(&self) -> u64 {
+        self.lock().usage.drift()
+    }
+
+    /// Memory held by the map, and its page counts (total, dirty).
+    pub fn map_figures(&self) -> (usize, usize, usize) {
+        let g = self.lock();
+        (
+            g.map.memory_bytes(),
+            g.map.total_pages(),
+            g.map.dirty_pages(),
+        )
+    }
+
+    /// Reads every valid partial segment summary in `seg`, in order, as the
+    /// cleaner does: the header and its records. Stops at the first page that
+    /// does not hold a valid summary.
+    pub fn segment_summaries(&self, seg: SegmentId) -> LdResult<Vec<(SummaryHeader, Vec<Record>)>> {
+        if seg.0 >= self.geo.segment_count {
+            return Err(LdError::InvalidArgument(format!("no segment {}", seg.0)));
+        }
+        if let Err(e) = self.flight.drain() {
+            let mut g = self.lock();
+            return Err(self.fail(&mut g, drain_error(e)));
+        }
+        Ok(recovery::scan_segment(&*self.dev, &self.geo, seg, false)?
+            .into_iter()
+            .map(|p| (p.header, p.records))
+            .collect())
+    }
+
+    /// Moves a block by rewriting it through the log, if the map still holds
+    /// `expected` for it; changes only the map (the cleaner's primitive).
+    /// Returns whether the block was moved.
+    pub fn relocate(&self, key: Key, expected: &MapEntry) -> LdResult<bool> {
+        let stored = match self.read_stored(key)? {
+            Some((e, data)) if e == *expected => data,
+            _ => return Ok(false),
+        };
+        let mut g = self.lock_writable()?;
+        let r = DevPages { dev: &*self.dev };
+        if g.map.get(key, &r)? != Some(*expected) {
+            return Ok(false);
+        }
+        self.admit(&mut g, None, WRITE_RECORD_BYTES, stored.len(), Class::Meta)?;
+        self.log_write(
+            &mut g,
+            0,
+            key,
+            stored,
+            expected.crc,
+            expected.flags & entry_flags::ON_DISK_MASK,
+        )?;
+        g.moved_bytes += expected.len as u64;
+        self.after_op(&mut g)?;
+        Ok(true)
+    }
+
+    /// Flushes, writes a final checkpoint so the next open is fast, and
+    /// stops accepting operations.
+    pub fn close(&self) -> LdResult<()> {
+        if self.opts.read_only {
+            self.lock().closed = true;
+            return Ok(());
+        }
+        let mut g = self.lock_writable()?;
+        // ARUs still open end here, as if their owners had ended them: a
+        // checkpoint must not hold part of an ARU, and dropping logged
+        // operations that reads have already seen would be worse.
+        let open: Vec<u64> = g.arus.keys().copied().collect();
+        for id in open {
+            if g.arus[&id].ops > 0 {
+                let rec = Record::AruEnd { aru: id };
+                self.make_room(&mut g, rec.encoded_len(), 0)?;
+                g.pending.add_record(rec);
+                g.op_seq += 1;
+                g.open_nonempty -= 1;
+            }
+            g.arus.remove(&id);
+        }
+        self.checkpoint(&mut g)?;
+        g.closed = true;
+        Ok(())
+    }
+
+    /// Stops the engine without flushing or a final checkpoint, as a crash
+    /// would (crash tests take the device image first).
+    pub fn abandon(self) {
+        self.lock().closed = true;
+    }
+
+    /// Writes a checkpoint now (tests, benchmarks, `ldfs` tools). Fails with
+    /// `InvalidArgument` if an ARU that has logged operations is open.
+    pub fn checkpoint_now(&self) -> LdResult<()> {
+        let mut g = self.lock_writable()?;
+        if g.open_nonempty > 0 {
+            return Err(LdError::InvalidArgument(
+                "a checkpoint cannot be taken while an ARU is open".into(),
+            ));
+        }
+        self.checkpoint(&mut g)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves the state suspect: propagate.
+        self.inner
+            .lock()
+            .expect("engine state poisoned by an earlier panic")
+    }
+
+    fn lock_writable(&self) -> LdResult<MutexGuard<'_, Inner>> {
+        let mut g = self.lock();
+        if self.opts.read_only {
+            return Err(LdError::ReadOnly("opened read-only".into()));
+        }
+        if let Some(why) = &g.failed {
+            return Err(LdError::ReadOnly(why.clone()));
+        }
+        if let Some(why) = self.flight.failed() {
+            let why = format!("device error, engine is now read-only: {why}");
+            g.failed = Some(why.clone());
+            return Err(LdError::ReadOnly(why));
+        }
+        if g.closed {
+            return Err(LdError::ReadOnly("closed".into()));
+        }
+        Ok(g)
+    }
+
+    /// Waits for queued partial segments (under the state lock: checkpoints).
+    fn drain(&self, g: &mut Inner) -> LdResult<()> {
+        match self.flight.drain() {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.fail(g, drain_error(e))),
+        }
+    }
+
+    /// A device write or flush failed: nothing more is written, reads go on.
+    fn fail(&self, g: &mut Inner, e: LdError) -> LdError {
+        if g.failed.is_none() {
+            let why = format!("device error, engine is now read-only: {e}");
+            eprintln!("ldfs: {why}");
+            g.failed = Some(why);
+        }
+        e
+    }
+
+    fn check_list(&self, g: &mut Inner, list: ListId) -> LdResult<()> {
+        if list.0 == 0 {
+            return Err(LdError::InvalidArgument(
+                "list 0 belongs to the engine".into(),
+            ));
+        }
+        let r = DevPages { dev: &*self.dev };
+        if g.map
+            .get(
+                Key {
+                    list: 0,
+                    index: list.0,
+                },
+                &r,
+            )?
+            .is_none()
+        {
+            return Err(LdError::NoSuchList(list));
+        }
+        Ok(())
+    }
+
+    fn check_aru(&self, g: &Inner, aru: Option<AruId>) -> LdResult<u64> {
+        match aru {
+            None => Ok(0),
+            Some(a) if g.arus.contains_key(&a.0) => Ok(a.0),
+            Some(a) => Err(LdError::NoSuchAru(a)),
+        }
+    }
+
+    fn hints_of(&self, g: &mut Inner, list: ListId) -> LdResult<ListHints> {
+        if let Some(h) = g.hints.get(&list.0) {
+            return Ok(*h);
+        }
+        let key = Key {
+            list: 0,
+            index: list.0,
+        };
+        let data = self
+            .read_key_locked(g, key)?
+            .ok_or(LdError::NoSuchList(list))?;
+        let h = decode_hints(&data, 0)?;
+        if g.hints.len() >= HINTS_CACHE_LIMIT {
+            g.hints.clear();
+        }
+        g.hints.insert(list.0, h);
+        Ok(h)
+    }
+
+    /// Reads a block while holding the lock (list 0's small hint blocks).
+    fn read_key_locked(&self, g: &mut Inner, key: Key) -> LdResult<Option<Vec<u8>>> {
+        let r = DevPages { dev: &*self.dev };
+        let Some(e) = g.map.get(key, &r)? else {
+            return Ok(None);
+        };
+        let stored = if e.is_buffered() {
+            g.pending
+                .write_at(e.addr as usize)
+                .expect("buffered entry without its write")
+                .data
+                .clone()
+        } else {
+            self.read_device_block(&e)?
+        };
+        decode_stored(&e, stored, self.geo.max_block_bytes).map(Some)
+    }
+
+    fn read_device_block(&self, e: &MapEntry) -> LdResult<Vec<u8>> {
+        if e.device() != 0 {
+            return Err(LdError::Corrupt(Corruption {
+                what: "map entry",
+                offset: e.addr,
+                reason: CorruptReason::Inconsistent(format!("names device {}", e.device())),
+            }));
+        }
+        let b = match self.flight.read(e.offset(), e.len as usize) {
+            Some(b) => b,
+            None => {
+                let mut b = vec![0u8; e.len as usize];
+                self.dev.read_at(&mut b, e.offset())?;
+                b
+            }
+        };
+        let got = crc32c::crc32c(&b);
+        if got != e.crc {
+            return Err(LdError::Corrupt(Corruption {
+                what: "block",
+                offset: e.offset(),
+                reason: CorruptReason::BadChecksum {
+                    expected: e.crc,
+                    got,
+                },
+            }));
+        }
+        Ok(b)
+    }
+
+    /// A block's map entry and stored bytes (compressed if flagged), read
+    /// without holding the lock during device I/O.
+    fn read_stored(&self, key: Key) -> LdResult<Option<(MapEntry, Vec<u8>)>> {
+        let mut last_err = None;
+        for _ in 0..4 {
+            let e = {
+                let mut g = self.lock();
+                let r = DevPages { dev: &*self.dev };
+                let Some(e) = g.map.get(key, &r)? else {
+                    return Ok(None);
+                };
+                if e.is_buffered() {
+                    let w = g
+                        .pending
+                        .write_at(e.addr as usize)
+                        .expect("buffered entry without its write");
+                    return Ok(Some((e, w.data.clone())));
+                }
+                e
+            };
+            match self.read_device_block(&e) {
+                Ok(b) => return Ok(Some((e, b))),
+                Err(err @ LdError::Corrupt(_)) => {
+                    // The block may have moved (cleaned, segment reused)
+                    // after the lock was dropped: look again before blaming
+                    // the device.
+                    let mut g = self.lock();
+                    let r = DevPages { dev: &*self.dev };
+                    if g.map.get(key, &r)? == Some(e) {
+                        return Err(err);
+                    }
+                    last_err = Some(err);
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        Err(last_err.expect("retried without an error"))
+    }
+
+    // ---- accounting -------------------------------------------------------
+
+    /// Pages the log can still take after the open partial and one more
+    /// operation of the given size are written, counting segment tails that
+    /// would be skipped. Negative when it cannot.
+    fn pages_left_after(&self, g: &Inner, record_bytes: usize, data_bytes: usize) -> i64 {
+        let seg_pages = self.geo.segment_pages as i64;
+        let remain = seg_pages - g.log.page as i64;
+        let has_next = (g.log.next != g.log.seg) as i64;
+        let others = (g.usage.clean_count() as i64 + has_next) * seg_pages;
+        let cur = g.pending.pages() as i64;
+        let with = g.pending.pages_with(record_bytes, data_bytes) as i64;
+        let alone = writer::pages_for(record_bytes, data_bytes) as i64;
+        if with <= remain && g.pending.summary_has_room(record_bytes) {
+            remain - with + others
+        } else if alone <= remain - cur {
+            remain - cur - alone + others
+        } else {
+            others - alone
+        }
+    }
+
+    fn reserve_pages(&self, class: Class) -> i64 {
+        let r = self.geo.reserved_segments as i64 * self.geo.segment_pages as i64;
+        match class {
+            Class::User => r,
+            Class::Meta => r / 2,
+        }
+    }
+
+    fn reserved_by_others(&self, g: &Inner, aru: u64) -> i64 {
+        g.arus
+            .iter()
+            .filter(|(id, _)| **id != aru)
+            .map(|(_, a)| a.reserved.div_ceil(PAGE_BYTES as u64) as i64)
+            .sum()
+    }
+
+    /// Admission control: accept the operation only if its space exists now.
+    /// May checkpoint to turn emptied segments into clean ones.
+    fn admit(
+        &self,
+        g: &mut Inner,
+        aru: Option<AruId>,
+        record_bytes: usize,
+        data_bytes: usize,
+        class: Class,
+    ) -> LdResult<()> {
+        let aru_id = aru.map_or(0, |a| a.0);
+        let cost = (record_bytes + data_bytes) as u64;
+        // Within a reservation the ARU spends what was set aside for it.
+        let mut class = class;
+        if let Some(a) = g.arus.get_mut(&aru_id) {
+            if a.reserved >= cost {
+                a.reserved -= cost;
+                class = Class::Meta;
+            }
+        }
+        for attempt in 0..2 {
+            let left = self.pages_left_after(g, record_bytes, data_bytes)
+                - self.reserved_by_others(g, aru_id);
+            let need = self.reserve_pages(class);
+            if left >= need {
+                return Ok(());
+            }
+            if attempt == 0 && g.open_nonempty == 0 && !g.usage.releasable().is_empty() {
+                self.checkpoint(g)?;
+                continue;
+            }
+            let available =
+                (left - self.reserve_pages(Class::User)).max(0) as u64 * PAGE_BYTES as u64;
+            return Err(LdError::NoSpace {
+                needed: cost,
+                available,
+            });
+        }
+        unreachable!()
+    }
+
+    // ---- the log writer ---------------------------------------------------
+
+    /// Makes room in the open partial for one more operation, sealing it or
+    /// moving the log to the next segment as needed.
+    fn make_room(&self, g: &mut Inner, record_bytes: usize, data_bytes: usize) -> LdResult<()> {
+        let remain = self.geo.segment_pages - g.log.page;
+        if g.pending.pages_with(record_bytes, data_bytes) <= remain
+            && g.pending.summary_has_room(record_bytes)
+        {
+            return Ok(());
+        }
+        self.seal(g)?;
+        let remain = self.geo.segment_pages - g.log.page;
+        if writer::pages_for(record_bytes, data_bytes) > remain {
+            self.advance(g)?;
+        }
+        Ok(())
+    }
+
+    /// Moves the log head to the next segment.
+    fn advance(&self, g: &mut Inner) -> LdResult<()> {
+        assert!(g.pending.is_empty());
+        let Inner { usage, log, .. } = &mut *g;
+        if let Err(e) = advance_head(usage, log, &self.geo) {
+            return Err(self.fail(g, e));
+        }
+        Ok(())
+    }
+
+    fn summary_header(&self, g: &Inner) -> SummaryHeader {
+        SummaryHeader {
+            fs_id: self.geo.fs_id,
+            epoch: g.log.epoch,
+            seq: g.log.seq,
+            segment: g.log.seg.0,
+            page: g.log.page,
+            next_segment: g.log.next.0,
+            summary_pages: 0,
+            data_pages: 0,
+        }
+    }
+
+    /// Writes the open partial segment and points the map at its blocks.
+    fn seal(&self, g: &mut Inner) -> LdResult<()> {
+        if g.pending.is_empty() {
+            return Ok(());
+        }
+        let header = self.summary_header(g);
+        let pages = g.pending.pages();
+        assert!(pages <= self.geo.segment_pages - g.log.page);
+        let sealed = g.pending.seal(header);
+        let base = self.geo.page_addr(g.log.seg, g.log.page);
+        let writer = g.writer.as_ref().expect("writable engine has a log writer");
+        if let Err(why) = self.flight.submit(writer, base, sealed.bytes) {
+            // The operations stay buffered, so reads still see them.
+            return Err(self.fail(g, LdError::ReadOnly(why)));
+        }
+        let seg = g.log.seg;
+        let seq = g.log.seq;
+        let data_base = base + sealed.summary_pages as u64 * PAGE_BYTES as u64;
+        let r = DevPages { dev: &*self.dev };
+        for p in &sealed.placed {
+            let buffered = MapEntry {
+                addr: p.slot as u64,
+                len: p.len,
+                crc: p.crc,
+                flags: p.flags | entry_flags::BUFFERED,
+            };
+            let on_disk = MapEntry {
+                addr: data_base + p.data_off as u64,
+                len: p.len,
+                crc: p.crc,
+                flags: p.flags,
+            };
+            // Only the newest version is live; older ones kept in this
+            // partial for ARU reasons were already superseded in the map.
+            if g.map.replace_if(p.key, &buffered, on_disk, &r)? {
+                g.usage.add_live(seg, p.len, seq);
+            }
+        }
+        g.pending.clear();
+        g.usage.touch(seg, seq);
+        g.log.page += pages;
+        g.log.seq += 1;
+        g.log_bytes_since_checkpoint += pages as u64 * PAGE_BYTES as u64;
+        g.stats.partials_written += 1;
+        if self.geo.segment_pages - g.log.page < 2 {
+            self.advance(g)?;
+        }
+        Ok(())
+    }
+
+    /// Removes a block's current version before it is replaced or deleted:
+    /// drops it from the open partial when allowed, else takes its bytes off
+    /// its segment's live count.
+    fn retire(&self, g: &mut Inner, aru: u64, old: &MapEntry) {
+        if old.is_buffered() {
+            let slot = old.addr as usize;
+            let old_aru = g
+                .pending
+                .write_at(slot)
+                .expect("buffered entry without its write")
+                .aru;
+            if aru == 0 || aru == old_aru {
+                g.pending.drop_write(slot);
+            }
+        } else if let Some(seg) = self.geo.segment_of(old.offset()) {
+            g.usage.sub_live(seg, old.len);
+        }
+    }
+
+    fn log_write(
+        &self,
+        g: &mut Inner,
+        aru: u64,
+        key: Key,
+        stored: Vec<u8>,
+        crc: u32,
+        flags: u8,
+    ) -> LdResult<()> {
+        self.make_room(g, WRITE_RECORD_BYTES, stored.len())?;
+        let len = stored.len() as u32;
+        let slot = g.pending.add_write(PendingWrite {
+            aru,
+            key,
+            data: stored,
+            crc,
+            flags,
+        });
+        let r = DevPages { dev: &*self.dev };
+        let entry = MapEntry {
+            addr: slot as u64,
+            len,
+            crc,
+            flags: flags | entry_flags::BUFFERED,
+        };
+        let old = g.map.insert(key, entry, &r)?;
+        if let Some(old) = old {
+            self.retire(g, aru, &old);
+        }
+        self.count_op(g, aru);
+        Ok(())
+    }
+
+    fn log_record(&self, g: &mut Inner, r: Record) -> LdResult<()> {
+        let aru = r.aru();
+        self.make_room(g, r.encoded_len(), 0)?;
+        g.pending.add_record(r);
+        self.count_op(g, aru);
+        Ok(())
+    }
+
+    fn count_op(&self, g: &mut Inner, aru: u64) {
+        g.op_seq += 1;
+        if aru != 0 {
+            let a = g.arus.get_mut(&aru).expect("ARU checked open");
+            if a.ops == 0 {
+                g.open_nonempty += 1;
+            }
+            a.ops += 1;
+        }
+    }
+
+    /// After every accepted operation: seal a full partial, checkpoint when due.
+    fn after_op(&self, g: &mut Inner) -> LdResult<()> {
+        if g.pending.data_bytes() >= self.opts.partial_bytes {
+            self.seal(g)?;
+        }
+        if g.open_nonempty == 0 && self.checkpoint_due(g) {
+            self.checkpoint(g)?;
+        }
+        Ok(())
+    }
+
+    fn dirty_page_limit(&self) -> usize {
+        self.opts.checkpoint_dirty_pages.unwrap_or_else(|| {
+            (self.geo.reserved_segments as usize * self.geo.segment_pages as usize / 8).max(64)
+        })
+    }
+
+    fn checkpoint_due(&self, g: &Inner) -> bool {
+        g.log_bytes_since_checkpoint >= self.opts.checkpoint_log_bytes
+            || g.map.dirty_pages() >= self.dirty_page_limit()
+            || (g.usage.clean_count() < self.geo.reserved_segments
+                && !g.usage.releasable().is_empty())
+    }
+
+    // ---- checkpoints ------------------------------------------------------
+
+    /// Writes the map's dirty pages into the log, then the checkpoint slot
+    /// (BSD-LFS 3.3): everything the checkpoint names is flushed before the
+    /// slot is written, and the slot is flushed before any segment it frees
+    /// is reused.
+    fn checkpoint(&self, g: &mut Inner) -> LdResult<()> {
+        assert_eq!(g.open_nonempty, 0, "checkpoint with an ARU open");
+        self.seal(g)?;
+        self.drain(g)?;
+        let root = self.write_map_pages(g)?;
+        for old in g.map.take_obsolete() {
+            if let Some(seg) = self.geo.segment_of(old.addr) {
+                g.usage.sub_live(seg, PAGE_BYTES as u32);
+            }
+        }
+        let released = g.usage.releasable();
+        let header = CheckpointHeader {
+            serial: g.serial + 1,
+            epoch: g.log.epoch,
+            next_seq: g.log.seq,
+            log_segment: g.log.seg.0,
+            log_page: g.log.page,
+            next_segment: g.log.next.0,
+            map_root: root.map(|r| (r.ptr, r.height, r.entries)),
+            next_list: g.next_list,
+            user_bytes: g.user_bytes,
+            moved_bytes: g.moved_bytes,
+        };
+        let bytes = checkpoint::encode(&self.geo, &header, &g.usage, &released);
+        let slot = (header.serial % 2) as usize;
+        let res = self
+            .dev
+            .flush()
+            .and_then(|_| self.dev.write_at(&bytes, self.geo.slot_addr(slot)))
+            .and_then(|_| self.dev.flush());
+        if let Err(e) = res {
+            return Err(self.fail(g, e.into()));
+        }
+        g.stats.device_flushes += 2;
+        g.stats.checkpoints += 1;
+        g.serial = header.serial;
+        g.usage.release(&released);
+        g.log_bytes_since_checkpoint = 0;
+        self.durable_op.fetch_max(g.op_seq, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Writes every dirty map page, children first, as partial segments of
+    /// MapPage records; returns the new root.
+    fn write_map_pages(&self, g: &mut Inner) -> LdResult<Option<MapRoot>> {
+        // Called even with nothing dirty: a map emptied since the last
+        // checkpoint has no dirty page but a new (absent) root.
+        let total = g.map.dirty_pages();
+        let geo = &self.geo;
+        let dev = &*self.dev;
+        let Inner {
+            map,
+            usage,
+            log,
+            stats,
+            ..
+        } = &mut *g;
+        let mut remaining = total;
+        let mut cur: Option<MapPartial> = None;
+        let mut place = |page: &[u8]| -> LdResult<u64> {
+            if cur.is_none() {
+                let mut k = map_pages_fit(geo.segment_pages - log.page).min(remaining);
+                if k == 0 {
+                    advance_head(usage, log, geo)?;
+                    k = map_pages_fit(geo.segment_pages).min(remaining);
+                }
+                assert!(k > 0, "segment too small for one map page");
+                cur = Some(MapPartial {
+                    k,
+                    start_page: log.page,
+                    summary_pages: summary::summary_pages_for(k * MAP_RECORD_BYTES),
+                    pages: Vec::with_capacity(k),
+                });
+            }
+            let p = cur.as_mut().expect("partial started above");
+            let addr = geo.page_addr(
+                log.seg,
+                p.start_page + p.summary_pages + p.pages.len() as u32,
+            );
+            p.pages.push(page.to_vec());
+            if p.pages.len() == p.k {
+                let p = cur.take().expect("partial started above");
+                write_map_partial(dev, geo, log, &p)?;
+                usage.add_live(log.seg, (p.k * PAGE_BYTES) as u32, log.seq);
+                usage.touch(log.seg, log.seq);
+                log.page += p.summary_pages + p.k as u32;
+                log.seq += 1;
+                stats.partials_written += 1;
+                stats.map_pages_written += p.k as u64;
+                remaining -= p.k;
+                if geo.segment_pages - log.page < 2 {
+                    advance_head(usage, log, geo)?;
+                }
+            }
+            Ok(addr)
+        };
+        let root = map.write_dirty(&mut place);
+        match root {
+            Ok(root) => {
+                assert_eq!(
+                    remaining, 0,
+                    "map wrote fewer pages than it said were dirty"
+                );
+                Ok(root)
+            }
+            Err(e) => Err(self.fail(g, e)),
+        }
+    }
+}
+
+/// Encoded size of a MapPage summary record.
+const MAP_RECORD_BYTES: usize = 26;
+
+/// A partial segment of map pages being planned.
+struct MapPartial {
+    k: usize,
+    start_page: u32,
+    summary_pages: u32,
+    pages: Vec<Vec<u8>>,
+}
+
+/// Most map pages one partial segment can hold in `pages_left` pages.
+fn map_pages_fit(pages_left: u32) -> usize {
+    let limit = (writer::MAX_RECORD_BYTES / MAP_RECORD_BYTES).min(summary::MAX_RECORDS as usize);
+    let mut k = (pages_left as usize).min(limit);
+    while k > 0
+        && summary::summary_pages_for(k * MAP_RECORD_BYTES) as usize + k > pages_left as usize
+    {
+        k -= 1;
+    }
+    k
+}
+
+fn write_map_partial(
+    dev: &dyn Device,
+    geo: &Geometry,
+    log: &LogHead,
+    p: &MapPartial,
+) -> LdResult<()> {
+    let records: Vec<Record> = p
+        .pages
+        .iter()
+        .enumerate()
+        .map(|(j, page)| Record::MapPage {
+            level: page[4],
+            first_key: Key {
+                list: u64::from_le_bytes(page[16..24].try_into().unwrap()),
+                index: u64::from_le_bytes(page[24..32].try_into().unwrap()),
+            },
+            data_off: (j * PAGE_BYTES) as u32,
+            crc: crc32c::crc32c(page),
+        })
+        .collect();
+    let header = SummaryHeader {
+        fs_id: geo.fs_id,
+        epoch: log.epoch,
+        seq: log.seq,
+        segment: log.seg.0,
+        page: log.page,
+        next_segment: log.next.0,
+        summary_pages: p.summary_pages,
+        data_pages: p.k as u32,
+    };
+    let mut bytes = summary::encode(&header, &records);
+    for page in &p.pages {
+        bytes.extend_from_slice(page);
+    }
+    dev.write_at(&bytes, geo.page_addr(log.seg, log.page))?;
+    Ok(())
+}
+
+/// Moves the log head into the next segment and chooses the one after it.
+pub(crate) fn advance_head(usage: &mut Usage, log: &mut LogHead, geo: &Geometry) -> LdResult<()> {
+    if log.next == log.seg {
+        return Err(LdError::NoSpace {
+            needed: geo.segment_bytes(),
+            available: 0,
+        });
+    }
+    usage.transition(log.seg, SegmentState::Dirty);
+    usage.transition(log.next, SegmentState::Active);
+    log.seg = log.next;
+    log.page = 0;
+    choose_next(usage, log);
+    Ok(())
+}
+
+/// Chooses a clean segment to follow the active one, if there is one.
+pub(crate) fn choose_next(usage: &mut Usage, log: &mut LogHead) {
+    if let Some(s) = usage.pick_clean(log.seg) {
+        usage.transition(s, SegmentState::Next);
+        log.next = s;
+    } else {
+        log.next = log.seg;
+    }
+}
+
+fn drain_error(e: Result<crate::device::DeviceError, String>) -> LdError {
+    match e {
+        Ok(dev) => LdError::Device(dev),
+        Err(why) => LdError::ReadOnly(format!("device error, engine is now read-only: {why}")),
+    }
+}
+
+/// Decompresses a stored block if needed.
+fn decode_stored(e: &MapEntry, stored: Vec<u8>, max_block: u32) -> LdResult<Vec<u8>> {
+    if e.flags & entry_flags::COMPRESSED == 0 {
+        return Ok(stored);
+    }
+    let bad = |why: String| {
+        LdError::Corrupt(Corruption {
+            what: "compressed block",
+            offset: e.offset(),
+            reason: CorruptReason::Inconsistent(why),
+        })
+    };
+    if stored.len() < 4 {
+        return Err(bad("shorter than its length prefix".into()));
+    }
+    let n = u32::from_le_bytes(stored[..4].try_into().unwrap());
+    if n == 0 || n > max_block {
+        return Err(bad(format!("claims {n} bytes, limit {max_block}")));
+    }
+    lz4_flex::decompress_size_prepended(&stored).map_err(|e| bad(e.to_string()))
+}
+
+impl LogicalDisk for Lld {
+    fn max_block_bytes(&self) -> usize {
+        self.geo.max_block_bytes as usize
+    }
+
+    fn create_list(&self, aru: Option<AruId>, hints: ListHints) -> LdResult<ListId> {
+        let mut g = self.lock_writable()?;
+        let aru_id = self.check_aru(&g, aru)?;
+        if let Some(near) = hints.near {
+            self.check_list(&mut g, near)?;
+        }
+        let data = encode_hints(&hints);
+        self.admit(&mut g, aru, WRITE_RECORD_BYTES, data.len(), Class::Meta)?;
+        let id = g.next_list;
+        g.next_list += 1;
+        let crc = crc32c::crc32c(&data);
+        self.log_write(&mut g, aru_id, Key { list: 0, index: id }, data, crc, 0)?;
+        g.hints.insert(id, hints);
+        self.after_op(&mut g)?;
+        Ok(ListId(id))
+    }
+
+    fn delete_list(&self, aru: Option<AruId>, list: ListId) -> LdResult<()> {
+        let mut g = self.lock_writable()?;
+        let aru_id = self.check_aru(&g, aru)?;
+        self.check_list(&mut g, list)?;
+        let recs = Record::DeleteList {
+            aru: aru_id,
+            list: list.0,
+        }
+        .encoded_len()
+            + Record::Delete {
+                aru: aru_id,
+                key: Key::MIN,
+            }
+            .encoded_len();
+        self.admit(&mut g, aru, recs, 0, Class::Meta)?;
+        self.log_record(
+            &mut g,
+            Record::DeleteList {
+                aru: aru_id,
+                list: list.0,
+            },
+        )?;
+        self.remove_keys(&mut g, aru_id, list_range(list.0))?;
+        let key = Key {
+            list: 0,
+            index: list.0,
+        };
+        self.log_record(&mut g, Record::Delete { aru: aru_id, key })?;
+        let r = DevPages { dev: &*self.dev };
+        if let Some(old) = g.map.remove(key, &r)? {
+            self.retire(&mut g, aru_id, &old);
+        }
+        g.hints.remove(&list.0);
+        self.after_op(&mut g)
+    }
+
+    fn list_hints(&self, list: ListId) -> LdResult<Option<ListHints>> {
+        if list.0 == 0 {
+            return Ok(None);
+        }
+        let mut g = self.lock();
+        match self.hints_of(&mut g, list) {
+            Ok(h) => Ok(Some(h)),
+            Err(LdError::NoSuchList(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn write(&self, aru: Option<AruId>, list: ListId, index: u64, data: &[u8]) -> LdResult<()> {
+        let max = self.geo.max_block_bytes as usize;
+        if data.is_empty() || data.len() > max {
+            return Err(LdError::BadBlockLength {
+                len: data.len(),
+                max,
+            });
+        }
+        // Compress before taking the lock.
+        let compress = {
+            let mut g = self.lock_writable()?;
+            self.check_list(&mut g, list)?;
+            self.hints_of(&mut g, list)?.compress
+        };
+        let (stored, flags) = if compress && data.len() >= 256 {
+            let c = lz4_flex::compress_prepend_size(data);
+            if c.len() < data.len() {
+                (c, entry_flags::COMPRESSED)
+            } else {
+                (data.to_vec(), 0)
+            }
+        } else {
+            (data.to_vec(), 0)
+        };
+        let crc = crc32c::crc32c(&stored);
+        let mut g = self.lock_writable()?;
+        let aru_id = self.check_aru(&g, aru)?;
+        // The list may have been deleted while the lock was dropped.
+        self.check_list(&mut g, list)?;
+        self.admit(&mut g, aru, WRITE_RECORD_BYTES, stored.len(), Class::User)?;
+        g.user_bytes += stored.len() as u64;
+        self.log_write(&mut g, aru_id, Key::new(list, index), stored, crc, flags)?;
+        self.after_op(&mut g)
+    }
+
+    fn read(&self, list: ListId, index: u64) -> LdResult<Option<Vec<u8>>> {
+        if list.0 == 0 {
+            return Err(LdError::InvalidArgument(
+                "list 0 belongs to the engine".into(),
+            ));
+        }
+        match self.read_stored(Key::new(list, index))? {
+            None => Ok(None),
+            Some((e, stored)) => decode_stored(&e, stored, self.geo.max_block_bytes).map(Some),
+        }
+    }
+
+    fn delete(&self, aru: Option<AruId>, list: ListId, index: u64) -> LdResult<()> {
+        let mut g = self.lock_writable()?;
+        let aru_id = self.check_aru(&g, aru)?;
+        self.check_list(&mut g, list)?;
+        let key = Key::new(list, index);
+        let rec = Record::Delete { aru: aru_id, key };
+        self.admit(&mut g, aru, rec.encoded_len(), 0, Class::Meta)?;
+        self.log_record(&mut g, rec)?;
+        let r = DevPages { dev: &*self.dev };
+        if let Some(old) = g.map.remove(key, &r)? {
+            self.retire(&mut g, aru_id, &old);
+        }
+        self.after_op(&mut g)
+    }
+
+    fn delete_range(&self, aru: Option<AruId>, list: ListId, range: Range<u64>) -> LdResult<()> {
+        let mut g = self.lock_writable()?;
+        let aru_id = self.check_aru(&g, aru)?;
+        self.check_list(&mut g, list)?;
+        if range.start >= range.end {
+            return Ok(());
+        }
+        let rec = Record::DeleteRange {
+            aru: aru_id,
+            list: list.0,
+            from: range.start,
+            to: range.end,
+        };
+        self.admit(&mut g, aru, rec.encoded_len(), 0, Class::Meta)?;
+        self.log_record(&mut g, rec)?;
+        self.remove_keys(
+            &mut g,
+            aru_id,
+            (Key::new(list, range.start), Key::new(list, range.end)),
+        )?;
+        self.after_op(&mut g)
+    }
+
+    fn indices(&self, list: ListId, from: u64, limit: usize) -> LdResult<Vec<u64>> {
+        let mut g = self.lock();
+        self.check_list(&mut g, list)?;
+        let mut out = Vec::new();
+        if limit == 0 {
+            return Ok(out);
+        }
+        let (_, to) = list_range(list.0);
+        let r = DevPages { dev: &*self.dev };
+        g.map.range(Key::new(list, from), to, &r, &mut |k, _| {
+            out.push(k.index);
+            out.len() < limit
+        })?;
+        Ok(out)
+    }
+
+    fn begin_aru(&self) -> LdResult<AruId> {
+        let mut g = self.lock_writable()?;
+        let id = g.next_aru;
+        g.next_aru += 1;
+        g.arus.insert(
+            id,
+            AruState {
+                ops: 0,
+                reserved: 0,
+            },
+        );
+        Ok(AruId(id))
+    }
+
+    fn end_aru(&self, aru: AruId) -> LdResult<()> {
+        let mut g = self.lock_writable()?;
+        let Some(state) = g.arus.get(&aru.0) else {
+            return Err(LdError::NoSuchAru(aru));
+        };
+        if state.ops > 0 {
+            let rec = Record::AruEnd { aru: aru.0 };
+            // Space for the end record was kept back by every record of the
+            // ARU: Meta class admission leaves room; it must not fail here.
+            self.make_room(&mut g, rec.encoded_len(), 0)?;
+            g.pending.add_record(rec);
+            g.op_seq += 1;
+            g.open_nonempty -= 1;
+        }
+        g.arus.remove(&aru.0);
+        self.after_op(&mut g)
+    }
+
+    fn reserve(&self, aru: AruId, bytes: u64) -> LdResult<()> {
+        let mut g = self.lock_writable()?;
+        if !g.arus.contains_key(&aru.0) {
+            return Err(LdError::NoSuchAru(aru));
+        }
+        // Each reserved byte may come as a block with its summary record:
+        // count the record of a block per page plus a partial's rounding.
+        let with_overhead = bytes
+            .saturating_add(bytes.div_ceil(PAGE_BYTES as u64) * WRITE_RECORD_BYTES as u64)
+            .saturating_add(2 * PAGE_BYTES as u64);
+        let pages = with_overhead.div_ceil(PAGE_BYTES as u64);
+        let left = self.pages_left_after(&g, 0, 0) - self.reserved_by_others(&g, aru.0);
+        let have = g.arus[&aru.0].reserved.div_ceil(PAGE_BYTES as u64) as i64;
+        if left - have - (pages as i64) < self.reserve_pages(Class::User) {
+            let available =
+                (left - have - self.reserve_pages(Class::User)).max(0) as u64 * PAGE_BYTES as u64;
+            return Err(LdError::NoSpace {
+                needed: bytes,
+                available,
+            });
+        }
+        g.arus.get_mut(&aru.0).expect("checked above").reserved += with_overhead;
+        Ok(())
+    }
+
+    fn flush(&self) -> LdResult<()> {
+        let target = {
+            let g = self.lock();
+            if let Some(why) = &g.failed {
+                return Err(LdError::ReadOnly(why.clone()));
+            }
+            g.op_seq
+        };
+        let _queue = self.flush_lock.lock().expect("flush lock poisoned");
+        if self.durable_op.load(Ordering::SeqCst) >= target {
+            return Ok(()); // a flush that started after our operations covered them
+        }
+        let written = {
+            let mut g = self.lock();
+            if let Some(why) = &g.failed {
+                return Err(LdError::ReadOnly(why.clone()));
+            }
+            self.seal(&mut g)?;
+            g.stats.device_flushes += 1;
+            g.op_seq
+        };
+        if let Err(e) = self.flight.drain() {
+            let mut g = self.lock();
+            return Err(self.fail(&mut g, drain_error(e)));
+        }
+        if let Err(e) = self.dev.flush() {
+            let mut g = self.lock();
+            return Err(self.fail(&mut g, e.into()));
+        }
+        self.durable_op.fetch_max(written, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn flush_list(&self, _list: ListId) -> LdResult<()> {
+        // One log: flushing its prefix is the only way to flush a list.
+        self.flush()
+    }
+
+    fn space(&self) -> SpaceStats {
+        let g = self.lock();
+        let seg_bytes = self.geo.segment_bytes();
+        let capacity = (self.geo.segment_count - self.geo.reserved_segments) as u64 * seg_bytes;
+        let releasable = g.usage.releasable().len() as i64 * self.geo.segment_pages as i64;
+        let left = self.pages_left_after(&g, 0, 0) + releasable
+            - self.reserved_by_others(&g, 0)
+            - self.reserve_pages(Class::User);
+        SpaceStats {
+            capacity_bytes: capacity,
+            available_bytes: left.max(0) as u64 * PAGE_BYTES as u64,
+            live_bytes: g.usage.live_bytes_total() + g.pending.data_bytes() as u64,
+        }
+    }
+}
+
+impl Lld {
+    /// Removes every key in `[from, to)`, retiring each old version.
+    fn remove_keys(&self, g: &mut Inner, aru: u64, (from, to): (Key, Key)) -> LdResult<()> {
+        let r = DevPages { dev: &*self.dev };
+        let removed = g.map.remove_range(from, to, &r)?;
+        for (_, old) in removed {
+            self.retire(g, aru, &old);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Lld {
+    fn drop(&mut self) {
+        let closed = self
+            .inner
+            .lock()
+            .map(|g| g.closed || g.failed.is_some())
+            .unwrap_or(true);
+        if !closed && !self.opts.read_only {
+            if let Err(e) = self.close() {
+                eprintln!("ldfs: final checkpoint failed: {e}");
+            }
+        }
+        if let Ok(mut g) = self.inner.lock() {
+            if let Some(mut w) = g.writer.take() {
+                w.stop();
+            }
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! Partial segments on their way to the device.
+//!
+//! A writer thread writes sealed partial segments in the order they were
+//! sealed while the engine goes on accepting operations, so building the
+//! next partial segment overlaps writing the last one (how LFS streams small
+//! writes at the device's bandwidth). Until its write returns, a partial
+//! segment stays here and reads of its blocks are served from memory. After a
+//! failed write nothing more is written; what was queued stays readable.
+
+use std::collections::VecDeque;
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use crate::device::{Device, DeviceError};
+
+/// Partial segments queued ahead of the writer (each up to ~1 MiB).
+const DEPTH: usize = 4;
+
+pub(crate) struct InFlight {
+    pub addr: u64,
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Default)]
+struct State {
+    queue: VecDeque<Arc<InFlight>>,
+    /// The write error, handed to the first caller that drains after it.
+    error: Option<DeviceError>,
+    failed: Option<String>,
+}
+
+#[derive(Default)]
+pub(crate) struct Flight {
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+/// The writer thread and the channel to it.
+pub(crate) struct Writer {
+    tx: Option<SyncSender<Arc<InFlight>>>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Flight {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().expect("in-flight queue poisoned")
+    }
+
+    pub fn start(self: &Arc<Self>, dev: Arc<dyn Device>) -> Writer {
+        let (tx, rx) = sync_channel::<Arc<InFlight>>(DEPTH);
+        let flight = self.clone();
+        let handle = std::thread::Builder::new()
+            .name("ldfs-log-writer".into())
+            .spawn(move || {
+                for item in rx {
+                    let res = dev.write_at(&item.bytes, item.addr);
+                    let mut s = flight.lock();
+                    match res {
+                        Ok(()) => {
+                            let done = s.queue.pop_front().expect("written item queued");
+                            assert!(Arc::ptr_eq(&done, &item), "log writes out of order");
+                        }
+                        Err(e) => {
+                            s.failed = Some(e.to_string());
+                            s.error = Some(e);
+                            flight.cv.notify_all();
+                            return;
+                        }
+                    }
+                    flight.cv.notify_all();
+                }
+            })
+            .expect("spawn log writer thread");
+        Writer {
+            tx: Some(tx),
+            handle: Some(handle),
+        }
+    }
+
+    /// Queues a write; fails if the writer stopped after an error.
+    pub fn submit(&self, w: &Writer, addr: u64, bytes: Vec<u8>) -> Result<(), String> {
+        let item = Arc::new(InFlight { addr, bytes });
+        {
+            let mut s = self.lock();
+            if let Some(f) = &s.failed {
+                return Err(f.clone());
+            }
+            s.queue.push_back(item.clone());
+        }
+        let tx = w.tx.as_ref().expect("writer running");
+        if tx.send(item).is_err() {
+            let s = self.lock();
+            return Err(s
+                .failed
+                .clone()
+                .unwrap_or_else(|| "log writer stopped".into()));
+        }
+        Ok(())
+    }
+
+    /// Waits until every queued write has returned. The first call after a
+    /// failed write returns its error; later ones a description of it.
+    pub fn drain(&self) -> Result<(), Result<DeviceError, String>> {
+        let mut s = self.lock();
+        while !s.queue.is_empty() && s.failed.is_none() {
+            s = self.cv.wait(s).expect("in-flight queue poisoned");
+        }
+        if let Some(e) = s.error.take() {
+            return Err(Ok(e));
+        }
+        match &s.failed {
+            Some(f) => Err(Err(f.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Why writing stopped, if it did.
+    pub fn failed(&self) -> Option<String> {
+        self.lock().failed.clone()
+    }
+
+    /// The bytes at `[offset, offset + len)` if a queued write holds them.
+    pub fn read(&self, offset: u64, len: usize) -> Option<Vec<u8>> {
+        let s = self.lock();
+        s.queue.iter().find_map(|it| {
+            let start = offset.checked_sub(it.addr)? as usize;
+            let end = start.checked_add(len)?;
+            (end <= it.bytes.len()).then(|| it.bytes[start..end].to_vec())
+        })
+    }
+}
+
+impl Writer {
+    /// Stops the thread once everything queued is written.
+    pub fn stop(&mut self) {
+        self.tx.take();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

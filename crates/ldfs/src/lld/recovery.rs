@@ -1,0 +1,527 @@
+//! Recovery: newest valid checkpoint, then a two-phase roll-forward
+//! (BSD-LFS 3.3 and 4.3; NetBSD `lfs_rfw.c`), or a rebuild from every
+//! summary when neither checkpoint slot can be used (LD 3.4, the LLD method).
+//!
+//! Roll-forward phase 1 walks the log from the checkpoint's position and
+//! accepts a partial segment only if its summary and every block checksum
+//! hold and it carries this file system's id, the checkpoint's epoch and
+//! exactly the next sequence number; it stops at the first that does not.
+//! Phase 2 applies, in log order, the records outside any ARU and those of
+//! ARUs whose end record was accepted in phase 1. Nothing is applied until
+//! the walk is over, so a torn tail can never be half-applied.
+
+use std::collections::HashSet;
+
+use super::engine::{advance_head, choose_next, LldOptions, LogHead, OpenReport};
+use super::layout::Geometry;
+use super::map::{Map, MapRoot, PageReader};
+use super::mkfs;
+use super::summary::{self, Expect, Record, SummaryHeader};
+use super::types::{Key, MapEntry, SegmentId, PAGE_BYTES};
+use super::usage::{SegmentState, SegmentUsage, Usage};
+use crate::device::Device;
+use crate::ld::{CorruptReason, Corruption, LdError, LdResult};
+
+/// A partial segment read back and verified.
+pub(crate) struct ScannedPartial {
+    pub header: SummaryHeader,
+    pub records: Vec<Record>,
+    /// Byte address of the data area.
+    pub data_base: u64,
+}
+
+/// The state recovery hands to the engine.
+pub(crate) struct Recovered {
+    pub map: Map,
+    pub usage: Usage,
+    pub log: LogHead,
+    pub serial: u64,
+    pub next_list: u64,
+    pub user_bytes: u64,
+    pub moved_bytes: u64,
+    pub report: OpenReport,
+}
+
+/// Reads and verifies the partial segment at `(seg, page)`. Device errors
+/// are errors; anything wrong with the bytes is a `Corruption`, which
+/// roll-forward treats as the end of the log.
+pub(crate) fn read_partial(
+    dev: &dyn Device,
+    g: &Geometry,
+    seg: SegmentId,
+    page: u32,
+    verify_data: bool,
+) -> LdResult<Result<ScannedPartial, Corruption>> {
+    if page >= g.segment_pages {
+        return Ok(Err(Corruption {
+            what: "summary",
+            offset: g.page_addr(seg, g.segment_pages),
+            reason: CorruptReason::OutOfBounds {
+                field: "page",
+                value: page as u64,
+                limit: g.segment_pages as u64,
+            },
+        }));
+    }
+    let addr = g.page_addr(seg, page);
+    let mut first = vec![0u8; PAGE_BYTES];
+    dev.read_at(&mut first, addr)?;
+    let ex = Expect {
+        fs_id: g.fs_id,
+        segment: seg.0,
+        page,
+        pages_left: g.segment_pages - page,
+        segment_count: g.segment_count,
+        max_block_bytes: g.max_block_bytes,
+    };
+    let header = match summary::decode_header(&first, addr, &ex) {
+        Ok(h) => h,
+        Err(c) => return Ok(Err(c)),
+    };
+    let len = if verify_data {
+        header.total_pages()
+    } else {
+        header.summary_pages
+    } as usize
+        * PAGE_BYTES;
+    let mut b = first;
+    if len > PAGE_BYTES {
+        b.resize(len, 0);
+        dev.read_at(&mut b[PAGE_BYTES..], addr + PAGE_BYTES as u64)?;
+    }
+    let records = match summary::decode_records_limited(
+        &b,
+        addr,
+        header.summary_pages,
+        header.data_pages,
+        g.max_block_bytes,
+    ) {
+        Ok(r) => r,
+        Err(c) => return Ok(Err(c)),
+    };
+    let data0 = header.summary_pages as usize * PAGE_BYTES;
+    let data_base = addr + data0 as u64;
+    if verify_data {
+        for r in &records {
+            let (off, len, crc) = match *r {
+                Record::Write {
+                    data_off, len, crc, ..
+                } => (data_off as usize, len as usize, crc),
+                Record::MapPage { data_off, crc, .. } => (data_off as usize, PAGE_BYTES, crc),
+                _ => continue,
+            };
+            // decode_records bounded off + len by the data area.
+            let got = crc32c::crc32c(&b[data0 + off..data0 + off + len]);
+            if got != crc {
+                return Ok(Err(Corruption {
+                    what: "block",
+                    offset: data_base + off as u64,
+                    reason: CorruptReason::BadChecksum { expected: crc, got },
+                }));
+            }
+        }
+    }
+    Ok(Ok(ScannedPartial {
+        header,
+        records,
+        data_base,
+    }))
+}
+
+/// Every valid partial segment of `seg` from its first page on, stopping at
+/// the first invalid one (the cleaner's and the rebuild's view of a segment).
+pub(crate) fn scan_segment(
+    dev: &dyn Device,
+    g: &Geometry,
+    seg: SegmentId,
+    verify_data: bool,
+) -> LdResult<Vec<ScannedPartial>> {
+    let mut out: Vec<ScannedPartial> = Vec::new();
+    let mut page = 0;
+    while page + 1 < g.segment_pages {
+        let Ok(p) = read_partial(dev, g, seg, page, verify_data)? else {
+            break;
+        };
+        // Partials within a segment are written in increasing sequence;
+        // a smaller one is left over from before the segment was reused.
+        if let Some(prev) = out.last() {
+            if p.header.seq <= prev.header.seq {
+                break;
+            }
+        }
+        page += p.header.total_pages();
+        out.push(p);
+    }
+    Ok(out)
+}
+
+struct Pages<'a> {
+    dev: &'a dyn Device,
+}
+
+impl PageReader for Pages<'_> {
+    fn read_page(&self, ptr: super::types::PagePtr) -> LdResult<Vec<u8>> {
+        super::engine::DevPages { dev: self.dev }.read_page(ptr)
+    }
+}
+
+/// Opens the newest usable checkpoint and rolls forward; rebuilds if none.
+pub(crate) fn recover(dev: &dyn Device, g: &Geometry, opts: &LldOptions) -> LdResult<Recovered> {
+    let slots = mkfs::read_checkpoints(dev, g)?;
+    let mut report = OpenReport::default();
+    let mut valid = Vec::new();
+    for (i, s) in slots.into_iter().enumerate() {
+        match s {
+            Ok((h, u)) => valid.push((i, h, u)),
+            Err(c) => report.checkpoint_errors.push(format!("slot {i}: {c}")),
+        }
+    }
+    valid.sort_by_key(|(_, h, _)| std::cmp::Reverse(h.serial));
+    let r = Pages { dev };
+    for (slot, h, usage) in valid {
+        let root = h.map_root.map(|(ptr, height, entries)| MapRoot {
+            ptr,
+            height,
+            entries,
+        });
+        let map = match Map::open(g.fs_id, opts.map_budget_bytes, root, &r) {
+            Ok(m) => m,
+            Err(LdError::Corrupt(c)) => {
+                report
+                    .checkpoint_errors
+                    .push(format!("slot {slot}: map: {c}"));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let log = LogHead {
+            seg: SegmentId(h.log_segment),
+            page: h.log_page,
+            next: SegmentId(h.next_segment),
+            seq: h.next_seq,
+            epoch: h.epoch,
+        };
+        let mut rec = Recovered {
+            map,
+            usage,
+            log,
+            serial: h.serial,
+            next_list: h.next_list,
+            user_bytes: h.user_bytes,
+            moved_bytes: h.moved_bytes,
+            report: OpenReport::default(),
+        };
+        match roll_forward(dev, g, &mut rec) {
+            Ok(()) => {
+                rec.report.checkpoint_slot = Some(slot);
+                rec.report.checkpoint_errors = std::mem::take(&mut report.checkpoint_errors);
+                return Ok(rec);
+            }
+            Err(LdError::Corrupt(c)) => {
+                report
+                    .checkpoint_errors
+                    .push(format!("slot {slot}: roll-forward: {c}"));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let mut rec = rebuild(dev, g, opts)?;
+    rec.report.checkpoint_errors = report.checkpoint_errors;
+    Ok(rec)
+}
+
+fn roll_forward(dev: &dyn Device, g: &Geometry, rec: &mut Recovered) -> LdResult<()> {
+    // Phase 1: find the valid tail of the log.
+    let mut partials: Vec<ScannedPartial> = Vec::new();
+    let mut committed: HashSet<u64> = HashSet::new();
+    let (mut seg, mut page, mut next) = (rec.log.seg, rec.log.page, rec.log.next);
+    let mut seq = rec.log.seq;
+    let epoch = rec.log.epoch;
+    loop {
+        let mut found = None;
+        let mut why = None;
+        // The next partial is where the last one ended, or at the start of
+        // the segment it named when the rest of its own was too short.
+        for (i, (s, pg)) in [(seg, page), (next, 0)].into_iter().enumerate() {
+            if (i == 1 && next == seg) || pg >= g.segment_pages {
+                continue;
+            }
+            match read_partial(dev, g, s, pg, true)? {
+                Ok(p) if p.header.epoch == epoch && p.header.seq == seq => {
+                    found = Some(p);
+                    break;
+                }
+                Ok(p) => {
+                    why = Some(format!(
+                        "segment {} page {pg}: epoch {} seq {}, expected epoch {epoch} seq {seq}",
+                        s.0, p.header.epoch, p.header.seq
+                    ))
+                }
+                Err(c) => {
+                    if why.is_none() {
+                        why = Some(c.to_string())
+                    }
+                }
+            }
+        }
+        let Some(p) = found else {
+            rec.report.stopped = why;
+            break;
+        };
+        for r in &p.records {
+            if let Record::AruEnd { aru } = r {
+                committed.insert(*aru);
+            }
+        }
+        seg = SegmentId(p.header.segment);
+        page = p.header.page + p.header.total_pages();
+        next = SegmentId(p.header.next_segment);
+        seq += 1;
+        partials.push(p);
+    }
+
+    // Phase 2: apply.
+    let r = Pages { dev };
+    let usage = &mut rec.usage;
+    let log = &mut rec.log;
+    for p in &partials {
+        let h = &p.header;
+        let here = SegmentId(h.segment);
+        if here != log.seg {
+            // The log moved on to the segment its predecessor named.
+            if here != log.next
+                || !usage.can_transition(log.seg, SegmentState::Dirty)
+                || !usage.can_transition(here, SegmentState::Active)
+            {
+                return Err(LdError::Corrupt(Corruption {
+                    what: "summary",
+                    offset: g.page_addr(here, h.page),
+                    reason: CorruptReason::Inconsistent(format!(
+                        "log moves from segment {} to {} (named next: {}, state {:?})",
+                        log.seg.0,
+                        here.0,
+                        log.next.0,
+                        usage.get(here).state
+                    )),
+                }));
+            }
+            usage.transition(log.seg, SegmentState::Dirty);
+            usage.transition(here, SegmentState::Active);
+            log.seg = here;
+            let named = SegmentId(h.next_segment);
+            if named != here && usage.can_transition(named, SegmentState::Next) {
+                usage.transition(named, SegmentState::Next);
+                log.next = named;
+            } else {
+                log.next = here;
+            }
+        }
+        for rcd in &p.records {
+            if rcd.aru() != 0 && !committed.contains(&rcd.aru()) {
+                continue;
+            }
+            match *rcd {
+                Record::Write {
+                    key,
+                    data_off,
+                    len,
+                    crc,
+                    flags,
+                    ..
+                } => {
+                    let e = MapEntry {
+                        addr: p.data_base + data_off as u64,
+                        len,
+                        crc,
+                        flags,
+                    };
+                    if let Some(old) = rec.map.insert(key, e, &r)? {
+                        sub_old(usage, g, &old);
+                    }
+                    usage.add_live(here, len, h.seq);
+                    if key.list == 0 {
+                        rec.next_list = rec.next_list.max(key.index.saturating_add(1));
+                    }
+                }
+                Record::Delete { key, .. } => {
+                    if let Some(old) = rec.map.remove(key, &r)? {
+                        sub_old(usage, g, &old);
+                    }
+                }
+                Record::DeleteRange { list, from, to, .. } => {
+                    if from < to {
+                        let (a, b) = (Key { list, index: from }, Key { list, index: to });
+                        for (_, old) in rec.map.remove_range(a, b, &r)? {
+                            sub_old(usage, g, &old);
+                        }
+                    }
+                }
+                Record::DeleteList { list, .. } => {
+                    let a = Key { list, index: 0 };
+                    let b = if list == u64::MAX {
+                        Key::MAX
+                    } else {
+                        Key {
+                            list: list + 1,
+                            index: 0,
+                        }
+                    };
+                    for (_, old) in rec.map.remove_range(a, b, &r)? {
+                        sub_old(usage, g, &old);
+                    }
+                }
+                // Map pages after the checkpoint belong to one that never
+                // became durable: not live. ARU ends were used in phase 1.
+                Record::AruEnd { .. } | Record::MapPage { .. } => {}
+            }
+        }
+        usage.touch(here, h.seq);
+        log.page = h.page + h.total_pages();
+        log.seq = h.seq + 1;
+        rec.report.rolled_forward += 1;
+    }
+    if g.segment_pages - log.page < 2 {
+        advance_head(usage, log, g)?;
+    }
+    Ok(())
+}
+
+fn sub_old(usage: &mut Usage, g: &Geometry, old: &MapEntry) {
+    if let Some(s) = g.segment_of(old.offset()) {
+        usage.sub_live(s, old.len);
+    }
+}
+
+/// Rebuilds the map and usage table from every summary on the device, newest
+/// last. Used only when both checkpoint slots are unusable. Blocks deleted by
+/// a record whose segment has since been reused can come back; `fsck` and the
+/// issue tracker know this limit of the method.
+fn rebuild(dev: &dyn Device, g: &Geometry, opts: &LldOptions) -> LdResult<Recovered> {
+    let mut all = Vec::new();
+    for s in 0..g.segment_count {
+        all.extend(scan_segment(dev, g, SegmentId(s), true)?);
+    }
+    all.sort_by_key(|p| (p.header.epoch, p.header.seq));
+    let committed: HashSet<(u64, u64)> = all
+        .iter()
+        .flat_map(|p| {
+            p.records.iter().filter_map(move |r| match r {
+                Record::AruEnd { aru } => Some((p.header.epoch, *aru)),
+                _ => None,
+            })
+        })
+        .collect();
+    let mut map = Map::new(g.fs_id, opts.map_budget_bytes);
+    let r = Pages { dev };
+    let mut live = vec![0i64; g.segment_count as usize];
+    let mut last_seq = vec![0u64; g.segment_count as usize];
+    let mut next_list = 1u64;
+    let seg_idx = |a: u64| g.segment_of(a).map(|s| s.0 as usize);
+    for p in &all {
+        let here = p.header.segment as usize;
+        last_seq[here] = last_seq[here].max(p.header.seq);
+        for rcd in &p.records {
+            if rcd.aru() != 0 && !committed.contains(&(p.header.epoch, rcd.aru())) {
+                continue;
+            }
+            let removed: Vec<MapEntry> = match *rcd {
+                Record::Write {
+                    key,
+                    data_off,
+                    len,
+                    crc,
+                    flags,
+                    ..
+                } => {
+                    let e = MapEntry {
+                        addr: p.data_base + data_off as u64,
+                        len,
+                        crc,
+                        flags,
+                    };
+                    live[here] += len as i64;
+                    next_list = next_list.max(key.list.saturating_add(1));
+                    if key.list == 0 {
+                        next_list = next_list.max(key.index.saturating_add(1));
+                    }
+                    map.insert(key, e, &r)?.into_iter().collect()
+                }
+                Record::Delete { key, .. } => map.remove(key, &r)?.into_iter().collect(),
+                Record::DeleteRange { list, from, to, .. } if from < to => map
+                    .remove_range(Key { list, index: from }, Key { list, index: to }, &r)?
+                    .into_iter()
+                    .map(|(_, e)| e)
+                    .collect(),
+                Record::DeleteList { list, .. } => {
+                    let b = if list == u64::MAX {
+                        Key::MAX
+                    } else {
+                        Key {
+                            list: list + 1,
+                            index: 0,
+                        }
+                    };
+                    map.remove_range(Key { list, index: 0 }, b, &r)?
+                        .into_iter()
+                        .map(|(_, e)| e)
+                        .collect()
+                }
+                _ => Vec::new(),
+            };
+            for old in removed {
+                if let Some(s) = seg_idx(old.offset()) {
+                    live[s] -= old.len as i64;
+                }
+            }
+        }
+    }
+    let mut usage = Usage::new(g.segment_count, g.segment_bytes() as u32);
+    for (i, l) in live.iter().enumerate() {
+        let l = (*l).clamp(0, g.segment_bytes() as i64) as u32;
+        usage.set(
+            SegmentId(i as u32),
+            SegmentUsage {
+                state: if l > 0 {
+                    SegmentState::Dirty
+                } else {
+                    SegmentState::Clean
+                },
+                live_bytes: l,
+                last_seq: last_seq[i],
+            },
+        );
+    }
+    let last = all.last().map(|p| p.header.segment).unwrap_or(0);
+    let Some(head) = usage.pick_clean(SegmentId(last)) else {
+        return Err(LdError::Corrupt(Corruption {
+            what: "device",
+            offset: 0,
+            reason: CorruptReason::Inconsistent(
+                "rebuild found no clean segment to continue the log in".into(),
+            ),
+        }));
+    };
+    usage.transition(head, SegmentState::Active);
+    let mut log = LogHead {
+        seg: head,
+        page: 0,
+        next: head,
+        seq: all.last().map_or(1, |p| p.header.seq + 1),
+        epoch: all.last().map_or(1, |p| p.header.epoch),
+    };
+    choose_next(&mut usage, &mut log);
+    Ok(Recovered {
+        map,
+        usage,
+        log,
+        serial: 0,
+        next_list,
+        user_bytes: 0,
+        moved_bytes: 0,
+        report: OpenReport {
+            rebuilt: true,
+            rolled_forward: all.len() as u64,
+            ..Default::default()
+        },
+    })
+}

@@ -1,0 +1,368 @@
+//! Engine behaviour under bad conditions: corrupt blocks and summaries, lost
+//! checkpoints, a full device, device errors, concurrent flushes.
+
+use std::sync::Arc;
+
+use ldfs::device::{CrashDevice, CrashOptions, Device, FaultDevice, FaultPlan, MemoryDevice};
+use ldfs::ld::{CorruptReason, LdError, ListHints, ListId, LogicalDisk};
+use ldfs::lld::layout::MkfsOptions;
+use ldfs::lld::{Lld, LldOptions};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn small_mkfs() -> MkfsOptions {
+    MkfsOptions {
+        segment_bytes: 128 << 10,
+        max_block_bytes: 32 << 10,
+        reserved_segments: Some(4),
+        fs_id: 77,
+    }
+}
+
+fn data(seed: u64, len: usize) -> Vec<u8> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..len).map(|_| rng.gen()).collect()
+}
+
+#[test]
+fn write_read_overwrite_delete_and_reopen() {
+    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(16 << 20));
+    let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+    let a = lld.create_list(None, ListHints::default()).unwrap();
+    let b = lld.create_list(None, ListHints::default()).unwrap();
+    assert_ne!(a, b);
+    for i in 0..100u64 {
+        lld.write(None, a, i, &data(i, 1 + (i as usize * 97) % 9000))
+            .unwrap();
+    }
+    lld.write(None, b, 5, b"five").unwrap();
+    lld.write(None, a, 3, b"three").unwrap();
+    lld.delete(None, a, 4).unwrap();
+    lld.delete_range(None, a, 50..60).unwrap();
+    let check = |lld: &Lld| {
+        assert_eq!(lld.read(a, 3).unwrap().unwrap(), b"three");
+        assert_eq!(lld.read(a, 4).unwrap(), None);
+        assert_eq!(lld.read(a, 55).unwrap(), None);
+        assert_eq!(lld.read(a, 70).unwrap().unwrap(), data(70, 1 + 6790));
+        assert_eq!(lld.read(b, 5).unwrap().unwrap(), b"five");
+        let idx = lld.indices(a, 0, 1000).unwrap();
+        assert_eq!(idx.len(), 100 - 1 - 10);
+        assert_eq!(lld.indices(a, 95, 3).unwrap(), vec![95, 96, 97]);
+    };
+    check(&lld);
+    lld.flush().unwrap();
+    check(&lld);
+    lld.close().unwrap();
+    drop(lld);
+    let lld = Lld::open(dev.clone(), LldOptions::default()).unwrap();
+    assert_eq!(
+        lld.open_report().rolled_forward,
+        0,
+        "clean close needs no roll-forward"
+    );
+    check(&lld);
+    lld.delete_list(None, b).unwrap();
+    assert!(matches!(lld.read(b, 5), Ok(None)));
+    assert!(matches!(lld.indices(b, 0, 10), Err(LdError::NoSuchList(_))));
+    assert!(matches!(
+        lld.write(None, b, 1, b"x"),
+        Err(LdError::NoSuchList(_))
+    ));
+    assert!(matches!(
+        lld.write(None, a, 1, &[]),
+        Err(LdError::BadBlockLength { .. })
+    ));
+    assert!(matches!(
+        lld.write(None, a, 1, &vec![0; (32 << 10) + 1]),
+        Err(LdError::BadBlockLength { .. })
+    ));
+    assert_eq!(lld.accounting_drift(), 0);
+}
+
+#[test]
+fn compressed_lists_store_fewer_bytes() {
+    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(16 << 20));
+    let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+    let hints = ListHints {
+        compress: true,
+        ..Default::default()
+    };
+    let l = lld.create_list(None, hints).unwrap();
+    assert_eq!(lld.list_hints(l).unwrap(), Some(hints));
+    let text: Vec<u8> = b"log-structured "
+        .iter()
+        .cycle()
+        .take(16384)
+        .copied()
+        .collect();
+    for i in 0..10 {
+        lld.write(None, l, i, &text).unwrap();
+    }
+    lld.flush().unwrap();
+    assert!(lld.space().live_bytes < 10 * 16384 / 4);
+    lld.close().unwrap();
+    drop(lld);
+    let lld = Lld::open(dev, LldOptions::default()).unwrap();
+    assert_eq!(lld.list_hints(l).unwrap(), Some(hints));
+    for i in 0..10 {
+        assert_eq!(lld.read(l, i).unwrap().unwrap(), text);
+    }
+}
+
+#[test]
+fn a_corrupt_block_is_reported_never_returned() {
+    let dev = Arc::new(MemoryDevice::new(16 << 20));
+    let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    let block = data(1, 8192);
+    lld.write(None, l, 0, &block).unwrap();
+    lld.write(None, l, 1, b"neighbour").unwrap();
+    lld.close().unwrap();
+    drop(lld);
+    // Find the block on the device and flip one byte of it.
+    let image = dev.snapshot();
+    let at = image
+        .windows(64)
+        .position(|w| w == &block[..64])
+        .expect("block on device");
+    dev.write_at(&[image[at + 100] ^ 1], (at + 100) as u64)
+        .unwrap();
+    let lld = Lld::open(dev, LldOptions::default()).unwrap();
+    match lld.read(l, 0) {
+        Err(LdError::Corrupt(c)) => {
+            assert!(matches!(c.reason, CorruptReason::BadChecksum { .. }), "{c}");
+            assert_eq!(c.what, "block");
+        }
+        other => panic!("corrupt block read gave {other:?}"),
+    }
+    assert_eq!(lld.read(l, 1).unwrap().unwrap(), b"neighbour");
+}
+
+#[test]
+fn a_torn_log_tail_stops_roll_forward_and_keeps_the_flushed_prefix() {
+    let dev = Arc::new(MemoryDevice::new(16 << 20));
+    let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    lld.write(None, l, 0, b"durable").unwrap();
+    lld.flush().unwrap();
+    let before = dev.snapshot();
+    lld.write(None, l, 1, &data(9, 5000)).unwrap();
+    lld.flush().unwrap();
+    let after = dev.snapshot();
+    lld.abandon();
+    // Corrupt each byte of the new partial segment's summary page in turn
+    // (sampled): recovery must drop that partial and keep the earlier one.
+    let first_changed = before
+        .iter()
+        .zip(&after)
+        .position(|(a, b)| a != b)
+        .expect("the flush wrote something");
+    let page = first_changed / 4096 * 4096;
+    for off in (0..4096).step_by(61) {
+        let mut img = after.clone();
+        img[page + off] ^= 0x20;
+        let d = Arc::new(MemoryDevice::from_vec(img));
+        let lld = Lld::open(d, LldOptions::default()).unwrap();
+        assert_eq!(lld.read(l, 0).unwrap().unwrap(), b"durable");
+        let one = lld.read(l, 1).unwrap();
+        // A flip in unused summary bytes is caught by the checksum too.
+        assert_eq!(one, None, "flip at summary byte {off} was not detected");
+    }
+}
+
+#[test]
+fn both_checkpoints_lost_rebuilds_from_summaries() {
+    let dev = Arc::new(MemoryDevice::new(16 << 20));
+    let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    for i in 0..300u64 {
+        lld.write(None, l, i, &data(i, 3000)).unwrap();
+    }
+    lld.checkpoint_now().unwrap();
+    for i in 0..50u64 {
+        lld.write(None, l, i, &data(i + 1000, 2000)).unwrap();
+    }
+    lld.delete(None, l, 299).unwrap();
+    let aru = lld.begin_aru().unwrap();
+    lld.write(Some(aru), l, 7, b"never committed").unwrap();
+    lld.flush().unwrap();
+    let g = *lld.geometry();
+    lld.abandon();
+    for slot in 0..2 {
+        dev.write_at(&[0xAB; 64], g.slot_addr(slot) + 8).unwrap();
+    }
+    let lld = Lld::open(dev, LldOptions::default()).unwrap();
+    assert!(lld.open_report().rebuilt);
+    assert_eq!(lld.open_report().checkpoint_errors.len(), 2);
+    for i in 0..299u64 {
+        let want = if i < 50 {
+            data(i + 1000, 2000)
+        } else {
+            data(i, 3000)
+        };
+        assert_eq!(lld.read(l, i).unwrap().unwrap(), want, "block {i}");
+    }
+    assert_eq!(lld.read(l, 299).unwrap(), None);
+    assert_eq!(lld.accounting_drift(), 0);
+}
+
+#[test]
+fn full_device_refuses_up_front_and_keeps_everything_accepted() {
+    let dev = Arc::new(CrashDevice::new(8 << 20));
+    let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    let mut accepted = 0u64;
+    loop {
+        match lld.write(None, l, accepted, &data(accepted, 20_000)) {
+            Ok(()) => accepted += 1,
+            Err(LdError::NoSpace { .. }) => break,
+            Err(e) => panic!("write {accepted}: {e}"),
+        }
+        assert!(accepted < 10_000, "never ran out of space");
+    }
+    assert!(accepted > 100, "only {accepted} blocks fit");
+    // Deletes still work on a full device, and free space once checkpointed.
+    lld.delete(None, l, 0).unwrap();
+    lld.flush().unwrap();
+    let crashed = dev.crash_image(1, &CrashOptions::default());
+    lld.close().unwrap();
+    let clean = dev.durable_image();
+    drop(lld);
+    for image in [clean, crashed] {
+        let d = Arc::new(MemoryDevice::from_vec(image));
+        let lld = Lld::open(d, LldOptions::default()).unwrap();
+        assert_eq!(lld.read(l, 0).unwrap(), None);
+        for i in 1..accepted {
+            assert_eq!(
+                lld.read(l, i).unwrap().unwrap(),
+                data(i, 20_000),
+                "block {i}"
+            );
+        }
+    }
+}
+
+#[test]
+fn reservations_are_honoured_or_refused_up_front() {
+    let dev = Arc::new(MemoryDevice::new(8 << 20));
+    let lld = Lld::create(dev, &small_mkfs(), LldOptions::default()).unwrap();
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    let aru = lld.begin_aru().unwrap();
+    let avail = lld.space().available_bytes;
+    assert!(matches!(
+        lld.reserve(aru, avail * 2),
+        Err(LdError::NoSpace { .. })
+    ));
+    lld.reserve(aru, 1 << 20).unwrap();
+    // Fill the rest with writes outside the ARU.
+    let mut i = 1000;
+    while lld.write(None, l, i, &data(i, 16_000)).is_ok() {
+        i += 1;
+    }
+    // The reservation still holds.
+    for j in 0..(1 << 20) / 16_000 {
+        lld.write(Some(aru), l, j, &data(j, 16_000))
+            .unwrap_or_else(|e| panic!("reserved write {j}: {e}"));
+    }
+    lld.end_aru(aru).unwrap();
+}
+
+#[test]
+fn eio_on_write_turns_read_only_and_loses_nothing_flushed() {
+    let dev = Arc::new(FaultDevice::new(
+        MemoryDevice::new(16 << 20),
+        FaultPlan::default(),
+    ));
+    let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    for i in 0..20 {
+        lld.write(None, l, i, &data(i, 4096)).unwrap();
+    }
+    lld.flush().unwrap();
+    dev.set_plan(FaultPlan {
+        fail_write_nth: Some(1),
+        sticky: true,
+        ..Default::default()
+    });
+    lld.write(None, l, 100, b"buffered").unwrap();
+    let err = lld.flush().unwrap_err();
+    assert!(matches!(err, LdError::Device(_)), "{err}");
+    assert!(matches!(
+        lld.write(None, l, 101, b"more"),
+        Err(LdError::ReadOnly(_))
+    ));
+    // Reads keep working, including the block that could not be written.
+    assert_eq!(lld.read(l, 3).unwrap().unwrap(), data(3, 4096));
+    assert_eq!(lld.read(l, 100).unwrap().unwrap(), b"buffered");
+    drop(lld);
+    dev.set_plan(FaultPlan::default());
+    let lld = Lld::open(dev, LldOptions::default()).unwrap();
+    for i in 0..20 {
+        assert_eq!(lld.read(l, i).unwrap().unwrap(), data(i, 4096));
+    }
+}
+
+#[test]
+fn concurrent_writers_share_flushes() {
+    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(64 << 20));
+    let lld = Arc::new(Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap());
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let lld = lld.clone();
+            std::thread::spawn(move || {
+                for i in 0..200u64 {
+                    lld.write(None, l, t * 1000 + i, &data(t * 1000 + i, 4096))
+                        .unwrap();
+                    lld.flush().unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let flushes = lld.stats().device_flushes;
+    assert!(
+        flushes <= 1600 + 10,
+        "{flushes} device flushes for 1600 flush calls"
+    );
+    lld.close().unwrap();
+    drop(lld);
+    let lld = Lld::open(dev, LldOptions::default()).unwrap();
+    for t in 0..8u64 {
+        for i in 0..200u64 {
+            assert_eq!(
+                lld.read(l, t * 1000 + i).unwrap().unwrap(),
+                data(t * 1000 + i, 4096)
+            );
+        }
+    }
+    let _ = ListId(0);
+}
+
+#[test]
+fn read_only_open_writes_nothing() {
+    let dev = Arc::new(MemoryDevice::new(16 << 20));
+    let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    lld.write(None, l, 0, b"zero").unwrap();
+    lld.flush().unwrap();
+    lld.abandon();
+    let before = dev.snapshot();
+    let ro = LldOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    let lld = Lld::open(dev.clone(), ro).unwrap();
+    assert_eq!(lld.read(l, 0).unwrap().unwrap(), b"zero");
+    assert!(matches!(
+        lld.write(None, l, 1, b"x"),
+        Err(LdError::ReadOnly(_))
+    ));
+    drop(lld);
+    assert!(
+        before == dev.snapshot(),
+        "read-only open changed the device"
+    );
+}
