@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use super::checkpoint::{self, CheckpointHeader};
 use super::flight::{Flight, Writer};
@@ -150,7 +150,10 @@ pub struct Lld {
     opts: LldOptions,
     inner: Mutex<Inner>,
     /// Held while a device flush runs; callers queue here (group commit).
-    flush_lock: Mutex<()>,
+    /// Whether a group-commit leader is flushing now; waiters sleep on
+    /// `commit_cv` and return once `durable_op` covers them.
+    committing: Mutex<bool>,
+    commit_cv: Condvar,
     /// Operations made durable by the last completed flush.
     durable_op: AtomicU64,
     /// Sealed partial segments not yet written.
@@ -302,7 +305,8 @@ impl Lld {
             geo,
             opts,
             inner: Mutex::new(inner),
-            flush_lock: Mutex::new(()),
+            committing: Mutex::new(false),
+            commit_cv: Condvar::new(),
             durable_op: AtomicU64::new(0),
             flight,
             report: recovered.report,
@@ -1354,29 +1358,25 @@ impl LogicalDisk for Lld {
             }
             g.op_seq
         };
-        let _queue = self.flush_lock.lock().expect("flush lock poisoned");
-        if self.durable_op.load(Ordering::SeqCst) >= target {
-            return Ok(()); // a flush that started after our operations covered them
-        }
-        let written = {
-            let mut g = self.lock();
-            if let Some(why) = &g.failed {
-                return Err(LdError::ReadOnly(why.clone()));
+        // Group commit: one caller at a time leads, sealing and flushing
+        // everything accepted so far; the others wait and return as soon as
+        // a completed flush covers their operations.
+        let mut busy = self.committing.lock().expect("commit lock poisoned");
+        loop {
+            if self.durable_op.load(Ordering::SeqCst) >= target {
+                return Ok(());
             }
-            self.seal(&mut g)?;
-            g.stats.device_flushes += 1;
-            g.op_seq
-        };
-        if let Err(e) = self.flight.drain() {
-            let mut g = self.lock();
-            return Err(self.fail(&mut g, drain_error(e)));
+            if !*busy {
+                break;
+            }
+            busy = self.commit_cv.wait(busy).expect("commit lock poisoned");
         }
-        if let Err(e) = self.dev.flush() {
-            let mut g = self.lock();
-            return Err(self.fail(&mut g, e.into()));
-        }
-        self.durable_op.fetch_max(written, Ordering::SeqCst);
-        Ok(())
+        *busy = true;
+        drop(busy);
+        let res = self.flush_as_leader();
+        *self.committing.lock().expect("commit lock poisoned") = false;
+        self.commit_cv.notify_all();
+        res
     }
 
     fn flush_list(&self, _list: ListId) -> LdResult<()> {
@@ -1401,6 +1401,28 @@ impl LogicalDisk for Lld {
 }
 
 impl Lld {
+    fn flush_as_leader(&self) -> LdResult<()> {
+        let written = {
+            let mut g = self.lock();
+            if let Some(why) = &g.failed {
+                return Err(LdError::ReadOnly(why.clone()));
+            }
+            self.seal(&mut g)?;
+            g.stats.device_flushes += 1;
+            g.op_seq
+        };
+        if let Err(e) = self.flight.drain() {
+            let mut g = self.lock();
+            return Err(self.fail(&mut g, drain_error(e)));
+        }
+        if let Err(e) = self.dev.flush() {
+            let mut g = self.lock();
+            return Err(self.fail(&mut g, e.into()));
+        }
+        self.durable_op.fetch_max(written, Ordering::SeqCst);
+        Ok(())
+    }
+
     /// Removes every key in `[from, to)`, retiring each old version.
     fn remove_keys(&self, g: &mut Inner, aru: u64, (from, to): (Key, Key)) -> LdResult<()> {
         let r = DevPages { dev: &*self.dev };
