@@ -366,3 +366,39 @@ fn read_only_open_writes_nothing() {
         "read-only open changed the device"
     );
 }
+
+#[test]
+fn relocate_moves_only_the_map_and_respects_open_arus() {
+    use ldfs::lld::Key;
+    let dev = Arc::new(CrashDevice::new(16 << 20));
+    let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    lld.write(None, l, 1, &data(1, 5000)).unwrap();
+    let aru = lld.begin_aru().unwrap();
+    lld.write(Some(aru), l, 2, &data(2, 5000)).unwrap();
+    lld.flush().unwrap();
+    let entry = |i: u64| lld.map_entry(Key::new(l, i)).unwrap().unwrap();
+    let (e1, e2) = (entry(1), entry(2));
+    assert!(lld.relocate(Key::new(l, 1), &e1).unwrap());
+    assert_ne!(entry(1).addr, e1.addr);
+    // Moving a block written by an open ARU would commit it early.
+    assert!(!lld.relocate(Key::new(l, 2), &e2).unwrap());
+    // A stale expectation is refused.
+    assert!(!lld.relocate(Key::new(l, 1), &e1).unwrap());
+    lld.flush().unwrap();
+    let image = dev.crash_image(3, &CrashOptions::default());
+    lld.abandon();
+    let lld = Lld::open(
+        Arc::new(MemoryDevice::from_vec(image)),
+        LldOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(lld.read(l, 1).unwrap().unwrap(), data(1, 5000));
+    assert_eq!(
+        lld.read(l, 2).unwrap(),
+        None,
+        "uncommitted ARU write survived"
+    );
+    assert_eq!(lld.stats().rolled_forward, 2);
+    assert_eq!(lld.accounting_drift(), 0);
+}

@@ -17,7 +17,7 @@
 //! - an operation is accepted only if the space it needs, with the reserve
 //!   kept back for checkpoints and the cleaner, exists now.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -108,6 +108,9 @@ struct AruState {
     ops: u64,
     /// Reserved bytes not yet used.
     reserved: u64,
+    /// Keys this ARU wrote: the cleaner must not move them while it is open
+    /// (a move is logged outside any ARU and would commit the write early).
+    written: HashSet<Key>,
 }
 
 /// Space class of an operation: user writes keep the whole reserve free;
@@ -372,6 +375,13 @@ impl Lld {
             .collect())
     }
 
+    /// The map entry of a block (the cleaner checks liveness with it).
+    pub fn map_entry(&self, key: Key) -> LdResult<Option<MapEntry>> {
+        let mut g = self.lock();
+        let r = DevPages { dev: &*self.dev };
+        g.map.get(key, &r)
+    }
+
     /// Moves a block by rewriting it through the log, if the map still holds
     /// `expected` for it; changes only the map (the cleaner's primitive).
     /// Returns whether the block was moved.
@@ -382,7 +392,10 @@ impl Lld {
         };
         let mut g = self.lock_writable()?;
         let r = DevPages { dev: &*self.dev };
-        if g.map.get(key, &r)? != Some(*expected) {
+        if g.map.get(key, &r)? != Some(*expected) || expected.is_buffered() {
+            return Ok(false);
+        }
+        if g.arus.values().any(|a| a.written.contains(&key)) {
             return Ok(false);
         }
         self.admit(&mut g, None, WRITE_RECORD_BYTES, stored.len(), Class::Meta)?;
@@ -675,18 +688,16 @@ impl Lld {
         let aru_id = aru.map_or(0, |a| a.0);
         let cost = (record_bytes + data_bytes) as u64;
         // Within a reservation the ARU spends what was set aside for it.
-        let mut class = class;
-        if let Some(a) = g.arus.get_mut(&aru_id) {
-            if a.reserved >= cost {
-                a.reserved -= cost;
-                class = Class::Meta;
-            }
-        }
+        let reserved = g.arus.get(&aru_id).is_some_and(|a| a.reserved >= cost);
+        let class = if reserved { Class::Meta } else { class };
         for attempt in 0..2 {
             let left = self.pages_left_after(g, record_bytes, data_bytes)
                 - self.reserved_by_others(g, aru_id);
             let need = self.reserve_pages(class);
             if left >= need {
+                if reserved {
+                    g.arus.get_mut(&aru_id).expect("ARU checked open").reserved -= cost;
+                }
                 return Ok(());
             }
             if attempt == 0 && g.open_nonempty == 0 && !g.usage.releasable().is_empty() {
@@ -779,8 +790,12 @@ impl Lld {
             };
             // Only the newest version is live; older ones kept in this
             // partial for ARU reasons were already superseded in the map.
-            if g.map.replace_if(p.key, &buffered, on_disk, &r)? {
-                g.usage.add_live(seg, p.len, seq);
+            // Dirty leaves are resident, so this reads nothing; if it ever
+            // failed the log and the map would disagree: stop writing.
+            match g.map.replace_if(p.key, &buffered, on_disk, &r) {
+                Ok(true) => g.usage.add_live(seg, p.len, seq),
+                Ok(false) => {}
+                Err(e) => return Err(self.fail(g, e)),
             }
         }
         g.pending.clear();
@@ -842,6 +857,13 @@ impl Lld {
         let old = g.map.insert(key, entry, &r)?;
         if let Some(old) = old {
             self.retire(g, aru, &old);
+        }
+        if aru != 0 {
+            g.arus
+                .get_mut(&aru)
+                .expect("ARU checked open")
+                .written
+                .insert(key);
         }
         self.count_op(g, aru);
         Ok(())
@@ -1302,6 +1324,7 @@ impl LogicalDisk for Lld {
             AruState {
                 ops: 0,
                 reserved: 0,
+                written: HashSet::new(),
             },
         );
         Ok(AruId(id))
