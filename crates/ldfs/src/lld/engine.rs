@@ -375,6 +375,20 @@ impl Lld {
             .collect())
     }
 
+    /// Whether the map page stored at `addr` is still part of the map.
+    pub fn map_page_is_live(&self, addr: u64) -> bool {
+        self.lock().map.page_is_live(addr)
+    }
+
+    /// Has the map page at `addr` rewritten elsewhere by the next checkpoint
+    /// (the cleaner's way to empty a segment holding map pages). Returns
+    /// false if no live map page is there.
+    pub fn relocate_map_page(&self, addr: u64) -> LdResult<bool> {
+        let mut g = self.lock_writable()?;
+        let r = DevPages { dev: &*self.dev };
+        g.map.mark_page_dirty(addr, &r)
+    }
+
     /// The map entry of a block (the cleaner checks liveness with it).
     pub fn map_entry(&self, key: Key) -> LdResult<Option<MapEntry>> {
         let mut g = self.lock();
