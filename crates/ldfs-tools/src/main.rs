@@ -2,6 +2,8 @@
 //! `bench engine` (mount, fsck and clean follow; see the issues).
 
 mod bench;
+mod fuse;
+mod mount;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -53,6 +55,22 @@ enum Cmd {
         #[arg(long)]
         all_segments: bool,
     },
+    /// Mount an image through FUSE. Returns once mounted and serves in the
+    /// background; unmount with `fusermount3 -u DIR` or `umount DIR`.
+    Mount {
+        image: PathBuf,
+        dir: PathBuf,
+        /// Stay in the foreground (SIGINT/SIGTERM unmount).
+        #[arg(short = 'f', long)]
+        foreground: bool,
+        /// Options: ro, rw, allow_other, cache=SIZE (map memory, default 64M),
+        /// commit=SECONDS (default 5), dev, nodev, suid, nosuid, exec, noexec,
+        /// atime, noatime, sync, async.
+        #[arg(short = 'o', value_name = "OPTIONS")]
+        options: Vec<String>,
+        #[arg(long, hide = true)]
+        daemon_child: bool,
+    },
     /// Run a benchmark and print its figures.
     Bench {
         #[command(subcommand)]
@@ -84,7 +102,7 @@ enum BenchCmd {
     },
 }
 
-fn parse_size(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let (num, mult) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
         None => (s, 1u64),
@@ -114,6 +132,34 @@ fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 fn main() -> ExitCode {
+    // As mount(8)'s helper `mount.fuse.ldfs IMAGE DIR [-o OPTIONS]`.
+    let argv0 = std::env::args().next().unwrap_or_default();
+    if argv0.ends_with("mount.fuse.ldfs") || argv0.ends_with("mount.ldfs") {
+        let mut args = std::env::args().skip(1);
+        let (Some(image), Some(dir)) = (args.next(), args.next()) else {
+            eprintln!("usage: mount.fuse.ldfs IMAGE DIR [-o OPTIONS]");
+            return ExitCode::from(1);
+        };
+        let mut options = Vec::new();
+        while let Some(a) = args.next() {
+            match a.as_str() {
+                "-o" => options.extend(args.next()),
+                // mount(8) may pass -n (no mtab), -s, -v: nothing to do.
+                "-n" | "-s" | "-v" | "-f" => {}
+                other => {
+                    eprintln!("mount.fuse.ldfs: unexpected argument '{other}'");
+                    return ExitCode::from(1);
+                }
+            }
+        }
+        return match mount::run(image.into(), dir.into(), false, options, false) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("ldfs: {e}");
+                ExitCode::from(32)
+            }
+        };
+    }
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Mkfs {
@@ -128,6 +174,13 @@ fn main() -> ExitCode {
             segment,
             all_segments,
         } => cmd_inspect(image, segment, all_segments),
+        Cmd::Mount {
+            image,
+            dir,
+            foreground,
+            options,
+            daemon_child,
+        } => mount::run(image, dir, foreground, options, daemon_child).map_err(Into::into),
         Cmd::Bench {
             which:
                 BenchCmd::Engine {
@@ -177,6 +230,16 @@ fn cmd_mkfs(
         fs_id: 0,
     };
     let g = mkfs(&dev, &opts)?;
+    // The file system on top: an empty root directory owned by the caller.
+    let dev: std::sync::Arc<dyn Device> = std::sync::Arc::new(dev);
+    let lld = ldfs::lld::Lld::open(dev.clone(), ldfs::lld::LldOptions::default())?;
+    let ctx = ldfs::fs::Ctx {
+        uid: unsafe { libc::getuid() },
+        gid: unsafe { libc::getgid() },
+    };
+    ldfs::fs::Fs::format(&lld, ctx)?;
+    lld.close()?;
+    drop(lld);
     println!(
         "formatted {}: {} bytes, {} segments of {} KiB, max block {} bytes, {} reserved segments, fs id {:016x}",
         image.display(),

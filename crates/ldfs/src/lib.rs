@@ -3,6 +3,7 @@
 //! Layers, each knowing only the one below it (see `docs/DESIGN.md`):
 //!
 //! ```text
+//! fs   POSIX files and directories over any LogicalDisk (no FUSE types)
 //! ld   the Logical Disk interface: lists of variable-length blocks, ARUs, flush, reserve
 //! lld  the log-structured Logical Disk (the engine)
 //! device  block devices: file, memory, crash simulation, fault injection
@@ -11,6 +12,7 @@
 //! Nothing in this crate knows about FUSE.
 
 pub mod device;
+pub mod fs;
 pub mod ld;
 pub mod lld;
 pub mod testing;
