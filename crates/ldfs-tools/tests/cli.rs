@@ -39,8 +39,14 @@ fn mkfs_then_inspect() {
     );
     // mkfs formats the engine, then creates the file system's root through
     // it: both slots hold checkpoints, the newer one naming the map.
-    assert!(text.contains("checkpoint slot 0: serial 2 epoch 2"), "{text}");
-    assert!(text.contains("checkpoint slot 1: serial 3 epoch 2"), "{text}");
+    assert!(
+        text.contains("checkpoint slot 0: serial 2 epoch 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("checkpoint slot 1: serial 3 epoch 2"),
+        "{text}"
+    );
     assert!(text.contains("map root at byte"), "{text}");
     assert!(
         text.contains("segments           63 x 256 pages") || text.contains(" x 256 pages"),

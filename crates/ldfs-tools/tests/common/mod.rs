@@ -1,0 +1,139 @@
+//! Mounting an image for tests: `ldfs mount -f` as a child process, so a
+//! test can unmount it cleanly or kill it.
+
+#![allow(dead_code)]
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn ldfs() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ldfs"))
+}
+
+/// Whether FUSE mounts can work here; if not, says so loudly.
+pub fn fuse_usable() -> bool {
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .is_ok();
+    let helper = Command::new("fusermount3")
+        .arg("-V")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !(dev && helper) {
+        eprintln!(
+            "\n*** SKIPPING FUSE MOUNT TEST: /dev/fuse usable: {dev}, fusermount3 present: {helper} ***\n"
+        );
+    }
+    dev && helper
+}
+
+pub fn mkfs(img: &Path, size: &str) {
+    let out = ldfs()
+        .arg("mkfs")
+        .args(["--size", size])
+        .arg(img)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn is_mounted(dir: &Path) -> bool {
+    let canon = dir.canonicalize().unwrap();
+    std::fs::read_to_string("/proc/self/mounts")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(1) == Some(canon.to_str().unwrap()))
+}
+
+pub struct Mount {
+    pub dir: PathBuf,
+    pub img: PathBuf,
+    child: Option<Child>,
+}
+
+impl Mount {
+    pub fn new(img: &Path, dir: &Path, opts: &[&str]) -> Mount {
+        std::fs::create_dir_all(dir).unwrap();
+        let mut cmd = ldfs();
+        cmd.arg("mount").arg("-f");
+        for o in opts {
+            cmd.args(["-o", o]);
+        }
+        let child = cmd.arg(img).arg(dir).stdin(Stdio::null()).spawn().unwrap();
+        let mut m = Mount {
+            dir: dir.to_path_buf(),
+            img: img.to_path_buf(),
+            child: Some(child),
+        };
+        let t = Instant::now();
+        while !is_mounted(dir) {
+            if let Some(st) = m.child.as_mut().unwrap().try_wait().unwrap() {
+                m.child = None;
+                panic!("ldfs mount exited with {st} before mounting");
+            }
+            assert!(t.elapsed() < Duration::from_secs(20), "mount timed out");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        m
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.join(rel)
+    }
+
+    /// Clean unmount; waits for the final checkpoint.
+    pub fn unmount(mut self) {
+        let st = Command::new("fusermount3")
+            .arg("-u")
+            .arg(&self.dir)
+            .status()
+            .unwrap();
+        assert!(st.success(), "fusermount3 -u failed");
+        let st = self.child.take().unwrap().wait().unwrap();
+        assert!(st.success(), "ldfs mount exited with {st}");
+    }
+
+    /// kill -9 the daemon, then detach the dead mount.
+    pub fn kill(mut self) {
+        let mut c = self.child.take().unwrap();
+        c.kill().unwrap();
+        c.wait().unwrap();
+        let _ = Command::new("fusermount3")
+            .arg("-u")
+            .arg("-z")
+            .arg(&self.dir)
+            .status();
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("fusermount3")
+                .arg("-u")
+                .arg("-z")
+                .arg(&self.dir)
+                .status();
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn cstr(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).unwrap()
+}
+
+pub fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}

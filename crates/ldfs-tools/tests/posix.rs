@@ -1,0 +1,368 @@
+//! POSIX behaviour through a real FUSE mount of ldfs, with the error codes
+//! Linux programs expect. Skips, loudly, only where /dev/fuse is unusable.
+
+mod common;
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::io::AsRawFd;
+
+use common::{cstr, errno, fuse_usable, mkfs, Mount};
+
+fn setup(name: &str) -> Option<(tempfile::TempDir, Mount)> {
+    if !fuse_usable() {
+        return None;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join(format!("{name}.img"));
+    mkfs(&img, "256M");
+    let m = Mount::new(&img, &t.path().join("mnt"), &[]);
+    Some((t, m))
+}
+
+fn err_of<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
+    r.expect_err("expected an error").raw_os_error().unwrap()
+}
+
+#[test]
+fn files_dirs_links_and_their_errors() {
+    let Some((_t, m)) = setup("basic") else {
+        return;
+    };
+    let p = |s: &str| m.path(s);
+    fs::write(p("a"), b"hello").unwrap();
+    assert_eq!(fs::read(p("a")).unwrap(), b"hello");
+    fs::create_dir(p("d")).unwrap();
+    assert_eq!(err_of(fs::create_dir(p("d"))), libc::EEXIST);
+    fs::write(p("d/x"), b"x").unwrap();
+    assert_eq!(err_of(fs::remove_dir(p("d"))), libc::ENOTEMPTY);
+    assert_eq!(err_of(fs::remove_file(p("d"))), libc::EISDIR);
+    assert_eq!(err_of(fs::remove_dir(p("a"))), libc::ENOTDIR);
+    assert_eq!(err_of(fs::read(p("nope"))), libc::ENOENT);
+    let long = "n".repeat(256);
+    assert_eq!(err_of(fs::write(p(&long), b"")), libc::ENAMETOOLONG);
+    fs::write(p(&"m".repeat(255)), b"ok").unwrap();
+
+    // Hard links and link counts.
+    fs::hard_link(p("a"), p("a2")).unwrap();
+    assert_eq!(fs::metadata(p("a")).unwrap().nlink(), 2);
+    assert_eq!(fs::metadata(p("d")).unwrap().nlink(), 2);
+    fs::create_dir(p("d/sub")).unwrap();
+    assert_eq!(fs::metadata(p("d")).unwrap().nlink(), 3);
+    fs::remove_file(p("a2")).unwrap();
+    assert_eq!(fs::metadata(p("a")).unwrap().nlink(), 1);
+
+    // Symlinks.
+    std::os::unix::fs::symlink("a", p("s")).unwrap();
+    assert_eq!(fs::read_link(p("s")).unwrap().to_str().unwrap(), "a");
+    assert_eq!(fs::read(p("s")).unwrap(), b"hello");
+    assert!(fs::symlink_metadata(p("s"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+
+    // Rename: plain, over a file, dir over empty dir, dir into itself.
+    fs::rename(p("a"), p("b")).unwrap();
+    assert_eq!(err_of(fs::metadata(p("a"))), libc::ENOENT);
+    fs::write(p("c"), b"c").unwrap();
+    fs::rename(p("b"), p("c")).unwrap();
+    assert_eq!(fs::read(p("c")).unwrap(), b"hello");
+    fs::create_dir(p("e")).unwrap();
+    fs::create_dir(p("f")).unwrap();
+    fs::rename(p("e"), p("f")).unwrap();
+    assert!(fs::metadata(p("f")).unwrap().is_dir());
+    fs::create_dir(p("full")).unwrap();
+    fs::write(p("full/x"), b"").unwrap();
+    assert_eq!(err_of(fs::rename(p("f"), p("full"))), libc::ENOTEMPTY);
+    assert_eq!(err_of(fs::rename(p("d"), p("d/sub/inner"))), libc::EINVAL);
+    assert_eq!(err_of(fs::rename(p("c"), p("d"))), libc::EISDIR);
+    assert_eq!(err_of(fs::rename(p("d"), p("c"))), libc::ENOTDIR);
+
+    // renameat2 flags.
+    fs::write(p("r1"), b"1").unwrap();
+    fs::write(p("r2"), b"2").unwrap();
+    let rn = |a: &str, b: &str, flags: u32| unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            cstr(&p(a)).as_ptr(),
+            libc::AT_FDCWD,
+            cstr(&p(b)).as_ptr(),
+            flags,
+        )
+    };
+    assert_eq!(rn("r1", "r2", libc::RENAME_NOREPLACE), -1);
+    assert_eq!(errno(), libc::EEXIST);
+    assert_eq!(rn("r1", "r2", libc::RENAME_EXCHANGE), 0);
+    assert_eq!(fs::read(p("r1")).unwrap(), b"2");
+    assert_eq!(fs::read(p("r2")).unwrap(), b"1");
+    assert_eq!(rn("r1", "r9", libc::RENAME_EXCHANGE), -1);
+    assert_eq!(errno(), libc::ENOENT);
+    m.unmount();
+}
+
+#[test]
+fn attributes_times_and_special_files() {
+    let Some((_t, m)) = setup("attr") else { return };
+    let p = |s: &str| m.path(s);
+    fs::write(p("f"), b"data").unwrap();
+    fs::set_permissions(p("f"), fs::Permissions::from_mode(0o4751)).unwrap();
+    assert_eq!(fs::metadata(p("f")).unwrap().mode() & 0o7777, 0o4751);
+    // chown clears set-user-ID.
+    std::os::unix::fs::chown(p("f"), Some(1234), Some(5678)).unwrap();
+    let md = fs::metadata(p("f")).unwrap();
+    assert_eq!((md.uid(), md.gid()), (1234, 5678));
+    assert_eq!(md.mode() & 0o4000, 0);
+
+    // utimensat with nanoseconds and UTIME_OMIT.
+    let ts = [
+        libc::timespec {
+            tv_sec: 1_000_000_000,
+            tv_nsec: 123_456_789,
+        },
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+    ];
+    let before = fs::metadata(p("f")).unwrap();
+    assert_eq!(
+        unsafe { libc::utimensat(libc::AT_FDCWD, cstr(&p("f")).as_ptr(), ts.as_ptr(), 0) },
+        0
+    );
+    let md = fs::metadata(p("f")).unwrap();
+    assert_eq!((md.atime(), md.atime_nsec()), (1_000_000_000, 123_456_789));
+    assert_eq!(
+        (md.mtime(), md.mtime_nsec()),
+        (before.mtime(), before.mtime_nsec())
+    );
+
+    // FIFO, socket and device nodes.
+    assert_eq!(unsafe { libc::mkfifo(cstr(&p("fifo")).as_ptr(), 0o644) }, 0);
+    assert!(fs::metadata(p("fifo")).unwrap().file_type().is_fifo());
+    let dev = libc::makedev(1, 3);
+    assert_eq!(
+        unsafe { libc::mknod(cstr(&p("null")).as_ptr(), libc::S_IFCHR | 0o666, dev) },
+        0
+    );
+    let md = fs::metadata(p("null")).unwrap();
+    assert!(md.file_type().is_char_device());
+    assert_eq!(md.rdev(), dev);
+
+    // setgid directories pass their group and bit on.
+    fs::create_dir(p("g")).unwrap();
+    std::os::unix::fs::chown(p("g"), None, Some(4242)).unwrap();
+    fs::set_permissions(p("g"), fs::Permissions::from_mode(0o2775)).unwrap();
+    fs::write(p("g/file"), b"").unwrap();
+    fs::create_dir(p("g/sub")).unwrap();
+    assert_eq!(fs::metadata(p("g/file")).unwrap().gid(), 4242);
+    assert_eq!(fs::metadata(p("g/sub")).unwrap().mode() & 0o2000, 0o2000);
+
+    // statfs reports real space.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(cstr(&m.dir).as_ptr(), &mut st) }, 0);
+    assert!(st.f_bavail > 0 && st.f_blocks > st.f_bavail);
+    assert_eq!(st.f_namemax, 255);
+    m.unmount();
+}
+
+#[test]
+fn sparse_files_fallocate_and_seek() {
+    let Some((_t, m)) = setup("sparse") else {
+        return;
+    };
+    let p = |s: &str| m.path(s);
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(p("s"))
+        .unwrap();
+    // A very large sparse file.
+    f.set_len(1 << 40).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 1 << 40);
+    let mut f = f;
+    f.seek(SeekFrom::Start(1 << 30)).unwrap();
+    f.write_all(&[7u8; 10000]).unwrap();
+    f.sync_all().unwrap();
+    let fd = f.as_raw_fd();
+    let seek = |off: i64, whence: i32| unsafe { libc::lseek(fd, off, whence) };
+    assert_eq!(seek(0, libc::SEEK_DATA), 1 << 30);
+    assert_eq!(seek(1 << 30, libc::SEEK_HOLE), (1 << 30) + 12288);
+    assert_eq!(seek(0, libc::SEEK_HOLE), 0);
+    assert_eq!(seek((1 << 30) + 20000, libc::SEEK_DATA), -1);
+    assert_eq!(errno(), libc::ENXIO);
+    let mut buf = vec![1u8; 100];
+    f.seek(SeekFrom::Start(5000)).unwrap();
+    f.read_exact(&mut buf).unwrap();
+    assert!(buf.iter().all(|&b| b == 0), "hole reads as zeros");
+
+    // fallocate modes.
+    let fa = |mode: i32, off: i64, len: i64| unsafe { libc::fallocate(fd, mode, off, len) };
+    f.set_len(0).unwrap();
+    assert_eq!(fa(0, 0, 100_000), 0);
+    assert_eq!(f.metadata().unwrap().len(), 100_000);
+    assert_eq!(fa(libc::FALLOC_FL_KEEP_SIZE, 100_000, 50_000), 0);
+    assert_eq!(f.metadata().unwrap().len(), 100_000);
+    f.seek(SeekFrom::Start(0)).unwrap();
+    f.write_all(&vec![9u8; 100_000]).unwrap();
+    assert_eq!(
+        fa(
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            10_000,
+            20_000
+        ),
+        0
+    );
+    let mut all = Vec::new();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    f.read_to_end(&mut all).unwrap();
+    assert_eq!(all.len(), 100_000);
+    assert!(all[10_000..30_000].iter().all(|&b| b == 0));
+    assert!(all[..10_000].iter().all(|&b| b == 9) && all[30_000..].iter().all(|&b| b == 9));
+    assert_eq!(fa(libc::FALLOC_FL_ZERO_RANGE, 90_000, 20_000), 0);
+    assert_eq!(f.metadata().unwrap().len(), 110_000);
+    assert_eq!(fa(libc::FALLOC_FL_COLLAPSE_RANGE, 0, 4096), -1);
+    assert_eq!(errno(), libc::EOPNOTSUPP);
+    drop(f);
+
+    // Truncation shrinks and zero-extends.
+    fs::write(p("t"), vec![5u8; 9000]).unwrap();
+    let f = OpenOptions::new().write(true).open(p("t")).unwrap();
+    f.set_len(4500).unwrap();
+    f.set_len(9000).unwrap();
+    drop(f);
+    let d = fs::read(p("t")).unwrap();
+    assert!(d[..4500].iter().all(|&b| b == 5) && d[4500..].iter().all(|&b| b == 0));
+    m.unmount();
+}
+
+#[test]
+fn xattrs_and_open_unlinked_files() {
+    let Some((_t, m)) = setup("xattr") else {
+        return;
+    };
+    let p = |s: &str| m.path(s);
+    fs::write(p("x"), b"").unwrap();
+    let set = |name: &str, val: &[u8], flags: i32| unsafe {
+        let n = std::ffi::CString::new(name).unwrap();
+        libc::setxattr(
+            cstr(&p("x")).as_ptr(),
+            n.as_ptr(),
+            val.as_ptr().cast(),
+            val.len(),
+            flags,
+        )
+    };
+    let get = |name: &str| -> Result<Vec<u8>, i32> {
+        let n = std::ffi::CString::new(name).unwrap();
+        let mut buf = vec![0u8; 1024];
+        let r = unsafe {
+            libc::getxattr(
+                cstr(&p("x")).as_ptr(),
+                n.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        if r < 0 {
+            Err(errno())
+        } else {
+            buf.truncate(r as usize);
+            Ok(buf)
+        }
+    };
+    assert_eq!(set("user.k", b"v1", 0), 0);
+    assert_eq!(get("user.k"), Ok(b"v1".to_vec()));
+    assert_eq!(set("user.k", b"v2", libc::XATTR_CREATE), -1);
+    assert_eq!(errno(), libc::EEXIST);
+    assert_eq!(set("user.other", b"v", libc::XATTR_REPLACE), -1);
+    assert_eq!(errno(), libc::ENODATA);
+    assert_eq!(set("trusted.t", b"t", 0), 0);
+    assert_eq!(get("user.missing"), Err(libc::ENODATA));
+    let mut names = vec![0u8; 256];
+    let n = unsafe {
+        libc::listxattr(
+            cstr(&p("x")).as_ptr(),
+            names.as_mut_ptr().cast(),
+            names.len(),
+        )
+    };
+    assert!(n > 0);
+    let listed = String::from_utf8_lossy(&names[..n as usize]).to_string();
+    assert!(
+        listed.contains("user.k") && listed.contains("trusted.t"),
+        "{listed}"
+    );
+    let rm = unsafe {
+        libc::removexattr(
+            cstr(&p("x")).as_ptr(),
+            std::ffi::CString::new("user.k").unwrap().as_ptr(),
+        )
+    };
+    assert_eq!(rm, 0);
+    assert_eq!(get("user.k"), Err(libc::ENODATA));
+
+    // An open file survives its unlink until closed; its directory can go.
+    fs::create_dir(p("holder")).unwrap();
+    let mut f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(p("holder/f"))
+        .unwrap();
+    f.write_all(&vec![3u8; 50_000]).unwrap();
+    fs::remove_file(p("holder/f")).unwrap();
+    fs::remove_dir(p("holder")).unwrap();
+    let mut back = Vec::new();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    f.read_to_end(&mut back).unwrap();
+    assert_eq!(back, vec![3u8; 50_000]);
+    drop(f);
+    m.unmount();
+}
+
+#[test]
+fn big_directory_readdir_and_remount() {
+    let Some((t, m)) = setup("dir") else { return };
+    let p = |s: &str| m.path(s);
+    fs::create_dir(p("many")).unwrap();
+    for i in 0..3000 {
+        File::create(p(&format!("many/file-{i:05}"))).unwrap();
+    }
+    let mut names: Vec<String> = fs::read_dir(p("many"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 3000);
+    assert_eq!(names[0], "file-00000");
+    // readdir while the directory changes: every entry present throughout
+    // is returned exactly once.
+    let dir = fs::read_dir(p("many")).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for (k, e) in dir.enumerate() {
+        if k == 100 {
+            for i in 0..50 {
+                File::create(p(&format!("many/new-{i}"))).unwrap();
+            }
+        }
+        let n = e.unwrap().file_name().into_string().unwrap();
+        assert!(seen.insert(n.clone()), "{n} returned twice");
+    }
+    assert!((0..3000).all(|i| seen.contains(&format!("file-{i:05}"))));
+    fs::write(p("keep"), b"persistent").unwrap();
+    let img = m.img.clone();
+    m.unmount();
+    let m = Mount::new(&img, &t.path().join("mnt"), &[]);
+    assert_eq!(fs::read(m.path("keep")).unwrap(), b"persistent");
+    assert_eq!(fs::read_dir(m.path("many")).unwrap().count(), 3050);
+    m.unmount();
+    // Read-only mounts refuse changes with EROFS.
+    let m = Mount::new(&img, &t.path().join("mnt"), &["ro"]);
+    assert_eq!(fs::read(m.path("keep")).unwrap(), b"persistent");
+    assert_eq!(err_of(fs::write(m.path("new"), b"x")), libc::EROFS);
+    m.unmount();
+}
