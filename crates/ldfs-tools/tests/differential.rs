@@ -218,6 +218,7 @@ fn apply(root: &Path, op: &Op) -> Outcome {
         } => io(
             OpenOptions::new()
                 .create(true)
+                .truncate(false)
                 .write(true)
                 .mode(0o644)
                 .open(p(name))

@@ -12,6 +12,11 @@ pub const INLINE_MAX: usize = 2048;
 /// Total bytes of extended attribute names and values per inode.
 pub const XATTR_MAX: usize = 32 * 1024;
 pub const XATTR_NAME_MAX: usize = 255;
+/// Extended attributes per inode.
+pub const XATTR_COUNT_MAX: usize = 1024;
+/// Largest encoded record: header, a symlink target of 4095 bytes or inline
+/// data, and the attributes with 5 bytes of lengths each.
+pub const RECORD_MAX: usize = HEADER_BYTES + 4096 + XATTR_MAX + XATTR_COUNT_MAX * 5;
 const HEADER_BYTES: usize = 120;
 
 /// What an inode is (the `S_IFMT` part of the mode).
@@ -207,7 +212,7 @@ impl Inode {
             return Err(bad(format!("inline length {inline_len}, size {size}")));
         }
         let inline = r.take(inline_len).ok_or_else(short)?.to_vec();
-        if xattr_count > XATTR_MAX / 2 {
+        if xattr_count > XATTR_COUNT_MAX {
             return Err(bad(format!("{xattr_count} xattrs")));
         }
         let mut xattrs = Vec::with_capacity(xattr_count);

@@ -21,6 +21,7 @@
 //!
 //! errno exists only in the FUSE adapter; this layer returns `FsError`.
 
+pub mod check;
 pub mod dir;
 pub mod inode;
 
@@ -243,6 +244,17 @@ fn encode_fs_record(ino_reserved: u64) -> Vec<u8> {
     b
 }
 
+fn check_block_size(ld: &dyn LogicalDisk) -> FsResult<()> {
+    if ld.max_block_bytes() < inode::RECORD_MAX {
+        return Err(FsError::Invalid(format!(
+            "the logical disk's largest block is {} bytes; the file system needs {} (mkfs --max-block 64K)",
+            ld.max_block_bytes(),
+            inode::RECORD_MAX
+        )));
+    }
+    Ok(())
+}
+
 fn check_name(name: &[u8]) -> FsResult<()> {
     if name.len() > dir::NAME_MAX {
         return Err(FsError::NameTooLong);
@@ -260,6 +272,7 @@ fn check_name(name: &[u8]) -> FsResult<()> {
 impl Fs {
     /// Creates an empty file system (root directory only) on a fresh LD.
     pub fn format(ld: &dyn LogicalDisk, ctx: Ctx) -> FsResult<()> {
+        check_block_size(ld)?;
         let aru = ld.begin_aru()?;
         let meta = ListHints {
             kind: ListKind::Metadata,
@@ -302,6 +315,7 @@ impl Fs {
 
     /// Mounts the file system on `ld`; reclaims inodes orphaned by a crash.
     pub fn mount(ld: Arc<dyn LogicalDisk>, opts: FsOptions) -> FsResult<Fs> {
+        check_block_size(&*ld)?;
         let rec = ld
             .read(META_LIST, 0)
             .map_err(|e| match e {
@@ -1418,7 +1432,9 @@ impl Tx<'_> {
             _ => {}
         }
         let old = pos.map_or(0, |k| i.xattrs[k].0.len() + i.xattrs[k].1.len());
-        if i.xattr_bytes() - old + name.len() + value.len() > XATTR_MAX {
+        if i.xattr_bytes() - old + name.len() + value.len() > XATTR_MAX
+            || (pos.is_err() && i.xattrs.len() >= inode::XATTR_COUNT_MAX)
+        {
             return Err(FsError::NoSpace);
         }
         match pos {
