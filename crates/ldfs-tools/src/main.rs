@@ -1,5 +1,6 @@
-//! The `ldfs` command. Subcommands so far: `mkfs`, `inspect` and
-//! `bench engine` (mount, fsck and clean follow; see the issues).
+//! The `ldfs` command: `mkfs`, `mount` (also as the mount helper
+//! `mount.fuse.ldfs`), `sync`, `inspect` and `bench engine` (fsck and clean
+//! follow; see the issues).
 
 mod bench;
 mod fuse;
@@ -71,6 +72,9 @@ enum Cmd {
         #[arg(long, hide = true)]
         daemon_child: bool,
     },
+    /// Make everything written to a mounted ldfs before this call durable
+    /// (the kernel does not pass sync(2) on to FUSE file systems).
+    Sync { mountpoint: PathBuf },
     /// Run a benchmark and print its figures.
     Bench {
         #[command(subcommand)]
@@ -181,6 +185,9 @@ fn main() -> ExitCode {
             options,
             daemon_child,
         } => mount::run(image, dir, foreground, options, daemon_child).map_err(Into::into),
+        Cmd::Sync { mountpoint } => std::fs::File::open(&mountpoint)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| format!("{}: {e}", mountpoint.display()).into()),
         Cmd::Bench {
             which:
                 BenchCmd::Engine {

@@ -248,10 +248,7 @@ pub fn run(
     if daemon_child {
         println!("ready");
         let _ = std::io::stdout().flush();
-        // The parent has what it needs; nothing more goes to its pipe.
-        if let Ok(null) = File::options().write(true).open("/dev/null") {
-            unsafe { libc::dup2(null.as_raw_fd(), 1) };
-        }
+        detach_output(&image);
     }
     let served = session.run();
     stop.store(true, Ordering::Relaxed);
@@ -260,6 +257,36 @@ pub fn run(
     let closed = lld.close();
     served.map_err(|e| format!("serving {}: {e}", dir.display()))?;
     closed.map_err(|e| format!("final checkpoint of {}: {e}", image.display()))
+}
+
+/// A daemon must not hold its parent's terminal or pipes: stdout goes to
+/// /dev/null and stderr (errors such as a block failing its checksum, with
+/// inode and offset) to syslog, one line per message.
+fn detach_output(image: &Path) {
+    let Ok(null) = File::options().write(true).open("/dev/null") else {
+        return;
+    };
+    unsafe { libc::dup2(null.as_raw_fd(), 1) };
+    let mut fds = [0; 2];
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        unsafe { libc::dup2(null.as_raw_fd(), 2) };
+        return;
+    }
+    unsafe {
+        libc::dup2(fds[1], 2);
+        libc::close(fds[1]);
+    }
+    let reader = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fds[0]) };
+    let ident = std::ffi::CString::new(format!("ldfs[{}]", image.display())).unwrap_or_default();
+    std::thread::spawn(move || {
+        // openlog keeps the pointer: the string lives as long as the thread.
+        unsafe { libc::openlog(ident.as_ptr(), libc::LOG_PID, libc::LOG_DAEMON) };
+        for line in BufReader::new(reader).lines().map_while(Result::ok) {
+            if let Ok(c) = std::ffi::CString::new(line) {
+                unsafe { libc::syslog(libc::LOG_ERR, c"%s".as_ptr(), c.as_ptr()) };
+            }
+        }
+    });
 }
 
 /// Starts `ldfs mount -f` in the background and waits until it has mounted

@@ -366,3 +366,75 @@ fn big_directory_readdir_and_remount() {
     assert_eq!(err_of(fs::write(m.path("new"), b"x")), libc::EROFS);
     m.unmount();
 }
+
+#[test]
+fn mount_refuses_bad_input_clearly_and_works_as_a_mount_helper() {
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("ok.img");
+    mkfs(&img, "128M");
+    let mnt = t.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let fail = |args: &[&std::ffi::OsStr], expect: &str| {
+        let out = common::ldfs().arg("mount").args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(err.contains(expect), "{args:?}: {err:?} lacks {expect:?}");
+    };
+    let missing = t.path().join("missing.img");
+    fail(&[missing.as_os_str(), mnt.as_os_str()], "No such file");
+    let junk = t.path().join("junk.img");
+    fs::write(&junk, vec![0x5au8; 8 << 20]).unwrap();
+    fail(&[junk.as_os_str(), mnt.as_os_str()], "corrupt");
+    let nodir = t.path().join("nodir");
+    fail(&[img.as_os_str(), nodir.as_os_str()], "mount point");
+    fail(
+        &[
+            "-o".as_ref(),
+            "bogus".as_ref(),
+            img.as_os_str(),
+            mnt.as_os_str(),
+        ],
+        "unknown mount option",
+    );
+    let m = Mount::new(&img, &mnt, &[]);
+    let other = t.path().join("other.img");
+    mkfs(&other, "128M");
+    fail(&[other.as_os_str(), mnt.as_os_str()], "busy");
+    let mnt2 = t.path().join("mnt2");
+    fs::create_dir(&mnt2).unwrap();
+    fail(&[img.as_os_str(), mnt2.as_os_str()], "in use");
+    m.unmount();
+
+    // mount(8) runs /sbin/mount.fuse.ldfs IMAGE DIR -o OPTIONS.
+    let helper = t.path().join("mount.fuse.ldfs");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ldfs"), &helper).unwrap();
+    let st = std::process::Command::new(&helper)
+        .arg(&img)
+        .arg(&mnt)
+        .args(["-o", "rw,noatime,nodev,commit=2,cache=16M"])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    fs::write(mnt.join("via-helper"), b"yes").unwrap();
+    assert!(std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg(&mnt)
+        .status()
+        .unwrap()
+        .success());
+    // The daemon finishes its final checkpoint, then the image is free.
+    let t0 = std::time::Instant::now();
+    loop {
+        let m = std::panic::catch_unwind(|| Mount::new(&img, &mnt, &[]));
+        if let Ok(m) = m {
+            assert_eq!(fs::read(m.path("via-helper")).unwrap(), b"yes");
+            m.unmount();
+            break;
+        }
+        assert!(t0.elapsed().as_secs() < 10, "image stayed locked");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}

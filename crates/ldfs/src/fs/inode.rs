@@ -17,7 +17,7 @@ pub const XATTR_COUNT_MAX: usize = 1024;
 /// Largest encoded record: header, a symlink target of 4095 bytes or inline
 /// data, and the attributes with 5 bytes of lengths each.
 pub const RECORD_MAX: usize = HEADER_BYTES + 4096 + XATTR_MAX + XATTR_COUNT_MAX * 5;
-const HEADER_BYTES: usize = 120;
+const HEADER_BYTES: usize = 112;
 
 /// What an inode is (the `S_IFMT` part of the mode).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
