@@ -3,6 +3,7 @@
 //! follow; see the issues).
 
 mod bench;
+mod bench_fs;
 mod fuse;
 mod mount;
 
@@ -104,6 +105,29 @@ enum BenchCmd {
         #[arg(long, default_value_t = 5)]
         seconds: u64,
     },
+    /// The LFS micro-benchmarks (small files; one large file sequential and
+    /// random; one huge directory) on ldfs, ext4 on a loop device and
+    /// fuse2fs, side by side. Needs root (loop devices, drop_caches).
+    Fs {
+        /// Directory for the image files.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// Size of each target's image.
+        #[arg(long, default_value = "4G", value_parser = parse_size)]
+        image_size: u64,
+        /// Small files (1 KB each) to create, read and delete (LFS: 10,000).
+        #[arg(long, default_value_t = 10_000)]
+        small_files: usize,
+        /// Size of the large file in MiB (LFS: 100 MB).
+        #[arg(long, default_value_t = 100)]
+        large_mib: u64,
+        /// Names in the big directory.
+        #[arg(long, default_value_t = 1_000_000)]
+        dir_names: usize,
+        /// Targets, in order.
+        #[arg(long, value_delimiter = ',', default_value = "ldfs,ext4,fuse2fs")]
+        targets: Vec<String>,
+    },
 }
 
 pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
@@ -188,6 +212,25 @@ fn main() -> ExitCode {
         Cmd::Sync { mountpoint } => std::fs::File::open(&mountpoint)
             .and_then(|d| d.sync_all())
             .map_err(|e| format!("{}: {e}", mountpoint.display()).into()),
+        Cmd::Bench {
+            which:
+                BenchCmd::Fs {
+                    dir,
+                    image_size,
+                    small_files,
+                    large_mib,
+                    dir_names,
+                    targets,
+                },
+        } => bench_fs::run_all(&bench_fs::FsBench {
+            dir,
+            image_bytes: image_size,
+            small_files,
+            large_mib,
+            dir_names,
+            targets,
+        })
+        .map_err(Into::into),
         Cmd::Bench {
             which:
                 BenchCmd::Engine {
