@@ -438,3 +438,78 @@ fn mount_refuses_bad_input_clearly_and_works_as_a_mount_helper() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+#[test]
+fn full_device_corrupt_block_and_sigterm() {
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("full.img");
+    mkfs(&img, "64M");
+    let mnt = t.path().join("mnt");
+    let m = Mount::new(&img, &mnt, &[]);
+    // Fill: every file whose fsync succeeded must survive.
+    let mut kept = 0;
+    let chunk: Vec<u8> = (0..1 << 20).map(|k| (k * 31 % 251) as u8).collect();
+    loop {
+        let r = (|| -> std::io::Result<()> {
+            let mut f = File::create(m.path(&format!("fill{kept}")))?;
+            f.write_all(&chunk)?;
+            f.sync_all()
+        })();
+        match r {
+            Ok(()) => kept += 1,
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+                break;
+            }
+        }
+        assert!(kept < 200, "a 64 MiB image never filled");
+    }
+    assert!(kept > 20, "only {kept} MiB fit");
+    // Deleting frees nothing until the cleaner runs, but must work when full.
+    fs::remove_file(m.path("fill0")).unwrap();
+    fs::write(m.path("marker"), b"distinctive-marker-0123456789-abcdefghijklmnopqrstuvwxyz-0123456789-ABCDEFGHIJKLMNOPQRSTUVWXYZ-0123456789-marker-end-of-the-block").ok();
+    m.unmount();
+    let m = Mount::new(&img, &mnt, &[]);
+    for i in 1..kept {
+        assert!(
+            fs::read(m.path(&format!("fill{i}"))).unwrap() == chunk,
+            "fill{i} damaged"
+        );
+    }
+    m.unmount();
+
+    // A corrupt block fails only its reads, with EIO.
+    let img2 = t.path().join("eio.img");
+    mkfs(&img2, "128M");
+    let m = Mount::new(&img2, &mnt, &[]);
+    let victim: Vec<u8> = (0..20_000u32)
+        .map(|k| (k.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    fs::write(m.path("victim"), &victim).unwrap();
+    fs::write(m.path("bystander"), vec![1u8; 20_000]).unwrap();
+    m.unmount();
+    let mut raw = fs::read(&img2).unwrap();
+    let at = raw
+        .windows(64)
+        .position(|w| w == &victim[8192..8192 + 64])
+        .expect("victim's data on the image");
+    raw[at + 10] ^= 0xff;
+    fs::write(&img2, &raw).unwrap();
+    let m = Mount::new(&img2, &mnt, &[]);
+    let err = fs::read(m.path("victim")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert_eq!(fs::read(m.path("bystander")).unwrap(), vec![1u8; 20_000]);
+    // SIGTERM unmounts cleanly, with the final checkpoint.
+    fs::write(m.path("late"), b"written just before SIGTERM").unwrap();
+    let st = m.signal(libc::SIGTERM);
+    assert!(st.success(), "daemon exited with {st} on SIGTERM");
+    let m = Mount::new(&img2, &mnt, &[]);
+    assert_eq!(
+        fs::read(m.path("late")).unwrap(),
+        b"written just before SIGTERM"
+    );
+    m.unmount();
+}

@@ -103,6 +103,13 @@ impl Mount {
         assert!(st.success(), "ldfs mount exited with {st}");
     }
 
+    /// Sends `sig` to the daemon and waits for it to exit on its own.
+    pub fn signal(mut self, sig: i32) -> std::process::ExitStatus {
+        let mut c = self.child.take().unwrap();
+        unsafe { libc::kill(c.id() as i32, sig) };
+        c.wait().unwrap()
+    }
+
     /// kill -9 the daemon, then detach the dead mount.
     pub fn kill(mut self) {
         let mut c = self.child.take().unwrap();

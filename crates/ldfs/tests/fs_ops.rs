@@ -1,0 +1,108 @@
+//! The fs layer's limits, in-process (no FUSE): link counts, file size,
+//! names, xattr sizes, directory cookies.
+
+use std::sync::Arc;
+
+use ldfs::device::MemoryDevice;
+use ldfs::fs::{Ctx, Fs, FsError, FsOptions, XattrMode, LINK_MAX, MAX_FILE_BYTES, ROOT_INO};
+use ldfs::ld::LogicalDisk;
+use ldfs::lld::layout::MkfsOptions;
+use ldfs::lld::{Lld, LldOptions};
+
+const CTX: Ctx = Ctx { uid: 0, gid: 0 };
+
+fn fresh() -> Fs {
+    let dev = Arc::new(MemoryDevice::new(256 << 20));
+    let lld = Lld::create(dev, &MkfsOptions::default(), LldOptions::default()).unwrap();
+    Fs::format(&lld, CTX).unwrap();
+    let ld: Arc<dyn LogicalDisk> = Arc::new(lld);
+    Fs::mount(ld, FsOptions::default()).unwrap()
+}
+
+#[test]
+fn link_count_limit_is_emlink() {
+    let fs = fresh();
+    let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap();
+    let d = fs.mkdir(CTX, ROOT_INO, b"links", 0o755).unwrap();
+    for i in 1..LINK_MAX {
+        fs.link(f.ino, d.ino, format!("l{i}").as_bytes()).unwrap();
+    }
+    assert_eq!(fs.getattr(f.ino).unwrap().nlink, LINK_MAX);
+    assert!(matches!(
+        fs.link(f.ino, d.ino, b"one-too-many"),
+        Err(FsError::TooManyLinks)
+    ));
+    let report = fs.check().unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+}
+
+#[test]
+fn size_name_and_xattr_limits() {
+    let fs = fresh();
+    let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap();
+    assert!(matches!(
+        fs.write(f.ino, MAX_FILE_BYTES - 2, b"abc"),
+        Err(FsError::FileTooBig)
+    ));
+    fs.write(f.ino, MAX_FILE_BYTES - 3, b"abc").unwrap();
+    assert_eq!(fs.getattr(f.ino).unwrap().size, MAX_FILE_BYTES);
+    assert_eq!(fs.read(f.ino, MAX_FILE_BYTES - 3, 10).unwrap(), b"abc");
+    assert_eq!(
+        fs.lseek(f.ino, 0, ldfs::fs::Whence::Data).unwrap(),
+        (MAX_FILE_BYTES - 3) / 4096 * 4096
+    );
+    let long = vec![b'x'; 256];
+    assert!(matches!(
+        fs.mknod(CTX, ROOT_INO, &long, 0o100644, 0),
+        Err(FsError::NameTooLong)
+    ));
+    assert!(matches!(
+        fs.lookup(ROOT_INO, &long),
+        Err(FsError::NameTooLong)
+    ));
+    fs.mknod(CTX, ROOT_INO, &long[..255], 0o100644, 0).unwrap();
+    let big = vec![7u8; 30_000];
+    fs.setxattr(f.ino, b"user.big", &big, XattrMode::Any)
+        .unwrap();
+    assert!(matches!(
+        fs.setxattr(f.ino, b"user.big2", &big, XattrMode::Any),
+        Err(FsError::NoSpace)
+    ));
+    assert_eq!(fs.getxattr(f.ino, b"user.big").unwrap(), big);
+}
+
+#[test]
+fn readdir_cookies_survive_inserts_and_removals() {
+    let fs = fresh();
+    let d = fs.mkdir(CTX, ROOT_INO, b"d", 0o755).unwrap();
+    for i in 0..500 {
+        fs.mknod(CTX, d.ino, format!("n{i}").as_bytes(), 0o100644, 0)
+            .unwrap();
+    }
+    let first = fs.readdir(d.ino, 0, 100).unwrap();
+    let resume = first.last().unwrap().next;
+    // Remove some names already returned and add new ones.
+    for e in first.iter().skip(2).take(20) {
+        fs.unlink(d.ino, &e.name).unwrap();
+    }
+    for i in 0..50 {
+        fs.mknod(CTX, d.ino, format!("m{i}").as_bytes(), 0o100644, 0)
+            .unwrap();
+    }
+    let mut seen: std::collections::HashSet<Vec<u8>> =
+        first.iter().map(|e| e.name.clone()).collect();
+    let mut off = resume;
+    loop {
+        let more = fs.readdir(d.ino, off, 64).unwrap();
+        if more.is_empty() {
+            break;
+        }
+        for e in &more {
+            assert!(seen.insert(e.name.clone()), "{:?} twice", e.name);
+            off = e.next;
+        }
+    }
+    for i in 0..500 {
+        assert!(seen.contains(format!("n{i}").as_bytes()), "n{i} missed");
+    }
+}
