@@ -46,6 +46,8 @@ struct Target {
     mnt: PathBuf,
     umount: Vec<String>,
     loopdev: Option<String>,
+    /// A daemon this benchmark started in the foreground (memfs).
+    child: Option<std::process::Child>,
 }
 
 impl Target {
@@ -77,6 +79,9 @@ impl Drop for Target {
                 break;
             }
             std::thread::sleep(Duration::from_millis(50));
+        }
+        if let Some(c) = &mut self.child {
+            let _ = c.wait();
         }
         if let Some(l) = &self.loopdev {
             let _ = Command::new("losetup").arg("-d").arg(l).status();
@@ -121,6 +126,7 @@ fn setup(name: &str, b: &FsBench) -> R<Target> {
                 mnt: mnt.clone(),
                 umount: vec!["fusermount3".into(), "-u".into(), mnt.display().to_string()],
                 loopdev: None,
+                child: None,
             })
         }
         "ext4" => {
@@ -142,6 +148,7 @@ fn setup(name: &str, b: &FsBench) -> R<Target> {
                 mnt: mnt.clone(),
                 umount: vec!["umount".into(), mnt.display().to_string()],
                 loopdev: Some(dev),
+                child: None,
             })
         }
         "fuse2fs" => {
@@ -158,9 +165,28 @@ fn setup(name: &str, b: &FsBench) -> R<Target> {
                 mnt: mnt.clone(),
                 umount: vec!["fusermount3".into(), "-u".into(), mnt.display().to_string()],
                 loopdev: None,
+                child: None,
             })
         }
-        other => Err(format!("unknown target {other} (ldfs, ext4, fuse2fs)")),
+        "memfs" => {
+            let child = Command::new(&exe)
+                .arg("bench-memfs")
+                .arg(&mnt)
+                .spawn()
+                .map_err(|e| e.to_string())?;
+            let t = Target {
+                name: "memfs",
+                mnt: mnt.clone(),
+                umount: vec!["fusermount3".into(), "-u".into(), mnt.display().to_string()],
+                loopdev: None,
+                child: Some(child),
+            };
+            wait_mounted(&mnt)?;
+            Ok(t)
+        }
+        other => Err(format!(
+            "unknown target {other} (ldfs, ext4, fuse2fs, memfs)"
+        )),
     }
 }
 
@@ -380,12 +406,12 @@ pub fn run_all(b: &FsBench) -> R<()> {
     for t in &b.targets {
         print!(" {t} |");
     }
-    println!(" ldfs / ext4 |");
+    println!(" ldfs / ext4 | ldfs / memfs |");
     print!("|---|---|");
     for _ in &b.targets {
         print!("---|");
     }
-    println!("---|");
+    println!("---|---|");
     for r in rows {
         print!("| {} | {} |", r.what, r.unit);
         for v in &r.values {
@@ -400,11 +426,11 @@ pub fn run_all(b: &FsBench) -> R<()> {
                 .position(|t| t == name)
                 .and_then(|k| r.values[k])
         };
-        let ratio = match (at("ldfs"), at("ext4")) {
+        let ratio = |other: &str| match (at("ldfs"), at(other)) {
             (Some(a), Some(e)) if e > 0.0 => format!(" {:.2} |", a / e),
             _ => " |".into(),
         };
-        println!("{ratio}");
+        println!("{}{}", ratio("ext4"), ratio("memfs"));
     }
     Ok(())
 }

@@ -5,6 +5,7 @@
 mod bench;
 mod bench_fs;
 mod fuse;
+mod memfs;
 mod mount;
 
 use std::path::PathBuf;
@@ -76,6 +77,10 @@ enum Cmd {
     /// Make everything written to a mounted ldfs before this call durable
     /// (the kernel does not pass sync(2) on to FUSE file systems).
     Sync { mountpoint: PathBuf },
+    /// Serve the in-memory FUSE ceiling file system on DIR in the foreground
+    /// (a benchmark target: FUSE with no storage at all).
+    #[command(hide = true)]
+    BenchMemfs { dir: PathBuf },
     /// Run a benchmark and print its figures.
     Bench {
         #[command(subcommand)]
@@ -124,8 +129,9 @@ enum BenchCmd {
         /// Names in the big directory.
         #[arg(long, default_value_t = 1_000_000)]
         dir_names: usize,
-        /// Targets, in order.
-        #[arg(long, value_delimiter = ',', default_value = "ldfs,ext4,fuse2fs")]
+        /// Targets, in order: ldfs, ext4, fuse2fs, memfs (the in-memory FUSE
+        /// ceiling).
+        #[arg(long, value_delimiter = ',', default_value = "ldfs,ext4,fuse2fs,memfs")]
         targets: Vec<String>,
     },
 }
@@ -209,6 +215,7 @@ fn main() -> ExitCode {
             options,
             daemon_child,
         } => mount::run(image, dir, foreground, options, daemon_child).map_err(Into::into),
+        Cmd::BenchMemfs { dir } => memfs::serve(&dir).map_err(Into::into),
         Cmd::Sync { mountpoint } => std::fs::File::open(&mountpoint)
             .and_then(|d| d.sync_all())
             .map_err(|e| format!("{}: {e}", mountpoint.display()).into()),
