@@ -106,3 +106,28 @@ fn readdir_cookies_survive_inserts_and_removals() {
         assert!(seen.contains(format!("n{i}").as_bytes()), "n{i} missed");
     }
 }
+
+#[test]
+fn open_directory_survives_a_rename_over_its_name() {
+    let fs = fresh();
+    let a = fs.mkdir(CTX, ROOT_INO, b"a", 0o755).unwrap();
+    let b = fs.mkdir(CTX, ROOT_INO, b"b", 0o755).unwrap();
+    fs.mknod(CTX, b.ino, b"inside-b", 0o100644, 0).unwrap();
+    fs.open(a.ino).unwrap();
+    fs.rename(ROOT_INO, b"b", ROOT_INO, b"a", Default::default())
+        .unwrap();
+    // The old "a" is gone from the tree but its handle still reads.
+    let entries = fs.readdir(a.ino, 0, 10).unwrap();
+    let names: Vec<&[u8]> = entries.iter().map(|e| e.name.as_slice()).collect();
+    assert_eq!(names, vec![&b"."[..], &b".."[..]]);
+    assert!(matches!(
+        fs.mknod(CTX, a.ino, b"new", 0o100644, 0),
+        Err(FsError::NotFound)
+    ));
+    assert_eq!(fs.lookup(ROOT_INO, b"a").unwrap().ino, b.ino);
+    assert!(fs.check().unwrap().problems.is_empty());
+    fs.release(a.ino).unwrap();
+    assert!(matches!(fs.getattr(a.ino), Err(FsError::NotFound)));
+    let report = fs.check().unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+}
