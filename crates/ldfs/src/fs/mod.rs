@@ -906,13 +906,18 @@ impl Tx<'_> {
         let (idx, mut entries) = self.fs.bucket(d, name)?;
         let before = entries.len();
         entries.retain(|e| e.name != name);
-        assert_eq!(
-            before,
-            entries.len() + 1,
-            "removing an entry that is not there"
-        );
+        // Callers found the name first, so exactly one goes unless the
+        // bucket on disk lies (a duplicated name): an error, not a panic.
+        if before != entries.len() + 1 {
+            return Err(FsError::Io(format!(
+                "directory {} bucket {idx}: {} entries named {:?}",
+                d.ino,
+                before - entries.len(),
+                String::from_utf8_lossy(name)
+            )));
+        }
         self.write_bucket(d, idx, &entries)?;
-        d.size -= 1;
+        d.size = d.size.saturating_sub(1);
         Ok(())
     }
 
@@ -1073,7 +1078,7 @@ impl Tx<'_> {
         }
         self.remove_entry(&mut p, name)?;
         if i.kind() == Kind::Dir {
-            p.nlink -= 1;
+            p.nlink = p.nlink.saturating_sub(1);
         }
         self.touch(&mut p, true, true);
         self.put(&p)?;
@@ -1188,7 +1193,7 @@ impl Tx<'_> {
             let mut np = self.inode(newparent)?;
             self.remove_entry(&mut np, newname)?;
             if di.kind() == Kind::Dir {
-                np.nlink -= 1;
+                np.nlink = np.nlink.saturating_sub(1);
             }
             self.put(&np)?;
             self.drop_link(di)?;
@@ -1196,7 +1201,7 @@ impl Tx<'_> {
         let mut p = self.inode(parent)?;
         self.remove_entry(&mut p, name)?;
         if is_dir && parent != newparent {
-            p.nlink -= 1;
+            p.nlink = p.nlink.saturating_sub(1);
         }
         self.touch(&mut p, true, true);
         self.put(&p)?;
@@ -1242,10 +1247,10 @@ impl Tx<'_> {
                 let mut np = self.inode(newparent)?;
                 if ad {
                     np.nlink += 1;
-                    p.nlink -= 1;
+                    p.nlink = p.nlink.saturating_sub(1);
                 } else {
                     p.nlink += 1;
-                    np.nlink -= 1;
+                    np.nlink = np.nlink.saturating_sub(1);
                 }
                 self.put(&p)?;
                 self.put(&np)?;
