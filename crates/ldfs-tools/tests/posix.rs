@@ -419,12 +419,17 @@ fn mount_refuses_bad_input_clearly_and_works_as_a_mount_helper() {
         .unwrap();
     assert!(st.success());
     fs::write(mnt.join("via-helper"), b"yes").unwrap();
-    assert!(std::process::Command::new("fusermount3")
+    let t0 = std::time::Instant::now();
+    while !std::process::Command::new("fusermount3")
         .arg("-u")
         .arg(&mnt)
         .status()
         .unwrap()
-        .success());
+        .success()
+    {
+        assert!(t0.elapsed().as_secs() < 5, "fusermount3 -u kept failing");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     // The daemon finishes its final checkpoint, then the image is free.
     let t0 = std::time::Instant::now();
     loop {

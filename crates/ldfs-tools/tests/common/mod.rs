@@ -93,12 +93,26 @@ impl Mount {
 
     /// Clean unmount; waits for the final checkpoint.
     pub fn unmount(mut self) {
-        let st = Command::new("fusermount3")
-            .arg("-u")
-            .arg(&self.dir)
-            .status()
-            .unwrap();
-        assert!(st.success(), "fusermount3 -u failed");
+        // The kernel sends RELEASE for a closed file asynchronously, so an
+        // unmount right after a close can find the mount busy for a moment.
+        let mut tries = 0;
+        loop {
+            let out = Command::new("fusermount3")
+                .arg("-u")
+                .arg(&self.dir)
+                .output()
+                .unwrap();
+            if out.status.success() {
+                break;
+            }
+            tries += 1;
+            assert!(
+                tries < 100,
+                "fusermount3 -u failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let st = self.child.take().unwrap().wait().unwrap();
         assert!(st.success(), "ldfs mount exited with {st}");
     }
