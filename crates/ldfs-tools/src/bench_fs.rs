@@ -20,6 +20,10 @@ pub struct FsBench {
     pub large_mib: u64,
     pub dir_names: usize,
     pub targets: Vec<String>,
+    /// Rounds; targets are interleaved round by round and medians reported.
+    pub rounds: usize,
+    /// Where to write every sample as JSON, if anywhere.
+    pub json: Option<PathBuf>,
 }
 
 type R<T> = Result<T, String>;
@@ -193,7 +197,19 @@ fn setup(name: &str, b: &FsBench) -> R<Target> {
 struct Row {
     what: String,
     unit: &'static str,
+    /// Per target, the samples of every round that succeeded.
+    samples: Vec<Vec<f64>>,
+    /// Per target, its median.
     values: Vec<Option<f64>>,
+}
+
+fn median(v: &[f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    Some(v[v.len() / 2])
 }
 
 fn rate(n: f64, d: Duration) -> f64 {
@@ -369,38 +385,88 @@ pub fn run_all(b: &FsBench) -> R<()> {
     .map(|(w, u)| Row {
         what: w.replace('N', &format!("{}", b.dir_names)),
         unit: u,
+        samples: vec![Vec::new(); b.targets.len()],
         values: Vec::new(),
     })
     .collect::<Vec<_>>();
-    for name in &b.targets {
-        eprintln!("bench fs: {name}...");
-        let t = setup(name, b)?;
-        let mut vals: Vec<Option<f64>> = Vec::new();
-        for (r, count) in [
-            (small_files(&t, b.small_files), 3),
-            (large_file(&t, b.large_mib), 5),
-            (big_dir(&t, b.dir_names), 4),
-        ] {
-            match r {
-                Ok(v) => vals.extend(v.into_iter().map(Some)),
-                Err(e) => {
-                    eprintln!("bench fs: {name}: {e}");
-                    vals.extend(std::iter::repeat_n(None, count));
+    for round in 0..b.rounds.max(1) {
+        for (ti, name) in b.targets.iter().enumerate() {
+            eprintln!(
+                "bench fs: round {} of {}: {name}...",
+                round + 1,
+                b.rounds.max(1)
+            );
+            let t = setup(name, b)?;
+            let mut vals: Vec<Option<f64>> = Vec::new();
+            for (r, count) in [
+                (small_files(&t, b.small_files), 3),
+                (large_file(&t, b.large_mib), 5),
+                (big_dir(&t, b.dir_names), 4),
+            ] {
+                match r {
+                    Ok(v) => vals.extend(v.into_iter().map(Some)),
+                    Err(e) => {
+                        eprintln!("bench fs: {name}: {e}");
+                        vals.extend(std::iter::repeat_n(None, count));
+                    }
                 }
             }
+            for (row, v) in rows.iter_mut().zip(vals) {
+                if let Some(v) = v {
+                    row.samples[ti].push(v);
+                }
+            }
+            drop(t);
+            let _ = fs::remove_file(b.dir.join(format!("bench-{name}.img")));
         }
-        for (row, v) in rows.iter_mut().zip(vals) {
-            row.values.push(v);
-        }
-        drop(t);
-        let _ = fs::remove_file(b.dir.join(format!("bench-{name}.img")));
+    }
+    for row in &mut rows {
+        row.values = row.samples.iter().map(|s| median(s)).collect();
+    }
+    if let Some(path) = &b.json {
+        let mut j = String::from("{\n  \"targets\": [");
+        j += &b
+            .targets
+            .iter()
+            .map(|t| format!("\"{t}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        j += "],\n  \"rows\": [\n";
+        let body: Vec<String> = rows
+            .iter()
+            .map(|r| {
+                let samples: Vec<String> = r
+                    .samples
+                    .iter()
+                    .map(|s| {
+                        format!(
+                            "[{}]",
+                            s.iter()
+                                .map(|x| format!("{x:.3}"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )
+                    })
+                    .collect();
+                format!(
+                    "    {{\"workload\": \"{}\", \"unit\": \"{}\", \"samples\": [{}]}}",
+                    r.what,
+                    r.unit,
+                    samples.join(", ")
+                )
+            })
+            .collect();
+        j += &body.join(",\n");
+        j += "\n  ]\n}\n";
+        fs::write(path, j).map_err(|e| format!("{}: {e}", path.display()))?;
     }
     println!(
-        "# ldfs bench fs: {} small files, a {} MiB file, {} names in one directory; images of {} MiB",
+        "# ldfs bench fs: {} small files, a {} MiB file, {} names in one directory; images of {} MiB; median of {} round(s)",
         b.small_files,
         b.large_mib,
         b.dir_names,
-        b.image_bytes >> 20
+        b.image_bytes >> 20,
+        b.rounds.max(1)
     );
     print!("| workload | unit |");
     for t in &b.targets {

@@ -133,6 +133,12 @@ enum BenchCmd {
         /// ceiling).
         #[arg(long, value_delimiter = ',', default_value = "ldfs,ext4,fuse2fs,memfs")]
         targets: Vec<String>,
+        /// Rounds, targets interleaved in each; medians are printed.
+        #[arg(long, default_value_t = 1)]
+        rounds: usize,
+        /// Write every sample to this JSON file.
+        #[arg(long)]
+        json: Option<PathBuf>,
     },
 }
 
@@ -228,6 +234,8 @@ fn main() -> ExitCode {
                     large_mib,
                     dir_names,
                     targets,
+                    rounds,
+                    json,
                 },
         } => bench_fs::run_all(&bench_fs::FsBench {
             dir,
@@ -236,6 +244,8 @@ fn main() -> ExitCode {
             large_mib,
             dir_names,
             targets,
+            rounds,
+            json,
         })
         .map_err(Into::into),
         Cmd::Bench {
