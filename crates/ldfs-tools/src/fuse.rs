@@ -24,6 +24,26 @@ const TTL: Duration = Duration::from_secs(1);
 
 pub struct FuseFs {
     pub fs: Arc<Fs>,
+    /// Commands for the daemon itself (`ldfs stats`, `ldfs clean` on a
+    /// mount point): extended attributes named `trusted.ldfs.*` on the root.
+    pub control: Option<Arc<dyn Control>>,
+}
+
+/// The daemon's control interface, reached through `trusted.ldfs.<name>`
+/// attributes of the mount's root (root only: trusted.* needs
+/// CAP_SYS_ADMIN). `get` answers a query; `set` runs a command.
+pub trait Control: Send + Sync {
+    fn get(&self, name: &str) -> Result<Vec<u8>, String>;
+    fn set(&self, name: &str, value: &[u8]) -> Result<(), String>;
+}
+
+const CONTROL_PREFIX: &str = "trusted.ldfs.";
+
+fn control_name(ino: INodeNo, name: &OsStr) -> Option<&str> {
+    if ino.0 != fs::ROOT_INO {
+        return None;
+    }
+    name.to_str()?.strip_prefix(CONTROL_PREFIX)
 }
 
 fn errno(e: &FsError) -> Errno {
@@ -493,6 +513,15 @@ impl Filesystem for FuseFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        if let (Some(c), Some(cmd)) = (&self.control, control_name(ino, name)) {
+            return match c.set(cmd, value) {
+                Ok(()) => reply.ok(),
+                Err(e) => {
+                    eprintln!("ldfs: control {cmd}: {e}");
+                    reply.error(Errno::from_i32(libc::EINVAL))
+                }
+            };
+        }
         let mode = match flags {
             0 => XattrMode::Any,
             libc::XATTR_CREATE => XattrMode::Create,
@@ -503,7 +532,14 @@ impl Filesystem for FuseFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        match self.fs.getxattr(ino.0, name.as_bytes()) {
+        let r = match (&self.control, control_name(ino, name)) {
+            (Some(c), Some(q)) => c.get(q).map_err(|e| {
+                eprintln!("ldfs: control {q}: {e}");
+                FsError::NoAttr
+            }),
+            _ => self.fs.getxattr(ino.0, name.as_bytes()),
+        };
+        match r {
             Ok(v) if size == 0 => reply.size(v.len() as u32),
             Ok(v) if v.len() <= size as usize => reply.data(&v),
             Ok(_) => reply.error(Errno::from_i32(libc::ERANGE)),

@@ -77,6 +77,11 @@ enum Cmd {
     /// Make everything written to a mounted ldfs before this call durable
     /// (the kernel does not pass sync(2) on to FUSE file systems).
     Sync { mountpoint: PathBuf },
+    /// Print a mounted ldfs's engine figures: segments, space, checkpoints.
+    Stats { mountpoint: PathBuf },
+    /// Write a checkpoint of a mounted ldfs now (the next mount, even after
+    /// a crash, then has nothing to roll forward).
+    Checkpoint { mountpoint: PathBuf },
     /// Serve the in-memory FUSE ceiling file system on DIR in the foreground
     /// (a benchmark target: FUSE with no storage at all).
     #[command(hide = true)]
@@ -222,6 +227,10 @@ fn main() -> ExitCode {
             daemon_child,
         } => mount::run(image, dir, foreground, options, daemon_child).map_err(Into::into),
         Cmd::BenchMemfs { dir } => memfs::serve(&dir).map_err(Into::into),
+        Cmd::Stats { mountpoint } => control_get(&mountpoint, "stats").map(|t| {
+            print!("{}", String::from_utf8_lossy(&t));
+        }),
+        Cmd::Checkpoint { mountpoint } => control_set(&mountpoint, "checkpoint", b""),
         Cmd::Sync { mountpoint } => std::fs::File::open(&mountpoint)
             .and_then(|d| d.sync_all())
             .map_err(|e| format!("{}: {e}", mountpoint.display()).into()),
@@ -276,6 +285,95 @@ fn main() -> ExitCode {
 }
 
 type CmdResult = Result<(), Box<dyn std::error::Error>>;
+
+fn control_attr(name: &str) -> std::ffi::CString {
+    std::ffi::CString::new(format!("trusted.ldfs.{name}")).expect("no NUL in a control name")
+}
+
+fn mountpoint_cstr(
+    mountpoint: &std::path::Path,
+) -> Result<std::ffi::CString, Box<dyn std::error::Error>> {
+    use std::os::unix::ffi::OsStrExt;
+    Ok(std::ffi::CString::new(mountpoint.as_os_str().as_bytes())?)
+}
+
+/// Reads `trusted.ldfs.<name>` from a mount point's root: the daemon answers.
+fn control_get(
+    mountpoint: &std::path::Path,
+    name: &str,
+) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
+    let path = mountpoint_cstr(mountpoint)?;
+    let attr = control_attr(name);
+    let mut buf = vec![0u8; 1 << 16];
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            attr.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(format!(
+            "{}: not a mounted ldfs, or not allowed ({e})",
+            mountpoint.display()
+        )
+        .into());
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
+}
+
+/// Runs a daemon command by setting `trusted.ldfs.<name>` on the root.
+fn control_set(mountpoint: &std::path::Path, name: &str, value: &[u8]) -> CmdResult {
+    let path = mountpoint_cstr(mountpoint)?;
+    let attr = control_attr(name);
+    let r = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            attr.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(format!(
+            "{}: {name} failed ({e}; details in the daemon's log)",
+            mountpoint.display()
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// The engine figures `ldfs stats` prints.
+pub(crate) fn stats_text(lld: &ldfs::lld::Lld) -> String {
+    use ldfs::ld::LogicalDisk;
+    let st = lld.stats();
+    let sp = lld.space();
+    let mut clean = 0;
+    let mut dirty = 0;
+    for (_, u) in lld.segment_usage() {
+        match u.state {
+            SegmentState::Clean => clean += 1,
+            SegmentState::Dirty => dirty += 1,
+            _ => {}
+        }
+    }
+    format!(
+        "segments: {clean} clean, {dirty} dirty\nlive bytes: {}\ncapacity bytes: {}\navailable bytes: {}\ncheckpoints: {}\npartial segments written: {}\nmap pages written: {}\ndevice flushes: {}\n",
+        sp.live_bytes,
+        sp.capacity_bytes,
+        sp.available_bytes,
+        st.checkpoints,
+        st.partials_written,
+        st.map_pages_written,
+        st.device_flushes
+    )
+}
 
 fn cmd_mkfs(
     image: PathBuf,

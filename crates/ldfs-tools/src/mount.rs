@@ -22,7 +22,28 @@ use ldfs::fs::{Fs, FsOptions};
 use ldfs::ld::LogicalDisk;
 use ldfs::lld::{Lld, LldOptions};
 
-use crate::fuse::FuseFs;
+use crate::fuse::{Control, FuseFs};
+
+/// What `ldfs stats` and `ldfs clean` reach on a mounted file system.
+struct Daemon {
+    lld: Arc<Lld>,
+}
+
+impl Control for Daemon {
+    fn get(&self, name: &str) -> Result<Vec<u8>, String> {
+        match name {
+            "stats" => Ok(crate::stats_text(&self.lld).into_bytes()),
+            other => Err(format!("unknown query {other}")),
+        }
+    }
+
+    fn set(&self, name: &str, _value: &[u8]) -> Result<(), String> {
+        match name {
+            "checkpoint" => self.lld.checkpoint_now().map_err(|e| e.to_string()),
+            other => Err(format!("unknown command {other}")),
+        }
+    }
+}
 
 /// Parsed `-o` options.
 #[derive(Clone, Debug)]
@@ -212,8 +233,16 @@ pub fn run(
             .map_or(2, |n| n.get())
             .clamp(2, 8),
     );
-    let mut session = Session::new(FuseFs { fs: fs.clone() }, &dir, &cfg)
-        .map_err(|e| format!("mounting on {}: {e}", dir.display()))?;
+    let control: Arc<dyn Control> = Arc::new(Daemon { lld: lld.clone() });
+    let mut session = Session::new(
+        FuseFs {
+            fs: fs.clone(),
+            control: Some(control),
+        },
+        &dir,
+        &cfg,
+    )
+    .map_err(|e| format!("mounting on {}: {e}", dir.display()))?;
 
     // Signals unmount; the session then returns and the engine closes.
     let mut unmounter = session.unmount_callable();

@@ -400,6 +400,21 @@ fn mount_refuses_bad_input_clearly_and_works_as_a_mount_helper() {
         "unknown mount option",
     );
     let m = Mount::new(&img, &mnt, &[]);
+    // The daemon answers `ldfs stats` and `ldfs checkpoint` on its mount.
+    let out = common::ldfs().arg("stats").arg(&mnt).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success() && text.contains("segments:"), "{text}");
+    assert!(common::ldfs()
+        .arg("checkpoint")
+        .arg(&mnt)
+        .status()
+        .unwrap()
+        .success());
+    let out = common::ldfs().arg("stats").arg(t.path()).output().unwrap();
+    assert!(
+        !out.status.success(),
+        "stats of a directory that is not ldfs"
+    );
     let other = t.path().join("other.img");
     mkfs(&other, "128M");
     fail(&[other.as_os_str(), mnt.as_os_str()], "busy");
