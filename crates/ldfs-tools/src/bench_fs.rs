@@ -20,6 +20,8 @@ pub struct FsBench {
     pub large_mib: u64,
     pub dir_names: usize,
     pub targets: Vec<String>,
+    /// Seconds of each syncwrite run.
+    pub sync_secs: f64,
     /// Rounds; targets are interleaved round by round and medians reported.
     pub rounds: usize,
     /// Where to write every sample as JSON, if anywhere.
@@ -122,7 +124,13 @@ fn setup(name: &str, b: &FsBench) -> R<Target> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     match name {
         "ldfs" => {
-            run(Command::new(&exe).arg("mkfs").arg(&img))?;
+            // Preallocated, as a block device would be: the host file system
+            // then does not allocate (and journal) under every fsync.
+            run(Command::new(&exe)
+                .arg("mkfs")
+                .arg("--preallocate")
+                .args(["--size", &b.image_bytes.to_string()])
+                .arg(&img))?;
             run(Command::new(&exe).arg("mount").arg(&img).arg(&mnt))?;
             wait_mounted(&mnt)?;
             Ok(Target {
@@ -324,6 +332,136 @@ fn large_file(t: &Target, mib: u64) -> R<Vec<f64>> {
     Ok(vec![seq_write, seq_read1, rand_write, rand_read, seq_read2])
 }
 
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// Random 4 KiB overwrites of a 64 MB file, each followed by fdatasync, from
+/// `threads` threads for `secs` seconds (virtual log section 5.3): ops/s, and
+/// p50 and p99 latency in microseconds.
+fn sync_write(t: &Target, threads: usize, secs: f64) -> R<Vec<f64>> {
+    let p = t.mnt.join(format!("syncwrite-{threads}"));
+    let size = 64u64 << 20;
+    {
+        let mut f = File::create(&p).map_err(|e| e.to_string())?;
+        let chunk = vec![1u8; 1 << 20];
+        for _ in 0..size >> 20 {
+            f.write_all(&chunk).map_err(|e| e.to_string())?;
+        }
+        f.sync_all().map_err(|e| e.to_string())?;
+    }
+    let until = Instant::now() + Duration::from_secs_f64(secs);
+    let handles: Vec<_> = (0..threads)
+        .map(|k| {
+            let p = p.clone();
+            std::thread::spawn(move || -> R<Vec<f64>> {
+                let f = OpenOptions::new()
+                    .write(true)
+                    .open(&p)
+                    .map_err(|e| e.to_string())?;
+                let mut rng = ChaCha8Rng::seed_from_u64(k as u64);
+                let block = vec![k as u8; 4096];
+                let mut lat = Vec::new();
+                while Instant::now() < until {
+                    let t0 = Instant::now();
+                    f.write_all_at(&block, rng.gen_range(0..size / 4096) * 4096)
+                        .map_err(|e| e.to_string())?;
+                    f.sync_data().map_err(|e| e.to_string())?;
+                    lat.push(t0.elapsed().as_secs_f64() * 1e6);
+                }
+                Ok(lat)
+            })
+        })
+        .collect();
+    let mut lat = Vec::new();
+    for h in handles {
+        lat.extend(h.join().map_err(|_| "syncwrite thread panicked")??);
+    }
+    fs::remove_file(&p).map_err(|e| e.to_string())?;
+    if lat.is_empty() {
+        return Err("no syncwrite completed".into());
+    }
+    let ops = lat.len() as f64 / secs;
+    let p50 = percentile(&mut lat, 0.5);
+    let p99 = percentile(&mut lat, 0.99);
+    Ok(vec![ops, p50, p99])
+}
+
+/// Create a 4 KB file, fsync it and its directory, `n` times per thread.
+fn sync_create(t: &Target, threads: usize, n: usize) -> R<Vec<f64>> {
+    let d = t.mnt.join(format!("synccreate-{threads}"));
+    fs::create_dir(&d).map_err(|e| e.to_string())?;
+    let t0 = Instant::now();
+    let handles: Vec<_> = (0..threads)
+        .map(|k| {
+            let d = d.clone();
+            std::thread::spawn(move || -> R<()> {
+                let data = vec![k as u8; 4096];
+                for i in 0..n {
+                    let mut f =
+                        File::create(d.join(format!("t{k}-{i}"))).map_err(|e| e.to_string())?;
+                    f.write_all(&data).map_err(|e| e.to_string())?;
+                    f.sync_all().map_err(|e| e.to_string())?;
+                    File::open(&d)
+                        .and_then(|dir| dir.sync_all())
+                        .map_err(|e| e.to_string())?;
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().map_err(|_| "synccreate thread panicked")??;
+    }
+    Ok(vec![rate((threads * n) as f64, t0.elapsed())])
+}
+
+/// 100 directories of 100 empty files: create, stat (cold), rename, delete.
+fn metadata(t: &Target) -> R<Vec<f64>> {
+    let root = t.mnt.join("meta");
+    fs::create_dir(&root).map_err(|e| e.to_string())?;
+    let name = |d: usize, f: usize| root.join(format!("d{d}")).join(format!("f{f}"));
+    let n = 100 * 100;
+    let t0 = Instant::now();
+    for d in 0..100 {
+        fs::create_dir(root.join(format!("d{d}"))).map_err(|e| e.to_string())?;
+        for f in 0..100 {
+            File::create(name(d, f)).map_err(|e| e.to_string())?;
+        }
+    }
+    t.durable()?;
+    let create = rate(n as f64, t0.elapsed());
+    drop_caches();
+    let t0 = Instant::now();
+    for d in 0..100 {
+        for f in 0..100 {
+            fs::metadata(name(d, f)).map_err(|e| e.to_string())?;
+        }
+    }
+    let stat = rate(n as f64, t0.elapsed());
+    let t0 = Instant::now();
+    for d in 0..100 {
+        for f in 0..100 {
+            fs::rename(name(d, f), root.join(format!("d{d}")).join(format!("r{f}")))
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    t.durable()?;
+    let rename = rate(n as f64, t0.elapsed());
+    let t0 = Instant::now();
+    for d in 0..100 {
+        for f in 0..100 {
+            fs::remove_file(root.join(format!("d{d}")).join(format!("r{f}")))
+                .map_err(|e| e.to_string())?;
+        }
+        fs::remove_dir(root.join(format!("d{d}"))).map_err(|e| e.to_string())?;
+    }
+    t.durable()?;
+    let delete = rate(n as f64, t0.elapsed());
+    Ok(vec![create, stat, rename, delete])
+}
+
 /// Creates and looks up names in one directory; rates at 1,000 names and at
 /// `n` names.
 fn big_dir(t: &Target, n: usize) -> R<Vec<f64>> {
@@ -380,6 +518,21 @@ pub fn run_all(b: &FsBench) -> R<()> {
         ("directory: lookup at 1,000 names (cold)", "ops/s"),
         ("directory: create at N names", "ops/s"),
         ("directory: lookup at N names (cold)", "ops/s"),
+        ("syncwrite 1 thread (4 KiB + fdatasync)", "ops/s"),
+        ("syncwrite 1 thread p50", "us"),
+        ("syncwrite 1 thread p99", "us"),
+        ("syncwrite 8 threads", "ops/s"),
+        ("syncwrite 8 threads p50", "us"),
+        ("syncwrite 8 threads p99", "us"),
+        (
+            "synccreate 1 thread (create 4 KB + fsync file and dir)",
+            "files/s",
+        ),
+        ("synccreate 8 threads", "files/s"),
+        ("metadata: create (100 dirs x 100 files)", "ops/s"),
+        ("metadata: stat (cold)", "ops/s"),
+        ("metadata: rename", "ops/s"),
+        ("metadata: delete", "ops/s"),
     ]
     .into_iter()
     .map(|(w, u)| Row {
@@ -402,6 +555,11 @@ pub fn run_all(b: &FsBench) -> R<()> {
                 (small_files(&t, b.small_files), 3),
                 (large_file(&t, b.large_mib), 5),
                 (big_dir(&t, b.dir_names), 4),
+                (sync_write(&t, 1, b.sync_secs), 3),
+                (sync_write(&t, 8, b.sync_secs), 3),
+                (sync_create(&t, 1, 2000), 1),
+                (sync_create(&t, 8, 250), 1),
+                (metadata(&t), 4),
             ] {
                 match r {
                     Ok(v) => vals.extend(v.into_iter().map(Some)),

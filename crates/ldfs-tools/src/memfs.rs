@@ -510,11 +510,7 @@ pub fn serve(dir: &Path) -> Result<(), String> {
         MountOption::DefaultPermissions,
         MountOption::RW,
     ];
-    cfg.n_threads = Some(
-        std::thread::available_parallelism()
-            .map_or(2, |n| n.get())
-            .clamp(2, 8),
-    );
+    cfg.n_threads = Some(crate::FUSE_THREADS);
     let session = Session::new(MemFs::new(), dir, &cfg)
         .map_err(|e| format!("mounting memfs on {}: {e}", dir.display()))?;
     session.run().map_err(|e| e.to_string())

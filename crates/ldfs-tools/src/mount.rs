@@ -228,11 +228,7 @@ pub fn run(
     if opts.allow_other {
         cfg.acl = SessionACL::All;
     }
-    cfg.n_threads = Some(
-        std::thread::available_parallelism()
-            .map_or(2, |n| n.get())
-            .clamp(2, 8),
-    );
+    cfg.n_threads = Some(crate::FUSE_THREADS);
     let control: Arc<dyn Control> = Arc::new(Daemon { lld: lld.clone() });
     let mut session = Session::new(
         FuseFs {

@@ -86,3 +86,32 @@ fn mkfs_refuses_a_too_small_image_and_bad_sizes() {
         .unwrap();
     assert!(!out.status.success());
 }
+
+#[test]
+fn mkfs_preallocate_writes_the_whole_image() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("pre.img");
+    let out = ldfs()
+        .arg("mkfs")
+        .arg("--preallocate")
+        .args(["--size", "32M"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let md = std::fs::metadata(&img).unwrap();
+    assert_eq!(md.len(), 32 << 20);
+    assert!(md.blocks() * 512 >= 32 << 20, "image is still sparse");
+    let out = ldfs()
+        .arg("mkfs")
+        .arg("--preallocate")
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
