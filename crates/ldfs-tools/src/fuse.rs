@@ -24,6 +24,12 @@ const TTL: Duration = Duration::from_secs(1);
 
 pub struct FuseFs {
     pub fs: Arc<Fs>,
+    /// The kernel accepted FUSE_NO_OPEN_SUPPORT: OPEN and OPENDIR are
+    /// answered ENOSYS once and never sent again, saving two round trips per
+    /// file opened. Inode lifetime then follows the kernel's lookup
+    /// references (pinned on every entry reply, released by FORGET), which
+    /// the kernel holds for as long as any open file needs the inode.
+    pub no_open: bool,
     /// Commands for the daemon itself (`ldfs stats`, `ldfs clean` on a
     /// mount point): extended attributes named `trusted.ldfs.*` on the root.
     pub control: Option<Arc<dyn Control>>,
@@ -134,10 +140,17 @@ fn ctx(req: &Request) -> Ctx {
     }
 }
 
-fn entry(reply: ReplyEntry, r: Result<Attr, FsError>) {
-    match r {
-        Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(a.generation)),
-        Err(e) => reply.error(errno(&e)),
+impl FuseFs {
+    /// Replies with an entry; the kernel now holds a lookup reference, so
+    /// the inode is pinned first (a FORGET may follow the reply at once).
+    fn entry(&self, reply: ReplyEntry, r: Result<Attr, FsError>) {
+        match r {
+            Ok(a) => {
+                self.fs.pin(a.ino, 1);
+                reply.entry(&TTL, &file_attr(&a), Generation(a.generation))
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
     }
 }
 
@@ -167,13 +180,22 @@ impl Filesystem for FuseFs {
                 | InitFlags::FUSE_MAX_PAGES
                 | InitFlags::FUSE_POSIX_ACL,
         );
+        self.no_open = config
+            .add_capabilities(InitFlags::FUSE_NO_OPEN_SUPPORT | InitFlags::FUSE_NO_OPENDIR_SUPPORT)
+            .is_ok();
         let _ = config.set_max_write(1 << 20);
         let _ = config.set_max_readahead(1 << 20);
         Ok(())
     }
 
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        if let Err(e) = self.fs.unpin(ino.0, nlookup) {
+            eprintln!("ldfs: reclaiming inode {}: {e}", ino.0);
+        }
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        entry(reply, self.fs.lookup(parent.0, name.as_bytes()));
+        self.entry(reply, self.fs.lookup(parent.0, name.as_bytes()));
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -232,7 +254,7 @@ impl Filesystem for FuseFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        entry(
+        self.entry(
             reply,
             self.fs
                 .mknod(ctx(req), parent.0, name.as_bytes(), mode, rdev as u64),
@@ -248,7 +270,7 @@ impl Filesystem for FuseFs {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        entry(
+        self.entry(
             reply,
             self.fs.mkdir(ctx(req), parent.0, name.as_bytes(), mode),
         );
@@ -270,7 +292,7 @@ impl Filesystem for FuseFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        entry(
+        self.entry(
             reply,
             self.fs.symlink(
                 ctx(req),
@@ -318,11 +340,15 @@ impl Filesystem for FuseFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        entry(reply, self.fs.link(ino.0, newparent.0, newname.as_bytes()));
+        self.entry(reply, self.fs.link(ino.0, newparent.0, newname.as_bytes()));
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.open(ino.0) {
+        if self.no_open {
+            return reply.error(Errno::from_i32(libc::ENOSYS));
+        }
+        // The kernel's lookup reference keeps the inode; nothing to count.
+        match self.fs.getattr(ino.0) {
             Ok(_) => reply.opened(FileHandle(ino.0), FopenFlags::empty()),
             Err(e) => reply.error(errno(&e)),
         }
@@ -384,7 +410,8 @@ impl Filesystem for FuseFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        empty(reply, self.fs.release(ino.0));
+        let _ = ino;
+        reply.ok();
     }
 
     fn fsync(
@@ -399,12 +426,12 @@ impl Filesystem for FuseFs {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.open(ino.0) {
+        if self.no_open {
+            return reply.error(Errno::from_i32(libc::ENOSYS));
+        }
+        match self.fs.getattr(ino.0) {
             Ok(a) if a.kind == Kind::Dir => reply.opened(FileHandle(ino.0), FopenFlags::empty()),
-            Ok(_) => {
-                let _ = self.fs.release(ino.0);
-                reply.error(Errno::from_i32(libc::ENOTDIR))
-            }
+            Ok(_) => reply.error(Errno::from_i32(libc::ENOTDIR)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -460,6 +487,11 @@ impl Filesystem for FuseFs {
                     ) {
                         break;
                     }
+                    // Every entry but . and .. gives the kernel a lookup
+                    // reference (FUSE protocol, READDIRPLUS).
+                    if e.name != b"." && e.name != b".." {
+                        self.fs.pin(e.ino, 1);
+                    }
                 }
                 reply.ok();
             }
@@ -475,7 +507,8 @@ impl Filesystem for FuseFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        empty(reply, self.fs.release(ino.0));
+        let _ = ino;
+        reply.ok();
     }
 
     fn fsyncdir(
@@ -587,18 +620,17 @@ impl Filesystem for FuseFs {
         reply: ReplyCreate,
     ) {
         let mode = (mode & 0o7777) | Kind::File.mode_bits();
-        match self
-            .fs
-            .mknod(ctx(req), parent.0, name.as_bytes(), mode, 0)
-            .and_then(|a| self.fs.open(a.ino))
-        {
-            Ok(a) => reply.created(
-                &TTL,
-                &file_attr(&a),
-                Generation(a.generation),
-                FileHandle(a.ino),
-                FopenFlags::empty(),
-            ),
+        match self.fs.mknod(ctx(req), parent.0, name.as_bytes(), mode, 0) {
+            Ok(a) => {
+                self.fs.pin(a.ino, 1);
+                reply.created(
+                    &TTL,
+                    &file_attr(&a),
+                    Generation(a.generation),
+                    FileHandle(a.ino),
+                    FopenFlags::empty(),
+                )
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }

@@ -233,6 +233,7 @@ pub fn run(
     let mut session = Session::new(
         FuseFs {
             fs: fs.clone(),
+            no_open: false,
             control: Some(control),
         },
         &dir,

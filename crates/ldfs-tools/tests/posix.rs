@@ -533,3 +533,44 @@ fn full_device_corrupt_block_and_sigterm() {
     );
     m.unmount();
 }
+
+#[test]
+fn deleted_inodes_are_reclaimed() {
+    let Some((_t, m)) = setup("reclaim") else {
+        return;
+    };
+    for i in 0..200 {
+        fs::write(m.path(&format!("f{i}")), vec![i as u8; 5000]).unwrap();
+    }
+    fs::create_dir(m.path("d")).unwrap();
+    let held = File::open(m.path("f7")).unwrap();
+    for i in 0..200 {
+        fs::remove_file(m.path(&format!("f{i}"))).unwrap();
+    }
+    fs::remove_dir(m.path("d")).unwrap();
+    let mut back = Vec::new();
+    (&held).read_to_end(&mut back).unwrap();
+    assert_eq!(back, vec![7u8; 5000], "open unlinked file unreadable");
+    drop(held);
+    let img = m.img.clone();
+    m.unmount();
+    // Read-only: this open reclaims no orphans, so what is left is what the
+    // mount itself left behind (it reclaims on the kernel's FORGETs).
+    let dev: std::sync::Arc<dyn ldfs::device::Device> = std::sync::Arc::new(
+        ldfs::device::FileDevice::open(&img, ldfs::device::FileDeviceOptions::default()).unwrap(),
+    );
+    let ro = ldfs::lld::LldOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    let lld = std::sync::Arc::new(ldfs::lld::Lld::open(dev, ro).unwrap());
+    let ld: std::sync::Arc<dyn ldfs::ld::LogicalDisk> = lld.clone();
+    let opts = ldfs::fs::FsOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    let fs = ldfs::fs::Fs::mount(ld, opts).unwrap();
+    let report = fs.check().unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert_eq!(report.inodes, 1, "inodes left behind by the mount");
+}

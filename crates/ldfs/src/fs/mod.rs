@@ -218,8 +218,8 @@ pub fn system_time() -> Time {
 
 struct State {
     inodes: HashMap<u64, Inode>,
-    /// Open handles per inode (files and directories).
-    open: HashMap<u64, u32>,
+    /// References per inode: open handles, or the kernel's lookups.
+    open: HashMap<u64, u64>,
     next_ino: u64,
     /// Persisted bound: inode numbers below it may have been handed out.
     ino_reserved: u64,
@@ -668,7 +668,7 @@ impl Fs {
 
     // ---- open handles -------------------------------------------------------
 
-    /// Counts an open handle (file or directory).
+    /// Counts an open handle (file or directory): `pin(ino, 1)`.
     pub fn open(&self, ino: u64) -> FsResult<Attr> {
         let mut st = self.lock();
         let i = self.get_inode(&mut st, ino)?;
@@ -676,13 +676,27 @@ impl Fs {
         Ok(self.attr(&i))
     }
 
-    /// The last release of an unlinked inode destroys it.
+    /// Keeps `ino` alive for `n` more references (open handles, or the
+    /// kernel's lookup references when FUSE tracks lifetime by FORGET).
+    pub fn pin(&self, ino: u64, n: u64) {
+        *self.lock().open.entry(ino).or_insert(0) += n;
+    }
+
+    /// The last release of an unlinked inode destroys it: `unpin(ino, 1)`.
     pub fn release(&self, ino: u64) -> FsResult<()> {
+        self.unpin(ino, 1)
+    }
+
+    /// Drops `n` references; an unlinked inode whose last reference goes is
+    /// destroyed (with its orphan record) in one ARU.
+    pub fn unpin(&self, ino: u64, n: u64) -> FsResult<()> {
         let last = {
             let mut st = self.lock();
-            let n = st.open.get_mut(&ino).ok_or(FsError::NotFound)?;
-            *n -= 1;
-            if *n == 0 {
+            let Some(count) = st.open.get_mut(&ino) else {
+                return Ok(()); // never pinned (e.g. pinned before a remount)
+            };
+            *count = count.saturating_sub(n);
+            if *count == 0 {
                 st.open.remove(&ino);
                 match self.get_inode(&mut st, ino) {
                     Ok(i) => i.nlink == 0,
