@@ -33,6 +33,7 @@ struct State {
 
 pub struct MemFs {
     st: Mutex<State>,
+    no_open: bool,
 }
 
 fn err(e: i32) -> Errno {
@@ -90,6 +91,7 @@ impl MemFs {
                 nodes: HashMap::from([(1, root)]),
                 next: 2,
             }),
+            no_open: false,
         }
     }
 
@@ -145,6 +147,9 @@ impl Filesystem for MemFs {
                 | InitFlags::FUSE_ASYNC_READ
                 | InitFlags::FUSE_MAX_PAGES,
         );
+        self.no_open = config
+            .add_capabilities(InitFlags::FUSE_NO_OPEN_SUPPORT | InitFlags::FUSE_NO_OPENDIR_SUPPORT)
+            .is_ok();
         let _ = config.set_max_write(1 << 20);
         let _ = config.set_max_readahead(1 << 20);
         Ok(())
@@ -341,6 +346,16 @@ impl Filesystem for MemFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        if self.no_open {
+            return reply.error(err(libc::ENOSYS));
+        }
+        reply.opened(FileHandle(ino.0), FopenFlags::empty());
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        if self.no_open {
+            return reply.error(err(libc::ENOSYS));
+        }
         reply.opened(FileHandle(ino.0), FopenFlags::empty());
     }
 
