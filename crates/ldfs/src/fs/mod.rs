@@ -902,7 +902,33 @@ impl Tx<'_> {
     }
 
     fn add_entry(&mut self, d: &mut Inode, name: &[u8], ino: u64, kind: Kind) -> FsResult<()> {
-        let (idx, mut entries) = self.fs.bucket(d, name)?;
+        let (idx, entries) = self.fs.bucket(d, name)?;
+        self.add_found(d, idx, entries, name, ino, kind)
+    }
+
+    /// Reads the bucket `name` goes to and checks, before anything changes,
+    /// that the name is new and the bucket has room.
+    fn bucket_for_new(&self, d: &Inode, name: &[u8]) -> FsResult<(u64, Vec<dir::Entry>)> {
+        let (idx, entries) = self.fs.bucket(d, name)?;
+        if entries.iter().any(|e| e.name == name) {
+            return Err(FsError::Exists);
+        }
+        if entries.len() >= dir::BUCKET_MAX {
+            return Err(FsError::NoSpace);
+        }
+        Ok((idx, entries))
+    }
+
+    /// Adds an entry to a bucket already read (by `bucket_for_new`).
+    fn add_found(
+        &mut self,
+        d: &mut Inode,
+        idx: u64,
+        mut entries: Vec<dir::Entry>,
+        name: &[u8],
+        ino: u64,
+        kind: Kind,
+    ) -> FsResult<()> {
         if entries.len() >= dir::BUCKET_MAX {
             return Err(FsError::NoSpace);
         }
@@ -961,9 +987,7 @@ impl Tx<'_> {
         if p.nlink == 0 {
             return Err(FsError::NotFound);
         }
-        if self.fs.find(&p, name)?.is_some() {
-            return Err(FsError::Exists);
-        }
+        let (idx, entries) = self.bucket_for_new(&p, name)?;
         if kind == Kind::Dir && p.nlink >= LINK_MAX {
             return Err(FsError::TooManyLinks);
         }
@@ -1016,7 +1040,7 @@ impl Tx<'_> {
             xattrs: Vec::new(),
         };
         self.put(&i)?;
-        self.add_entry(&mut p, name, ino, kind)?;
+        self.add_found(&mut p, idx, entries, name, ino, kind)?;
         if kind == Kind::Dir {
             p.nlink += 1;
         }
@@ -1112,10 +1136,8 @@ impl Tx<'_> {
             return Err(FsError::NotFound);
         }
         let mut p = self.dir_inode(parent)?;
-        if self.fs.find(&p, name)?.is_some() {
-            return Err(FsError::Exists);
-        }
-        self.add_entry(&mut p, name, ino, i.kind())?;
+        let (idx, entries) = self.bucket_for_new(&p, name)?;
+        self.add_found(&mut p, idx, entries, name, ino, i.kind())?;
         self.touch(&mut p, true, true);
         self.put(&p)?;
         i.nlink += 1;
@@ -1198,6 +1220,11 @@ impl Tx<'_> {
             }
             None => None,
         };
+        if replaced.is_none() && !(parent == newparent && dir::bucket(name) == dir::bucket(newname))
+        {
+            // The new name needs a slot; check now, before anything changes.
+            self.bucket_for_new(&np, newname)?;
+        }
         let is_dir = si.kind() == Kind::Dir;
         if is_dir && parent != newparent && replaced.is_none() && np.nlink >= LINK_MAX {
             return Err(FsError::TooManyLinks);
