@@ -12,6 +12,7 @@
 //! Invariants and the crash model are in docs/DESIGN.md.
 
 pub mod checkpoint;
+pub mod cleaner;
 mod codec;
 pub mod engine;
 mod flight;
@@ -24,5 +25,7 @@ pub mod types;
 pub mod usage;
 mod writer;
 
-pub use engine::{EngineStats, Lld, LldOptions, OpenReport};
+pub use cleaner::policy::PolicyKind;
+pub use cleaner::{CleanReport, CleanerOptions, CleanerStats};
+pub use engine::{Engine, EngineStats, Lld, LldOptions, OpenReport};
 pub use types::{Key, MapEntry, PagePtr, SegmentId, PAGE_BYTES};
