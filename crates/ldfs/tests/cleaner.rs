@@ -245,3 +245,199 @@ fn ninety_percent_full_overwritten_ten_times_age_threshold() {
         |s| fill_and_overwrite(s, PolicyKind::AgeThreshold),
     );
 }
+
+/// One thread cleans without pause while another deletes blocks and whole
+/// lists and overwrites others: deleted data never comes back, in the live
+/// engine or after a reopen.
+#[test]
+fn deletes_while_the_cleaner_copies_never_come_back() {
+    with_seed(
+        "deletes_while_the_cleaner_copies_never_come_back",
+        41,
+        |seed| {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let dev = Arc::new(MemoryDevice::new(16 << 20));
+            let lld = Arc::new(
+                Lld::create(
+                    dev.clone(),
+                    &mkfs(128 << 10, 16 << 10, 6),
+                    opts(PolicyKind::Greedy),
+                )
+                .unwrap(),
+            );
+            let mut model = Model::new();
+            let mut lists: Vec<ListId> = Vec::new();
+            for _ in 0..8 {
+                let l = lld.create_list(None, ListHints::default()).unwrap();
+                for i in 0..150 {
+                    let (s, len) = (rng.gen(), rng.gen_range(1..9000));
+                    lld.write(None, l, i, &bytes(s, len)).unwrap();
+                    model.insert((l.0, i), (s, len));
+                }
+                lists.push(l);
+            }
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let cleaner = {
+                let (lld, stop) = (lld.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut passes = 0u64;
+                    let mut moved = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let r = lld.clean(PolicyKind::Greedy, 3).unwrap();
+                        passes += 1;
+                        moved += r.blocks_moved;
+                    }
+                    (passes, moved)
+                })
+            };
+            let mut deleted_lists = Vec::new();
+            for round in 0..3000u64 {
+                match rng.gen_range(0..10) {
+                    0..=3 => {
+                        let l = lists[rng.gen_range(0..lists.len())];
+                        let i = rng.gen_range(0..150);
+                        lld.delete(None, l, i).unwrap();
+                        model.remove(&(l.0, i));
+                    }
+                    4 if lists.len() > 3 && round % 300 == 4 => {
+                        let l = lists.swap_remove(rng.gen_range(0..lists.len()));
+                        lld.delete_list(None, l).unwrap();
+                        model.retain(|(ml, _), _| *ml != l.0);
+                        deleted_lists.push(l);
+                    }
+                    _ => {
+                        let l = lists[rng.gen_range(0..lists.len())];
+                        let i = rng.gen_range(0..150);
+                        let (s, len) = (rng.gen(), rng.gen_range(1..9000));
+                        lld.write(None, l, i, &bytes(s, len)).unwrap();
+                        model.insert((l.0, i), (s, len));
+                    }
+                }
+                if round % 97 == 0 {
+                    lld.flush().unwrap();
+                }
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let (passes, moved) = cleaner.join().unwrap();
+            eprintln!(
+                "{passes} passes moved {moved} blocks; {:?}",
+                lld.cleaner_stats()
+            );
+            assert!(moved > 0, "the cleaner moved nothing");
+            let check = |lld: &Lld, what: &str| {
+                verify(lld, &model, &lists, what);
+                for l in &deleted_lists {
+                    assert_eq!(lld.list_hints(*l).unwrap(), None, "{what}: {l} is back");
+                    assert_eq!(lld.read(*l, 0).unwrap(), None, "{what}");
+                }
+            };
+            check(&lld, "live");
+            lld.close().unwrap();
+            drop(lld);
+            let lld = Lld::open(dev, opts(PolicyKind::Greedy)).unwrap();
+            check(&lld, "reopened");
+        },
+    );
+}
+
+/// With foreground steps disabled (start watermark 0), writers that find
+/// no clean segment wait for the cleaner; four threads overwriting a 90%
+/// full device never see NoSpace.
+#[test]
+fn writers_wait_for_the_cleaner_instead_of_failing() {
+    with_seed(
+        "writers_wait_for_the_cleaner_instead_of_failing",
+        51,
+        |seed| {
+            let dev = Arc::new(MemoryDevice::new(16 << 20));
+            let mut o = opts(PolicyKind::CostBenefit);
+            o.cleaner.start_clean_segments = Some(0);
+            o.cleaner.stop_clean_segments = Some(0);
+            let lld = Arc::new(Lld::create(dev.clone(), &mkfs(128 << 10, 16 << 10, 6), o).unwrap());
+            let l = lld.create_list(None, ListHints::default()).unwrap();
+            let cap = lld.space().capacity_bytes;
+            let n = cap * 9 / 10 / (8192 + 38);
+            for i in 0..n {
+                lld.write(None, l, i, &bytes(i, 8192)).unwrap();
+            }
+            let threads: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let lld = lld.clone();
+                    std::thread::spawn(move || {
+                        let mut rng = ChaCha8Rng::seed_from_u64(seed + t);
+                        let mut mine = BTreeMap::new();
+                        for _ in 0..1500 {
+                            // Thread t owns the indices congruent to t mod 4.
+                            let i = rng.gen_range(0..n / 4) * 4 + t;
+                            let s = rng.gen();
+                            lld.write(None, l, i, &bytes(s, 8192))
+                                .unwrap_or_else(|e| panic!("thread {t}: {e}"));
+                            mine.insert(i, s);
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            let mut model = Model::new();
+            for i in 0..n {
+                model.insert((l.0, i), (i, 8192));
+            }
+            for t in threads {
+                for (i, s) in t.join().unwrap() {
+                    model.insert((l.0, i), (s, 8192));
+                }
+            }
+            let st = lld.cleaner_stats();
+            assert!(st.waits > 0, "no writer waited: {st:?}");
+            assert_eq!(st.foreground_steps, 0);
+            verify(&lld, &model, &[l], "after waiting writers");
+        },
+    );
+}
+
+/// The background thread cleans an idle engine up to the stop watermark.
+#[test]
+fn the_background_cleaner_works_while_idle() {
+    let dev = Arc::new(MemoryDevice::new(16 << 20));
+    let mut o = opts(PolicyKind::CostBenefit);
+    o.cleaner.background = true;
+    o.cleaner.idle_ms = 5;
+    let lld = Lld::create(dev, &mkfs(128 << 10, 16 << 10, 6), o).unwrap();
+    assert!(lld.background_cleaner_running());
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    // Write 60% of capacity, then overwrite it at random until clean
+    // segments are down to the start watermark: dead space everywhere.
+    let n = lld.space().capacity_bytes * 6 / 10 / 4134;
+    let mut model = vec![0u64; n as usize];
+    for i in 0..n {
+        lld.write(None, l, i, &bytes(i, 4096)).unwrap();
+        model[i as usize] = i;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(61);
+    while lld.clean_segment_counts().0 > lld.start_watermark() + 1 {
+        let i = rng.gen_range(0..n);
+        let s = rng.gen();
+        lld.write(None, l, i, &bytes(s, 4096)).unwrap();
+        model[i as usize] = s;
+    }
+    let stop = lld.stop_watermark();
+    let t = std::time::Instant::now();
+    while lld.clean_segment_counts().0 < stop {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(30),
+            "background cleaner did not reach {stop} clean segments: {:?} {:?}",
+            lld.clean_segment_counts(),
+            lld.cleaner_stats()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(lld.cleaner_stats().background_passes > 0);
+    for i in 0..n {
+        assert_eq!(
+            lld.read(l, i).unwrap().unwrap(),
+            bytes(model[i as usize], 4096)
+        );
+    }
+    lld.close().unwrap();
+    assert!(!lld.background_cleaner_running());
+}

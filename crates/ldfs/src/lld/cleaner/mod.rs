@@ -445,3 +445,135 @@ fn background_loop(core: &Engine, signal: &(Mutex<bool>, Condvar)) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{Device, MemoryDevice};
+    use crate::ld::{ListHints, LogicalDisk};
+    use crate::lld::layout::MkfsOptions;
+    use crate::lld::{Lld, LldOptions};
+
+    fn block(i: u64, len: usize) -> Vec<u8> {
+        (0..len).map(|j| (i as usize * 31 + j) as u8).collect()
+    }
+
+    /// The pass's steps one by one, with a delete and an overwrite between
+    /// deciding liveness and moving: neither block may come back.
+    #[test]
+    fn blocks_that_die_between_liveness_and_move_stay_dead() {
+        let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(8 << 20));
+        let mk = MkfsOptions {
+            segment_bytes: 128 << 10,
+            max_block_bytes: 16 << 10,
+            reserved_segments: Some(4),
+            fs_id: 9,
+        };
+        let lld = Lld::create(dev.clone(), &mk, LldOptions::default()).unwrap();
+        let l = lld.create_list(None, ListHints::default()).unwrap();
+        for i in 0..20 {
+            lld.write(None, l, i, &block(i, 5000)).unwrap();
+        }
+        lld.checkpoint_now().unwrap();
+        // Kill a few so the segment is a candidate.
+        for i in 10..14 {
+            lld.delete(None, l, i).unwrap();
+        }
+        lld.checkpoint_now().unwrap();
+        let e0 = lld.map_entry(Key::new(l, 0)).unwrap().unwrap();
+        let seg = lld.geometry().segment_of(e0.offset()).unwrap();
+        let geo = *lld.geometry();
+        let buf = lld.read_segment(seg).unwrap();
+        let contents = scan_buffer(&geo, seg, &buf);
+        assert!(contents.blocks.len() >= 20);
+        let live = lld.live_entries(&contents.blocks).unwrap();
+        let base = geo.page_addr(seg, 0);
+        let moves: Vec<Move> = contents
+            .blocks
+            .iter()
+            .zip(live)
+            .filter_map(|((k, a), e)| {
+                let e = e?;
+                let s = (a - base) as usize;
+                Some(Move {
+                    key: *k,
+                    expected: e,
+                    stored: buf[s..s + e.len as usize].to_vec(),
+                })
+            })
+            .collect();
+        assert_eq!(
+            moves.len(),
+            17,
+            "20 written, 4 deleted, and the list's hints"
+        );
+        // Block 1 dies, block 2 is replaced, after the cleaner decided.
+        lld.delete(None, l, 1).unwrap();
+        lld.write(None, l, 2, b"new").unwrap();
+        let out = lld.relocate_batch(moves).unwrap();
+        assert_eq!((out.moved, out.stale), (15, 2));
+        assert!(lld.checkpoint_when_quiet(Duration::ZERO).unwrap());
+        assert_eq!(
+            lld.segment_usage()[seg.0 as usize].1.state,
+            SegmentState::Clean
+        );
+        let check = |lld: &Lld| {
+            assert_eq!(lld.read(l, 1).unwrap(), None);
+            assert_eq!(lld.read(l, 2).unwrap().unwrap(), b"new");
+            for i in (0..20).filter(|i| ![1, 2, 10, 11, 12, 13].contains(i)) {
+                assert_eq!(lld.read(l, i).unwrap().unwrap(), block(i, 5000));
+            }
+            assert_eq!(lld.read(l, 11).unwrap(), None);
+            assert_eq!(lld.accounting_drift(), 0);
+        };
+        check(&lld);
+        lld.close().unwrap();
+        drop(lld);
+        check(&Lld::open(dev, LldOptions::default()).unwrap());
+    }
+
+    /// A block written by an open ARU is not moved (the move, outside the
+    /// ARU, would commit it early), and the checkpoint waits for the ARU.
+    #[test]
+    fn open_aru_blocks_stay_and_the_checkpoint_waits() {
+        let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(8 << 20));
+        let mk = MkfsOptions {
+            segment_bytes: 128 << 10,
+            max_block_bytes: 16 << 10,
+            reserved_segments: Some(4),
+            fs_id: 9,
+        };
+        let lld = Lld::create(dev, &mk, LldOptions::default()).unwrap();
+        let l = lld.create_list(None, ListHints::default()).unwrap();
+        let aru = lld.begin_aru().unwrap();
+        lld.write(Some(aru), l, 0, &block(0, 6000)).unwrap();
+        for i in 1..10 {
+            lld.write(None, l, i, &block(i, 6000)).unwrap();
+        }
+        lld.flush().unwrap();
+        // Fill the segment's neighbours so it is left behind as Dirty.
+        for i in 100..160 {
+            lld.write(None, l, i, &block(i, 6000)).unwrap();
+        }
+        for i in 5..10 {
+            lld.delete(None, l, i).unwrap();
+        }
+        lld.flush().unwrap();
+        let seg = lld
+            .geometry()
+            .segment_of(lld.map_entry(Key::new(l, 0)).unwrap().unwrap().offset())
+            .unwrap();
+        let rep = lld.clean(PolicyKind::Greedy, 64).unwrap();
+        assert!(rep.victims.contains(&seg), "{rep:?}");
+        assert!(!rep.checkpointed, "checkpointed with an ARU open");
+        assert_eq!(lld.segment_usage()[seg.0 as usize].1.live_bytes, 6000);
+        lld.end_aru(aru).unwrap();
+        let rep = lld.clean(PolicyKind::Greedy, 64).unwrap();
+        assert!(rep.checkpointed);
+        assert_eq!(
+            lld.segment_usage()[seg.0 as usize].1.state,
+            SegmentState::Clean
+        );
+        assert_eq!(lld.read(l, 0).unwrap().unwrap(), block(0, 6000));
+    }
+}
