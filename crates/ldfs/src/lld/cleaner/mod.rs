@@ -68,7 +68,9 @@ pub struct CleanerOptions {
     /// beyond it writes fail with NoSpace and `space()` reports none left.
     pub max_live_percent: u32,
     /// How long a writer waiting for space lets other threads' ARUs run
-    /// before giving up on the checkpoint that frees cleaned segments.
+    /// before giving up on the checkpoint that frees cleaned segments (and
+    /// failing with NoSpace). 0 for single-threaded callers that hold
+    /// several ARUs: they would only wait for themselves.
     pub aru_wait_ms: u64,
 }
 
@@ -82,7 +84,7 @@ impl Default for CleanerOptions {
             background: false,
             idle_ms: 50,
             max_live_percent: 90,
-            aru_wait_ms: 2000,
+            aru_wait_ms: 500,
         }
     }
 }
