@@ -238,11 +238,11 @@ fn ninety_percent_full_overwritten_ten_times_greedy() {
 }
 
 #[test]
-fn ninety_percent_full_overwritten_ten_times_age_threshold() {
+fn ninety_percent_full_overwritten_ten_times_free_weighted() {
     with_seed(
-        "ninety_percent_full_overwritten_ten_times_age_threshold",
+        "ninety_percent_full_overwritten_ten_times_free_weighted",
         33,
-        |s| fill_and_overwrite(s, PolicyKind::AgeThreshold),
+        |s| fill_and_overwrite(s, PolicyKind::FreeWeighted),
     );
 }
 
@@ -370,8 +370,14 @@ fn writers_wait_for_the_cleaner_instead_of_failing() {
                             // Thread t owns the indices congruent to t mod 4.
                             let i = rng.gen_range(0..n / 4) * 4 + t;
                             let s = rng.gen();
-                            lld.write(None, l, i, &bytes(s, 8192))
-                                .unwrap_or_else(|e| panic!("thread {t}: {e}"));
+                            lld.write(None, l, i, &bytes(s, 8192)).unwrap_or_else(|e| {
+                                panic!(
+                                    "thread {t}: {e}; clean/releasable {:?}, {:?}, {:?}",
+                                    lld.clean_segment_counts(),
+                                    lld.cleaner_stats(),
+                                    lld.space()
+                                )
+                            });
                             mine.insert(i, s);
                         }
                         mine

@@ -85,6 +85,9 @@ pub struct EngineStats {
     pub rebuilt: bool,
     /// Blocks the cleaner moved since open.
     pub blocks_moved: u64,
+    /// Segments made Clean by checkpoints since open (emptied by the
+    /// cleaner or by overwrites and deletes).
+    pub segments_released: u64,
 }
 
 /// What open found, for `inspect` and tests.
@@ -428,11 +431,14 @@ impl Engine {
         self.admit(&mut g, None, WRITE_RECORD_BYTES, stored.len(), Class::Meta)?;
         self.log_write(
             &mut g,
-            0,
-            key,
-            stored,
-            expected.crc,
-            expected.flags & entry_flags::ON_DISK_MASK,
+            PendingWrite {
+                aru: 0,
+                key,
+                data: stored,
+                crc: expected.crc,
+                flags: expected.flags & entry_flags::ON_DISK_MASK,
+                age: 0,
+            },
         )?;
         g.moved_bytes += expected.len as u64;
         self.after_op(&mut g)?;
@@ -813,14 +819,19 @@ impl Engine {
             // partial for ARU reasons were already superseded in the map.
             // Dirty leaves are resident, so this reads nothing; if it ever
             // failed the log and the map would disagree: stop writing.
+            // A moved block keeps its age; anything else is as old as
+            // this partial segment.
+            let age = if p.age == 0 { seq } else { p.age.min(seq) };
             match g.map.replace_if(p.key, &buffered, on_disk, &r) {
-                Ok(true) => g.usage.add_live(seg, p.len, seq),
+                Ok(true) => g.usage.add_live(seg, p.len, age),
                 Ok(false) => {}
                 Err(e) => return Err(self.fail(g, e)),
             }
         }
+        if g.pending.is_fresh() {
+            g.usage.touch(seg, seq);
+        }
         g.pending.clear();
-        g.usage.touch(seg, seq);
         g.log.page += pages;
         g.log.seq += 1;
         g.log_bytes_since_checkpoint += pages as u64 * PAGE_BYTES as u64;
@@ -850,24 +861,11 @@ impl Engine {
         }
     }
 
-    fn log_write(
-        &self,
-        g: &mut Inner,
-        aru: u64,
-        key: Key,
-        stored: Vec<u8>,
-        crc: u32,
-        flags: u8,
-    ) -> LdResult<()> {
-        self.make_room(g, WRITE_RECORD_BYTES, stored.len())?;
-        let len = stored.len() as u32;
-        let slot = g.pending.add_write(PendingWrite {
-            aru,
-            key,
-            data: stored,
-            crc,
-            flags,
-        });
+    fn log_write(&self, g: &mut Inner, w: PendingWrite) -> LdResult<()> {
+        self.make_room(g, WRITE_RECORD_BYTES, w.data.len())?;
+        let len = w.data.len() as u32;
+        let (aru, key, crc, flags) = (w.aru, w.key, w.crc, w.flags);
+        let slot = g.pending.add_write(w);
         let r = DevPages { dev: &*self.dev };
         let entry = MapEntry {
             addr: slot as u64,
@@ -929,7 +927,13 @@ impl Engine {
     fn checkpoint_due(&self, g: &Inner) -> bool {
         g.log_bytes_since_checkpoint >= self.opts.checkpoint_log_bytes
             || g.map.dirty_pages() >= self.dirty_page_limit()
-            || (g.usage.clean_count() < self.start_watermark() && g.usage.releasable_count() > 0)
+            // Emptied segments are otherwise released when admission or
+            // the cleaner needs them: each checkpoint rewrites every dirty
+            // map page, so one per emptied segment would cost more than it
+            // frees. Only when even the cleaner's half of the reserve is
+            // gone does every operation try to release them.
+            || (g.usage.clean_count() <= self.geo.reserved_segments / 2
+                && g.usage.releasable_count() > 0)
     }
 
     // ---- checkpoints ------------------------------------------------------
@@ -975,6 +979,7 @@ impl Engine {
         g.stats.checkpoints += 1;
         g.serial = header.serial;
         g.usage.release(&released);
+        g.stats.segments_released += released.len() as u64;
         g.log_bytes_since_checkpoint = 0;
         self.durable_op.fetch_max(g.op_seq, Ordering::SeqCst);
         Ok(())
@@ -1180,7 +1185,18 @@ impl LogicalDisk for Engine {
         let id = g.next_list;
         g.next_list += 1;
         let crc = crc32c::crc32c(&data);
-        self.log_write(&mut g, aru_id, Key { list: 0, index: id }, data, crc, 0)?;
+        let key = Key { list: 0, index: id };
+        self.log_write(
+            &mut g,
+            PendingWrite {
+                aru: aru_id,
+                key,
+                data,
+                crc,
+                flags: 0,
+                age: 0,
+            },
+        )?;
         g.hints.insert(id, hints);
         self.after_op(&mut g)?;
         Ok(ListId(id))
@@ -1292,7 +1308,17 @@ impl LogicalDisk for Engine {
             }
         };
         g.user_bytes += stored.len() as u64;
-        self.log_write(&mut g, aru_id, key, stored, crc, flags)?;
+        self.log_write(
+            &mut g,
+            PendingWrite {
+                aru: aru_id,
+                key,
+                data: stored,
+                crc,
+                flags,
+                age: 0,
+            },
+        )?;
         self.after_op(&mut g)
     }
 
@@ -1700,6 +1726,8 @@ pub(crate) struct Move {
     pub key: Key,
     pub expected: MapEntry,
     pub stored: Vec<u8>,
+    /// The victim's age (last sequence written into it): the block keeps it.
+    pub age: u64,
 }
 
 /// What `relocate_batch` did.
@@ -1810,6 +1838,11 @@ impl Engine {
             .min(self.geo.segment_count)
     }
 
+    /// Reserved segments (user writes leave them to checkpoints and the cleaner).
+    pub fn reserved_segments(&self) -> u32 {
+        self.geo.reserved_segments
+    }
+
     /// Clean segments now, and segments a checkpoint would release.
     pub fn clean_segment_counts(&self) -> (u32, u32) {
         let g = self.lock();
@@ -1830,6 +1863,7 @@ impl Engine {
             segments: g.usage.iter().collect(),
             segment_bytes: self.geo.segment_bytes() as u32,
             now_seq: g.log.seq,
+            max_utilization: 1.0,
         };
         let headroom = self.pages_left_after(&g, 0, 0)
             - self.reserved_by_others(&g, 0)
@@ -1912,11 +1946,14 @@ impl Engine {
             let len = m.expected.len as u64;
             self.log_write(
                 &mut g,
-                0,
-                m.key,
-                m.stored,
-                m.expected.crc,
-                m.expected.flags & entry_flags::ON_DISK_MASK,
+                PendingWrite {
+                    aru: 0,
+                    key: m.key,
+                    data: m.stored,
+                    crc: m.expected.crc,
+                    flags: m.expected.flags & entry_flags::ON_DISK_MASK,
+                    age: m.age.max(1),
+                },
             )?;
             g.moved_bytes += len;
             g.stats.blocks_moved += 1;

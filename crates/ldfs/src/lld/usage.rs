@@ -131,6 +131,10 @@ impl Usage {
         }
         self.releasable -= is_releasable(u.state, u.live_bytes) as u32;
         self.releasable += is_releasable(to, u.live_bytes) as u32;
+        if to == Next {
+            // A new life: its age comes from what is written into it now.
+            u.last_seq = 0;
+        }
         if to == Clean {
             assert_eq!(
                 u.live_bytes, 0,

@@ -80,7 +80,7 @@ impl Default for CleanerOptions {
             policy: PolicyKind::default(),
             start_clean_segments: None,
             stop_clean_segments: None,
-            step_segments: 4,
+            step_segments: 16,
             background: false,
             idle_ms: 50,
             max_live_percent: 90,
@@ -119,7 +119,9 @@ pub struct CleanReport {
     /// Live blocks whose map entry points outside the victim's bytes
     /// (a lying map): left alone and reported.
     pub inconsistent: u64,
-    /// Segments released by the pass's checkpoint.
+    /// Segments released by checkpoints during the pass (its own victims,
+    /// those emptied by earlier passes that left the release for later,
+    /// and any that overwrites emptied meanwhile).
     pub released: u32,
     pub clean_before: u32,
     pub clean_after: u32,
@@ -139,6 +141,11 @@ impl CleanReport {
 pub(crate) struct CleanerState {
     pub policy: PolicyKind,
     pub stats: CleanerStats,
+    /// Victims whose blocks are all moved but whose map pages move only at
+    /// the next checkpoint: not candidates again until it has happened.
+    awaiting: Vec<SegmentId>,
+    /// The engine's checkpoint count when `awaiting` was filled.
+    awaiting_since: u64,
 }
 
 impl CleanerState {
@@ -146,8 +153,20 @@ impl CleanerState {
         CleanerState {
             policy,
             stats: CleanerStats::default(),
+            awaiting: Vec::new(),
+            awaiting_since: 0,
         }
     }
+}
+
+/// When a pass checkpoints to release what it emptied.
+#[derive(Clone, Copy, Debug)]
+enum Release {
+    /// At the end of the pass, waiting up to this long for open ARUs.
+    Now(Duration),
+    /// Only once enough is releasable (or clean segments are short), so one
+    /// checkpoint's map pages pay for many segments.
+    Batched,
 }
 
 /// Live blocks and map pages a victim's summaries name.
@@ -232,8 +251,25 @@ impl Engine {
     /// One cleaning pass now with `policy`, over at most `max_victims`
     /// segments (tools and tests; the engine schedules its own).
     pub fn clean(&self, policy: PolicyKind, max_victims: usize) -> LdResult<CleanReport> {
+        self.clean_below(policy, max_victims, 1.0)
+    }
+
+    /// A pass like `clean` that leaves alone segments fuller than
+    /// `max_utilization` (a fraction of the segment; `ldfs clean`).
+    pub fn clean_below(
+        &self,
+        policy: PolicyKind,
+        max_victims: usize,
+        max_utilization: f64,
+    ) -> LdResult<CleanReport> {
         let mut st = self.cleaner.lock().expect("cleaner poisoned");
-        self.clean_pass(&mut st, policy, max_victims, Duration::ZERO)
+        self.clean_pass_below(
+            &mut st,
+            policy,
+            max_victims,
+            Release::Now(Duration::ZERO),
+            max_utilization,
+        )
     }
 
     /// One bounded step with the current policy: foreground (a write below
@@ -249,7 +285,7 @@ impl Engine {
         }
         let policy = st.policy;
         let step = self.options().cleaner.step_segments.max(1) as usize;
-        let rep = self.clean_pass(&mut st, policy, step, Duration::ZERO)?;
+        let rep = self.clean_pass(&mut st, policy, step, Release::Batched)?;
         if background {
             st.stats.background_passes += 1;
         } else {
@@ -273,12 +309,19 @@ impl Engine {
             return Ok(true);
         }
         let wait = Duration::from_millis(self.options().cleaner.aru_wait_ms);
-        if releasable > 0 {
-            return self.checkpoint_when_quiet(wait);
+        if releasable > 0 || !st.awaiting.is_empty() {
+            // What earlier passes emptied only needs the checkpoint.
+            if self.checkpoint_when_quiet(wait)? {
+                st.awaiting.clear();
+                return Ok(true);
+            }
+            return Ok(false);
         }
-        let policy = st.policy;
+        // A writer is waiting: free the most space now. Greedy takes the
+        // emptiest segments whatever the configured policy (which may
+        // prefer old, fuller ones): a pass must gain more than it spends.
         let step = self.options().cleaner.step_segments.max(1) as usize;
-        let rep = self.clean_pass(&mut st, policy, step, wait)?;
+        let rep = self.clean_pass(&mut st, PolicyKind::Greedy, step, Release::Now(wait))?;
         Ok(rep.progress())
     }
 
@@ -287,10 +330,34 @@ impl Engine {
         st: &mut CleanerState,
         policy: PolicyKind,
         max_victims: usize,
-        aru_wait: Duration,
+        release: Release,
+    ) -> LdResult<CleanReport> {
+        self.clean_pass_below(st, policy, max_victims, release, 1.0)
+    }
+
+    fn clean_pass_below(
+        &self,
+        st: &mut CleanerState,
+        policy: PolicyKind,
+        max_victims: usize,
+        release: Release,
+        max_utilization: f64,
     ) -> LdResult<CleanReport> {
         let geo = *self.geometry();
-        let (snap, view) = self.cleaner_view();
+        let (mut snap, view) = self.cleaner_view();
+        snap.max_utilization = max_utilization;
+        let (checkpoints, released0) = {
+            let s = self.stats();
+            (s.checkpoints, s.segments_released)
+        };
+        if checkpoints != st.awaiting_since {
+            st.awaiting.clear();
+        }
+        for s in &st.awaiting {
+            // Nothing left to do there but the checkpoint: hide it from
+            // the policy (the snapshot is the cleaner's own copy).
+            snap.segments[s.0 as usize].1.state = SegmentState::Active;
+        }
         let mut rep = CleanReport {
             clean_before: view.clean,
             ..Default::default()
@@ -308,8 +375,15 @@ impl Engine {
             budget -= cost;
             rep.victims.push(seg);
         }
-        let mut moves: Vec<Move> = Vec::new();
-        for &seg in &rep.victims {
+        // Sorting the whole batch by key clusters lists best, but if the
+        // space ran out half way every victim would keep some live blocks
+        // and none could be released: with little room to spare, empty the
+        // victims one after the other (each sorted by key).
+        let roomy = budget * 2 >= view.meta_headroom_bytes;
+        let mut moves: Vec<(usize, Move)> = Vec::new();
+        for (v, &seg) in rep.victims.iter().enumerate() {
+            let order = if roomy { 0 } else { v };
+            let age = snap.segments[seg.0 as usize].1.last_seq;
             let buf = self.read_segment(seg)?;
             let contents = scan_buffer(&geo, seg, &buf);
             let base = geo.page_addr(seg, 0);
@@ -318,22 +392,31 @@ impl Engine {
                     let Some(e) = e else { continue };
                     let start = (addr - base) as usize;
                     match buf.get(start..start + e.len as usize) {
-                        Some(b) => moves.push(Move {
-                            key: *key,
-                            expected: e,
-                            stored: b.to_vec(),
-                        }),
+                        Some(b) => moves.push((
+                            order,
+                            Move {
+                                key: *key,
+                                expected: e,
+                                stored: b.to_vec(),
+                                age,
+                            },
+                        )),
                         None => rep.inconsistent += 1,
                     }
                 }
             }
-            rep.map_pages_moved += self.relocate_map_pages(&contents.map_pages)?;
+            let pages = self.relocate_map_pages(&contents.map_pages)?;
+            if pages > 0 {
+                st.awaiting.push(seg);
+                st.awaiting_since = checkpoints;
+            }
+            rep.map_pages_moved += pages;
         }
-        moves.sort_by_key(|m| m.key);
+        moves.sort_by_key(|(order, m)| (*order, m.key));
         // Move in chunks of about a partial segment, so user operations
         // get the lock between them.
         let chunk_bytes = self.options().partial_bytes.max(PAGE_BYTES);
-        let mut it = moves.into_iter().peekable();
+        let mut it = moves.into_iter().map(|(_, m)| m).peekable();
         while it.peek().is_some() {
             let mut batch = Vec::new();
             let mut bytes = 0;
@@ -350,17 +433,31 @@ impl Engine {
                 break;
             }
         }
-        let (_, releasable) = self.clean_segment_counts();
-        if releasable > 0 || rep.map_pages_moved > 0 {
-            rep.checkpointed = self.checkpoint_when_quiet(aru_wait)?;
+        let (clean, releasable) = self.clean_segment_counts();
+        let wanted = releasable > 0 || rep.map_pages_moved > 0;
+        let wait = match release {
+            Release::Now(wait) => Some(wait),
+            // Every checkpoint rewrites the map pages the moves dirtied:
+            // release in batches, when the band between the watermarks is
+            // full or clean segments reach the reserve.
+            Release::Batched
+                if clean <= self.reserved_segments() + 1
+                    || clean + releasable >= self.stop_watermark() =>
+            {
+                Some(Duration::ZERO)
+            }
+            Release::Batched => None,
+        };
+        if let (true, Some(wait)) = (wanted, wait) {
+            rep.checkpointed = self.checkpoint_when_quiet(wait)?;
+            if rep.checkpointed {
+                st.awaiting.clear();
+            }
         }
-        // Count the victims the pass emptied and released.
-        let usage = self.segment_usage();
-        rep.released = rep
-            .victims
-            .iter()
-            .filter(|s| usage[s.0 as usize].1.state == SegmentState::Clean)
-            .count() as u32;
+        // Checkpoints during the moves (admission makes room that way) and
+        // the one above: this pass's victims and those of earlier batched
+        // passes, and anything overwrites emptied meanwhile.
+        rep.released = (self.stats().segments_released - released0) as u32;
         rep.clean_after = self.clean_segment_counts().0;
         let s = &mut st.stats;
         s.passes += 1;
@@ -501,6 +598,7 @@ mod tests {
                     key: *k,
                     expected: e,
                     stored: buf[s..s + e.len as usize].to_vec(),
+                    age: 1,
                 })
             })
             .collect();

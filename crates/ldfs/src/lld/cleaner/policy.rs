@@ -24,6 +24,8 @@ pub struct UsageSnapshot {
     pub segment_bytes: u32,
     /// The sequence number the next partial segment will get: "now".
     pub now_seq: u64,
+    /// Segments fuller than this fraction are not candidates (1.0: any).
+    pub max_utilization: f64,
 }
 
 /// A Dirty segment worth cleaning, with its utilization and age.
@@ -47,6 +49,7 @@ impl UsageSnapshot {
                 u.state == SegmentState::Dirty
                     && u.live_bytes > 0
                     && (u.live_bytes as u64) + (PAGE_BYTES as u64) <= seg_bytes
+                    && u.live_bytes as f64 <= self.max_utilization * seg_bytes as f64
             })
             .map(|(s, u)| Candidate {
                 seg: *s,
@@ -108,34 +111,26 @@ impl Policy for CostBenefit {
     }
 }
 
-/// Age threshold: segments younger than the threshold are still losing
-/// blocks to overwrites, so cleaning them copies data about to die. Only
-/// candidates at least as old as the median candidate's age are considered
-/// (the younger half is left to keep dying), and among them the least
-/// utilized is cleaned first. If no old candidate exists (too few
-/// segments), it falls back to greedy over all of them.
+/// Free-weighted cost-benefit: `(1 - u)^2 * age / (1 + u)`. Cost-benefit
+/// with the free fraction counted twice, so a hot segment is taken once it
+/// is nearly empty and a cold one only when a real share of it is free;
+/// on ldfs's hot-and-cold figures (90% of writes to 10% of the data) it
+/// moves clearly less than cost-benefit (`ldfs bench cleaner`), and it is
+/// no worse on uniform overwrites.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct AgeThreshold;
+pub struct FreeWeighted;
 
-impl Policy for AgeThreshold {
+pub fn free_weighted_score(c: &Candidate) -> f64 {
+    let free = 1.0 - c.utilization;
+    free * free * c.age as f64 / (1.0 + c.utilization)
+}
+
+impl Policy for FreeWeighted {
     fn name(&self) -> &'static str {
-        "age-threshold"
+        "free-weighted"
     }
     fn select(&self, t: &UsageSnapshot, max: usize) -> Vec<SegmentId> {
-        let c = t.candidates();
-        if c.is_empty() {
-            return Vec::new();
-        }
-        let mut ages: Vec<u64> = c.iter().map(|c| c.age).collect();
-        ages.sort_unstable();
-        let threshold = ages[ages.len() / 2];
-        let (old, young): (Vec<Candidate>, Vec<Candidate>) =
-            c.into_iter().partition(|c| c.age >= threshold);
-        let mut out = best_by(old, max, |c| -c.utilization);
-        if out.len() < max {
-            out.extend(best_by(young, max - out.len(), |c| -c.utilization));
-        }
-        out
+        best_by(t.candidates(), max, free_weighted_score)
     }
 }
 
@@ -143,23 +138,23 @@ impl Policy for AgeThreshold {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PolicyKind {
     Greedy,
-    #[default]
     CostBenefit,
-    AgeThreshold,
+    #[default]
+    FreeWeighted,
 }
 
 impl PolicyKind {
     pub const ALL: [PolicyKind; 3] = [
         PolicyKind::Greedy,
         PolicyKind::CostBenefit,
-        PolicyKind::AgeThreshold,
+        PolicyKind::FreeWeighted,
     ];
 
     pub fn policy(self) -> &'static dyn Policy {
         match self {
             PolicyKind::Greedy => &Greedy,
             PolicyKind::CostBenefit => &CostBenefit,
-            PolicyKind::AgeThreshold => &AgeThreshold,
+            PolicyKind::FreeWeighted => &FreeWeighted,
         }
     }
 
@@ -181,7 +176,7 @@ impl FromStr for PolicyKind {
             .into_iter()
             .find(|k| k.name() == s)
             .ok_or_else(|| {
-                format!("unknown cleaner policy '{s}' (greedy, cost-benefit or age-threshold)")
+                format!("unknown cleaner policy '{s}' (greedy, cost-benefit or free-weighted)")
             })
     }
 }
@@ -211,6 +206,7 @@ mod tests {
                 .collect(),
             segment_bytes: SEG,
             now_seq,
+            max_utilization: 1.0,
         }
     }
 
@@ -272,25 +268,30 @@ mod tests {
     }
 
     #[test]
-    fn age_threshold_leaves_the_young_half_to_die() {
-        // Ages: 100, 90, 10, 5 -> median (index 2 of sorted [5,10,90,100]) = 90.
-        let t = table(
-            &[
-                (Dirty, 60, 0),  // age 100
-                (Dirty, 80, 10), // age 90
-                (Dirty, 10, 90), // age 10: emptiest, but young
-                (Dirty, 20, 95), // age 5
-            ],
-            100,
-        );
-        assert_eq!(
-            AgeThreshold.select(&t, 4),
-            vec![SegmentId(0), SegmentId(1), SegmentId(2), SegmentId(3)]
-        );
-        assert_eq!(AgeThreshold.select(&t, 1), vec![SegmentId(0)]);
-        // A single candidate is always old enough.
-        let t = table(&[(Dirty, 90, 99)], 100);
-        assert_eq!(AgeThreshold.select(&t, 3), vec![SegmentId(0)]);
+    fn free_weighted_waits_longer_than_cost_benefit_for_a_fuller_old_segment() {
+        // Segment 0: 60% live, age 100. Segment 1: 20% live, age 30.
+        // Cost-benefit: .4*100/1.6 = 25 > .8*30/1.2 = 20 -> segment 0 first.
+        // Free-weighted: .16*100/1.6 = 10 < .64*30/1.2 = 16 -> segment 1 first.
+        let t = table(&[(Dirty, 60, 0), (Dirty, 20, 70)], 100);
+        assert_eq!(CostBenefit.select(&t, 2), vec![SegmentId(0), SegmentId(1)]);
+        assert_eq!(FreeWeighted.select(&t, 2), vec![SegmentId(1), SegmentId(0)]);
+        // Old enough, the fuller one wins under both.
+        let t = table(&[(Dirty, 60, 0), (Dirty, 20, 90)], 100);
+        assert_eq!(FreeWeighted.select(&t, 1), vec![SegmentId(0)]);
+        let c = t.candidates();
+        let u = c[1].utilization;
+        assert!((free_weighted_score(&c[1]) - (1.0 - u).powi(2) * 10.0 / (1.0 + u)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn max_utilization_bounds_every_policy() {
+        let mut t = table(&[(Dirty, 70, 0), (Dirty, 40, 50), (Dirty, 20, 99)], 100);
+        t.max_utilization = 0.5;
+        for k in PolicyKind::ALL {
+            let mut v = k.policy().select(&t, 5);
+            v.sort();
+            assert_eq!(v, vec![SegmentId(1), SegmentId(2)], "{k}");
+        }
     }
 
     #[test]
