@@ -1,4 +1,6 @@
-//! The engine: `Lld`, the log-structured Logical Disk.
+//! The engine: `Engine`, the log-structured Logical Disk, and `Lld`, which
+//! owns an engine behind an `Arc` together with its background cleaner
+//! thread (`cleaner`) and derefs to it.
 //!
 //! One mutex guards the in-memory state (map, usage table, open partial
 //! segment, log head, ARUs). Sealing a partial segment writes it to the device
@@ -15,7 +17,10 @@
 //! - a segment becomes Clean only after a checkpoint that no longer needs it
 //!   is durable;
 //! - an operation is accepted only if the space it needs, with the reserve
-//!   kept back for checkpoints and the cleaner, exists now.
+//!   kept back for checkpoints and the cleaner, exists now;
+//! - a user write is accepted only if live data stays within the capacity
+//!   (`capacity_bytes`); within it, a write short of clean segments waits
+//!   for the cleaner instead of failing.
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;

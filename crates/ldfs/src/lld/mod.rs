@@ -5,9 +5,13 @@
 //! - `map`: the persistent paged block-number map (copy-on-write B+tree);
 //! - `writer`: the open partial segment and how it is laid out when sealed;
 //! - `flight`: sealed partial segments on their way to the device;
-//! - `engine`: `Lld`, the `LogicalDisk` implementation: admission, the log
-//!   head, group commit, checkpoints;
-//! - `recovery`: checkpoint + two-phase roll-forward, and the rebuild.
+//! - `engine`: `Engine` and `Lld` (the engine plus its background cleaner
+//!   thread), the `LogicalDisk` implementation: admission, the log head,
+//!   group commit, checkpoints;
+//! - `recovery`: checkpoint + two-phase roll-forward, and the rebuild;
+//! - `cleaner`: the segment cleaner — `policy` (victim selection, pure
+//!   functions of the usage table) and the mechanism and scheduling that
+//!   move live blocks and release segments.
 //!
 //! Invariants and the crash model are in docs/DESIGN.md.
 
