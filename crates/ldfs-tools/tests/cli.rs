@@ -87,6 +87,92 @@ fn mkfs_refuses_a_too_small_image_and_bad_sizes() {
     assert!(!out.status.success());
 }
 
+/// `ldfs clean IMAGE` empties segments of an image left with dead space and
+/// `inspect` reports the write cost.
+#[test]
+fn clean_an_unmounted_image_then_inspect() {
+    use ldfs::device::{Device, FileDevice, FileDeviceOptions};
+    use ldfs::ld::{ListHints, LogicalDisk};
+    use ldfs::lld::{Lld, LldOptions};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("c.img");
+    let out = ldfs()
+        .args(["mkfs", "--size", "32M", "--segment-size", "256K"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let l = {
+        let dev: Arc<dyn Device> =
+            Arc::new(FileDevice::open(&img, FileDeviceOptions::default()).unwrap());
+        let lld = Lld::open(dev, LldOptions::default()).unwrap();
+        let l = lld.create_list(None, ListHints::default()).unwrap();
+        for round in 0..3u8 {
+            for i in 0..1000u64 {
+                if round == 0 || i % 3 != 0 {
+                    lld.write(None, l, i, &[round; 4096]).unwrap();
+                }
+            }
+        }
+        lld.close().unwrap();
+        l
+    };
+    let out = ldfs()
+        .arg("clean")
+        .arg(&img)
+        .args(["--policy", "greedy", "--max-utilization", "90"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("with greedy") && text.contains("segments released"),
+        "{text}"
+    );
+    let released: u64 = text
+        .split(": ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(released > 0, "{text}");
+    let out = ldfs().arg("inspect").arg(&img).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("write cost (user + moved) / user = 1."),
+        "{text}"
+    );
+    assert!(text.contains("dirty segments by utilization"), "{text}");
+    let out = ldfs()
+        .arg("clean")
+        .arg(&img)
+        .args(["--policy", "lru"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    // The data survived the cleaning.
+    let dev: Arc<dyn Device> =
+        Arc::new(FileDevice::open(&img, FileDeviceOptions::default()).unwrap());
+    let lld = Lld::open(dev, LldOptions::default()).unwrap();
+    for i in 0..1000u64 {
+        let want = if i % 3 == 0 { 0u8 } else { 2 };
+        assert_eq!(
+            lld.read(l, i).unwrap().unwrap(),
+            vec![want; 4096],
+            "block {i}"
+        );
+    }
+}
+
 #[test]
 fn mkfs_preallocate_writes_the_whole_image() {
     use std::os::unix::fs::MetadataExt;

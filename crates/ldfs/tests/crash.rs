@@ -19,15 +19,18 @@ use std::sync::Arc;
 use ldfs::device::{CrashDevice, CrashOptions};
 use ldfs::ld::{AruId, LdError, ListHints, ListId, LogicalDisk};
 use ldfs::lld::layout::MkfsOptions;
-use ldfs::lld::{Lld, LldOptions};
+use ldfs::lld::{CleanerOptions, Lld, LldOptions, PolicyKind};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 const DEVICE_BYTES: u64 = 8 << 20;
 const MAX_BLOCK: usize = 12 << 10;
-/// Cycles on one device before it is formatted afresh (there is no cleaner
-/// yet, so dead space accumulates).
-const CYCLES_PER_DEVICE: u64 = 25;
+/// Cycles on one device before it is formatted afresh. The cleaner keeps a
+/// device usable forever; a fresh one now and then only varies the start.
+const CYCLES_PER_DEVICE: u64 = 1000;
+/// Lists alive at most, so live data stays near the capacity without
+/// exceeding it for long (about 60-80% of it; NoSpace stays possible).
+const MAX_LISTS: usize = 64;
 
 fn engine_options() -> LldOptions {
     LldOptions {
@@ -35,6 +38,12 @@ fn engine_options() -> LldOptions {
         checkpoint_log_bytes: 192 << 10,
         checkpoint_dirty_pages: Some(24),
         partial_bytes: 24 << 10,
+        cleaner: CleanerOptions {
+            // One thread holds every ARU here: waiting for them to end
+            // would only time out (and timing is not deterministic).
+            aru_wait_ms: 0,
+            ..Default::default()
+        },
         ..Default::default()
     }
 }
@@ -172,12 +181,59 @@ struct Cycle<'a> {
     hist: History,
     next_list: u64,
     open: Vec<AruId>,
+    /// The device's power is set to go out (a planned crash mid-operation):
+    /// device errors are expected from then on.
+    cut: bool,
+    /// An operation failed after the cut: stop issuing more.
+    dead: bool,
+    tally: Tally,
+}
+
+/// What a run exercised, printed at the end so a quiet test is noticed.
+#[derive(Clone, Copy, Debug, Default)]
+struct Tally {
+    passes: u64,
+    blocks_moved: u64,
+    released: u64,
+    no_space: u64,
+    power_cuts: u64,
+    died_at_cut: u64,
 }
 
 impl Cycle<'_> {
     fn run_ops(&mut self, n: usize) {
         for _ in 0..n {
+            if self.dead {
+                break;
+            }
             self.one_op();
+        }
+    }
+
+    /// An operation failed: fine after a power cut (the engine is now
+    /// read-only), a bug otherwise.
+    fn failed(&mut self, what: &str, e: LdError) {
+        if self.cut && matches!(e, LdError::Device(_) | LdError::ReadOnly(_)) {
+            self.dead = true;
+            self.tally.died_at_cut += 1;
+        } else {
+            panic!("{what}: {e}");
+        }
+    }
+
+    /// A cleaning pass with any policy, whatever ARUs are open.
+    fn clean(&mut self) {
+        let policy = PolicyKind::ALL[self.rng.gen_range(0..3)];
+        match self.lld.clean(policy, self.rng.gen_range(1..5)) {
+            Ok(rep) => {
+                self.tally.passes += 1;
+                self.tally.blocks_moved += rep.blocks_moved;
+                self.tally.released += rep.released as u64;
+                if rep.checkpointed {
+                    self.hist.flushed = self.hist.log.len();
+                }
+            }
+            Err(e) => self.failed("clean", e),
         }
     }
 
@@ -202,14 +258,29 @@ impl Cycle<'_> {
     fn record(&mut self, aru: Option<AruId>, r: Result<(), LdError>, op: Op) {
         match r {
             Ok(()) => self.hist.log.push((aru.map_or(0, |a| a.0), op)),
-            Err(LdError::NoSpace { .. }) => {}
-            Err(e) => panic!("{op:?}: {e}"),
+            Err(LdError::NoSpace { .. }) => self.tally.no_space += 1,
+            Err(e) => {
+                // Failed at the power cut: it may still have reached the
+                // disk, so it is the last operation a recovered state may
+                // or may not contain.
+                self.failed(&format!("{op:?}"), e);
+                self.hist.log.push((aru.map_or(0, |a| a.0), op));
+            }
         }
     }
 
     fn one_op(&mut self) {
         let lld = self.lld;
+        let lists = self.hist.live().lists.len();
         match self.rng.gen_range(0..100) {
+            0..=3 if lists >= MAX_LISTS => {
+                if let Some(l) = self.existing_list() {
+                    let aru = self.pick_aru();
+                    let r = lld.delete_list(aru, ListId(l));
+                    self.record(aru, r, Op::DeleteList(l));
+                }
+            }
+            0..=3 if self.cut => {}
             0..=3 => {
                 // Lists are created outside ARUs: a list whose creation could
                 // be undone while blocks written outside its ARU survive is a
@@ -258,25 +329,31 @@ impl Cycle<'_> {
             }
             74..=81 => {
                 if self.open.len() < 3 {
-                    self.open.push(lld.begin_aru().unwrap());
+                    match lld.begin_aru() {
+                        Ok(a) => self.open.push(a),
+                        Err(e) => self.failed("begin_aru", e),
+                    }
                 }
             }
             82..=91 => {
                 if !self.open.is_empty() {
                     let k = self.rng.gen_range(0..self.open.len());
                     let a = self.open.swap_remove(k);
-                    lld.end_aru(a).unwrap();
-                    self.hist.log.push((a.0, Op::End));
+                    let r = lld.end_aru(a);
+                    self.record(Some(a), r, Op::End);
                 }
             }
-            92..=97 => {
-                lld.flush().unwrap();
-                self.hist.flushed = self.hist.log.len();
-            }
+            92..=94 => match lld.flush() {
+                Ok(()) => self.hist.flushed = self.hist.log.len(),
+                Err(e) => self.failed("flush", e),
+            },
+            95..=97 => self.clean(),
             _ => {
                 if self.open.is_empty() {
-                    lld.checkpoint_now().unwrap();
-                    self.hist.flushed = self.hist.log.len();
+                    match lld.checkpoint_now() {
+                        Ok(()) => self.hist.flushed = self.hist.log.len(),
+                        Err(e) => self.failed("checkpoint", e),
+                    }
                 }
             }
         }
@@ -311,6 +388,7 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64) -> Result<(), String> {
     let mut next_list = 1u64;
     let mut lld = Some(lld);
     let mut dev = dev;
+    let mut tally = Tally::default();
     for c in first_cycle..first_cycle + cycles {
         let engine = lld.take().expect("engine open");
         let mut cy = Cycle {
@@ -323,10 +401,25 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64) -> Result<(), String> {
             },
             next_list,
             open: Vec::new(),
+            cut: false,
+            dead: false,
+            tally,
         };
         let n = cy.rng.gen_range(1..80);
         cy.run_ops(n);
-        let clean = cy.rng.gen_ratio(1, 10);
+        let mut clean = cy.rng.gen_ratio(1, 10);
+        if !clean && cy.rng.gen_ratio(1, 3) {
+            // The power goes out a few device writes into a cleaning pass
+            // (or the operations after it): a crash in the middle of moving
+            // blocks, writing map pages or the checkpoint that frees victims.
+            dev.cut_power_after(cy.rng.gen_range(0..24));
+            cy.cut = true;
+            cy.tally.power_cuts += 1;
+            cy.clean();
+            let n = cy.rng.gen_range(0..20);
+            cy.run_ops(n);
+        }
+        clean &= !cy.cut;
         let image = if clean {
             for a in std::mem::take(&mut cy.open) {
                 engine.end_aru(a).unwrap();
@@ -345,6 +438,7 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64) -> Result<(), String> {
             dev.crash_image(cy.rng.gen(), &opts)
         };
         next_list = cy.next_list;
+        tally = cy.tally;
         let hist = cy.hist;
         engine.abandon();
 
@@ -353,6 +447,12 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64) -> Result<(), String> {
             .map_err(|e| format!("cycle {c}: reopen: {e}"))?;
         if reopened.accounting_drift() != 0 {
             return Err(format!("cycle {c}: live-byte accounting drifted"));
+        }
+        let problems = reopened
+            .check_usage()
+            .map_err(|e| format!("cycle {c}: check: {e}"))?;
+        if !problems.is_empty() {
+            return Err(format!("cycle {c}: usage check: {problems:?}"));
         }
         let got = read_state(&reopened, next_list);
         let lo = if clean { hist.log.len() } else { hist.flushed };
@@ -384,6 +484,7 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64) -> Result<(), String> {
     if let Some(l) = lld {
         l.close().map_err(|e| format!("final close: {e}"))?;
     }
+    eprintln!("cycles {first_cycle}..{}: {tally:?}", first_cycle + cycles);
     Ok(())
 }
 

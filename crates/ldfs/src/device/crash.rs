@@ -58,6 +58,9 @@ struct State {
     current: Vec<u8>,
     pending: Vec<PendingWrite>,
     stats: CrashStats,
+    /// Writes and flushes still allowed before the power goes (`None`: no
+    /// cut planned).
+    power_left: Option<u64>,
 }
 
 /// An in-memory device that separates written from durable data.
@@ -87,6 +90,7 @@ impl CrashDevice {
             durable: image,
             pending: Vec::new(),
             stats: CrashStats::default(),
+            power_left: None,
         };
         CrashDevice {
             state: Mutex::new(state),
@@ -150,6 +154,41 @@ impl CrashDevice {
     pub fn stats(&self) -> CrashStats {
         self.lock().stats
     }
+
+    /// Cuts the power after `ops` more writes and flushes: from then on
+    /// every write and flush fails with an I/O error and changes nothing,
+    /// so `crash_image` shows the disk as it was at that instant — a crash
+    /// in the middle of whatever the caller is doing (tests aim it into a
+    /// cleaning pass or a checkpoint).
+    pub fn cut_power_after(&self, ops: u64) {
+        self.lock().power_left = Some(ops);
+    }
+
+    /// Whether a planned power cut has happened.
+    pub fn power_is_cut(&self) -> bool {
+        self.lock().power_left == Some(0)
+    }
+
+    /// Takes one unit of power; false once it has run out.
+    fn spend_power(state: &mut State) -> bool {
+        match &mut state.power_left {
+            None => true,
+            Some(0) => false,
+            Some(n) => {
+                *n -= 1;
+                true
+            }
+        }
+    }
+}
+
+fn power_cut(op: DeviceOp, offset: u64, len: usize) -> DeviceError {
+    DeviceError::Io {
+        op,
+        offset,
+        len: len as u64,
+        source: std::io::Error::other("power cut (crash simulation)"),
+    }
 }
 
 impl Device for CrashDevice {
@@ -164,6 +203,9 @@ impl Device for CrashDevice {
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
         check_range(DeviceOp::Write, offset, buf.len(), self.size)?;
         let mut state = self.lock();
+        if !CrashDevice::spend_power(&mut state) {
+            return Err(power_cut(DeviceOp::Write, offset, buf.len()));
+        }
         state.stats.writes += 1;
         state.stats.bytes_written += buf.len() as u64;
         if buf.is_empty() {
@@ -180,6 +222,9 @@ impl Device for CrashDevice {
 
     fn flush(&self) -> Result<(), DeviceError> {
         let mut state = self.lock();
+        if !CrashDevice::spend_power(&mut state) {
+            return Err(power_cut(DeviceOp::Flush, 0, 0));
+        }
         let State {
             durable,
             pending,
@@ -210,6 +255,24 @@ mod tests {
             keep_probability: keep,
             tear_probability: tear,
         }
+    }
+
+    #[test]
+    fn a_power_cut_freezes_the_disk() {
+        let dev = CrashDevice::new(4096);
+        dev.cut_power_after(3);
+        dev.write_at(&[1u8; 10], 0).unwrap();
+        dev.flush().unwrap();
+        assert!(!dev.power_is_cut());
+        dev.write_at(&[2u8; 10], 100).unwrap();
+        assert!(dev.power_is_cut());
+        assert!(dev.write_at(&[3u8; 10], 200).is_err());
+        assert!(dev.flush().is_err());
+        assert_eq!(dev.pending_writes(), 1);
+        let img = dev.crash_image(1, &opts(1.0, 0.0));
+        assert_eq!(img[0], 1);
+        assert_eq!(img[100], 2);
+        assert_eq!(img[200], 0);
     }
 
     #[test]

@@ -346,7 +346,7 @@ impl Fs {
         if !fs.opts.read_only {
             let orphans = fs.ld.indices(ORPHAN_LIST, 0, usize::MAX)?;
             for ino in orphans {
-                let mut tx = fs.begin(0)?;
+                let mut tx = fs.begin_free()?;
                 let r = tx.destroy(ino);
                 tx.end()?;
                 r?;
@@ -367,6 +367,20 @@ impl Fs {
 
     fn now(&self) -> Time {
         (self.opts.clock)()
+    }
+
+    /// Starts an operation that frees space (unlink, rmdir, rename over a
+    /// name, removing an attribute, destroying an orphan): no reservation, so
+    /// it works on a full file system. It writes only metadata (records that
+    /// replace others, small marks the engine lets metadata lists overdraw,
+    /// and deletes), so it cannot run out half-way.
+    fn begin_free(&self) -> FsResult<Tx<'_>> {
+        if self.opts.read_only {
+            return Err(FsError::ReadOnly);
+        }
+        let st = self.lock();
+        let aru = self.ld.begin_aru()?;
+        Ok(Tx { fs: self, aru, st })
     }
 
     /// Starts an operation: takes the fs lock, opens an ARU and reserves the
@@ -707,7 +721,7 @@ impl Fs {
             }
         };
         if last && !self.opts.read_only {
-            let mut tx = self.begin(0)?;
+            let mut tx = self.begin_free()?;
             let r = tx.destroy(ino);
             tx.end()?;
             r?;
@@ -722,7 +736,9 @@ impl Fs {
     // ---- changing ---------------------------------------------------------
 
     pub fn setattr(&self, ino: u64, sa: &SetAttr) -> FsResult<Attr> {
-        let mut tx = self.begin(0)?;
+        // Attribute changes rewrite the inode record in place; truncation
+        // frees blocks (a grown file is sparse). Neither needs a reservation.
+        let mut tx = self.begin_free()?;
         let r = tx.setattr(ino, sa);
         tx.end()?;
         r
@@ -779,14 +795,14 @@ impl Fs {
     }
 
     pub fn unlink(&self, parent: u64, name: &[u8]) -> FsResult<()> {
-        let mut tx = self.begin(0)?;
+        let mut tx = self.begin_free()?;
         let r = tx.remove(parent, name, false);
         tx.end()?;
         r
     }
 
     pub fn rmdir(&self, parent: u64, name: &[u8]) -> FsResult<()> {
-        let mut tx = self.begin(0)?;
+        let mut tx = self.begin_free()?;
         let r = tx.remove(parent, name, true);
         tx.end()?;
         r
@@ -807,7 +823,7 @@ impl Fs {
         newname: &[u8],
         flags: RenameFlags,
     ) -> FsResult<()> {
-        let mut tx = self.begin(0)?;
+        let mut tx = self.begin_free()?;
         let r = tx.rename(parent, name, newparent, newname, flags);
         tx.end()?;
         r
@@ -828,7 +844,7 @@ impl Fs {
     }
 
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> FsResult<()> {
-        let mut tx = self.begin(0)?;
+        let mut tx = self.begin_free()?;
         let r = tx.removexattr(ino, name);
         tx.end()?;
         r

@@ -1,4 +1,6 @@
-//! The engine: `Lld`, the log-structured Logical Disk.
+//! The engine: `Engine`, the log-structured Logical Disk, and `Lld`, which
+//! owns an engine behind an `Arc` together with its background cleaner
+//! thread (`cleaner`) and derefs to it.
 //!
 //! One mutex guards the in-memory state (map, usage table, open partial
 //! segment, log head, ARUs). Sealing a partial segment writes it to the device
@@ -15,14 +17,20 @@
 //! - a segment becomes Clean only after a checkpoint that no longer needs it
 //!   is durable;
 //! - an operation is accepted only if the space it needs, with the reserve
-//!   kept back for checkpoints and the cleaner, exists now.
+//!   kept back for checkpoints and the cleaner, exists now;
+//! - a user write is accepted only if live data stays within the capacity
+//!   (`capacity_bytes`); within it, a write short of clean segments waits
+//!   for the cleaner instead of failing.
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
 use super::checkpoint::{self, CheckpointHeader};
+use super::cleaner::policy::UsageSnapshot;
+use super::cleaner::{Background, CleanerOptions, CleanerState};
 use super::flight::{Flight, Writer};
 use super::layout::Geometry;
 use super::map::{Map, MapRoot, PageReader};
@@ -52,6 +60,8 @@ pub struct LldOptions {
     pub checkpoint_dirty_pages: Option<usize>,
     /// Seal the open partial segment once its data reaches this size.
     pub partial_bytes: usize,
+    /// The segment cleaner: policy, watermarks, background thread.
+    pub cleaner: CleanerOptions,
 }
 
 impl Default for LldOptions {
@@ -62,6 +72,7 @@ impl Default for LldOptions {
             checkpoint_log_bytes: 256 << 20,
             checkpoint_dirty_pages: None,
             partial_bytes: 1 << 20,
+            cleaner: CleanerOptions::default(),
         }
     }
 }
@@ -77,6 +88,11 @@ pub struct EngineStats {
     pub rolled_forward: u64,
     /// Whether open had to rebuild from every summary (both slots bad).
     pub rebuilt: bool,
+    /// Blocks the cleaner moved since open.
+    pub blocks_moved: u64,
+    /// Segments made Clean by checkpoints since open (emptied by the
+    /// cleaner or by overwrites and deletes).
+    pub segments_released: u64,
 }
 
 /// What open found, for `inspect` and tests.
@@ -137,6 +153,9 @@ pub(crate) struct Inner {
     open_nonempty: usize,
     /// Operations accepted so far (flush targets).
     op_seq: u64,
+    /// Foreground cleaning steps pause until `op_seq` reaches this (set
+    /// when a step found nothing to clean).
+    clean_futile_until: u64,
     log_bytes_since_checkpoint: u64,
     hints: HashMap<u64, ListHints>,
     failed: Option<String>,
@@ -146,8 +165,9 @@ pub(crate) struct Inner {
     writer: Option<Writer>,
 }
 
-/// The log-structured Logical Disk.
-pub struct Lld {
+/// The engine's state and logic. [`Lld`] owns one behind an `Arc`, so the
+/// background cleaner thread can share it.
+pub struct Engine {
     dev: Arc<dyn Device>,
     geo: Geometry,
     opts: LldOptions,
@@ -162,6 +182,15 @@ pub struct Lld {
     /// Sealed partial segments not yet written.
     flight: Arc<Flight>,
     report: OpenReport,
+    /// Held for a whole cleaning pass (one cleaner at a time); holds the
+    /// policy and the cleaner's counters.
+    pub(crate) cleaner: Mutex<CleanerState>,
+    /// Signalled when the last open ARU that logged something ends, so a
+    /// cleaner waiting to checkpoint can go on.
+    aru_cv: Condvar,
+    /// Calls through the `LogicalDisk` interface (the background cleaner's
+    /// idleness test).
+    pub(crate) activity: AtomicU64,
 }
 
 /// Reads map pages for the map, checking each against its pointer's crc.
@@ -255,22 +284,9 @@ fn list_range(list: u64) -> (Key, Key) {
     (from, to)
 }
 
-impl Lld {
-    /// Formats `dev` and opens it.
-    pub fn create(
-        dev: Arc<dyn Device>,
-        mkfs_opts: &super::layout::MkfsOptions,
-        opts: LldOptions,
-    ) -> LdResult<Lld> {
-        mkfs::mkfs(&*dev, mkfs_opts)?;
-        Lld::open(dev, opts)
-    }
-
-    /// Opens a formatted device: newest valid checkpoint, then roll-forward;
-    /// a rebuild from every summary if neither checkpoint slot is usable.
-    /// Unless read-only, writes a checkpoint at once with a new epoch, so the
-    /// recovered state is durable and stale summaries can never be replayed.
-    pub fn open(dev: Arc<dyn Device>, opts: LldOptions) -> LdResult<Lld> {
+impl Engine {
+    /// Opens a formatted device: see [`Lld::open`].
+    fn open(dev: Arc<dyn Device>, opts: LldOptions) -> LdResult<Engine> {
         let (geo, _sb_errors) = mkfs::read_superblock(&*dev)?;
         let recovered = recovery::recover(&*dev, &geo, &opts)?;
         let stats = EngineStats {
@@ -291,6 +307,7 @@ impl Lld {
             next_aru: 1,
             open_nonempty: 0,
             op_seq: 0,
+            clean_futile_until: 0,
             log_bytes_since_checkpoint: 0,
             hints: HashMap::new(),
             failed: None,
@@ -299,11 +316,12 @@ impl Lld {
             writer: None,
         };
         let flight = Arc::new(Flight::default());
+        let opts_policy = opts.cleaner.policy;
         let mut inner = inner;
         if !opts.read_only {
             inner.writer = Some(flight.start(dev.clone()));
         }
-        let lld = Lld {
+        let lld = Engine {
             dev,
             geo,
             opts,
@@ -313,6 +331,9 @@ impl Lld {
             durable_op: AtomicU64::new(0),
             flight,
             report: recovered.report,
+            cleaner: Mutex::new(CleanerState::new(opts_policy)),
+            aru_cv: Condvar::new(),
+            activity: AtomicU64::new(0),
         };
         if !lld.opts.read_only {
             let mut g = lld.lock();
@@ -415,11 +436,14 @@ impl Lld {
         self.admit(&mut g, None, WRITE_RECORD_BYTES, stored.len(), Class::Meta)?;
         self.log_write(
             &mut g,
-            0,
-            key,
-            stored,
-            expected.crc,
-            expected.flags & entry_flags::ON_DISK_MASK,
+            PendingWrite {
+                aru: 0,
+                key,
+                data: stored,
+                crc: expected.crc,
+                flags: expected.flags & entry_flags::ON_DISK_MASK,
+                age: 0,
+            },
         )?;
         g.moved_bytes += expected.len as u64;
         self.after_op(&mut g)?;
@@ -451,12 +475,6 @@ impl Lld {
         self.checkpoint(&mut g)?;
         g.closed = true;
         Ok(())
-    }
-
-    /// Stops the engine without flushing or a final checkpoint, as a crash
-    /// would (crash tests take the device image first).
-    pub fn abandon(self) {
-        self.lock().closed = true;
     }
 
     /// Writes a checkpoint now (tests, benchmarks, `ldfs` tools). Fails with
@@ -714,7 +732,7 @@ impl Lld {
                 }
                 return Ok(());
             }
-            if attempt == 0 && g.open_nonempty == 0 && !g.usage.releasable().is_empty() {
+            if attempt == 0 && g.open_nonempty == 0 && g.usage.releasable_count() > 0 {
                 self.checkpoint(g)?;
                 continue;
             }
@@ -806,14 +824,19 @@ impl Lld {
             // partial for ARU reasons were already superseded in the map.
             // Dirty leaves are resident, so this reads nothing; if it ever
             // failed the log and the map would disagree: stop writing.
+            // A moved block keeps its age; anything else is as old as
+            // this partial segment.
+            let age = if p.age == 0 { seq } else { p.age.min(seq) };
             match g.map.replace_if(p.key, &buffered, on_disk, &r) {
-                Ok(true) => g.usage.add_live(seg, p.len, seq),
+                Ok(true) => g.usage.add_live(seg, p.len, age),
                 Ok(false) => {}
                 Err(e) => return Err(self.fail(g, e)),
             }
         }
+        if g.pending.is_fresh() {
+            g.usage.touch(seg, seq);
+        }
         g.pending.clear();
-        g.usage.touch(seg, seq);
         g.log.page += pages;
         g.log.seq += 1;
         g.log_bytes_since_checkpoint += pages as u64 * PAGE_BYTES as u64;
@@ -843,24 +866,11 @@ impl Lld {
         }
     }
 
-    fn log_write(
-        &self,
-        g: &mut Inner,
-        aru: u64,
-        key: Key,
-        stored: Vec<u8>,
-        crc: u32,
-        flags: u8,
-    ) -> LdResult<()> {
-        self.make_room(g, WRITE_RECORD_BYTES, stored.len())?;
-        let len = stored.len() as u32;
-        let slot = g.pending.add_write(PendingWrite {
-            aru,
-            key,
-            data: stored,
-            crc,
-            flags,
-        });
+    fn log_write(&self, g: &mut Inner, w: PendingWrite) -> LdResult<()> {
+        self.make_room(g, WRITE_RECORD_BYTES, w.data.len())?;
+        let len = w.data.len() as u32;
+        let (aru, key, crc, flags) = (w.aru, w.key, w.crc, w.flags);
+        let slot = g.pending.add_write(w);
         let r = DevPages { dev: &*self.dev };
         let entry = MapEntry {
             addr: slot as u64,
@@ -922,8 +932,13 @@ impl Lld {
     fn checkpoint_due(&self, g: &Inner) -> bool {
         g.log_bytes_since_checkpoint >= self.opts.checkpoint_log_bytes
             || g.map.dirty_pages() >= self.dirty_page_limit()
-            || (g.usage.clean_count() < self.geo.reserved_segments
-                && !g.usage.releasable().is_empty())
+            // Emptied segments are otherwise released when admission or
+            // the cleaner needs them: each checkpoint rewrites every dirty
+            // map page, so one per emptied segment would cost more than it
+            // frees. Only when even the cleaner's half of the reserve is
+            // gone does every operation try to release them.
+            || (g.usage.clean_count() <= self.geo.reserved_segments / 2
+                && g.usage.releasable_count() > 0)
     }
 
     // ---- checkpoints ------------------------------------------------------
@@ -969,6 +984,7 @@ impl Lld {
         g.stats.checkpoints += 1;
         g.serial = header.serial;
         g.usage.release(&released);
+        g.stats.segments_released += released.len() as u64;
         g.log_bytes_since_checkpoint = 0;
         self.durable_op.fetch_max(g.op_seq, Ordering::SeqCst);
         Ok(())
@@ -1158,7 +1174,7 @@ fn decode_stored(e: &MapEntry, stored: Vec<u8>, max_block: u32) -> LdResult<Vec<
     lz4_flex::decompress_size_prepended(&stored).map_err(|e| bad(e.to_string()))
 }
 
-impl LogicalDisk for Lld {
+impl LogicalDisk for Engine {
     fn max_block_bytes(&self) -> usize {
         self.geo.max_block_bytes as usize
     }
@@ -1174,7 +1190,18 @@ impl LogicalDisk for Lld {
         let id = g.next_list;
         g.next_list += 1;
         let crc = crc32c::crc32c(&data);
-        self.log_write(&mut g, aru_id, Key { list: 0, index: id }, data, crc, 0)?;
+        let key = Key { list: 0, index: id };
+        self.log_write(
+            &mut g,
+            PendingWrite {
+                aru: aru_id,
+                key,
+                data,
+                crc,
+                flags: 0,
+                age: 0,
+            },
+        )?;
         g.hints.insert(id, hints);
         self.after_op(&mut g)?;
         Ok(ListId(id))
@@ -1237,10 +1264,11 @@ impl LogicalDisk for Lld {
             });
         }
         // Compress before taking the lock.
-        let compress = {
+        let (compress, metadata) = {
             let mut g = self.lock_writable()?;
             self.check_list(&mut g, list)?;
-            self.hints_of(&mut g, list)?.compress
+            let h = self.hints_of(&mut g, list)?;
+            (h.compress, h.kind == ListKind::Metadata)
         };
         let (stored, flags) = if compress && data.len() >= 256 {
             let c = lz4_flex::compress_prepend_size(data);
@@ -1253,13 +1281,50 @@ impl LogicalDisk for Lld {
             (data.to_vec(), 0)
         };
         let crc = crc32c::crc32c(&stored);
-        let mut g = self.lock_writable()?;
-        let aru_id = self.check_aru(&g, aru)?;
-        // The list may have been deleted while the lock was dropped.
-        self.check_list(&mut g, list)?;
-        self.admit(&mut g, aru, WRITE_RECORD_BYTES, stored.len(), Class::User)?;
+        let key = Key::new(list, index);
+        let mut rounds = 0u32;
+        let (mut g, aru_id) = loop {
+            let mut g = self.lock_writable()?;
+            let aru_id = self.check_aru(&g, aru)?;
+            // The list may have been deleted while the lock was dropped.
+            self.check_list(&mut g, list)?;
+            let may_clean = self.may_clean_for(&g, aru_id);
+            if rounds == 0 && may_clean && self.cleaning_wanted(&g) {
+                // Below the start watermark: one bounded cleaning step
+                // before this write (foreground cleaning).
+                drop(g);
+                rounds += 1;
+                self.clean_step(false)?;
+                continue;
+            }
+            self.check_fits(&mut g, aru_id, key, stored.len(), metadata)?;
+            match self.admit(&mut g, aru, WRITE_RECORD_BYTES, stored.len(), Class::User) {
+                Ok(()) => break (g, aru_id),
+                // The live data fits but clean segments do not: wait for the
+                // cleaner to make them, then try again.
+                Err(e @ LdError::NoSpace { .. }) if may_clean && rounds < self.wait_rounds() => {
+                    let seen = g.usage.clean_count();
+                    drop(g);
+                    rounds += 1;
+                    if !self.clean_for_space(seen)? {
+                        return Err(e);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        };
         g.user_bytes += stored.len() as u64;
-        self.log_write(&mut g, aru_id, Key::new(list, index), stored, crc, flags)?;
+        self.log_write(
+            &mut g,
+            PendingWrite {
+                aru: aru_id,
+                key,
+                data: stored,
+                crc,
+                flags,
+                age: 0,
+            },
+        )?;
         self.after_op(&mut g)
     }
 
@@ -1357,34 +1422,57 @@ impl LogicalDisk for Lld {
             g.pending.add_record(rec);
             g.op_seq += 1;
             g.open_nonempty -= 1;
+            if g.open_nonempty == 0 {
+                self.aru_cv.notify_all();
+            }
         }
         g.arus.remove(&aru.0);
         self.after_op(&mut g)
     }
 
     fn reserve(&self, aru: AruId, bytes: u64) -> LdResult<()> {
-        let mut g = self.lock_writable()?;
-        if !g.arus.contains_key(&aru.0) {
-            return Err(LdError::NoSuchAru(aru));
-        }
         // Each reserved byte may come as a block with its summary record:
         // count the record of a block per page plus a partial's rounding.
         let with_overhead = bytes
             .saturating_add(bytes.div_ceil(PAGE_BYTES as u64) * WRITE_RECORD_BYTES as u64)
             .saturating_add(2 * PAGE_BYTES as u64);
         let pages = with_overhead.div_ceil(PAGE_BYTES as u64);
-        let left = self.pages_left_after(&g, 0, 0) - self.reserved_by_others(&g, aru.0);
-        let have = g.arus[&aru.0].reserved.div_ceil(PAGE_BYTES as u64) as i64;
-        if left - have - (pages as i64) < self.reserve_pages(Class::User) {
+        let mut rounds = 0u32;
+        loop {
+            let mut g = self.lock_writable()?;
+            if !g.arus.contains_key(&aru.0) {
+                return Err(LdError::NoSuchAru(aru));
+            }
+            let footprint = self.footprint_bytes(&g);
+            let capacity = self.capacity_bytes();
+            if footprint.saturating_add(with_overhead) > capacity {
+                return Err(LdError::NoSpace {
+                    needed: bytes,
+                    available: capacity.saturating_sub(footprint),
+                });
+            }
+            let left = self.pages_left_after(&g, 0, 0) - self.reserved_by_others(&g, aru.0);
+            let have = g.arus[&aru.0].reserved.div_ceil(PAGE_BYTES as u64) as i64;
+            if left - have - (pages as i64) >= self.reserve_pages(Class::User) {
+                g.arus.get_mut(&aru.0).expect("checked above").reserved += with_overhead;
+                return Ok(());
+            }
             let available =
                 (left - have - self.reserve_pages(Class::User)).max(0) as u64 * PAGE_BYTES as u64;
-            return Err(LdError::NoSpace {
+            let e = LdError::NoSpace {
                 needed: bytes,
                 available,
-            });
+            };
+            if !self.may_clean_for(&g, aru.0) || rounds >= self.wait_rounds() {
+                return Err(e);
+            }
+            let seen = g.usage.clean_count();
+            drop(g);
+            rounds += 1;
+            if !self.clean_for_space(seen)? {
+                return Err(e);
+            }
         }
-        g.arus.get_mut(&aru.0).expect("checked above").reserved += with_overhead;
-        Ok(())
     }
 
     fn flush(&self) -> LdResult<()> {
@@ -1422,22 +1510,22 @@ impl LogicalDisk for Lld {
     }
 
     fn space(&self) -> SpaceStats {
+        // What users can still have accepted: the capacity (the live-data
+        // limit the cleaner can sustain) less what live blocks, their
+        // summary records and ARU reservations take. Dead space is not
+        // counted as used: the cleaner turns it into clean segments while
+        // writes wait.
         let g = self.lock();
-        let seg_bytes = self.geo.segment_bytes();
-        let capacity = (self.geo.segment_count - self.geo.reserved_segments) as u64 * seg_bytes;
-        let releasable = g.usage.releasable().len() as i64 * self.geo.segment_pages as i64;
-        let left = self.pages_left_after(&g, 0, 0) + releasable
-            - self.reserved_by_others(&g, 0)
-            - self.reserve_pages(Class::User);
+        let capacity = self.capacity_bytes();
         SpaceStats {
             capacity_bytes: capacity,
-            available_bytes: left.max(0) as u64 * PAGE_BYTES as u64,
+            available_bytes: capacity.saturating_sub(self.footprint_bytes(&g)),
             live_bytes: g.usage.live_bytes_total() + g.pending.data_bytes() as u64,
         }
     }
 }
 
-impl Lld {
+impl Engine {
     fn flush_as_leader(&self) -> LdResult<()> {
         let written = {
             let mut g = self.lock();
@@ -1471,7 +1559,7 @@ impl Lld {
     }
 }
 
-impl Drop for Lld {
+impl Drop for Engine {
     fn drop(&mut self) {
         let closed = self
             .inner
@@ -1488,5 +1576,506 @@ impl Drop for Lld {
                 w.stop();
             }
         }
+    }
+}
+
+/// The log-structured Logical Disk: an [`Engine`] and, if
+/// [`CleanerOptions::background`] is set, the background cleaner thread
+/// that shares it. Derefs to the engine for its own methods (stats,
+/// checkpoints, cleaning).
+pub struct Lld {
+    core: Arc<Engine>,
+    background: Mutex<Option<Background>>,
+}
+
+impl std::ops::Deref for Lld {
+    type Target = Engine;
+    fn deref(&self) -> &Engine {
+        &self.core
+    }
+}
+
+impl Lld {
+    /// Formats `dev` and opens it.
+    pub fn create(
+        dev: Arc<dyn Device>,
+        mkfs_opts: &super::layout::MkfsOptions,
+        opts: LldOptions,
+    ) -> LdResult<Lld> {
+        mkfs::mkfs(&*dev, mkfs_opts)?;
+        Lld::open(dev, opts)
+    }
+
+    /// Opens a formatted device: newest valid checkpoint, then roll-forward;
+    /// a rebuild from every summary if neither checkpoint slot is usable.
+    /// Unless read-only, writes a checkpoint at once with a new epoch, so the
+    /// recovered state is durable and stale summaries can never be replayed.
+    /// Starts the background cleaner if the options ask for it.
+    pub fn open(dev: Arc<dyn Device>, opts: LldOptions) -> LdResult<Lld> {
+        let background = opts.cleaner.background && !opts.read_only;
+        let core = Arc::new(Engine::open(dev, opts)?);
+        let background = background.then(|| Background::start(core.clone()));
+        Ok(Lld {
+            core,
+            background: Mutex::new(background),
+        })
+    }
+
+    /// Stops the background cleaner (if running), then flushes and writes a
+    /// final checkpoint; see [`Engine::close`].
+    pub fn close(&self) -> LdResult<()> {
+        self.stop_background();
+        self.core.close()
+    }
+
+    /// Stops the engine without flushing or a final checkpoint, as a crash
+    /// would (crash tests take the device image first).
+    pub fn abandon(self) {
+        self.core.lock().closed = true;
+        self.stop_background();
+    }
+
+    /// Whether the background cleaner thread is running.
+    pub fn background_cleaner_running(&self) -> bool {
+        self.background
+            .lock()
+            .expect("background handle poisoned")
+            .is_some()
+    }
+
+    fn stop_background(&self) {
+        let bg = self
+            .background
+            .lock()
+            .expect("background handle poisoned")
+            .take();
+        if let Some(mut bg) = bg {
+            bg.stop();
+        }
+    }
+
+    fn touch(&self) {
+        self.core.activity.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Lld {
+    fn drop(&mut self) {
+        // The thread holds a reference to the engine: stop it first, so the
+        // engine's own drop (final checkpoint) runs here, once.
+        self.stop_background();
+    }
+}
+
+impl LogicalDisk for Lld {
+    fn max_block_bytes(&self) -> usize {
+        self.core.max_block_bytes()
+    }
+    fn create_list(&self, aru: Option<AruId>, hints: ListHints) -> LdResult<ListId> {
+        self.touch();
+        self.core.create_list(aru, hints)
+    }
+    fn delete_list(&self, aru: Option<AruId>, list: ListId) -> LdResult<()> {
+        self.touch();
+        self.core.delete_list(aru, list)
+    }
+    fn list_hints(&self, list: ListId) -> LdResult<Option<ListHints>> {
+        self.core.list_hints(list)
+    }
+    fn write(&self, aru: Option<AruId>, list: ListId, index: u64, data: &[u8]) -> LdResult<()> {
+        self.touch();
+        self.core.write(aru, list, index, data)
+    }
+    fn read(&self, list: ListId, index: u64) -> LdResult<Option<Vec<u8>>> {
+        self.touch();
+        self.core.read(list, index)
+    }
+    fn delete(&self, aru: Option<AruId>, list: ListId, index: u64) -> LdResult<()> {
+        self.touch();
+        self.core.delete(aru, list, index)
+    }
+    fn delete_range(&self, aru: Option<AruId>, list: ListId, range: Range<u64>) -> LdResult<()> {
+        self.touch();
+        self.core.delete_range(aru, list, range)
+    }
+    fn indices(&self, list: ListId, from: u64, limit: usize) -> LdResult<Vec<u64>> {
+        self.core.indices(list, from, limit)
+    }
+    fn begin_aru(&self) -> LdResult<AruId> {
+        self.touch();
+        self.core.begin_aru()
+    }
+    fn end_aru(&self, aru: AruId) -> LdResult<()> {
+        self.touch();
+        self.core.end_aru(aru)
+    }
+    fn reserve(&self, aru: AruId, bytes: u64) -> LdResult<()> {
+        self.touch();
+        self.core.reserve(aru, bytes)
+    }
+    fn flush(&self) -> LdResult<()> {
+        self.touch();
+        self.core.flush()
+    }
+    fn flush_list(&self, list: ListId) -> LdResult<()> {
+        self.touch();
+        self.core.flush_list(list)
+    }
+    fn space(&self) -> SpaceStats {
+        self.core.space()
+    }
+}
+
+/// A block the cleaner wants moved: the map entry it found live and the
+/// stored bytes it read from the victim (checked against the entry's crc).
+pub(crate) struct Move {
+    pub key: Key,
+    pub expected: MapEntry,
+    pub stored: Vec<u8>,
+    /// The victim's age (last sequence written into it): the block keeps it.
+    pub age: u64,
+}
+
+/// What `relocate_batch` did.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct BatchOutcome {
+    pub moved: u64,
+    pub moved_bytes: u64,
+    /// Blocks that died, moved or were claimed by an open ARU since they
+    /// were found live: left alone.
+    pub stale: u64,
+    /// The cleaner's share of the reserve ran out before the batch did.
+    pub out_of_space: bool,
+}
+
+/// The space situation as the cleaner sees it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SpaceView {
+    pub clean: u32,
+    /// Bytes the cleaner (Meta class) may still write before a checkpoint
+    /// must release something.
+    pub meta_headroom_bytes: i64,
+}
+
+// ---- space limits and the cleaner's primitives -----------------------------
+impl Engine {
+    pub fn options(&self) -> &LldOptions {
+        &self.opts
+    }
+
+    /// The live-data limit: bytes of live blocks plus their summary records
+    /// that the segments outside the reserve hold with room for the cleaner
+    /// to work (`CleanerOptions::max_live_percent`, after a per-segment
+    /// allowance for summary pages, padding and the skipped tail).
+    pub fn capacity_bytes(&self) -> u64 {
+        let g = &self.geo;
+        let allowance = 2 * PAGE_BYTES as u64 + g.max_block_bytes as u64 / 2;
+        let per_segment = g.segment_bytes().saturating_sub(allowance);
+        let segments = g.segment_count.saturating_sub(g.reserved_segments) as u64;
+        segments * per_segment / 100 * self.opts.cleaner.max_live_percent.min(100) as u64
+    }
+
+    /// What live data takes against `capacity_bytes`: live blocks and map
+    /// pages, one summary record per mapped block, the open partial's data,
+    /// and every ARU's unspent reservation.
+    fn footprint_bytes(&self, g: &Inner) -> u64 {
+        let reserved: u64 = g.arus.values().map(|a| a.reserved).sum();
+        g.usage.live_bytes_total()
+            + g.pending.data_bytes() as u64
+            + g.map.len() * WRITE_RECORD_BYTES as u64
+            + reserved
+    }
+
+    /// Fails with NoSpace if writing `len` bytes at `key` would take the
+    /// live data past the capacity (replacing a block gives its bytes back).
+    /// Writes covered by their ARU's reservation were counted when reserved.
+    /// Blocks of metadata lists may overdraw the capacity by one segment:
+    /// deleting on a full file system writes small records of its own (an
+    /// inode's orphan mark, a rewritten directory bucket) and must not fail
+    /// for the space it is about to free.
+    fn check_fits(
+        &self,
+        g: &mut Inner,
+        aru: u64,
+        key: Key,
+        len: usize,
+        metadata: bool,
+    ) -> LdResult<()> {
+        let cost = (WRITE_RECORD_BYTES + len) as u64;
+        if g.arus.get(&aru).is_some_and(|a| a.reserved >= cost) {
+            return Ok(());
+        }
+        let r = DevPages { dev: &*self.dev };
+        let old = g
+            .map
+            .get(key, &r)?
+            .map_or(0, |e| e.len as u64 + WRITE_RECORD_BYTES as u64);
+        let footprint = self.footprint_bytes(g);
+        let slack = if metadata {
+            self.geo.segment_bytes()
+        } else {
+            0
+        };
+        let capacity = self.capacity_bytes() + slack;
+        if footprint + cost > capacity + old {
+            return Err(LdError::NoSpace {
+                needed: len as u64,
+                available: (capacity + old).saturating_sub(footprint + WRITE_RECORD_BYTES as u64),
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether an operation of `aru` may wait for the cleaner: not if its
+    /// own ARU has logged something, since the checkpoint that frees the
+    /// cleaned segments would then have to wait for that very ARU.
+    fn may_clean_for(&self, g: &Inner, aru: u64) -> bool {
+        g.arus.get(&aru).is_none_or(|a| a.ops == 0)
+    }
+
+    /// Below the start watermark and not told recently that cleaning is futile.
+    fn cleaning_wanted(&self, g: &Inner) -> bool {
+        g.usage.clean_count() < self.start_watermark() && g.op_seq >= g.clean_futile_until
+    }
+
+    /// Cleaning rounds one write may wait through before giving up.
+    fn wait_rounds(&self) -> u32 {
+        2 * self.geo.segment_count + 8
+    }
+
+    /// Clean segments below which cleaning starts.
+    pub fn start_watermark(&self) -> u32 {
+        let c = &self.opts.cleaner;
+        c.start_clean_segments
+            .unwrap_or_else(|| self.geo.reserved_segments + (self.geo.segment_count / 32).max(2))
+            .min(self.geo.segment_count)
+    }
+
+    /// Clean segments above which cleaning stops.
+    pub fn stop_watermark(&self) -> u32 {
+        let c = &self.opts.cleaner;
+        c.stop_clean_segments
+            .unwrap_or_else(|| self.start_watermark() + (self.geo.segment_count / 16).max(4))
+            .max(self.start_watermark())
+            .min(self.geo.segment_count)
+    }
+
+    /// Reserved segments (user writes leave them to checkpoints and the cleaner).
+    pub fn reserved_segments(&self) -> u32 {
+        self.geo.reserved_segments
+    }
+
+    /// Clean segments now, and segments a checkpoint would release.
+    pub fn clean_segment_counts(&self) -> (u32, u32) {
+        let g = self.lock();
+        (g.usage.clean_count(), g.usage.releasable_count())
+    }
+
+    /// Bytes written by users and moved by the cleaner since mkfs (the write
+    /// cost is `(user + moved) / user`).
+    pub fn write_totals(&self) -> (u64, u64) {
+        let g = self.lock();
+        (g.user_bytes, g.moved_bytes)
+    }
+
+    /// The usage table as policies see it, and the space situation.
+    pub(crate) fn cleaner_view(&self) -> (UsageSnapshot, SpaceView) {
+        let g = self.lock();
+        let snap = UsageSnapshot {
+            segments: g.usage.iter().collect(),
+            segment_bytes: self.geo.segment_bytes() as u32,
+            now_seq: g.log.seq,
+            max_utilization: 1.0,
+        };
+        let headroom = self.pages_left_after(&g, 0, 0)
+            - self.reserved_by_others(&g, 0)
+            - self.reserve_pages(Class::Meta);
+        let view = SpaceView {
+            clean: g.usage.clean_count(),
+            meta_headroom_bytes: headroom * PAGE_BYTES as i64,
+        };
+        (snap, view)
+    }
+
+    /// Notes that cleaning found nothing to do: foreground steps pause for
+    /// a while (`ops` more operations).
+    pub(crate) fn note_futile(&self, ops: u64) {
+        let mut g = self.lock();
+        g.clean_futile_until = g.op_seq + ops;
+    }
+
+    /// Reads a whole segment once every queued log write has landed, without
+    /// holding the state lock.
+    pub(crate) fn read_segment(&self, seg: SegmentId) -> LdResult<Vec<u8>> {
+        if let Err(e) = self.flight.drain() {
+            let mut g = self.lock();
+            return Err(self.fail(&mut g, drain_error(e)));
+        }
+        let mut b = vec![0u8; self.geo.segment_bytes() as usize];
+        self.dev.read_at(&mut b, self.geo.page_addr(seg, 0))?;
+        Ok(b)
+    }
+
+    /// The map entries of `(key, address)` pairs that are live there: the
+    /// map names exactly that address (on the log device, written).
+    pub(crate) fn live_entries(&self, cands: &[(Key, u64)]) -> LdResult<Vec<Option<MapEntry>>> {
+        let mut g = self.lock();
+        let r = DevPages { dev: &*self.dev };
+        let mut out = Vec::with_capacity(cands.len());
+        for &(key, addr) in cands {
+            let e = g.map.get(key, &r)?;
+            out.push(e.filter(|e| !e.is_buffered() && e.device() == 0 && e.offset() == addr));
+        }
+        Ok(out)
+    }
+
+    /// Moves blocks through the log as Meta-class writes outside any ARU,
+    /// each only if the map still holds the entry it was found with and no
+    /// open ARU wrote it. Stops early when the cleaner's share of the reserve
+    /// is used up. Changes only the map (and the live counts).
+    pub(crate) fn relocate_batch(&self, moves: Vec<Move>) -> LdResult<BatchOutcome> {
+        let mut out = BatchOutcome::default();
+        let mut g = self.lock_writable()?;
+        for m in moves {
+            assert_eq!(
+                m.stored.len(),
+                m.expected.len as usize,
+                "cleaner read the wrong length"
+            );
+            let r = DevPages { dev: &*self.dev };
+            if m.expected.is_buffered()
+                || crc32c::crc32c(&m.stored) != m.expected.crc
+                || g.map.get(m.key, &r)? != Some(m.expected)
+                || g.arus.values().any(|a| a.written.contains(&m.key))
+            {
+                out.stale += 1;
+                continue;
+            }
+            match self.admit(
+                &mut g,
+                None,
+                WRITE_RECORD_BYTES,
+                m.stored.len(),
+                Class::Meta,
+            ) {
+                Ok(()) => {}
+                Err(LdError::NoSpace { .. }) => {
+                    out.out_of_space = true;
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+            let len = m.expected.len as u64;
+            self.log_write(
+                &mut g,
+                PendingWrite {
+                    aru: 0,
+                    key: m.key,
+                    data: m.stored,
+                    crc: m.expected.crc,
+                    flags: m.expected.flags & entry_flags::ON_DISK_MASK,
+                    age: m.age.max(1),
+                },
+            )?;
+            g.moved_bytes += len;
+            g.stats.blocks_moved += 1;
+            out.moved += 1;
+            out.moved_bytes += len;
+            self.after_op(&mut g)?;
+        }
+        Ok(out)
+    }
+
+    /// Has every live map page among `addrs` rewritten by the next
+    /// checkpoint; returns how many were live.
+    pub(crate) fn relocate_map_pages(&self, addrs: &[u64]) -> LdResult<u64> {
+        let mut g = self.lock_writable()?;
+        let r = DevPages { dev: &*self.dev };
+        let mut n = 0;
+        for &a in addrs {
+            if g.map.mark_page_dirty(a, &r)? {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Checkpoints (releasing emptied segments) once no ARU that logged
+    /// something is open, waiting up to `wait` for such ARUs to end.
+    /// Returns whether it checkpointed.
+    pub(crate) fn checkpoint_when_quiet(&self, wait: Duration) -> LdResult<bool> {
+        let mut g = self.lock_writable()?;
+        if g.open_nonempty > 0 && !wait.is_zero() {
+            let (g2, _) = self
+                .aru_cv
+                .wait_timeout_while(g, wait, |g| g.open_nonempty > 0)
+                .expect("engine state poisoned by an earlier panic");
+            g = g2;
+            if let Some(why) = &g.failed {
+                return Err(LdError::ReadOnly(why.clone()));
+            }
+            if g.closed {
+                return Err(LdError::ReadOnly("closed".into()));
+            }
+        }
+        if g.open_nonempty > 0 {
+            return Ok(false);
+        }
+        self.checkpoint(&mut g)?;
+        Ok(true)
+    }
+}
+
+impl Engine {
+    /// fsck for the engine's space accounting: recomputes every segment's
+    /// live bytes from the map (blocks on disk and the map's own pages) and
+    /// compares them with the usage table; also checks that nothing live is
+    /// in a Clean segment. Returns the disagreements (empty when sound).
+    pub fn check_usage(&self) -> LdResult<Vec<String>> {
+        let mut g = self.lock();
+        if let Err(e) = self.flight.drain() {
+            return Err(self.fail(&mut g, drain_error(e)));
+        }
+        let n = self.geo.segment_count as usize;
+        let mut live = vec![0u64; n];
+        let mut problems = Vec::new();
+        let r = DevPages { dev: &*self.dev };
+        let geo = self.geo;
+        let mut outside = 0u64;
+        g.map.range(Key::MIN, Key::MAX, &r, &mut |k, e| {
+            if !e.is_buffered() {
+                match geo.segment_of(e.offset()) {
+                    Some(s) => live[s.0 as usize] += e.len as u64,
+                    None => {
+                        outside += 1;
+                        if outside <= 4 {
+                            problems.push(format!("{k:?} maps outside the segments: {e:?}"));
+                        }
+                    }
+                }
+            }
+            true
+        })?;
+        g.map.for_each_page(&mut |p| {
+            if let Some(s) = geo.segment_of(p.addr) {
+                live[s.0 as usize] += PAGE_BYTES as u64;
+            }
+        });
+        for (s, u) in g.usage.iter() {
+            let want = live[s.0 as usize];
+            if want != u.live_bytes as u64 {
+                problems.push(format!(
+                    "segment {}: usage says {} live bytes ({:?}), the map {want}",
+                    s.0, u.live_bytes, u.state
+                ));
+            }
+            if u.state == SegmentState::Clean && want > 0 {
+                problems.push(format!(
+                    "segment {} is Clean but holds {want} live bytes",
+                    s.0
+                ));
+            }
+        }
+        Ok(problems)
     }
 }

@@ -5,13 +5,18 @@
 //! - `map`: the persistent paged block-number map (copy-on-write B+tree);
 //! - `writer`: the open partial segment and how it is laid out when sealed;
 //! - `flight`: sealed partial segments on their way to the device;
-//! - `engine`: `Lld`, the `LogicalDisk` implementation: admission, the log
-//!   head, group commit, checkpoints;
-//! - `recovery`: checkpoint + two-phase roll-forward, and the rebuild.
+//! - `engine`: `Engine` and `Lld` (the engine plus its background cleaner
+//!   thread), the `LogicalDisk` implementation: admission, the log head,
+//!   group commit, checkpoints;
+//! - `recovery`: checkpoint + two-phase roll-forward, and the rebuild;
+//! - `cleaner`: the segment cleaner — `policy` (victim selection, pure
+//!   functions of the usage table) and the mechanism and scheduling that
+//!   move live blocks and release segments.
 //!
 //! Invariants and the crash model are in docs/DESIGN.md.
 
 pub mod checkpoint;
+pub mod cleaner;
 mod codec;
 pub mod engine;
 mod flight;
@@ -24,5 +29,7 @@ pub mod types;
 pub mod usage;
 mod writer;
 
-pub use engine::{EngineStats, Lld, LldOptions, OpenReport};
+pub use cleaner::policy::PolicyKind;
+pub use cleaner::{CleanReport, CleanerOptions, CleanerStats};
+pub use engine::{Engine, EngineStats, Lld, LldOptions, OpenReport};
 pub use types::{Key, MapEntry, PagePtr, SegmentId, PAGE_BYTES};

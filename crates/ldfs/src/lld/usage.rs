@@ -49,10 +49,18 @@ pub struct SegmentUsage {
     pub last_seq: u64,
 }
 
+fn is_releasable(state: SegmentState, live_bytes: u32) -> bool {
+    state == SegmentState::Dirty && live_bytes == 0
+}
+
 #[derive(Debug)]
 pub struct Usage {
     segs: Vec<SegmentUsage>,
     clean: u32,
+    /// Sum of every segment's live bytes (kept so admission is O(1)).
+    live_total: u64,
+    /// Dirty segments with no live bytes (kept so the check is O(1)).
+    releasable: u32,
     segment_bytes: u32,
     /// Times live-byte accounting would have gone below zero or above the
     /// segment size. Always 0 unless an image lies; fsck and tests check it.
@@ -69,6 +77,8 @@ impl Usage {
         Usage {
             segs: vec![e; segment_count as usize],
             clean: segment_count,
+            live_total: 0,
+            releasable: 0,
             segment_bytes,
             drift: 0,
         }
@@ -93,7 +103,14 @@ impl Usage {
         self.clean
     }
     pub fn live_bytes_total(&self) -> u64 {
-        self.segs.iter().map(|u| u.live_bytes as u64).sum()
+        debug_assert_eq!(
+            self.live_total,
+            self.segs.iter().map(|u| u.live_bytes as u64).sum::<u64>()
+        );
+        self.live_total
+    }
+    pub fn segment_bytes(&self) -> u32 {
+        self.segment_bytes
     }
 
     /// Moves `s` to `to`, asserting the transition is one of the legal ones.
@@ -111,6 +128,12 @@ impl Usage {
         );
         if u.state == Clean {
             self.clean -= 1;
+        }
+        self.releasable -= is_releasable(u.state, u.live_bytes) as u32;
+        self.releasable += is_releasable(to, u.live_bytes) as u32;
+        if to == Next {
+            // A new life: its age comes from what is written into it now.
+            u.last_seq = 0;
         }
         if to == Clean {
             assert_eq!(
@@ -141,6 +164,7 @@ impl Usage {
             u.state,
             s.0
         );
+        let before = u.live_bytes;
         match u.live_bytes.checked_add(bytes) {
             Some(v) if v <= self.segment_bytes => u.live_bytes = v,
             _ => {
@@ -148,6 +172,9 @@ impl Usage {
                 u.live_bytes = self.segment_bytes;
             }
         }
+        self.live_total = self.live_total + u.live_bytes as u64 - before as u64;
+        self.releasable -= is_releasable(u.state, before) as u32;
+        self.releasable += is_releasable(u.state, u.live_bytes) as u32;
         u.last_seq = u.last_seq.max(seq);
     }
 
@@ -178,6 +205,7 @@ impl Usage {
     /// because the numbers came from a device.
     pub fn sub_live(&mut self, s: SegmentId, bytes: u32) {
         let u = &mut self.segs[s.0 as usize];
+        let before = u.live_bytes;
         match u.live_bytes.checked_sub(bytes) {
             Some(v) => u.live_bytes = v,
             None => {
@@ -185,14 +213,29 @@ impl Usage {
                 u.live_bytes = 0;
             }
         }
+        self.live_total -= (before - u.live_bytes) as u64;
+        self.releasable -= is_releasable(u.state, before) as u32;
+        self.releasable += is_releasable(u.state, u.live_bytes) as u32;
     }
 
     /// Dirty segments with no live bytes: free once the next checkpoint is durable.
     pub fn releasable(&self) -> Vec<SegmentId> {
-        self.iter()
-            .filter(|(_, u)| u.state == SegmentState::Dirty && u.live_bytes == 0)
+        let v: Vec<SegmentId> = self
+            .iter()
+            .filter(|(_, u)| is_releasable(u.state, u.live_bytes))
             .map(|(s, _)| s)
-            .collect()
+            .collect();
+        assert_eq!(
+            v.len(),
+            self.releasable as usize,
+            "releasable count drifted"
+        );
+        v
+    }
+
+    /// How many segments `releasable` would return (O(1)).
+    pub fn releasable_count(&self) -> u32 {
+        self.releasable
     }
 
     /// Marks `segs` clean. Call only after a checkpoint that no longer
@@ -231,6 +274,8 @@ impl Usage {
     ) -> Result<Usage, Corruption> {
         let mut segs = Vec::with_capacity(count as usize);
         let mut clean = 0;
+        let mut live_total = 0u64;
+        let mut releasable = 0u32;
         for i in 0..count as usize {
             let e = b
                 .get(i * USAGE_ENTRY_BYTES..(i + 1) * USAGE_ENTRY_BYTES)
@@ -267,6 +312,8 @@ impl Usage {
             if state == SegmentState::Clean {
                 clean += 1;
             }
+            live_total += live_bytes as u64;
+            releasable += is_releasable(state, live_bytes) as u32;
             segs.push(SegmentUsage {
                 state,
                 live_bytes,
@@ -276,6 +323,8 @@ impl Usage {
         Ok(Usage {
             segs,
             clean,
+            live_total,
+            releasable,
             segment_bytes,
             drift: 0,
         })
@@ -290,6 +339,9 @@ impl Usage {
         if u.state == SegmentState::Clean {
             self.clean += 1;
         }
+        self.live_total = self.live_total - old.live_bytes as u64 + u.live_bytes as u64;
+        self.releasable -= is_releasable(old.state, old.live_bytes) as u32;
+        self.releasable += is_releasable(u.state, u.live_bytes) as u32;
         self.segs[s.0 as usize] = u;
     }
 }

@@ -26,6 +26,10 @@ pub struct PendingWrite {
     pub data: Vec<u8>,
     pub crc: u32,
     pub flags: u8,
+    /// Sequence number of the partial segment the data was first written
+    /// in, for a block the cleaner moves (its age survives the move); 0 for
+    /// data written now.
+    pub age: u64,
 }
 
 enum Op {
@@ -44,6 +48,8 @@ pub struct Placed {
     pub len: u32,
     pub crc: u32,
     pub flags: u8,
+    /// As `PendingWrite::age`.
+    pub age: u64,
 }
 
 /// A sealed partial segment, ready to be written at one address.
@@ -60,6 +66,9 @@ pub struct Pending {
     records: usize,
     record_bytes: usize,
     data_bytes: usize,
+    /// Holds something written now (not only blocks the cleaner moved):
+    /// the segment's age becomes the partial's sequence number.
+    fresh: bool,
 }
 
 /// Pages a partial segment with these totals occupies.
@@ -94,7 +103,13 @@ impl Pending {
         self.record_bytes + record_bytes <= MAX_RECORD_BYTES && self.records < MAX_RECORDS as usize
     }
 
+    /// Whether anything but moved blocks was added since the last clear.
+    pub fn is_fresh(&self) -> bool {
+        self.fresh
+    }
+
     pub fn add_write(&mut self, w: PendingWrite) -> usize {
+        self.fresh |= w.age == 0;
         self.records += 1;
         self.record_bytes += WRITE_RECORD_BYTES;
         self.data_bytes += w.data.len();
@@ -104,6 +119,7 @@ impl Pending {
 
     pub fn add_record(&mut self, r: Record) {
         assert!(!matches!(r, Record::Write { .. } | Record::MapPage { .. }));
+        self.fresh = true;
         self.records += 1;
         self.record_bytes += r.encoded_len();
         self.ops.push(Op::Other(r));
@@ -193,6 +209,7 @@ impl Pending {
                         len: w.data.len() as u32,
                         crc: w.crc,
                         flags: w.flags,
+                        age: w.age,
                     });
                 }
                 Op::Dropped => {}
@@ -237,6 +254,7 @@ mod tests {
             data: vec![fill; len],
             crc: crc32c::crc32c(&vec![fill; len]),
             flags: 0,
+            age: 0,
         };
         p.add_write(w(3, 100, 1));
         let s_big = p.add_write(w(9, 4096, 2));

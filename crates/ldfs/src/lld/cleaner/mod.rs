@@ -1,0 +1,679 @@
+//! The segment cleaner: mechanism and scheduling (BSD-LFS 3.5, LD 3.5).
+//!
+//! A pass (`Engine::clean`) does what BSD-LFS's user-level cleaner does
+//! through `lfs_bmapv`/`lfs_markv`/`lfs_segclean`, inside the engine:
+//!
+//! 1. a [`policy`] picks victims from the usage table alone, and the batch
+//!    is cut to what the cleaner's half of the reserve can absorb;
+//! 2. each victim is read whole, once, without the state lock, and its
+//!    summaries parsed; a block is live iff the map names exactly the
+//!    address its record describes, a map page iff the map still uses it;
+//! 3. live blocks, sorted by (list, index) so lists come back contiguous
+//!    (LD 3.5), are rewritten through the normal log as Meta-class writes
+//!    outside any ARU, each only if the map *still* holds the entry it was
+//!    found with (a block that died meanwhile is never resurrected) and no
+//!    open ARU wrote it; their bytes come from the victim buffer, checked
+//!    against the map's crc; live map pages are dirtied so the next
+//!    checkpoint writes them elsewhere;
+//! 4. a checkpoint (only when no ARU that logged something is open) makes
+//!    the emptied victims Clean — after its flush, never before (STYLE 11).
+//!
+//! Moving a block changes only the map. Passes are serialized by
+//! `Engine::cleaner`. Progress is guaranteed while the live data fits:
+//! user writes may not take the last `reserved_segments` clean segments,
+//! the cleaner may use half of them, and a victim is only chosen if what
+//! it holds fits in what the cleaner may use.
+//!
+//! Scheduling: a user write that finds fewer clean segments than the start
+//! watermark first runs one bounded step (foreground cleaning); a write
+//! refused for want of clean segments while its live data fits waits for
+//! the cleaner and retries; a background thread, if enabled, cleans when
+//! the engine is idle until the stop watermark is reached, and whenever
+//! clean segments are below the start watermark.
+
+pub mod policy;
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use self::policy::PolicyKind;
+use super::engine::{Engine, Move};
+use super::layout::Geometry;
+use super::summary::{self, Expect, Record};
+use super::types::{Key, SegmentId, PAGE_BYTES};
+use super::usage::SegmentState;
+use crate::ld::{LdError, LdResult};
+
+/// When and how the cleaner runs.
+#[derive(Clone, Debug)]
+pub struct CleanerOptions {
+    /// Victim selection (changeable at run time: `Engine::set_cleaner_policy`).
+    pub policy: PolicyKind,
+    /// Cleaning starts below this many clean segments (`None`: the reserve
+    /// plus 1/32 of the segments, at least 2).
+    pub start_clean_segments: Option<u32>,
+    /// Background cleaning stops above this many (`None`: start plus 1/16
+    /// of the segments, at least 4).
+    pub stop_clean_segments: Option<u32>,
+    /// Most victims in one step (one foreground step, one background pass).
+    pub step_segments: u32,
+    /// Run a background cleaner thread (`Lld::open` starts it). Off by
+    /// default so that tests replay exactly; a mount turns it on.
+    pub background: bool,
+    /// The engine counts as idle after this long without an operation.
+    pub idle_ms: u64,
+    /// Live data (blocks, map pages and one summary record per block) may
+    /// fill at most this percentage of the segments outside the reserve;
+    /// beyond it writes fail with NoSpace and `space()` reports none left.
+    pub max_live_percent: u32,
+    /// How long a writer waiting for space lets other threads' ARUs run
+    /// before giving up on the checkpoint that frees cleaned segments (and
+    /// failing with NoSpace). 0 for single-threaded callers that hold
+    /// several ARUs: they would only wait for themselves.
+    pub aru_wait_ms: u64,
+}
+
+impl Default for CleanerOptions {
+    fn default() -> Self {
+        CleanerOptions {
+            policy: PolicyKind::default(),
+            start_clean_segments: None,
+            stop_clean_segments: None,
+            step_segments: 16,
+            background: false,
+            idle_ms: 50,
+            max_live_percent: 90,
+            aru_wait_ms: 500,
+        }
+    }
+}
+
+/// Counters since open.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CleanerStats {
+    pub passes: u64,
+    pub foreground_steps: u64,
+    pub background_passes: u64,
+    /// Writes that waited for the cleaner.
+    pub waits: u64,
+    pub victims: u64,
+    /// Segments made clean by the cleaner's checkpoints.
+    pub segments_released: u64,
+    pub blocks_moved: u64,
+    pub bytes_moved: u64,
+    pub map_pages_moved: u64,
+    /// Blocks found live that died (or were claimed by an ARU) before they
+    /// could be moved, and were left alone.
+    pub died_while_cleaning: u64,
+}
+
+/// What one pass did.
+#[derive(Clone, Debug, Default)]
+pub struct CleanReport {
+    pub victims: Vec<SegmentId>,
+    pub blocks_moved: u64,
+    pub bytes_moved: u64,
+    pub map_pages_moved: u64,
+    pub died_while_cleaning: u64,
+    /// Live blocks whose map entry points outside the victim's bytes
+    /// (a lying map): left alone and reported.
+    pub inconsistent: u64,
+    /// Segments released by checkpoints during the pass (its own victims,
+    /// those emptied by earlier passes that left the release for later,
+    /// and any that overwrites emptied meanwhile).
+    pub released: u32,
+    pub clean_before: u32,
+    pub clean_after: u32,
+    pub checkpointed: bool,
+    /// The cleaner's share of the reserve ran out before the batch did.
+    pub out_of_space: bool,
+}
+
+impl CleanReport {
+    /// Whether the pass freed anything.
+    pub fn progress(&self) -> bool {
+        self.released > 0
+    }
+}
+
+/// The cleaner's state inside the engine (behind `Engine::cleaner`).
+pub(crate) struct CleanerState {
+    pub policy: PolicyKind,
+    pub stats: CleanerStats,
+    /// Victims whose blocks are all moved but whose map pages move only at
+    /// the next checkpoint: not candidates again until it has happened.
+    awaiting: Vec<SegmentId>,
+    /// The engine's checkpoint count when `awaiting` was filled.
+    awaiting_since: u64,
+}
+
+impl CleanerState {
+    pub fn new(policy: PolicyKind) -> CleanerState {
+        CleanerState {
+            policy,
+            stats: CleanerStats::default(),
+            awaiting: Vec::new(),
+            awaiting_since: 0,
+        }
+    }
+}
+
+/// When a pass checkpoints to release what it emptied.
+#[derive(Clone, Copy, Debug)]
+enum Release {
+    /// At the end of the pass, waiting up to this long for open ARUs.
+    Now(Duration),
+    /// Only once enough is releasable (or clean segments are short), so one
+    /// checkpoint's map pages pay for many segments.
+    Batched,
+}
+
+/// Live blocks and map pages a victim's summaries name.
+struct VictimContents {
+    blocks: Vec<(Key, u64)>,
+    map_pages: Vec<u64>,
+}
+
+/// Parses the valid partial segments of a segment read whole into `buf`
+/// (as `recovery::scan_segment` does from the device): every block record
+/// with its byte address, every map page address. Stops at the first page
+/// holding no valid summary, or at a sequence number that does not grow
+/// (a partial left from before the segment was reused).
+fn scan_buffer(g: &Geometry, seg: SegmentId, buf: &[u8]) -> VictimContents {
+    let mut out = VictimContents {
+        blocks: Vec::new(),
+        map_pages: Vec::new(),
+    };
+    let mut page = 0u32;
+    let mut last_seq: Option<u64> = None;
+    while page + 1 < g.segment_pages {
+        let off = page as usize * PAGE_BYTES;
+        let addr = g.page_addr(seg, page);
+        let ex = Expect {
+            fs_id: g.fs_id,
+            segment: seg.0,
+            page,
+            pages_left: g.segment_pages - page,
+            segment_count: g.segment_count,
+            max_block_bytes: g.max_block_bytes,
+        };
+        let Ok(h) = summary::decode_header(&buf[off..], addr, &ex) else {
+            break;
+        };
+        // decode_header bounded the partial by the pages left.
+        let end = off + h.summary_pages as usize * PAGE_BYTES;
+        let Ok(records) = summary::decode_records_limited(
+            &buf[off..end],
+            addr,
+            h.summary_pages,
+            h.data_pages,
+            g.max_block_bytes,
+        ) else {
+            break;
+        };
+        if last_seq.is_some_and(|l| h.seq <= l) {
+            break;
+        }
+        last_seq = Some(h.seq);
+        let data_base = addr + h.summary_pages as u64 * PAGE_BYTES as u64;
+        for r in records {
+            match r {
+                Record::Write { key, data_off, .. } => {
+                    out.blocks.push((key, data_base + data_off as u64))
+                }
+                Record::MapPage { data_off, .. } => out.map_pages.push(data_base + data_off as u64),
+                _ => {}
+            }
+        }
+        page += h.total_pages();
+    }
+    out
+}
+
+/// Map lookups per lock hold while deciding liveness.
+const LOOKUP_CHUNK: usize = 512;
+
+impl Engine {
+    /// Sets the victim-selection policy from now on.
+    pub fn set_cleaner_policy(&self, p: PolicyKind) {
+        self.cleaner.lock().expect("cleaner poisoned").policy = p;
+    }
+
+    pub fn cleaner_policy(&self) -> PolicyKind {
+        self.cleaner.lock().expect("cleaner poisoned").policy
+    }
+
+    pub fn cleaner_stats(&self) -> CleanerStats {
+        self.cleaner.lock().expect("cleaner poisoned").stats
+    }
+
+    /// One cleaning pass now with `policy`, over at most `max_victims`
+    /// segments (tools and tests; the engine schedules its own).
+    pub fn clean(&self, policy: PolicyKind, max_victims: usize) -> LdResult<CleanReport> {
+        self.clean_below(policy, max_victims, 1.0)
+    }
+
+    /// A pass like `clean` that leaves alone segments fuller than
+    /// `max_utilization` (a fraction of the segment; `ldfs clean`).
+    pub fn clean_below(
+        &self,
+        policy: PolicyKind,
+        max_victims: usize,
+        max_utilization: f64,
+    ) -> LdResult<CleanReport> {
+        let mut st = self.cleaner.lock().expect("cleaner poisoned");
+        self.clean_pass_below(
+            &mut st,
+            policy,
+            max_victims,
+            Release::Now(Duration::ZERO),
+            max_utilization,
+        )
+    }
+
+    /// One bounded step with the current policy: foreground (a write below
+    /// the start watermark) or a background pass.
+    pub(crate) fn clean_step(&self, background: bool) -> LdResult<CleanReport> {
+        let mut st = self.cleaner.lock().expect("cleaner poisoned");
+        if !background {
+            // Another thread may have cleaned while this one waited.
+            let (clean, _) = self.clean_segment_counts();
+            if clean >= self.start_watermark() {
+                return Ok(CleanReport::default());
+            }
+        }
+        let policy = st.policy;
+        let step = self.options().cleaner.step_segments.max(1) as usize;
+        let rep = self.clean_pass(&mut st, policy, step, Release::Batched)?;
+        if background {
+            st.stats.background_passes += 1;
+        } else {
+            st.stats.foreground_steps += 1;
+            if rep.victims.is_empty() && !rep.progress() {
+                drop(st);
+                self.note_futile(64);
+            }
+        }
+        Ok(rep)
+    }
+
+    /// A write was refused for want of clean segments while its data fits:
+    /// clean (waiting for a running pass first) and say whether space was
+    /// freed, so the caller retries, or not, so it fails with NoSpace.
+    pub(crate) fn clean_for_space(&self, seen_clean: u32) -> LdResult<bool> {
+        let mut st = self.cleaner.lock().expect("cleaner poisoned");
+        st.stats.waits += 1;
+        let (clean, releasable) = self.clean_segment_counts();
+        if clean > seen_clean {
+            return Ok(true);
+        }
+        let wait = Duration::from_millis(self.options().cleaner.aru_wait_ms);
+        if releasable > 0 || !st.awaiting.is_empty() {
+            // What earlier passes emptied only needs the checkpoint.
+            if self.checkpoint_when_quiet(wait)? {
+                st.awaiting.clear();
+                return Ok(true);
+            }
+            return Ok(false);
+        }
+        // A writer is waiting: free the most space now. Greedy takes the
+        // emptiest segments whatever the configured policy (which may
+        // prefer old, fuller ones): a pass must gain more than it spends.
+        let step = self.options().cleaner.step_segments.max(1) as usize;
+        let rep = self.clean_pass(&mut st, PolicyKind::Greedy, step, Release::Now(wait))?;
+        Ok(rep.progress())
+    }
+
+    fn clean_pass(
+        &self,
+        st: &mut CleanerState,
+        policy: PolicyKind,
+        max_victims: usize,
+        release: Release,
+    ) -> LdResult<CleanReport> {
+        self.clean_pass_below(st, policy, max_victims, release, 1.0)
+    }
+
+    fn clean_pass_below(
+        &self,
+        st: &mut CleanerState,
+        policy: PolicyKind,
+        max_victims: usize,
+        release: Release,
+        max_utilization: f64,
+    ) -> LdResult<CleanReport> {
+        let geo = *self.geometry();
+        let (mut snap, view) = self.cleaner_view();
+        snap.max_utilization = max_utilization;
+        let (checkpoints, released0) = {
+            let s = self.stats();
+            (s.checkpoints, s.segments_released)
+        };
+        if checkpoints != st.awaiting_since {
+            st.awaiting.clear();
+        }
+        for s in &st.awaiting {
+            // Nothing left to do there but the checkpoint: hide it from
+            // the policy (the snapshot is the cleaner's own copy).
+            snap.segments[s.0 as usize].1.state = SegmentState::Active;
+        }
+        let mut rep = CleanReport {
+            clean_before: view.clean,
+            ..Default::default()
+        };
+        // The batch must fit in what the cleaner may write before the
+        // checkpoint that frees it: estimate each victim's cost as its live
+        // bytes, a record per 512 bytes and two pages of rounding.
+        let mut budget = view.meta_headroom_bytes;
+        for seg in policy.policy().select(&snap, max_victims) {
+            let live = snap.segments[seg.0 as usize].1.live_bytes as i64;
+            let cost = live + live / 8 + 2 * PAGE_BYTES as i64;
+            if cost > budget {
+                break;
+            }
+            budget -= cost;
+            rep.victims.push(seg);
+        }
+        // Sorting the whole batch by key clusters lists best, but if the
+        // space ran out half way every victim would keep some live blocks
+        // and none could be released: with little room to spare, empty the
+        // victims one after the other (each sorted by key).
+        let roomy = budget * 2 >= view.meta_headroom_bytes;
+        let mut moves: Vec<(usize, Move)> = Vec::new();
+        for (v, &seg) in rep.victims.iter().enumerate() {
+            let order = if roomy { 0 } else { v };
+            let age = snap.segments[seg.0 as usize].1.last_seq;
+            let buf = self.read_segment(seg)?;
+            let contents = scan_buffer(&geo, seg, &buf);
+            let base = geo.page_addr(seg, 0);
+            for chunk in contents.blocks.chunks(LOOKUP_CHUNK) {
+                for ((key, addr), e) in chunk.iter().zip(self.live_entries(chunk)?) {
+                    let Some(e) = e else { continue };
+                    let start = (addr - base) as usize;
+                    match buf.get(start..start + e.len as usize) {
+                        Some(b) => moves.push((
+                            order,
+                            Move {
+                                key: *key,
+                                expected: e,
+                                stored: b.to_vec(),
+                                age,
+                            },
+                        )),
+                        None => rep.inconsistent += 1,
+                    }
+                }
+            }
+            let pages = self.relocate_map_pages(&contents.map_pages)?;
+            if pages > 0 {
+                st.awaiting.push(seg);
+                st.awaiting_since = checkpoints;
+            }
+            rep.map_pages_moved += pages;
+        }
+        moves.sort_by_key(|(order, m)| (*order, m.key));
+        // Move in chunks of about a partial segment, so user operations
+        // get the lock between them.
+        let chunk_bytes = self.options().partial_bytes.max(PAGE_BYTES);
+        let mut it = moves.into_iter().map(|(_, m)| m).peekable();
+        while it.peek().is_some() {
+            let mut batch = Vec::new();
+            let mut bytes = 0;
+            while let Some(m) = it.next_if(|_| bytes < chunk_bytes) {
+                bytes += m.stored.len();
+                batch.push(m);
+            }
+            let out = self.relocate_batch(batch)?;
+            rep.blocks_moved += out.moved;
+            rep.bytes_moved += out.moved_bytes;
+            rep.died_while_cleaning += out.stale;
+            if out.out_of_space {
+                rep.out_of_space = true;
+                break;
+            }
+        }
+        let (clean, releasable) = self.clean_segment_counts();
+        let wanted = releasable > 0 || rep.map_pages_moved > 0;
+        let wait = match release {
+            Release::Now(wait) => Some(wait),
+            // Every checkpoint rewrites the map pages the moves dirtied:
+            // release in batches, when the band between the watermarks is
+            // full or clean segments reach the reserve.
+            Release::Batched
+                if clean <= self.reserved_segments() + 1
+                    || clean + releasable >= self.stop_watermark() =>
+            {
+                Some(Duration::ZERO)
+            }
+            Release::Batched => None,
+        };
+        if let (true, Some(wait)) = (wanted, wait) {
+            rep.checkpointed = self.checkpoint_when_quiet(wait)?;
+            if rep.checkpointed {
+                st.awaiting.clear();
+            }
+        }
+        // Checkpoints during the moves (admission makes room that way) and
+        // the one above: this pass's victims and those of earlier batched
+        // passes, and anything overwrites emptied meanwhile.
+        rep.released = (self.stats().segments_released - released0) as u32;
+        rep.clean_after = self.clean_segment_counts().0;
+        let s = &mut st.stats;
+        s.passes += 1;
+        s.victims += rep.victims.len() as u64;
+        s.segments_released += rep.released as u64;
+        s.blocks_moved += rep.blocks_moved;
+        s.bytes_moved += rep.bytes_moved;
+        s.map_pages_moved += rep.map_pages_moved;
+        s.died_while_cleaning += rep.died_while_cleaning;
+        Ok(rep)
+    }
+}
+
+/// The background cleaner thread and its stop signal.
+pub(crate) struct Background {
+    signal: Arc<(Mutex<bool>, Condvar)>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Background {
+    pub fn start(core: Arc<Engine>) -> Background {
+        let signal = Arc::new((Mutex::new(false), Condvar::new()));
+        let sig = signal.clone();
+        let handle = std::thread::Builder::new()
+            .name("ldfs-cleaner".into())
+            .spawn(move || background_loop(&core, &sig))
+            .expect("spawn cleaner thread");
+        Background {
+            signal,
+            handle: Some(handle),
+        }
+    }
+
+    /// Asks the thread to stop and waits for it (a pass in progress ends first).
+    pub fn stop(&mut self) {
+        *self.signal.0.lock().expect("cleaner signal poisoned") = true;
+        self.signal.1.notify_all();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn background_loop(core: &Engine, signal: &(Mutex<bool>, Condvar)) {
+    let idle = Duration::from_millis(core.options().cleaner.idle_ms.max(1));
+    let mut last = core.activity.load(std::sync::atomic::Ordering::Relaxed);
+    let mut pause = idle;
+    loop {
+        {
+            let stop = signal.0.lock().expect("cleaner signal poisoned");
+            let (stop, _) = signal
+                .1
+                .wait_timeout_while(stop, pause, |s| !*s)
+                .expect("cleaner signal poisoned");
+            if *stop {
+                return;
+            }
+        }
+        pause = idle;
+        let now = core.activity.load(std::sync::atomic::Ordering::Relaxed);
+        let quiet = now == last;
+        last = now;
+        let (clean, releasable) = core.clean_segment_counts();
+        let urgent = clean < core.start_watermark();
+        if !(urgent || (quiet && clean + releasable < core.stop_watermark())) {
+            continue;
+        }
+        match core.clean_step(true) {
+            // Freed something: go on without sleeping (the next round
+            // checks idleness and the watermarks again).
+            Ok(rep) if rep.progress() => pause = Duration::from_millis(1),
+            Ok(_) => {}
+            Err(LdError::ReadOnly(_)) => return,
+            Err(e) => {
+                eprintln!("ldfs: background cleaner: {e}");
+                pause = idle * 20;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{Device, MemoryDevice};
+    use crate::ld::{ListHints, LogicalDisk};
+    use crate::lld::layout::MkfsOptions;
+    use crate::lld::{Lld, LldOptions};
+
+    fn block(i: u64, len: usize) -> Vec<u8> {
+        (0..len).map(|j| (i as usize * 31 + j) as u8).collect()
+    }
+
+    /// The pass's steps one by one, with a delete and an overwrite between
+    /// deciding liveness and moving: neither block may come back.
+    #[test]
+    fn blocks_that_die_between_liveness_and_move_stay_dead() {
+        let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(8 << 20));
+        let mk = MkfsOptions {
+            segment_bytes: 128 << 10,
+            max_block_bytes: 16 << 10,
+            reserved_segments: Some(4),
+            fs_id: 9,
+        };
+        let lld = Lld::create(dev.clone(), &mk, LldOptions::default()).unwrap();
+        let l = lld.create_list(None, ListHints::default()).unwrap();
+        for i in 0..20 {
+            lld.write(None, l, i, &block(i, 5000)).unwrap();
+        }
+        lld.checkpoint_now().unwrap();
+        // Kill a few so the segment is a candidate.
+        for i in 10..14 {
+            lld.delete(None, l, i).unwrap();
+        }
+        lld.checkpoint_now().unwrap();
+        let e0 = lld.map_entry(Key::new(l, 0)).unwrap().unwrap();
+        let seg = lld.geometry().segment_of(e0.offset()).unwrap();
+        let geo = *lld.geometry();
+        let buf = lld.read_segment(seg).unwrap();
+        let contents = scan_buffer(&geo, seg, &buf);
+        assert!(contents.blocks.len() >= 20);
+        let live = lld.live_entries(&contents.blocks).unwrap();
+        let base = geo.page_addr(seg, 0);
+        let moves: Vec<Move> = contents
+            .blocks
+            .iter()
+            .zip(live)
+            .filter_map(|((k, a), e)| {
+                let e = e?;
+                let s = (a - base) as usize;
+                Some(Move {
+                    key: *k,
+                    expected: e,
+                    stored: buf[s..s + e.len as usize].to_vec(),
+                    age: 1,
+                })
+            })
+            .collect();
+        assert_eq!(
+            moves.len(),
+            17,
+            "20 written, 4 deleted, and the list's hints"
+        );
+        // Block 1 dies, block 2 is replaced, after the cleaner decided.
+        lld.delete(None, l, 1).unwrap();
+        lld.write(None, l, 2, b"new").unwrap();
+        let out = lld.relocate_batch(moves).unwrap();
+        assert_eq!((out.moved, out.stale), (15, 2));
+        assert!(lld.checkpoint_when_quiet(Duration::ZERO).unwrap());
+        assert_eq!(
+            lld.segment_usage()[seg.0 as usize].1.state,
+            SegmentState::Clean
+        );
+        let check = |lld: &Lld| {
+            assert_eq!(lld.read(l, 1).unwrap(), None);
+            assert_eq!(lld.read(l, 2).unwrap().unwrap(), b"new");
+            for i in (0..20).filter(|i| ![1, 2, 10, 11, 12, 13].contains(i)) {
+                assert_eq!(lld.read(l, i).unwrap().unwrap(), block(i, 5000));
+            }
+            assert_eq!(lld.read(l, 11).unwrap(), None);
+            assert_eq!(lld.accounting_drift(), 0);
+        };
+        check(&lld);
+        lld.close().unwrap();
+        drop(lld);
+        check(&Lld::open(dev, LldOptions::default()).unwrap());
+    }
+
+    /// A block written by an open ARU is not moved (the move, outside the
+    /// ARU, would commit it early), and the checkpoint waits for the ARU.
+    #[test]
+    fn open_aru_blocks_stay_and_the_checkpoint_waits() {
+        let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(8 << 20));
+        let mk = MkfsOptions {
+            segment_bytes: 128 << 10,
+            max_block_bytes: 16 << 10,
+            reserved_segments: Some(4),
+            fs_id: 9,
+        };
+        let lld = Lld::create(dev, &mk, LldOptions::default()).unwrap();
+        let l = lld.create_list(None, ListHints::default()).unwrap();
+        let aru = lld.begin_aru().unwrap();
+        lld.write(Some(aru), l, 0, &block(0, 6000)).unwrap();
+        for i in 1..10 {
+            lld.write(None, l, i, &block(i, 6000)).unwrap();
+        }
+        lld.flush().unwrap();
+        // Fill the segment's neighbours so it is left behind as Dirty.
+        for i in 100..160 {
+            lld.write(None, l, i, &block(i, 6000)).unwrap();
+        }
+        for i in 5..10 {
+            lld.delete(None, l, i).unwrap();
+        }
+        lld.flush().unwrap();
+        let seg = lld
+            .geometry()
+            .segment_of(lld.map_entry(Key::new(l, 0)).unwrap().unwrap().offset())
+            .unwrap();
+        let rep = lld.clean(PolicyKind::Greedy, 64).unwrap();
+        assert!(rep.victims.contains(&seg), "{rep:?}");
+        assert!(!rep.checkpointed, "checkpointed with an ARU open");
+        assert_eq!(lld.segment_usage()[seg.0 as usize].1.live_bytes, 6000);
+        lld.end_aru(aru).unwrap();
+        let rep = lld.clean(PolicyKind::Greedy, 64).unwrap();
+        assert!(rep.checkpointed);
+        assert_eq!(
+            lld.segment_usage()[seg.0 as usize].1.state,
+            SegmentState::Clean
+        );
+        assert_eq!(lld.read(l, 0).unwrap().unwrap(), block(0, 6000));
+    }
+}

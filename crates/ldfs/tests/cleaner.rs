@@ -1,0 +1,449 @@
+//! The segment cleaner through the public API (issue 3): a device kept 90%
+//! full under random overwrites of ten times its size, blocks deleted while
+//! they are being cleaned, writers that wait for the cleaner instead of
+//! failing, the background thread, and passes that crash at any device
+//! write. Every test prints its seed on failure; `LDFS_SEED` replays.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use ldfs::device::{CrashDevice, CrashOptions, MemoryDevice};
+use ldfs::ld::{LdError, ListHints, ListId, LogicalDisk};
+use ldfs::lld::layout::MkfsOptions;
+use ldfs::lld::{CleanerOptions, Lld, LldOptions, PolicyKind};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn seed(default: u64) -> u64 {
+    std::env::var("LDFS_SEED")
+        .map(|v| v.parse().expect("LDFS_SEED must be a number"))
+        .unwrap_or(default)
+}
+
+/// Runs `f(seed)` and prints the replay line if it panics.
+fn with_seed(name: &str, default: u64, f: impl FnOnce(u64) + std::panic::UnwindSafe) {
+    let s = seed(default);
+    if let Err(e) = std::panic::catch_unwind(move || f(s)) {
+        eprintln!("replay: LDFS_SEED={s} cargo test --release -p ldfs --test cleaner {name}");
+        std::panic::resume_unwind(e);
+    }
+}
+
+/// Block contents are a function of (seed, length), so the model keeps two numbers.
+fn bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut r = ChaCha8Rng::seed_from_u64(seed);
+    let mut v = vec![0u8; len];
+    r.fill(&mut v[..]);
+    v
+}
+
+fn mkfs(segment_bytes: u64, max_block: u32, reserved: u32) -> MkfsOptions {
+    MkfsOptions {
+        segment_bytes,
+        max_block_bytes: max_block,
+        reserved_segments: Some(reserved),
+        fs_id: 0xc1ea,
+    }
+}
+
+fn opts(policy: PolicyKind) -> LldOptions {
+    LldOptions {
+        map_budget_bytes: 256 << 10,
+        cleaner: CleanerOptions {
+            policy,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+type Model = BTreeMap<(u64, u64), (u64, usize)>;
+
+fn verify(lld: &Lld, model: &Model, lists: &[ListId], what: &str) {
+    for &l in lists {
+        let want: Vec<u64> = model
+            .range((l.0, 0)..(l.0 + 1, 0))
+            .map(|((_, i), _)| *i)
+            .collect();
+        assert_eq!(
+            lld.indices(l, 0, usize::MAX).unwrap(),
+            want,
+            "{what}: indices of {l}"
+        );
+    }
+    for (&(l, i), &(s, len)) in model {
+        let got = lld
+            .read(ListId(l), i)
+            .unwrap_or_else(|e| panic!("{what}: read {l}/{i}: {e}"));
+        assert!(
+            got.as_deref() == Some(&bytes(s, len)[..]),
+            "{what}: block {l}/{i} differs (len {len}, got {:?})",
+            got.map(|g| g.len())
+        );
+    }
+    assert_eq!(lld.accounting_drift(), 0, "{what}: accounting drift");
+}
+
+fn mixed_len(rng: &mut ChaCha8Rng, max: usize) -> usize {
+    match rng.gen_range(0..10) {
+        0..=2 => rng.gen_range(1..512),
+        3..=6 => 4096 * rng.gen_range(1..=(max / 4096).min(3)),
+        _ => rng.gen_range(1..=max),
+    }
+}
+
+/// Fills to 90% of capacity, overwrites 10x the device in mixed sizes with
+/// no NoSpace while the data fits, verifies everything, then after a clean
+/// reopen and after a crash.
+fn fill_and_overwrite(seed: u64, policy: PolicyKind) {
+    const DEV: u64 = 16 << 20;
+    const MAX: usize = 16 << 10;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let dev = Arc::new(CrashDevice::new(DEV));
+    let lld = Lld::create(dev.clone(), &mkfs(128 << 10, MAX as u32, 6), opts(policy)).unwrap();
+    let lists: Vec<ListId> = (0..4)
+        .map(|_| lld.create_list(None, ListHints::default()).unwrap())
+        .collect();
+    let cap = lld.space().capacity_bytes;
+    let mut model = Model::new();
+    let mut next_index = vec![0u64; lists.len()];
+    // Fill to 90% of capacity with live data.
+    while lld.space().available_bytes > cap / 10 {
+        let k = rng.gen_range(0..lists.len());
+        let len = mixed_len(&mut rng, MAX);
+        let s: u64 = rng.gen();
+        lld.write(None, lists[k], next_index[k], &bytes(s, len))
+            .unwrap_or_else(|e| panic!("fill: {e} at {:?}", lld.space()));
+        model.insert((lists[k].0, next_index[k]), (s, len));
+        next_index[k] += 1;
+    }
+    let keys: Vec<(u64, u64)> = model.keys().copied().collect();
+    let fill = lld.space();
+    eprintln!(
+        "{policy}: filled {} blocks, {} live bytes, capacity {cap}, {} segments",
+        keys.len(),
+        fill.live_bytes,
+        lld.geometry().segment_count
+    );
+    // Overwrite ten times the device's size.
+    let (user0, moved0) = lld.write_totals();
+    let mut written = 0u64;
+    let mut flushes = 0;
+    while written < 10 * DEV {
+        let (l, i) = keys[rng.gen_range(0..keys.len())];
+        let old = model[&(l, i)].1;
+        let s: u64 = rng.gen();
+        // Stay near 90%: grow a block only while below it.
+        let len = if lld.space().available_bytes > cap / 10 {
+            mixed_len(&mut rng, MAX)
+        } else {
+            rng.gen_range(1..=old)
+        };
+        match lld.write(None, ListId(l), i, &bytes(s, len)) {
+            Ok(()) => {}
+            Err(LdError::NoSpace { .. }) => {
+                let sp = lld.space();
+                panic!(
+                    "NoSpace writing {len} bytes over {old} at {:?} (clean/releasable {:?}, cleaner {:?})",
+                    sp,
+                    lld.clean_segment_counts(),
+                    lld.cleaner_stats()
+                );
+            }
+            Err(e) => panic!("overwrite: {e}"),
+        }
+        model.insert((l, i), (s, len));
+        written += len as u64;
+        if rng.gen_ratio(1, 200) {
+            lld.flush().unwrap();
+            flushes += 1;
+        }
+    }
+    let (user1, moved1) = lld.write_totals();
+    let st = lld.cleaner_stats();
+    eprintln!(
+        "{policy}: write cost {:.2} over {} MiB ({} flushes), cleaner {:?}",
+        (user1 - user0 + moved1 - moved0) as f64 / (user1 - user0) as f64,
+        written >> 20,
+        flushes,
+        st
+    );
+    assert!(st.segments_released > 0, "the cleaner never ran");
+    verify(&lld, &model, &lists, "after overwrites");
+    // A crash with everything flushed and then a burst of unflushed writes:
+    // the recovered state is the flushed model plus some prefix of the burst.
+    lld.flush().unwrap();
+    let flushed = model.clone();
+    let mut burst = Vec::new();
+    for _ in 0..40 {
+        let (l, i) = keys[rng.gen_range(0..keys.len())];
+        let s: u64 = rng.gen();
+        let len = rng.gen_range(1..=model[&(l, i)].1);
+        lld.write(None, ListId(l), i, &bytes(s, len)).unwrap();
+        burst.push(((l, i), (s, len)));
+    }
+    let crashed = dev.crash_image(
+        rng.gen(),
+        &CrashOptions {
+            keep_probability: rng.gen_range(0.0..1.0),
+            tear_probability: 0.3,
+        },
+    );
+    for (k, v) in &burst {
+        model.insert(*k, *v);
+    }
+    lld.close().unwrap();
+    drop(lld);
+    let lld = Lld::open(dev.clone(), opts(policy)).unwrap();
+    verify(&lld, &model, &lists, "after clean reopen");
+    drop(lld);
+    let lld = Lld::open(Arc::new(MemoryDevice::from_vec(crashed)), opts(policy)).unwrap();
+    let mut state = flushed;
+    let mut matched = false;
+    for p in 0..=burst.len() {
+        if p > 0 {
+            state.insert(burst[p - 1].0, burst[p - 1].1);
+        }
+        let ok = state.iter().all(|(&(l, i), &(s, len))| {
+            lld.read(ListId(l), i).unwrap().as_deref() == Some(&bytes(s, len)[..])
+        });
+        if ok {
+            matched = true;
+            verify(&lld, &state, &lists, "after crash");
+            break;
+        }
+    }
+    assert!(
+        matched,
+        "crash image matches no prefix of the unflushed burst"
+    );
+}
+
+#[test]
+fn ninety_percent_full_overwritten_ten_times_cost_benefit() {
+    with_seed(
+        "ninety_percent_full_overwritten_ten_times_cost_benefit",
+        31,
+        |s| fill_and_overwrite(s, PolicyKind::CostBenefit),
+    );
+}
+
+#[test]
+fn ninety_percent_full_overwritten_ten_times_greedy() {
+    with_seed(
+        "ninety_percent_full_overwritten_ten_times_greedy",
+        32,
+        |s| fill_and_overwrite(s, PolicyKind::Greedy),
+    );
+}
+
+#[test]
+fn ninety_percent_full_overwritten_ten_times_free_weighted() {
+    with_seed(
+        "ninety_percent_full_overwritten_ten_times_free_weighted",
+        33,
+        |s| fill_and_overwrite(s, PolicyKind::FreeWeighted),
+    );
+}
+
+/// One thread cleans without pause while another deletes blocks and whole
+/// lists and overwrites others: deleted data never comes back, in the live
+/// engine or after a reopen.
+#[test]
+fn deletes_while_the_cleaner_copies_never_come_back() {
+    with_seed(
+        "deletes_while_the_cleaner_copies_never_come_back",
+        41,
+        |seed| {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let dev = Arc::new(MemoryDevice::new(16 << 20));
+            let lld = Arc::new(
+                Lld::create(
+                    dev.clone(),
+                    &mkfs(128 << 10, 16 << 10, 6),
+                    opts(PolicyKind::Greedy),
+                )
+                .unwrap(),
+            );
+            let mut model = Model::new();
+            let mut lists: Vec<ListId> = Vec::new();
+            for _ in 0..8 {
+                let l = lld.create_list(None, ListHints::default()).unwrap();
+                for i in 0..150 {
+                    let (s, len) = (rng.gen(), rng.gen_range(1..9000));
+                    lld.write(None, l, i, &bytes(s, len)).unwrap();
+                    model.insert((l.0, i), (s, len));
+                }
+                lists.push(l);
+            }
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let cleaner = {
+                let (lld, stop) = (lld.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut passes = 0u64;
+                    let mut moved = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let r = lld.clean(PolicyKind::Greedy, 3).unwrap();
+                        passes += 1;
+                        moved += r.blocks_moved;
+                    }
+                    (passes, moved)
+                })
+            };
+            let mut deleted_lists = Vec::new();
+            for round in 0..3000u64 {
+                match rng.gen_range(0..10) {
+                    0..=3 => {
+                        let l = lists[rng.gen_range(0..lists.len())];
+                        let i = rng.gen_range(0..150);
+                        lld.delete(None, l, i).unwrap();
+                        model.remove(&(l.0, i));
+                    }
+                    4 if lists.len() > 3 && round % 300 == 4 => {
+                        let l = lists.swap_remove(rng.gen_range(0..lists.len()));
+                        lld.delete_list(None, l).unwrap();
+                        model.retain(|(ml, _), _| *ml != l.0);
+                        deleted_lists.push(l);
+                    }
+                    _ => {
+                        let l = lists[rng.gen_range(0..lists.len())];
+                        let i = rng.gen_range(0..150);
+                        let (s, len) = (rng.gen(), rng.gen_range(1..9000));
+                        lld.write(None, l, i, &bytes(s, len)).unwrap();
+                        model.insert((l.0, i), (s, len));
+                    }
+                }
+                if round % 97 == 0 {
+                    lld.flush().unwrap();
+                }
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let (passes, moved) = cleaner.join().unwrap();
+            eprintln!(
+                "{passes} passes moved {moved} blocks; {:?}",
+                lld.cleaner_stats()
+            );
+            assert!(moved > 0, "the cleaner moved nothing");
+            let check = |lld: &Lld, what: &str| {
+                verify(lld, &model, &lists, what);
+                for l in &deleted_lists {
+                    assert_eq!(lld.list_hints(*l).unwrap(), None, "{what}: {l} is back");
+                    assert_eq!(lld.read(*l, 0).unwrap(), None, "{what}");
+                }
+            };
+            check(&lld, "live");
+            lld.close().unwrap();
+            drop(lld);
+            let lld = Lld::open(dev, opts(PolicyKind::Greedy)).unwrap();
+            check(&lld, "reopened");
+        },
+    );
+}
+
+/// With foreground steps disabled (start watermark 0), writers that find
+/// no clean segment wait for the cleaner; four threads overwriting a 90%
+/// full device never see NoSpace.
+#[test]
+fn writers_wait_for_the_cleaner_instead_of_failing() {
+    with_seed(
+        "writers_wait_for_the_cleaner_instead_of_failing",
+        51,
+        |seed| {
+            let dev = Arc::new(MemoryDevice::new(16 << 20));
+            let mut o = opts(PolicyKind::CostBenefit);
+            o.cleaner.start_clean_segments = Some(0);
+            o.cleaner.stop_clean_segments = Some(0);
+            let lld = Arc::new(Lld::create(dev.clone(), &mkfs(128 << 10, 16 << 10, 6), o).unwrap());
+            let l = lld.create_list(None, ListHints::default()).unwrap();
+            let cap = lld.space().capacity_bytes;
+            let n = cap * 9 / 10 / (8192 + 38);
+            for i in 0..n {
+                lld.write(None, l, i, &bytes(i, 8192)).unwrap();
+            }
+            let threads: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let lld = lld.clone();
+                    std::thread::spawn(move || {
+                        let mut rng = ChaCha8Rng::seed_from_u64(seed + t);
+                        let mut mine = BTreeMap::new();
+                        for _ in 0..1500 {
+                            // Thread t owns the indices congruent to t mod 4.
+                            let i = rng.gen_range(0..n / 4) * 4 + t;
+                            let s = rng.gen();
+                            lld.write(None, l, i, &bytes(s, 8192)).unwrap_or_else(|e| {
+                                panic!(
+                                    "thread {t}: {e}; clean/releasable {:?}, {:?}, {:?}",
+                                    lld.clean_segment_counts(),
+                                    lld.cleaner_stats(),
+                                    lld.space()
+                                )
+                            });
+                            mine.insert(i, s);
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            let mut model = Model::new();
+            for i in 0..n {
+                model.insert((l.0, i), (i, 8192));
+            }
+            for t in threads {
+                for (i, s) in t.join().unwrap() {
+                    model.insert((l.0, i), (s, 8192));
+                }
+            }
+            let st = lld.cleaner_stats();
+            assert!(st.waits > 0, "no writer waited: {st:?}");
+            assert_eq!(st.foreground_steps, 0);
+            verify(&lld, &model, &[l], "after waiting writers");
+        },
+    );
+}
+
+/// The background thread cleans an idle engine up to the stop watermark.
+#[test]
+fn the_background_cleaner_works_while_idle() {
+    let dev = Arc::new(MemoryDevice::new(16 << 20));
+    let mut o = opts(PolicyKind::CostBenefit);
+    o.cleaner.background = true;
+    o.cleaner.idle_ms = 5;
+    let lld = Lld::create(dev, &mkfs(128 << 10, 16 << 10, 6), o).unwrap();
+    assert!(lld.background_cleaner_running());
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    // Write 60% of capacity, then overwrite it at random until clean
+    // segments are down to the start watermark: dead space everywhere.
+    let n = lld.space().capacity_bytes * 6 / 10 / 4134;
+    let mut model = vec![0u64; n as usize];
+    for i in 0..n {
+        lld.write(None, l, i, &bytes(i, 4096)).unwrap();
+        model[i as usize] = i;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(61);
+    while lld.clean_segment_counts().0 > lld.start_watermark() + 1 {
+        let i = rng.gen_range(0..n);
+        let s = rng.gen();
+        lld.write(None, l, i, &bytes(s, 4096)).unwrap();
+        model[i as usize] = s;
+    }
+    let stop = lld.stop_watermark();
+    let t = std::time::Instant::now();
+    while lld.clean_segment_counts().0 < stop {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(30),
+            "background cleaner did not reach {stop} clean segments: {:?} {:?}",
+            lld.clean_segment_counts(),
+            lld.cleaner_stats()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(lld.cleaner_stats().background_passes > 0);
+    for i in 0..n {
+        assert_eq!(
+            lld.read(l, i).unwrap().unwrap(),
+            bytes(model[i as usize], 4096)
+        );
+    }
+    lld.close().unwrap();
+    assert!(!lld.background_cleaner_running());
+}
