@@ -3,6 +3,12 @@
 # crash simulation with fixed seeds). Set LDFS_LONG=1 for the long mode.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The FUSE tests need fusermount3; on a fresh machine install it (as root),
+# or they print a loud SKIPPING line and pass.
+if ! command -v fusermount3 >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+  (apt-get update -qq && apt-get install -y -qq fuse3) >/dev/null 2>&1 \
+    || echo "*** could not install fuse3: FUSE tests will be skipped ***"
+fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace --release

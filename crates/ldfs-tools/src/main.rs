@@ -74,8 +74,9 @@ enum Cmd {
         #[arg(short = 'f', long)]
         foreground: bool,
         /// Options: ro, rw, allow_other, cache=SIZE (map memory, default 64M),
-        /// commit=SECONDS (default 5), dev, nodev, suid, nosuid, exec, noexec,
-        /// atime, noatime, sync, async.
+        /// commit=SECONDS (default 5), cleaner=POLICY|off, clean_start=N,
+        /// clean_stop=N (clean-segment watermarks), dev, nodev, suid, nosuid,
+        /// exec, noexec, atime, noatime, sync, async.
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,
         #[arg(long, hide = true)]
@@ -84,7 +85,8 @@ enum Cmd {
     /// Make everything written to a mounted ldfs before this call durable
     /// (the kernel does not pass sync(2) on to FUSE file systems).
     Sync { mountpoint: PathBuf },
-    /// Print a mounted ldfs's engine figures: segments, space, checkpoints.
+    /// Print a mounted ldfs's figures: cleaner (policy, watermarks, segments
+    /// cleaned, blocks moved, write cost), segments, space, checkpoints.
     Stats { mountpoint: PathBuf },
     /// Write a checkpoint of a mounted ldfs now (the next mount, even after
     /// a crash, then has nothing to roll forward).
@@ -93,12 +95,14 @@ enum Cmd {
     /// (a benchmark target: FUSE with no storage at all).
     #[command(hide = true)]
     BenchMemfs { dir: PathBuf },
-    /// Clean an unmounted image now: move the live blocks out of segments
-    /// chosen by a policy until none at or below --max-utilization is left
-    /// (or --segments were cleaned), then checkpoint and close.
-    /// (Cleaning a mounted file system, `ldfs clean MOUNTPOINT`, comes with
-    /// the FUSE layer.)
+    /// Clean now: move the live blocks out of segments chosen by a policy
+    /// until none at or below --max-utilization is left (or --segments were
+    /// released). TARGET is an unmounted image (cleaned, checkpointed and
+    /// closed) or the mount point of a mounted ldfs (its daemon cleans);
+    /// on a mount point --background and --stop control the background
+    /// cleaner.
     Clean {
+        #[arg(value_name = "TARGET")]
         image: PathBuf,
         /// greedy, cost-benefit or free-weighted.
         #[arg(long, default_value = "free-weighted")]
@@ -106,9 +110,17 @@ enum Cmd {
         /// Leave segments fuller than this percentage alone.
         #[arg(long, default_value_t = 80)]
         max_utilization: u32,
-        /// Stop after cleaning this many segments.
+        /// Stop after releasing this many segments.
         #[arg(long)]
         segments: Option<u64>,
+        /// Mount point only: turn the background cleaner on (with --policy)
+        /// or off, instead of cleaning now.
+        #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
+        background: Option<String>,
+        /// Mount point only: stop a running `ldfs clean` and the background
+        /// cleaner (writes still clean in the foreground when space runs low).
+        #[arg(long, conflicts_with = "background")]
+        stop: bool,
     },
     /// Run a benchmark and print its figures.
     Bench {
@@ -347,7 +359,18 @@ fn main() -> ExitCode {
             policy,
             max_utilization,
             segments,
-        } => cmd_clean(image, policy, max_utilization, segments),
+            background,
+            stop,
+        } => cmd_clean(
+            image,
+            CleanRequest {
+                policy,
+                max_utilization,
+                segments,
+            },
+            background,
+            stop,
+        ),
         Cmd::Bench {
             which:
                 BenchCmd::Cleaner {
@@ -486,7 +509,24 @@ pub(crate) fn stats_text(lld: &ldfs::lld::Lld) -> String {
             _ => {}
         }
     }
+    let cs = lld.cleaner_stats();
+    let (user, moved) = lld.write_totals();
+    let cost = if user == 0 {
+        1.0
+    } else {
+        (user + moved) as f64 / user as f64
+    };
     format!(
+        "cleaner: policy {}, background {}, starts below {} and stops above {} clean segments\ncleaned: {} segments, {} blocks ({} bytes) moved, {} writes waited\nwrite cost (user + moved) / user = {cost:.2}\n",
+        lld.cleaner_policy().name(),
+        if lld.background_cleaner_running() { "on" } else { "off" },
+        lld.start_watermark(),
+        lld.stop_watermark(),
+        cs.segments_released,
+        cs.blocks_moved,
+        cs.bytes_moved,
+        cs.waits
+    ) + &format!(
         "segments: {clean} clean, {dirty} dirty\nlive bytes: {}\ncapacity bytes: {}\navailable bytes: {}\ncheckpoints: {}\npartial segments written: {}\nmap pages written: {}\ndevice flushes: {}\n",
         sp.live_bytes,
         sp.capacity_bytes,
@@ -714,59 +754,122 @@ fn cmd_inspect(image: PathBuf, segment: Option<u32>, all: bool) -> CmdResult {
     Ok(())
 }
 
+/// What `ldfs clean` asks for, as the daemon receives it
+/// (`trusted.ldfs.clean` = "POLICY MAX_UTILIZATION [SEGMENTS]").
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct CleanRequest {
+    pub policy: PolicyKind,
+    /// Percent: segments fuller than this are left alone.
+    pub max_utilization: u32,
+    pub segments: Option<u64>,
+}
+
+impl CleanRequest {
+    pub fn encode(&self) -> String {
+        let mut s = format!("{} {}", self.policy, self.max_utilization);
+        if let Some(n) = self.segments {
+            s += &format!(" {n}");
+        }
+        s
+    }
+
+    pub fn parse(s: &str) -> Result<CleanRequest, String> {
+        let mut w = s.split_whitespace();
+        let policy = w.next().ok_or("clean: no policy")?.parse()?;
+        let max_utilization = w
+            .next()
+            .ok_or("clean: no utilization")?
+            .parse()
+            .ok()
+            .filter(|&u| u <= 100)
+            .ok_or_else(|| format!("clean: bad utilization in {s:?}"))?;
+        let segments = w
+            .next()
+            .map(|n| {
+                n.parse()
+                    .map_err(|_| format!("clean: bad segment count in {s:?}"))
+            })
+            .transpose()?;
+        if w.next().is_some() {
+            return Err(format!("clean: trailing words in {s:?}"));
+        }
+        Ok(CleanRequest {
+            policy,
+            max_utilization,
+            segments,
+        })
+    }
+}
+
 fn cmd_clean(
-    image: PathBuf,
-    policy: PolicyKind,
-    max_utilization: u32,
-    segments: Option<u64>,
+    target: PathBuf,
+    req: CleanRequest,
+    background: Option<String>,
+    stop: bool,
 ) -> CmdResult {
-    if max_utilization > 100 {
-        return Err(format!("--max-utilization {max_utilization} is not a percentage").into());
+    if req.max_utilization > 100 {
+        return Err(format!(
+            "--max-utilization {} is not a percentage",
+            req.max_utilization
+        )
+        .into());
+    }
+    if target.is_dir() {
+        // A mount point: the daemon does the work.
+        if stop {
+            control_set(&target, "stop", b"")?;
+            println!("{}: cleaner stopped", target.display());
+        } else if let Some(b) = background {
+            control_set(
+                &target,
+                "background",
+                format!("{b} {}", req.policy).as_bytes(),
+            )?;
+            println!(
+                "{}: background cleaner {b} (policy {})",
+                target.display(),
+                req.policy
+            );
+        } else {
+            control_set(&target, "clean", req.encode().as_bytes())?;
+            print!(
+                "{}",
+                String::from_utf8_lossy(&control_get(&target, "clean")?)
+            );
+        }
+        print!(
+            "{}",
+            String::from_utf8_lossy(&control_get(&target, "stats")?)
+        );
+        return Ok(());
+    }
+    if background.is_some() || stop {
+        return Err(format!(
+            "{}: --background and --stop need the mount point of a mounted ldfs",
+            target.display()
+        )
+        .into());
     }
     let dev: std::sync::Arc<dyn Device> =
-        std::sync::Arc::new(FileDevice::open(&image, FileDeviceOptions::default())?);
+        std::sync::Arc::new(FileDevice::open(&target, FileDeviceOptions::default())?);
     let opts = LldOptions {
         cleaner: CleanerOptions {
-            policy,
+            policy: req.policy,
             ..Default::default()
         },
         ..Default::default()
     };
     let lld = Lld::open(dev, opts)?;
-    let (clean0, _) = lld.clean_segment_counts();
-    let (user0, moved0) = lld.write_totals();
-    let limit = segments.unwrap_or(u64::MAX);
-    let mut cleaned = 0u64;
-    let mut blocks = 0u64;
-    let mut idle_passes = 0;
-    while cleaned < limit {
-        let step = (limit - cleaned).min(16) as usize;
-        let rep = lld.clean_below(policy, step, max_utilization as f64 / 100.0)?;
-        if rep.victims.is_empty() {
-            break;
-        }
-        cleaned += rep.released as u64;
-        blocks += rep.blocks_moved;
-        if rep.progress() {
-            idle_passes = 0;
-        } else {
-            idle_passes += 1;
-            if idle_passes >= 3 {
-                // Victims that keep their live bytes: blocks held by
-                // nothing we can move (should not happen on an unmounted
-                // image) — stop rather than loop.
-                break;
-            }
-        }
-    }
-    let (clean1, _) = lld.clean_segment_counts();
+    let (user0, _) = lld.write_totals();
+    let sum = lld.clean_now(
+        req.policy,
+        req.segments,
+        req.max_utilization as f64 / 100.0,
+        &std::sync::atomic::AtomicBool::new(false),
+    )?;
     let (_, moved1) = lld.write_totals();
     lld.close()?;
-    println!(
-        "cleaned {} with {policy}: {cleaned} segments released, {blocks} blocks ({} bytes) moved; clean segments {clean0} -> {clean1}",
-        image.display(),
-        moved1 - moved0
-    );
+    println!("cleaned {} with {}: {sum}", target.display(), req.policy);
     if user0 > 0 {
         println!(
             "write cost since mkfs: {:.3}",
@@ -778,7 +881,35 @@ fn cmd_clean(
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{parse_size, CleanRequest, PolicyKind};
+
+    #[test]
+    fn clean_requests_round_trip() {
+        for r in [
+            CleanRequest {
+                policy: PolicyKind::Greedy,
+                max_utilization: 80,
+                segments: None,
+            },
+            CleanRequest {
+                policy: PolicyKind::CostBenefit,
+                max_utilization: 100,
+                segments: Some(7),
+            },
+        ] {
+            assert_eq!(CleanRequest::parse(&r.encode()).unwrap(), r);
+        }
+        for bad in [
+            "",
+            "greedy",
+            "bogus 80",
+            "greedy 101",
+            "greedy 80 x",
+            "greedy 80 1 2",
+        ] {
+            assert!(CleanRequest::parse(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn sizes() {

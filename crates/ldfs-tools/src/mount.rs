@@ -27,19 +27,72 @@ use crate::fuse::{Control, FuseFs};
 /// What `ldfs stats` and `ldfs clean` reach on a mounted file system.
 struct Daemon {
     lld: Arc<Lld>,
+    /// Set by `ldfs clean --stop`: a running `clean` ends after its pass.
+    cancel: AtomicBool,
+    /// What the last `clean` command did (read back by `ldfs clean`).
+    last_clean: std::sync::Mutex<String>,
 }
 
 impl Control for Daemon {
     fn get(&self, name: &str) -> Result<Vec<u8>, String> {
         match name {
             "stats" => Ok(crate::stats_text(&self.lld).into_bytes()),
+            "clean" => Ok(self
+                .last_clean
+                .lock()
+                .expect("last_clean poisoned")
+                .clone()
+                .into_bytes()),
             other => Err(format!("unknown query {other}")),
         }
     }
 
-    fn set(&self, name: &str, _value: &[u8]) -> Result<(), String> {
+    fn set(&self, name: &str, value: &[u8]) -> Result<(), String> {
+        let text = String::from_utf8_lossy(value);
         match name {
             "checkpoint" => self.lld.checkpoint_now().map_err(|e| e.to_string()),
+            "clean" => {
+                let req = crate::CleanRequest::parse(&text)?;
+                self.cancel.store(false, Ordering::Relaxed);
+                let sum = self
+                    .lld
+                    .clean_now(
+                        req.policy,
+                        req.segments,
+                        req.max_utilization as f64 / 100.0,
+                        &self.cancel,
+                    )
+                    .map_err(|e| e.to_string())?;
+                *self.last_clean.lock().expect("last_clean poisoned") =
+                    format!("cleaned with {}: {sum}\n", req.policy);
+                Ok(())
+            }
+            // "on POLICY" or "off": the background cleaner from now on.
+            "background" => {
+                let mut words = text.split_whitespace();
+                let on = match words.next() {
+                    Some("on") => true,
+                    Some("off") => false,
+                    other => return Err(format!("background: on or off, not {other:?}")),
+                };
+                if let Some(p) = words.next() {
+                    self.lld.set_cleaner_policy(p.parse()?);
+                }
+                self.lld
+                    .set_background_cleaner(on)
+                    .map_err(|e| e.to_string())
+            }
+            "policy" => {
+                self.lld.set_cleaner_policy(text.trim().parse()?);
+                Ok(())
+            }
+            // Stop cleaning: a running `clean` and the background thread.
+            "stop" => {
+                self.cancel.store(true, Ordering::Relaxed);
+                self.lld
+                    .set_background_cleaner(false)
+                    .map_err(|e| e.to_string())
+            }
             other => Err(format!("unknown command {other}")),
         }
     }
@@ -52,6 +105,14 @@ pub struct MountOpts {
     pub allow_other: bool,
     pub cache_bytes: usize,
     pub commit_secs: u64,
+    /// Background cleaning policy; `None` turns the background cleaner off
+    /// (writes still clean in the foreground when space runs low).
+    pub cleaner: Option<ldfs::lld::PolicyKind>,
+    /// Cleaning starts below this many clean segments (`clean_start=N`;
+    /// default: the reserve plus 1/32 of the segments).
+    pub clean_start: Option<u32>,
+    /// Background cleaning stops above this many (`clean_stop=N`).
+    pub clean_stop: Option<u32>,
     /// Options passed on to FUSE as they are.
     pub fuse: Vec<MountOption>,
 }
@@ -63,6 +124,9 @@ impl Default for MountOpts {
             allow_other: false,
             cache_bytes: 64 << 20,
             commit_secs: 5,
+            cleaner: Some(ldfs::lld::PolicyKind::default()),
+            clean_start: None,
+            clean_stop: None,
             fuse: Vec::new(),
         }
     }
@@ -100,6 +164,22 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
                     .filter(|&s: &u64| (1..=3600).contains(&s))
                     .ok_or_else(|| format!("commit={v}: seconds from 1 to 3600"))?;
             }
+            ("cleaner", Some("off")) => o.cleaner = None,
+            ("cleaner", Some(v)) => {
+                o.cleaner = Some(v.parse().map_err(|e| format!("cleaner={v}: {e}"))?);
+            }
+            ("clean_start", Some(v)) => {
+                o.clean_start = Some(
+                    v.parse()
+                        .map_err(|_| format!("clean_start={v}: a number of segments"))?,
+                );
+            }
+            ("clean_stop", Some(v)) => {
+                o.clean_stop = Some(
+                    v.parse()
+                        .map_err(|_| format!("clean_stop={v}: a number of segments"))?,
+                );
+            }
             ("dev", None) => o.fuse.push(MountOption::Dev),
             ("nodev", None) => o.fuse.push(MountOption::NoDev),
             ("suid", None) => o.fuse.push(MountOption::Suid),
@@ -118,6 +198,13 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
             ) => {}
             (k, _) if k.starts_with("x-") => {}
             _ => return Err(format!("unknown mount option '{item}'")),
+        }
+    }
+    if let (Some(a), Some(b)) = (o.clean_start, o.clean_stop) {
+        if b < a {
+            return Err(format!(
+                "clean_stop={b} is below clean_start={a}: cleaning would stop before it starts"
+            ));
         }
     }
     Ok(o)
@@ -196,6 +283,13 @@ pub fn run(
             LldOptions {
                 read_only: opts.read_only,
                 map_budget_bytes: opts.cache_bytes,
+                cleaner: ldfs::lld::CleanerOptions {
+                    policy: opts.cleaner.unwrap_or_default(),
+                    background: opts.cleaner.is_some() && !opts.read_only,
+                    start_clean_segments: opts.clean_start,
+                    stop_clean_segments: opts.clean_stop,
+                    ..Default::default()
+                },
                 ..Default::default()
             },
         )
@@ -229,7 +323,11 @@ pub fn run(
         cfg.acl = SessionACL::All;
     }
     cfg.n_threads = Some(crate::FUSE_THREADS);
-    let control: Arc<dyn Control> = Arc::new(Daemon { lld: lld.clone() });
+    let control: Arc<dyn Control> = Arc::new(Daemon {
+        lld: lld.clone(),
+        cancel: AtomicBool::new(false),
+        last_clean: std::sync::Mutex::new("no clean since mount\n".into()),
+    });
     let mut session = Session::new(
         FuseFs {
             fs: fs.clone(),
@@ -339,4 +437,48 @@ fn spawn_daemon(image: &Path, dir: &Path, options: &[String]) -> Result<(), Stri
     }
     let status = child.wait().map_err(|e| e.to_string())?;
     Err(format!("mount failed ({status})"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<MountOpts, String> {
+        parse_options(&[s.to_string()])
+    }
+
+    #[test]
+    fn cleaner_options() {
+        let o = parse("").unwrap();
+        assert_eq!(o.cleaner, Some(ldfs::lld::PolicyKind::default()));
+        assert_eq!(parse("cleaner=off").unwrap().cleaner, None);
+        assert_eq!(
+            parse("cleaner=greedy").unwrap().cleaner,
+            Some(ldfs::lld::PolicyKind::Greedy)
+        );
+        let o = parse("clean_start=10,clean_stop=40").unwrap();
+        assert_eq!((o.clean_start, o.clean_stop), (Some(10), Some(40)));
+        for bad in [
+            "cleaner=bogus",
+            "cleaner",
+            "clean_start=x",
+            "clean_stop=-1",
+            "clean_start=9,clean_stop=3",
+        ] {
+            let e = parse(bad).unwrap_err();
+            let key = bad.split(['=', ',']).next().unwrap();
+            assert!(e.contains(key), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn other_options() {
+        let o = parse("ro,cache=128M,commit=7,noatime").unwrap();
+        assert!(o.read_only);
+        assert_eq!(o.cache_bytes, 128 << 20);
+        assert_eq!(o.commit_secs, 7);
+        assert!(parse("commit=0").is_err());
+        assert!(parse("cache=10K").is_err());
+        assert!(parse("frobnicate").unwrap_err().contains("frobnicate"));
+    }
 }

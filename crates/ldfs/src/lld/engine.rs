@@ -1643,6 +1643,26 @@ impl Lld {
             .is_some()
     }
 
+    /// Starts or stops the background cleaner thread at run time (`ldfs
+    /// clean MOUNTPOINT --background on|off`). Writes still clean in the
+    /// foreground when clean segments run low, whichever it is.
+    pub fn set_background_cleaner(&self, on: bool) -> LdResult<()> {
+        if !on {
+            self.stop_background();
+            return Ok(());
+        }
+        if self.core.options().read_only {
+            return Err(LdError::ReadOnly(
+                "no background cleaner on a read-only open".into(),
+            ));
+        }
+        let mut bg = self.background.lock().expect("background handle poisoned");
+        if bg.is_none() {
+            *bg = Some(Background::start(self.core.clone()));
+        }
+        Ok(())
+    }
+
     fn stop_background(&self) {
         let bg = self
             .background

@@ -30,6 +30,6 @@ pub mod usage;
 mod writer;
 
 pub use cleaner::policy::PolicyKind;
-pub use cleaner::{CleanReport, CleanerOptions, CleanerStats};
+pub use cleaner::{CleanReport, CleanSummary, CleanerOptions, CleanerStats};
 pub use engine::{Engine, EngineStats, Lld, LldOptions, OpenReport};
 pub use types::{Key, MapEntry, PagePtr, SegmentId, PAGE_BYTES};

@@ -137,6 +137,36 @@ impl CleanReport {
     }
 }
 
+/// What `Engine::clean_now` did over all its passes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CleanSummary {
+    pub passes: u64,
+    /// Segments made clean (by this call's checkpoints).
+    pub released: u64,
+    pub blocks_moved: u64,
+    pub bytes_moved: u64,
+    pub clean_before: u32,
+    pub clean_after: u32,
+    /// Stopped early because `cancel` was set.
+    pub cancelled: bool,
+}
+
+impl std::fmt::Display for CleanSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} segments released in {} passes, {} blocks ({} bytes) moved; clean segments {} -> {}{}",
+            self.released,
+            self.passes,
+            self.blocks_moved,
+            self.bytes_moved,
+            self.clean_before,
+            self.clean_after,
+            if self.cancelled { " (stopped)" } else { "" }
+        )
+    }
+}
+
 /// The cleaner's state inside the engine (behind `Engine::cleaner`).
 pub(crate) struct CleanerState {
     pub policy: PolicyKind,
@@ -270,6 +300,49 @@ impl Engine {
             Release::Now(Duration::ZERO),
             max_utilization,
         )
+    }
+
+    /// Cleans now, pass after pass (`ldfs clean`, on an image or a mount):
+    /// segments at or below `max_utilization` chosen by `policy`, until the
+    /// policy finds none, `max_segments` were released, `cancel` is set, or
+    /// three passes in a row free nothing (victims whose live blocks an
+    /// open ARU holds stay until it ends).
+    pub fn clean_now(
+        &self,
+        policy: PolicyKind,
+        max_segments: Option<u64>,
+        max_utilization: f64,
+        cancel: &std::sync::atomic::AtomicBool,
+    ) -> LdResult<CleanSummary> {
+        let limit = max_segments.unwrap_or(u64::MAX);
+        let mut sum = CleanSummary {
+            clean_before: self.clean_segment_counts().0,
+            ..Default::default()
+        };
+        let moved0 = self.write_totals().1;
+        let mut futile = 0;
+        while sum.released < limit && !cancel.load(std::sync::atomic::Ordering::Relaxed) {
+            let step = (limit - sum.released).min(16) as usize;
+            let rep = self.clean_below(policy, step, max_utilization)?;
+            if rep.victims.is_empty() {
+                break;
+            }
+            sum.passes += 1;
+            sum.released += rep.released as u64;
+            sum.blocks_moved += rep.blocks_moved;
+            if rep.progress() {
+                futile = 0;
+            } else {
+                futile += 1;
+                if futile >= 3 {
+                    break;
+                }
+            }
+        }
+        sum.cancelled = cancel.load(std::sync::atomic::Ordering::Relaxed);
+        sum.bytes_moved = self.write_totals().1 - moved0;
+        sum.clean_after = self.clean_segment_counts().0;
+        Ok(sum)
     }
 
     /// One bounded step with the current policy: foreground (a write below
