@@ -5,6 +5,7 @@
 mod bench;
 mod bench_cleaner;
 mod bench_fs;
+mod bench_writedel;
 mod fuse;
 mod memfs;
 mod mount;
@@ -220,6 +221,33 @@ enum BenchCmd {
         #[arg(long, default_value_t = 5)]
         seconds: u64,
     },
+    /// The DualFS write-del test (DualFS 4.4): copy a tree, delete 7/8 of
+    /// its files, 20 times; total time with the background cleaner on an
+    /// image that must be cleaned against no cleaning at all. Mounts
+    /// through FUSE (needs fusermount3).
+    Writedel {
+        /// Directory for the images.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// Files in the tree (log-uniform 512 B to 64 KiB, about 13 KiB each).
+        #[arg(long, default_value_t = 1500)]
+        files: usize,
+        /// Copy-and-delete rounds.
+        #[arg(long, default_value_t = 20)]
+        rounds: usize,
+        /// Image that must be cleaned (the rounds write several times its size).
+        #[arg(long, default_value = "128M", value_parser = parse_size)]
+        small_size: u64,
+        /// Image that needs no cleaning.
+        #[arg(long, default_value = "1G", value_parser = parse_size)]
+        large_size: u64,
+        /// Runs of each configuration, interleaved; medians are reported.
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+        /// The background cleaner's policy.
+        #[arg(long, default_value = "free-weighted")]
+        policy: PolicyKind,
+    },
 }
 
 pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
@@ -371,6 +399,27 @@ fn main() -> ExitCode {
             background,
             stop,
         ),
+        Cmd::Bench {
+            which:
+                BenchCmd::Writedel {
+                    dir,
+                    files,
+                    rounds,
+                    small_size,
+                    large_size,
+                    repeat,
+                    policy,
+                },
+        } => bench_writedel::run_bench(&bench_writedel::WriteDelBench {
+            dir,
+            small_bytes: small_size,
+            large_bytes: large_size,
+            files,
+            rounds,
+            repeat,
+            policy,
+        })
+        .map_err(Into::into),
         Cmd::Bench {
             which:
                 BenchCmd::Cleaner {
