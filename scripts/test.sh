@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, and every test (unit, property,
-# crash simulation with fixed seeds). Set LDFS_LONG=1 for the long mode.
+# crash simulation with fixed seeds) and a short run of every fuzz target.
+# Set LDFS_LONG=1 for the long mode.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The FUSE tests need fusermount3; on a fresh machine install it (as root),
@@ -10,5 +11,7 @@ if ! command -v fusermount3 >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && command -
     || echo "*** could not install fuse3: FUSE tests will be skipped ***"
 fi
 cargo fmt --all -- --check
+(cd fuzz && cargo fmt -- --check)
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace --release
+./scripts/fuzz-smoke.sh

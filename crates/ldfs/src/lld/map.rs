@@ -1310,6 +1310,12 @@ fn encode_internal(fs_id: u64, level: u8, children: &[(Key, PagePtr)], page: &mu
     }
 }
 
+/// Checks a map page read at `addr` as the map would when loading it at
+/// `level` (fsck, fuzzing): magic, file system, level, counts, key order.
+pub fn validate_page(b: &[u8], addr: u64, fs_id: u64, level: u8) -> Result<(), Corruption> {
+    decode_page(b, addr, fs_id, level).map(|_| ())
+}
+
 /// Decodes a map page read at `addr`, expected at `level`. Never panics.
 fn decode_page(b: &[u8], addr: u64, fs_id: u64, level: u8) -> Result<Page, Corruption> {
     let bad = |reason| corrupt(addr, reason);
