@@ -179,6 +179,8 @@ struct Outcome {
     secs: f64,
     segments_cleaned: f64,
     write_cost: f64,
+    checkpoints: f64,
+    flushes: f64,
 }
 
 /// The test itself on one mount: copy, delete 7/8, `rounds` times, then
@@ -223,6 +225,8 @@ fn write_del(m: &Mounted, tree: &Tree, rounds: usize) -> R<Outcome> {
         secs,
         segments_cleaned: stat_after(&stats, "cleaned:").unwrap_or(f64::NAN),
         write_cost: stat_after(&stats, "write cost (user + moved) / user =").unwrap_or(f64::NAN),
+        checkpoints: stat_after(&stats, "checkpoints:").unwrap_or(f64::NAN),
+        flushes: stat_after(&stats, "device flushes:").unwrap_or(f64::NAN),
     })
 }
 
@@ -275,16 +279,18 @@ pub fn run_bench(b: &WriteDelBench) -> R<()> {
         }
     }
     println!(
-        "| configuration | image | total s | vs no cleaning | segments cleaned | write cost |"
+        "| configuration | image | total s | vs no cleaning | segments cleaned | write cost | checkpoints | device flushes |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     let base = median(&mut samples[0].iter().map(|o| o.secs).collect::<Vec<_>>());
     for ((name, bytes, _), s) in configs.iter().zip(&samples) {
         let secs = median(&mut s.iter().map(|o| o.secs).collect::<Vec<_>>());
         let cleaned = median(&mut s.iter().map(|o| o.segments_cleaned).collect::<Vec<_>>());
         let cost = median(&mut s.iter().map(|o| o.write_cost).collect::<Vec<_>>());
+        let cps = median(&mut s.iter().map(|o| o.checkpoints).collect::<Vec<_>>());
+        let flushes = median(&mut s.iter().map(|o| o.flushes).collect::<Vec<_>>());
         println!(
-            "| {name} | {} MiB | {secs:.2} | {:+.1}% | {cleaned:.0} | {cost:.2} |",
+            "| {name} | {} MiB | {secs:.2} | {:+.1}% | {cleaned:.0} | {cost:.2} | {cps:.0} | {flushes:.0} |",
             bytes >> 20,
             (secs / base - 1.0) * 100.0
         );
