@@ -173,10 +173,25 @@ pub(crate) fn recover(dev: &dyn Device, g: &Geometry, opts: &LldOptions) -> LdRe
     for (i, s) in slots.into_iter().enumerate() {
         match s {
             Ok((h, u)) => valid.push((i, h, u)),
-            Err(c) => report.checkpoint_errors.push(format!("slot {i}: {c}")),
+            Err(c) => {
+                report.checkpoint_errors.push(format!("slot {i}: {c}"));
+                report.failed_slots.push(i);
+            }
         }
     }
     valid.sort_by_key(|(_, h, _)| std::cmp::Reverse(h.serial));
+    // A rebuild must outrank every slot still on the device: its first
+    // checkpoint takes the next serial, and its epoch fences off their logs.
+    let floor = Floor {
+        serial: valid.iter().map(|(_, h, _)| h.serial).max().unwrap_or(0),
+        epoch: valid.iter().map(|(_, h, _)| h.epoch).max().unwrap_or(0),
+    };
+    if opts.rebuild {
+        report
+            .checkpoint_errors
+            .push("checkpoints ignored: rebuild requested".into());
+        valid.clear();
+    }
     let r = Pages { dev };
     for (slot, h, usage) in valid {
         let root = h.map_root.map(|(ptr, height, entries)| MapRoot {
@@ -190,6 +205,7 @@ pub(crate) fn recover(dev: &dyn Device, g: &Geometry, opts: &LldOptions) -> LdRe
                 report
                     .checkpoint_errors
                     .push(format!("slot {slot}: map: {c}"));
+                report.failed_slots.push(slot);
                 continue;
             }
             Err(e) => return Err(e),
@@ -215,18 +231,21 @@ pub(crate) fn recover(dev: &dyn Device, g: &Geometry, opts: &LldOptions) -> LdRe
             Ok(()) => {
                 rec.report.checkpoint_slot = Some(slot);
                 rec.report.checkpoint_errors = std::mem::take(&mut report.checkpoint_errors);
+                rec.report.failed_slots = std::mem::take(&mut report.failed_slots);
                 return Ok(rec);
             }
             Err(LdError::Corrupt(c)) => {
                 report
                     .checkpoint_errors
                     .push(format!("slot {slot}: roll-forward: {c}"));
+                report.failed_slots.push(slot);
             }
             Err(e) => return Err(e),
         }
     }
-    let mut rec = rebuild(dev, g, opts)?;
+    let mut rec = rebuild(dev, g, opts, floor)?;
     rec.report.checkpoint_errors = report.checkpoint_errors;
+    rec.report.failed_slots = report.failed_slots;
     Ok(rec)
 }
 
@@ -396,7 +415,15 @@ fn sub_old(usage: &mut Usage, g: &Geometry, old: &MapEntry) {
 /// last. Used only when both checkpoint slots are unusable. Blocks deleted by
 /// a record whose segment has since been reused can come back; `fsck` and the
 /// issue tracker know this limit of the method.
-fn rebuild(dev: &dyn Device, g: &Geometry, opts: &LldOptions) -> LdResult<Recovered> {
+/// The largest serial and epoch of the checkpoint slots that decoded: a
+/// rebuilt state starts above them.
+#[derive(Clone, Copy)]
+struct Floor {
+    serial: u64,
+    epoch: u64,
+}
+
+fn rebuild(dev: &dyn Device, g: &Geometry, opts: &LldOptions, floor: Floor) -> LdResult<Recovered> {
     let mut all = Vec::new();
     for s in 0..g.segment_count {
         all.extend(scan_segment(dev, g, SegmentId(s), true)?);
@@ -507,14 +534,14 @@ fn rebuild(dev: &dyn Device, g: &Geometry, opts: &LldOptions) -> LdResult<Recove
         page: 0,
         next: head,
         seq: all.last().map_or(1, |p| p.header.seq + 1),
-        epoch: all.last().map_or(1, |p| p.header.epoch),
+        epoch: all.last().map_or(1, |p| p.header.epoch).max(floor.epoch),
     };
     choose_next(&mut usage, &mut log);
     Ok(Recovered {
         map,
         usage,
         log,
-        serial: 0,
+        serial: floor.serial,
         next_list,
         user_bytes: 0,
         moved_bytes: 0,
