@@ -412,10 +412,12 @@ impl Engine {
             let mut g = self.lock();
             return Err(self.fail(&mut g, drain_error(e)));
         }
-        Ok(recovery::scan_segment(&*self.dev, &self.geo, seg, false)?
-            .into_iter()
-            .map(|p| (p.header, p.records))
-            .collect())
+        Ok(
+            recovery::scan_segment(&*self.dev, &self.geo, seg, recovery::Verify::Summary)?
+                .into_iter()
+                .map(|p| (p.header, p.records))
+                .collect(),
+        )
     }
 
     /// Whether the map page stored at `addr` is still part of the map.

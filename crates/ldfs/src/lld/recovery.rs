@@ -42,6 +42,19 @@ pub(crate) struct Recovered {
     pub report: OpenReport,
 }
 
+/// How much of a partial segment `read_partial` checks beyond its summary.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verify {
+    /// The summary only.
+    Summary,
+    /// The summary and every written block's crc, not the map pages: the
+    /// rebuild uses no map page, so a damaged one must not cost it the
+    /// blocks beside it.
+    Blocks,
+    /// The summary and the crc of everything it names (roll-forward).
+    All,
+}
+
 /// Reads and verifies the partial segment at `(seg, page)`. Device errors
 /// are errors; anything wrong with the bytes is a `Corruption`, which
 /// roll-forward treats as the end of the log.
@@ -50,8 +63,9 @@ pub(crate) fn read_partial(
     g: &Geometry,
     seg: SegmentId,
     page: u32,
-    verify_data: bool,
+    verify: Verify,
 ) -> LdResult<Result<ScannedPartial, Corruption>> {
+    let verify_data = verify != Verify::Summary;
     if page >= g.segment_pages {
         return Ok(Err(Corruption {
             what: "summary",
@@ -107,7 +121,9 @@ pub(crate) fn read_partial(
                 Record::Write {
                     data_off, len, crc, ..
                 } => (data_off as usize, len as usize, crc),
-                Record::MapPage { data_off, crc, .. } => (data_off as usize, PAGE_BYTES, crc),
+                Record::MapPage { data_off, crc, .. } if verify == Verify::All => {
+                    (data_off as usize, PAGE_BYTES, crc)
+                }
                 _ => continue,
             };
             // decode_records bounded off + len by the data area.
@@ -134,12 +150,12 @@ pub(crate) fn scan_segment(
     dev: &dyn Device,
     g: &Geometry,
     seg: SegmentId,
-    verify_data: bool,
+    verify: Verify,
 ) -> LdResult<Vec<ScannedPartial>> {
     let mut out: Vec<ScannedPartial> = Vec::new();
     let mut page = 0;
     while page + 1 < g.segment_pages {
-        let Ok(p) = read_partial(dev, g, seg, page, verify_data)? else {
+        let Ok(p) = read_partial(dev, g, seg, page, verify)? else {
             break;
         };
         // Partials within a segment are written in increasing sequence;
@@ -265,7 +281,7 @@ fn roll_forward(dev: &dyn Device, g: &Geometry, rec: &mut Recovered) -> LdResult
             if (i == 1 && next == seg) || pg >= g.segment_pages {
                 continue;
             }
-            match read_partial(dev, g, s, pg, true)? {
+            match read_partial(dev, g, s, pg, Verify::All)? {
                 Ok(p) if p.header.epoch == epoch && p.header.seq == seq => {
                     found = Some(p);
                     break;
@@ -426,7 +442,7 @@ struct Floor {
 fn rebuild(dev: &dyn Device, g: &Geometry, opts: &LldOptions, floor: Floor) -> LdResult<Recovered> {
     let mut all = Vec::new();
     for s in 0..g.segment_count {
-        all.extend(scan_segment(dev, g, SegmentId(s), true)?);
+        all.extend(scan_segment(dev, g, SegmentId(s), Verify::Blocks)?);
     }
     all.sort_by_key(|p| (p.header.epoch, p.header.seq));
     let committed: HashSet<(u64, u64)> = all

@@ -120,7 +120,7 @@ pub fn rewrite_superblock(dev: &dyn Device, g: &Geometry, copy: usize) -> LdResu
 
 /// Problems with the checkpoint slots, from what open found (`report`) and
 /// the slots themselves: a slot the engine could not use is damage, except a
-/// slot still all zero while the other holds mkfs's first checkpoint.
+/// slot still all zero while the other holds one of the first two checkpoints.
 pub fn check_checkpoints(
     dev: &dyn Device,
     g: &Geometry,
@@ -224,7 +224,13 @@ impl Engine {
             let mut page = 0u32;
             let mut last_seq = None;
             while page + 1 < geo.segment_pages {
-                let p = match recovery::read_partial(dev, &geo, seg, page, false)? {
+                let p = match recovery::read_partial(
+                    dev,
+                    &geo,
+                    seg,
+                    page,
+                    recovery::Verify::Summary,
+                )? {
                     Ok(p) => p,
                     Err(why) => {
                         stops.insert(seg.0, Stop { page, why });
