@@ -18,6 +18,7 @@ cargo build --release
 if $SUDO true 2>/dev/null; then
   $SUDO install -m 755 target/release/ldfs /usr/local/bin/ldfs
   $SUDO ln -sf /usr/local/bin/ldfs /sbin/mount.fuse.ldfs
+  $SUDO ln -sf /usr/local/bin/ldfs /sbin/fsck.ldfs
   LDFS=/usr/local/bin/ldfs
 else
   LDFS=./target/release/ldfs

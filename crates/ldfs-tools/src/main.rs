@@ -1,11 +1,12 @@
 //! The `ldfs` command: `mkfs`, `mount` (also as the mount helper
-//! `mount.fuse.ldfs`), `sync`, `stats`, `checkpoint`, `clean`, `inspect` and
-//! `bench` (engine, cleaner, fs). fsck follows (issue 4).
+//! `mount.fuse.ldfs`), `fsck` (also as `fsck.ldfs`), `sync`, `stats`,
+//! `checkpoint`, `clean`, `inspect` and `bench` (engine, cleaner, fs).
 
 mod bench;
 mod bench_cleaner;
 mod bench_fs;
 mod bench_writedel;
+mod fsck;
 mod fuse;
 mod memfs;
 mod mount;
@@ -56,6 +57,12 @@ enum Cmd {
         #[arg(long)]
         preallocate: bool,
     },
+    /// Check an image (both superblocks, both checkpoints, every summary and
+    /// live block's checksum, the map against the summaries, the usage
+    /// table, the file tree) and with -y or -p repair it. Exit codes as
+    /// fsck(8): 0 clean, 1 corrected, 4 errors left, 8 operational error,
+    /// 16 usage error, 32 cancelled.
+    Fsck(fsck::FsckArgs),
     /// Print the superblock, both checkpoints, the segment usage table and,
     /// with --segment, that segment's partial-segment summaries.
     Inspect {
@@ -320,6 +327,15 @@ fn main() -> ExitCode {
             }
         };
     }
+    // As fsck(8)'s helper `fsck.ldfs [-n|-y|-p] [-f] IMAGE`, or `ldfs fsck`:
+    // parsed here so usage errors exit 16, as fsck(8) says.
+    if argv0.ends_with("fsck.ldfs") {
+        return ExitCode::from(fsck::main_with(std::env::args()));
+    }
+    if std::env::args().nth(1).as_deref() == Some("fsck") {
+        let args = std::iter::once("ldfs fsck".to_string()).chain(std::env::args().skip(2));
+        return ExitCode::from(fsck::main_with(args));
+    }
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Mkfs {
@@ -349,6 +365,7 @@ fn main() -> ExitCode {
             options,
             daemon_child,
         } => mount::run(image, dir, foreground, options, daemon_child).map_err(Into::into),
+        Cmd::Fsck(_) => unreachable!("fsck is dispatched before the other commands"),
         Cmd::BenchMemfs { dir } => memfs::serve(&dir).map_err(Into::into),
         Cmd::Stats { mountpoint } => control_get(&mountpoint, "stats").map(|t| {
             print!("{}", String::from_utf8_lossy(&t));

@@ -9,10 +9,14 @@
 //! device  block devices: file, memory, crash simulation, fault injection
 //! ```
 //!
+//! `fsck` checks and repairs a whole image, using the engine's checks
+//! (`lld::verify`) and the tree's (`fs::check`).
+//!
 //! Nothing in this crate knows about FUSE.
 
 pub mod device;
 pub mod fs;
+pub mod fsck;
 pub mod ld;
 pub mod lld;
 pub mod testing;

@@ -109,6 +109,30 @@ impl FileDevice {
         Ok(FileDevice::from_parts(file, path, size, opts.direct))
     }
 
+    /// Opens an existing regular file or block device for reading only: the
+    /// operating system refuses every write (fsck -n writes nothing).
+    pub fn open_read_only(path: &Path) -> Result<FileDevice, DeviceError> {
+        let mut file = OpenOptions::new()
+            .read(true)
+            .open(path)
+            .map_err(open_error)?;
+        let meta = file.metadata().map_err(open_error)?;
+        let size = if meta.file_type().is_block_device() {
+            file.seek(SeekFrom::End(0)).map_err(open_error)?
+        } else if meta.file_type().is_file() {
+            meta.len()
+        } else {
+            return Err(open_error(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} is neither a regular file nor a block device",
+                    path.display()
+                ),
+            )));
+        };
+        Ok(FileDevice::from_parts(file, path, size, false))
+    }
+
     /// Creates a regular file of `size_bytes` (sparse), truncating and resizing
     /// it if it already exists.
     pub fn create(

@@ -1,28 +1,184 @@
-//! The file-tree consistency check (the fs half of fsck, run by the crash
-//! tests after every recovery): every entry names a live inode of the kind it
-//! says; every directory's `..`, entry count and link count are right; every
-//! inode's link count equals the entries naming it; every inode is reachable
-//! from the root or recorded as an orphan; every list an inode names exists.
-//! It reads only; it reports what it finds.
+//! The file-tree consistency check and its repairs (the fs half of fsck; the
+//! check runs in the crash tests after every recovery): every entry names a
+//! live inode of the kind it says; every directory's `..`, entry count and
+//! link count are right; every inode's link count equals the entries naming
+//! it; every inode is reachable from the root or recorded as an orphan;
+//! every list an inode names exists; every bucket decodes.
+//!
+//! `check` reads only and returns typed [`Finding`]s (and their text).
+//! `repair` acts on them through the normal write paths, one ARU per fix,
+//! so a crash during a repair leaves a consistent image that a second run
+//! finishes. It works in rounds, each starting from a fresh check: first
+//! the structure (damaged buckets rebuilt from what can be salvaged,
+//! entries naming no inode dropped, kinds corrected, second links to a
+//! directory dropped, undecodable unreachable inode records deleted,
+//! unreachable inodes reattached under `/lost+found`), then, once the
+//! structure is sound, the counts (`..`, entry counts, link counts). The
+//! number of rounds is bounded.
 
 use std::collections::{HashMap, HashSet};
+use std::fmt;
 
 use super::inode::{Inode, Kind};
-use super::{dir, Fs, FsError, ORPHAN_LIST, ROOT_INO};
-use crate::ld::ListId;
+use super::{dir, Ctx, Fs, FsError, FsResult, INODE_LIST, ORPHAN_LIST, ROOT_INO};
+use crate::ld::{LdError, ListId};
+
+/// Name of the directory under the root that receives unreachable inodes.
+pub const LOST_FOUND: &[u8] = b"lost+found";
+/// Repair rounds before giving up (each round fixes a class of damage and
+/// the next round checks again).
+const REPAIR_ROUNDS: usize = 8;
+
+/// One inconsistency, with what a repair needs to act on it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Finding {
+    /// A directory bucket cannot be read or does not decode.
+    BadBucket { dir: u64, index: u64, why: String },
+    /// An entry names an inode that does not exist or cannot be decoded.
+    Dangling {
+        dir: u64,
+        name: Vec<u8>,
+        ino: u64,
+        why: String,
+    },
+    /// An entry's kind differs from its inode's (`kind`: the inode's code).
+    WrongKind {
+        dir: u64,
+        name: Vec<u8>,
+        ino: u64,
+        kind: u8,
+    },
+    /// A second entry naming a directory already linked elsewhere.
+    DirLinkedTwice { dir: u64, name: Vec<u8>, ino: u64 },
+    /// A directory whose `..` is not the directory it is in.
+    WrongParent { ino: u64, says: u64, parent: u64 },
+    /// A directory whose entry count is wrong.
+    DirSize { dir: u64, says: u64, entries: u64 },
+    /// An inode whose link count is wrong.
+    Nlink { ino: u64, says: u32, expected: u32 },
+    /// An inode reachable from no directory and not an orphan.
+    Unreachable { ino: u64 },
+    /// An inode record that is reachable from nowhere and does not decode.
+    BadInode { ino: u64, why: String },
+    /// Something a repair cannot fix (the root, device errors, a data list).
+    Unfixable(String),
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        match self {
+            Finding::BadBucket { dir, index, why } => {
+                write!(
+                    f,
+                    "directory {dir}: damaged directory index (bucket {index}): {why}"
+                )
+            }
+            Finding::Dangling {
+                dir,
+                name,
+                ino,
+                why,
+            } => write!(
+                f,
+                "directory {dir} entry {:?}: dangling entry: inode {ino} {why}",
+                n(name)
+            ),
+            Finding::WrongKind {
+                dir,
+                name,
+                ino,
+                kind,
+            } => write!(
+                f,
+                "directory {dir} entry {:?}: wrong kind: inode {ino} is {:?}",
+                n(name),
+                Kind::from_code(*kind)
+            ),
+            Finding::DirLinkedTwice { dir, name, ino } => write!(
+                f,
+                "directory {ino} is linked twice (again as {:?} in {dir})",
+                n(name)
+            ),
+            Finding::WrongParent { ino, says, parent } => {
+                write!(f, "directory {ino} has parent {says}, but is in {parent}")
+            }
+            Finding::DirSize { dir, says, entries } => {
+                write!(f, "directory {dir}: {entries} entries, inode says {says}")
+            }
+            Finding::Nlink {
+                ino,
+                says,
+                expected,
+            } => write!(
+                f,
+                "inode {ino}: wrong link count {says}, expected {expected}"
+            ),
+            Finding::Unreachable { ino } => {
+                write!(
+                    f,
+                    "inode {ino} is unreachable (neither reachable nor an orphan)"
+                )
+            }
+            Finding::BadInode { ino, why } => write!(f, "inode {ino}: bad inode record: {why}"),
+            Finding::Unfixable(s) => f.write_str(s),
+        }
+    }
+}
+
+impl Finding {
+    /// Findings about the tree's structure, repaired before the counts.
+    fn structural(&self) -> bool {
+        matches!(
+            self,
+            Finding::BadBucket { .. }
+                | Finding::Dangling { .. }
+                | Finding::WrongKind { .. }
+                | Finding::DirLinkedTwice { .. }
+                | Finding::Unreachable { .. }
+                | Finding::BadInode { .. }
+        )
+    }
+}
 
 /// What the check found wrong; empty means consistent.
 #[derive(Debug, Default)]
 pub struct Report {
+    /// Every finding's text.
     pub problems: Vec<String>,
+    pub findings: Vec<Finding>,
     pub inodes: u64,
     pub directories: u64,
     pub files: u64,
     pub bytes: u64,
 }
 
+impl Report {
+    fn push(&mut self, f: Finding) {
+        self.problems.push(f.to_string());
+        self.findings.push(f);
+    }
+}
+
+/// What `repair` did and what is left.
+#[derive(Debug, Default)]
+pub struct RepairReport {
+    /// One line per fix made.
+    pub fixed: Vec<String>,
+    /// The check after the last round.
+    pub after: Report,
+}
+
+/// Why an inode could not be loaded: it is gone or its bytes are bad (a
+/// repair may drop what names it), or the device failed (it may not).
+enum LoadError {
+    Gone(String),
+    Device(String),
+}
+
 impl Fs {
-    /// Walks the whole tree. Errors reading the device are problems too.
+    /// Walks the whole tree. Corruption is a finding; only a failure to list
+    /// the inode or orphan lists is an error.
     pub fn check(&self) -> Result<Report, FsError> {
         let mut r = Report::default();
         let ld = self.logical_disk().clone();
@@ -30,24 +186,32 @@ impl Fs {
         let mut seen: HashSet<u64> = HashSet::new();
         let mut stack = vec![ROOT_INO];
         let mut inodes: HashMap<u64, Inode> = HashMap::new();
-        let load = |ino: u64, inodes: &mut HashMap<u64, Inode>| -> Result<Inode, String> {
+        let load = |ino: u64, inodes: &mut HashMap<u64, Inode>| -> Result<Inode, LoadError> {
             if let Some(i) = inodes.get(&ino) {
                 return Ok(i.clone());
             }
-            let b = ld
-                .read(super::INODE_LIST, ino)
-                .map_err(|e| format!("inode {ino}: {e}"))?
-                .ok_or_else(|| format!("inode {ino} is named but does not exist"))?;
-            let i = Inode::decode(ino, &b, ino).map_err(|c| c.to_string())?;
+            let b = match ld.read(INODE_LIST, ino) {
+                Ok(Some(b)) => b,
+                Ok(None) => return Err(LoadError::Gone("does not exist".into())),
+                Err(LdError::Corrupt(c)) => return Err(LoadError::Gone(c.to_string())),
+                Err(e) => return Err(LoadError::Device(format!("inode {ino}: {e}"))),
+            };
+            let i = Inode::decode(ino, &b, ino).map_err(|c| LoadError::Gone(c.to_string()))?;
             inodes.insert(ino, i.clone());
             Ok(i)
         };
         seen.insert(ROOT_INO);
         while let Some(d) = stack.pop() {
             let di = match load(d, &mut inodes) {
-                Ok(i) => i,
-                Err(e) => {
-                    r.problems.push(e);
+                Ok(i) if i.kind() == Kind::Dir => i,
+                Ok(_) => {
+                    r.push(Finding::Unfixable(format!(
+                        "inode {d} (root) is not a directory"
+                    )));
+                    continue;
+                }
+                Err(LoadError::Gone(why) | LoadError::Device(why)) => {
+                    r.push(Finding::Unfixable(format!("directory {d}: {why}")));
                     continue;
                 }
             };
@@ -60,62 +224,87 @@ impl Fs {
                 let idx = match ld.indices(list, from, 1024) {
                     Ok(v) => v,
                     Err(e) => {
-                        r.problems
-                            .push(format!("directory {d}: list {}: {e}", di.list));
+                        r.push(Finding::Unfixable(format!(
+                            "directory {d}: list {}: {e}",
+                            di.list
+                        )));
                         break;
                     }
                 };
-                if idx.is_empty() {
+                let Some(&last) = idx.last() else {
                     break;
-                }
+                };
                 for b in &idx {
                     let raw = match ld.read(list, *b) {
                         Ok(Some(raw)) => raw,
                         Ok(None) => continue,
+                        Err(LdError::Corrupt(c)) => {
+                            r.push(Finding::BadBucket {
+                                dir: d,
+                                index: *b,
+                                why: c.to_string(),
+                            });
+                            continue;
+                        }
                         Err(e) => {
-                            r.problems.push(format!("directory {d} bucket {b}: {e}"));
+                            r.push(Finding::Unfixable(format!("directory {d} bucket {b}: {e}")));
                             continue;
                         }
                     };
                     let entries = match dir::decode(&raw, d, *b) {
                         Ok(e) => e,
                         Err(c) => {
-                            r.problems.push(c.to_string());
+                            r.push(Finding::BadBucket {
+                                dir: d,
+                                index: *b,
+                                why: c.to_string(),
+                            });
                             continue;
                         }
                     };
                     for e in entries {
-                        count += 1;
-                        *refs.entry(e.ino).or_insert(0) += 1;
-                        let name = String::from_utf8_lossy(&e.name).to_string();
                         let ci = match load(e.ino, &mut inodes) {
                             Ok(i) => i,
-                            Err(msg) => {
-                                r.problems
-                                    .push(format!("directory {d} entry {name:?}: {msg}"));
+                            Err(LoadError::Gone(why)) => {
+                                r.push(Finding::Dangling {
+                                    dir: d,
+                                    name: e.name,
+                                    ino: e.ino,
+                                    why,
+                                });
+                                continue;
+                            }
+                            Err(LoadError::Device(why)) => {
+                                r.push(Finding::Unfixable(why));
                                 continue;
                             }
                         };
+                        count += 1;
+                        *refs.entry(e.ino).or_insert(0) += 1;
                         if ci.kind().code() != e.kind {
-                            r.problems.push(format!(
-                                "directory {d} entry {name:?}: says kind {}, inode {} is {:?}",
-                                e.kind,
-                                e.ino,
-                                ci.kind()
-                            ));
+                            r.push(Finding::WrongKind {
+                                dir: d,
+                                name: e.name.clone(),
+                                ino: e.ino,
+                                kind: ci.kind().code(),
+                            });
                         }
                         if ci.kind() == Kind::Dir {
+                            if !seen.insert(e.ino) {
+                                r.push(Finding::DirLinkedTwice {
+                                    dir: d,
+                                    name: e.name,
+                                    ino: e.ino,
+                                });
+                                continue;
+                            }
                             subdirs += 1;
                             if ci.parent != d {
-                                r.problems.push(format!(
-                                    "directory {} ({name:?}) has parent {}, but is in {d}",
-                                    e.ino, ci.parent
-                                ));
-                            }
-                            if !seen.insert(e.ino) {
-                                r.problems
-                                    .push(format!("directory {} is linked twice", e.ino));
-                                continue;
+                                r.push(Finding::WrongParent {
+                                    ino: e.ino,
+                                    says: ci.parent,
+                                    parent: d,
+                                });
                             }
                             stack.push(e.ino);
                         } else if seen.insert(e.ino) {
@@ -123,38 +312,45 @@ impl Fs {
                             r.bytes += ci.size;
                             if ci.list != 0 {
                                 if let Err(e2) = ld.indices(ListId(ci.list), 0, 1) {
-                                    r.problems.push(format!(
+                                    r.push(Finding::Unfixable(format!(
                                         "inode {}: data list {}: {e2}",
                                         e.ino, ci.list
-                                    ));
+                                    )));
                                 }
                             }
                         }
                     }
                 }
-                from = idx.last().unwrap() + 1;
+                from = match last.checked_add(1) {
+                    Some(f) => f,
+                    None => break,
+                };
             }
             if count != di.size {
-                r.problems.push(format!(
-                    "directory {d}: {count} entries, inode says {}",
-                    di.size
-                ));
+                r.push(Finding::DirSize {
+                    dir: d,
+                    says: di.size,
+                    entries: count,
+                });
             }
             if di.nlink != 2 + subdirs {
-                r.problems.push(format!(
-                    "directory {d}: link count {}, expected {}",
-                    di.nlink,
-                    2 + subdirs
-                ));
+                r.push(Finding::Nlink {
+                    ino: d,
+                    says: di.nlink,
+                    expected: 2 + subdirs,
+                });
             }
         }
-        for (ino, n) in &refs {
-            if let Some(i) = inodes.get(ino) {
-                if i.kind() != Kind::Dir && i.nlink != *n {
-                    r.problems.push(format!(
-                        "inode {ino}: link count {}, {n} entries name it",
-                        i.nlink
-                    ));
+        let mut refs: Vec<(u64, u32)> = refs.into_iter().collect();
+        refs.sort_unstable();
+        for (ino, n) in refs {
+            if let Some(i) = inodes.get(&ino) {
+                if i.kind() != Kind::Dir && i.nlink != n {
+                    r.push(Finding::Nlink {
+                        ino,
+                        says: i.nlink,
+                        expected: n,
+                    });
                 }
             }
         }
@@ -165,15 +361,235 @@ impl Fs {
             .into_iter()
             .collect();
         let all = ld
-            .indices(super::INODE_LIST, 0, usize::MAX)
+            .indices(INODE_LIST, 0, usize::MAX)
             .map_err(FsError::from)?;
         r.inodes = all.len() as u64;
         for ino in all {
-            if !seen.contains(&ino) && !orphans.contains(&ino) {
-                r.problems
-                    .push(format!("inode {ino} is neither reachable nor an orphan"));
+            if seen.contains(&ino) || orphans.contains(&ino) {
+                continue;
+            }
+            match load(ino, &mut inodes) {
+                Ok(_) => r.push(Finding::Unreachable { ino }),
+                Err(LoadError::Gone(why)) => r.push(Finding::BadInode { ino, why }),
+                Err(LoadError::Device(why)) => r.push(Finding::Unfixable(why)),
             }
         }
         Ok(r)
     }
+
+    /// Repairs what `check` finds, in rounds (see the module documentation),
+    /// each fix its own ARU; returns the fixes and the final check. Fails
+    /// with `ReadOnly` on a read-only mount.
+    pub fn repair(&self) -> FsResult<RepairReport> {
+        let mut out = RepairReport::default();
+        for _ in 0..REPAIR_ROUNDS {
+            let r = self.check()?;
+            let structural: Vec<&Finding> = r.findings.iter().filter(|f| f.structural()).collect();
+            let todo: Vec<Finding> = if structural.is_empty() {
+                r.findings
+                    .iter()
+                    .filter(|f| !matches!(f, Finding::Unfixable(_)))
+                    .cloned()
+                    .collect()
+            } else {
+                structural.into_iter().cloned().collect()
+            };
+            if todo.is_empty() {
+                out.after = r;
+                return Ok(out);
+            }
+            let mut lost_found = None;
+            let mut covered: HashSet<u64> = HashSet::new();
+            // Unreachable directories first, so their contents come along.
+            let mut todo = todo;
+            todo.sort_by_key(|f| match f {
+                Finding::Unreachable { ino } => (1, !self.is_dir(*ino), *ino),
+                _ => (0, false, 0),
+            });
+            for f in todo {
+                if let Finding::Unreachable { ino } = f {
+                    if covered.contains(&ino) {
+                        continue;
+                    }
+                    let lf = match lost_found {
+                        Some(lf) => lf,
+                        None => {
+                            let lf = self.lost_found()?;
+                            lost_found = Some(lf);
+                            lf
+                        }
+                    };
+                    self.subtree(ino, &mut covered);
+                    let name = self.reattach(lf, ino)?;
+                    out.fixed.push(format!(
+                        "inode {ino} reattached as /lost+found/{}",
+                        String::from_utf8_lossy(&name)
+                    ));
+                    continue;
+                }
+                self.fix(&f)?;
+                out.fixed.push(format!("fixed: {f}"));
+            }
+        }
+        out.after = self.check()?;
+        Ok(out)
+    }
+
+    fn is_dir(&self, ino: u64) -> bool {
+        let mut st = self.lock();
+        matches!(self.get_inode(&mut st, ino), Ok(i) if i.kind() == Kind::Dir)
+    }
+
+    /// Marks everything below directory `ino` (best effort, bounded by the
+    /// set: a cycle ends where it meets itself).
+    fn subtree(&self, ino: u64, covered: &mut HashSet<u64>) {
+        let mut stack = vec![ino];
+        while let Some(d) = stack.pop() {
+            if !covered.insert(d) {
+                continue;
+            }
+            let di = {
+                let mut st = self.lock();
+                match self.get_inode(&mut st, d) {
+                    Ok(i) if i.kind() == Kind::Dir => i,
+                    _ => continue,
+                }
+            };
+            let Ok(idx) = self.ld.indices(ListId(di.list), 0, usize::MAX) else {
+                continue;
+            };
+            for b in idx {
+                if let Ok(Some(raw)) = self.ld.read(ListId(di.list), b) {
+                    for e in dir::decode(&raw, d, b).unwrap_or_default() {
+                        stack.push(e.ino);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The `/lost+found` directory, created if missing.
+    fn lost_found(&self) -> FsResult<u64> {
+        match self.lookup(ROOT_INO, LOST_FOUND) {
+            Ok(a) if a.kind == Kind::Dir => return Ok(a.ino),
+            Ok(_) => {
+                return Err(FsError::Invalid(
+                    "/lost+found exists and is not a directory".into(),
+                ))
+            }
+            Err(FsError::NotFound) => {}
+            Err(e) => return Err(e),
+        }
+        let a = self.mkdir(Ctx { uid: 0, gid: 0 }, ROOT_INO, LOST_FOUND, 0o700)?;
+        Ok(a.ino)
+    }
+
+    /// Links `ino` into `/lost+found` as `#ino` (or `#ino.N` if taken).
+    fn reattach(&self, lf: u64, ino: u64) -> FsResult<Vec<u8>> {
+        let mut tx = self.begin(0)?;
+        let r = (|| {
+            let mut d = tx.dir_inode(lf)?;
+            let mut i = tx.inode(ino)?;
+            let mut name = format!("#{ino}").into_bytes();
+            let mut n = 0;
+            let (idx, entries) = loop {
+                match tx.bucket_for_new(&d, &name) {
+                    Ok(found) => break found,
+                    Err(FsError::Exists) if n < 16 => {
+                        n += 1;
+                        name = format!("#{ino}.{n}").into_bytes();
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
+            tx.add_found(&mut d, idx, entries, &name, ino, i.kind())?;
+            if i.kind() == Kind::Dir {
+                d.nlink += 1;
+                i.parent = lf;
+                tx.put(&i)?;
+            } else if i.nlink == 0 {
+                i.nlink = 1;
+                tx.put(&i)?;
+            }
+            tx.put(&d)?;
+            Ok(name)
+        })();
+        tx.end()?;
+        r
+    }
+
+    /// Applies one fix in its own ARU.
+    fn fix(&self, f: &Finding) -> FsResult<()> {
+        let mut tx = self.begin(0)?;
+        let r = (|| match f {
+            Finding::BadBucket { dir, index, .. } => {
+                let mut d = tx.dir_inode(*dir)?;
+                let list = ListId(d.list);
+                let salvaged = match tx.ld().read(list, *index) {
+                    Ok(Some(raw)) => dir::salvage(&raw),
+                    Ok(None) | Err(LdError::Corrupt(_)) => Vec::new(),
+                    Err(e) => return Err(e.into()),
+                };
+                tx.ld().delete(Some(tx.aru), list, *index)?;
+                // Each entry goes back to the bucket its name hashes to
+                // (reads see the delete above, so its own starts empty). A
+                // name already there, or a bucket that is itself damaged or
+                // full, leaves the entry out: its inode ends in lost+found.
+                for e in salvaged {
+                    match tx.bucket_for_new(&d, &e.name) {
+                        Ok((idx, entries)) => {
+                            tx.add_found(&mut d, idx, entries, &e.name, e.ino, kind_of(e.kind))?
+                        }
+                        Err(FsError::Exists | FsError::NoSpace | FsError::Io(_)) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                tx.put(&d)
+            }
+            Finding::Dangling { dir, name, .. } | Finding::DirLinkedTwice { dir, name, .. } => {
+                let mut d = tx.dir_inode(*dir)?;
+                tx.remove_entry(&mut d, name)?;
+                tx.put(&d)
+            }
+            Finding::WrongKind {
+                dir, name, kind, ..
+            } => {
+                let d = tx.dir_inode(*dir)?;
+                let (idx, mut entries) = tx.fs.bucket(&d, name)?;
+                for e in entries.iter_mut().filter(|e| e.name == *name) {
+                    e.kind = *kind;
+                }
+                tx.write_bucket(&d, idx, &entries)
+            }
+            Finding::BadInode { ino, .. } => {
+                tx.ld().delete(Some(tx.aru), INODE_LIST, *ino)?;
+                tx.st.inodes.remove(ino);
+                Ok(())
+            }
+            Finding::WrongParent { ino, parent, .. } => {
+                let mut i = tx.inode(*ino)?;
+                i.parent = *parent;
+                tx.put(&i)
+            }
+            Finding::DirSize { dir, entries, .. } => {
+                let mut d = tx.inode(*dir)?;
+                d.size = *entries;
+                tx.put(&d)
+            }
+            Finding::Nlink { ino, expected, .. } => {
+                let mut i = tx.inode(*ino)?;
+                i.nlink = *expected;
+                tx.put(&i)
+            }
+            Finding::Unreachable { .. } | Finding::Unfixable(_) => {
+                unreachable!("handled by repair: {f}")
+            }
+        })();
+        tx.end()?;
+        r
+    }
+}
+
+fn kind_of(code: u8) -> Kind {
+    Kind::from_code(code).expect("salvage keeps only valid kinds")
 }

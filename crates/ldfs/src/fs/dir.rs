@@ -105,6 +105,40 @@ pub fn decode(b: &[u8], dir: u64, index: u64) -> Result<Vec<Entry>, Corruption> 
     Ok(out)
 }
 
+/// The entries that can still be read from a damaged bucket block (fsck's
+/// directory-index repair): parses entries while they are whole, keeping
+/// each one with a valid name, inode number and kind whatever bucket its
+/// name hashes to; stops at the first that is not whole. Never panics.
+pub fn salvage(b: &[u8]) -> Vec<Entry> {
+    let mut out = Vec::new();
+    if b.len() < 2 {
+        return out;
+    }
+    let n = (u16::from_le_bytes([b[0], b[1]]) as usize).min(BUCKET_MAX);
+    let mut pos = 2;
+    for _ in 0..n {
+        let Some(head) = b.get(pos..pos + 10) else {
+            break;
+        };
+        let ino = u64::from_le_bytes(head[..8].try_into().unwrap());
+        let (kind, len) = (head[8], head[9] as usize);
+        let Some(name) = b.get(pos + 10..pos + 10 + len) else {
+            break;
+        };
+        pos += 10 + len;
+        let name_ok =
+            len > 0 && !name.contains(&b'/') && !name.contains(&0) && name != b"." && name != b"..";
+        if name_ok && ino != 0 && super::inode::Kind::from_code(kind).is_some() {
+            out.push(Entry {
+                name: name.to_vec(),
+                ino,
+                kind,
+            });
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,6 +157,33 @@ mod tests {
         let c = cookie(idx, 0);
         assert!(c > 2);
         assert_eq!(resume(c), (idx, 1));
+    }
+
+    #[test]
+    fn salvage_keeps_whole_entries_of_a_misplaced_or_truncated_bucket() {
+        let e = vec![
+            Entry {
+                name: b"one".to_vec(),
+                ino: 5,
+                kind: 0,
+            },
+            Entry {
+                name: b"two".to_vec(),
+                ino: 6,
+                kind: 1,
+            },
+        ];
+        let b = encode(&e);
+        // Both names hash elsewhere than bucket 7: decode refuses, salvage keeps.
+        assert!(decode(&b, 1, 7).is_err());
+        assert_eq!(salvage(&b), e);
+        assert_eq!(salvage(&b[..b.len() - 1]), e[..1].to_vec());
+        for k in 0..b.len() {
+            let mut bad = b.clone();
+            bad[k] ^= 0xa5;
+            assert!(salvage(&bad).len() <= 2);
+            let _ = salvage(&b[..k]);
+        }
     }
 
     #[test]

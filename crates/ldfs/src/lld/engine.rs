@@ -62,6 +62,10 @@ pub struct LldOptions {
     pub partial_bytes: usize,
     /// The segment cleaner: policy, watermarks, background thread.
     pub cleaner: CleanerOptions,
+    /// Ignore both checkpoint slots and rebuild the map and the usage table
+    /// from every summary on the device (fsck's repair of a damaged map or
+    /// usage table; see `recovery::rebuild` for the method's limit).
+    pub rebuild: bool,
 }
 
 impl Default for LldOptions {
@@ -73,6 +77,7 @@ impl Default for LldOptions {
             checkpoint_dirty_pages: None,
             partial_bytes: 1 << 20,
             cleaner: CleanerOptions::default(),
+            rebuild: false,
         }
     }
 }
@@ -100,6 +105,9 @@ pub struct EngineStats {
 pub struct OpenReport {
     pub checkpoint_slot: Option<usize>,
     pub checkpoint_errors: Vec<String>,
+    /// Slots that could not be used: they did not decode, their map root
+    /// failed its checksum, or roll-forward from them met an inconsistency.
+    pub failed_slots: Vec<usize>,
     pub rolled_forward: u64,
     /// Why roll-forward stopped, if not at a clean end of the log.
     pub stopped: Option<String>,
@@ -351,6 +359,20 @@ impl Engine {
         &self.geo
     }
 
+    pub(crate) fn device(&self) -> &dyn Device {
+        &*self.dev
+    }
+
+    /// Waits until every sealed partial segment is on the device (so reads
+    /// of the device see the whole log); fails the engine if one cannot be.
+    pub(crate) fn drain_flight(&self) -> LdResult<()> {
+        if let Err(e) = self.flight.drain() {
+            let mut g = self.lock();
+            return Err(self.fail(&mut g, drain_error(e)));
+        }
+        Ok(())
+    }
+
     pub fn open_report(&self) -> &OpenReport {
         &self.report
     }
@@ -390,10 +412,12 @@ impl Engine {
             let mut g = self.lock();
             return Err(self.fail(&mut g, drain_error(e)));
         }
-        Ok(recovery::scan_segment(&*self.dev, &self.geo, seg, false)?
-            .into_iter()
-            .map(|p| (p.header, p.records))
-            .collect())
+        Ok(
+            recovery::scan_segment(&*self.dev, &self.geo, seg, recovery::Verify::Summary)?
+                .into_iter()
+                .map(|p| (p.header, p.records))
+                .collect(),
+        )
     }
 
     /// Whether the map page stored at `addr` is still part of the map.
@@ -489,7 +513,7 @@ impl Engine {
         self.checkpoint(&mut g)
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock leaves the state suspect: propagate.
         self.inner
             .lock()

@@ -27,6 +27,7 @@ mod recovery;
 pub mod summary;
 pub mod types;
 pub mod usage;
+pub mod verify;
 mod writer;
 
 pub use cleaner::policy::PolicyKind;

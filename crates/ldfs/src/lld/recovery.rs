@@ -42,6 +42,19 @@ pub(crate) struct Recovered {
     pub report: OpenReport,
 }
 
+/// How much of a partial segment `read_partial` checks beyond its summary.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verify {
+    /// The summary only.
+    Summary,
+    /// The summary and every written block's crc, not the map pages: the
+    /// rebuild uses no map page, so a damaged one must not cost it the
+    /// blocks beside it.
+    Blocks,
+    /// The summary and the crc of everything it names (roll-forward).
+    All,
+}
+
 /// Reads and verifies the partial segment at `(seg, page)`. Device errors
 /// are errors; anything wrong with the bytes is a `Corruption`, which
 /// roll-forward treats as the end of the log.
@@ -50,8 +63,9 @@ pub(crate) fn read_partial(
     g: &Geometry,
     seg: SegmentId,
     page: u32,
-    verify_data: bool,
+    verify: Verify,
 ) -> LdResult<Result<ScannedPartial, Corruption>> {
+    let verify_data = verify != Verify::Summary;
     if page >= g.segment_pages {
         return Ok(Err(Corruption {
             what: "summary",
@@ -107,7 +121,9 @@ pub(crate) fn read_partial(
                 Record::Write {
                     data_off, len, crc, ..
                 } => (data_off as usize, len as usize, crc),
-                Record::MapPage { data_off, crc, .. } => (data_off as usize, PAGE_BYTES, crc),
+                Record::MapPage { data_off, crc, .. } if verify == Verify::All => {
+                    (data_off as usize, PAGE_BYTES, crc)
+                }
                 _ => continue,
             };
             // decode_records bounded off + len by the data area.
@@ -134,12 +150,12 @@ pub(crate) fn scan_segment(
     dev: &dyn Device,
     g: &Geometry,
     seg: SegmentId,
-    verify_data: bool,
+    verify: Verify,
 ) -> LdResult<Vec<ScannedPartial>> {
     let mut out: Vec<ScannedPartial> = Vec::new();
     let mut page = 0;
     while page + 1 < g.segment_pages {
-        let Ok(p) = read_partial(dev, g, seg, page, verify_data)? else {
+        let Ok(p) = read_partial(dev, g, seg, page, verify)? else {
             break;
         };
         // Partials within a segment are written in increasing sequence;
@@ -173,10 +189,25 @@ pub(crate) fn recover(dev: &dyn Device, g: &Geometry, opts: &LldOptions) -> LdRe
     for (i, s) in slots.into_iter().enumerate() {
         match s {
             Ok((h, u)) => valid.push((i, h, u)),
-            Err(c) => report.checkpoint_errors.push(format!("slot {i}: {c}")),
+            Err(c) => {
+                report.checkpoint_errors.push(format!("slot {i}: {c}"));
+                report.failed_slots.push(i);
+            }
         }
     }
     valid.sort_by_key(|(_, h, _)| std::cmp::Reverse(h.serial));
+    // A rebuild must outrank every slot still on the device: its first
+    // checkpoint takes the next serial, and its epoch fences off their logs.
+    let floor = Floor {
+        serial: valid.iter().map(|(_, h, _)| h.serial).max().unwrap_or(0),
+        epoch: valid.iter().map(|(_, h, _)| h.epoch).max().unwrap_or(0),
+    };
+    if opts.rebuild {
+        report
+            .checkpoint_errors
+            .push("checkpoints ignored: rebuild requested".into());
+        valid.clear();
+    }
     let r = Pages { dev };
     for (slot, h, usage) in valid {
         let root = h.map_root.map(|(ptr, height, entries)| MapRoot {
@@ -190,6 +221,7 @@ pub(crate) fn recover(dev: &dyn Device, g: &Geometry, opts: &LldOptions) -> LdRe
                 report
                     .checkpoint_errors
                     .push(format!("slot {slot}: map: {c}"));
+                report.failed_slots.push(slot);
                 continue;
             }
             Err(e) => return Err(e),
@@ -215,18 +247,21 @@ pub(crate) fn recover(dev: &dyn Device, g: &Geometry, opts: &LldOptions) -> LdRe
             Ok(()) => {
                 rec.report.checkpoint_slot = Some(slot);
                 rec.report.checkpoint_errors = std::mem::take(&mut report.checkpoint_errors);
+                rec.report.failed_slots = std::mem::take(&mut report.failed_slots);
                 return Ok(rec);
             }
             Err(LdError::Corrupt(c)) => {
                 report
                     .checkpoint_errors
                     .push(format!("slot {slot}: roll-forward: {c}"));
+                report.failed_slots.push(slot);
             }
             Err(e) => return Err(e),
         }
     }
-    let mut rec = rebuild(dev, g, opts)?;
+    let mut rec = rebuild(dev, g, opts, floor)?;
     rec.report.checkpoint_errors = report.checkpoint_errors;
+    rec.report.failed_slots = report.failed_slots;
     Ok(rec)
 }
 
@@ -246,7 +281,7 @@ fn roll_forward(dev: &dyn Device, g: &Geometry, rec: &mut Recovered) -> LdResult
             if (i == 1 && next == seg) || pg >= g.segment_pages {
                 continue;
             }
-            match read_partial(dev, g, s, pg, true)? {
+            match read_partial(dev, g, s, pg, Verify::All)? {
                 Ok(p) if p.header.epoch == epoch && p.header.seq == seq => {
                     found = Some(p);
                     break;
@@ -396,10 +431,18 @@ fn sub_old(usage: &mut Usage, g: &Geometry, old: &MapEntry) {
 /// last. Used only when both checkpoint slots are unusable. Blocks deleted by
 /// a record whose segment has since been reused can come back; `fsck` and the
 /// issue tracker know this limit of the method.
-fn rebuild(dev: &dyn Device, g: &Geometry, opts: &LldOptions) -> LdResult<Recovered> {
+/// The largest serial and epoch of the checkpoint slots that decoded: a
+/// rebuilt state starts above them.
+#[derive(Clone, Copy)]
+struct Floor {
+    serial: u64,
+    epoch: u64,
+}
+
+fn rebuild(dev: &dyn Device, g: &Geometry, opts: &LldOptions, floor: Floor) -> LdResult<Recovered> {
     let mut all = Vec::new();
     for s in 0..g.segment_count {
-        all.extend(scan_segment(dev, g, SegmentId(s), true)?);
+        all.extend(scan_segment(dev, g, SegmentId(s), Verify::Blocks)?);
     }
     all.sort_by_key(|p| (p.header.epoch, p.header.seq));
     let committed: HashSet<(u64, u64)> = all
@@ -507,14 +550,14 @@ fn rebuild(dev: &dyn Device, g: &Geometry, opts: &LldOptions) -> LdResult<Recove
         page: 0,
         next: head,
         seq: all.last().map_or(1, |p| p.header.seq + 1),
-        epoch: all.last().map_or(1, |p| p.header.epoch),
+        epoch: all.last().map_or(1, |p| p.header.epoch).max(floor.epoch),
     };
     choose_next(&mut usage, &mut log);
     Ok(Recovered {
         map,
         usage,
         log,
-        serial: 0,
+        serial: floor.serial,
         next_list,
         user_bytes: 0,
         moved_bytes: 0,

@@ -1,0 +1,195 @@
+//! `ldfs fsck [-n|-y|-p] [-f] IMAGE`, also run as `fsck.ldfs` (so `fsck -t
+//! ldfs` finds it): parses arguments, decides read-only or repair, prints,
+//! and maps the outcome to fsck(8)'s exit codes. The checks and repairs are
+//! `ldfs::fsck`.
+//!
+//! Read-only (`-n`, the default without `-y`/`-p`, and always when the image
+//! is in use) opens the image with O_RDONLY, so not a byte can be written.
+//! A repair holds the image's exclusive lock (the one `ldfs mount` takes)
+//! for its whole run.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::Parser;
+use ldfs::device::{Device, FileDevice, FileDeviceOptions};
+use ldfs::fsck::{self, FsckError, FsckOptions};
+
+/// fsck(8) exit codes.
+pub const EXIT_OK: u8 = 0;
+pub const EXIT_OPERATIONAL: u8 = 8;
+pub const EXIT_USAGE: u8 = 16;
+pub const EXIT_CANCELLED: u8 = 32;
+
+/// Check an ldfs image (and repair it with -y or -p).
+#[derive(Parser, Debug)]
+#[command(name = "fsck.ldfs", version)]
+pub struct FsckArgs {
+    /// Report only: open the image read-only and write nothing (the default
+    /// unless -y or -p is given).
+    #[arg(short = 'n', conflicts_with_all = ["yes", "preen"])]
+    pub no: bool,
+    /// Repair everything that can be repaired, without asking.
+    #[arg(short = 'y', conflicts_with = "preen")]
+    pub yes: bool,
+    /// Repair automatically (as -y; -a is the same, for fsck(8)).
+    #[arg(short = 'p', short_alias = 'a')]
+    pub preen: bool,
+    /// Check even if the image looks clean (ldfs always checks everything;
+    /// accepted for fsck(8)).
+    #[arg(short = 'f')]
+    pub force: bool,
+    /// Print every problem, not only the first 50.
+    #[arg(short = 'v', short_alias = 'V')]
+    pub verbose: bool,
+    /// The image file or block device.
+    pub image: PathBuf,
+}
+
+/// Parses `args` (the first one is the program name) and runs; returns the
+/// exit code.
+pub fn main_with(args: impl IntoIterator<Item = String>) -> u8 {
+    let a = match FsckArgs::try_parse_from(args) {
+        Ok(a) => a,
+        Err(e) => {
+            let code = if e.use_stderr() { EXIT_USAGE } else { EXIT_OK };
+            let _ = e.print();
+            return code;
+        }
+    };
+    install_cancel_handler();
+    match run(&a) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("fsck.ldfs: {}: {e}", a.image.display());
+            EXIT_OPERATIONAL
+        }
+    }
+}
+
+/// SIGINT/SIGTERM end the run with exit 32. A repair interrupted so is a
+/// crash between ARUs: the image stays consistent and a rerun finishes it.
+fn install_cancel_handler() {
+    extern "C" fn cancelled(_: libc::c_int) {
+        unsafe { libc::_exit(EXIT_CANCELLED as libc::c_int) };
+    }
+    let h = cancelled as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    unsafe {
+        libc::signal(libc::SIGINT, h);
+        libc::signal(libc::SIGTERM, h);
+    }
+}
+
+fn run(a: &FsckArgs) -> Result<u8, String> {
+    let image = &a.image;
+    let mut repair = a.yes || a.preen;
+    let lock = File::open(image).map_err(|e| e.to_string())?;
+    let locked = unsafe {
+        libc::flock(
+            lock.as_raw_fd(),
+            if repair { libc::LOCK_EX } else { libc::LOCK_SH } | libc::LOCK_NB,
+        )
+    } == 0;
+    if !locked || mounted(image) {
+        eprintln!(
+            "fsck.ldfs: WARNING: {} is mounted or in use; checking read-only, nothing will be repaired, and what a running mount has not yet checkpointed may show as problems",
+            image.display()
+        );
+        repair = false;
+    }
+    let dev: Arc<dyn Device> = if repair {
+        Arc::new(FileDevice::open(image, FileDeviceOptions::default()).map_err(|e| e.to_string())?)
+    } else {
+        Arc::new(FileDevice::open_read_only(image).map_err(|e| e.to_string())?)
+    };
+    println!(
+        "fsck.ldfs {}: {}",
+        image.display(),
+        if repair {
+            "checking and repairing"
+        } else {
+            "checking (read-only)"
+        }
+    );
+    let out = match fsck::run(
+        dev,
+        &FsckOptions {
+            repair,
+            ..Default::default()
+        },
+    ) {
+        Ok(o) => o,
+        Err(e @ FsckError::NotLdfs(_)) => {
+            eprintln!("fsck.ldfs: {}: {e}", image.display());
+            return Ok(EXIT_OPERATIONAL);
+        }
+        Err(e) => return Err(e.to_string()),
+    };
+    let limit = if a.verbose { usize::MAX } else { 50 };
+    let found = out.found.lines();
+    for l in found.iter().take(limit) {
+        println!("PROBLEM: {l}");
+    }
+    if found.len() > limit {
+        println!(
+            "... and {} more problems (-v prints all)",
+            found.len() - limit
+        );
+    }
+    for l in out.fixed.iter().take(limit) {
+        println!("FIXED: {l}");
+    }
+    for l in &out.notes {
+        println!("NOTE: {l}");
+    }
+    if out.repaired {
+        for l in out.remaining.iter().take(limit) {
+            println!("LEFT: {l}");
+        }
+    }
+    let f = &out.found;
+    println!(
+        "{}: {} problems found, {} repairs, {} problems left; {} map entries, {} blocks checked in {} partial segments; {} inodes ({} directories, {} other files)",
+        image.display(),
+        found.len(),
+        out.fixed.len(),
+        out.remaining.len(),
+        f.map_entries,
+        f.blocks_checked,
+        f.partials,
+        f.inodes,
+        f.directories,
+        f.files
+    );
+    let code = out.exit_code();
+    if code == 4 && !out.repaired {
+        println!(
+            "{}: errors left; run fsck.ldfs -y to repair",
+            image.display()
+        );
+    }
+    drop(lock);
+    Ok(code)
+}
+
+/// Whether /proc/mounts lists a fuse.ldfs mount of this image.
+fn mounted(image: &Path) -> bool {
+    let Ok(mounts) = std::fs::read_to_string("/proc/mounts") else {
+        return false;
+    };
+    let canon = image.canonicalize().ok();
+    mounts.lines().any(|l| {
+        let mut f = l.split(' ');
+        let (Some(src), Some(_), Some(kind)) = (f.next(), f.next(), f.next()) else {
+            return false;
+        };
+        if kind != "fuse.ldfs" {
+            return false;
+        }
+        let src = src.replace("\\040", " ");
+        let p = Path::new(&src);
+        p == image || (canon.is_some() && p.canonicalize().ok() == canon)
+    })
+}

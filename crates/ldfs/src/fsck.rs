@@ -1,0 +1,287 @@
+//! fsck as a library: checks a whole image — engine (`lld::verify`) and
+//! file tree (`fs::check`) — and, when asked, repairs it. The `ldfs fsck`
+//! command only parses arguments, prints and maps the outcome to fsck(8)'s
+//! exit codes.
+//!
+//! A check opens the engine read-only and writes nothing. A repair works
+//! only through the normal write paths: a superblock copy is rewritten from
+//! the other; a damaged map (or one disagreeing with the summaries) is
+//! rebuilt from every summary by opening with `LldOptions::rebuild`; live
+//! blocks whose summary is damaged are rewritten through the log; live
+//! blocks that fail their checksum are deleted (their contents are lost;
+//! the tree repair then deals with what named them); the usage table is
+//! recomputed from the map; the tree is repaired by `Fs::repair`, one ARU
+//! per fix; opening for writing and closing write both checkpoint slots.
+//! A crash in the middle leaves an image that opens and that a second run
+//! finishes. After a repair the whole image is checked again from scratch:
+//! what that check finds is what is left.
+
+use std::sync::Arc;
+
+use crate::device::Device;
+use crate::fs::check::Finding;
+use crate::fs::{Fs, FsOptions};
+use crate::ld::{LdError, ListId, LogicalDisk};
+use crate::lld::verify::{self, EngineDamage, EngineProblem};
+use crate::lld::{Lld, LldOptions};
+
+/// How to run.
+#[derive(Clone, Debug)]
+pub struct FsckOptions {
+    /// Repair what can be repaired (`-y`, `-p`); otherwise only report.
+    pub repair: bool,
+    /// Memory budget of the block-number map while checking.
+    pub map_budget_bytes: usize,
+}
+
+impl Default for FsckOptions {
+    fn default() -> Self {
+        FsckOptions {
+            repair: false,
+            map_budget_bytes: 64 << 20,
+        }
+    }
+}
+
+/// An operational error: the check itself could not run (fsck(8) exit 8).
+#[derive(Debug, thiserror::Error)]
+pub enum FsckError {
+    #[error("not an ldfs image: {0}")]
+    NotLdfs(String),
+    #[error("{0}")]
+    Device(String),
+}
+
+/// What one full check found.
+#[derive(Debug, Default)]
+pub struct Findings {
+    pub engine: Vec<EngineProblem>,
+    /// The engine could not be opened at all (why).
+    pub engine_unopenable: Option<String>,
+    pub fs: Vec<Finding>,
+    /// The file system could not be mounted, or was not checked (why).
+    pub fs_unchecked: Option<String>,
+    /// Figures for the summary line.
+    pub map_entries: u64,
+    pub partials: u64,
+    pub blocks_checked: u64,
+    pub inodes: u64,
+    pub directories: u64,
+    pub files: u64,
+}
+
+impl Findings {
+    /// One line per problem.
+    pub fn lines(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.engine.iter().map(|p| p.text.clone()).collect();
+        v.extend(self.engine_unopenable.iter().cloned());
+        v.extend(self.fs_unchecked.iter().cloned());
+        v.extend(self.fs.iter().map(|f| f.to_string()));
+        v
+    }
+
+    pub fn is_clean(&self) -> bool {
+        self.lines().is_empty()
+    }
+
+    fn has(&self, f: impl Fn(&EngineDamage) -> bool) -> bool {
+        self.engine.iter().any(|p| f(&p.damage))
+    }
+}
+
+/// The result of a run.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// What the first check found.
+    pub found: Findings,
+    /// The repairs made, one line each.
+    pub fixed: Vec<String>,
+    /// What a repair could not fix (the check after it); without repair,
+    /// what was found.
+    pub remaining: Vec<String>,
+    pub repaired: bool,
+    /// Why a repair stopped short, if it did.
+    pub notes: Vec<String>,
+}
+
+impl Outcome {
+    /// fsck(8) exit code: 0 clean, 1 errors corrected, 4 errors left.
+    pub fn exit_code(&self) -> u8 {
+        if self.found.is_clean() {
+            0
+        } else if self.repaired && self.remaining.is_empty() {
+            1
+        } else {
+            4
+        }
+    }
+}
+
+fn op_err(e: impl std::fmt::Display) -> FsckError {
+    FsckError::Device(e.to_string())
+}
+
+/// Checks the whole image on `dev`, reading only.
+pub fn check(dev: Arc<dyn Device>, opts: &FsckOptions) -> Result<Findings, FsckError> {
+    let mut out = Findings::default();
+    let (geo, sb) = verify::check_superblocks(&*dev).map_err(op_err)?;
+    let Some(geo) = geo else {
+        let why: Vec<String> = sb.iter().map(|p| p.text.clone()).collect();
+        return Err(FsckError::NotLdfs(why.join("; ")));
+    };
+    out.engine = sb;
+    let lld = match Lld::open(
+        dev.clone(),
+        LldOptions {
+            read_only: true,
+            map_budget_bytes: opts.map_budget_bytes,
+            ..Default::default()
+        },
+    ) {
+        Ok(l) => Arc::new(l),
+        Err(LdError::Corrupt(c)) => {
+            out.engine_unopenable = Some(format!("the log cannot be opened: {c}"));
+            return Ok(out);
+        }
+        Err(e) => return Err(op_err(e)),
+    };
+    out.engine
+        .extend(verify::check_checkpoints(&*dev, &geo, lld.open_report()).map_err(op_err)?);
+    let log = lld.check_log().map_err(op_err)?;
+    out.map_entries = log.map_entries;
+    out.partials = log.partials;
+    out.blocks_checked = log.blocks_checked;
+    out.engine.extend(log.problems);
+    if out.has(|d| *d == EngineDamage::Map) {
+        out.fs_unchecked = Some("the file tree was not checked: the map is damaged".into());
+        return Ok(out);
+    }
+    let ld: Arc<dyn LogicalDisk> = lld.clone();
+    match Fs::mount(
+        ld,
+        FsOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    ) {
+        Ok(fs) => {
+            let r = fs.check().map_err(op_err)?;
+            out.inodes = r.inodes;
+            out.directories = r.directories;
+            out.files = r.files;
+            out.fs = r.findings;
+        }
+        Err(e) => out.fs_unchecked = Some(format!("the file system cannot be mounted: {e}")),
+    }
+    Ok(out)
+}
+
+/// Checks `dev` and, if `opts.repair`, repairs it and checks again.
+pub fn run(dev: Arc<dyn Device>, opts: &FsckOptions) -> Result<Outcome, FsckError> {
+    let found = check(dev.clone(), opts)?;
+    let mut out = Outcome {
+        remaining: found.lines(),
+        ..Default::default()
+    };
+    if found.is_clean() || !opts.repair {
+        out.found = found;
+        return Ok(out);
+    }
+    out.repaired = true;
+    repair(dev.clone(), opts, &found, &mut out.fixed, &mut out.notes)?;
+    let after = check(dev, opts)?;
+    out.remaining = after.lines();
+    out.found = found;
+    Ok(out)
+}
+
+fn repair(
+    dev: Arc<dyn Device>,
+    opts: &FsckOptions,
+    found: &Findings,
+    fixed: &mut Vec<String>,
+    notes: &mut Vec<String>,
+) -> Result<(), FsckError> {
+    let (geo, _) = verify::check_superblocks(&*dev).map_err(op_err)?;
+    let geo = geo.ok_or_else(|| FsckError::NotLdfs("no valid superblock".into()))?;
+    for p in &found.engine {
+        if let EngineDamage::Superblock(copy) = p.damage {
+            verify::rewrite_superblock(&*dev, &geo, copy).map_err(op_err)?;
+            fixed.push(format!("superblock copy {copy} rewritten"));
+        }
+    }
+    let rebuild = found.engine_unopenable.is_some()
+        || found.has(|d| matches!(d, EngineDamage::Map | EngineDamage::Mismatch(_)));
+    let lld = match Lld::open(
+        dev.clone(),
+        LldOptions {
+            map_budget_bytes: opts.map_budget_bytes,
+            rebuild,
+            ..Default::default()
+        },
+    ) {
+        Ok(l) => Arc::new(l),
+        Err(LdError::Corrupt(c)) => {
+            // Nothing more can be done through the engine; the final check
+            // reports what is left.
+            notes.push(format!("cannot open the log for repair: {c}"));
+            return Ok(());
+        }
+        Err(e) => return Err(op_err(e)),
+    };
+    if rebuild {
+        fixed.push(format!(
+            "map and usage table rebuilt from {} partial segments",
+            lld.open_report().rolled_forward
+        ));
+    }
+    if found.has(|d| matches!(d, EngineDamage::CheckpointSlot(_))) {
+        fixed.push("both checkpoint slots rewritten".into());
+    }
+    // What the log looks like now (after a rebuild, keys may differ).
+    let log = lld.check_log().map_err(op_err)?;
+    let (mut moved, mut dropped) = (0u64, 0u64);
+    for p in &log.problems {
+        match p.damage {
+            EngineDamage::Unrecorded(key) => {
+                if let Some(e) = lld.map_entry(key).map_err(op_err)? {
+                    if lld.relocate(key, &e).map_err(op_err)? {
+                        moved += 1;
+                    }
+                }
+            }
+            EngineDamage::BadBlock(key) if key.list != 0 => {
+                lld.delete(None, ListId(key.list), key.index)
+                    .map_err(op_err)?;
+                dropped += 1;
+                fixed.push(format!("{key:?} deleted: its bytes failed their checksum"));
+            }
+            _ => {}
+        }
+    }
+    if moved > 0 {
+        fixed.push(format!(
+            "{moved} live blocks whose summary was damaged rewritten through the log"
+        ));
+    }
+    if moved + dropped > 0 {
+        lld.flush().map_err(op_err)?;
+    }
+    if log.problems.iter().any(|p| p.damage == EngineDamage::Usage) || moved + dropped > 0 {
+        let n = lld.repair_usage().map_err(op_err)?;
+        if n > 0 {
+            fixed.push(format!("segment usage table: {n} segments corrected"));
+        }
+    }
+    let ld: Arc<dyn LogicalDisk> = lld.clone();
+    match Fs::mount(ld, FsOptions::default()) {
+        Ok(fs) => {
+            let r = fs.repair().map_err(op_err)?;
+            fixed.extend(r.fixed);
+            drop(fs);
+        }
+        Err(e) => notes.push(format!("cannot mount the file system for repair: {e}")),
+    }
+    lld.close().map_err(op_err)?;
+    Ok(())
+}
