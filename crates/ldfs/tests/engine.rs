@@ -440,3 +440,99 @@ fn map_pages_can_be_moved_out_of_a_segment() {
     assert_eq!(lld.indices(l, 0, 2000).unwrap().len(), 1000);
     assert_eq!(lld.accounting_drift(), 0);
 }
+
+/// `read_range` returns exactly what block-by-block reads return: blocks
+/// still in the open partial, written ones (read in runs), compressed ones,
+/// holes skipped, blocks the cleaner moved, and the limit honoured; a
+/// corrupt block in a run is an error, never its bytes.
+#[test]
+fn read_range_agrees_with_single_reads() {
+    let seed = 0x5eed_0001;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let dev = Arc::new(MemoryDevice::new(16 << 20));
+    let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+    let plain = lld.create_list(None, ListHints::default()).unwrap();
+    let packed = lld
+        .create_list(
+            None,
+            ListHints {
+                compress: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let check = |lld: &Lld, l: ListId, what: &str| {
+        for (lo, hi, limit) in [(0, 400, 1000), (7, 93, 1000), (0, 400, 17), (350, 900, 5)] {
+            let got = lld.read_range(l, lo..hi, limit).unwrap();
+            let mut want = Vec::new();
+            for i in lo..hi {
+                if want.len() == limit {
+                    break;
+                }
+                if let Some(b) = lld.read(l, i).unwrap() {
+                    want.push((i, b));
+                }
+            }
+            assert!(
+                got == want,
+                "seed {seed}: {what}: range {lo}..{hi} limit {limit}"
+            );
+        }
+    };
+    for round in 0..3 {
+        for i in 0..300u64 {
+            let len = [4096, 4096, 4096, 100, 9000][rng.gen_range(0..5)];
+            if rng.gen_ratio(1, 6) {
+                lld.delete(None, plain, i).unwrap();
+            } else {
+                lld.write(None, plain, i, &data(i * 10 + round, len))
+                    .unwrap();
+            }
+            if i % 3 == 0 {
+                let text: Vec<u8> = format!("block {i} round {round} ").repeat(200).into_bytes();
+                lld.write(None, packed, i, &text).unwrap();
+            }
+        }
+        check(&lld, plain, "partly buffered");
+        check(&lld, packed, "compressed, partly buffered");
+        lld.flush().unwrap();
+        check(&lld, plain, "flushed");
+    }
+    let rep = lld.clean(ldfs::lld::PolicyKind::Greedy, 8).unwrap();
+    assert!(rep.blocks_moved > 0, "the cleaner moved nothing");
+    check(&lld, plain, "after cleaning");
+    check(&lld, packed, "compressed, after cleaning");
+    lld.close().unwrap();
+    drop(lld);
+
+    // One corrupt block in the middle of a run of adjacent blocks.
+    let lld = Lld::open(dev.clone(), LldOptions::default()).unwrap();
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    for i in 0..32u64 {
+        lld.write(None, l, i, &data(1_000_000 + i, 4096)).unwrap();
+    }
+    lld.close().unwrap();
+    drop(lld);
+    let victim = data(1_000_000 + 20, 4096);
+    let image = dev.snapshot();
+    let at = image
+        .windows(64)
+        .position(|w| w == &victim[..64])
+        .expect("block on device");
+    dev.write_at(&[image[at + 7] ^ 0x40], (at + 7) as u64)
+        .unwrap();
+    let lld = Lld::open(dev, LldOptions::default()).unwrap();
+    assert!(lld.read(l, 20).is_err(), "the flipped byte missed block 20");
+    match lld.read_range(l, 0..32, 64) {
+        Err(LdError::Corrupt(c)) => assert_eq!(c.what, "block", "{c}"),
+        other => panic!(
+            "a range over a corrupt block gave {:?}",
+            other.map(|v| v.len())
+        ),
+    }
+    let before = lld.read_range(l, 0..20, 64).unwrap();
+    assert_eq!(before.len(), 20);
+    assert!(before.iter().all(|(i, b)| *b == data(1_000_000 + i, 4096)));
+    let after = lld.read_range(l, 21..32, 64).unwrap();
+    assert_eq!(after.len(), 11);
+}

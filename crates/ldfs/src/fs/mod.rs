@@ -521,30 +521,39 @@ impl Fs {
         let list = ListId(i.list);
         let first = offset / BLOCK_BYTES;
         let last = (end - 1) / BLOCK_BYTES;
-        // One pass over the present blocks (holes stay zero).
+        // The present blocks, read in runs by the LD (holes stay zero).
         let mut from = first;
         while from <= last {
-            let present = self.ld.indices(list, from, 256)?;
-            let mut any = false;
-            for b in present.into_iter().take_while(|&b| b <= last) {
-                any = true;
-                if let Some(data) = self.ld.read(list, b).map_err(|e| {
-                    eprintln!("ldfs: inode {ino} offset {}: {e}", b * BLOCK_BYTES);
-                    FsError::from(e)
-                })? {
-                    let bstart = b * BLOCK_BYTES;
-                    let lo = offset.max(bstart);
-                    let hi = end.min(bstart + data.len() as u64);
-                    if lo < hi {
-                        out[(lo - offset) as usize..(hi - offset) as usize]
-                            .copy_from_slice(&data[(lo - bstart) as usize..(hi - bstart) as usize]);
+            let blocks = match self.ld.read_range(list, from..last + 1, 256) {
+                Ok(b) => b,
+                Err(e) => {
+                    // Name the block that failed: read them one by one.
+                    for b in self.ld.indices(list, from, 256)? {
+                        if b > last {
+                            break;
+                        }
+                        if let Err(e) = self.ld.read(list, b) {
+                            eprintln!("ldfs: inode {ino} offset {}: {e}", b * BLOCK_BYTES);
+                            return Err(e.into());
+                        }
                     }
+                    eprintln!("ldfs: inode {ino} offset {}: {e}", from * BLOCK_BYTES);
+                    return Err(e.into());
                 }
-                from = b + 1;
-            }
-            if !any {
+            };
+            let Some(&(next, _)) = blocks.last() else {
                 break;
+            };
+            for (b, data) in blocks {
+                let bstart = b * BLOCK_BYTES;
+                let lo = offset.max(bstart);
+                let hi = end.min(bstart + data.len() as u64);
+                if lo < hi {
+                    out[(lo - offset) as usize..(hi - offset) as usize]
+                        .copy_from_slice(&data[(lo - bstart) as usize..(hi - bstart) as usize]);
+                }
             }
+            from = next + 1;
         }
         Ok(out)
     }

@@ -206,6 +206,27 @@ pub trait LogicalDisk: Send + Sync {
     fn write(&self, aru: Option<AruId>, list: ListId, index: u64, data: &[u8]) -> LdResult<()>;
     /// Read one block; `None` if no block is at that index.
     fn read(&self, list: ListId, index: u64) -> LdResult<Option<Vec<u8>>>;
+    /// Read the present blocks with indices in `range`, ascending, at most
+    /// `limit` of them. Implementations should read blocks that lie
+    /// together on the device with one request (LD 3.5: the disk system
+    /// knows the layout, so it is the one to cluster reads).
+    fn read_range(
+        &self,
+        list: ListId,
+        range: Range<u64>,
+        limit: usize,
+    ) -> LdResult<Vec<(u64, Vec<u8>)>> {
+        let mut out = Vec::new();
+        for i in self.indices(list, range.start, limit)? {
+            if i >= range.end {
+                break;
+            }
+            if let Some(b) = self.read(list, i)? {
+                out.push((i, b));
+            }
+        }
+        Ok(out)
+    }
     /// Delete one block (no error if absent).
     fn delete(&self, aru: Option<AruId>, list: ListId, index: u64) -> LdResult<()>;
     /// Delete every block whose index lies in `range`.
