@@ -239,25 +239,88 @@ fn repair(
         fixed.push("both checkpoint slots rewritten".into());
     }
     // What the log looks like now (after a rebuild, keys may differ).
-    let log = lld.check_log().map_err(op_err)?;
-    let (mut moved, mut dropped) = (0u64, 0u64);
-    for p in &log.problems {
-        match p.damage {
-            EngineDamage::Unrecorded(key) => {
-                if let Some(e) = lld.map_entry(key).map_err(op_err)? {
-                    if lld.relocate(key, &e).map_err(op_err)? {
-                        moved += 1;
-                    }
-                }
+    let mut log = lld.check_log().map_err(op_err)?;
+    // Everything the repair writes goes to a fresh segment: the one the log
+    // was writing into may hold a damaged summary (seen as the end of its
+    // log until something valid follows it), and blocks rewritten because
+    // their summary is lost must land where a scan finds them.
+    lld.start_new_segment().map_err(op_err)?;
+    // Lists that lost their entry in list 0 (or whose entry fails its
+    // checksum) get it back first: the deletes below need the list.
+    let lists: Vec<u64> = log
+        .damaged
+        .iter()
+        .filter_map(|d| match d {
+            EngineDamage::ListEntry(l) => Some(*l),
+            EngineDamage::BadBlock(k) if k.list == 0 => Some(k.index),
+            _ => None,
+        })
+        .collect();
+    if !lists.is_empty() || log.damaged.contains(&EngineDamage::NextList) {
+        lld.repair_lists(&lists).map_err(op_err)?;
+        for l in &lists {
+            fixed.push(format!("list {l}: its entry in list 0 rewritten"));
+        }
+        if log.damaged.contains(&EngineDamage::NextList) {
+            fixed.push("next list id raised above every list".into());
+        }
+        lld.flush().map_err(op_err)?;
+    }
+    // Blocks that fail their checksum are lost: deleted (a file keeps a
+    // hole there; the tree repair deals with lost metadata).
+    let mut dropped = 0u64;
+    for d in &log.damaged {
+        if let EngineDamage::BadBlock(key) = *d {
+            if key.list == 0 {
+                continue; // rewritten above
             }
-            EngineDamage::BadBlock(key) if key.list != 0 => {
-                lld.delete(None, ListId(key.list), key.index)
-                    .map_err(op_err)?;
-                dropped += 1;
+            lld.delete(None, ListId(key.list), key.index)
+                .map_err(op_err)?;
+            dropped += 1;
+            if dropped <= 64 {
                 fixed.push(format!("{key:?} deleted: its bytes failed their checksum"));
             }
-            _ => {}
         }
+    }
+    if dropped > 64 {
+        fixed.push(format!(
+            "... and {} more blocks deleted: their bytes failed their checksum",
+            dropped - 64
+        ));
+    }
+    let mut damaged_segments: Vec<u32> = log
+        .damaged
+        .iter()
+        .filter_map(|d| match d {
+            EngineDamage::Summary(s) => Some(*s),
+            _ => None,
+        })
+        .collect();
+    damaged_segments.dedup();
+    let mut moved = 0u64;
+    for d in std::mem::take(&mut log.damaged) {
+        if let EngineDamage::Unrecorded(key) = d {
+            if let Some(e) = lld.map_entry(key).map_err(op_err)? {
+                if lld.relocate(key, &e).map_err(op_err)? {
+                    moved += 1;
+                }
+            }
+        }
+    }
+    for seg in damaged_segments {
+        let (m, del) = lld
+            .evacuate_segment(crate::lld::types::SegmentId(seg))
+            .map_err(op_err)?;
+        moved += m;
+        dropped += del;
+        fixed.push(format!(
+            "segment {seg} (a damaged summary): {m} live blocks moved out{}",
+            if del > 0 {
+                format!(", {del} that failed their checksum deleted")
+            } else {
+                String::new()
+            }
+        ));
     }
     if moved > 0 {
         fixed.push(format!(
@@ -267,14 +330,31 @@ fn repair(
     if moved + dropped > 0 {
         lld.flush().map_err(op_err)?;
     }
-    if log.problems.iter().any(|p| p.damage == EngineDamage::Usage) || moved + dropped > 0 {
-        let n = lld.repair_usage().map_err(op_err)?;
-        if n > 0 {
-            fixed.push(format!("segment usage table: {n} segments corrected"));
-        }
+    // Recomputed whatever was found: the repairs above move live bytes.
+    let n = lld.repair_usage().map_err(op_err)?;
+    if n > 0 {
+        fixed.push(format!("segment usage table: {n} segments corrected"));
     }
     let ld: Arc<dyn LogicalDisk> = lld.clone();
-    match Fs::mount(ld, FsOptions::default()) {
+    // The file system's own lists, record and root come first.
+    let own: Vec<u64> = (1..=3)
+        .filter(|&l| matches!(lld.list_hints(ListId(l)), Ok(None)))
+        .collect();
+    if !own.is_empty() {
+        lld.repair_lists(&own).map_err(op_err)?;
+        fixed.push(format!("file-system lists {own:?} recreated"));
+    }
+    let mut mounted = Fs::mount(ld.clone(), FsOptions::default());
+    if mounted.is_err() {
+        match Fs::repair_base(&*ld) {
+            Ok(f) => fixed.extend(f),
+            Err(e) => notes.push(format!(
+                "cannot rewrite the file-system record or root: {e}"
+            )),
+        }
+        mounted = Fs::mount(ld, FsOptions::default());
+    }
+    match mounted {
         Ok(fs) => {
             let r = fs.repair().map_err(op_err)?;
             fixed.extend(r.fixed);

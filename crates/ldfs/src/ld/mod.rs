@@ -212,6 +212,9 @@ pub trait LogicalDisk: Send + Sync {
     fn delete_range(&self, aru: Option<AruId>, list: ListId, range: Range<u64>) -> LdResult<()>;
     /// Indices of up to `limit` present blocks with index >= `from`, ascending.
     fn indices(&self, list: ListId, from: u64, limit: usize) -> LdResult<Vec<u64>>;
+    /// Ids of up to `limit` existing lists with id >= `from`, ascending
+    /// (fsck looks for lists nothing above the LD names).
+    fn lists(&self, from: u64, limit: usize) -> LdResult<Vec<ListId>>;
 
     /// Open an ARU.
     fn begin_aru(&self) -> LdResult<AruId>;

@@ -26,7 +26,7 @@ use super::recovery;
 use super::summary::Record;
 use super::types::{entry_flags, Key, MapEntry, SegmentId, PAGE_BYTES};
 use super::usage::{SegmentState, SegmentUsage};
-use crate::device::Device;
+use crate::device::{Device, DeviceError};
 use crate::ld::{Corruption, LdError, LdResult};
 
 /// What kind of damage a problem is: what a repair has to do about it.
@@ -47,6 +47,16 @@ pub enum EngineDamage {
     BadBlock(Key),
     /// The segment usage table disagrees with the map.
     Usage,
+    /// A list holds blocks but has no entry in list 0 (the engine's list of
+    /// lists): it cannot be read or written until the entry is rewritten.
+    ListEntry(u64),
+    /// The next list id the engine would hand out is already in use.
+    NextList,
+    /// A partial segment's summary in this segment is damaged while valid
+    /// ones follow it: the blocks it records cannot be accounted for, and
+    /// a rebuild or the cleaner would lose them. Repaired by moving every
+    /// live block out of the segment.
+    Summary(u32),
 }
 
 /// One finding: its kind and the evidence.
@@ -72,6 +82,9 @@ pub struct LogCheck {
     pub partials: u64,
     /// Live blocks whose bytes were checked against their crc.
     pub blocks_checked: u64,
+    /// Every damage found, uncapped (`problems` holds at most
+    /// `MAX_REPORTED` of a kind): what a repair acts on.
+    pub damaged: Vec<EngineDamage>,
 }
 
 /// Problems are capped per kind so a wrecked image gives a readable report.
@@ -166,7 +179,37 @@ fn slot_is_zero(dev: &dyn Device, g: &Geometry, slot: usize) -> LdResult<bool> {
     Ok(b.iter().all(|&x| x == 0))
 }
 
-/// Where the scan of a segment's summaries stopped early, as evidence for
+/// A segment read whole into memory, served as a device (reads outside it
+/// go to the device): the summary scan parses from memory.
+struct SegmentView<'a> {
+    dev: &'a dyn Device,
+    base: u64,
+    buf: Vec<u8>,
+}
+
+impl Device for SegmentView<'_> {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        let end = offset.checked_add(buf.len() as u64);
+        if offset >= self.base && end.is_some_and(|e| e <= self.base + self.buf.len() as u64) {
+            let at = (offset - self.base) as usize;
+            buf.copy_from_slice(&self.buf[at..at + buf.len()]);
+            Ok(())
+        } else {
+            self.dev.read_at(buf, offset)
+        }
+    }
+    fn write_at(&self, _: &[u8], offset: u64) -> Result<(), DeviceError> {
+        unreachable!("fsck's segment view is never written (offset {offset})")
+    }
+    fn flush(&self) -> Result<(), DeviceError> {
+        Ok(())
+    }
+    fn size_bytes(&self) -> u64 {
+        self.dev.size_bytes()
+    }
+}
+
+/// Where the scan of a segment's summaries found damage, as evidence for
 /// blocks it could not account for.
 struct Stop {
     page: u32,
@@ -183,14 +226,27 @@ impl Engine {
         let mut out = LogCheck::default();
         let mut g = self.lock();
         let r = DevPages { dev };
-        // 1. The whole map: every leaf is read and checked against its crc.
+        // 1. The whole map: every leaf is read and checked against its crc;
+        //    every list holding blocks has its entry in list 0 (keys come
+        //    in order, list 0's first).
         let mut n = 0u64;
-        if let Err(e) = g.map.range(Key::MIN, Key::MAX, &r, &mut |_, _| {
+        let mut entries: Vec<u64> = Vec::new();
+        let mut homeless: Vec<u64> = Vec::new();
+        let mut top_list = 0u64;
+        if let Err(e) = g.map.range(Key::MIN, Key::MAX, &r, &mut |k, _| {
             n += 1;
+            if k.list == 0 {
+                entries.push(k.index);
+                top_list = top_list.max(k.index);
+            } else if homeless.last() != Some(&k.list) && entries.binary_search(&k.list).is_err() {
+                homeless.push(k.list);
+                top_list = top_list.max(k.list);
+            }
             true
         }) {
             match e {
                 LdError::Corrupt(c) => {
+                    out.damaged.push(EngineDamage::Map);
                     out.problems.push(EngineProblem {
                         damage: EngineDamage::Map,
                         text: format!("the map cannot be read: {c}"),
@@ -201,6 +257,26 @@ impl Engine {
             }
         }
         out.map_entries = n;
+        drop(entries);
+        for list in homeless {
+            out.damaged.push(EngineDamage::ListEntry(list));
+            if out.problems.len() < MAX_REPORTED {
+                out.problems.push(EngineProblem {
+                    damage: EngineDamage::ListEntry(list),
+                    text: format!("list {list} holds blocks but list 0 has no entry for it"),
+                });
+            }
+        }
+        if top_list >= g.next_list {
+            out.damaged.push(EngineDamage::NextList);
+            out.problems.push(EngineProblem {
+                damage: EngineDamage::NextList,
+                text: format!(
+                    "the next list id is {}, but list {top_list} exists",
+                    g.next_list
+                ),
+            });
+        }
         // 2. Every write record in every non-Clean segment that the map
         //    still names is compared with its entry, and its bytes checked.
         let usage: Vec<(SegmentId, SegmentUsage)> = g.usage.iter().collect();
@@ -208,39 +284,42 @@ impl Engine {
         let mut stops: HashMap<u32, Stop> = HashMap::new();
         let mut counts: HashMap<&'static str, usize> = HashMap::new();
         let mut push = |out: &mut LogCheck, kind: &'static str, p: EngineProblem| {
+            out.damaged.push(p.damage);
             let c = counts.entry(kind).or_insert(0);
             *c += 1;
             if *c <= MAX_REPORTED {
                 out.problems.push(p);
             }
         };
-        let mut buf = vec![0u8; geo.segment_bytes() as usize];
+        let mut view = SegmentView {
+            dev,
+            base: 0,
+            buf: vec![0u8; geo.segment_bytes() as usize],
+        };
         for (seg, u) in usage {
             if u.state == SegmentState::Clean {
                 continue;
             }
             let base = geo.page_addr(seg, 0);
-            dev.read_at(&mut buf, base)?;
-            let mut page = 0u32;
-            let mut last_seq = None;
-            while page + 1 < geo.segment_pages {
-                let p = match recovery::read_partial(
-                    dev,
-                    &geo,
-                    seg,
-                    page,
-                    recovery::Verify::Summary,
-                )? {
-                    Ok(p) => p,
-                    Err(why) => {
-                        stops.insert(seg.0, Stop { page, why });
-                        break;
-                    }
-                };
-                if last_seq.is_some_and(|s| p.header.seq <= s) {
-                    break;
-                }
-                last_seq = Some(p.header.seq);
+            // One large read per segment; the summaries and blocks are then
+            // parsed from memory.
+            view.base = base;
+            dev.read_at(&mut view.buf, base)?;
+            let (parts, bad) =
+                recovery::scan_segment_resync(&view, &geo, seg, recovery::Verify::Summary)?;
+            for (page, why) in bad {
+                out.damaged.push(EngineDamage::Summary(seg.0));
+                out.problems.push(EngineProblem {
+                    damage: EngineDamage::Summary(seg.0),
+                    text: format!(
+                        "segment {}: the summary at page {page} is damaged, valid partial segments follow it: {why}",
+                        seg.0
+                    ),
+                });
+                stops.entry(seg.0).or_insert(Stop { page, why });
+            }
+            let buf = &view.buf;
+            for p in parts {
                 out.partials += 1;
                 for rec in &p.records {
                     let Record::Write {
@@ -297,7 +376,6 @@ impl Engine {
                         );
                     }
                 }
-                page += p.header.total_pages();
             }
         }
         // 3. Map entries no summary accounted for.
@@ -365,6 +443,7 @@ impl Engine {
         drop(g);
         // 4. The usage table.
         for text in self.check_usage()? {
+            out.damaged.push(EngineDamage::Usage);
             out.problems.push(EngineProblem {
                 damage: EngineDamage::Usage,
                 text,
@@ -398,6 +477,13 @@ impl Engine {
                     live[s.0 as usize] += PAGE_BYTES as u64;
                 }
             });
+            // The checkpoint below subtracts the pages dirtied since the
+            // last one: they count until then.
+            for p in g.map.obsolete_pages() {
+                if let Some(s) = geo.segment_of(p.addr) {
+                    live[s.0 as usize] += PAGE_BYTES as u64;
+                }
+            }
             let mut changed = 0;
             for (s, u) in g.usage.iter().collect::<Vec<_>>() {
                 let want = live[s.0 as usize].min(geo.segment_bytes()) as u32;
