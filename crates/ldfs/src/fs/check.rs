@@ -529,6 +529,20 @@ impl Fs {
     /// each fix its own ARU; returns the fixes and the final check. Fails
     /// with `ReadOnly` on a read-only mount.
     pub fn repair(&self) -> FsResult<RepairReport> {
+        if self.opts.read_only {
+            return Err(FsError::ReadOnly);
+        }
+        // Corruption met while repairing is what is being repaired: it must
+        // not turn the file system read-only.
+        self.repairing
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let r = self.repair_rounds();
+        self.repairing
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        r
+    }
+
+    fn repair_rounds(&self) -> FsResult<RepairReport> {
         let mut out = RepairReport::default();
         for _ in 0..REPAIR_ROUNDS {
             let r = self.check()?;
