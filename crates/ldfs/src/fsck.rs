@@ -22,23 +22,54 @@ use crate::device::Device;
 use crate::fs::check::Finding;
 use crate::fs::{Fs, FsOptions};
 use crate::ld::{LdError, ListId, LogicalDisk};
-use crate::lld::verify::{self, EngineDamage, EngineProblem};
+use crate::lld::verify::{self, EngineDamage, EngineProblem, LogCheckOptions};
 use crate::lld::{Lld, LldOptions};
 
+/// Progress reports: (phase, done, total); a total of 0 means unknown.
+pub type ProgressFn = Arc<dyn Fn(&str, u64, u64) + Send + Sync>;
+
 /// How to run.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct FsckOptions {
+    /// The same image opened for streaming reads (O_DIRECT), for the
+    /// whole-log pass of the data check; without it that pass reads through
+    /// the engine's device.
+    pub bulk: Option<Arc<dyn Device>>,
     /// Repair what can be repaired (`-y`, `-p`); otherwise only report.
     pub repair: bool,
     /// Memory budget of the block-number map while checking.
     pub map_budget_bytes: usize,
+    /// Check every live block's bytes against its crc (reads the whole
+    /// log); without it only metadata is checked (summaries, map, usage,
+    /// list 0, the tree), and a repair cannot find blocks that fail their
+    /// crc.
+    pub data_checksums: bool,
+    /// Called now and then while checking.
+    pub progress: Option<ProgressFn>,
+}
+
+impl std::fmt::Debug for FsckOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FsckOptions")
+            .field("repair", &self.repair)
+            .field("bulk", &self.bulk.is_some())
+            .field("map_budget_bytes", &self.map_budget_bytes)
+            .field("data_checksums", &self.data_checksums)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
 }
 
 impl Default for FsckOptions {
     fn default() -> Self {
         FsckOptions {
+            bulk: None,
             repair: false,
-            map_budget_bytes: 64 << 20,
+            // The check looks up every summary record in the map: a map
+            // that does not fit rereads its leaves at random.
+            map_budget_bytes: 1 << 30,
+            data_checksums: true,
+            progress: None,
         }
     }
 }
@@ -147,7 +178,19 @@ pub fn check(dev: Arc<dyn Device>, opts: &FsckOptions) -> Result<Findings, FsckE
     };
     out.engine
         .extend(verify::check_checkpoints(&*dev, &geo, lld.open_report()).map_err(op_err)?);
-    let log = lld.check_log().map_err(op_err)?;
+    let progress = opts.progress.clone();
+    let report = |phase: &str, done: u64, total: u64| {
+        if let Some(p) = &progress {
+            p(phase, done, total)
+        }
+    };
+    let log = lld
+        .check_log_with(&LogCheckOptions {
+            data: opts.data_checksums,
+            progress: Some(&report),
+            bulk: opts.bulk.as_deref(),
+        })
+        .map_err(op_err)?;
     out.map_entries = log.map_entries;
     out.partials = log.partials;
     out.blocks_checked = log.blocks_checked;
@@ -165,7 +208,7 @@ pub fn check(dev: Arc<dyn Device>, opts: &FsckOptions) -> Result<Findings, FsckE
         },
     ) {
         Ok(fs) => {
-            let r = fs.check().map_err(op_err)?;
+            let r = fs.check_with(Some(&report)).map_err(op_err)?;
             out.inodes = r.inodes;
             out.directories = r.directories;
             out.files = r.files;
@@ -239,7 +282,13 @@ fn repair(
         fixed.push("both checkpoint slots rewritten".into());
     }
     // What the log looks like now (after a rebuild, keys may differ).
-    let mut log = lld.check_log().map_err(op_err)?;
+    let mut log = lld
+        .check_log_with(&LogCheckOptions {
+            data: opts.data_checksums,
+            progress: None,
+            bulk: None,
+        })
+        .map_err(op_err)?;
     // Everything the repair writes goes to a fresh segment: the one the log
     // was writing into may hold a damaged summary (seen as the end of its
     // log until something valid follows it), and blocks rewritten because

@@ -278,8 +278,30 @@ impl Fs {
     /// Walks the whole tree. Corruption is a finding; only a failure to list
     /// the inode or orphan lists is an error.
     pub fn check(&self) -> Result<Report, FsError> {
+        self.check_with(None)
+    }
+
+    /// [`Fs::check`], calling `progress("tree", inodes loaded, inode
+    /// records)` now and then.
+    pub fn check_with(&self, progress: Option<crate::ld::Progress<'_>>) -> Result<Report, FsError> {
         let mut r = Report::default();
         let ld = self.logical_disk().clone();
+        let total = match ld.indices(INODE_LIST, 0, usize::MAX) {
+            Ok(v) => v.len() as u64,
+            Err(_) => 0,
+        };
+        // Every inode record is read below: let the device start on them.
+        match ld.prefetch(INODE_LIST) {
+            Ok(()) | Err(LdError::NoSuchList(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let mut walked = 0u64;
+        let tick = |n: u64| {
+            if let Some(p) = progress {
+                p("tree", n, total)
+            }
+        };
+        tick(0);
         let mut refs: HashMap<u64, u32> = HashMap::new();
         let mut seen: HashSet<u64> = HashSet::new();
         let mut stack = vec![ROOT_INO];
@@ -315,6 +337,12 @@ impl Fs {
             };
             r.directories += 1;
             let list = ListId(di.list);
+            // Its buckets are read next; a missing list is a finding below.
+            if let Err(e) = ld.prefetch(list) {
+                if !matches!(e, LdError::NoSuchList(_)) {
+                    return Err(e.into());
+                }
+            }
             let mut count = 0u64;
             let mut subdirs = 0u32;
             let mut from = 0;
@@ -368,6 +396,10 @@ impl Fs {
                         }
                     };
                     for e in entries {
+                        walked += 1;
+                        if walked.is_multiple_of(4096) {
+                            tick(walked);
+                        }
                         let ci = match load(e.ino, &mut inodes) {
                             Ok(i) => i,
                             Err(LoadError::Gone(why)) => {

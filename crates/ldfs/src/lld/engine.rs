@@ -1532,6 +1532,35 @@ impl LogicalDisk for Engine {
         Ok(out)
     }
 
+    fn prefetch(&self, list: ListId) -> LdResult<()> {
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        {
+            let mut g = self.lock();
+            self.check_list(&mut g, list)?;
+            let (from, to) = list_range(list.0);
+            let r = DevPages { dev: &*self.dev };
+            g.map.range(from, to, &r, &mut |_, e| {
+                if !e.is_buffered() && e.device() == 0 {
+                    ranges.push((e.offset(), e.len as u64));
+                }
+                true
+            })?;
+        }
+        // In address order, pages that touch merged: one hint per run.
+        ranges.sort_unstable();
+        let page = PAGE_BYTES as u64;
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+        for (off, len) in ranges {
+            let (start, end) = (off / page * page, (off + len).div_ceil(page) * page);
+            match merged.last_mut() {
+                Some((s, l)) if *s + *l >= start => *l = (*l).max(end - *s),
+                _ => merged.push((start, end - start)),
+            }
+        }
+        self.dev.will_need(&merged);
+        Ok(())
+    }
+
     fn lists(&self, from: u64, limit: usize) -> LdResult<Vec<ListId>> {
         let mut g = self.lock();
         let mut out = Vec::new();
@@ -1877,6 +1906,9 @@ impl LogicalDisk for Lld {
     }
     fn lists(&self, from: u64, limit: usize) -> LdResult<Vec<ListId>> {
         self.core.lists(from, limit)
+    }
+    fn prefetch(&self, list: ListId) -> LdResult<()> {
+        self.core.prefetch(list)
     }
     fn begin_aru(&self) -> LdResult<AruId> {
         self.touch();

@@ -184,15 +184,39 @@ fn slot_is_zero(dev: &dyn Device, g: &Geometry, slot: usize) -> LdResult<bool> {
 struct SegmentView<'a> {
     dev: &'a dyn Device,
     base: u64,
-    buf: Vec<u8>,
+    buf: SegmentBuf,
+}
+
+/// A segment's bytes in a buffer whose window is aligned for O_DIRECT.
+#[derive(Default)]
+struct SegmentBuf {
+    v: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl SegmentBuf {
+    fn new(len: usize) -> SegmentBuf {
+        const ALIGN: usize = 4096;
+        let v = vec![0u8; len + ALIGN];
+        let start = (ALIGN - v.as_ptr() as usize % ALIGN) % ALIGN;
+        SegmentBuf { v, start, len }
+    }
+    fn data(&self) -> &[u8] {
+        &self.v[self.start..self.start + self.len]
+    }
+    fn data_mut(&mut self) -> &mut [u8] {
+        &mut self.v[self.start..self.start + self.len]
+    }
 }
 
 impl Device for SegmentView<'_> {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
         let end = offset.checked_add(buf.len() as u64);
-        if offset >= self.base && end.is_some_and(|e| e <= self.base + self.buf.len() as u64) {
+        let have = self.buf.data();
+        if offset >= self.base && end.is_some_and(|e| e <= self.base + have.len() as u64) {
             let at = (offset - self.base) as usize;
-            buf.copy_from_slice(&self.buf[at..at + buf.len()]);
+            buf.copy_from_slice(&have[at..at + buf.len()]);
             Ok(())
         } else {
             self.dev.read_at(buf, offset)
@@ -216,10 +240,52 @@ struct Stop {
     why: Corruption,
 }
 
+/// How [`Engine::check_log_with`] runs.
+#[derive(Clone, Copy)]
+pub struct LogCheckOptions<'a> {
+    /// Check every live block's bytes against its crc (reads every non-clean
+    /// segment whole); otherwise only the summaries are read.
+    pub data: bool,
+    /// Called now and then with (phase, done, total).
+    pub progress: Option<crate::ld::Progress<'a>>,
+    /// The same device opened for streaming (O_DIRECT: no page-cache copy),
+    /// used for the whole-segment reads; the engine's device otherwise.
+    pub bulk: Option<&'a dyn Device>,
+}
+
+impl Default for LogCheckOptions<'_> {
+    fn default() -> Self {
+        LogCheckOptions {
+            data: true,
+            progress: None,
+            bulk: None,
+        }
+    }
+}
+
+/// Segments read ahead of the check when it reads them whole: the device
+/// streams while the summaries and crcs of the one before are checked.
+const READ_AHEAD_SEGMENTS: usize = 4;
+/// Threads reading summaries at once when only summaries are read.
+const SUMMARY_SCANNERS: usize = 8;
+
+type ScanResult = LdResult<(Vec<recovery::ScannedPartial>, Vec<recovery::DamagedAt>)>;
+
 impl Engine {
+    /// Checks the map against the log, data included: see the module
+    /// documentation.
+    pub fn check_log(&self) -> LdResult<LogCheck> {
+        self.check_log_with(&LogCheckOptions::default())
+    }
+
     /// Checks the map against the log: see the module documentation. Device
     /// errors are errors; everything wrong with the bytes is a problem.
-    pub fn check_log(&self) -> LdResult<LogCheck> {
+    pub fn check_log_with(&self, opts: &LogCheckOptions) -> LdResult<LogCheck> {
+        let progress = |phase: &str, done: u64, total: u64| {
+            if let Some(p) = opts.progress {
+                p(phase, done, total)
+            }
+        };
         self.drain_flight()?;
         let geo = *self.geometry();
         let dev = self.device();
@@ -291,59 +357,142 @@ impl Engine {
                 out.problems.push(p);
             }
         };
-        let mut view = SegmentView {
-            dev,
-            base: 0,
-            buf: vec![0u8; geo.segment_bytes() as usize],
-        };
-        for (seg, u) in usage {
-            if u.state == SegmentState::Clean {
-                continue;
-            }
-            let base = geo.page_addr(seg, 0);
-            // One large read per segment; the summaries and blocks are then
-            // parsed from memory.
-            view.base = base;
-            dev.read_at(&mut view.buf, base)?;
-            let (parts, bad) =
-                recovery::scan_segment_resync(&view, &geo, seg, recovery::Verify::Summary)?;
-            for (page, why) in bad {
-                out.damaged.push(EngineDamage::Summary(seg.0));
-                out.problems.push(EngineProblem {
-                    damage: EngineDamage::Summary(seg.0),
-                    text: format!(
-                        "segment {}: the summary at page {page} is damaged, valid partial segments follow it: {why}",
-                        seg.0
-                    ),
-                });
-                stops.entry(seg.0).or_insert(Stop { page, why });
-            }
-            let buf = &view.buf;
-            for p in parts {
-                out.partials += 1;
-                for rec in &p.records {
-                    let Record::Write {
-                        key,
-                        data_off,
-                        len,
-                        crc,
-                        flags,
-                        ..
-                    } = *rec
-                    else {
-                        continue;
-                    };
-                    let addr = p.data_base + data_off as u64;
-                    let Some(e) = g.map.get(key, &r)? else {
-                        continue;
-                    };
-                    if e.is_buffered() || e.offset() != addr {
-                        continue;
+        let usage: Vec<(SegmentId, SegmentUsage)> = usage
+            .into_iter()
+            .filter(|(_, u)| u.state != SegmentState::Clean)
+            .collect();
+        let total = usage.len() as u64;
+        let seg_bytes = geo.segment_bytes() as usize;
+        // With data: a reader thread streams the segments, in address
+        // order, one large read each, a few ahead; buffers are recycled.
+        let (full_tx, full_rx) =
+            std::sync::mpsc::sync_channel::<(u64, LdResult<SegmentBuf>)>(READ_AHEAD_SEGMENTS);
+        let (empty_tx, empty_rx) = std::sync::mpsc::channel::<SegmentBuf>();
+        let bulk = opts.bulk.unwrap_or(dev);
+        let bases: Vec<u64> = usage.iter().map(|(s, _)| geo.page_addr(*s, 0)).collect();
+        // Shared with the scanners (declared outside the scope they borrow).
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let result = std::thread::scope(|scope| -> LdResult<()> {
+            // Owned here, so an early return drops it and a reader blocked
+            // on a full channel stops instead of keeping the scope open.
+            let full_rx = full_rx;
+            // Without data, several scanners read the summaries of
+            // different segments at once (small reads: latency, not
+            // bandwidth, bounds them); the results are taken in order.
+            let (scan_tx, scan_rx) =
+                std::sync::mpsc::sync_channel::<(usize, ScanResult)>(SUMMARY_SCANNERS * 8);
+            let scan_rx = scan_rx;
+            if opts.data {
+                let bases = &bases;
+                scope.spawn(move || {
+                    for &base in bases {
+                        let mut b = empty_rx
+                            .try_recv()
+                            .unwrap_or_else(|_| SegmentBuf::new(seg_bytes));
+                        let r = bulk
+                            .read_at(b.data_mut(), base)
+                            .map(|_| b)
+                            .map_err(LdError::from);
+                        let failed = r.is_err();
+                        if full_tx.send((base, r)).is_err() || failed {
+                            return;
+                        }
                     }
-                    matched.push(addr);
-                    if e.len != len || e.crc != crc || e.flags & entry_flags::ON_DISK_MASK != flags
-                    {
-                        push(
+                });
+                drop(scan_tx);
+            } else {
+                drop(full_tx);
+                for _ in 0..SUMMARY_SCANNERS {
+                    let (usage, next, stop, tx) = (&usage, &next, &stop, scan_tx.clone());
+                    scope.spawn(move || loop {
+                        let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if n >= usage.len() || stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            return;
+                        }
+                        let r = recovery::scan_segment_resync(
+                            dev,
+                            &geo,
+                            usage[n].0,
+                            recovery::Verify::Summary,
+                        );
+                        if tx.send((n, r)).is_err() {
+                            return;
+                        }
+                    });
+                }
+                drop(scan_tx);
+            }
+            let mut view = SegmentView {
+                dev,
+                base: 0,
+                buf: SegmentBuf::default(),
+            };
+            let mut early: std::collections::BTreeMap<usize, ScanResult> = Default::default();
+            let result = (|| -> LdResult<()> {
+                for (n, (seg, _)) in usage.iter().enumerate() {
+                    let seg = *seg;
+                    if n % 64 == 0 {
+                        progress("segments", n as u64, total);
+                    }
+                    let base = geo.page_addr(seg, 0);
+                    let (parts, bad) = if opts.data {
+                        let (got, r) = full_rx.recv().expect("the reader sends every segment");
+                        assert_eq!(got, base, "segments read out of order");
+                        let old = std::mem::replace(&mut view.buf, r?);
+                        if old.len > 0 {
+                            let _ = empty_tx.send(old);
+                        }
+                        view.base = base;
+                        recovery::scan_segment_resync(&view, &geo, seg, recovery::Verify::Summary)?
+                    } else {
+                        loop {
+                            if let Some(r) = early.remove(&n) {
+                                break r?;
+                            }
+                            let (i, r) = scan_rx.recv().expect("the scanners send every segment");
+                            early.insert(i, r);
+                        }
+                    };
+                    for (page, why) in bad {
+                        out.damaged.push(EngineDamage::Summary(seg.0));
+                        out.problems.push(EngineProblem {
+                        damage: EngineDamage::Summary(seg.0),
+                        text: format!(
+                            "segment {}: the summary at page {page} is damaged, valid partial segments follow it: {why}",
+                            seg.0
+                        ),
+                    });
+                        stops.entry(seg.0).or_insert(Stop { page, why });
+                    }
+                    let buf = view.buf.data();
+                    for p in parts {
+                        out.partials += 1;
+                        for rec in &p.records {
+                            let Record::Write {
+                                key,
+                                data_off,
+                                len,
+                                crc,
+                                flags,
+                                ..
+                            } = *rec
+                            else {
+                                continue;
+                            };
+                            let addr = p.data_base + data_off as u64;
+                            let Some(e) = g.map.get(key, &r)? else {
+                                continue;
+                            };
+                            if e.is_buffered() || e.offset() != addr {
+                                continue;
+                            }
+                            matched.push(addr);
+                            if e.len != len
+                                || e.crc != crc
+                                || e.flags & entry_flags::ON_DISK_MASK != flags
+                            {
+                                push(
                             &mut out,
                             "mismatch",
                             EngineProblem {
@@ -354,15 +503,18 @@ impl Engine {
                                 ),
                             },
                         );
-                        continue;
-                    }
-                    // read_partial bounded data_off + len by the partial,
-                    // which lies inside the segment.
-                    let at = (addr - base) as usize;
-                    let got = crc32c::crc32c(&buf[at..at + len as usize]);
-                    out.blocks_checked += 1;
-                    if got != crc {
-                        push(
+                                continue;
+                            }
+                            if !opts.data {
+                                continue;
+                            }
+                            // read_partial bounded data_off + len by the partial,
+                            // which lies inside the segment.
+                            let at = (addr - base) as usize;
+                            let got = crc32c::crc32c(&buf[at..at + len as usize]);
+                            out.blocks_checked += 1;
+                            if got != crc {
+                                push(
                             &mut out,
                             "block",
                             EngineProblem {
@@ -374,10 +526,19 @@ impl Engine {
                                 ),
                             },
                         );
+                            }
+                        }
                     }
                 }
-            }
-        }
+                progress("segments", total, total);
+                Ok(())
+            })();
+            // Scanners still running stop at their next segment.
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            drop(scan_rx);
+            result
+        });
+        result?;
         // 3. Map entries no summary accounted for.
         if matched.len() as u64 != out.map_entries {
             matched.sort_unstable();
