@@ -184,37 +184,52 @@ pub fn check(dev: Arc<dyn Device>, opts: &FsckOptions) -> Result<Findings, FsckE
             p(phase, done, total)
         }
     };
-    let log = lld
-        .check_log_with(&LogCheckOptions {
-            data: opts.data_checksums,
-            progress: Some(&report),
-            bulk: opts.bulk.as_deref(),
-        })
-        .map_err(op_err)?;
+    // The tree check reads metadata blocks at random while the log check
+    // streams the log (or its summaries): run side by side, the total is
+    // about the longer of the two. The log check takes the engine's lock
+    // per segment only.
+    let check_tree = || -> Result<Result<crate::fs::check::Report, String>, FsckError> {
+        let ld: Arc<dyn LogicalDisk> = lld.clone();
+        match Fs::mount(
+            ld,
+            FsOptions {
+                read_only: true,
+                ..Default::default()
+            },
+        ) {
+            Ok(fs) => Ok(Ok(fs.check_with(Some(&report)).map_err(op_err)?)),
+            Err(e) => Ok(Err(format!("the file system cannot be mounted: {e}"))),
+        }
+    };
+    let log_opts = LogCheckOptions {
+        data: opts.data_checksums,
+        progress: Some(&report),
+        bulk: opts.bulk.as_deref(),
+    };
+    let (log, tree) = std::thread::scope(|s| {
+        let t = s.spawn(check_tree);
+        let log = lld.check_log_with(&log_opts);
+        let t = t.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+        (log, t)
+    });
+    let log = log.map_err(op_err)?;
     out.map_entries = log.map_entries;
     out.partials = log.partials;
     out.blocks_checked = log.blocks_checked;
     out.engine.extend(log.problems);
     if out.has(|d| *d == EngineDamage::Map) {
+        // What the tree check saw through a damaged map is noise.
         out.fs_unchecked = Some("the file tree was not checked: the map is damaged".into());
         return Ok(out);
     }
-    let ld: Arc<dyn LogicalDisk> = lld.clone();
-    match Fs::mount(
-        ld,
-        FsOptions {
-            read_only: true,
-            ..Default::default()
-        },
-    ) {
-        Ok(fs) => {
-            let r = fs.check_with(Some(&report)).map_err(op_err)?;
+    match tree? {
+        Ok(r) => {
             out.inodes = r.inodes;
             out.directories = r.directories;
             out.files = r.files;
             out.fs = r.findings;
         }
-        Err(e) => out.fs_unchecked = Some(format!("the file system cannot be mounted: {e}")),
+        Err(why) => out.fs_unchecked = Some(why),
     }
     Ok(out)
 }

@@ -346,6 +346,10 @@ impl Engine {
         // 2. Every write record in every non-Clean segment that the map
         //    still names is compared with its entry, and its bytes checked.
         let usage: Vec<(SegmentId, SegmentUsage)> = g.usage.iter().collect();
+        // The lock is taken per segment from here on, so other readers (the
+        // tree check, run alongside) are not held up for the whole pass.
+        // A check runs with no writer: the map does not change under it.
+        drop(g);
         let mut matched: Vec<u64> = Vec::new();
         let mut stops: HashMap<u32, Stop> = HashMap::new();
         let mut counts: HashMap<&'static str, usize> = HashMap::new();
@@ -466,6 +470,7 @@ impl Engine {
                         stops.entry(seg.0).or_insert(Stop { page, why });
                     }
                     let buf = view.buf.data();
+                    let mut g = self.lock();
                     for p in parts {
                         out.partials += 1;
                         for rec in &p.records {
@@ -539,6 +544,7 @@ impl Engine {
             result
         });
         result?;
+        let mut g = self.lock();
         // 3. Map entries no summary accounted for.
         if matched.len() as u64 != out.map_entries {
             matched.sort_unstable();
