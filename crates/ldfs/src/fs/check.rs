@@ -290,6 +290,22 @@ impl Fs {
             Ok(v) => v.len() as u64,
             Err(_) => 0,
         };
+        // Every list that exists, in one pass over the engine's list of
+        // lists: files' lists are looked up here, and those no inode names
+        // are reported at the end.
+        let mut existing: HashSet<u64> = HashSet::new();
+        let mut from = 1u64;
+        loop {
+            let lists = ld.lists(from, 65536).map_err(FsError::from)?;
+            let Some(last) = lists.last() else {
+                break;
+            };
+            from = last.0.saturating_add(1);
+            existing.extend(lists.iter().map(|l| l.0));
+            if from == u64::MAX {
+                break;
+            }
+        }
         // Every inode record is read below: let the device start on them.
         match ld.prefetch(INODE_LIST) {
             Ok(()) | Err(LdError::NoSuchList(_)) => {}
@@ -447,18 +463,11 @@ impl Fs {
                         } else if seen.insert(e.ino) {
                             r.files += 1;
                             r.bytes += ci.size;
-                            if ci.list != 0 {
-                                match ld.indices(ListId(ci.list), 0, 1) {
-                                    Ok(_) => {}
-                                    Err(LdError::NoSuchList(_)) => r.push(Finding::MissingList {
-                                        ino: e.ino,
-                                        list: ci.list,
-                                    }),
-                                    Err(e2) => r.push(Finding::Unfixable(format!(
-                                        "inode {}: data list {}: {e2}",
-                                        e.ino, ci.list
-                                    ))),
-                                }
+                            if ci.list != 0 && !existing.contains(&ci.list) {
+                                r.push(Finding::MissingList {
+                                    ino: e.ino,
+                                    list: ci.list,
+                                });
                             }
                         }
                     }
@@ -531,28 +540,17 @@ impl Fs {
         // system's own).
         let mut named: HashSet<u64> = inodes.values().map(|i| i.list).collect();
         named.extend([META_LIST.0, INODE_LIST.0, ORPHAN_LIST.0]);
-        let mut from = 1u64;
-        loop {
-            let lists = ld.lists(from, 4096).map_err(FsError::from)?;
-            let Some(last) = lists.last() else {
-                break;
-            };
-            from = last.0.saturating_add(1);
-            for l in lists {
-                if !named.contains(&l.0) {
-                    let blocks = match ld.indices(l, 0, 1) {
-                        Ok(v) => !v.is_empty(),
-                        Err(e) => {
-                            r.push(Finding::Unfixable(format!("list {}: {e}", l.0)));
-                            continue;
-                        }
-                    };
-                    r.push(Finding::LeakedList { list: l.0, blocks });
+        let mut leaked: Vec<u64> = existing.difference(&named).copied().collect();
+        leaked.sort_unstable();
+        for l in leaked {
+            let blocks = match ld.indices(ListId(l), 0, 1) {
+                Ok(v) => !v.is_empty(),
+                Err(e) => {
+                    r.push(Finding::Unfixable(format!("list {l}: {e}")));
+                    continue;
                 }
-            }
-            if from == u64::MAX {
-                break;
-            }
+            };
+            r.push(Finding::LeakedList { list: l, blocks });
         }
         Ok(r)
     }
