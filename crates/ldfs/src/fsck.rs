@@ -3,15 +3,20 @@
 //! command only parses arguments, prints and maps the outcome to fsck(8)'s
 //! exit codes.
 //!
-//! A check opens the engine read-only and writes nothing. A repair works
-//! only through the normal write paths: a superblock copy is rewritten from
-//! the other; a damaged map (or one disagreeing with the summaries) is
-//! rebuilt from every summary by opening with `LldOptions::rebuild`; live
-//! blocks whose summary is damaged are rewritten through the log; live
+//! A check opens the engine read-only and writes nothing; the log check
+//! and the tree check run side by side. A repair works only through the
+//! normal write paths: a superblock copy is rewritten from the other; a
+//! damaged map (or one disagreeing with the summaries) is rebuilt from
+//! every summary by opening with `LldOptions::rebuild`; the log head moves
+//! to a fresh segment; list entries lost or damaged are rewritten; live
 //! blocks that fail their checksum are deleted (their contents are lost;
-//! the tree repair then deals with what named them); the usage table is
-//! recomputed from the map; the tree is repaired by `Fs::repair`, one ARU
-//! per fix; opening for writing and closing write both checkpoint slots.
+//! a file keeps a hole, the tree repair deals with lost metadata); live
+//! blocks whose summary is damaged are rewritten through the log, and
+//! segments with a damaged summary emptied; the usage table is recomputed
+//! from the map; the file system's own lists, record and root are
+//! recreated if a mount fails; the tree is repaired by `Fs::repair`, one
+//! ARU per fix; opening for writing and closing write both checkpoint
+//! slots. Every damage found is acted on, not only the reported ones.
 //! A crash in the middle leaves an image that opens and that a second run
 //! finishes. After a repair the whole image is checked again from scratch:
 //! what that check finds is what is left.

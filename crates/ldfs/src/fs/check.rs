@@ -3,7 +3,8 @@
 //! live inode of the kind it says; every directory's `..`, entry count and
 //! link count are right; every inode's link count equals the entries naming
 //! it; every inode is reachable from the root or recorded as an orphan;
-//! every list an inode names exists; every bucket decodes.
+//! every list an inode names exists, and every list is named by an inode
+//! (or is one of the file system's own); every bucket decodes.
 //!
 //! `check` reads only and returns typed [`Finding`]s (and their text).
 //! `repair` acts on them through the normal write paths, one ARU per fix,
@@ -12,9 +13,12 @@
 //! the structure (damaged buckets rebuilt from what can be salvaged,
 //! entries naming no inode dropped, kinds corrected, second links to a
 //! directory dropped, undecodable unreachable inode records deleted,
-//! unreachable inodes reattached under `/lost+found`), then, once the
-//! structure is sound, the counts (`..`, entry counts, link counts). The
-//! number of rounds is bounded.
+//! unreachable inodes reattached under `/lost+found`, lists no inode
+//! names deleted when empty and otherwise reattached as regular files
+//! `/lost+found/#list-N` holding their blocks, missing lists replaced by
+//! empty ones), then, once the structure is sound, the counts (`..`, entry
+//! counts, link counts). The number of rounds is bounded. `repair_base`
+//! comes first when a mount fails: the file-system record and the root.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;

@@ -17,7 +17,13 @@
 //! - inode numbers come from a persistent counter and are never reused;
 //! - an inode with no links lives on while open (recorded in the orphan
 //!   list in the unlinking ARU) and is destroyed at its last release, or at
-//!   the next mount after a crash.
+//!   the next mount after a crash;
+//! - metadata found corrupt while mounted (an inode record or directory
+//!   bucket that fails its checksum or does not decode) fails the operation
+//!   with `Io` and turns the file system read-only (`Fs::damaged`; every
+//!   modifying operation then fails with `ReadOnly`), so nothing is written
+//!   from a wrong view of the tree; a bad data block fails only the reads
+//!   that need it.
 //!
 //! errno exists only in the FUSE adapter; this layer returns `FsError`.
 

@@ -9,13 +9,24 @@
 //!   summary records at that address for that key, with the same length,
 //!   flags and crc, and whose bytes match that crc;
 //! - the usage table equals the live bytes recomputed from the map
-//!   (`Engine::check_usage`).
+//!   (`Engine::check_usage`);
+//! - every list holding blocks has its entry in list 0, and the next list
+//!   id is above every list.
+//!
+//! A damaged summary does not end the scan of its segment: the pages after
+//! it are tried for the next valid summary (`recovery::scan_segment_resync`);
+//! damage followed by a valid partial is reported as `Summary`, and repaired
+//! by moving everything live out of the segment (`Engine::evacuate_segment`).
+//! With data, segments are streamed whole by a reader thread (optionally
+//! through a second, O_DIRECT, device); without, eight threads read only
+//! the summaries. The engine lock is taken per segment, so the tree check
+//! can run alongside; a check must not run beside writers.
 //!
 //! Checking reads only: on an engine opened read-only it writes nothing.
 //! Every finding is an [`EngineProblem`]: a typed [`EngineDamage`] that
 //! repairs act on, and a message with the evidence (segment, byte offset,
-//! expected and found). Memory is bounded by the map's budget plus one
-//! segment buffer and 8 bytes per live block.
+//! expected and found). Memory is bounded by the map's budget plus a few
+//! segment buffers, 8 bytes per live block and 16 per damaged key.
 
 use std::collections::HashMap;
 
