@@ -108,15 +108,25 @@ pub fn check_superblocks(dev: &dyn Device) -> LdResult<(Option<Geometry>, Vec<En
     let last = (size / PAGE_BYTES as u64).saturating_sub(1) * PAGE_BYTES as u64;
     let mut problems = Vec::new();
     let mut copies = [None, None];
+    let mut pages = [vec![0u8; PAGE_BYTES], vec![0u8; PAGE_BYTES]];
     for (i, addr) in [0, last].into_iter().enumerate() {
-        let mut b = vec![0u8; PAGE_BYTES];
-        dev.read_at(&mut b, addr)?;
-        match Geometry::decode_superblock(&b, addr, size) {
+        let b = &mut pages[i];
+        dev.read_at(b, addr)?;
+        match Geometry::decode_superblock(b, addr, size) {
             Ok(g) => copies[i] = Some(g),
             Err(c) => problems.push(EngineProblem {
                 damage: EngineDamage::Superblock(i),
                 text: format!("superblock copy {i}: {c}"),
             }),
+        }
+    }
+    if copies == [None, None] {
+        // Both damaged, most likely in different bytes: rebuild from the two.
+        if let Some(g) = Geometry::salvage_superblock(&pages[0], &pages[1], [0, last], size) {
+            for p in problems.iter_mut() {
+                p.text += " (the geometry was salvaged from both copies)";
+            }
+            return Ok((Some(g), problems));
         }
     }
     if let [Some(a), Some(b)] = &copies {
