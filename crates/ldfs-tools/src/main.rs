@@ -5,6 +5,7 @@
 mod bench;
 mod bench_cleaner;
 mod bench_fs;
+mod bench_fsck;
 mod bench_writedel;
 mod fsck;
 mod fuse;
@@ -158,6 +159,30 @@ enum BenchCmd {
         /// Seconds of the group-commit and fdatasync loops.
         #[arg(long, default_value_t = 5)]
         seconds: u64,
+    },
+    /// The fsck figure (issue 4): builds an image of --files files holding
+    /// --data bytes through the library, then times the raw sequential read
+    /// of the image, fsck's metadata check (--no-data) and its full check,
+    /// each from a cold page cache (root).
+    Fsck {
+        /// Directory for the image (needs about 1.25 x --data free).
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// Files in the image.
+        #[arg(long, default_value_t = 1_000_000)]
+        files: u64,
+        /// File data in all, spread evenly over the files.
+        #[arg(long, default_value = "10G", value_parser = parse_size)]
+        data: u64,
+        /// Files per directory.
+        #[arg(long, default_value_t = 1000)]
+        per_dir: u64,
+        /// Reuse the image an earlier run with the same counts kept.
+        #[arg(long)]
+        reuse: bool,
+        /// Keep the image afterwards.
+        #[arg(long)]
+        keep: bool,
     },
     /// The LFS micro-benchmarks (small files; one large file sequential and
     /// random; one huge directory) on ldfs, ext4 on a loop device and
@@ -416,6 +441,25 @@ fn main() -> ExitCode {
             background,
             stop,
         ),
+        Cmd::Bench {
+            which:
+                BenchCmd::Fsck {
+                    dir,
+                    files,
+                    data,
+                    per_dir,
+                    reuse,
+                    keep,
+                },
+        } => bench_fsck::run(&bench_fsck::FsckBench {
+            dir,
+            files,
+            data_bytes: data,
+            per_dir,
+            reuse,
+            keep,
+        })
+        .map_err(Into::into),
         Cmd::Bench {
             which:
                 BenchCmd::Writedel {

@@ -384,3 +384,73 @@ fn a_mounted_image_is_checked_read_only() {
     assert_eq!(digest(&img), before);
     drop(f);
 }
+
+#[test]
+fn a_list_no_inode_names_goes_to_lost_found_as_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = make_image(dir.path());
+    let (lld, fs) = open(&img);
+    // A data list with two blocks that no inode names (as when an inode
+    // record is lost), and an empty one.
+    let l = lld
+        .create_list(None, ldfs::ld::ListHints::default())
+        .unwrap();
+    lld.write(None, l, 0, &[7u8; 4096]).unwrap();
+    lld.write(None, l, 2, b"end").unwrap();
+    let empty = lld
+        .create_list(None, ldfs::ld::ListHints::default())
+        .unwrap();
+    close(lld, fs);
+    cycle(&img, "is named by no inode", &[]);
+    let (lld, fs) = open(&img);
+    let lf = fs.lookup(ROOT_INO, b"lost+found").unwrap().ino;
+    let a = fs.lookup(lf, format!("#list-{}", l.0).as_bytes()).unwrap();
+    let got = read_all(&fs, a.ino);
+    let mut want = vec![7u8; 4096];
+    want.extend_from_slice(&[0u8; 4096]);
+    want.extend_from_slice(b"end");
+    assert!(got == want, "{} bytes", got.len());
+    assert!(
+        lld.list_hints(empty).unwrap().is_none(),
+        "the empty list is deleted"
+    );
+    close(lld, fs);
+}
+
+#[test]
+fn no_data_skips_data_checksums_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = make_image(dir.path());
+    // A data block of /keep with a flipped byte.
+    let (lld, fs) = open(&img);
+    let keep = read_inode(&*lld, inode_of(&fs, &[b"keep"]));
+    let e = lld
+        .map_entry(ldfs::lld::types::Key {
+            list: keep.list,
+            index: 1,
+        })
+        .unwrap()
+        .unwrap();
+    close(lld, fs);
+    let mut bytes = std::fs::read(&img).unwrap();
+    bytes[e.offset() as usize + 100] ^= 1;
+    std::fs::write(&img, &bytes).unwrap();
+    let (code, text) = fsck(&["-n", "--no-data"], &img);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("metadata only"), "{text}");
+    // Not a terminal: no progress line.
+    assert!(!text.contains('\r'), "{text:?}");
+    let (code, text) = fsck(&["-n"], &img);
+    assert_eq!(code, 4, "{text}");
+    assert!(text.contains("fails its checksum"), "{text}");
+    // Metadata damage is still found without data checksums.
+    let (lld, fs) = open(&img);
+    let ino = inode_of(&fs, &[b"d", b"f3"]);
+    let mut i = read_inode(&*lld, ino);
+    i.nlink = 5;
+    lld.write(None, INODE_LIST, ino, &i.encode()).unwrap();
+    close(lld, fs);
+    let (code, text) = fsck(&["-n", "--no-data"], &img);
+    assert_eq!(code, 4, "{text}");
+    assert!(text.contains("wrong link count"), "{text}");
+}

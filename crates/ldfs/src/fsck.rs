@@ -3,15 +3,20 @@
 //! command only parses arguments, prints and maps the outcome to fsck(8)'s
 //! exit codes.
 //!
-//! A check opens the engine read-only and writes nothing. A repair works
-//! only through the normal write paths: a superblock copy is rewritten from
-//! the other; a damaged map (or one disagreeing with the summaries) is
-//! rebuilt from every summary by opening with `LldOptions::rebuild`; live
-//! blocks whose summary is damaged are rewritten through the log; live
+//! A check opens the engine read-only and writes nothing; the log check
+//! and the tree check run side by side. A repair works only through the
+//! normal write paths: a superblock copy is rewritten from the other; a
+//! damaged map (or one disagreeing with the summaries) is rebuilt from
+//! every summary by opening with `LldOptions::rebuild`; the log head moves
+//! to a fresh segment; list entries lost or damaged are rewritten; live
 //! blocks that fail their checksum are deleted (their contents are lost;
-//! the tree repair then deals with what named them); the usage table is
-//! recomputed from the map; the tree is repaired by `Fs::repair`, one ARU
-//! per fix; opening for writing and closing write both checkpoint slots.
+//! a file keeps a hole, the tree repair deals with lost metadata); live
+//! blocks whose summary is damaged are rewritten through the log, and
+//! segments with a damaged summary emptied; the usage table is recomputed
+//! from the map; the file system's own lists, record and root are
+//! recreated if a mount fails; the tree is repaired by `Fs::repair`, one
+//! ARU per fix; opening for writing and closing write both checkpoint
+//! slots. Every damage found is acted on, not only the reported ones.
 //! A crash in the middle leaves an image that opens and that a second run
 //! finishes. After a repair the whole image is checked again from scratch:
 //! what that check finds is what is left.
@@ -22,23 +27,54 @@ use crate::device::Device;
 use crate::fs::check::Finding;
 use crate::fs::{Fs, FsOptions};
 use crate::ld::{LdError, ListId, LogicalDisk};
-use crate::lld::verify::{self, EngineDamage, EngineProblem};
+use crate::lld::verify::{self, EngineDamage, EngineProblem, LogCheckOptions};
 use crate::lld::{Lld, LldOptions};
 
+/// Progress reports: (phase, done, total); a total of 0 means unknown.
+pub type ProgressFn = Arc<dyn Fn(&str, u64, u64) + Send + Sync>;
+
 /// How to run.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct FsckOptions {
+    /// The same image opened for streaming reads (O_DIRECT), for the
+    /// whole-log pass of the data check; without it that pass reads through
+    /// the engine's device.
+    pub bulk: Option<Arc<dyn Device>>,
     /// Repair what can be repaired (`-y`, `-p`); otherwise only report.
     pub repair: bool,
     /// Memory budget of the block-number map while checking.
     pub map_budget_bytes: usize,
+    /// Check every live block's bytes against its crc (reads the whole
+    /// log); without it only metadata is checked (summaries, map, usage,
+    /// list 0, the tree), and a repair cannot find blocks that fail their
+    /// crc.
+    pub data_checksums: bool,
+    /// Called now and then while checking.
+    pub progress: Option<ProgressFn>,
+}
+
+impl std::fmt::Debug for FsckOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FsckOptions")
+            .field("repair", &self.repair)
+            .field("bulk", &self.bulk.is_some())
+            .field("map_budget_bytes", &self.map_budget_bytes)
+            .field("data_checksums", &self.data_checksums)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
 }
 
 impl Default for FsckOptions {
     fn default() -> Self {
         FsckOptions {
+            bulk: None,
             repair: false,
-            map_budget_bytes: 64 << 20,
+            // The check looks up every summary record in the map: a map
+            // that does not fit rereads its leaves at random.
+            map_budget_bytes: 1 << 30,
+            data_checksums: true,
+            progress: None,
         }
     }
 }
@@ -147,31 +183,58 @@ pub fn check(dev: Arc<dyn Device>, opts: &FsckOptions) -> Result<Findings, FsckE
     };
     out.engine
         .extend(verify::check_checkpoints(&*dev, &geo, lld.open_report()).map_err(op_err)?);
-    let log = lld.check_log().map_err(op_err)?;
+    let progress = opts.progress.clone();
+    let report = |phase: &str, done: u64, total: u64| {
+        if let Some(p) = &progress {
+            p(phase, done, total)
+        }
+    };
+    // The tree check reads metadata blocks at random while the log check
+    // streams the log (or its summaries): run side by side, the total is
+    // about the longer of the two. The log check takes the engine's lock
+    // per segment only.
+    let check_tree = || -> Result<Result<crate::fs::check::Report, String>, FsckError> {
+        let ld: Arc<dyn LogicalDisk> = lld.clone();
+        match Fs::mount(
+            ld,
+            FsOptions {
+                read_only: true,
+                ..Default::default()
+            },
+        ) {
+            Ok(fs) => Ok(Ok(fs.check_with(Some(&report)).map_err(op_err)?)),
+            Err(e) => Ok(Err(format!("the file system cannot be mounted: {e}"))),
+        }
+    };
+    let log_opts = LogCheckOptions {
+        data: opts.data_checksums,
+        progress: Some(&report),
+        bulk: opts.bulk.as_deref(),
+    };
+    let (log, tree) = std::thread::scope(|s| {
+        let t = s.spawn(check_tree);
+        let log = lld.check_log_with(&log_opts);
+        let t = t.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+        (log, t)
+    });
+    let log = log.map_err(op_err)?;
     out.map_entries = log.map_entries;
     out.partials = log.partials;
     out.blocks_checked = log.blocks_checked;
     out.engine.extend(log.problems);
     if out.has(|d| *d == EngineDamage::Map) {
+        // What the tree check saw through a damaged map is noise.
         out.fs_unchecked = Some("the file tree was not checked: the map is damaged".into());
         return Ok(out);
     }
-    let ld: Arc<dyn LogicalDisk> = lld.clone();
-    match Fs::mount(
-        ld,
-        FsOptions {
-            read_only: true,
-            ..Default::default()
-        },
-    ) {
-        Ok(fs) => {
-            let r = fs.check().map_err(op_err)?;
+    match tree? {
+        Ok(r) => {
             out.inodes = r.inodes;
             out.directories = r.directories;
             out.files = r.files;
             out.fs = r.findings;
         }
-        Err(e) => out.fs_unchecked = Some(format!("the file system cannot be mounted: {e}")),
+        Err(why) => out.fs_unchecked = Some(why),
     }
     Ok(out)
 }
@@ -239,25 +302,94 @@ fn repair(
         fixed.push("both checkpoint slots rewritten".into());
     }
     // What the log looks like now (after a rebuild, keys may differ).
-    let log = lld.check_log().map_err(op_err)?;
-    let (mut moved, mut dropped) = (0u64, 0u64);
-    for p in &log.problems {
-        match p.damage {
-            EngineDamage::Unrecorded(key) => {
-                if let Some(e) = lld.map_entry(key).map_err(op_err)? {
-                    if lld.relocate(key, &e).map_err(op_err)? {
-                        moved += 1;
-                    }
-                }
+    let mut log = lld
+        .check_log_with(&LogCheckOptions {
+            data: opts.data_checksums,
+            progress: None,
+            bulk: None,
+        })
+        .map_err(op_err)?;
+    // Everything the repair writes goes to a fresh segment: the one the log
+    // was writing into may hold a damaged summary (seen as the end of its
+    // log until something valid follows it), and blocks rewritten because
+    // their summary is lost must land where a scan finds them.
+    lld.start_new_segment().map_err(op_err)?;
+    // Lists that lost their entry in list 0 (or whose entry fails its
+    // checksum) get it back first: the deletes below need the list.
+    let lists: Vec<u64> = log
+        .damaged
+        .iter()
+        .filter_map(|d| match d {
+            EngineDamage::ListEntry(l) => Some(*l),
+            EngineDamage::BadBlock(k) if k.list == 0 => Some(k.index),
+            _ => None,
+        })
+        .collect();
+    if !lists.is_empty() || log.damaged.contains(&EngineDamage::NextList) {
+        lld.repair_lists(&lists).map_err(op_err)?;
+        for l in &lists {
+            fixed.push(format!("list {l}: its entry in list 0 rewritten"));
+        }
+        if log.damaged.contains(&EngineDamage::NextList) {
+            fixed.push("next list id raised above every list".into());
+        }
+        lld.flush().map_err(op_err)?;
+    }
+    // Blocks that fail their checksum are lost: deleted (a file keeps a
+    // hole there; the tree repair deals with lost metadata).
+    let mut dropped = 0u64;
+    for d in &log.damaged {
+        if let EngineDamage::BadBlock(key) = *d {
+            if key.list == 0 {
+                continue; // rewritten above
             }
-            EngineDamage::BadBlock(key) if key.list != 0 => {
-                lld.delete(None, ListId(key.list), key.index)
-                    .map_err(op_err)?;
-                dropped += 1;
+            lld.delete(None, ListId(key.list), key.index)
+                .map_err(op_err)?;
+            dropped += 1;
+            if dropped <= 64 {
                 fixed.push(format!("{key:?} deleted: its bytes failed their checksum"));
             }
-            _ => {}
         }
+    }
+    if dropped > 64 {
+        fixed.push(format!(
+            "... and {} more blocks deleted: their bytes failed their checksum",
+            dropped - 64
+        ));
+    }
+    let mut damaged_segments: Vec<u32> = log
+        .damaged
+        .iter()
+        .filter_map(|d| match d {
+            EngineDamage::Summary(s) => Some(*s),
+            _ => None,
+        })
+        .collect();
+    damaged_segments.dedup();
+    let mut moved = 0u64;
+    for d in std::mem::take(&mut log.damaged) {
+        if let EngineDamage::Unrecorded(key) = d {
+            if let Some(e) = lld.map_entry(key).map_err(op_err)? {
+                if lld.relocate(key, &e).map_err(op_err)? {
+                    moved += 1;
+                }
+            }
+        }
+    }
+    for seg in damaged_segments {
+        let (m, del) = lld
+            .evacuate_segment(crate::lld::types::SegmentId(seg))
+            .map_err(op_err)?;
+        moved += m;
+        dropped += del;
+        fixed.push(format!(
+            "segment {seg} (a damaged summary): {m} live blocks moved out{}",
+            if del > 0 {
+                format!(", {del} that failed their checksum deleted")
+            } else {
+                String::new()
+            }
+        ));
     }
     if moved > 0 {
         fixed.push(format!(
@@ -267,14 +399,31 @@ fn repair(
     if moved + dropped > 0 {
         lld.flush().map_err(op_err)?;
     }
-    if log.problems.iter().any(|p| p.damage == EngineDamage::Usage) || moved + dropped > 0 {
-        let n = lld.repair_usage().map_err(op_err)?;
-        if n > 0 {
-            fixed.push(format!("segment usage table: {n} segments corrected"));
-        }
+    // Recomputed whatever was found: the repairs above move live bytes.
+    let n = lld.repair_usage().map_err(op_err)?;
+    if n > 0 {
+        fixed.push(format!("segment usage table: {n} segments corrected"));
     }
     let ld: Arc<dyn LogicalDisk> = lld.clone();
-    match Fs::mount(ld, FsOptions::default()) {
+    // The file system's own lists, record and root come first.
+    let own: Vec<u64> = (1..=3)
+        .filter(|&l| matches!(lld.list_hints(ListId(l)), Ok(None)))
+        .collect();
+    if !own.is_empty() {
+        lld.repair_lists(&own).map_err(op_err)?;
+        fixed.push(format!("file-system lists {own:?} recreated"));
+    }
+    let mut mounted = Fs::mount(ld.clone(), FsOptions::default());
+    if mounted.is_err() {
+        match Fs::repair_base(&*ld) {
+            Ok(f) => fixed.extend(f),
+            Err(e) => notes.push(format!(
+                "cannot rewrite the file-system record or root: {e}"
+            )),
+        }
+        mounted = Fs::mount(ld, FsOptions::default());
+    }
+    match mounted {
         Ok(fs) => {
             let r = fs.repair().map_err(op_err)?;
             fixed.extend(r.fixed);

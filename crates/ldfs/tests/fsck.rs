@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use ldfs::device::{Device, MemoryDevice};
 use ldfs::fs::{Ctx, Fs, FsOptions, ROOT_INO};
-use ldfs::fsck::{self, FsckOptions};
+use ldfs::fsck::{self, FsckError, FsckOptions};
 use ldfs::ld::LogicalDisk;
 use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::verify::EngineDamage;
@@ -177,10 +177,28 @@ fn crash_then_recovery_is_clean() {
     }
 }
 
-/// Random bit flips in random places of a small image: the check never
-/// panics and finishes within a bound, and a repair never panics either.
+/// The kind of a leftover finding, for the histogram a failure prints.
+fn kind_of(line: &str) -> String {
+    line.split([':', '('])
+        .next()
+        .unwrap_or(line)
+        .trim()
+        .chars()
+        .take(40)
+        .collect()
+}
+
+/// Random bit flips in random places of a small image. For every image: the
+/// check never panics, finishes within a bound and writes nothing; a repair
+/// (on a copy) never panics, and afterwards a fresh check is clean. The one
+/// residue allowed is damage that leaves nothing to repair from: both
+/// superblock copies failing their checksum in a way the salvage cannot
+/// undo (the same field byte in both, or both crcs; the image is then not
+/// recognised, exit 8, before and after — seeds 1 to 4 over 2,000 images
+/// each have none). A failure prints the seed, the images that did not
+/// converge and a histogram of what was left.
 #[test]
-fn random_bit_flips_never_panic() {
+fn random_bit_flips_repair_converges() {
     use rand::{Rng, SeedableRng};
     let images: u64 = std::env::var("LDFS_FSCK_IMAGES")
         .ok()
@@ -201,6 +219,9 @@ fn random_bit_flips_never_panic() {
         .map(|(i, _)| i as u64 * 4096)
         .collect::<Vec<_>>();
     let mut codes = std::collections::BTreeMap::new();
+    let mut left: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut failed: Vec<String> = Vec::new();
+    let mut no_superblock = 0u64;
     for n in 0..images {
         let s = seed.wrapping_mul(1_000_003).wrapping_add(n);
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(s);
@@ -214,34 +235,79 @@ fn random_bit_flips_never_panic() {
             } as usize;
             img[at] ^= 1 << rng.gen_range(0..8);
         }
-        let repair = n % 4 == 0;
         let started = std::time::Instant::now();
         let r = std::panic::catch_unwind(|| {
+            let dev = Arc::new(MemoryDevice::from_vec(img.clone()));
+            let checked = fsck::run(dev.clone(), &FsckOptions::default()).map(|o| o.exit_code());
+            let untouched = dev.snapshot() == img;
             let dev = Arc::new(MemoryDevice::from_vec(img));
-            fsck::run(
-                dev,
+            let repaired = fsck::run(
+                dev.clone(),
                 &FsckOptions {
-                    repair,
+                    repair: true,
                     ..Default::default()
                 },
             )
-            .map(|o| o.exit_code())
+            .map(|o| o.exit_code());
+            let after = fsck::check(dev, &FsckOptions::default());
+            (checked, untouched, repaired, after)
         });
-        let Ok(code) = r else {
-            panic!("fsck panicked on image {n}: replay with LDFS_SEED={seed} (image seed {s}, repair {repair})");
+        let Ok((checked, untouched, repaired, after)) = r else {
+            panic!("fsck panicked on image {n}: replay with LDFS_SEED={seed} LDFS_FSCK_IMAGES={} (image seed {s})", n + 1);
         };
-        *codes.entry(code.unwrap_or(8)).or_insert(0u64) += 1;
         let took = started.elapsed();
         assert!(
             took < std::time::Duration::from_secs(10),
             "fsck took {took:?} on image {n} (LDFS_SEED={seed}, image seed {s})"
         );
+        assert!(
+            untouched,
+            "a check wrote to image {n} (LDFS_SEED={seed}, image seed {s})"
+        );
+        *codes
+            .entry(checked.as_ref().map_or(8, |c| *c))
+            .or_insert(0u64) += 1;
+        match (&checked, &repaired, &after) {
+            (
+                Err(FsckError::NotLdfs(a)),
+                Err(FsckError::NotLdfs(_)),
+                Err(FsckError::NotLdfs(_)),
+            ) if a.contains("superblock copy 0") && a.contains("superblock copy 1") => {
+                no_superblock += 1;
+            }
+            (_, Ok(1 | 0), Ok(f)) if f.is_clean() => {}
+            _ => {
+                let lines = match &after {
+                    Ok(f) => f.lines(),
+                    Err(e) => vec![format!("check after repair failed: {e}")],
+                };
+                for l in &lines {
+                    *left.entry(kind_of(l)).or_insert(0) += 1;
+                }
+                failed.push(format!(
+                    "image {n} (image seed {s}): check {checked:?}, repair {repaired:?}, left: {:?}",
+                    lines.iter().take(3).collect::<Vec<_>>()
+                ));
+            }
+        }
     }
+    eprintln!(
+        "exit codes of the check over {images} images: {codes:?}; {no_superblock} with both superblock copies damaged beyond salvage"
+    );
+    assert!(
+        failed.is_empty(),
+        "LDFS_SEED={seed}: {} of {images} images still had problems after a repair; left, by kind: {left:#?}\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
     // Not vacuous: most flips land in something fsck reads.
     let damaged: u64 = codes.iter().filter(|(c, _)| **c != 0).map(|(_, n)| n).sum();
-    eprintln!("exit codes over {images} images: {codes:?}");
     assert!(
         damaged * 4 >= images,
         "only {damaged} of {images} images found damaged: {codes:?}"
+    );
+    assert!(
+        no_superblock * 20 <= images,
+        "{no_superblock} of {images} images lost both superblock copies: the flips are not spread as intended"
     );
 }

@@ -87,6 +87,10 @@ pub trait Device: Send + Sync {
     fn flush(&self) -> Result<(), DeviceError>;
     /// The device size in bytes; fixed for the device's lifetime.
     fn size_bytes(&self) -> u64;
+    /// A hint: these byte ranges (offset, length) will be read soon. A
+    /// device behind a page cache starts reading them in the background;
+    /// one without (memory, O_DIRECT) has nothing to do. Never fails.
+    fn will_need(&self, _ranges: &[(u64, u64)]) {}
 }
 
 impl<D: Device + ?Sized> Device for Arc<D> {
@@ -102,6 +106,9 @@ impl<D: Device + ?Sized> Device for Arc<D> {
     fn size_bytes(&self) -> u64 {
         (**self).size_bytes()
     }
+    fn will_need(&self, ranges: &[(u64, u64)]) {
+        (**self).will_need(ranges)
+    }
 }
 
 impl<D: Device + ?Sized> Device for Box<D> {
@@ -116,6 +123,9 @@ impl<D: Device + ?Sized> Device for Box<D> {
     }
     fn size_bytes(&self) -> u64 {
         (**self).size_bytes()
+    }
+    fn will_need(&self, ranges: &[(u64, u64)]) {
+        (**self).will_need(ranges)
     }
 }
 

@@ -3,7 +3,8 @@
 //! live inode of the kind it says; every directory's `..`, entry count and
 //! link count are right; every inode's link count equals the entries naming
 //! it; every inode is reachable from the root or recorded as an orphan;
-//! every list an inode names exists; every bucket decodes.
+//! every list an inode names exists, and every list is named by an inode
+//! (or is one of the file system's own); every bucket decodes.
 //!
 //! `check` reads only and returns typed [`Finding`]s (and their text).
 //! `repair` acts on them through the normal write paths, one ARU per fix,
@@ -12,16 +13,22 @@
 //! the structure (damaged buckets rebuilt from what can be salvaged,
 //! entries naming no inode dropped, kinds corrected, second links to a
 //! directory dropped, undecodable unreachable inode records deleted,
-//! unreachable inodes reattached under `/lost+found`), then, once the
-//! structure is sound, the counts (`..`, entry counts, link counts). The
-//! number of rounds is bounded.
+//! unreachable inodes reattached under `/lost+found`, lists no inode
+//! names deleted when empty and otherwise reattached as regular files
+//! `/lost+found/#list-N` holding their blocks, missing lists replaced by
+//! empty ones), then, once the structure is sound, the counts (`..`, entry
+//! counts, link counts). The number of rounds is bounded. `repair_base`
+//! comes first when a mount fails: the file-system record and the root.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use super::inode::{Inode, Kind};
-use super::{dir, Ctx, Fs, FsError, FsResult, INODE_LIST, ORPHAN_LIST, ROOT_INO};
-use crate::ld::{LdError, ListId};
+use super::{
+    dir, encode_fs_record, system_time, Ctx, Fs, FsError, FsResult, BLOCK_BYTES, INODE_LIST,
+    INO_BATCH, MAX_FILE_BYTES, META_LIST, ORPHAN_LIST, ROOT_INO,
+};
+use crate::ld::{LdError, ListHints, ListId, ListKind, LogicalDisk, Temperature};
 
 /// Name of the directory under the root that receives unreachable inodes.
 pub const LOST_FOUND: &[u8] = b"lost+found";
@@ -60,7 +67,13 @@ pub enum Finding {
     Unreachable { ino: u64 },
     /// An inode record that is reachable from nowhere and does not decode.
     BadInode { ino: u64, why: String },
-    /// Something a repair cannot fix (the root, device errors, a data list).
+    /// A list exists that no inode record names (its inode record was lost,
+    /// or a crash or bug left it behind).
+    LeakedList { list: u64, blocks: bool },
+    /// An inode names a list that does not exist.
+    MissingList { ino: u64, list: u64 },
+    /// Something a repair cannot fix (device errors, an undecodable root
+    /// left after `repair_base`).
     Unfixable(String),
 }
 
@@ -121,6 +134,14 @@ impl fmt::Display for Finding {
                 )
             }
             Finding::BadInode { ino, why } => write!(f, "inode {ino}: bad inode record: {why}"),
+            Finding::LeakedList { list, blocks } => write!(
+                f,
+                "list {list} is named by no inode ({})",
+                if *blocks { "it holds blocks" } else { "empty" }
+            ),
+            Finding::MissingList { ino, list } => {
+                write!(f, "inode {ino} names list {list}, which does not exist")
+            }
             Finding::Unfixable(s) => f.write_str(s),
         }
     }
@@ -137,6 +158,8 @@ impl Finding {
                 | Finding::DirLinkedTwice { .. }
                 | Finding::Unreachable { .. }
                 | Finding::BadInode { .. }
+                | Finding::LeakedList { .. }
+                | Finding::MissingList { .. }
         )
     }
 }
@@ -177,11 +200,128 @@ enum LoadError {
 }
 
 impl Fs {
+    /// What a mount needs before the tree can be checked, made right in
+    /// one ARU (fsck runs it when a mount fails): the file-system record
+    /// (rewritten with an inode bound above every inode record if it is
+    /// missing, damaged or too low) and a root directory (a new, empty one
+    /// if the root's record is missing, damaged or not a directory; the
+    /// tree repair then reattaches what hung below the old one under
+    /// `/lost+found`). The file system's own lists must exist. Returns the
+    /// fixes made.
+    pub fn repair_base(ld: &dyn LogicalDisk) -> FsResult<Vec<String>> {
+        let mut fixed = Vec::new();
+        let top = ld
+            .indices(INODE_LIST, 0, usize::MAX)?
+            .last()
+            .copied()
+            .unwrap_or(ROOT_INO);
+        let record = match ld.read(META_LIST, 0) {
+            Ok(Some(rec)) if rec.len() == 16 && &rec[..8] == super::FS_MAGIC => {
+                Some(u64::from_le_bytes(rec[8..16].try_into().expect("8 bytes")))
+            }
+            Ok(_) | Err(LdError::Corrupt(_)) => None,
+            Err(e) => return Err(e.into()),
+        };
+        let root_ok = match ld.read(INODE_LIST, ROOT_INO) {
+            Ok(Some(b)) => {
+                matches!(Inode::decode(ROOT_INO, &b, ROOT_INO), Ok(i) if i.kind() == Kind::Dir)
+            }
+            Ok(None) | Err(LdError::Corrupt(_)) => false,
+            Err(e) => return Err(e.into()),
+        };
+        let record_ok = record.is_some_and(|r| r > top);
+        if record_ok && root_ok {
+            return Ok(fixed);
+        }
+        let aru = ld.begin_aru()?;
+        let r = (|| -> FsResult<()> {
+            if !record_ok {
+                let reserved = top.saturating_add(1 + INO_BATCH);
+                ld.write(Some(aru), META_LIST, 0, &encode_fs_record(reserved))?;
+                fixed.push(format!(
+                    "file-system record rewritten (inode numbers from {reserved})"
+                ));
+            }
+            if !root_ok {
+                let list = ld.create_list(
+                    Some(aru),
+                    ListHints {
+                        kind: ListKind::Metadata,
+                        temperature: Temperature::Hot,
+                        ..Default::default()
+                    },
+                )?;
+                let now = system_time();
+                let root = Inode {
+                    ino: ROOT_INO,
+                    generation: 1,
+                    mode: Kind::Dir.mode_bits() | 0o755,
+                    uid: 0,
+                    gid: 0,
+                    nlink: 2,
+                    size: 0,
+                    list: list.0,
+                    rdev: 0,
+                    parent: ROOT_INO,
+                    atime: now,
+                    mtime: now,
+                    ctime: now,
+                    inline: Vec::new(),
+                    xattrs: Vec::new(),
+                };
+                ld.write(Some(aru), INODE_LIST, ROOT_INO, &root.encode())?;
+                fixed.push("root directory record rewritten (a new, empty root)".into());
+            }
+            Ok(())
+        })();
+        ld.end_aru(aru)?;
+        r?;
+        Ok(fixed)
+    }
+
     /// Walks the whole tree. Corruption is a finding; only a failure to list
     /// the inode or orphan lists is an error.
     pub fn check(&self) -> Result<Report, FsError> {
+        self.check_with(None)
+    }
+
+    /// [`Fs::check`], calling `progress("tree", inodes loaded, inode
+    /// records)` now and then.
+    pub fn check_with(&self, progress: Option<crate::ld::Progress<'_>>) -> Result<Report, FsError> {
         let mut r = Report::default();
         let ld = self.logical_disk().clone();
+        let total = match ld.indices(INODE_LIST, 0, usize::MAX) {
+            Ok(v) => v.len() as u64,
+            Err(_) => 0,
+        };
+        // Every list that exists, in one pass over the engine's list of
+        // lists: files' lists are looked up here, and those no inode names
+        // are reported at the end.
+        let mut existing: HashSet<u64> = HashSet::new();
+        let mut from = 1u64;
+        loop {
+            let lists = ld.lists(from, 65536).map_err(FsError::from)?;
+            let Some(last) = lists.last() else {
+                break;
+            };
+            from = last.0.saturating_add(1);
+            existing.extend(lists.iter().map(|l| l.0));
+            if from == u64::MAX {
+                break;
+            }
+        }
+        // Every inode record is read below: let the device start on them.
+        match ld.prefetch(INODE_LIST) {
+            Ok(()) | Err(LdError::NoSuchList(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let mut walked = 0u64;
+        let tick = |n: u64| {
+            if let Some(p) = progress {
+                p("tree", n, total)
+            }
+        };
+        tick(0);
         let mut refs: HashMap<u64, u32> = HashMap::new();
         let mut seen: HashSet<u64> = HashSet::new();
         let mut stack = vec![ROOT_INO];
@@ -217,12 +357,25 @@ impl Fs {
             };
             r.directories += 1;
             let list = ListId(di.list);
+            // Its buckets are read next; a missing list is a finding below.
+            if let Err(e) = ld.prefetch(list) {
+                if !matches!(e, LdError::NoSuchList(_)) {
+                    return Err(e.into());
+                }
+            }
             let mut count = 0u64;
             let mut subdirs = 0u32;
             let mut from = 0;
             loop {
                 let idx = match ld.indices(list, from, 1024) {
                     Ok(v) => v,
+                    Err(LdError::NoSuchList(_)) => {
+                        r.push(Finding::MissingList {
+                            ino: d,
+                            list: di.list,
+                        });
+                        break;
+                    }
                     Err(e) => {
                         r.push(Finding::Unfixable(format!(
                             "directory {d}: list {}: {e}",
@@ -263,6 +416,10 @@ impl Fs {
                         }
                     };
                     for e in entries {
+                        walked += 1;
+                        if walked.is_multiple_of(4096) {
+                            tick(walked);
+                        }
                         let ci = match load(e.ino, &mut inodes) {
                             Ok(i) => i,
                             Err(LoadError::Gone(why)) => {
@@ -310,13 +467,11 @@ impl Fs {
                         } else if seen.insert(e.ino) {
                             r.files += 1;
                             r.bytes += ci.size;
-                            if ci.list != 0 {
-                                if let Err(e2) = ld.indices(ListId(ci.list), 0, 1) {
-                                    r.push(Finding::Unfixable(format!(
-                                        "inode {}: data list {}: {e2}",
-                                        e.ino, ci.list
-                                    )));
-                                }
+                            if ci.list != 0 && !existing.contains(&ci.list) {
+                                r.push(Finding::MissingList {
+                                    ino: e.ino,
+                                    list: ci.list,
+                                });
                             }
                         }
                     }
@@ -355,24 +510,51 @@ impl Fs {
             }
         }
         // Every inode record is reachable or an orphan.
-        let orphans: HashSet<u64> = ld
-            .indices(ORPHAN_LIST, 0, usize::MAX)
-            .map_err(FsError::from)?
-            .into_iter()
-            .collect();
-        let all = ld
-            .indices(INODE_LIST, 0, usize::MAX)
-            .map_err(FsError::from)?;
+        // The file system's own lists: fsck recreates a missing one before
+        // it mounts for a repair.
+        let own = |list: ListId, r: &mut Report| match ld.indices(list, 0, usize::MAX) {
+            Ok(v) => Ok(v),
+            Err(LdError::NoSuchList(_)) => {
+                r.push(Finding::Unfixable(format!(
+                    "the file system's list {} does not exist",
+                    list.0
+                )));
+                Ok(Vec::new())
+            }
+            Err(e) => Err(FsError::from(e)),
+        };
+        let orphans: HashSet<u64> = own(ORPHAN_LIST, &mut r)?.into_iter().collect();
+        let all = own(INODE_LIST, &mut r)?;
         r.inodes = all.len() as u64;
         for ino in all {
-            if seen.contains(&ino) || orphans.contains(&ino) {
+            if seen.contains(&ino) {
                 continue;
             }
+            let orphan = orphans.contains(&ino);
             match load(ino, &mut inodes) {
+                Ok(_) if orphan => {}
                 Ok(_) => r.push(Finding::Unreachable { ino }),
+                // An orphan's record is destroyed at the next writable mount.
+                Err(LoadError::Gone(_)) if orphan => {}
                 Err(LoadError::Gone(why)) => r.push(Finding::BadInode { ino, why }),
                 Err(LoadError::Device(why)) => r.push(Finding::Unfixable(why)),
             }
+        }
+        // Every list is named by an inode record (or is one of the file
+        // system's own).
+        let mut named: HashSet<u64> = inodes.values().map(|i| i.list).collect();
+        named.extend([META_LIST.0, INODE_LIST.0, ORPHAN_LIST.0]);
+        let mut leaked: Vec<u64> = existing.difference(&named).copied().collect();
+        leaked.sort_unstable();
+        for l in leaked {
+            let blocks = match ld.indices(ListId(l), 0, 1) {
+                Ok(v) => !v.is_empty(),
+                Err(e) => {
+                    r.push(Finding::Unfixable(format!("list {l}: {e}")));
+                    continue;
+                }
+            };
+            r.push(Finding::LeakedList { list: l, blocks });
         }
         Ok(r)
     }
@@ -381,6 +563,20 @@ impl Fs {
     /// each fix its own ARU; returns the fixes and the final check. Fails
     /// with `ReadOnly` on a read-only mount.
     pub fn repair(&self) -> FsResult<RepairReport> {
+        if self.opts.read_only {
+            return Err(FsError::ReadOnly);
+        }
+        // Corruption met while repairing is what is being repaired: it must
+        // not turn the file system read-only.
+        self.repairing
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let r = self.repair_rounds();
+        self.repairing
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        r
+    }
+
+    fn repair_rounds(&self) -> FsResult<RepairReport> {
         let mut out = RepairReport::default();
         for _ in 0..REPAIR_ROUNDS {
             let r = self.check()?;
@@ -423,6 +619,22 @@ impl Fs {
                     let name = self.reattach(lf, ino)?;
                     out.fixed.push(format!(
                         "inode {ino} reattached as /lost+found/{}",
+                        String::from_utf8_lossy(&name)
+                    ));
+                    continue;
+                }
+                if let Finding::LeakedList { list, blocks: true } = f {
+                    let lf = match lost_found {
+                        Some(lf) => lf,
+                        None => {
+                            let lf = self.lost_found()?;
+                            lost_found = Some(lf);
+                            lf
+                        }
+                    };
+                    let (ino, name) = self.adopt_list(lf, list)?;
+                    out.fixed.push(format!(
+                        "list {list} (named by no inode) reattached as file {ino}, /lost+found/{}",
                         String::from_utf8_lossy(&name)
                     ));
                     continue;
@@ -518,6 +730,75 @@ impl Fs {
         r
     }
 
+    /// Makes a list no inode names into a regular file (mode 0600, owner
+    /// root) linked into `/lost+found` as `#list-LIST`: its blocks are kept
+    /// as the file's contents (index `k` at byte `k * 4096`), its size runs
+    /// to the end of its last block.
+    fn adopt_list(&self, lf: u64, list: u64) -> FsResult<(u64, Vec<u8>)> {
+        let mut tx = self.begin(0)?;
+        let r = (|| {
+            let l = ListId(list);
+            let mut last = None;
+            let mut from = 0u64;
+            loop {
+                let idx = tx.ld().indices(l, from, 4096)?;
+                let Some(&b) = idx.last() else { break };
+                last = Some(b);
+                match b.checked_add(1) {
+                    Some(f) => from = f,
+                    None => break,
+                }
+            }
+            let size = match last {
+                Some(b) => {
+                    let len = tx.ld().read(l, b).ok().flatten().map_or(0, |d| d.len()) as u64;
+                    b.saturating_mul(BLOCK_BYTES)
+                        .saturating_add(len)
+                        .min(MAX_FILE_BYTES)
+                }
+                None => 0,
+            };
+            let ino = tx.alloc_ino()?;
+            let now = self.now();
+            let i = Inode {
+                ino,
+                generation: 1,
+                mode: Kind::File.mode_bits() | 0o600,
+                uid: 0,
+                gid: 0,
+                nlink: 1,
+                size,
+                list,
+                rdev: 0,
+                parent: 0,
+                atime: now,
+                mtime: now,
+                ctime: now,
+                inline: Vec::new(),
+                xattrs: Vec::new(),
+            };
+            tx.put(&i)?;
+            let mut d = tx.dir_inode(lf)?;
+            let mut name = format!("#list-{list}").into_bytes();
+            let mut n = 0;
+            let (idx, entries) = loop {
+                match tx.bucket_for_new(&d, &name) {
+                    Ok(found) => break found,
+                    Err(FsError::Exists) if n < 16 => {
+                        n += 1;
+                        name = format!("#list-{list}.{n}").into_bytes();
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
+            tx.add_found(&mut d, idx, entries, &name, ino, Kind::File)?;
+            tx.put(&d)?;
+            Ok((ino, name))
+        })();
+        tx.end()?;
+        r
+    }
+
     /// Applies one fix in its own ARU.
     fn fix(&self, f: &Finding) -> FsResult<()> {
         let mut tx = self.begin(0)?;
@@ -580,6 +861,29 @@ impl Fs {
                 let mut i = tx.inode(*ino)?;
                 i.nlink = *expected;
                 tx.put(&i)
+            }
+            Finding::MissingList { ino, .. } => {
+                let mut i = tx.inode(*ino)?;
+                let kind = if i.kind() == Kind::Dir {
+                    ListKind::Metadata
+                } else {
+                    ListKind::Data
+                };
+                i.list = tx
+                    .ld()
+                    .create_list(
+                        Some(tx.aru),
+                        ListHints {
+                            kind,
+                            ..Default::default()
+                        },
+                    )?
+                    .0;
+                tx.put(&i)
+            }
+            Finding::LeakedList { list, .. } => {
+                tx.ld().delete_list(Some(tx.aru), ListId(*list))?;
+                Ok(())
             }
             Finding::Unreachable { .. } | Finding::Unfixable(_) => {
                 unreachable!("handled by repair: {f}")

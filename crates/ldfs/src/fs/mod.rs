@@ -17,7 +17,13 @@
 //! - inode numbers come from a persistent counter and are never reused;
 //! - an inode with no links lives on while open (recorded in the orphan
 //!   list in the unlinking ARU) and is destroyed at its last release, or at
-//!   the next mount after a crash.
+//!   the next mount after a crash;
+//! - metadata found corrupt while mounted (an inode record or directory
+//!   bucket that fails its checksum or does not decode) fails the operation
+//!   with `Io` and turns the file system read-only (`Fs::damaged`; every
+//!   modifying operation then fails with `ReadOnly`), so nothing is written
+//!   from a wrong view of the tree; a bad data block fails only the reads
+//!   that need it.
 //!
 //! errno exists only in the FUSE adapter; this layer returns `FsError`.
 
@@ -229,6 +235,12 @@ pub struct Fs {
     ld: Arc<dyn LogicalDisk>,
     state: Mutex<State>,
     opts: FsOptions,
+    /// Set when metadata (an inode record or a directory bucket) was found
+    /// corrupt: from then on every modifying operation fails with
+    /// `ReadOnly`, so the damage cannot spread; reads go on.
+    damaged: Mutex<Option<String>>,
+    /// `Fs::repair` is running: corruption it meets is what it repairs.
+    repairing: std::sync::atomic::AtomicBool,
 }
 
 /// One operation's ARU.
@@ -341,6 +353,8 @@ impl Fs {
                 ino_reserved: reserved,
             }),
             opts,
+            damaged: Mutex::new(None),
+            repairing: std::sync::atomic::AtomicBool::new(false),
         };
         fs.get_inode(&mut fs.lock(), ROOT_INO)?;
         if !fs.opts.read_only {
@@ -359,6 +373,64 @@ impl Fs {
         &self.ld
     }
 
+    /// Why the file system turned read-only while mounted (metadata found
+    /// corrupt), if it did.
+    pub fn damaged(&self) -> Option<String> {
+        self.damaged
+            .lock()
+            .expect("fs damage flag poisoned by an earlier panic")
+            .clone()
+    }
+
+    /// Metadata was found corrupt (`what` says where): logs it, turns the
+    /// file system read-only (outside a repair) and returns the error for
+    /// the operation that found it.
+    fn metadata_corrupt(&self, what: String) -> FsError {
+        if !self.repairing.load(std::sync::atomic::Ordering::Relaxed) {
+            let mut d = self
+                .damaged
+                .lock()
+                .expect("fs damage flag poisoned by an earlier panic");
+            if d.is_none() {
+                eprintln!(
+                    "ldfs: metadata corruption: {what}; the file system is now read-only (run ldfs fsck)"
+                );
+                *d = Some(what.clone());
+            } else {
+                eprintln!("ldfs: metadata corruption: {what}");
+            }
+        }
+        FsError::Io(what)
+    }
+
+    /// Fails with `ReadOnly` once metadata was found corrupt.
+    fn check_writable(&self) -> FsResult<()> {
+        if self.opts.read_only {
+            return Err(FsError::ReadOnly);
+        }
+        if self.repairing.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
+        match &*self
+            .damaged
+            .lock()
+            .expect("fs damage flag poisoned by an earlier panic")
+        {
+            Some(_) => Err(FsError::ReadOnly),
+            None => Ok(()),
+        }
+    }
+
+    /// Reads a metadata block (an inode record or a directory bucket): a
+    /// block failing its checksum is metadata corruption.
+    fn read_meta(&self, list: ListId, index: u64, what: &str) -> FsResult<Option<Vec<u8>>> {
+        match self.ld.read(list, index) {
+            Ok(b) => Ok(b),
+            Err(LdError::Corrupt(c)) => Err(self.metadata_corrupt(format!("{what}: {c}"))),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state
             .lock()
@@ -375,9 +447,7 @@ impl Fs {
     /// replace others, small marks the engine lets metadata lists overdraw,
     /// and deletes), so it cannot run out half-way.
     fn begin_free(&self) -> FsResult<Tx<'_>> {
-        if self.opts.read_only {
-            return Err(FsError::ReadOnly);
-        }
+        self.check_writable()?;
         let st = self.lock();
         let aru = self.ld.begin_aru()?;
         Ok(Tx { fs: self, aru, st })
@@ -386,9 +456,7 @@ impl Fs {
     /// Starts an operation: takes the fs lock, opens an ARU and reserves the
     /// space it may write (`data` bytes of file data plus metadata).
     fn begin(&self, data: u64) -> FsResult<Tx<'_>> {
-        if self.opts.read_only {
-            return Err(FsError::ReadOnly);
-        }
+        self.check_writable()?;
         let st = self.lock();
         let aru = self.ld.begin_aru()?;
         let tx = Tx { fs: self, aru, st };
@@ -406,11 +474,11 @@ impl Fs {
         if let Some(i) = st.inodes.get(&ino) {
             return Ok(i.clone());
         }
-        let b = self.ld.read(INODE_LIST, ino)?.ok_or(FsError::NotFound)?;
-        let i = Inode::decode(ino, &b, ino).map_err(|c| {
-            eprintln!("ldfs: {c}");
-            FsError::Io(c.to_string())
-        })?;
+        let b = self
+            .read_meta(INODE_LIST, ino, &format!("inode {ino}"))?
+            .ok_or(FsError::NotFound)?;
+        let i = Inode::decode(ino, &b, ino)
+            .map_err(|c| self.metadata_corrupt(format!("inode {ino}: {c}")))?;
         if st.inodes.len() >= INODE_CACHE_MAX {
             let open = &st.open;
             st.inodes
@@ -475,12 +543,11 @@ impl Fs {
 
     fn bucket(&self, d: &Inode, name: &[u8]) -> FsResult<(u64, Vec<dir::Entry>)> {
         let idx = dir::bucket(name);
-        let entries = match self.ld.read(ListId(d.list), idx)? {
+        let what = || format!("directory {} bucket {idx}", d.ino);
+        let entries = match self.read_meta(ListId(d.list), idx, &what())? {
             None => Vec::new(),
-            Some(b) => dir::decode(&b, d.ino, idx).map_err(|c| {
-                eprintln!("ldfs: {c}");
-                FsError::Io(c.to_string())
-            })?,
+            Some(b) => dir::decode(&b, d.ino, idx)
+                .map_err(|c| self.metadata_corrupt(format!("{}: {c}", what())))?,
         };
         Ok((idx, entries))
     }
@@ -594,10 +661,12 @@ impl Fs {
                 break;
             }
             for b in idx {
-                let Some(raw) = self.ld.read(list, b)? else {
+                let what = || format!("directory {ino} bucket {b}");
+                let Some(raw) = self.read_meta(list, b, &what())? else {
                     continue;
                 };
-                let entries = dir::decode(&raw, ino, b).map_err(|c| FsError::Io(c.to_string()))?;
+                let entries = dir::decode(&raw, ino, b)
+                    .map_err(|c| self.metadata_corrupt(format!("{}: {c}", what())))?;
                 let skip = if b == bucket { slot } else { 0 };
                 for (s, e) in entries.into_iter().enumerate().skip(skip) {
                     out.push(DirEntry {

@@ -60,6 +60,10 @@ pub enum Temperature {
     Cold,
 }
 
+/// A progress report callback (phase, done, total; a total of 0 means
+/// unknown), as fsck's checks take it.
+pub type Progress<'a> = &'a (dyn Fn(&str, u64, u64) + Sync);
+
 /// Hints given when a list is created (LD Table 1, `NewList(PredLid, Hints)`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct ListHints {
@@ -233,6 +237,13 @@ pub trait LogicalDisk: Send + Sync {
     fn delete_range(&self, aru: Option<AruId>, list: ListId, range: Range<u64>) -> LdResult<()>;
     /// Indices of up to `limit` present blocks with index >= `from`, ascending.
     fn indices(&self, list: ListId, from: u64, limit: usize) -> LdResult<Vec<u64>>;
+    /// Ids of up to `limit` existing lists with id >= `from`, ascending
+    /// (fsck looks for lists nothing above the LD names).
+    fn lists(&self, from: u64, limit: usize) -> LdResult<Vec<ListId>>;
+    /// A hint: every block of `list` will be read soon (fsck's tree walk),
+    /// so the device may start reading them, in address order, in the
+    /// background. Changes nothing.
+    fn prefetch(&self, list: ListId) -> LdResult<()>;
 
     /// Open an ARU.
     fn begin_aru(&self) -> LdResult<AruId>;

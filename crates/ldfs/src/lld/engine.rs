@@ -474,6 +474,120 @@ impl Engine {
         Ok(true)
     }
 
+    /// fsck: (re)writes list 0's entry for each of `lists` with default
+    /// hints (hints steer placement and compression of new writes only;
+    /// reads never need them), so a list whose entry was lost or damaged
+    /// exists again with every block it holds, and raises the next list id
+    /// above every list the map holds. Fails with `InvalidArgument` for
+    /// list 0.
+    pub fn repair_lists(&self, lists: &[u64]) -> LdResult<()> {
+        let mut g = self.lock_writable()?;
+        for &list in lists {
+            if list == 0 {
+                return Err(LdError::InvalidArgument(
+                    "list 0 belongs to the engine".into(),
+                ));
+            }
+            let data = encode_hints(&ListHints::default());
+            self.admit(&mut g, None, WRITE_RECORD_BYTES, data.len(), Class::Meta)?;
+            let crc = crc32c::crc32c(&data);
+            self.log_write(
+                &mut g,
+                PendingWrite {
+                    aru: 0,
+                    key: Key {
+                        list: 0,
+                        index: list,
+                    },
+                    data,
+                    crc,
+                    flags: 0,
+                    age: 0,
+                },
+            )?;
+            g.hints.remove(&list);
+            g.next_list = g.next_list.max(list.saturating_add(1));
+            self.after_op(&mut g)?;
+        }
+        // Above every list that has an entry (those without one are the
+        // caller's `lists`).
+        let r = DevPages { dev: &*self.dev };
+        let mut top = 0u64;
+        let (from, to) = list_range(0);
+        g.map.range(from, to, &r, &mut |k, _| {
+            top = top.max(k.index);
+            true
+        })?;
+        g.next_list = g.next_list.max(top.saturating_add(1));
+        Ok(())
+    }
+
+    /// fsck: moves every live block and map page out of segment `seg`
+    /// (blocks through the log now, map pages at the next checkpoint), so
+    /// that the segment holds nothing live and is released. A block whose
+    /// bytes fail their crc cannot be moved: it is deleted. Returns (moved,
+    /// deleted). Call [`Engine::start_new_segment`] first if `seg` may be
+    /// the one the log writes into.
+    pub fn evacuate_segment(&self, seg: SegmentId) -> LdResult<(u64, u64)> {
+        let geo = self.geo;
+        let mut entries: Vec<(Key, MapEntry)> = Vec::new();
+        let mut pages: Vec<u64> = Vec::new();
+        {
+            let mut g = self.lock();
+            let r = DevPages { dev: &*self.dev };
+            g.map.range(Key::MIN, Key::MAX, &r, &mut |k, e| {
+                if !e.is_buffered() && geo.segment_of(e.offset()) == Some(seg) {
+                    entries.push((k, *e));
+                }
+                true
+            })?;
+            g.map.for_each_page(&mut |p| {
+                if geo.segment_of(p.addr) == Some(seg) {
+                    pages.push(p.addr);
+                }
+            });
+        }
+        let (mut moved, mut deleted) = (0, 0);
+        for (k, e) in entries {
+            match self.relocate(k, &e) {
+                Ok(true) => moved += 1,
+                Ok(false) => {}
+                Err(LdError::Corrupt(_)) => {
+                    if k.list == 0 {
+                        self.repair_lists(&[k.index])?;
+                    } else {
+                        self.delete(None, ListId(k.list), k.index)?;
+                    }
+                    deleted += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.relocate_map_pages(&pages)?;
+        Ok((moved, deleted))
+    }
+
+    /// fsck: seals the open partial segment and moves the log head to a
+    /// fresh segment, then checkpoints there. A segment whose summaries are
+    /// damaged is so never appended to again: what is written next (blocks
+    /// fsck rewrites because their summary is lost) lies where a scan of the
+    /// summaries reaches it. Fails with `InvalidArgument` if an ARU that has
+    /// logged operations is open.
+    pub fn start_new_segment(&self) -> LdResult<()> {
+        let mut g = self.lock_writable()?;
+        if g.open_nonempty > 0 {
+            return Err(LdError::InvalidArgument(
+                "a new segment cannot be started while an ARU is open".into(),
+            ));
+        }
+        self.seal(&mut g)?;
+        if g.log.page > 0 {
+            self.drain(&mut g)?;
+            self.advance(&mut g)?;
+        }
+        self.checkpoint(&mut g)
+    }
+
     /// Flushes, writes a final checkpoint so the next open is fast, and
     /// stops accepting operations.
     pub fn close(&self) -> LdResult<()> {
@@ -1530,6 +1644,51 @@ impl LogicalDisk for Engine {
         Ok(out)
     }
 
+    fn prefetch(&self, list: ListId) -> LdResult<()> {
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        {
+            let mut g = self.lock();
+            self.check_list(&mut g, list)?;
+            let (from, to) = list_range(list.0);
+            let r = DevPages { dev: &*self.dev };
+            g.map.range(from, to, &r, &mut |_, e| {
+                if !e.is_buffered() && e.device() == 0 {
+                    ranges.push((e.offset(), e.len as u64));
+                }
+                true
+            })?;
+        }
+        // In address order, pages that touch merged: one hint per run.
+        ranges.sort_unstable();
+        let page = PAGE_BYTES as u64;
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+        for (off, len) in ranges {
+            let (start, end) = (off / page * page, (off + len).div_ceil(page) * page);
+            match merged.last_mut() {
+                Some((s, l)) if *s + *l >= start => *l = (*l).max(end - *s),
+                _ => merged.push((start, end - start)),
+            }
+        }
+        self.dev.will_need(&merged);
+        Ok(())
+    }
+
+    fn lists(&self, from: u64, limit: usize) -> LdResult<Vec<ListId>> {
+        let mut g = self.lock();
+        let mut out = Vec::new();
+        if limit == 0 {
+            return Ok(out);
+        }
+        let (_, to) = list_range(0);
+        let r = DevPages { dev: &*self.dev };
+        g.map
+            .range(Key::new(ListId(0), from.max(1)), to, &r, &mut |k, _| {
+                out.push(ListId(k.index));
+                out.len() < limit
+            })?;
+        Ok(out)
+    }
+
     fn begin_aru(&self) -> LdResult<AruId> {
         let mut g = self.lock_writable()?;
         let id = g.next_aru;
@@ -1865,6 +2024,12 @@ impl LogicalDisk for Lld {
     }
     fn indices(&self, list: ListId, from: u64, limit: usize) -> LdResult<Vec<u64>> {
         self.core.indices(list, from, limit)
+    }
+    fn lists(&self, from: u64, limit: usize) -> LdResult<Vec<ListId>> {
+        self.core.lists(from, limit)
+    }
+    fn prefetch(&self, list: ListId) -> LdResult<()> {
+        self.core.prefetch(list)
     }
     fn begin_aru(&self) -> LdResult<AruId> {
         self.touch();
@@ -2226,6 +2391,13 @@ impl Engine {
                 live[s.0 as usize] += PAGE_BYTES as u64;
             }
         });
+        // Pages dirtied since the last checkpoint still count until the next
+        // one subtracts them.
+        for p in g.map.obsolete_pages() {
+            if let Some(s) = geo.segment_of(p.addr) {
+                live[s.0 as usize] += PAGE_BYTES as u64;
+            }
+        }
         for (s, u) in g.usage.iter() {
             let want = live[s.0 as usize];
             if want != u.live_bytes as u64 {

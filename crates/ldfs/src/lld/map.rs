@@ -714,6 +714,12 @@ impl Map {
         self.last_root
     }
 
+    /// On-disk pages no longer referenced whose space the usage table still
+    /// counts: the next checkpoint subtracts them (`take_obsolete`).
+    pub fn obsolete_pages(&self) -> &[PagePtr] {
+        &self.obsolete
+    }
+
     /// On-disk pages that stopped being referenced since the last call.
     pub fn take_obsolete(&mut self) -> Vec<PagePtr> {
         std::mem::take(&mut self.obsolete)

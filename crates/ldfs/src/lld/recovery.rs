@@ -171,6 +171,60 @@ pub(crate) fn scan_segment(
     Ok(out)
 }
 
+/// A page of a segment where a damaged summary lies, and why it is bad.
+pub(crate) type DamagedAt = (u32, Corruption);
+
+/// As [`scan_segment`], but a damaged partial does not end the scan: the
+/// pages after it are tried one by one for the next valid summary (its
+/// header names this segment and page and carries the file system's id, so
+/// a stray match is as likely as a crc collision), which must still be
+/// newer than the last one accepted. Returns the partials and, for each
+/// damaged stretch followed by a valid partial, the page it starts at and
+/// why. The rebuild and fsck use
+/// it; roll-forward never does (a bad summary is the end of the log).
+pub(crate) fn scan_segment_resync(
+    dev: &dyn Device,
+    g: &Geometry,
+    seg: SegmentId,
+    verify: Verify,
+) -> LdResult<(Vec<ScannedPartial>, Vec<DamagedAt>)> {
+    let mut out: Vec<ScannedPartial> = Vec::new();
+    let mut bad: Vec<DamagedAt> = Vec::new();
+    let mut page = 0;
+    let mut in_damage = false;
+    while page + 1 < g.segment_pages {
+        let p = match read_partial(dev, g, seg, page, verify)? {
+            Ok(p) => p,
+            Err(why) => {
+                if !in_damage {
+                    bad.push((page, why));
+                    in_damage = true;
+                }
+                page += 1;
+                continue;
+            }
+        };
+        if let Some(prev) = out.last() {
+            if p.header.seq <= prev.header.seq {
+                if in_damage {
+                    page += 1;
+                    continue;
+                }
+                break;
+            }
+        }
+        in_damage = false;
+        page += p.header.total_pages();
+        out.push(p);
+    }
+    // Damage with no valid partial after it is indistinguishable from the
+    // end of the segment's log.
+    if in_damage {
+        bad.pop();
+    }
+    Ok((out, bad))
+}
+
 struct Pages<'a> {
     dev: &'a dyn Device,
 }
@@ -442,7 +496,7 @@ struct Floor {
 fn rebuild(dev: &dyn Device, g: &Geometry, opts: &LldOptions, floor: Floor) -> LdResult<Recovered> {
     let mut all = Vec::new();
     for s in 0..g.segment_count {
-        all.extend(scan_segment(dev, g, SegmentId(s), Verify::Blocks)?);
+        all.extend(scan_segment_resync(dev, g, SegmentId(s), Verify::Blocks)?.0);
     }
     all.sort_by_key(|p| (p.header.epoch, p.header.seq));
     let committed: HashSet<(u64, u64)> = all
