@@ -525,6 +525,8 @@ pub fn serve(dir: &Path) -> Result<(), String> {
         MountOption::DefaultPermissions,
         MountOption::RW,
     ];
+    // Like ldfs in the benchmark: other users (tpcb's postgres) may enter.
+    cfg.acl = fuser::SessionACL::All;
     cfg.n_threads = Some(crate::FUSE_THREADS);
     let session = Session::new(MemFs::new(), dir, &cfg)
         .map_err(|e| format!("mounting memfs on {}: {e}", dir.display()))?;
