@@ -283,6 +283,14 @@ fn image_path(b: &FsBench, name: &str) -> PathBuf {
     b.dir.join(format!("bench-{name}.img"))
 }
 
+/// Deletes a target's image and its (unmounted, empty) mount point.
+fn remove_target_files(b: &FsBench, name: &str) {
+    let base = b.dir.join(format!("bench-{name}"));
+    let _ = fs::remove_file(image_path(b, name));
+    let _ = fs::remove_dir(base.join("mnt"));
+    let _ = fs::remove_dir(base);
+}
+
 /// Mounts a fresh, empty instance of target `name`. FUSE targets are
 /// mounted with allow_other so the tpcb workload's postgres user can reach
 /// them (it changes nothing else).
@@ -895,7 +903,7 @@ pub fn run_all(b: &FsBench) -> R<()> {
                     for w in &mut results.workloads {
                         w.errors.push(format!("{name}: setup failed: {e}"));
                     }
-                    let _ = fs::remove_file(image_path(b, name));
+                    remove_target_files(b, name);
                     continue;
                 }
             };
@@ -933,7 +941,7 @@ pub fn run_all(b: &FsBench) -> R<()> {
                 }
             }
             drop(t);
-            let _ = fs::remove_file(image_path(b, name));
+            remove_target_files(b, name);
         }
     }
     drop(env);

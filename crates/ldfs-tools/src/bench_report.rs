@@ -441,7 +441,9 @@ fn color(i: usize) -> RGBColor {
 }
 
 /// One chart: a panel per unit; in each, a group of bars per phase, one bar
-/// per target (its median), as in the papers' figures.
+/// per target (its median), as in the papers' figures. The y axes are
+/// logarithmic: the memory ceilings are orders of magnitude above the
+/// storage targets, which a linear axis would flatten to nothing.
 fn chart(r: &Results, w: &WorkloadResult, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let mut units: Vec<&str> = Vec::new();
     for (_, u, _) in &w.phases {
@@ -449,61 +451,74 @@ fn chart(r: &Results, w: &WorkloadResult, path: &Path) -> Result<(), Box<dyn std
             units.push(u);
         }
     }
-    let panel_h = 420u32;
+    let (width_px, panel_h) = (1200u32, 400u32);
     let root =
-        BitMapBackend::new(path, (1200, 60 + panel_h * units.len() as u32)).into_drawing_area();
+        BitMapBackend::new(path, (width_px, 70 + panel_h * units.len() as u32)).into_drawing_area();
     root.fill(&WHITE)?;
-    let (title, body) = root.split_vertically(60);
+    let (title, body) = root.split_vertically(70);
     title.draw(&Text::new(
         w.title.clone(),
-        (20, 18),
+        (20, 12),
         ("sans-serif", 24).into_font().color(&BLACK),
     ))?;
-    let panels = body.split_evenly((units.len(), 1));
     let shown: Vec<usize> = (0..r.targets.len())
         .filter(|&i| r.skipped[i].is_none())
         .collect();
+    // The legend, once, under the title: the targets in bar order.
+    for (slot, &ti) in shown.iter().enumerate() {
+        let x = 20 + 110 * slot as i32;
+        title.draw(&Rectangle::new([(x, 46), (x + 14, 60)], color(ti).filled()))?;
+        title.draw(&Text::new(
+            r.targets[ti].clone(),
+            (x + 20, 45),
+            ("sans-serif", 16).into_font().color(&BLACK),
+        ))?;
+    }
+    let panels = body.split_evenly((units.len(), 1));
     for (panel, unit) in panels.iter().zip(&units) {
-        let phases: Vec<(usize, &(String, &'static str, bool))> = w
+        let phases: Vec<&(String, &'static str, bool)> =
+            w.phases.iter().filter(|p| p.1 == *unit).collect();
+        let meds: Vec<Vec<Option<f64>>> = w
             .phases
             .iter()
-            .enumerate()
-            .filter(|(_, p)| p.1 == *unit)
+            .zip(&w.samples)
+            .filter(|(p, _)| p.1 == *unit)
+            .map(|(_, s)| s.iter().map(|t| median(t)).collect())
             .collect();
-        let meds: Vec<Vec<Option<f64>>> = phases
-            .iter()
-            .map(|(i, _)| w.samples[*i].iter().map(|s| median(s)).collect())
-            .collect();
-        let top = meds
+        let values: Vec<f64> = meds
             .iter()
             .flatten()
             .flatten()
-            .fold(0.0f64, |a, &b| a.max(b));
-        let top = if top > 0.0 { top * 1.15 } else { 1.0 };
+            .copied()
+            .filter(|v| *v > 0.0)
+            .collect();
+        let max = values.iter().fold(1e-9f64, |a, &b| a.max(b));
+        let min = values.iter().fold(max, |a, &b| a.min(b));
+        let top = 10f64.powf((max * 1.5).log10().ceil());
+        let low = 10f64.powf((min / 1.5).log10().floor()).min(top / 10.0);
         let n = phases.len();
-        let better = if phases[0].1 .2 {
+        let better = if phases[0].2 {
             "higher is better"
         } else {
             "lower is better"
         };
-        let names: Vec<String> = phases.iter().map(|(_, p)| p.0.clone()).collect();
         let mut c = ChartBuilder::on(panel)
             .margin(12)
             .x_label_area_size(36)
             .y_label_area_size(80)
-            .caption(format!("{unit} ({better})"), ("sans-serif", 18))
-            .build_cartesian_2d(0.0..n as f64, 0.0..top)?;
+            .caption(format!("{unit}, {better} (log scale)"), ("sans-serif", 18))
+            .build_cartesian_2d(0.0..n as f64, (low..top).log_scale())?;
         c.configure_mesh()
             .disable_x_mesh()
             .x_labels(0)
+            .y_label_formatter(&|v| fmt_value(*v))
             .y_label_style(("sans-serif", 14))
-            .y_desc(unit.to_string())
             .draw()?;
         // Phase names under their groups, in the root's (pixel) coordinates.
-        for (i, name) in names.iter().enumerate() {
-            let (x, y) = c.backend_coord(&(i as f64 + 0.5, 0.0));
+        for (i, p) in phases.iter().enumerate() {
+            let (x, y) = c.backend_coord(&(i as f64 + 0.5, low));
             root.draw(&Text::new(
-                name.clone(),
+                p.0.clone(),
                 (x, y + 8),
                 ("sans-serif", 14)
                     .into_font()
@@ -520,24 +535,69 @@ fn chart(r: &Results, w: &WorkloadResult, path: &Path) -> Result<(), Box<dyn std
                     let v = m[ti]?;
                     let x0 = p as f64 + 0.1 + slot as f64 * width;
                     Some(Rectangle::new(
-                        [(x0, 0.0), (x0 + width * 0.9, v)],
+                        [(x0, low), (x0 + width * 0.9, v.max(low))],
                         color(ti).filled(),
                     ))
                 })
                 .collect();
-            c.draw_series(bars)?
-                .label(r.targets[ti].clone())
-                .legend(move |(x, y)| {
-                    Rectangle::new([(x, y - 6), (x + 12, y + 6)], color(ti).filled())
-                });
+            c.draw_series(bars)?;
         }
-        c.configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 14))
-            .draw()?;
     }
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn results() -> Results {
+        let phases = vec![
+            ("create".to_string(), "files/s", true),
+            ("read".to_string(), "files/s", true),
+            ("p99".to_string(), "us", false),
+        ];
+        let samples = vec![
+            vec![vec![2500.0, 2600.0], vec![3700.0], vec![], vec![150_000.0]],
+            vec![vec![8000.0], vec![5000.0], vec![], vec![200_000.0]],
+            vec![vec![400.0], vec![650.0], vec![], vec![0.9]],
+        ];
+        Results {
+            targets: ["ldfs", "ext4", "xfs", "tmpfs"].map(String::from).to_vec(),
+            skipped: vec![None, None, Some("no mkfs.xfs".into()), None],
+            workloads: vec![WorkloadResult {
+                key: "smallfiles".into(),
+                title: "small \"files\"".into(),
+                source: "Sprite LFS",
+                skipped: None,
+                phases,
+                samples,
+                ldfs_counters: vec![vec![("device flushes".into(), 2.0)]],
+                errors: vec!["memfs: boom\nmore".into()],
+            }],
+            rounds: 2,
+            description: "test".into(),
+            machine: Machine::probe(Path::new("/")),
+        }
+    }
+
+    #[test]
+    fn tables_json_and_chart() {
+        let r = results();
+        let md = markdown(&r, None);
+        assert!(md.contains("| create | files/s | 2600 | 3700 | skipped | 150000 | 0.70 | |"));
+        assert!(md.contains("Target xfs skipped: no mkfs.xfs."));
+        assert!(md.contains("Failed: memfs: boom\n"));
+        let j = json(&r);
+        assert!(j.contains("\"title\": \"small \\\"files\\\"\""));
+        assert!(j.contains("\"samples\": [[2500.000, 2600.000], [3700.000], [], [150000.000]]"));
+        assert!(j.contains("\"median\": [2600.000, 3700.000, null, 150000.000]"));
+        if Path::new(FONT).exists() {
+            load_font().unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let png = dir.path().join("smallfiles.png");
+            chart(&r, &r.workloads[0], &png).unwrap();
+            assert!(fs::metadata(&png).unwrap().len() > 1000);
+        }
+    }
 }
