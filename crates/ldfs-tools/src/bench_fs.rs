@@ -872,11 +872,11 @@ pub fn run_all(b: &FsBench) -> R<()> {
             })
             .collect(),
         rounds: b.rounds.max(1),
+        rounds_done: 0,
         description: format!(
-            "images of {} MiB (sparse files on {}); median of {} round(s), targets interleaved in each",
+            "images of {} MiB (sparse files on {}); targets interleaved in each round",
             b.image_bytes >> 20,
             b.dir.display(),
-            b.rounds.max(1)
         ),
         machine,
     };
@@ -943,17 +943,27 @@ pub fn run_all(b: &FsBench) -> R<()> {
             drop(t);
             remove_target_files(b, name);
         }
+        results.rounds_done = round + 1;
+        if round + 1 < results.rounds {
+            save(b, &mut results)?;
+        }
     }
     drop(env);
+    save(b, &mut results)?;
+    print!("{}", bench_report::markdown(&results, None));
+    Ok(())
+}
+
+/// Writes the JSON and the report of the rounds done so far (after every
+/// round, so a long run that is stopped keeps what it measured).
+fn save(b: &FsBench, results: &mut Results) -> R<()> {
     results.machine.finish();
     if let Some(path) = &b.json {
-        fs::write(path, bench_report::json(&results))
+        fs::write(path, bench_report::json(results))
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    let md = bench_report::markdown(&results, None);
-    print!("{md}");
     if let Some(out) = &b.out {
-        bench_report::write_report(&results, out, b.note.as_deref())?;
+        bench_report::write_report(results, out, b.note.as_deref())?;
     }
     Ok(())
 }

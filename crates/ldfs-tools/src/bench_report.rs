@@ -44,6 +44,8 @@ pub struct Results {
     pub skipped: Vec<Option<String>>,
     pub workloads: Vec<WorkloadResult>,
     pub rounds: usize,
+    /// Rounds finished (reports are written after each).
+    pub rounds_done: usize,
     pub description: String,
     pub machine: Machine,
 }
@@ -195,6 +197,11 @@ pub fn json(r: &Results) -> String {
     let _ = writeln!(j, "  \"description\": {},", json_str(&r.description));
     let _ = writeln!(
         j,
+        "  \"rounds\": {}, \"rounds_done\": {},",
+        r.rounds, r.rounds_done
+    );
+    let _ = writeln!(
+        j,
         "  \"targets\": [{}],",
         r.targets
             .iter()
@@ -278,7 +285,17 @@ fn fmt_value(x: f64) -> String {
 /// is preceded by its chart (`charts/KEY.png`).
 pub fn markdown(r: &Results, charts: Option<&str>) -> String {
     let mut md = String::new();
-    let _ = writeln!(md, "Figures: {}.", r.description);
+    let _ = writeln!(
+        md,
+        "Figures: {}; medians of {} round(s){}.",
+        r.description,
+        r.rounds_done,
+        if r.rounds_done < r.rounds {
+            format!(" ({} planned, the run is not finished)", r.rounds)
+        } else {
+            String::new()
+        }
+    );
     let _ = writeln!(
         md,
         "Ratios divide ldfs's median by ext4's and by memfs's (the in-memory FUSE ceiling); for units of time (s, ms, us) lower is better."
@@ -576,6 +593,7 @@ mod tests {
                 errors: vec!["memfs: boom\nmore".into()],
             }],
             rounds: 2,
+            rounds_done: 2,
             description: "test".into(),
             machine: Machine::probe(Path::new("/")),
         }
