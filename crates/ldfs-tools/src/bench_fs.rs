@@ -16,6 +16,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
@@ -676,9 +677,12 @@ fn big_dir(t: &Target, n: usize) -> R<Vec<f64>> {
     Ok(vec![create_small, lookup_small, create_big, lookup_big])
 }
 
-/// Every workload key, in the default order. (The write-delete workload
-/// of the cleaner papers, `writedel`, is being written separately; it joins
-/// this list, `spec` and `run_workload` as one more arm each.)
+/// Every workload key, in the default order.
+///
+/// The write-delete workload of the cleaner papers, `writedel`, is being
+/// written separately as a function `(&Target, ...) -> R<Vec<f64>>`; it
+/// joins as one more key here, one more arm in `spec` (its phases and the
+/// paper it comes from) and one more arm in `run_workload`.
 pub const WORKLOADS: [&str; 9] = [
     "smallfiles",
     "largefile",
@@ -886,10 +890,14 @@ pub fn run_all(b: &FsBench) -> R<()> {
             eprintln!("bench fs: skipping workload {}: {why}", w.key);
         }
     }
-    for round in 0..results.rounds {
+    stop_on_signals();
+    'rounds: for round in 0..results.rounds {
         for (ti, name) in b.targets.iter().enumerate() {
             if results.skipped[ti].is_some() {
                 continue;
+            }
+            if STOP.load(Ordering::Relaxed) {
+                break 'rounds;
             }
             eprintln!(
                 "bench fs: round {} of {}: {name}...",
@@ -908,7 +916,7 @@ pub fn run_all(b: &FsBench) -> R<()> {
                 }
             };
             for w in &mut results.workloads {
-                if w.skipped.is_some() {
+                if w.skipped.is_some() || STOP.load(Ordering::Relaxed) {
                     continue;
                 }
                 eprintln!("bench fs:   {name}: {}", w.key);
@@ -951,7 +959,25 @@ pub fn run_all(b: &FsBench) -> R<()> {
     drop(env);
     save(b, &mut results)?;
     print!("{}", bench_report::markdown(&results, None));
+    if STOP.load(Ordering::Relaxed) {
+        return Err("interrupted; everything mounted was unmounted".into());
+    }
     Ok(())
+}
+
+/// Set by SIGINT, SIGTERM or SIGHUP: the run stops after the workload under
+/// way and cleans up (unmounts, detaches, stops postgres) as usual, instead
+/// of dying with file systems mounted.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+fn stop_on_signals() {
+    for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        unsafe { libc::signal(s, on_signal as *const () as libc::sighandler_t) };
+    }
 }
 
 /// Writes the JSON and the report of the rounds done so far (after every
