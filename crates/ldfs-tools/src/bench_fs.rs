@@ -953,7 +953,10 @@ pub fn run_all(b: &FsBench) -> R<()> {
         }
         results.rounds_done = round + 1;
         if round + 1 < results.rounds {
-            save(b, &mut results)?;
+            // Not fatal here: the run goes on and saves again at its end.
+            if let Err(e) = save(b, &mut results) {
+                eprintln!("bench fs: saving round {}: {e}", round + 1);
+            }
         }
     }
     drop(env);
@@ -985,6 +988,9 @@ fn stop_on_signals() {
 fn save(b: &FsBench, results: &mut Results) -> R<()> {
     results.machine.finish();
     if let Some(path) = &b.json {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
         fs::write(path, bench_report::json(results))
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
