@@ -866,9 +866,13 @@ pub fn run_all(b: &FsBench) -> R<()> {
                 WorkloadResult {
                     key: k.clone(),
                     title: s.title,
-                    source: s.source,
+                    source: s.source.to_string(),
                     skipped: env.skipped(k),
-                    phases: s.phases,
+                    phases: s
+                        .phases
+                        .into_iter()
+                        .map(|(w, u, h)| (w, u.to_string(), h))
+                        .collect(),
                     samples: Vec::new(),
                     ldfs_counters: Vec::new(),
                     errors: Vec::new(),

@@ -26,11 +26,11 @@ pub const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
 pub struct WorkloadResult {
     pub key: String,
     pub title: String,
-    pub source: &'static str,
+    pub source: String,
     /// Why the workload was not run, if it was not.
     pub skipped: Option<String>,
     /// (what, unit, higher is better).
-    pub phases: Vec<(String, &'static str, bool)>,
+    pub phases: Vec<(String, String, bool)>,
     /// [phase][target] -> the samples of every round that succeeded.
     pub samples: Vec<Vec<Vec<f64>>>,
     /// ldfs's engine counters over the workload, one list per round.
@@ -258,7 +258,7 @@ pub fn json(r: &Results) -> String {
                 "    {{\"workload\": {}, \"title\": {}, \"source\": {}, \"skipped\": {}, \"errors\": [{}], \"ldfs_counters\": [{}],\n      \"phases\": [\n{}\n      ]}}",
                 json_str(&w.key),
                 json_str(&w.title),
-                json_str(w.source),
+                json_str(&w.source),
                 w.skipped.as_deref().map_or("null".into(), json_str),
                 w.errors.iter().map(|e| json_str(e)).collect::<Vec<_>>().join(", "),
                 counters.join(", "),
@@ -271,8 +271,105 @@ pub fn json(r: &Results) -> String {
     j
 }
 
+/// Reads back what `json` wrote (`ldfs bench report` redraws a report from
+/// it without measuring again).
+pub fn from_json(text: &str) -> R<Results> {
+    use serde_json::Value;
+    let v: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+    let s = |v: &Value| v.as_str().unwrap_or("").to_string();
+    let list = |v: &Value, what: &str| -> R<Vec<Value>> {
+        v.as_array()
+            .cloned()
+            .ok_or_else(|| format!("no {what} in the JSON"))
+    };
+    let m = &v["machine"];
+    let targets: Vec<String> = list(&v["targets"], "targets")?.iter().map(s).collect();
+    let skipped = targets
+        .iter()
+        .map(|t| {
+            v["skipped"]
+                .get(t)
+                .and_then(Value::as_str)
+                .map(String::from)
+        })
+        .collect();
+    let mut workloads = Vec::new();
+    for w in list(&v["workloads"], "workloads")? {
+        let mut phases = Vec::new();
+        let mut samples = Vec::new();
+        for p in list(&w["phases"], "phases")? {
+            phases.push((
+                s(&p["phase"]),
+                s(&p["unit"]),
+                p["higher_is_better"].as_bool().unwrap_or(true),
+            ));
+            let per_target: Vec<Vec<f64>> = list(&p["samples"], "samples")?
+                .iter()
+                .map(|t| {
+                    t.as_array()
+                        .map(|a| a.iter().filter_map(Value::as_f64).collect())
+                        .unwrap_or_default()
+                })
+                .collect();
+            if per_target.len() != targets.len() {
+                return Err(format!(
+                    "{}: samples for {} targets",
+                    s(&p["phase"]),
+                    per_target.len()
+                ));
+            }
+            samples.push(per_target);
+        }
+        let ldfs_counters = list(&w["ldfs_counters"], "ldfs_counters")?
+            .iter()
+            .map(|round| {
+                round
+                    .as_object()
+                    .map(|o| {
+                        o.iter()
+                            .filter_map(|(k, v)| Some((k.clone(), v.as_f64()?)))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            })
+            .collect();
+        workloads.push(WorkloadResult {
+            key: s(&w["workload"]),
+            title: s(&w["title"]),
+            source: s(&w["source"]),
+            skipped: w["skipped"].as_str().map(String::from),
+            phases,
+            samples,
+            ldfs_counters,
+            errors: list(&w["errors"], "errors")?.iter().map(s).collect(),
+        });
+    }
+    Ok(Results {
+        targets,
+        skipped,
+        workloads,
+        rounds: v["rounds"].as_u64().unwrap_or(1) as usize,
+        rounds_done: v["rounds_done"].as_u64().unwrap_or(1) as usize,
+        description: s(&v["description"]),
+        machine: Machine {
+            uname: s(&m["uname"]),
+            cpu: s(&m["cpu"]),
+            memory: s(&m["memory"]),
+            storage: s(&m["storage"]),
+            date: s(&m["date"]),
+            command: s(&m["command"]),
+            load_start: s(&m["load_start"]),
+            load_end: s(&m["load_end"]),
+        },
+    })
+}
+
 fn fmt_value(x: f64) -> String {
-    if x >= 100.0 {
+    if x > 0.0 && x < 1.0 {
+        // Two significant digits, however small.
+        let decimals = (-x.log10()).floor() as usize + 2;
+        format!("{x:.decimals$}")
+    } else if x >= 100.0 {
         format!("{x:.0}")
     } else if x >= 10.0 {
         format!("{x:.1}")
@@ -464,7 +561,7 @@ fn color(i: usize) -> RGBColor {
 fn chart(r: &Results, w: &WorkloadResult, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let mut units: Vec<&str> = Vec::new();
     for (_, u, _) in &w.phases {
-        if !units.contains(u) {
+        if !units.contains(&u.as_str()) {
             units.push(u);
         }
     }
@@ -493,7 +590,7 @@ fn chart(r: &Results, w: &WorkloadResult, path: &Path) -> Result<(), Box<dyn std
     }
     let panels = body.split_evenly((units.len(), 1));
     for (panel, unit) in panels.iter().zip(&units) {
-        let phases: Vec<&(String, &'static str, bool)> =
+        let phases: Vec<&(String, String, bool)> =
             w.phases.iter().filter(|p| p.1 == *unit).collect();
         let meds: Vec<Vec<Option<f64>>> = w
             .phases
@@ -570,9 +667,9 @@ mod tests {
 
     fn results() -> Results {
         let phases = vec![
-            ("create".to_string(), "files/s", true),
-            ("read".to_string(), "files/s", true),
-            ("p99".to_string(), "us", false),
+            ("create".to_string(), "files/s".to_string(), true),
+            ("read".to_string(), "files/s".to_string(), true),
+            ("p99".to_string(), "us".to_string(), false),
         ];
         let samples = vec![
             vec![vec![2500.0, 2600.0], vec![3700.0], vec![], vec![150_000.0]],
@@ -585,7 +682,7 @@ mod tests {
             workloads: vec![WorkloadResult {
                 key: "smallfiles".into(),
                 title: "small \"files\"".into(),
-                source: "Sprite LFS",
+                source: "Sprite LFS".into(),
                 skipped: None,
                 phases,
                 samples,
@@ -610,6 +707,9 @@ mod tests {
         assert!(j.contains("\"title\": \"small \\\"files\\\"\""));
         assert!(j.contains("\"samples\": [[2500.000, 2600.000], [3700.000], [], [150000.000]]"));
         assert!(j.contains("\"median\": [2600.000, 3700.000, null, 150000.000]"));
+        assert_eq!(json(&from_json(&j).unwrap()), j);
+        assert_eq!(fmt_value(0.0012), "0.0012");
+        assert_eq!(fmt_value(0.5), "0.50");
         if Path::new(FONT).exists() {
             load_font().unwrap();
             let dir = tempfile::tempdir().unwrap();

@@ -236,6 +236,19 @@ enum BenchCmd {
     /// missing packages with apt-get as root and skips targets or workloads
     /// whose tools are still missing.
     Fs(Box<FsArgs>),
+    /// Redraw the report (BENCHMARKS.md and charts) of an earlier
+    /// `bench fs --json` run without measuring again.
+    Report {
+        /// The JSON `bench fs --json` wrote.
+        #[arg(long)]
+        json: PathBuf,
+        /// Where to write BENCHMARKS.md and bench/*.png.
+        #[arg(long)]
+        out: PathBuf,
+        /// A sentence added to the report.
+        #[arg(long)]
+        note: Option<String>,
+    },
     /// The cleaner's figures (issue 3): write cost against utilization for
     /// uniform and hot-and-cold overwrites under each policy, and random
     /// 4 KiB synchronous overwrites at 80% utilization vs an empty file system.
@@ -446,6 +459,16 @@ fn main() -> ExitCode {
             })
             .map_err(Into::into)
         }
+        Cmd::Bench {
+            which: BenchCmd::Report { json, out, note },
+        } => std::fs::read_to_string(&json)
+            .map_err(|e| format!("{}: {e}", json.display()))
+            .and_then(|text| bench_report::from_json(&text))
+            .and_then(|r| {
+                print!("{}", bench_report::markdown(&r, None));
+                bench_report::write_report(&r, &out, note.as_deref())
+            })
+            .map_err(Into::into),
         Cmd::Clean {
             image,
             policy,
