@@ -513,7 +513,10 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 
 /// Random 4 KiB overwrites of a 64 MB file, each followed by fdatasync, from
 /// `threads` threads for `secs` seconds (virtual log section 5.3): ops/s, and
-/// p50 and p99 latency in microseconds.
+/// p50 and p99 latency in microseconds. All threads write one file: on a
+/// FUSE target the kernel holds that file's inode lock across each FSYNC
+/// request, so the daemon sees one fsync at a time and group commit has
+/// nothing to merge; synccreate (a file per create) shows group commit.
 fn sync_write(t: &Target, threads: usize, secs: f64) -> R<Vec<f64>> {
     let p = t.mnt.join(format!("syncwrite-{threads}"));
     let size = 64u64 << 20;
