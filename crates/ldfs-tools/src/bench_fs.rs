@@ -1,17 +1,29 @@
-//! `ldfs bench fs`: the LFS papers' micro-benchmarks on a mounted ldfs, side
-//! by side in one run with ext4 on a loop device and fuse2fs (a FUSE peer)
-//! on an ext4 image of the same size. Write phases are timed until the data
-//! is durable; reads are cold (caches dropped before each read phase).
+//! `ldfs bench fs`: the papers' benchmarks on a mounted ldfs, side by side in
+//! one run with kernel file systems on loop devices (ext4, xfs, btrfs), a
+//! FUSE peer (fuse2fs on an ext4 image of the same size), the in-memory FUSE
+//! ceiling (memfs: same FUSE options as ldfs, no storage) and the memory
+//! ceiling (tmpfs). Targets are interleaved round by round and medians kept.
+//!
+//! Invariants: everything this benchmark mounts is unmounted, every loop
+//! device it attaches is detached and every daemon it starts is stopped,
+//! also on error paths (`Target` and the guards in `bench_apps` do it on
+//! drop). A target whose tools are missing is skipped, never a crash.
+//! Micro-benchmark write phases are timed until the data is durable
+//! (`Target::durable`); their reads are cold (caches dropped first).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+
+use crate::bench_apps;
+use crate::bench_report::{self, Results, WorkloadResult};
 
 pub struct FsBench {
     pub dir: PathBuf,
@@ -20,22 +32,34 @@ pub struct FsBench {
     pub large_mib: u64,
     pub dir_names: usize,
     pub targets: Vec<String>,
+    /// Workload keys (`WORKLOADS`), run in this order on each target.
+    pub workloads: Vec<String>,
     /// Seconds of each syncwrite run.
     pub sync_secs: f64,
+    /// Files each synccreate thread creates with 1 thread (8 threads: / 8).
+    pub sync_creates: usize,
     /// Rounds; targets are interleaved round by round and medians reported.
     pub rounds: usize,
     /// Where to write every sample as JSON, if anywhere.
     pub json: Option<PathBuf>,
+    /// Where to write BENCHMARKS.md and bench/*.png, if anywhere.
+    pub out: Option<PathBuf>,
+    /// A sentence for the report (for example: the machine was shared).
+    pub note: Option<String>,
+    pub postmark: bench_apps::Postmark,
+    pub andrew: bench_apps::Andrew,
+    pub tpcb: bench_apps::Tpcb,
 }
 
-type R<T> = Result<T, String>;
+pub type R<T> = Result<T, String>;
 
-fn run(cmd: &mut Command) -> R<()> {
+pub fn run(cmd: &mut Command) -> R<()> {
     let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
     if !out.status.success() {
         return Err(format!(
-            "{cmd:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+            "{cmd:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
         ));
     }
     Ok(())
@@ -46,10 +70,21 @@ fn drop_caches() {
     let _ = fs::write("/proc/sys/vm/drop_caches", "3");
 }
 
+/// Every target this benchmark knows, in the default order.
+pub const TARGETS: [&str; 7] = ["ldfs", "ext4", "xfs", "btrfs", "fuse2fs", "memfs", "tmpfs"];
+
+/// Kernel file systems: made durable with syncfs(2); the others are FUSE
+/// file systems, which the kernel does not pass syncfs to, made durable with
+/// an fsync of their root (what `ldfs sync` does: ldfs flushes its whole
+/// log for it; fuse2fs flushes its image; memfs has nothing to flush).
+fn is_kernel(name: &str) -> bool {
+    matches!(name, "ext4" | "xfs" | "btrfs" | "tmpfs")
+}
+
 /// A mounted target; unmounted on drop.
-struct Target {
-    name: &'static str,
-    mnt: PathBuf,
+pub struct Target {
+    pub name: String,
+    pub mnt: PathBuf,
     umount: Vec<String>,
     loopdev: Option<String>,
     /// A daemon this benchmark started in the foreground (memfs).
@@ -57,31 +92,40 @@ struct Target {
 }
 
 impl Target {
-    /// Makes everything written so far durable. The kernel does not pass
-    /// syncfs to FUSE daemons, so FUSE targets get an fsync of their root
-    /// (ldfs flushes its whole log for it; fuse2fs flushes its image).
-    fn durable(&self) -> R<()> {
-        let d = File::open(&self.mnt).map_err(|e| e.to_string())?;
-        if self.name == "ext4" {
+    /// Makes everything written so far durable.
+    pub fn durable(&self) -> R<()> {
+        let d = File::open(&self.mnt).map_err(|e| format!("{}: {e}", self.mnt.display()))?;
+        if is_kernel(&self.name) {
             if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&d)) } != 0 {
-                return Err(std::io::Error::last_os_error().to_string());
+                return Err(format!("syncfs: {}", std::io::Error::last_os_error()));
             }
             Ok(())
         } else {
-            d.sync_all().map_err(|e| e.to_string())
+            d.sync_all().map_err(|e| format!("fsync of the root: {e}"))
         }
     }
 }
 
+fn is_mounted(mnt: &Path) -> bool {
+    let Ok(canon) = mnt.canonicalize() else {
+        return false;
+    };
+    let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();
+    mounts
+        .lines()
+        .any(|l| l.split(' ').nth(1) == canon.to_str())
+}
+
 impl Drop for Target {
     fn drop(&mut self) {
-        let _ = Command::new(&self.umount[0])
-            .args(&self.umount[1..])
-            .status();
+        if is_mounted(&self.mnt) {
+            let _ = Command::new(&self.umount[0])
+                .args(&self.umount[1..])
+                .status();
+        }
         // FUSE daemons finish in the background; wait until unmounted.
-        for _ in 0..100 {
-            let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();
-            if !mounts.contains(self.mnt.to_str().unwrap_or("")) {
+        for _ in 0..200 {
+            if !is_mounted(&self.mnt) {
                 break;
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -101,13 +145,8 @@ fn make_image(path: &Path, bytes: u64) -> R<()> {
 }
 
 fn wait_mounted(mnt: &Path) -> R<()> {
-    let canon = mnt.canonicalize().map_err(|e| e.to_string())?;
     for _ in 0..200 {
-        let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();
-        if mounts
-            .lines()
-            .any(|l| l.split(' ').nth(1) == canon.to_str())
-        {
+        if is_mounted(mnt) {
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -115,13 +154,163 @@ fn wait_mounted(mnt: &Path) -> R<()> {
     Err(format!("{} did not mount", mnt.display()))
 }
 
+/// Whether a program is on PATH (or in /sbin, /usr/sbin, which root's PATH
+/// may lack).
+pub fn have(prog: &str) -> bool {
+    let path = std::env::var("PATH").unwrap_or_default();
+    let found = path
+        .split(':')
+        .chain(["/sbin", "/usr/sbin"])
+        .any(|d| Path::new(d).join(prog).is_file());
+    found
+}
+
+/// The kernel can mount `fstype` (built in, or its module loads).
+fn kernel_has(fstype: &str) -> bool {
+    let listed = |f: &str| {
+        fs::read_to_string("/proc/filesystems")
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.split_whitespace().last() == Some(f))
+    };
+    listed(fstype)
+        || (Command::new("modprobe")
+            .arg(fstype)
+            .status()
+            .is_ok_and(|s| s.success())
+            && listed(fstype))
+}
+
+/// Installs Debian packages with apt-get when running as root (reporting
+/// what it installs); otherwise says what is missing.
+pub fn install(packages: &[&str], why: &str) -> R<()> {
+    if unsafe { libc::geteuid() } != 0 || !have("apt-get") {
+        return Err(format!(
+            "{why} needs {} (apt-get install {})",
+            packages.join(", "),
+            packages.join(" ")
+        ));
+    }
+    eprintln!(
+        "bench fs: installing {} (needed by {why})",
+        packages.join(" ")
+    );
+    let _ = Command::new("apt-get")
+        .args(["update", "-qq"])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status();
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-qq"])
+        .args(packages)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+/// Makes sure a target's tools are there (installing them as root if
+/// apt-get can); `Err` is the reason the target is skipped.
+fn check_target(name: &str) -> R<()> {
+    let need = |progs: &[&str], pkgs: &[&str]| -> R<()> {
+        if progs.iter().all(|p| have(p)) {
+            return Ok(());
+        }
+        install(pkgs, &format!("target {name}"))?;
+        match progs.iter().find(|p| !have(p)) {
+            Some(p) => Err(format!("{p} is still missing after installing")),
+            None => Ok(()),
+        }
+    };
+    let kernel = |fstype: &str| -> R<()> {
+        if kernel_has(fstype) {
+            Ok(())
+        } else {
+            Err(format!("the kernel cannot mount {fstype}"))
+        }
+    };
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("needs root (mount, loop devices, drop_caches)".into());
+    }
+    match name {
+        "ldfs" | "memfs" => need(&["fusermount3"], &["fuse3"]),
+        "ext4" => need(&["mkfs.ext4", "losetup"], &["e2fsprogs", "mount"]),
+        "xfs" => need(&["mkfs.xfs", "losetup"], &["xfsprogs", "mount"]).and(kernel("xfs")),
+        "btrfs" => need(&["mkfs.btrfs", "losetup"], &["btrfs-progs", "mount"]).and(kernel("btrfs")),
+        "fuse2fs" => need(
+            &["fuse2fs", "mkfs.ext4", "fusermount3"],
+            &["fuse2fs", "fuse3"],
+        ),
+        "tmpfs" => kernel("tmpfs"),
+        other => Err(format!("unknown target {other} ({})", TARGETS.join(", "))),
+    }
+}
+
+/// Formats `img` with `mkfs`, attaches it to a loop device and mounts it.
+/// The loop device is owned by the returned target (or detached on error)
+/// as soon as it exists.
+fn loop_target(name: &str, img: &Path, mnt: &Path, mkfs: &[&str]) -> R<Target> {
+    run(Command::new(mkfs[0]).args(&mkfs[1..]).arg(img))?;
+    let out = Command::new("losetup")
+        .args(["--find", "--show"])
+        .arg(img)
+        .output()
+        .map_err(|e| format!("losetup: {e}"))?;
+    let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if dev.is_empty() {
+        return Err(format!(
+            "losetup found no free loop device: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let t = Target {
+        name: name.into(),
+        mnt: mnt.to_path_buf(),
+        umount: vec!["umount".into(), mnt.display().to_string()],
+        loopdev: Some(dev.clone()),
+        child: None,
+    };
+    run(Command::new("mount").arg(&dev).arg(mnt))?;
+    Ok(t)
+}
+
+fn fuse_target(name: &str, mnt: &Path, child: Option<std::process::Child>) -> Target {
+    Target {
+        name: name.into(),
+        mnt: mnt.to_path_buf(),
+        umount: vec!["fusermount3".into(), "-u".into(), mnt.display().to_string()],
+        loopdev: None,
+        child,
+    }
+}
+
+fn image_path(b: &FsBench, name: &str) -> PathBuf {
+    b.dir.join(format!("bench-{name}.img"))
+}
+
+/// Deletes a target's image and its (unmounted, empty) mount point.
+fn remove_target_files(b: &FsBench, name: &str) {
+    let base = b.dir.join(format!("bench-{name}"));
+    let _ = fs::remove_file(image_path(b, name));
+    let _ = fs::remove_dir(base.join("mnt"));
+    let _ = fs::remove_dir(base);
+}
+
+/// Mounts a fresh, empty instance of target `name`. FUSE targets are
+/// mounted with allow_other so the tpcb workload's postgres user can reach
+/// them (it changes nothing else).
 fn setup(name: &str, b: &FsBench) -> R<Target> {
     let base = b.dir.join(format!("bench-{name}"));
-    let img = b.dir.join(format!("bench-{name}.img"));
+    let img = image_path(b, name);
     let mnt = base.join("mnt");
-    fs::create_dir_all(&mnt).map_err(|e| e.to_string())?;
-    make_image(&img, b.image_bytes)?;
+    fs::create_dir_all(&mnt).map_err(|e| format!("{}: {e}", mnt.display()))?;
+    if is_mounted(&mnt) {
+        return Err(format!(
+            "{} is already mounted (left over from another run?)",
+            mnt.display()
+        ));
+    }
+    if name != "tmpfs" && name != "memfs" {
+        make_image(&img, b.image_bytes)?;
+    }
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let inodes = ["-q", "-F", "-i", "4096"];
     match name {
         "ldfs" => {
             // Preallocated, as a block device would be: the host file system
@@ -131,93 +320,78 @@ fn setup(name: &str, b: &FsBench) -> R<Target> {
                 .arg("--preallocate")
                 .args(["--size", &b.image_bytes.to_string()])
                 .arg(&img))?;
-            run(Command::new(&exe).arg("mount").arg(&img).arg(&mnt))?;
-            wait_mounted(&mnt)?;
-            Ok(Target {
-                name: "ldfs",
-                mnt: mnt.clone(),
-                umount: vec!["fusermount3".into(), "-u".into(), mnt.display().to_string()],
-                loopdev: None,
-                child: None,
-            })
-        }
-        "ext4" => {
-            run(Command::new("mkfs.ext4")
-                .args(["-q", "-F", "-i", "4096"])
-                .arg(&img))?;
-            let out = Command::new("losetup")
-                .args(["--find", "--show"])
+            let t = fuse_target(name, &mnt, None);
+            run(Command::new(&exe)
+                .arg("mount")
+                .args(["-o", "allow_other"])
                 .arg(&img)
-                .output()
-                .map_err(|e| e.to_string())?;
-            let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
-            if dev.is_empty() {
-                return Err("losetup found no free loop device".into());
-            }
-            run(Command::new("mount").arg(&dev).arg(&mnt))?;
-            Ok(Target {
-                name: "ext4",
+                .arg(&mnt))?;
+            wait_mounted(&mnt)?;
+            Ok(t)
+        }
+        "ext4" => loop_target(name, &img, &mnt, &[&["mkfs.ext4"][..], &inodes].concat()),
+        "xfs" => loop_target(name, &img, &mnt, &["mkfs.xfs", "-q", "-f"]),
+        "btrfs" => loop_target(name, &img, &mnt, &["mkfs.btrfs", "-q", "-f"]),
+        "tmpfs" => {
+            let t = Target {
+                name: name.into(),
                 mnt: mnt.clone(),
                 umount: vec!["umount".into(), mnt.display().to_string()],
-                loopdev: Some(dev),
+                loopdev: None,
                 child: None,
-            })
+            };
+            run(Command::new("mount")
+                .args(["-t", "tmpfs", "-o"])
+                .arg(format!("size={},mode=755", b.image_bytes))
+                .arg("tmpfs")
+                .arg(&mnt))?;
+            Ok(t)
         }
         "fuse2fs" => {
-            run(Command::new("mkfs.ext4")
-                .args(["-q", "-F", "-i", "4096"])
-                .arg(&img))?;
+            run(Command::new("mkfs.ext4").args(inodes).arg(&img))?;
+            let t = fuse_target(name, &mnt, None);
             run(Command::new("fuse2fs")
                 .arg(&img)
                 .arg(&mnt)
-                .args(["-o", "rw,fakeroot"]))?;
+                .args(["-o", "rw,fakeroot,allow_other"]))?;
             wait_mounted(&mnt)?;
-            Ok(Target {
-                name: "fuse2fs",
-                mnt: mnt.clone(),
-                umount: vec!["fusermount3".into(), "-u".into(), mnt.display().to_string()],
-                loopdev: None,
-                child: None,
-            })
+            Ok(t)
         }
         "memfs" => {
             let child = Command::new(&exe)
                 .arg("bench-memfs")
                 .arg(&mnt)
                 .spawn()
-                .map_err(|e| e.to_string())?;
-            let t = Target {
-                name: "memfs",
-                mnt: mnt.clone(),
-                umount: vec!["fusermount3".into(), "-u".into(), mnt.display().to_string()],
-                loopdev: None,
-                child: Some(child),
-            };
+                .map_err(|e| format!("bench-memfs: {e}"))?;
+            let t = fuse_target(name, &mnt, Some(child));
             wait_mounted(&mnt)?;
             Ok(t)
         }
-        other => Err(format!(
-            "unknown target {other} (ldfs, ext4, fuse2fs, memfs)"
-        )),
+        other => Err(format!("unknown target {other} ({})", TARGETS.join(", "))),
     }
 }
 
-struct Row {
-    what: String,
-    unit: &'static str,
-    /// Per target, the samples of every round that succeeded.
-    samples: Vec<Vec<f64>>,
-    /// Per target, its median.
-    values: Vec<Option<f64>>,
-}
-
-fn median(v: &[f64]) -> Option<f64> {
-    if v.is_empty() {
-        return None;
+/// ldfs's engine counters (`ldfs stats`), by name; empty for other targets.
+fn ldfs_counters(t: &Target) -> Vec<(String, f64)> {
+    if t.name != "ldfs" {
+        return Vec::new();
     }
-    let mut v = v.to_vec();
-    v.sort_by(|a, b| a.total_cmp(b));
-    Some(v[v.len() / 2])
+    let Ok(text) = crate::control_get(&t.mnt, "stats") else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&text)
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(": ")?;
+            Some((k.to_string(), v.trim().parse::<f64>().ok()?))
+        })
+        .filter(|(k, _)| {
+            matches!(
+                k.as_str(),
+                "checkpoints" | "partial segments written" | "map pages written" | "device flushes"
+            )
+        })
+        .collect()
 }
 
 fn rate(n: f64, d: Duration) -> f64 {
@@ -339,7 +513,10 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 
 /// Random 4 KiB overwrites of a 64 MB file, each followed by fdatasync, from
 /// `threads` threads for `secs` seconds (virtual log section 5.3): ops/s, and
-/// p50 and p99 latency in microseconds.
+/// p50 and p99 latency in microseconds. All threads write one file: on a
+/// FUSE target the kernel holds that file's inode lock across each FSYNC
+/// request, so the daemon sees one fsync at a time and group commit has
+/// nothing to merge; synccreate (a file per create) shows group commit.
 fn sync_write(t: &Target, threads: usize, secs: f64) -> R<Vec<f64>> {
     let p = t.mnt.join(format!("syncwrite-{threads}"));
     let size = 64u64 << 20;
@@ -503,158 +680,329 @@ fn big_dir(t: &Target, n: usize) -> R<Vec<f64>> {
     Ok(vec![create_small, lookup_small, create_big, lookup_big])
 }
 
+/// Every workload key, in the default order.
+///
+/// The write-delete workload of the cleaner papers, `writedel`, is being
+/// written separately as a function `(&Target, ...) -> R<Vec<f64>>`; it
+/// joins as one more key here, one more arm in `spec` (its phases and the
+/// paper it comes from) and one more arm in `run_workload`.
+pub const WORKLOADS: [&str; 9] = [
+    "smallfiles",
+    "largefile",
+    "bigdir",
+    "syncwrite",
+    "synccreate",
+    "metadata",
+    "postmark",
+    "andrew",
+    "tpcb",
+];
+
+/// A workload's phases: (what, unit, higher is better), and the paper it
+/// comes from.
+pub struct Spec {
+    pub title: String,
+    pub source: &'static str,
+    pub phases: Vec<(String, &'static str, bool)>,
+}
+
+pub fn spec(key: &str, b: &FsBench) -> Spec {
+    let p = |v: &[(&str, &'static str, bool)]| -> Vec<(String, &'static str, bool)> {
+        v.iter().map(|(w, u, h)| (w.to_string(), *u, *h)).collect()
+    };
+    match key {
+        "smallfiles" => Spec {
+            title: format!("small files ({} x 1 KB)", b.small_files),
+            source: "Sprite LFS (Rosenblum & Ousterhout 1992), the small-file benchmark; as in 380LFS and the virtual-log paper 5.1",
+            phases: p(&[
+                ("create", "files/s", true),
+                ("read (cold)", "files/s", true),
+                ("delete", "files/s", true),
+            ]),
+        },
+        "largefile" => Spec {
+            title: format!("large file ({} MiB)", b.large_mib),
+            source: "Sprite LFS, the large-file benchmark; as in 380LFS and the virtual-log paper, figure 7",
+            phases: p(&[
+                ("sequential write", "MB/s", true),
+                ("sequential read (cold)", "MB/s", true),
+                ("random 4 KiB write", "MB/s", true),
+                ("random 4 KiB read (cold)", "MB/s", true),
+                ("sequential re-read (cold)", "MB/s", true),
+            ]),
+        },
+        "bigdir" => Spec {
+            title: format!("one directory of {} names", b.dir_names),
+            source: "ldfs DESIGN.md: lookups in a directory of a million names stay fast (380LFS had one flat directory)",
+            phases: vec![
+                ("create at 1,000 names".into(), "ops/s", true),
+                ("lookup at 1,000 names (cold)".into(), "ops/s", true),
+                (format!("create at {} names", b.dir_names), "ops/s", true),
+                (format!("lookup at {} names (cold)", b.dir_names), "ops/s", true),
+            ],
+        },
+        "syncwrite" => Spec {
+            title: "syncwrite (random 4 KiB + fdatasync, 64 MB file)".into(),
+            source: "virtual-log paper 5.3: small random synchronous updates",
+            phases: p(&[
+                ("1 thread", "ops/s", true),
+                ("1 thread p50", "us", false),
+                ("1 thread p99", "us", false),
+                ("8 threads", "ops/s", true),
+                ("8 threads p50", "us", false),
+                ("8 threads p99", "us", false),
+            ]),
+        },
+        "synccreate" => Spec {
+            title: "synccreate (create 4 KB, fsync file and directory)".into(),
+            source: "virtual-log paper 5.3 (synchronous metadata updates), BSD-LFS 5.2.2 (synchronous creates)",
+            phases: p(&[("1 thread", "files/s", true), ("8 threads", "files/s", true)]),
+        },
+        "metadata" => Spec {
+            title: "metadata (100 directories x 100 empty files)".into(),
+            source: "DualFS 4.1: meta-data microbenchmarks (create, stat, rename, delete)",
+            phases: p(&[
+                ("create", "ops/s", true),
+                ("stat (cold)", "ops/s", true),
+                ("rename", "ops/s", true),
+                ("delete", "ops/s", true),
+            ]),
+        },
+        "postmark" => Spec {
+            title: format!(
+                "PostMark ({} files of {}-{} B in {} directories, {} transactions)",
+                b.postmark.files,
+                b.postmark.min_bytes,
+                b.postmark.max_bytes,
+                b.postmark.subdirs,
+                b.postmark.transactions
+            ),
+            source: "DualFS 4.2: PostMark (Katcher 1997), Debian's postmark 1.51",
+            phases: p(&[
+                ("create files", "s", false),
+                ("transactions", "tx/s", true),
+                ("delete files", "s", false),
+                ("transactions (postmark's figure)", "tx/s", true),
+                ("total (postmark's figure, whole seconds)", "s", false),
+                ("total until durable (wall clock)", "s", false),
+            ]),
+        },
+        "andrew" => Spec {
+            title: "Andrew (copy of a source tree; compile of a C program in it)".into(),
+            source: "BSD-LFS 5.2.2: the Andrew benchmark's five phases (Howard et al. 1988)",
+            phases: p(&[
+                ("1 create directories", "s", false),
+                ("2 copy files", "s", false),
+                ("3 stat every file", "s", false),
+                ("4 read every byte", "s", false),
+                ("5 compile", "s", false),
+                ("make durable", "s", false),
+            ]),
+        },
+        "tpcb" => Spec {
+            title: format!(
+                "TPC-B (pgbench scale {}, {} clients, {} s)",
+                b.tpcb.scale, b.tpcb.clients, b.tpcb.secs
+            ),
+            source: "BSD-LFS 5.2.3: TPC-B; here pgbench's TPC-B-like script on PostgreSQL",
+            phases: p(&[
+                ("initialize (pgbench -i)", "s", false),
+                ("transactions", "tps", true),
+                ("latency average", "ms", false),
+            ]),
+        },
+        _ => unreachable!("workload keys are checked before use"),
+    }
+}
+
+fn run_workload(key: &str, t: &Target, b: &FsBench, env: &bench_apps::Env) -> R<Vec<f64>> {
+    match key {
+        "smallfiles" => small_files(t, b.small_files),
+        "largefile" => large_file(t, b.large_mib),
+        "bigdir" => big_dir(t, b.dir_names),
+        "syncwrite" => {
+            let mut v = sync_write(t, 1, b.sync_secs)?;
+            v.extend(sync_write(t, 8, b.sync_secs)?);
+            Ok(v)
+        }
+        "synccreate" => {
+            let mut v = sync_create(t, 1, b.sync_creates)?;
+            v.extend(sync_create(t, 8, (b.sync_creates / 8).max(1))?);
+            Ok(v)
+        }
+        "metadata" => metadata(t),
+        "postmark" => bench_apps::postmark(t, &b.postmark),
+        "andrew" => bench_apps::andrew(t, env),
+        "tpcb" => bench_apps::tpcb(t, b, env),
+        _ => unreachable!("workload keys are checked before use"),
+    }
+}
+
 pub fn run_all(b: &FsBench) -> R<()> {
-    fs::create_dir_all(&b.dir).map_err(|e| e.to_string())?;
-    let mut rows = vec![
-        ("small files: create (1 KB)", "files/s"),
-        ("small files: read (cold)", "files/s"),
-        ("small files: delete", "files/s"),
-        ("large file: sequential write", "MB/s"),
-        ("large file: sequential read (cold)", "MB/s"),
-        ("large file: random 4 KiB write", "MB/s"),
-        ("large file: random 4 KiB read (cold)", "MB/s"),
-        ("large file: sequential re-read (cold)", "MB/s"),
-        ("directory: create at 1,000 names", "ops/s"),
-        ("directory: lookup at 1,000 names (cold)", "ops/s"),
-        ("directory: create at N names", "ops/s"),
-        ("directory: lookup at N names (cold)", "ops/s"),
-        ("syncwrite 1 thread (4 KiB + fdatasync)", "ops/s"),
-        ("syncwrite 1 thread p50", "us"),
-        ("syncwrite 1 thread p99", "us"),
-        ("syncwrite 8 threads", "ops/s"),
-        ("syncwrite 8 threads p50", "us"),
-        ("syncwrite 8 threads p99", "us"),
-        (
-            "synccreate 1 thread (create 4 KB + fsync file and dir)",
-            "files/s",
+    for w in &b.workloads {
+        if !WORKLOADS.contains(&w.as_str()) {
+            return Err(format!("unknown workload {w} ({})", WORKLOADS.join(", ")));
+        }
+    }
+    for t in &b.targets {
+        if !TARGETS.contains(&t.as_str()) {
+            return Err(format!("unknown target {t} ({})", TARGETS.join(", ")));
+        }
+    }
+    fs::create_dir_all(&b.dir).map_err(|e| format!("{}: {e}", b.dir.display()))?;
+    let machine = bench_report::Machine::probe(&b.dir);
+    let skipped: Vec<Option<String>> = b.targets.iter().map(|t| check_target(t).err()).collect();
+    for (t, s) in b.targets.iter().zip(&skipped) {
+        if let Some(why) = s {
+            eprintln!("bench fs: skipping target {t}: {why}");
+        }
+    }
+    let env = bench_apps::Env::prepare(b)?;
+    let mut results = Results {
+        targets: b.targets.clone(),
+        skipped,
+        workloads: b
+            .workloads
+            .iter()
+            .map(|k| {
+                let s = spec(k, b);
+                WorkloadResult {
+                    key: k.clone(),
+                    title: s.title,
+                    source: s.source.to_string(),
+                    skipped: env.skipped(k),
+                    phases: s
+                        .phases
+                        .into_iter()
+                        .map(|(w, u, h)| (w, u.to_string(), h))
+                        .collect(),
+                    samples: Vec::new(),
+                    ldfs_counters: Vec::new(),
+                    errors: Vec::new(),
+                }
+            })
+            .collect(),
+        rounds: b.rounds.max(1),
+        rounds_done: 0,
+        description: format!(
+            "images of {} MiB (sparse files on {}); targets interleaved in each round",
+            b.image_bytes >> 20,
+            b.dir.display(),
         ),
-        ("synccreate 8 threads", "files/s"),
-        ("metadata: create (100 dirs x 100 files)", "ops/s"),
-        ("metadata: stat (cold)", "ops/s"),
-        ("metadata: rename", "ops/s"),
-        ("metadata: delete", "ops/s"),
-    ]
-    .into_iter()
-    .map(|(w, u)| Row {
-        what: w.replace('N', &format!("{}", b.dir_names)),
-        unit: u,
-        samples: vec![Vec::new(); b.targets.len()],
-        values: Vec::new(),
-    })
-    .collect::<Vec<_>>();
-    for round in 0..b.rounds.max(1) {
+        machine,
+    };
+    for w in &mut results.workloads {
+        w.samples = vec![vec![Vec::new(); b.targets.len()]; w.phases.len()];
+        if let Some(why) = &w.skipped {
+            eprintln!("bench fs: skipping workload {}: {why}", w.key);
+        }
+    }
+    stop_on_signals();
+    'rounds: for round in 0..results.rounds {
         for (ti, name) in b.targets.iter().enumerate() {
+            if results.skipped[ti].is_some() {
+                continue;
+            }
+            if STOP.load(Ordering::Relaxed) {
+                break 'rounds;
+            }
             eprintln!(
                 "bench fs: round {} of {}: {name}...",
                 round + 1,
-                b.rounds.max(1)
+                results.rounds
             );
-            let t = setup(name, b)?;
-            let mut vals: Vec<Option<f64>> = Vec::new();
-            for (r, count) in [
-                (small_files(&t, b.small_files), 3),
-                (large_file(&t, b.large_mib), 5),
-                (big_dir(&t, b.dir_names), 4),
-                (sync_write(&t, 1, b.sync_secs), 3),
-                (sync_write(&t, 8, b.sync_secs), 3),
-                (sync_create(&t, 1, 2000), 1),
-                (sync_create(&t, 8, 250), 1),
-                (metadata(&t), 4),
-            ] {
-                match r {
-                    Ok(v) => vals.extend(v.into_iter().map(Some)),
+            let t = match setup(name, b) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("bench fs: {name}: setup failed: {e}");
+                    for w in &mut results.workloads {
+                        w.errors.push(format!("{name}: setup failed: {e}"));
+                    }
+                    remove_target_files(b, name);
+                    continue;
+                }
+            };
+            for w in &mut results.workloads {
+                if w.skipped.is_some() || STOP.load(Ordering::Relaxed) {
+                    continue;
+                }
+                eprintln!("bench fs:   {name}: {}", w.key);
+                let before = ldfs_counters(&t);
+                let t0 = Instant::now();
+                match run_workload(&w.key, &t, b, &env) {
+                    Ok(v) => {
+                        assert_eq!(v.len(), w.phases.len(), "{}: one value per phase", w.key);
+                        // Not-a-number: a figure the program did not print.
+                        for (phase, x) in w.samples.iter_mut().zip(v) {
+                            if x.is_finite() {
+                                phase[ti].push(x);
+                            }
+                        }
+                    }
                     Err(e) => {
-                        eprintln!("bench fs: {name}: {e}");
-                        vals.extend(std::iter::repeat_n(None, count));
+                        eprintln!("bench fs: {name}: {}: {e}", w.key);
+                        w.errors.push(format!("{name}: {e}"));
                     }
                 }
-            }
-            for (row, v) in rows.iter_mut().zip(vals) {
-                if let Some(v) = v {
-                    row.samples[ti].push(v);
+                let after = ldfs_counters(&t);
+                if !after.is_empty() {
+                    let mut d: Vec<(String, f64)> = after
+                        .iter()
+                        .zip(&before)
+                        .map(|((k, a), (_, b))| (k.clone(), a - b))
+                        .collect();
+                    d.push(("seconds".into(), t0.elapsed().as_secs_f64()));
+                    w.ldfs_counters.push(d);
                 }
             }
             drop(t);
-            let _ = fs::remove_file(b.dir.join(format!("bench-{name}.img")));
+            remove_target_files(b, name);
         }
-    }
-    for row in &mut rows {
-        row.values = row.samples.iter().map(|s| median(s)).collect();
-    }
-    if let Some(path) = &b.json {
-        let mut j = String::from("{\n  \"targets\": [");
-        j += &b
-            .targets
-            .iter()
-            .map(|t| format!("\"{t}\""))
-            .collect::<Vec<_>>()
-            .join(", ");
-        j += "],\n  \"rows\": [\n";
-        let body: Vec<String> = rows
-            .iter()
-            .map(|r| {
-                let samples: Vec<String> = r
-                    .samples
-                    .iter()
-                    .map(|s| {
-                        format!(
-                            "[{}]",
-                            s.iter()
-                                .map(|x| format!("{x:.3}"))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        )
-                    })
-                    .collect();
-                format!(
-                    "    {{\"workload\": \"{}\", \"unit\": \"{}\", \"samples\": [{}]}}",
-                    r.what,
-                    r.unit,
-                    samples.join(", ")
-                )
-            })
-            .collect();
-        j += &body.join(",\n");
-        j += "\n  ]\n}\n";
-        fs::write(path, j).map_err(|e| format!("{}: {e}", path.display()))?;
-    }
-    println!(
-        "# ldfs bench fs: {} small files, a {} MiB file, {} names in one directory; images of {} MiB; median of {} round(s)",
-        b.small_files,
-        b.large_mib,
-        b.dir_names,
-        b.image_bytes >> 20,
-        b.rounds.max(1)
-    );
-    print!("| workload | unit |");
-    for t in &b.targets {
-        print!(" {t} |");
-    }
-    println!(" ldfs / ext4 | ldfs / memfs |");
-    print!("|---|---|");
-    for _ in &b.targets {
-        print!("---|");
-    }
-    println!("---|---|");
-    for r in rows {
-        print!("| {} | {} |", r.what, r.unit);
-        for v in &r.values {
-            match v {
-                Some(x) => print!(" {x:.0} |"),
-                None => print!(" failed |"),
+        results.rounds_done = round + 1;
+        if round + 1 < results.rounds {
+            // Not fatal here: the run goes on and saves again at its end.
+            if let Err(e) = save(b, &mut results) {
+                eprintln!("bench fs: saving round {}: {e}", round + 1);
             }
         }
-        let at = |name: &str| {
-            b.targets
-                .iter()
-                .position(|t| t == name)
-                .and_then(|k| r.values[k])
-        };
-        let ratio = |other: &str| match (at("ldfs"), at(other)) {
-            (Some(a), Some(e)) if e > 0.0 => format!(" {:.2} |", a / e),
-            _ => " |".into(),
-        };
-        println!("{}{}", ratio("ext4"), ratio("memfs"));
+    }
+    drop(env);
+    save(b, &mut results)?;
+    print!("{}", bench_report::markdown(&results, None));
+    if STOP.load(Ordering::Relaxed) {
+        return Err("interrupted; everything mounted was unmounted".into());
+    }
+    Ok(())
+}
+
+/// Set by SIGINT, SIGTERM or SIGHUP: the run stops after the workload under
+/// way and cleans up (unmounts, detaches, stops postgres) as usual, instead
+/// of dying with file systems mounted.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+fn stop_on_signals() {
+    for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        unsafe { libc::signal(s, on_signal as *const () as libc::sighandler_t) };
+    }
+}
+
+/// Writes the JSON and the report of the rounds done so far (after every
+/// round, so a long run that is stopped keeps what it measured).
+fn save(b: &FsBench, results: &mut Results) -> R<()> {
+    results.machine.finish();
+    if let Some(path) = &b.json {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        fs::write(path, bench_report::json(results))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(out) = &b.out {
+        bench_report::write_report(results, out, b.note.as_deref())?;
     }
     Ok(())
 }

@@ -3,9 +3,11 @@
 //! `checkpoint`, `clean`, `inspect` and `bench` (engine, cleaner, fs).
 
 mod bench;
+mod bench_apps;
 mod bench_cleaner;
 mod bench_fs;
 mod bench_fsck;
+mod bench_report;
 mod bench_writedel;
 mod fsck;
 mod fuse;
@@ -138,6 +140,92 @@ enum Cmd {
     },
 }
 
+/// The options of `ldfs bench fs`.
+#[derive(clap::Args)]
+struct FsArgs {
+    /// Directory for the image files.
+    #[arg(long, default_value = ".")]
+    dir: PathBuf,
+    /// Reduced sizes for a quick end-to-end check (every size below
+    /// that is not given takes its quick value).
+    #[arg(long)]
+    quick: bool,
+    /// Size of each target's image (and of the tmpfs).
+    #[arg(long, default_value = "4G", value_parser = parse_size)]
+    image_size: u64,
+    /// Small files (1 KB each) to create, read and delete (LFS: 10,000;
+    /// quick: 2,000).
+    #[arg(long)]
+    small_files: Option<usize>,
+    /// Size of the large file in MiB (LFS: 100 MB; quick: 32).
+    #[arg(long)]
+    large_mib: Option<u64>,
+    /// Names in the big directory (1,000,000; quick: 20,000).
+    #[arg(long)]
+    dir_names: Option<usize>,
+    /// Targets, in order: ldfs, ext4, xfs, btrfs, fuse2fs, memfs, tmpfs.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "ldfs,ext4,xfs,btrfs,fuse2fs,memfs,tmpfs"
+    )]
+    targets: Vec<String>,
+    /// Workloads, in order: smallfiles, largefile, bigdir, syncwrite,
+    /// synccreate, metadata, postmark, andrew, tpcb.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "smallfiles,largefile,bigdir,syncwrite,synccreate,metadata,postmark,andrew,tpcb"
+    )]
+    workloads: Vec<String>,
+    /// Rounds, targets interleaved in each; medians are printed.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// Seconds of each syncwrite run, 1 and 8 threads (5; quick: 1).
+    #[arg(long)]
+    sync_secs: Option<f64>,
+    /// Files synccreate makes with 1 thread; 8 threads make as many in
+    /// all (2,000; quick: 400).
+    #[arg(long)]
+    sync_creates: Option<usize>,
+    /// PostMark files (20,000; quick: 2,000), 512 B to 16 KB each.
+    #[arg(long)]
+    postmark_files: Option<usize>,
+    /// PostMark transactions (20,000; quick: 2,000).
+    #[arg(long)]
+    postmark_transactions: Option<usize>,
+    /// PostMark subdirectories.
+    #[arg(long, default_value_t = 100)]
+    postmark_subdirs: usize,
+    /// MiB of vendored crate sources in the Andrew tree, besides this
+    /// repository's crates/ (32; quick: 4).
+    #[arg(long)]
+    andrew_source_mib: Option<u64>,
+    /// C files of the program Andrew compiles (40; quick: 8).
+    #[arg(long)]
+    andrew_c_files: Option<usize>,
+    /// pgbench scale factor (10; quick: 2).
+    #[arg(long)]
+    tpcb_scale: Option<u32>,
+    /// pgbench clients.
+    #[arg(long, default_value_t = 4)]
+    tpcb_clients: u32,
+    /// Seconds of the pgbench run (60; quick: 10).
+    #[arg(long)]
+    tpcb_secs: Option<u64>,
+    /// Write every sample to this JSON file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write OUT/BENCHMARKS.md (machine, date, command, tables) and one
+    /// chart per workload in OUT/bench/ (`--out docs` for the repo's).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// A sentence added to the report (for example, that the machine
+    /// was shared).
+    #[arg(long)]
+    note: Option<String>,
+}
+
 #[derive(Subcommand)]
 enum BenchCmd {
     /// The engine's figures (issue 2): streaming writes vs raw O_DIRECT,
@@ -184,38 +272,27 @@ enum BenchCmd {
         #[arg(long)]
         keep: bool,
     },
-    /// The LFS micro-benchmarks (small files; one large file sequential and
-    /// random; one huge directory) on ldfs, ext4 on a loop device and
-    /// fuse2fs, side by side. Needs root (loop devices, drop_caches).
-    Fs {
-        /// Directory for the image files.
-        #[arg(long, default_value = ".")]
-        dir: PathBuf,
-        /// Size of each target's image.
-        #[arg(long, default_value = "4G", value_parser = parse_size)]
-        image_size: u64,
-        /// Small files (1 KB each) to create, read and delete (LFS: 10,000).
-        #[arg(long, default_value_t = 10_000)]
-        small_files: usize,
-        /// Size of the large file in MiB (LFS: 100 MB).
-        #[arg(long, default_value_t = 100)]
-        large_mib: u64,
-        /// Names in the big directory.
-        #[arg(long, default_value_t = 1_000_000)]
-        dir_names: usize,
-        /// Targets, in order: ldfs, ext4, fuse2fs, memfs (the in-memory FUSE
-        /// ceiling).
-        #[arg(long, value_delimiter = ',', default_value = "ldfs,ext4,fuse2fs,memfs")]
-        targets: Vec<String>,
-        /// Rounds, targets interleaved in each; medians are printed.
-        #[arg(long, default_value_t = 1)]
-        rounds: usize,
-        /// Seconds of each syncwrite run (1 and 8 threads).
-        #[arg(long, default_value_t = 5.0)]
-        sync_secs: f64,
-        /// Write every sample to this JSON file.
+    /// The papers' benchmarks on ldfs and its peers, side by side: ext4, xfs
+    /// and btrfs on loop devices, fuse2fs, memfs (the in-memory FUSE ceiling)
+    /// and tmpfs (the memory ceiling). Workloads: the LFS micro-benchmarks
+    /// (small files, large file, big directory), syncwrite and synccreate
+    /// (virtual-log paper), metadata and PostMark (DualFS), Andrew and TPC-B
+    /// (BSD-LFS). Needs root (mounts, loop devices, drop_caches); installs
+    /// missing packages with apt-get as root and skips targets or workloads
+    /// whose tools are still missing.
+    Fs(Box<FsArgs>),
+    /// Redraw the report (BENCHMARKS.md and charts) of an earlier
+    /// `bench fs --json` run without measuring again.
+    Report {
+        /// The JSON `bench fs --json` wrote.
         #[arg(long)]
-        json: Option<PathBuf>,
+        json: PathBuf,
+        /// Where to write BENCHMARKS.md and bench/*.png.
+        #[arg(long)]
+        out: PathBuf,
+        /// A sentence added to the report.
+        #[arg(long)]
+        note: Option<String>,
     },
     /// The cleaner's figures (issue 3): write cost against utilization for
     /// uniform and hot-and-cold overwrites under each policy, and random
@@ -400,30 +477,80 @@ fn main() -> ExitCode {
             .and_then(|d| d.sync_all())
             .map_err(|e| format!("{}: {e}", mountpoint.display()).into()),
         Cmd::Bench {
-            which:
-                BenchCmd::Fs {
-                    dir,
-                    image_size,
-                    small_files,
-                    large_mib,
-                    dir_names,
-                    targets,
-                    rounds,
-                    json,
-                    sync_secs,
+            which: BenchCmd::Fs(args),
+        } => {
+            let FsArgs {
+                dir,
+                quick,
+                image_size,
+                small_files,
+                large_mib,
+                dir_names,
+                targets,
+                workloads,
+                rounds,
+                sync_secs,
+                sync_creates,
+                postmark_files,
+                postmark_transactions,
+                postmark_subdirs,
+                andrew_source_mib,
+                andrew_c_files,
+                tpcb_scale,
+                tpcb_clients,
+                tpcb_secs,
+                json,
+                out,
+                note,
+            } = *args;
+            // The full size, or the quick one.
+            fn pick<T>(v: Option<T>, quick: bool, full: T, small: T) -> T {
+                v.unwrap_or(if quick { small } else { full })
+            }
+            bench_fs::run_all(&bench_fs::FsBench {
+                dir,
+                image_bytes: image_size,
+                small_files: pick(small_files, quick, 10_000, 2_000),
+                large_mib: pick(large_mib, quick, 100, 32),
+                dir_names: pick(dir_names, quick, 1_000_000, 20_000),
+                targets,
+                workloads,
+                sync_secs: pick(sync_secs, quick, 5.0, 1.0),
+                sync_creates: pick(sync_creates, quick, 2_000, 400),
+                rounds,
+                json,
+                out,
+                note,
+                postmark: bench_apps::Postmark {
+                    files: pick(postmark_files, quick, 20_000, 2_000),
+                    min_bytes: 512,
+                    max_bytes: 16 << 10,
+                    subdirs: postmark_subdirs,
+                    transactions: pick(postmark_transactions, quick, 20_000, 2_000),
+                    seed: 42,
                 },
-        } => bench_fs::run_all(&bench_fs::FsBench {
-            dir,
-            image_bytes: image_size,
-            small_files,
-            large_mib,
-            dir_names,
-            targets,
-            rounds,
-            json,
-            sync_secs,
-        })
-        .map_err(Into::into),
+                andrew: bench_apps::Andrew {
+                    source_mib: pick(andrew_source_mib, quick, 32, 4),
+                    c_files: pick(andrew_c_files, quick, 40, 8),
+                },
+                tpcb: bench_apps::Tpcb {
+                    scale: pick(tpcb_scale, quick, 10, 2),
+                    clients: tpcb_clients,
+                    secs: pick(tpcb_secs, quick, 60, 10),
+                },
+            })
+            .map_err(Into::into)
+        }
+        Cmd::Bench {
+            which: BenchCmd::Report { json, out, note },
+        } => std::fs::read_to_string(&json)
+            .map_err(|e| format!("{}: {e}", json.display()))
+            .and_then(|text| bench_report::from_json(&text))
+            .and_then(|r| {
+                print!("{}", bench_report::markdown(&r, None));
+                bench_report::write_report(&r, &out, note.as_deref())
+            })
+            .map_err(Into::into),
         Cmd::Clean {
             image,
             policy,

@@ -36,6 +36,23 @@ pub struct MemFs {
     no_open: bool,
 }
 
+/// A directory's entries after `offset`, in inode order, each with its
+/// inode number as its readdir cookie: a cookie that stays valid when
+/// entries are removed while a reader walks the directory (an index into
+/// the name-sorted map would shift and skip names, and `rm -r` would then
+/// find the directory not empty). Two names for one inode in one directory
+/// share a cookie; the benchmarks make no such links.
+fn by_inode(d: &Node, offset: u64) -> Vec<(&u64, &OsString)> {
+    let mut v: Vec<(&u64, &OsString)> = d
+        .children
+        .iter()
+        .map(|(name, ino)| (ino, name))
+        .filter(|(ino, _)| **ino > offset)
+        .collect();
+    v.sort();
+    v
+}
+
 fn err(e: i32) -> Errno {
     Errno::from_i32(e)
 }
@@ -439,12 +456,12 @@ impl Filesystem for MemFs {
         let Some(d) = st.nodes.get(&ino.0) else {
             return reply.error(err(libc::ENOENT));
         };
-        for (k, (name, child)) in d.children.iter().enumerate().skip(offset as usize) {
+        for (child, name) in by_inode(d, offset) {
             let kind = st
                 .nodes
                 .get(child)
                 .map_or(FileType::RegularFile, |n| n.attr.kind);
-            if reply.add(INodeNo(*child), k as u64 + 1, kind, name) {
+            if reply.add(INodeNo(*child), *child, kind, name) {
                 break;
             }
         }
@@ -463,18 +480,11 @@ impl Filesystem for MemFs {
         let Some(d) = st.nodes.get(&ino.0) else {
             return reply.error(err(libc::ENOENT));
         };
-        for (k, (name, child)) in d.children.iter().enumerate().skip(offset as usize) {
+        for (child, name) in by_inode(d, offset) {
             let Some(n) = st.nodes.get(child) else {
                 continue;
             };
-            if reply.add(
-                INodeNo(*child),
-                k as u64 + 1,
-                name,
-                &TTL,
-                &n.attr,
-                Generation(0),
-            ) {
+            if reply.add(INodeNo(*child), *child, name, &TTL, &n.attr, Generation(0)) {
                 break;
             }
         }
@@ -525,6 +535,8 @@ pub fn serve(dir: &Path) -> Result<(), String> {
         MountOption::DefaultPermissions,
         MountOption::RW,
     ];
+    // Like ldfs in the benchmark: other users (tpcb's postgres) may enter.
+    cfg.acl = fuser::SessionACL::All;
     cfg.n_threads = Some(crate::FUSE_THREADS);
     let session = Session::new(MemFs::new(), dir, &cfg)
         .map_err(|e| format!("mounting memfs on {}: {e}", dir.display()))?;

@@ -1,0 +1,721 @@
+//! Output of `ldfs bench fs`: every sample as JSON, medians as Markdown
+//! tables (with ldfs/ext4 and ldfs/memfs ratios), and with `--out DIR` a
+//! report, DIR/BENCHMARKS.md, with one PNG chart per workload in DIR/bench/
+//! (bars per phase per target, grouped by phase, one panel per unit, as in
+//! the papers' figures).
+//!
+//! Charts use plotters' bitmap backend with its pure-Rust `ab_glyph` text
+//! renderer rather than the `ttf` feature: `ttf` goes through font-kit,
+//! which links FreeType and fontconfig, while ab_glyph needs only a font
+//! file, read at run time from Debian's fonts-dejavu-core (`FONT`). Nothing
+//! new is needed to build ldfs; the font is needed only to write charts.
+
+use std::fmt::Write as _;
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+use crate::bench_fs::R;
+
+/// The font the charts are drawn with (Debian: fonts-dejavu-core).
+pub const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+
+pub struct WorkloadResult {
+    pub key: String,
+    pub title: String,
+    pub source: String,
+    /// Why the workload was not run, if it was not.
+    pub skipped: Option<String>,
+    /// (what, unit, higher is better).
+    pub phases: Vec<(String, String, bool)>,
+    /// [phase][target] -> the samples of every round that succeeded.
+    pub samples: Vec<Vec<Vec<f64>>>,
+    /// ldfs's engine counters over the workload, one list per round.
+    pub ldfs_counters: Vec<Vec<(String, f64)>>,
+    pub errors: Vec<String>,
+}
+
+pub struct Results {
+    pub targets: Vec<String>,
+    /// Per target: why it was skipped, if it was.
+    pub skipped: Vec<Option<String>>,
+    pub workloads: Vec<WorkloadResult>,
+    pub rounds: usize,
+    /// Rounds finished (reports are written after each).
+    pub rounds_done: usize,
+    pub description: String,
+    pub machine: Machine,
+}
+
+/// The machine a run was measured on.
+pub struct Machine {
+    pub uname: String,
+    pub cpu: String,
+    pub memory: String,
+    pub storage: String,
+    pub date: String,
+    pub command: String,
+    pub load_start: String,
+    pub load_end: String,
+}
+
+fn output(cmd: &mut Command) -> String {
+    cmd.output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn loadavg() -> String {
+    fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+impl Machine {
+    pub fn probe(dir: &Path) -> Machine {
+        let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let model = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string())
+            .unwrap_or_else(|| "unknown".into());
+        let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+        let memory = fs::read_to_string("/proc/meminfo")
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .map(|kib| format!("{:.1} GiB", kib as f64 / (1 << 20) as f64))
+            .unwrap_or_else(|| "unknown".into());
+        let mount = output(
+            Command::new("findmnt")
+                .args(["-no", "SOURCE,FSTYPE,OPTIONS", "-T"])
+                .arg(dir),
+        );
+        let source = mount.split_whitespace().next().unwrap_or("").to_string();
+        let disk = if source.starts_with("/dev/") {
+            output(
+                Command::new("lsblk")
+                    .args(["-dno", "NAME,SIZE,ROTA,MODEL"])
+                    .arg(&source),
+            )
+        } else {
+            String::new()
+        };
+        let storage = format!(
+            "{} on {mount}{}",
+            dir.display(),
+            if disk.is_empty() {
+                String::new()
+            } else {
+                format!(" (lsblk NAME SIZE ROTA MODEL: {disk})")
+            }
+        );
+        let command = std::env::args()
+            .map(|a| {
+                if a.is_empty() || a.contains(|c: char| c.is_whitespace() || c == '\'') {
+                    format!("'{}'", a.replace('\'', "'\\''"))
+                } else {
+                    a
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" ");
+        Machine {
+            uname: output(Command::new("uname").arg("-a")),
+            cpu: format!("{model} ({cpus} CPUs)"),
+            memory,
+            storage,
+            date: output(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"])),
+            command,
+            load_start: loadavg(),
+            load_end: String::new(),
+        }
+    }
+
+    pub fn finish(&mut self) {
+        self.load_end = loadavg();
+    }
+}
+
+pub fn median(v: &[f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    Some(v[v.len() / 2])
+}
+
+fn json_str(s: &str) -> String {
+    let mut o = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => o += "\\\"",
+            '\\' => o += "\\\\",
+            '\n' => o += "\\n",
+            c if (c as u32) < 0x20 => {
+                let _ = write!(o, "\\u{:04x}", c as u32);
+            }
+            c => o.push(c),
+        }
+    }
+    o + "\""
+}
+
+fn json_num(x: Option<f64>) -> String {
+    match x {
+        Some(x) if x.is_finite() => format!("{x:.3}"),
+        _ => "null".into(),
+    }
+}
+
+/// Every sample of a run, with its machine and what was skipped.
+pub fn json(r: &Results) -> String {
+    let m = &r.machine;
+    let mut j = String::from("{\n");
+    let _ = writeln!(
+        j,
+        "  \"machine\": {{\"uname\": {}, \"cpu\": {}, \"memory\": {}, \"storage\": {}, \"date\": {}, \"command\": {}, \"load_start\": {}, \"load_end\": {}}},",
+        json_str(&m.uname),
+        json_str(&m.cpu),
+        json_str(&m.memory),
+        json_str(&m.storage),
+        json_str(&m.date),
+        json_str(&m.command),
+        json_str(&m.load_start),
+        json_str(&m.load_end)
+    );
+    let _ = writeln!(j, "  \"description\": {},", json_str(&r.description));
+    let _ = writeln!(
+        j,
+        "  \"rounds\": {}, \"rounds_done\": {},",
+        r.rounds, r.rounds_done
+    );
+    let _ = writeln!(
+        j,
+        "  \"targets\": [{}],",
+        r.targets
+            .iter()
+            .map(|t| json_str(t))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let skipped: Vec<String> = r
+        .targets
+        .iter()
+        .zip(&r.skipped)
+        .filter_map(|(t, s)| Some(format!("{}: {}", json_str(t), json_str(s.as_ref()?))))
+        .collect();
+    let _ = writeln!(j, "  \"skipped\": {{{}}},", skipped.join(", "));
+    j += "  \"workloads\": [\n";
+    let body: Vec<String> = r
+        .workloads
+        .iter()
+        .map(|w| {
+            let phases: Vec<String> = w
+                .phases
+                .iter()
+                .zip(&w.samples)
+                .map(|((what, unit, higher), s)| {
+                    let samples: Vec<String> = s
+                        .iter()
+                        .map(|t| {
+                            let v: Vec<String> = t.iter().map(|x| json_num(Some(*x))).collect();
+                            format!("[{}]", v.join(", "))
+                        })
+                        .collect();
+                    let medians: Vec<String> = s.iter().map(|t| json_num(median(t))).collect();
+                    format!(
+                        "        {{\"phase\": {}, \"unit\": {}, \"higher_is_better\": {higher}, \"samples\": [{}], \"median\": [{}]}}",
+                        json_str(what),
+                        json_str(unit),
+                        samples.join(", "),
+                        medians.join(", ")
+                    )
+                })
+                .collect();
+            let counters: Vec<String> = w
+                .ldfs_counters
+                .iter()
+                .map(|round| {
+                    let kv: Vec<String> = round
+                        .iter()
+                        .map(|(k, v)| format!("{}: {}", json_str(k), json_num(Some(*v))))
+                        .collect();
+                    format!("{{{}}}", kv.join(", "))
+                })
+                .collect();
+            format!(
+                "    {{\"workload\": {}, \"title\": {}, \"source\": {}, \"skipped\": {}, \"errors\": [{}], \"ldfs_counters\": [{}],\n      \"phases\": [\n{}\n      ]}}",
+                json_str(&w.key),
+                json_str(&w.title),
+                json_str(&w.source),
+                w.skipped.as_deref().map_or("null".into(), json_str),
+                w.errors.iter().map(|e| json_str(e)).collect::<Vec<_>>().join(", "),
+                counters.join(", "),
+                phases.join(",\n")
+            )
+        })
+        .collect();
+    j += &body.join(",\n");
+    j += "\n  ]\n}\n";
+    j
+}
+
+/// Reads back what `json` wrote (`ldfs bench report` redraws a report from
+/// it without measuring again).
+pub fn from_json(text: &str) -> R<Results> {
+    use serde_json::Value;
+    let v: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+    let s = |v: &Value| v.as_str().unwrap_or("").to_string();
+    let list = |v: &Value, what: &str| -> R<Vec<Value>> {
+        v.as_array()
+            .cloned()
+            .ok_or_else(|| format!("no {what} in the JSON"))
+    };
+    let m = &v["machine"];
+    let targets: Vec<String> = list(&v["targets"], "targets")?.iter().map(s).collect();
+    let skipped = targets
+        .iter()
+        .map(|t| {
+            v["skipped"]
+                .get(t)
+                .and_then(Value::as_str)
+                .map(String::from)
+        })
+        .collect();
+    let mut workloads = Vec::new();
+    for w in list(&v["workloads"], "workloads")? {
+        let mut phases = Vec::new();
+        let mut samples = Vec::new();
+        for p in list(&w["phases"], "phases")? {
+            phases.push((
+                s(&p["phase"]),
+                s(&p["unit"]),
+                p["higher_is_better"].as_bool().unwrap_or(true),
+            ));
+            let per_target: Vec<Vec<f64>> = list(&p["samples"], "samples")?
+                .iter()
+                .map(|t| {
+                    t.as_array()
+                        .map(|a| a.iter().filter_map(Value::as_f64).collect())
+                        .unwrap_or_default()
+                })
+                .collect();
+            if per_target.len() != targets.len() {
+                return Err(format!(
+                    "{}: samples for {} targets",
+                    s(&p["phase"]),
+                    per_target.len()
+                ));
+            }
+            samples.push(per_target);
+        }
+        let ldfs_counters = list(&w["ldfs_counters"], "ldfs_counters")?
+            .iter()
+            .map(|round| {
+                round
+                    .as_object()
+                    .map(|o| {
+                        o.iter()
+                            .filter_map(|(k, v)| Some((k.clone(), v.as_f64()?)))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            })
+            .collect();
+        workloads.push(WorkloadResult {
+            key: s(&w["workload"]),
+            title: s(&w["title"]),
+            source: s(&w["source"]),
+            skipped: w["skipped"].as_str().map(String::from),
+            phases,
+            samples,
+            ldfs_counters,
+            errors: list(&w["errors"], "errors")?.iter().map(s).collect(),
+        });
+    }
+    Ok(Results {
+        targets,
+        skipped,
+        workloads,
+        rounds: v["rounds"].as_u64().unwrap_or(1) as usize,
+        rounds_done: v["rounds_done"].as_u64().unwrap_or(1) as usize,
+        description: s(&v["description"]),
+        machine: Machine {
+            uname: s(&m["uname"]),
+            cpu: s(&m["cpu"]),
+            memory: s(&m["memory"]),
+            storage: s(&m["storage"]),
+            date: s(&m["date"]),
+            command: s(&m["command"]),
+            load_start: s(&m["load_start"]),
+            load_end: s(&m["load_end"]),
+        },
+    })
+}
+
+fn fmt_value(x: f64) -> String {
+    if x > 0.0 && x < 1.0 {
+        // Two significant digits, however small.
+        let decimals = (-x.log10()).floor() as usize + 2;
+        format!("{x:.decimals$}")
+    } else if x >= 100.0 {
+        format!("{x:.0}")
+    } else if x >= 10.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+/// Medians as Markdown: one table per workload. With `charts`, each table
+/// is preceded by its chart (`charts/KEY.png`).
+pub fn markdown(r: &Results, charts: Option<&str>) -> String {
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "Figures: {}; medians of {} round(s){}.",
+        r.description,
+        r.rounds_done,
+        if r.rounds_done < r.rounds {
+            format!(" ({} planned, the run is not finished)", r.rounds)
+        } else {
+            String::new()
+        }
+    );
+    let _ = writeln!(
+        md,
+        "Ratios divide ldfs's median by ext4's and by memfs's (the in-memory FUSE ceiling); for units of time (s, ms, us) lower is better."
+    );
+    for (t, s) in r.targets.iter().zip(&r.skipped) {
+        if let Some(why) = s {
+            let _ = writeln!(md, "\nTarget {t} skipped: {why}.");
+        }
+    }
+    for w in &r.workloads {
+        let _ = writeln!(md, "\n### {}\n\nFrom: {}.\n", w.title, w.source);
+        if let Some(why) = &w.skipped {
+            let _ = writeln!(md, "Skipped: {why}.");
+            continue;
+        }
+        if let Some(dir) = charts {
+            let _ = writeln!(md, "![{}]({dir}/{}.png)\n", w.key, w.key);
+        }
+        let mut head = String::from("| phase | unit |");
+        let mut rule = String::from("|---|---|");
+        for t in &r.targets {
+            let _ = write!(head, " {t} |");
+            rule += "---:|";
+        }
+        let _ = writeln!(md, "{head} ldfs / ext4 | ldfs / memfs |");
+        let _ = writeln!(md, "{rule}---:|---:|");
+        for ((what, unit, _), s) in w.phases.iter().zip(&w.samples) {
+            let meds: Vec<Option<f64>> = s.iter().map(|t| median(t)).collect();
+            let _ = write!(md, "| {what} | {unit} |");
+            for (m, skipped) in meds.iter().zip(&r.skipped) {
+                match (m, skipped) {
+                    (Some(x), _) => {
+                        let _ = write!(md, " {} |", fmt_value(*x));
+                    }
+                    (None, Some(_)) => md += " skipped |",
+                    (None, None) => md += " failed |",
+                }
+            }
+            let at = |name: &str| {
+                r.targets
+                    .iter()
+                    .position(|t| t == name)
+                    .and_then(|k| meds[k])
+            };
+            for other in ["ext4", "memfs"] {
+                match (at("ldfs"), at(other)) {
+                    (Some(a), Some(e)) if e > 0.0 => {
+                        let _ = write!(md, " {:.2} |", a / e);
+                    }
+                    _ => md += " |",
+                }
+            }
+            md += "\n";
+        }
+        for e in &w.errors {
+            let first = e.lines().next().unwrap_or("");
+            let _ = writeln!(md, "\nFailed: {first}");
+        }
+    }
+    let counted: Vec<&WorkloadResult> = r
+        .workloads
+        .iter()
+        .filter(|w| !w.ldfs_counters.is_empty())
+        .collect();
+    if let Some(first) = counted.first() {
+        let names: Vec<&str> = first.ldfs_counters[0]
+            .iter()
+            .map(|(k, _)| k.as_str())
+            .collect();
+        let _ = writeln!(
+            md,
+            "\n### ldfs engine counters per workload (median over rounds)\n"
+        );
+        let _ = writeln!(md, "| workload | {} |", names.join(" | "));
+        let _ = writeln!(md, "|---|{}", "---:|".repeat(names.len()));
+        for w in counted {
+            let _ = write!(md, "| {} |", w.key);
+            for k in &names {
+                let v: Vec<f64> = w
+                    .ldfs_counters
+                    .iter()
+                    .filter_map(|round| round.iter().find(|(n, _)| n == k).map(|(_, v)| *v))
+                    .collect();
+                let _ = write!(md, " {} |", median(&v).map_or("".into(), fmt_value));
+            }
+            md += "\n";
+        }
+    }
+    md
+}
+
+/// Writes `out/BENCHMARKS.md` and `out/bench/KEY.png`.
+pub fn write_report(r: &Results, out: &Path, note: Option<&str>) -> R<()> {
+    let charts = out.join("bench");
+    fs::create_dir_all(&charts).map_err(|e| format!("{}: {e}", charts.display()))?;
+    let drawn = match load_font() {
+        Ok(()) => {
+            for w in r.workloads.iter().filter(|w| w.skipped.is_none()) {
+                let path = charts.join(format!("{}.png", w.key));
+                chart(r, w, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+            }
+            true
+        }
+        Err(e) => {
+            eprintln!("bench fs: no charts: {e}");
+            false
+        }
+    };
+    let m = &r.machine;
+    let mut md = String::from("# ldfs benchmarks\n\n");
+    md += "Written by `ldfs bench fs --out` (see README, Benchmarks); do not edit by hand, run it again.\n\n";
+    md += "| | |\n|---|---|\n";
+    for (k, v) in [
+        ("date", &m.date),
+        ("machine", &m.uname),
+        ("CPU", &m.cpu),
+        ("memory", &m.memory),
+        ("storage", &m.storage),
+        ("load average (1, 5, 15 min) at start", &m.load_start),
+        ("load average at end", &m.load_end),
+    ] {
+        let _ = writeln!(md, "| {k} | {} |", v.replace('|', "\\|"));
+    }
+    let _ = writeln!(md, "\nCommand:\n\n```sh\n{}\n```\n", m.command);
+    if let Some(n) = note {
+        let _ = writeln!(md, "{n}\n");
+    }
+    md += "## Results\n\n";
+    md += &markdown(r, drawn.then_some("bench"));
+    let path = out.join("BENCHMARKS.md");
+    fs::write(&path, md).map_err(|e| format!("{}: {e}", path.display()))?;
+    eprintln!("bench fs: wrote {}", path.display());
+    Ok(())
+}
+
+fn load_font() -> R<()> {
+    if !Path::new(FONT).exists() {
+        crate::bench_fs::install(&["fonts-dejavu-core"], "the charts")?;
+    }
+    let bytes = fs::read(FONT).map_err(|e| format!("{FONT}: {e}"))?;
+    // Registered once per process; plotters keeps it for the whole run.
+    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+        .map_err(|_| format!("{FONT} is not a font plotters can read"))
+}
+
+/// The color of target `i`, the same in every chart.
+fn color(i: usize) -> RGBColor {
+    const PALETTE: [RGBColor; 8] = [
+        RGBColor(0xd6, 0x27, 0x28),
+        RGBColor(0x1f, 0x77, 0xb4),
+        RGBColor(0x2c, 0xa0, 0x2c),
+        RGBColor(0xff, 0x7f, 0x0e),
+        RGBColor(0x94, 0x67, 0xbd),
+        RGBColor(0x8c, 0x56, 0x4b),
+        RGBColor(0x7f, 0x7f, 0x7f),
+        RGBColor(0x17, 0xbe, 0xcf),
+    ];
+    PALETTE[i % PALETTE.len()]
+}
+
+/// One chart: a panel per unit; in each, a group of bars per phase, one bar
+/// per target (its median), as in the papers' figures. The y axes are
+/// logarithmic: the memory ceilings are orders of magnitude above the
+/// storage targets, which a linear axis would flatten to nothing.
+fn chart(r: &Results, w: &WorkloadResult, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let mut units: Vec<&str> = Vec::new();
+    for (_, u, _) in &w.phases {
+        if !units.contains(&u.as_str()) {
+            units.push(u);
+        }
+    }
+    let (width_px, panel_h) = (1200u32, 400u32);
+    let root =
+        BitMapBackend::new(path, (width_px, 70 + panel_h * units.len() as u32)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (title, body) = root.split_vertically(70);
+    title.draw(&Text::new(
+        w.title.clone(),
+        (20, 12),
+        ("sans-serif", 24).into_font().color(&BLACK),
+    ))?;
+    let shown: Vec<usize> = (0..r.targets.len())
+        .filter(|&i| r.skipped[i].is_none())
+        .collect();
+    // The legend, once, under the title: the targets in bar order.
+    for (slot, &ti) in shown.iter().enumerate() {
+        let x = 20 + 110 * slot as i32;
+        title.draw(&Rectangle::new([(x, 46), (x + 14, 60)], color(ti).filled()))?;
+        title.draw(&Text::new(
+            r.targets[ti].clone(),
+            (x + 20, 45),
+            ("sans-serif", 16).into_font().color(&BLACK),
+        ))?;
+    }
+    let panels = body.split_evenly((units.len(), 1));
+    for (panel, unit) in panels.iter().zip(&units) {
+        let phases: Vec<&(String, String, bool)> =
+            w.phases.iter().filter(|p| p.1 == *unit).collect();
+        let meds: Vec<Vec<Option<f64>>> = w
+            .phases
+            .iter()
+            .zip(&w.samples)
+            .filter(|(p, _)| p.1 == *unit)
+            .map(|(_, s)| s.iter().map(|t| median(t)).collect())
+            .collect();
+        let values: Vec<f64> = meds
+            .iter()
+            .flatten()
+            .flatten()
+            .copied()
+            .filter(|v| *v > 0.0)
+            .collect();
+        let max = values.iter().fold(1e-9f64, |a, &b| a.max(b));
+        let min = values.iter().fold(max, |a, &b| a.min(b));
+        let top = 10f64.powf((max * 1.5).log10().ceil());
+        let low = 10f64.powf((min / 1.5).log10().floor()).min(top / 10.0);
+        let n = phases.len();
+        let better = if phases[0].2 {
+            "higher is better"
+        } else {
+            "lower is better"
+        };
+        let mut c = ChartBuilder::on(panel)
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(80)
+            .caption(format!("{unit}, {better} (log scale)"), ("sans-serif", 18))
+            .build_cartesian_2d(0.0..n as f64, (low..top).log_scale())?;
+        c.configure_mesh()
+            .disable_x_mesh()
+            .x_labels(0)
+            .y_label_formatter(&|v| fmt_value(*v))
+            .y_label_style(("sans-serif", 14))
+            .draw()?;
+        // Phase names under their groups, in the root's (pixel) coordinates.
+        for (i, p) in phases.iter().enumerate() {
+            let (x, y) = c.backend_coord(&(i as f64 + 0.5, low));
+            root.draw(&Text::new(
+                p.0.clone(),
+                (x, y + 8),
+                ("sans-serif", 14)
+                    .into_font()
+                    .color(&BLACK)
+                    .pos(Pos::new(HPos::Center, VPos::Top)),
+            ))?;
+        }
+        let width = 0.8 / shown.len().max(1) as f64;
+        for (slot, &ti) in shown.iter().enumerate() {
+            let bars: Vec<Rectangle<(f64, f64)>> = meds
+                .iter()
+                .enumerate()
+                .filter_map(|(p, m)| {
+                    let v = m[ti]?;
+                    let x0 = p as f64 + 0.1 + slot as f64 * width;
+                    Some(Rectangle::new(
+                        [(x0, low), (x0 + width * 0.9, v.max(low))],
+                        color(ti).filled(),
+                    ))
+                })
+                .collect();
+            c.draw_series(bars)?;
+        }
+    }
+    root.present()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn results() -> Results {
+        let phases = vec![
+            ("create".to_string(), "files/s".to_string(), true),
+            ("read".to_string(), "files/s".to_string(), true),
+            ("p99".to_string(), "us".to_string(), false),
+        ];
+        let samples = vec![
+            vec![vec![2500.0, 2600.0], vec![3700.0], vec![], vec![150_000.0]],
+            vec![vec![8000.0], vec![5000.0], vec![], vec![200_000.0]],
+            vec![vec![400.0], vec![650.0], vec![], vec![0.9]],
+        ];
+        Results {
+            targets: ["ldfs", "ext4", "xfs", "tmpfs"].map(String::from).to_vec(),
+            skipped: vec![None, None, Some("no mkfs.xfs".into()), None],
+            workloads: vec![WorkloadResult {
+                key: "smallfiles".into(),
+                title: "small \"files\"".into(),
+                source: "Sprite LFS".into(),
+                skipped: None,
+                phases,
+                samples,
+                ldfs_counters: vec![vec![("device flushes".into(), 2.0)]],
+                errors: vec!["memfs: boom\nmore".into()],
+            }],
+            rounds: 2,
+            rounds_done: 2,
+            description: "test".into(),
+            machine: Machine::probe(Path::new("/")),
+        }
+    }
+
+    #[test]
+    fn tables_json_and_chart() {
+        let r = results();
+        let md = markdown(&r, None);
+        assert!(md.contains("| create | files/s | 2600 | 3700 | skipped | 150000 | 0.70 | |"));
+        assert!(md.contains("Target xfs skipped: no mkfs.xfs."));
+        assert!(md.contains("Failed: memfs: boom\n"));
+        let j = json(&r);
+        assert!(j.contains("\"title\": \"small \\\"files\\\"\""));
+        assert!(j.contains("\"samples\": [[2500.000, 2600.000], [3700.000], [], [150000.000]]"));
+        assert!(j.contains("\"median\": [2600.000, 3700.000, null, 150000.000]"));
+        assert_eq!(json(&from_json(&j).unwrap()), j);
+        assert_eq!(fmt_value(0.0012), "0.0012");
+        assert_eq!(fmt_value(0.5), "0.50");
+        if Path::new(FONT).exists() {
+            load_font().unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let png = dir.path().join("smallfiles.png");
+            chart(&r, &r.workloads[0], &png).unwrap();
+            assert!(fs::metadata(&png).unwrap().len() > 1000);
+        }
+    }
+}
