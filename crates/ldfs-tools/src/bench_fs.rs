@@ -682,11 +682,7 @@ fn big_dir(t: &Target, n: usize) -> R<Vec<f64>> {
 
 /// Every workload key, in the default order.
 ///
-/// The write-delete workload of the cleaner papers, `writedel`, is being
-/// written separately as a function `(&Target, ...) -> R<Vec<f64>>`; it
-/// joins as one more key here, one more arm in `spec` (its phases and the
-/// paper it comes from) and one more arm in `run_workload`.
-pub const WORKLOADS: [&str; 9] = [
+pub const WORKLOADS: [&str; 10] = [
     "smallfiles",
     "largefile",
     "bigdir",
@@ -696,6 +692,7 @@ pub const WORKLOADS: [&str; 9] = [
     "postmark",
     "andrew",
     "tpcb",
+    "writedel",
 ];
 
 /// A workload's phases: (what, unit, higher is better), and the paper it
@@ -752,6 +749,11 @@ pub fn spec(key: &str, b: &FsBench) -> Spec {
                 ("8 threads p50", "us", false),
                 ("8 threads p99", "us", false),
             ]),
+        },
+        "writedel" => Spec {
+            title: "write-del (copy a 1,500-file tree, delete 7/8 of it, 20 times)".into(),
+            source: "DualFS 4.4 and Table 3: the cleaner test; `ldfs bench writedel` compares ldfs with and without cleaning",
+            phases: p(&[("total, until durable", "s", false)]),
         },
         "synccreate" => Spec {
             title: "synccreate (create 4 KB, fsync file and directory)".into(),
@@ -834,6 +836,16 @@ fn run_workload(key: &str, t: &Target, b: &FsBench, env: &bench_apps::Env) -> R<
         "postmark" => bench_apps::postmark(t, &b.postmark),
         "andrew" => bench_apps::andrew(t, env),
         "tpcb" => bench_apps::tpcb(t, b, env),
+        "writedel" => {
+            let tree = crate::bench_writedel::Tree::generate(1500, crate::bench_writedel::SEED);
+            let root = t.mnt.join("writedel");
+            let secs =
+                crate::bench_writedel::copy_delete_rounds(&root, &tree, 20, &|| t.durable())?;
+            crate::bench_writedel::verify_kept(&root, &tree, 20)?;
+            fs::remove_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
+            t.durable()?;
+            Ok(vec![secs])
+        }
         _ => unreachable!("workload keys are checked before use"),
     }
 }

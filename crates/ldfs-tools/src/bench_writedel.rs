@@ -37,22 +37,22 @@ pub struct WriteDelBench {
 
 type R<T> = Result<T, String>;
 
-const SEED: u64 = 0x00d0_a1f5;
+pub(crate) const SEED: u64 = 0x00d0_a1f5;
 
 /// One file of the tree: its path below the copy's root and its bytes.
-struct TreeFile {
+pub(crate) struct TreeFile {
     path: PathBuf,
     bytes: Vec<u8>,
 }
 
 /// The source tree: directories (parents first) and files.
-struct Tree {
+pub(crate) struct Tree {
     dirs: Vec<PathBuf>,
     files: Vec<TreeFile>,
 }
 
 impl Tree {
-    fn generate(files: usize, seed: u64) -> Tree {
+    pub(crate) fn generate(files: usize, seed: u64) -> Tree {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         // About 30 files per directory, two levels: src/d3/s1 ...
         let leaves = files.div_ceil(30).max(1);
@@ -82,7 +82,7 @@ impl Tree {
         Tree { dirs, files }
     }
 
-    fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.files.iter().map(|f| f.bytes.len() as u64).sum()
     }
 }
@@ -183,37 +183,46 @@ struct Outcome {
     flushes: f64,
 }
 
-/// The test itself on one mount: copy, delete 7/8, `rounds` times, then
-/// make it durable; the kept files are verified afterwards.
-fn write_del(m: &Mounted, tree: &Tree, rounds: usize) -> R<Outcome> {
+/// The test itself under `root` (any file system): copy, delete 7/8,
+/// `rounds` times, then `durable`; seconds taken. `verify_kept` checks the
+/// survivors afterwards.
+pub(crate) fn copy_delete_rounds(
+    root: &Path,
+    tree: &Tree,
+    rounds: usize,
+    durable: &dyn Fn() -> R<()>,
+) -> R<f64> {
     let t0 = Instant::now();
     for round in 0..rounds {
-        let root = m.mnt.join(format!("copy{round}"));
-        fs::create_dir(&root).map_err(|e| format!("{}: {e}", root.display()))?;
+        let top = root.join(format!("copy{round}"));
+        fs::create_dir_all(&top).map_err(|e| format!("{}: {e}", top.display()))?;
         for d in &tree.dirs {
-            fs::create_dir(root.join(d)).map_err(|e| format!("round {round}: {e}"))?;
+            fs::create_dir(top.join(d)).map_err(|e| format!("round {round}: {e}"))?;
         }
         for f in &tree.files {
-            let p = root.join(&f.path);
+            let p = top.join(&f.path);
             File::create(&p)
                 .and_then(|mut h| h.write_all(&f.bytes))
                 .map_err(|e| format!("round {round}: {}: {e}", p.display()))?;
         }
         for (i, f) in tree.files.iter().enumerate() {
             if !kept(round, i) {
-                let p = root.join(&f.path);
+                let p = top.join(&f.path);
                 fs::remove_file(&p).map_err(|e| format!("round {round}: {}: {e}", p.display()))?;
             }
         }
     }
-    m.sync()?;
-    let secs = t0.elapsed().as_secs_f64();
-    let stats = m.stats()?;
+    durable()?;
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+/// Every file the rounds kept reads back as written.
+pub(crate) fn verify_kept(root: &Path, tree: &Tree, rounds: usize) -> R<()> {
     for round in 0..rounds {
-        let root = m.mnt.join(format!("copy{round}"));
+        let top = root.join(format!("copy{round}"));
         for (i, f) in tree.files.iter().enumerate() {
             if kept(round, i) {
-                let p = root.join(&f.path);
+                let p = top.join(&f.path);
                 let got = fs::read(&p).map_err(|e| format!("verify {}: {e}", p.display()))?;
                 if got != f.bytes {
                     return Err(format!("{} came back different", p.display()));
@@ -221,6 +230,14 @@ fn write_del(m: &Mounted, tree: &Tree, rounds: usize) -> R<Outcome> {
             }
         }
     }
+    Ok(())
+}
+
+/// One configuration's run on its mount, with the engine's figures.
+fn write_del(m: &Mounted, tree: &Tree, rounds: usize) -> R<Outcome> {
+    let secs = copy_delete_rounds(&m.mnt, tree, rounds, &|| m.sync())?;
+    let stats = m.stats()?;
+    verify_kept(&m.mnt, tree, rounds)?;
     Ok(Outcome {
         secs,
         segments_cleaned: stat_after(&stats, "cleaned:").unwrap_or(f64::NAN),

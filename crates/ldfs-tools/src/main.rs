@@ -171,11 +171,11 @@ struct FsArgs {
     )]
     targets: Vec<String>,
     /// Workloads, in order: smallfiles, largefile, bigdir, syncwrite,
-    /// synccreate, metadata, postmark, andrew, tpcb.
+    /// synccreate, metadata, postmark, andrew, tpcb, writedel.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "smallfiles,largefile,bigdir,syncwrite,synccreate,metadata,postmark,andrew,tpcb"
+        default_value = "smallfiles,largefile,bigdir,syncwrite,synccreate,metadata,postmark,andrew,tpcb,writedel"
     )]
     workloads: Vec<String>,
     /// Rounds, targets interleaved in each; medians are printed.
@@ -276,7 +276,7 @@ enum BenchCmd {
     /// and btrfs on loop devices, fuse2fs, memfs (the in-memory FUSE ceiling)
     /// and tmpfs (the memory ceiling). Workloads: the LFS micro-benchmarks
     /// (small files, large file, big directory), syncwrite and synccreate
-    /// (virtual-log paper), metadata and PostMark (DualFS), Andrew and TPC-B
+    /// (virtual-log paper), metadata, PostMark and write-del (DualFS), Andrew and TPC-B
     /// (BSD-LFS). Needs root (mounts, loop devices, drop_caches); installs
     /// missing packages with apt-get as root and skips targets or workloads
     /// whose tools are still missing.
