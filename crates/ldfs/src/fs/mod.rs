@@ -442,14 +442,23 @@ impl Fs {
     }
 
     /// Starts an operation that frees space (unlink, rmdir, rename over a
-    /// name, removing an attribute, destroying an orphan): no reservation, so
-    /// it works on a full file system. It writes only metadata (records that
-    /// replace others, small marks the engine lets metadata lists overdraw,
-    /// and deletes), so it cannot run out half-way.
+    /// name, attribute changes and truncation, removing an attribute,
+    /// destroying an orphan). It writes only metadata (records that replace
+    /// others, small marks, deletes), and reserves room for them with
+    /// `reserve_freeing`, which may use the LD's metadata share: it works on
+    /// a full file system and cannot run out half-way.
     fn begin_free(&self) -> FsResult<Tx<'_>> {
         self.check_writable()?;
         let st = self.lock();
         let aru = self.ld.begin_aru()?;
+        // Space for its metadata records from the LD's metadata share, so
+        // it works on a full device yet cannot fail half-way (the ARU would
+        // commit half an operation): either this succeeds, or nothing
+        // changed.
+        if let Err(e) = self.ld.reserve_freeing(aru, META_RESERVE) {
+            let _ = self.ld.end_aru(aru);
+            return Err(e.into());
+        }
         Ok(Tx { fs: self, aru, st })
     }
 

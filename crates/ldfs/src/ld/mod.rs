@@ -253,6 +253,14 @@ pub trait LogicalDisk: Send + Sync {
     /// accepted; fails with `NoSpace` before anything is accepted. The
     /// reservation is released when the ARU ends.
     fn reserve(&self, aru: AruId, bytes: u64) -> LdResult<()>;
+    /// Like `reserve`, for an operation that frees more than it writes (a
+    /// delete, an unlink): it may use the part of the device kept back for
+    /// metadata, so it succeeds on a full device, where `reserve` would
+    /// not. Either way it fails before anything is accepted, never half-way
+    /// through the operation.
+    fn reserve_freeing(&self, aru: AruId, bytes: u64) -> LdResult<()> {
+        self.reserve(aru, bytes)
+    }
 
     /// Make every accepted operation durable.
     fn flush(&self) -> LdResult<()>;

@@ -1290,6 +1290,63 @@ fn drain_error(e: Result<crate::device::DeviceError, String>) -> LdError {
     }
 }
 
+impl Engine {
+    /// Reserves `bytes` for `aru`: the live data must fit the capacity
+    /// (with one segment's slack for freeing operations, as metadata writes
+    /// have) and the log must keep `class`'s part of the reserve. Waits for
+    /// the cleaner (and the checkpoint that releases what it emptied) while
+    /// the ARU has logged nothing yet.
+    fn reserve_class(&self, aru: AruId, bytes: u64, class: Class) -> LdResult<()> {
+        // Each reserved byte may come as a block with its summary record:
+        // count the record of a block per page plus a partial's rounding.
+        let with_overhead = bytes
+            .saturating_add(bytes.div_ceil(PAGE_BYTES as u64) * WRITE_RECORD_BYTES as u64)
+            .saturating_add(2 * PAGE_BYTES as u64);
+        let pages = with_overhead.div_ceil(PAGE_BYTES as u64);
+        let mut rounds = 0u32;
+        loop {
+            let mut g = self.lock_writable()?;
+            if !g.arus.contains_key(&aru.0) {
+                return Err(LdError::NoSuchAru(aru));
+            }
+            let footprint = self.footprint_bytes(&g);
+            // A freeing operation gives back more than it takes.
+            let slack = match class {
+                Class::User => 0,
+                Class::Meta => self.geo.segment_bytes().max(with_overhead),
+            };
+            let capacity = self.capacity_bytes() + slack;
+            if footprint.saturating_add(with_overhead) > capacity {
+                return Err(LdError::NoSpace {
+                    needed: bytes,
+                    available: capacity.saturating_sub(footprint),
+                });
+            }
+            let left = self.pages_left_after(&g, 0, 0) - self.reserved_by_others(&g, aru.0);
+            let have = g.arus[&aru.0].reserved.div_ceil(PAGE_BYTES as u64) as i64;
+            if left - have - (pages as i64) >= self.reserve_pages(class) {
+                g.arus.get_mut(&aru.0).expect("checked above").reserved += with_overhead;
+                return Ok(());
+            }
+            let available =
+                (left - have - self.reserve_pages(class)).max(0) as u64 * PAGE_BYTES as u64;
+            let e = LdError::NoSpace {
+                needed: bytes,
+                available,
+            };
+            if !self.may_clean_for(&g, aru.0) || rounds >= self.wait_rounds() {
+                return Err(e);
+            }
+            let seen = g.usage.clean_count();
+            drop(g);
+            rounds += 1;
+            if !self.clean_for_space(seen)? {
+                return Err(e);
+            }
+        }
+    }
+}
+
 /// Largest single device read `read_range` issues for adjacent blocks.
 const READ_RUN_BYTES: u64 = 1 << 20;
 
@@ -1726,48 +1783,11 @@ impl LogicalDisk for Engine {
     }
 
     fn reserve(&self, aru: AruId, bytes: u64) -> LdResult<()> {
-        // Each reserved byte may come as a block with its summary record:
-        // count the record of a block per page plus a partial's rounding.
-        let with_overhead = bytes
-            .saturating_add(bytes.div_ceil(PAGE_BYTES as u64) * WRITE_RECORD_BYTES as u64)
-            .saturating_add(2 * PAGE_BYTES as u64);
-        let pages = with_overhead.div_ceil(PAGE_BYTES as u64);
-        let mut rounds = 0u32;
-        loop {
-            let mut g = self.lock_writable()?;
-            if !g.arus.contains_key(&aru.0) {
-                return Err(LdError::NoSuchAru(aru));
-            }
-            let footprint = self.footprint_bytes(&g);
-            let capacity = self.capacity_bytes();
-            if footprint.saturating_add(with_overhead) > capacity {
-                return Err(LdError::NoSpace {
-                    needed: bytes,
-                    available: capacity.saturating_sub(footprint),
-                });
-            }
-            let left = self.pages_left_after(&g, 0, 0) - self.reserved_by_others(&g, aru.0);
-            let have = g.arus[&aru.0].reserved.div_ceil(PAGE_BYTES as u64) as i64;
-            if left - have - (pages as i64) >= self.reserve_pages(Class::User) {
-                g.arus.get_mut(&aru.0).expect("checked above").reserved += with_overhead;
-                return Ok(());
-            }
-            let available =
-                (left - have - self.reserve_pages(Class::User)).max(0) as u64 * PAGE_BYTES as u64;
-            let e = LdError::NoSpace {
-                needed: bytes,
-                available,
-            };
-            if !self.may_clean_for(&g, aru.0) || rounds >= self.wait_rounds() {
-                return Err(e);
-            }
-            let seen = g.usage.clean_count();
-            drop(g);
-            rounds += 1;
-            if !self.clean_for_space(seen)? {
-                return Err(e);
-            }
-        }
+        self.reserve_class(aru, bytes, Class::User)
+    }
+
+    fn reserve_freeing(&self, aru: AruId, bytes: u64) -> LdResult<()> {
+        self.reserve_class(aru, bytes, Class::Meta)
     }
 
     fn flush(&self) -> LdResult<()> {
@@ -2042,6 +2062,10 @@ impl LogicalDisk for Lld {
     fn reserve(&self, aru: AruId, bytes: u64) -> LdResult<()> {
         self.touch();
         self.core.reserve(aru, bytes)
+    }
+    fn reserve_freeing(&self, aru: AruId, bytes: u64) -> LdResult<()> {
+        self.touch();
+        self.core.reserve_freeing(aru, bytes)
     }
     fn flush(&self) -> LdResult<()> {
         self.touch();
