@@ -162,7 +162,10 @@ impl Filesystem for MemFs {
                 | InitFlags::FUSE_READDIRPLUS_AUTO
                 | InitFlags::FUSE_PARALLEL_DIROPS
                 | InitFlags::FUSE_ASYNC_READ
-                | InitFlags::FUSE_MAX_PAGES,
+                | InitFlags::FUSE_MAX_PAGES
+                // As ldfs asks (no security.capability lookup per write);
+                // memfs keeps no set-id semantics, it is only a ceiling.
+                | InitFlags::FUSE_HANDLE_KILLPRIV_V2,
         );
         self.no_open = config
             .add_capabilities(InitFlags::FUSE_NO_OPEN_SUPPORT | InitFlags::FUSE_NO_OPENDIR_SUPPORT)

@@ -574,3 +574,97 @@ fn deleted_inodes_are_reclaimed() {
     assert!(report.problems.is_empty(), "{:?}", report.problems);
     assert_eq!(report.inodes, 1, "inodes left behind by the mount");
 }
+
+/// ldfs owns privilege killing (FUSE_HANDLE_KILLPRIV_V2, which spares the
+/// kernel a security.capability lookup before every write): a write or a
+/// truncation by a user without CAP_FSETID clears set-user-ID and
+/// set-group-ID (the latter only when group-executable); root keeps them;
+/// any write drops a file capability.
+#[test]
+fn writes_and_truncation_clear_set_id_bits_and_capabilities() {
+    use std::os::unix::process::CommandExt;
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let img = t.path().join("k.img");
+    mkfs(&img, "64M");
+    let m = Mount::new(&img, &t.path().join("mnt"), &["allow_other"]);
+    fs::set_permissions(&m.dir, fs::Permissions::from_mode(0o777)).unwrap();
+    let as_nobody = |script: &str| {
+        let st = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir(&m.dir)
+            .uid(65534)
+            .gid(65534)
+            .status()
+            .unwrap();
+        assert!(st.success(), "as nobody: {script}");
+    };
+    // The kernel caches attributes for a second (TTL): wait it out.
+    let mode_after = |name: &str| {
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        fs::metadata(m.path(name)).unwrap().mode() & 0o7777
+    };
+    fs::write(m.path("w"), b"data").unwrap();
+    fs::set_permissions(m.path("w"), fs::Permissions::from_mode(0o6777)).unwrap();
+    as_nobody("printf more >> w");
+    assert_eq!(mode_after("w"), 0o0777, "write by nobody");
+    fs::set_permissions(m.path("w"), fs::Permissions::from_mode(0o6767)).unwrap();
+    as_nobody("printf more >> w");
+    assert_eq!(mode_after("w"), 0o2767, "sgid without group exec stays");
+    fs::set_permissions(m.path("w"), fs::Permissions::from_mode(0o6777)).unwrap();
+    as_nobody("truncate -s 1 w");
+    assert_eq!(mode_after("w"), 0o0777, "truncate by nobody");
+    // Root (CAP_FSETID) keeps them.
+    fs::set_permissions(m.path("w"), fs::Permissions::from_mode(0o6777)).unwrap();
+    OpenOptions::new()
+        .append(true)
+        .open(m.path("w"))
+        .unwrap()
+        .write_all(b"root")
+        .unwrap();
+    assert_eq!(mode_after("w"), 0o6777, "write by root");
+    // A file capability (v2: magic, then permitted/inheritable pairs) goes
+    // with any write.
+    let mut caps = Vec::new();
+    caps.extend_from_slice(&0x0200_0000u32.to_le_bytes());
+    caps.extend_from_slice(&[0u8; 16]);
+    caps[4] = 1 << 2; // CAP_DAC_READ_SEARCH, permitted
+    let name = std::ffi::CString::new("security.capability").unwrap();
+    let path = cstr(&m.path("w"));
+    let r = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            caps.as_ptr().cast(),
+            caps.len(),
+            0,
+        )
+    };
+    assert_eq!(r, 0, "setxattr security.capability: errno {}", errno());
+    let has_caps = || {
+        let mut buf = [0u8; 64];
+        unsafe {
+            libc::getxattr(
+                path.as_ptr(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            ) > 0
+        }
+    };
+    assert!(has_caps());
+    OpenOptions::new()
+        .append(true)
+        .open(m.path("w"))
+        .unwrap()
+        .write_all(b"again")
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    assert!(!has_caps(), "a write kept the file capability");
+    assert_eq!(fs::read(m.path("w")).unwrap(), b"drootagain");
+    m.unmount();
+}

@@ -148,6 +148,9 @@ pub struct SetAttr {
     pub uid: Option<u32>,
     pub gid: Option<u32>,
     pub size: Option<u64>,
+    /// Clear set-user-ID, and set-group-ID if group-executable, as a
+    /// truncation by a caller without CAP_FSETID does (the mount tells).
+    pub kill_suidgid: bool,
     pub atime: Option<TimeSet>,
     pub mtime: Option<TimeSet>,
 }
@@ -916,9 +919,26 @@ impl Fs {
         r
     }
 
+    /// Writes `data` at `offset`. Like the kernel's `file_remove_privs`, a
+    /// write drops the file's `security.capability` attribute; the caller
+    /// says whether it also clears set-user-ID and set-group-ID (a writer
+    /// without CAP_FSETID): see `write_killing_suidgid`.
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> FsResult<usize> {
+        self.write_killing_suidgid(ino, offset, data, false)
+    }
+
+    /// `write`, also clearing set-user-ID, and set-group-ID if the group may
+    /// execute, when `kill_suidgid` (FUSE_WRITE_KILL_SUIDGID: the file
+    /// system owns privilege killing under FUSE_HANDLE_KILLPRIV_V2).
+    pub fn write_killing_suidgid(
+        &self,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+        kill_suidgid: bool,
+    ) -> FsResult<usize> {
         let mut tx = self.begin(data.len() as u64)?;
-        let r = tx.write(ino, offset, data);
+        let r = tx.write(ino, offset, data, kill_suidgid);
         tx.end()?;
         r
     }
@@ -1423,6 +1443,7 @@ impl Tx<'_> {
                 return Err(FsError::FileTooBig);
             }
             self.truncate(&mut i, size)?;
+            drop_privileges(&mut i, sa.kill_suidgid);
             self.touch(&mut i, true, true);
         }
         if let Some(mode) = sa.mode {
@@ -1439,6 +1460,9 @@ impl Tx<'_> {
             }
             // chown clears set-user-ID, and set-group-ID when the group
             // can execute (POSIX chown(2)); directories keep theirs.
+            if changes {
+                drop_privileges(&mut i, false);
+            }
             if changes && i.kind() != Kind::Dir {
                 i.mode &= !0o4000;
                 if i.mode & 0o010 != 0 {
@@ -1515,7 +1539,7 @@ impl Tx<'_> {
         Ok(())
     }
 
-    fn write(&mut self, ino: u64, offset: u64, data: &[u8]) -> FsResult<usize> {
+    fn write(&mut self, ino: u64, offset: u64, data: &[u8], kill_suidgid: bool) -> FsResult<usize> {
         let mut i = self.inode(ino)?;
         match i.kind() {
             Kind::File => {}
@@ -1562,8 +1586,7 @@ impl Tx<'_> {
             }
             i.size = i.size.max(end);
         }
-        // Clearing set-user-ID on write is the kernel's job: it sends a
-        // setattr (file_remove_privs) when the writer lacks CAP_FSETID.
+        drop_privileges(&mut i, kill_suidgid);
         self.touch(&mut i, true, true);
         self.put(&i)?;
         Ok(data.len())
@@ -1730,4 +1753,18 @@ fn acl_mode_bits(v: &[u8]) -> Option<u32> {
         }
     }
     Some((user? << 6) | (mask.or(group)? << 3) | other?)
+}
+
+/// What a write or truncation does to privileges (Linux's
+/// `file_remove_privs`): the file capability always goes; set-user-ID, and
+/// set-group-ID when the group may execute, go if `kill_suidgid`.
+fn drop_privileges(i: &mut Inode, kill_suidgid: bool) {
+    i.xattrs
+        .retain(|(n, _)| n.as_slice() != b"security.capability");
+    if kill_suidgid && i.kind() == Kind::File {
+        i.mode &= !0o4000;
+        if i.mode & 0o010 != 0 {
+            i.mode &= !0o2000;
+        }
+    }
 }
