@@ -75,6 +75,18 @@ enum Cmd {
         /// Print every segment's usage entry, not only a summary of states.
         #[arg(long)]
         all_segments: bool,
+        /// Print one inode: its record and where each of its blocks lies
+        /// (segment, byte offset, length, crc).
+        #[arg(long, conflicts_with = "path")]
+        inode: Option<u64>,
+        /// Resolve a path (from the root of the file system) to its inode,
+        /// then as --inode.
+        #[arg(long)]
+        path: Option<String>,
+        /// Print JSON (superblock, checkpoint slots, usage summary, and the
+        /// inode or path asked for) instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// Mount an image through FUSE. Returns once mounted and serves in the
     /// background; unmount with `fusermount3 -u DIR` or `umount DIR`.
@@ -459,7 +471,26 @@ fn main() -> ExitCode {
             image,
             segment,
             all_segments,
-        } => cmd_inspect(image, segment, all_segments),
+            inode,
+            path,
+            json,
+        } => {
+            if json {
+                cmd_inspect_json(&image, inode, path.as_deref())
+            } else {
+                cmd_inspect(image.clone(), segment, all_segments).and_then(|()| match inode_target(
+                    inode,
+                    path.as_deref(),
+                ) {
+                    Some(t) => {
+                        let v = inode_report(&image, t)?;
+                        print!("{}", inode_text(&v));
+                        Ok(())
+                    }
+                    None => Ok(()),
+                })
+            }
+        }
         Cmd::Mount {
             image,
             dir,
@@ -988,6 +1019,210 @@ fn cmd_inspect(image: PathBuf, segment: Option<u32>, all: bool) -> CmdResult {
             page += h.total_pages();
         }
     }
+    Ok(())
+}
+
+/// Which inode `inspect` is asked about.
+#[derive(Clone, Copy)]
+enum InodeTarget<'a> {
+    Ino(u64),
+    Path(&'a str),
+}
+
+fn inode_target(inode: Option<u64>, path: Option<&str>) -> Option<InodeTarget<'_>> {
+    inode.map(InodeTarget::Ino).or(path.map(InodeTarget::Path))
+}
+
+/// One inode of an unmounted image, opened read-only: its record and, for a
+/// list, where every block lies.
+fn inode_report(
+    image: &std::path::Path,
+    target: InodeTarget<'_>,
+) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    use ldfs::fs::{Fs, FsOptions, ROOT_INO};
+    use ldfs::ld::LogicalDisk;
+    let dev: std::sync::Arc<dyn Device> = std::sync::Arc::new(FileDevice::open_read_only(image)?);
+    let lld = std::sync::Arc::new(Lld::open(
+        dev,
+        LldOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )?);
+    let ld: std::sync::Arc<dyn LogicalDisk> = lld.clone();
+    let fs = Fs::mount(
+        ld,
+        FsOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )?;
+    let ino = match target {
+        InodeTarget::Ino(n) => n,
+        InodeTarget::Path(p) => {
+            let mut ino = ROOT_INO;
+            for part in p.split('/').filter(|c| !c.is_empty()) {
+                ino = fs
+                    .lookup(ino, part.as_bytes())
+                    .map_err(|e| format!("{p}: {part}: {e}"))?
+                    .ino;
+            }
+            ino
+        }
+    };
+    let i = fs
+        .inode_record(ino)
+        .map_err(|e| format!("inode {ino}: {e}"))?;
+    let g = *lld.geometry();
+    let mut blocks = Vec::new();
+    if i.list != 0 {
+        let list = ldfs::ld::ListId(i.list);
+        let mut from = 0;
+        loop {
+            let idx = lld.indices(list, from, 1024)?;
+            let Some(&last) = idx.last() else { break };
+            for ix in idx {
+                let Some(e) = lld.map_entry(ldfs::lld::Key::new(list, ix))? else {
+                    continue;
+                };
+                blocks.push(serde_json::json!({
+                    "index": ix,
+                    "segment": g.segment_of(e.offset()).map(|s| s.0),
+                    "offset": e.offset(),
+                    "length": e.len,
+                    "crc": format!("{:08x}", e.crc),
+                    "flags": e.flags,
+                }));
+            }
+            from = last + 1;
+        }
+    }
+    let t = |t: ldfs::fs::inode::Time| format!("{}.{:09}", t.secs, t.nsecs);
+    Ok(serde_json::json!({
+        "ino": i.ino,
+        "generation": i.generation,
+        "kind": format!("{:?}", i.kind()),
+        "mode": format!("{:o}", i.mode),
+        "uid": i.uid,
+        "gid": i.gid,
+        "nlink": i.nlink,
+        "size": i.size,
+        "parent": i.parent,
+        "rdev": i.rdev,
+        "atime": t(i.atime),
+        "mtime": t(i.mtime),
+        "ctime": t(i.ctime),
+        "list": i.list,
+        "inline_bytes": i.inline.len(),
+        "xattrs": i.xattrs.iter().map(|(n, v)| serde_json::json!({
+            "name": String::from_utf8_lossy(n),
+            "bytes": v.len(),
+        })).collect::<Vec<_>>(),
+        "blocks": blocks,
+    }))
+}
+
+/// The inode report as text.
+fn inode_text(v: &serde_json::Value) -> String {
+    let mut out = format!("inode {}\n", v["ino"]);
+    for k in [
+        "kind",
+        "mode",
+        "uid",
+        "gid",
+        "nlink",
+        "size",
+        "parent",
+        "rdev",
+        "generation",
+        "atime",
+        "mtime",
+        "ctime",
+        "list",
+        "inline_bytes",
+    ] {
+        let val = &v[k];
+        let shown = val.as_str().map_or(val.to_string(), str::to_string);
+        out += &format!("  {k:<13}{shown}\n");
+    }
+    for x in v["xattrs"].as_array().into_iter().flatten() {
+        out += &format!(
+            "  xattr        {} ({} bytes)\n",
+            x["name"].as_str().unwrap_or(""),
+            x["bytes"]
+        );
+    }
+    let blocks = v["blocks"].as_array().map_or(&[][..], |b| b.as_slice());
+    if !blocks.is_empty() {
+        out += &format!("  blocks of list {}:\n", v["list"]);
+    }
+    for b in blocks {
+        out += &format!(
+            "    index {:>10}  segment {:>6}  byte {:>14}  length {:>6}  crc {}\n",
+            b["index"],
+            b["segment"],
+            b["offset"],
+            b["length"],
+            b["crc"].as_str().unwrap_or("")
+        );
+    }
+    out
+}
+
+/// `ldfs inspect --json`: superblock, checkpoint slots, usage summary and,
+/// if asked, one inode.
+fn cmd_inspect_json(image: &std::path::Path, inode: Option<u64>, path: Option<&str>) -> CmdResult {
+    let dev = FileDevice::open_read_only(image)?;
+    let (g, sb_errs) = read_superblock(&dev)?;
+    let slots = read_checkpoints(&dev, &g)?;
+    let slot_json: Vec<serde_json::Value> = slots
+        .iter()
+        .map(|s| match s {
+            Ok((h, usage)) => {
+                let mut counts = [0u32; 4];
+                for (_, u) in usage.iter() {
+                    counts[u.state as usize] += 1;
+                }
+                serde_json::json!({
+                    "valid": true,
+                    "serial": h.serial,
+                    "epoch": h.epoch,
+                    "next_seq": h.next_seq,
+                    "log_segment": h.log_segment,
+                    "log_page": h.log_page,
+                    "next_segment": h.next_segment,
+                    "next_list": h.next_list,
+                    "map_entries": h.map_root.map(|(_, _, n)| n),
+                    "user_bytes": h.user_bytes,
+                    "moved_bytes": h.moved_bytes,
+                    "segments": {
+                        "clean": counts[0], "next": counts[1], "active": counts[2], "dirty": counts[3],
+                    },
+                    "live_bytes": usage.live_bytes_total(),
+                })
+            }
+            Err(e) => serde_json::json!({ "valid": false, "error": e.to_string() }),
+        })
+        .collect();
+    let mut v = serde_json::json!({
+        "superblock": {
+            "copies": sb_errs.iter().map(|e| e.as_ref().map_or("ok".to_string(), |e| e.to_string())).collect::<Vec<_>>(),
+            "fs_id": format!("{:016x}", g.fs_id),
+            "page_bytes": PAGE_BYTES,
+            "total_pages": g.total_pages,
+            "segment_pages": g.segment_pages,
+            "segment_count": g.segment_count,
+            "first_segment_page": g.first_segment_page,
+            "checkpoint_pages": g.checkpoint_pages,
+            "max_block_bytes": g.max_block_bytes,
+            "reserved_segments": g.reserved_segments,
+        },
+        "checkpoints": slot_json,
+    });
+    if let Some(t) = inode_target(inode, path) {
+        v["inode"] = inode_report(image, t)?;
+    }
+    println!("{}", serde_json::to_string_pretty(&v)?);
     Ok(())
 }
 

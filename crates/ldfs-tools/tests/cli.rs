@@ -201,3 +201,99 @@ fn mkfs_preallocate_writes_the_whole_image() {
         .unwrap();
     assert!(!out.status.success());
 }
+
+/// `inspect --path` and `--inode` show an inode's record and where its
+/// blocks lie; `--json` says the same for scripts; a bad path is an error.
+#[test]
+fn inspect_an_inode_by_path_and_as_json() {
+    use ldfs::device::{Device, FileDevice, FileDeviceOptions};
+    use ldfs::fs::{Ctx, Fs, FsOptions, XattrMode, ROOT_INO};
+    use ldfs::ld::LogicalDisk;
+    use ldfs::lld::{Lld, LldOptions};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("i.img");
+    let out = ldfs()
+        .args(["mkfs", "--size", "32M"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let ino = {
+        let dev: Arc<dyn Device> =
+            Arc::new(FileDevice::open(&img, FileDeviceOptions::default()).unwrap());
+        let lld = Arc::new(Lld::open(dev, LldOptions::default()).unwrap());
+        let ld: Arc<dyn LogicalDisk> = lld.clone();
+        let fs = Fs::mount(ld, FsOptions::default()).unwrap();
+        let ctx = Ctx { uid: 0, gid: 0 };
+        let d = fs.mkdir(ctx, ROOT_INO, b"src", 0o755).unwrap().ino;
+        let f = fs.mknod(ctx, d, b"main.c", 0o100640, 0).unwrap().ino;
+        fs.write(f, 0, &vec![7u8; 10_000]).unwrap();
+        fs.setxattr(f, b"user.tag", b"v", XattrMode::Any).unwrap();
+        drop(fs);
+        lld.close().unwrap();
+        f
+    };
+    let out = ldfs()
+        .arg("inspect")
+        .arg(&img)
+        .args(["--path", "/src/main.c"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains(&format!("inode {ino}")), "{text}");
+    assert!(text.contains("mode         100640"), "{text}");
+    assert!(text.contains("xattr        user.tag (1 bytes)"), "{text}");
+    assert_eq!(text.matches("    index ").count(), 3, "{text}");
+
+    let out = ldfs()
+        .arg("inspect")
+        .arg(&img)
+        .args(["--json", "--inode", &ino.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["superblock"]["copies"][0], "ok");
+    assert_eq!(v["inode"]["size"], 10_000);
+    assert_eq!(v["inode"]["kind"], "File");
+    let blocks = v["inode"]["blocks"].as_array().unwrap();
+    assert_eq!(blocks.len(), 3);
+    let seg_bytes = v["superblock"]["segment_pages"].as_u64().unwrap() * 4096;
+    let first = v["superblock"]["first_segment_page"].as_u64().unwrap() * 4096;
+    for b in blocks {
+        let off = b["offset"].as_u64().unwrap();
+        assert_eq!(
+            b["segment"].as_u64().unwrap(),
+            (off - first) / seg_bytes,
+            "{b}"
+        );
+    }
+    assert!(v["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["valid"] == true));
+
+    let out = ldfs()
+        .arg("inspect")
+        .arg(&img)
+        .args(["--path", "/src/missing.c"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("missing.c"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

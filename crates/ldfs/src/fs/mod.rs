@@ -569,6 +569,13 @@ impl Fs {
         Ok(entries.into_iter().find(|e| e.name == name))
     }
 
+    /// The decoded inode record (`ldfs inspect --inode`): every field,
+    /// including the list that holds the file's blocks or the buckets.
+    pub fn inode_record(&self, ino: u64) -> FsResult<inode::Inode> {
+        let mut st = self.lock();
+        self.get_inode(&mut st, ino)
+    }
+
     pub fn readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
         let mut st = self.lock();
         let i = self.get_inode(&mut st, ino)?;
