@@ -84,7 +84,8 @@ enum Cmd {
         #[arg(long)]
         path: Option<String>,
         /// Print JSON (superblock, checkpoint slots, usage summary, and the
-        /// inode or path asked for) instead of text.
+        /// segment's partial segments and the inode or path asked for)
+        /// instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -476,7 +477,7 @@ fn main() -> ExitCode {
             json,
         } => {
             if json {
-                cmd_inspect_json(&image, inode, path.as_deref())
+                cmd_inspect_json(&image, segment, inode, path.as_deref())
             } else {
                 cmd_inspect(image.clone(), segment, all_segments).and_then(|()| match inode_target(
                     inode,
@@ -1171,7 +1172,12 @@ fn inode_text(v: &serde_json::Value) -> String {
 
 /// `ldfs inspect --json`: superblock, checkpoint slots, usage summary and,
 /// if asked, one inode.
-fn cmd_inspect_json(image: &std::path::Path, inode: Option<u64>, path: Option<&str>) -> CmdResult {
+fn cmd_inspect_json(
+    image: &std::path::Path,
+    segment: Option<u32>,
+    inode: Option<u64>,
+    path: Option<&str>,
+) -> CmdResult {
     let dev = FileDevice::open_read_only(image)?;
     let (g, sb_errs) = read_superblock(&dev)?;
     let slots = read_checkpoints(&dev, &g)?;
@@ -1219,6 +1225,50 @@ fn cmd_inspect_json(image: &std::path::Path, inode: Option<u64>, path: Option<&s
         },
         "checkpoints": slot_json,
     });
+    if let Some(seg) = segment {
+        if seg >= g.segment_count {
+            return Err(format!(
+                "segment {seg} does not exist (the device has {})",
+                g.segment_count
+            )
+            .into());
+        }
+        let mut partials = Vec::new();
+        let mut page = 0;
+        while page < g.segment_pages {
+            let addr = g.page_addr(SegmentId(seg), page);
+            let mut first = vec![0u8; PAGE_BYTES];
+            dev.read_at(&mut first, addr)?;
+            let ex = Expect {
+                fs_id: g.fs_id,
+                segment: seg,
+                page,
+                pages_left: g.segment_pages - page,
+                segment_count: g.segment_count,
+                max_block_bytes: g.max_block_bytes,
+            };
+            let Ok(h) = summary::decode_header(&first, addr, &ex) else {
+                break;
+            };
+            let mut b = vec![0u8; h.summary_pages as usize * PAGE_BYTES];
+            dev.read_at(&mut b, addr)?;
+            let records = match summary::decode_records(&b, addr, h.summary_pages, h.data_pages) {
+                Ok(r) => serde_json::json!(r.iter().map(|r| format!("{r:?}")).collect::<Vec<_>>()),
+                Err(e) => serde_json::json!({ "error": e.to_string() }),
+            };
+            partials.push(serde_json::json!({
+                "page": page,
+                "epoch": h.epoch,
+                "seq": h.seq,
+                "summary_pages": h.summary_pages,
+                "data_pages": h.data_pages,
+                "next_segment": h.next_segment,
+                "records": records,
+            }));
+            page += h.total_pages();
+        }
+        v["segment"] = serde_json::json!({ "segment": seg, "partials": partials });
+    }
     if let Some(t) = inode_target(inode, path) {
         v["inode"] = inode_report(image, t)?;
     }

@@ -254,7 +254,7 @@ fn inspect_an_inode_by_path_and_as_json() {
     let out = ldfs()
         .arg("inspect")
         .arg(&img)
-        .args(["--json", "--inode", &ino.to_string()])
+        .args(["--json", "--segment", "0", "--inode", &ino.to_string()])
         .output()
         .unwrap();
     assert!(
@@ -264,6 +264,14 @@ fn inspect_an_inode_by_path_and_as_json() {
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["superblock"]["copies"][0], "ok");
+    let partials = v["segment"]["partials"].as_array().unwrap();
+    assert!(!partials.is_empty(), "{v}");
+    assert!(
+        partials[0]["records"]
+            .as_array()
+            .is_some_and(|r| !r.is_empty()),
+        "{v}"
+    );
     assert_eq!(v["inode"]["size"], 10_000);
     assert_eq!(v["inode"]["kind"], "File");
     let blocks = v["inode"]["blocks"].as_array().unwrap();
