@@ -1540,9 +1540,10 @@ impl LogicalDisk for Engine {
 
     /// Takes the map entries of the range under one lock hold, then reads
     /// blocks that are adjacent on the device with one request of at most
-    /// `READ_RUN_BYTES`. A block whose bytes fail its checksum there (moved
-    /// by the cleaner after the lock was dropped, or still in flight) is
-    /// read again on its own by `read`, which tells a move from damage.
+    /// `READ_RUN_BYTES`. Everything else — a block still buffered, one
+    /// alone, one whose bytes fail its checksum in the run (moved by the
+    /// cleaner after the lock was dropped, or still in flight) — goes
+    /// through `read`, which tells a move from damage.
     fn read_range(
         &self,
         list: ListId,
@@ -1554,43 +1555,35 @@ impl LogicalDisk for Engine {
                 "list 0 belongs to the engine".into(),
             ));
         }
-        let mut found: Vec<(u64, MapEntry, Option<Vec<u8>>)> = Vec::new();
         if range.start >= range.end || limit == 0 {
             return Ok(Vec::new());
         }
+        let mut found: Vec<(u64, MapEntry)> = Vec::new();
         {
             let mut g = self.lock();
             self.check_list(&mut g, list)?;
             let r = DevPages { dev: &*self.dev };
-            let Inner { map, pending, .. } = &mut *g;
-            map.range(
+            g.map.range(
                 Key::new(list, range.start),
                 Key::new(list, range.end),
                 &r,
                 &mut |k, e| {
-                    let buffered = e.is_buffered().then(|| {
-                        pending
-                            .write_at(e.addr as usize)
-                            .expect("buffered entry without its write")
-                            .data
-                            .clone()
-                    });
-                    found.push((k.index, *e, buffered));
+                    found.push((k.index, *e));
                     found.len() < limit
                 },
             )?;
         }
+        let on_device = |e: &MapEntry| !e.is_buffered() && e.device() == 0;
         let mut out = Vec::with_capacity(found.len());
         let mut i = 0;
         while i < found.len() {
             // A run of on-device blocks, each starting where the last ended.
             let mut j = i + 1;
-            if found[i].2.is_none() && found[i].1.device() == 0 {
+            if on_device(&found[i].1) {
                 let start = found[i].1.offset();
                 let mut end = start + found[i].1.len as u64;
                 while j < found.len()
-                    && found[j].2.is_none()
-                    && found[j].1.device() == 0
+                    && on_device(&found[j].1)
                     && found[j].1.offset() == end
                     && end - start + found[j].1.len as u64 <= READ_RUN_BYTES
                 {
@@ -1599,22 +1592,9 @@ impl LogicalDisk for Engine {
                 }
             }
             if j - i == 1 {
-                let (idx, e, buffered) = found[i].clone();
-                let stored = match buffered {
-                    Some(b) => Some(b),
-                    None => match self.read_device_block(&e) {
-                        Ok(b) => Some(b),
-                        Err(LdError::Corrupt(_)) => None,
-                        Err(err) => return Err(err),
-                    },
-                };
-                match stored {
-                    Some(b) => out.push((idx, decode_stored(&e, b, self.geo.max_block_bytes)?)),
-                    None => {
-                        if let Some(b) = self.read(list, idx)? {
-                            out.push((idx, b));
-                        }
-                    }
+                // Alone (still buffered, or not next to its neighbour).
+                if let Some(b) = self.read(list, found[i].0)? {
+                    out.push((found[i].0, b));
                 }
                 i = j;
                 continue;
@@ -1630,7 +1610,7 @@ impl LogicalDisk for Engine {
                     b
                 }
             };
-            for (idx, e, _) in &found[i..j] {
+            for (idx, e) in &found[i..j] {
                 let at = (e.offset() - start) as usize;
                 let b = &buf[at..at + e.len as usize];
                 if crc32c::crc32c(b) == e.crc {
