@@ -972,55 +972,87 @@ fn cmd_inspect(image: PathBuf, segment: Option<u32>, all: bool) -> CmdResult {
         }
     }
     if let Some(seg) = segment {
-        if seg >= g.segment_count {
-            return Err(format!(
-                "segment {seg} does not exist (the device has {})",
-                g.segment_count
-            )
-            .into());
-        }
         println!("segment {seg} summaries");
-        let mut page = 0;
-        while page < g.segment_pages {
-            let addr = g.page_addr(SegmentId(seg), page);
-            let mut first = vec![0u8; PAGE_BYTES];
-            dev.read_at(&mut first, addr)?;
-            let ex = Expect {
-                fs_id: g.fs_id,
-                segment: seg,
-                page,
-                pages_left: g.segment_pages - page,
-                segment_count: g.segment_count,
-                max_block_bytes: g.max_block_bytes,
-            };
-            let h = match summary::decode_header(&first, addr, &ex) {
-                Ok(h) => h,
-                Err(e) => {
-                    println!("  page {page}: no valid summary ({e}); end of segment's log");
-                    break;
-                }
-            };
-            let mut b = vec![0u8; h.summary_pages as usize * PAGE_BYTES];
-            dev.read_at(&mut b, addr)?;
+        let (partials, end) = segment_partials(&dev, &g, seg)?;
+        for p in &partials {
+            let h = &p.header;
             println!(
-                "  page {page}: epoch {} seq {} summary {} pages, data {} pages, next segment {}",
-                h.epoch, h.seq, h.summary_pages, h.data_pages, h.next_segment
+                "  page {}: epoch {} seq {} summary {} pages, data {} pages, next segment {}",
+                p.page, h.epoch, h.seq, h.summary_pages, h.data_pages, h.next_segment
             );
-            match summary::decode_records(&b, addr, h.summary_pages, h.data_pages) {
+            match &p.records {
                 Ok(records) => {
                     for r in records {
                         println!("    {r:?}");
                     }
                 }
-                Err(e) => {
-                    println!("    records invalid: {e}");
-                    break;
-                }
+                Err(e) => println!("    records invalid: {e}"),
             }
-            page += h.total_pages();
+        }
+        if let Some(why) = end {
+            println!("  {why}; end of segment's log");
         }
     }
     Ok(())
+}
+
+/// One partial segment as `inspect --segment` shows it.
+struct PartialView {
+    page: u32,
+    header: summary::SummaryHeader,
+    records: Result<Vec<summary::Record>, String>,
+}
+
+/// The partial segments of segment `seg`, in log order, up to the first
+/// page without a valid summary or the first summary whose records are
+/// invalid; and why the scan ended before the segment's end, if it did.
+fn segment_partials(
+    dev: &FileDevice,
+    g: &ldfs::lld::layout::Geometry,
+    seg: u32,
+) -> Result<(Vec<PartialView>, Option<String>), Box<dyn std::error::Error>> {
+    if seg >= g.segment_count {
+        return Err(format!(
+            "segment {seg} does not exist (the device has {})",
+            g.segment_count
+        )
+        .into());
+    }
+    let mut out = Vec::new();
+    let mut page = 0;
+    while page < g.segment_pages {
+        let addr = g.page_addr(SegmentId(seg), page);
+        let mut first = vec![0u8; PAGE_BYTES];
+        dev.read_at(&mut first, addr)?;
+        let ex = Expect {
+            fs_id: g.fs_id,
+            segment: seg,
+            page,
+            pages_left: g.segment_pages - page,
+            segment_count: g.segment_count,
+            max_block_bytes: g.max_block_bytes,
+        };
+        let header = match summary::decode_header(&first, addr, &ex) {
+            Ok(h) => h,
+            Err(e) => return Ok((out, Some(format!("page {page}: no valid summary ({e})")))),
+        };
+        let mut b = vec![0u8; header.summary_pages as usize * PAGE_BYTES];
+        dev.read_at(&mut b, addr)?;
+        let records = summary::decode_records(&b, addr, header.summary_pages, header.data_pages)
+            .map_err(|e| e.to_string());
+        let bad = records.is_err();
+        let next = page + header.total_pages();
+        out.push(PartialView {
+            page,
+            header,
+            records,
+        });
+        if bad {
+            return Ok((out, Some(format!("page {page}: records invalid"))));
+        }
+        page = next;
+    }
+    Ok((out, None))
 }
 
 /// Which inode `inspect` is asked about.
@@ -1226,48 +1258,28 @@ fn cmd_inspect_json(
         "checkpoints": slot_json,
     });
     if let Some(seg) = segment {
-        if seg >= g.segment_count {
-            return Err(format!(
-                "segment {seg} does not exist (the device has {})",
-                g.segment_count
-            )
-            .into());
-        }
-        let mut partials = Vec::new();
-        let mut page = 0;
-        while page < g.segment_pages {
-            let addr = g.page_addr(SegmentId(seg), page);
-            let mut first = vec![0u8; PAGE_BYTES];
-            dev.read_at(&mut first, addr)?;
-            let ex = Expect {
-                fs_id: g.fs_id,
-                segment: seg,
-                page,
-                pages_left: g.segment_pages - page,
-                segment_count: g.segment_count,
-                max_block_bytes: g.max_block_bytes,
-            };
-            let Ok(h) = summary::decode_header(&first, addr, &ex) else {
-                break;
-            };
-            let mut b = vec![0u8; h.summary_pages as usize * PAGE_BYTES];
-            dev.read_at(&mut b, addr)?;
-            let records = match summary::decode_records(&b, addr, h.summary_pages, h.data_pages) {
-                Ok(r) => serde_json::json!(r.iter().map(|r| format!("{r:?}")).collect::<Vec<_>>()),
-                Err(e) => serde_json::json!({ "error": e.to_string() }),
-            };
-            partials.push(serde_json::json!({
-                "page": page,
-                "epoch": h.epoch,
-                "seq": h.seq,
-                "summary_pages": h.summary_pages,
-                "data_pages": h.data_pages,
-                "next_segment": h.next_segment,
-                "records": records,
-            }));
-            page += h.total_pages();
-        }
-        v["segment"] = serde_json::json!({ "segment": seg, "partials": partials });
+        let (partials, end) = segment_partials(&dev, &g, seg)?;
+        let partials: Vec<serde_json::Value> = partials
+            .iter()
+            .map(|p| {
+                let records = match &p.records {
+                    Ok(r) => {
+                        serde_json::json!(r.iter().map(|r| format!("{r:?}")).collect::<Vec<_>>())
+                    }
+                    Err(e) => serde_json::json!({ "error": e }),
+                };
+                serde_json::json!({
+                    "page": p.page,
+                    "epoch": p.header.epoch,
+                    "seq": p.header.seq,
+                    "summary_pages": p.header.summary_pages,
+                    "data_pages": p.header.data_pages,
+                    "next_segment": p.header.next_segment,
+                    "records": records,
+                })
+            })
+            .collect();
+        v["segment"] = serde_json::json!({ "segment": seg, "partials": partials, "end": end });
     }
     if let Some(t) = inode_target(inode, path) {
         v["inode"] = inode_report(image, t)?;
