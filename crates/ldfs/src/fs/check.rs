@@ -702,18 +702,7 @@ impl Fs {
         let r = (|| {
             let mut d = tx.dir_inode(lf)?;
             let mut i = tx.inode(ino)?;
-            let mut name = format!("#{ino}").into_bytes();
-            let mut n = 0;
-            let (idx, entries) = loop {
-                match tx.bucket_for_new(&d, &name) {
-                    Ok(found) => break found,
-                    Err(FsError::Exists) if n < 16 => {
-                        n += 1;
-                        name = format!("#{ino}.{n}").into_bytes();
-                    }
-                    Err(e) => return Err(e),
-                }
-            };
+            let (name, idx, entries) = tx.free_name(&d, &format!("#{ino}"))?;
             tx.add_found(&mut d, idx, entries, &name, ino, i.kind())?;
             if i.kind() == Kind::Dir {
                 d.nlink += 1;
@@ -779,18 +768,7 @@ impl Fs {
             };
             tx.put(&i)?;
             let mut d = tx.dir_inode(lf)?;
-            let mut name = format!("#list-{list}").into_bytes();
-            let mut n = 0;
-            let (idx, entries) = loop {
-                match tx.bucket_for_new(&d, &name) {
-                    Ok(found) => break found,
-                    Err(FsError::Exists) if n < 16 => {
-                        n += 1;
-                        name = format!("#list-{list}.{n}").into_bytes();
-                    }
-                    Err(e) => return Err(e),
-                }
-            };
+            let (name, idx, entries) = tx.free_name(&d, &format!("#list-{list}"))?;
             tx.add_found(&mut d, idx, entries, &name, ino, Kind::File)?;
             tx.put(&d)?;
             Ok((ino, name))
@@ -896,4 +874,23 @@ impl Fs {
 
 fn kind_of(code: u8) -> Kind {
     Kind::from_code(code).expect("salvage keeps only valid kinds")
+}
+
+impl super::Tx<'_> {
+    /// A name not yet in directory `d`: `base`, else `base.1` .. `base.16`;
+    /// with the bucket it goes into and that bucket's entries.
+    fn free_name(&self, d: &Inode, base: &str) -> Result<(Vec<u8>, u64, Vec<dir::Entry>), FsError> {
+        let mut name = base.as_bytes().to_vec();
+        let mut n = 0;
+        loop {
+            match self.bucket_for_new(d, &name) {
+                Ok((idx, entries)) => return Ok((name, idx, entries)),
+                Err(FsError::Exists) if n < 16 => {
+                    n += 1;
+                    name = format!("{base}.{n}").into_bytes();
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
 }
