@@ -86,34 +86,13 @@ impl FileDevice {
     /// Opens an existing regular file or block device read-write. Its size is
     /// the file length, or for a block device the position of its end.
     pub fn open(path: &Path, opts: FileDeviceOptions) -> Result<FileDevice, DeviceError> {
-        let mut file = open_options(&opts).open(path).map_err(open_error)?;
-        let meta = file.metadata().map_err(open_error)?;
-        let kind = meta.file_type();
-        let size = if kind.is_file() {
-            meta.len()
-        } else if kind.is_block_device() {
-            // A block device's metadata length is 0; seeking to the end asks
-            // the driver for the real size (as BLKGETSIZE64 would).
-            file.seek(SeekFrom::End(0)).map_err(open_error)?
-        } else {
-            return Err(open_error(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "{} is neither a regular file nor a block device",
-                    path.display()
-                ),
-            )));
-        };
-        if opts.direct {
-            check_direct_size(size)?;
-        }
-        Ok(FileDevice::from_parts(file, path, size, opts.direct))
+        Self::open_existing(path, opts, true)
     }
 
     /// Opens an existing regular file or block device for reading only: the
     /// operating system refuses every write (fsck -n writes nothing).
     pub fn open_read_only(path: &Path) -> Result<FileDevice, DeviceError> {
-        Self::open_read_only_with(path, FileDeviceOptions { direct: false })
+        Self::open_read_only_with(path, FileDeviceOptions::default())
     }
 
     /// As [`FileDevice::open_read_only`], optionally with `O_DIRECT` (fsck
@@ -122,17 +101,25 @@ impl FileDevice {
         path: &Path,
         opts: FileDeviceOptions,
     ) -> Result<FileDevice, DeviceError> {
-        let mut o = OpenOptions::new();
-        o.read(true);
-        if opts.direct {
-            o.custom_flags(libc::O_DIRECT);
-        }
+        Self::open_existing(path, opts, false)
+    }
+
+    fn open_existing(
+        path: &Path,
+        opts: FileDeviceOptions,
+        write: bool,
+    ) -> Result<FileDevice, DeviceError> {
+        let mut o = open_options(&opts);
+        o.write(write);
         let mut file = o.open(path).map_err(open_error)?;
         let meta = file.metadata().map_err(open_error)?;
-        let size = if meta.file_type().is_block_device() {
-            file.seek(SeekFrom::End(0)).map_err(open_error)?
-        } else if meta.file_type().is_file() {
+        let kind = meta.file_type();
+        let size = if kind.is_file() {
             meta.len()
+        } else if kind.is_block_device() {
+            // A block device's metadata length is 0; seeking to the end asks
+            // the driver for the real size (as BLKGETSIZE64 would).
+            file.seek(SeekFrom::End(0)).map_err(open_error)?
         } else {
             return Err(open_error(io::Error::new(
                 io::ErrorKind::InvalidInput,
