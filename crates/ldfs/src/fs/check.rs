@@ -25,8 +25,8 @@ use std::fmt;
 
 use super::inode::{Inode, Kind};
 use super::{
-    dir, encode_fs_record, system_time, Ctx, Fs, FsError, FsResult, BLOCK_BYTES, INODE_LIST,
-    INO_BATCH, MAX_FILE_BYTES, META_LIST, ORPHAN_LIST, ROOT_INO,
+    dir, encode_fs_record, Ctx, Fs, FsError, FsResult, BLOCK_BYTES, INODE_LIST, INO_BATCH,
+    MAX_FILE_BYTES, META_LIST, ORPHAN_LIST, ROOT_INO,
 };
 use crate::ld::{LdError, ListHints, ListId, ListKind, LogicalDisk, Temperature};
 
@@ -251,24 +251,7 @@ impl Fs {
                         ..Default::default()
                     },
                 )?;
-                let now = system_time();
-                let root = Inode {
-                    ino: ROOT_INO,
-                    generation: 1,
-                    mode: Kind::Dir.mode_bits() | 0o755,
-                    uid: 0,
-                    gid: 0,
-                    nlink: 2,
-                    size: 0,
-                    list: list.0,
-                    rdev: 0,
-                    parent: ROOT_INO,
-                    atime: now,
-                    mtime: now,
-                    ctime: now,
-                    inline: Vec::new(),
-                    xattrs: Vec::new(),
-                };
+                let root = super::empty_root(list, Ctx { uid: 0, gid: 0 });
                 ld.write(Some(aru), INODE_LIST, ROOT_INO, &root.encode())?;
                 fixed.push("root directory record rewritten (a new, empty root)".into());
             }

@@ -303,24 +303,7 @@ impl Fs {
             }
         }
         let root_list = ld.create_list(Some(aru), meta)?;
-        let now = system_time();
-        let root = Inode {
-            ino: ROOT_INO,
-            generation: 1,
-            mode: Kind::Dir.mode_bits() | 0o755,
-            uid: ctx.uid,
-            gid: ctx.gid,
-            nlink: 2,
-            size: 0,
-            list: root_list.0,
-            rdev: 0,
-            parent: ROOT_INO,
-            atime: now,
-            mtime: now,
-            ctime: now,
-            inline: Vec::new(),
-            xattrs: Vec::new(),
-        };
+        let root = empty_root(root_list, ctx);
         ld.write(Some(aru), INODE_LIST, ROOT_INO, &root.encode())?;
         ld.write(Some(aru), META_LIST, 0, &encode_fs_record(ROOT_INO + 1))?;
         ld.end_aru(aru)?;
@@ -1760,6 +1743,29 @@ fn acl_mode_bits(v: &[u8]) -> Option<u32> {
         }
     }
     Some((user? << 6) | (mask.or(group)? << 3) | other?)
+}
+
+/// A new, empty root directory whose buckets live in `list` (mkfs, and
+/// fsck when the root's record is lost).
+fn empty_root(list: ListId, ctx: Ctx) -> Inode {
+    let now = system_time();
+    Inode {
+        ino: ROOT_INO,
+        generation: 1,
+        mode: Kind::Dir.mode_bits() | 0o755,
+        uid: ctx.uid,
+        gid: ctx.gid,
+        nlink: 2,
+        size: 0,
+        list: list.0,
+        rdev: 0,
+        parent: ROOT_INO,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        inline: Vec::new(),
+        xattrs: Vec::new(),
+    }
 }
 
 /// What a write or truncation does to privileges (Linux's
