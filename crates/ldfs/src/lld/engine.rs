@@ -2360,32 +2360,24 @@ impl Engine {
     }
 }
 
+/// A map entry that points outside every segment.
+pub(crate) type Misplaced = (Key, MapEntry);
+
 impl Engine {
-    /// fsck for the engine's space accounting: recomputes every segment's
-    /// live bytes from the map (blocks on disk and the map's own pages) and
-    /// compares them with the usage table; also checks that nothing live is
-    /// in a Clean segment. Returns the disagreements (empty when sound).
-    pub fn check_usage(&self) -> LdResult<Vec<String>> {
-        let mut g = self.lock();
-        if let Err(e) = self.flight.drain() {
-            return Err(self.fail(&mut g, drain_error(e)));
-        }
-        let n = self.geo.segment_count as usize;
-        let mut live = vec![0u64; n];
-        let mut problems = Vec::new();
-        let r = DevPages { dev: &*self.dev };
+    /// Live bytes per segment as the map says: blocks on the device, the
+    /// map's own pages, and pages dirtied since the last checkpoint (they
+    /// count until the next one subtracts them); and the entries that point
+    /// outside every segment.
+    pub(crate) fn recount_live(&self, g: &mut Inner) -> LdResult<(Vec<u64>, Vec<Misplaced>)> {
         let geo = self.geo;
-        let mut outside = 0u64;
+        let mut live = vec![0u64; geo.segment_count as usize];
+        let mut outside = Vec::new();
+        let r = DevPages { dev: &*self.dev };
         g.map.range(Key::MIN, Key::MAX, &r, &mut |k, e| {
             if !e.is_buffered() {
                 match geo.segment_of(e.offset()) {
                     Some(s) => live[s.0 as usize] += e.len as u64,
-                    None => {
-                        outside += 1;
-                        if outside <= 4 {
-                            problems.push(format!("{k:?} maps outside the segments: {e:?}"));
-                        }
-                    }
+                    None => outside.push((k, *e)),
                 }
             }
             true
@@ -2395,13 +2387,29 @@ impl Engine {
                 live[s.0 as usize] += PAGE_BYTES as u64;
             }
         });
-        // Pages dirtied since the last checkpoint still count until the next
-        // one subtracts them.
         for p in g.map.obsolete_pages() {
             if let Some(s) = geo.segment_of(p.addr) {
                 live[s.0 as usize] += PAGE_BYTES as u64;
             }
         }
+        Ok((live, outside))
+    }
+
+    /// fsck for the engine's space accounting: recomputes every segment's
+    /// live bytes from the map (blocks on disk and the map's own pages) and
+    /// compares them with the usage table; also checks that nothing live is
+    /// in a Clean segment. Returns the disagreements (empty when sound).
+    pub fn check_usage(&self) -> LdResult<Vec<String>> {
+        let mut g = self.lock();
+        if let Err(e) = self.flight.drain() {
+            return Err(self.fail(&mut g, drain_error(e)));
+        }
+        let (live, outside) = self.recount_live(&mut g)?;
+        let mut problems: Vec<String> = outside
+            .iter()
+            .take(4)
+            .map(|(k, e)| format!("{k:?} maps outside the segments: {e:?}"))
+            .collect();
         for (s, u) in g.usage.iter() {
             let want = live[s.0 as usize];
             if want != u.live_bytes as u64 {

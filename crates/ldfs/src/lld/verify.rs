@@ -647,31 +647,9 @@ impl Engine {
     pub fn repair_usage(&self) -> LdResult<u32> {
         self.drain_flight()?;
         let geo = *self.geometry();
-        let n = geo.segment_count as usize;
-        let mut live = vec![0u64; n];
         {
             let mut g = self.lock();
-            let r = DevPages { dev: self.device() };
-            g.map.range(Key::MIN, Key::MAX, &r, &mut |_, e| {
-                if !e.is_buffered() {
-                    if let Some(s) = geo.segment_of(e.offset()) {
-                        live[s.0 as usize] += e.len as u64;
-                    }
-                }
-                true
-            })?;
-            g.map.for_each_page(&mut |p| {
-                if let Some(s) = geo.segment_of(p.addr) {
-                    live[s.0 as usize] += PAGE_BYTES as u64;
-                }
-            });
-            // The checkpoint below subtracts the pages dirtied since the
-            // last one: they count until then.
-            for p in g.map.obsolete_pages() {
-                if let Some(s) = geo.segment_of(p.addr) {
-                    live[s.0 as usize] += PAGE_BYTES as u64;
-                }
-            }
+            let (live, _) = self.recount_live(&mut g)?;
             let mut changed = 0;
             for (s, u) in g.usage.iter().collect::<Vec<_>>() {
                 let want = live[s.0 as usize].min(geo.segment_bytes()) as u32;
