@@ -1,10 +1,8 @@
 //! The `ldfs` binary from outside: mkfs an image file, inspect it, and refuse bad input.
 
-use std::process::Command;
+mod common;
 
-fn ldfs() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ldfs"))
-}
+use common::{ldfs, mkfs};
 
 #[test]
 fn mkfs_then_inspect() {
@@ -213,12 +211,7 @@ fn inspect_an_inode_by_path_and_as_json() {
     use std::sync::Arc;
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("i.img");
-    let out = ldfs()
-        .args(["mkfs", "--size", "32M"])
-        .arg(&img)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
+    mkfs(&img, "32M");
     let ino = {
         let dev: Arc<dyn Device> =
             Arc::new(FileDevice::open(&img, FileDeviceOptions::default()).unwrap());

@@ -8,6 +8,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+mod common;
+use common::ldfs;
 use std::sync::Arc;
 
 use ldfs::device::{Device, FileDevice, FileDeviceOptions};
@@ -23,10 +26,6 @@ use ldfs::lld::{Lld, LldOptions, SegmentId};
 const INODE_LIST: ListId = ListId(2);
 const CTX: Ctx = Ctx { uid: 0, gid: 0 };
 
-fn ldfs() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ldfs"))
-}
-
 /// Runs `ldfs fsck ARGS IMAGE`; returns (exit code, stdout + stderr).
 fn fsck(args: &[&str], img: &Path) -> (i32, String) {
     let out = ldfs().arg("fsck").args(args).arg(img).output().unwrap();
@@ -36,6 +35,16 @@ fn fsck(args: &[&str], img: &Path) -> (i32, String) {
         String::from_utf8_lossy(&out.stderr)
     );
     (out.status.code().unwrap_or(-1), text)
+}
+
+/// Changes the image's bytes at `at` as `f` says (damage for a test).
+fn damage(img: &Path, at: u64, len: usize, f: impl FnOnce(&mut [u8])) {
+    let dev = FileDevice::open(img, FileDeviceOptions::default()).unwrap();
+    let mut b = vec![0u8; len];
+    dev.read_at(&mut b, at).unwrap();
+    f(&mut b);
+    dev.write_at(&b, at).unwrap();
+    dev.flush().unwrap();
 }
 
 fn digest(img: &Path) -> u64 {
@@ -332,12 +341,7 @@ fn flipped_byte_in_a_map_page_is_rebuilt_from_the_summaries() {
         close(lld, fs);
         a
     };
-    let dev = FileDevice::open(&img, FileDeviceOptions::default()).unwrap();
-    let mut b = [0u8; 1];
-    dev.read_at(&mut b, addr + 200).unwrap();
-    dev.write_at(&[b[0] ^ 0x10], addr + 200).unwrap();
-    dev.flush().unwrap();
-    drop(dev);
+    damage(&img, addr + 200, 1, |b| b[0] ^= 0x10);
     cycle(&img, "the map cannot be read", &[]);
 }
 
@@ -347,9 +351,8 @@ fn lost_checkpoint_slot_is_rewritten() {
     let img = make_image(dir.path());
     let dev = FileDevice::open(&img, FileDeviceOptions::default()).unwrap();
     let g = ldfs::lld::mkfs::read_superblock(&dev).unwrap().0;
-    dev.write_at(&[0xee; 64], g.slot_addr(1) + 16).unwrap();
-    dev.flush().unwrap();
     drop(dev);
+    damage(&img, g.slot_addr(1) + 16, 64, |b| b.fill(0xee));
     cycle(&img, "checkpoint slot 1", &[]);
 }
 
@@ -357,10 +360,7 @@ fn lost_checkpoint_slot_is_rewritten() {
 fn damaged_superblock_copy_is_rewritten() {
     let dir = tempfile::tempdir().unwrap();
     let img = make_image(dir.path());
-    let dev = FileDevice::open(&img, FileDeviceOptions::default()).unwrap();
-    dev.write_at(&[0xee; 8], 0).unwrap();
-    dev.flush().unwrap();
-    drop(dev);
+    damage(&img, 0, 8, |b| b.fill(0xee));
     cycle(&img, "superblock copy 0", &[]);
 }
 
@@ -432,9 +432,7 @@ fn no_data_skips_data_checksums_only() {
         .unwrap()
         .unwrap();
     close(lld, fs);
-    let mut bytes = std::fs::read(&img).unwrap();
-    bytes[e.offset() as usize + 100] ^= 1;
-    std::fs::write(&img, &bytes).unwrap();
+    damage(&img, e.offset() + 100, 1, |b| b[0] ^= 1);
     let (code, text) = fsck(&["-n", "--no-data"], &img);
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("metadata only"), "{text}");
