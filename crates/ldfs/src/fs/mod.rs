@@ -241,7 +241,7 @@ pub struct Fs {
     /// Set when metadata (an inode record or a directory bucket) was found
     /// corrupt: from then on every modifying operation fails with
     /// `ReadOnly`, so the damage cannot spread; reads go on.
-    damaged: Mutex<Option<String>>,
+    damaged: std::sync::OnceLock<String>,
     /// `Fs::repair` is running: corruption it meets is what it repairs.
     repairing: std::sync::atomic::AtomicBool,
 }
@@ -339,7 +339,7 @@ impl Fs {
                 ino_reserved: reserved,
             }),
             opts,
-            damaged: Mutex::new(None),
+            damaged: std::sync::OnceLock::new(),
             repairing: std::sync::atomic::AtomicBool::new(false),
         };
         fs.get_inode(&mut fs.lock(), ROOT_INO)?;
@@ -362,10 +362,7 @@ impl Fs {
     /// Why the file system turned read-only while mounted (metadata found
     /// corrupt), if it did.
     pub fn damaged(&self) -> Option<String> {
-        self.damaged
-            .lock()
-            .expect("fs damage flag poisoned by an earlier panic")
-            .clone()
+        self.damaged.get().cloned()
     }
 
     /// Metadata was found corrupt (`what` says where): logs it, turns the
@@ -373,15 +370,10 @@ impl Fs {
     /// the operation that found it.
     fn metadata_corrupt(&self, what: String) -> FsError {
         if !self.repairing.load(std::sync::atomic::Ordering::Relaxed) {
-            let mut d = self
-                .damaged
-                .lock()
-                .expect("fs damage flag poisoned by an earlier panic");
-            if d.is_none() {
+            if self.damaged.set(what.clone()).is_ok() {
                 eprintln!(
                     "ldfs: metadata corruption: {what}; the file system is now read-only (run ldfs fsck)"
                 );
-                *d = Some(what.clone());
             } else {
                 eprintln!("ldfs: metadata corruption: {what}");
             }
@@ -389,22 +381,18 @@ impl Fs {
         FsError::Io(what)
     }
 
-    /// Fails with `ReadOnly` once metadata was found corrupt.
+    /// Fails with `ReadOnly` once metadata was found corrupt (a lock-free
+    /// check: it runs before every modifying operation).
     fn check_writable(&self) -> FsResult<()> {
         if self.opts.read_only {
             return Err(FsError::ReadOnly);
         }
-        if self.repairing.load(std::sync::atomic::Ordering::Relaxed) {
-            return Ok(());
-        }
-        match &*self
-            .damaged
-            .lock()
-            .expect("fs damage flag poisoned by an earlier panic")
+        if self.damaged.get().is_some()
+            && !self.repairing.load(std::sync::atomic::Ordering::Relaxed)
         {
-            Some(_) => Err(FsError::ReadOnly),
-            None => Ok(()),
+            return Err(FsError::ReadOnly);
         }
+        Ok(())
     }
 
     /// Reads a metadata block (an inode record or a directory bucket): a
@@ -1449,15 +1437,9 @@ impl Tx<'_> {
                 i.gid = g;
             }
             // chown clears set-user-ID, and set-group-ID when the group
-            // can execute (POSIX chown(2)); directories keep theirs.
+            // can execute (POSIX chown(2)), and the file capability.
             if changes {
-                drop_privileges(&mut i, false);
-            }
-            if changes && i.kind() != Kind::Dir {
-                i.mode &= !0o4000;
-                if i.mode & 0o010 != 0 {
-                    i.mode &= !0o2000;
-                }
+                drop_privileges(&mut i, true);
             }
             self.touch(&mut i, false, true);
         }
@@ -1768,13 +1750,14 @@ fn empty_root(list: ListId, ctx: Ctx) -> Inode {
     }
 }
 
-/// What a write or truncation does to privileges (Linux's
+/// What a write, truncation or chown does to privileges (Linux's
 /// `file_remove_privs`): the file capability always goes; set-user-ID, and
-/// set-group-ID when the group may execute, go if `kill_suidgid`.
+/// set-group-ID when the group may execute, go if `kill_suidgid` (never a
+/// directory's: there they mean something else).
 fn drop_privileges(i: &mut Inode, kill_suidgid: bool) {
     i.xattrs
         .retain(|(n, _)| n.as_slice() != b"security.capability");
-    if kill_suidgid && i.kind() == Kind::File {
+    if kill_suidgid && i.kind() != Kind::Dir {
         i.mode &= !0o4000;
         if i.mode & 0o010 != 0 {
             i.mode &= !0o2000;
