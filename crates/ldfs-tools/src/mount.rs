@@ -82,10 +82,6 @@ impl Control for Daemon {
                     .set_background_cleaner(on)
                     .map_err(|e| e.to_string())
             }
-            "policy" => {
-                self.lld.set_cleaner_policy(text.trim().parse()?);
-                Ok(())
-            }
             // Stop cleaning: a running `clean` and the background thread.
             "stop" => {
                 self.cancel.store(true, Ordering::Relaxed);
