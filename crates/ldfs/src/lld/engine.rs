@@ -408,10 +408,7 @@ impl Engine {
         if seg.0 >= self.geo.segment_count {
             return Err(LdError::InvalidArgument(format!("no segment {}", seg.0)));
         }
-        if let Err(e) = self.flight.drain() {
-            let mut g = self.lock();
-            return Err(self.fail(&mut g, drain_error(e)));
-        }
+        self.drain_flight()?;
         Ok(
             recovery::scan_segment(&*self.dev, &self.geo, seg, recovery::Verify::Summary)?
                 .into_iter()
@@ -1831,10 +1828,7 @@ impl Engine {
             g.stats.device_flushes += 1;
             g.op_seq
         };
-        if let Err(e) = self.flight.drain() {
-            let mut g = self.lock();
-            return Err(self.fail(&mut g, drain_error(e)));
-        }
+        self.drain_flight()?;
         if let Err(e) = self.dev.flush() {
             let mut g = self.lock();
             return Err(self.fail(&mut g, e.into()));
@@ -2241,10 +2235,7 @@ impl Engine {
     /// Reads a whole segment once every queued log write has landed, without
     /// holding the state lock.
     pub(crate) fn read_segment(&self, seg: SegmentId) -> LdResult<Vec<u8>> {
-        if let Err(e) = self.flight.drain() {
-            let mut g = self.lock();
-            return Err(self.fail(&mut g, drain_error(e)));
-        }
+        self.drain_flight()?;
         let mut b = vec![0u8; self.geo.segment_bytes() as usize];
         self.dev.read_at(&mut b, self.geo.page_addr(seg, 0))?;
         Ok(b)
