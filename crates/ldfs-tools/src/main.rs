@@ -21,7 +21,6 @@ use clap::{Parser, Subcommand};
 use ldfs::device::{Device, FileDevice, FileDeviceOptions};
 use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::mkfs::{mkfs, read_checkpoints, read_superblock};
-use ldfs::lld::summary::{self, Expect};
 use ldfs::lld::usage::SegmentState;
 use ldfs::lld::{CleanerOptions, Lld, LldOptions, PolicyKind, SegmentId, PAGE_BYTES};
 
@@ -978,15 +977,10 @@ fn cmd_inspect(image: PathBuf, segment: Option<u32>, all: bool) -> CmdResult {
             let h = &p.header;
             println!(
                 "  page {}: epoch {} seq {} summary {} pages, data {} pages, next segment {}",
-                p.page, h.epoch, h.seq, h.summary_pages, h.data_pages, h.next_segment
+                h.page, h.epoch, h.seq, h.summary_pages, h.data_pages, h.next_segment
             );
-            match &p.records {
-                Ok(records) => {
-                    for r in records {
-                        println!("    {r:?}");
-                    }
-                }
-                Err(e) => println!("    records invalid: {e}"),
+            for r in &p.records {
+                println!("    {r:?}");
             }
         }
         if let Some(why) = end {
@@ -996,21 +990,14 @@ fn cmd_inspect(image: PathBuf, segment: Option<u32>, all: bool) -> CmdResult {
     Ok(())
 }
 
-/// One partial segment as `inspect --segment` shows it.
-struct PartialView {
-    page: u32,
-    header: summary::SummaryHeader,
-    records: Result<Vec<summary::Record>, String>,
-}
-
-/// The partial segments of segment `seg`, in log order, up to the first
-/// page without a valid summary or the first summary whose records are
-/// invalid; and why the scan ended before the segment's end, if it did.
+/// The partial segments of segment `seg` as recovery reads them (summary
+/// verified), in log order, up to the first page without a valid one; and
+/// why the scan ended before the segment's end, if it did.
 fn segment_partials(
     dev: &FileDevice,
     g: &ldfs::lld::layout::Geometry,
     seg: u32,
-) -> Result<(Vec<PartialView>, Option<String>), Box<dyn std::error::Error>> {
+) -> Result<(Vec<ldfs::lld::ScannedPartial>, Option<String>), Box<dyn std::error::Error>> {
     if seg >= g.segment_count {
         return Err(format!(
             "segment {seg} does not exist (the device has {})",
@@ -1018,39 +1005,16 @@ fn segment_partials(
         )
         .into());
     }
-    let mut out = Vec::new();
+    let mut out: Vec<ldfs::lld::ScannedPartial> = Vec::new();
     let mut page = 0;
     while page < g.segment_pages {
-        let addr = g.page_addr(SegmentId(seg), page);
-        let mut first = vec![0u8; PAGE_BYTES];
-        dev.read_at(&mut first, addr)?;
-        let ex = Expect {
-            fs_id: g.fs_id,
-            segment: seg,
-            page,
-            pages_left: g.segment_pages - page,
-            segment_count: g.segment_count,
-            max_block_bytes: g.max_block_bytes,
-        };
-        let header = match summary::decode_header(&first, addr, &ex) {
-            Ok(h) => h,
-            Err(e) => return Ok((out, Some(format!("page {page}: no valid summary ({e})")))),
-        };
-        let mut b = vec![0u8; header.summary_pages as usize * PAGE_BYTES];
-        dev.read_at(&mut b, addr)?;
-        let records = summary::decode_records(&b, addr, header.summary_pages, header.data_pages)
-            .map_err(|e| e.to_string());
-        let bad = records.is_err();
-        let next = page + header.total_pages();
-        out.push(PartialView {
-            page,
-            header,
-            records,
-        });
-        if bad {
-            return Ok((out, Some(format!("page {page}: records invalid"))));
+        match ldfs::lld::read_partial(dev, g, SegmentId(seg), page, ldfs::lld::Verify::Summary)? {
+            Ok(p) => {
+                page += p.header.total_pages();
+                out.push(p);
+            }
+            Err(why) => return Ok((out, Some(format!("page {page}: no valid summary ({why})")))),
         }
-        page = next;
     }
     Ok((out, None))
 }
@@ -1262,20 +1226,14 @@ fn cmd_inspect_json(
         let partials: Vec<serde_json::Value> = partials
             .iter()
             .map(|p| {
-                let records = match &p.records {
-                    Ok(r) => {
-                        serde_json::json!(r.iter().map(|r| format!("{r:?}")).collect::<Vec<_>>())
-                    }
-                    Err(e) => serde_json::json!({ "error": e }),
-                };
                 serde_json::json!({
-                    "page": p.page,
+                    "page": p.header.page,
                     "epoch": p.header.epoch,
                     "seq": p.header.seq,
                     "summary_pages": p.header.summary_pages,
                     "data_pages": p.header.data_pages,
                     "next_segment": p.header.next_segment,
-                    "records": records,
+                    "records": p.records.iter().map(|r| format!("{r:?}")).collect::<Vec<_>>(),
                 })
             })
             .collect();

@@ -33,4 +33,5 @@ mod writer;
 pub use cleaner::policy::PolicyKind;
 pub use cleaner::{CleanReport, CleanSummary, CleanerOptions, CleanerStats};
 pub use engine::{Engine, EngineStats, Lld, LldOptions, OpenReport};
+pub use recovery::{read_partial, ScannedPartial, Verify};
 pub use types::{Key, MapEntry, PagePtr, SegmentId, PAGE_BYTES};

@@ -23,7 +23,7 @@ use crate::device::Device;
 use crate::ld::{CorruptReason, Corruption, LdError, LdResult};
 
 /// A partial segment read back and verified.
-pub(crate) struct ScannedPartial {
+pub struct ScannedPartial {
     pub header: SummaryHeader,
     pub records: Vec<Record>,
     /// Byte address of the data area.
@@ -44,7 +44,7 @@ pub(crate) struct Recovered {
 
 /// How much of a partial segment `read_partial` checks beyond its summary.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Verify {
+pub enum Verify {
     /// The summary only.
     Summary,
     /// The summary and every written block's crc, not the map pages: the
@@ -57,8 +57,8 @@ pub(crate) enum Verify {
 
 /// Reads and verifies the partial segment at `(seg, page)`. Device errors
 /// are errors; anything wrong with the bytes is a `Corruption`, which
-/// roll-forward treats as the end of the log.
-pub(crate) fn read_partial(
+/// roll-forward treats as the end of the log (and `ldfs inspect` shows).
+pub fn read_partial(
     dev: &dyn Device,
     g: &Geometry,
     seg: SegmentId,
