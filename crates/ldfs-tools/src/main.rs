@@ -313,11 +313,13 @@ enum BenchCmd {
         /// Directory for the synchronous-overwrite image (needs --sync-size free).
         #[arg(long, default_value = ".")]
         dir: PathBuf,
-        /// Device size of the write-cost runs (in memory).
-        #[arg(long, default_value = "128M", value_parser = parse_size)]
+        /// Device size of the write-cost runs (in memory). `--size 128M
+        /// --segment-size 512K` is a quick run (seconds) that costs more:
+        /// with fewer segments, victims are picked from fewer candidates.
+        #[arg(long, default_value = "1G", value_parser = parse_size)]
         size: u64,
-        /// Segment size of the write-cost runs.
-        #[arg(long, default_value = "512K", value_parser = parse_size)]
+        /// Segment size of the write-cost runs (default: mkfs's).
+        #[arg(long, default_value = "2M", value_parser = parse_size)]
         segment_size: u64,
         /// Utilizations (live bytes over the segments outside the reserve).
         /// 0.95 works but takes long: uniform overwrites then cost ~20x.

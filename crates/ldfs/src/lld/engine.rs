@@ -125,6 +125,9 @@ pub(crate) struct LogHead {
     /// Sequence of the next partial segment.
     pub seq: u64,
     pub epoch: u64,
+    /// Segments the head has entered since open (the cleaner's clock for
+    /// telling hot segments from cold ones; not persisted).
+    pub entered: u64,
 }
 
 struct AruState {
@@ -1266,6 +1269,7 @@ pub(crate) fn advance_head(usage: &mut Usage, log: &mut LogHead, geo: &Geometry)
     usage.transition(log.next, SegmentState::Active);
     log.seg = log.next;
     log.page = 0;
+    log.entered += 1;
     choose_next(usage, log);
     Ok(())
 }
@@ -2175,7 +2179,7 @@ impl Engine {
     pub fn start_watermark(&self) -> u32 {
         let c = &self.opts.cleaner;
         c.start_clean_segments
-            .unwrap_or_else(|| self.geo.reserved_segments + (self.geo.segment_count / 32).max(2))
+            .unwrap_or_else(|| self.geo.reserved_segments + (self.geo.segment_count / 256).max(2))
             .min(self.geo.segment_count)
     }
 
@@ -2191,6 +2195,13 @@ impl Engine {
     /// Reserved segments (user writes leave them to checkpoints and the cleaner).
     pub fn reserved_segments(&self) -> u32 {
         self.geo.reserved_segments
+    }
+
+    /// The log clock: segments the head has entered since open, and the
+    /// sequence number of the next partial segment.
+    pub(crate) fn log_clock(&self) -> (u64, u64) {
+        let g = self.lock();
+        (g.log.entered, g.log.seq)
     }
 
     /// Clean segments now, and segments a checkpoint would release.

@@ -286,6 +286,7 @@ pub(crate) fn recover(dev: &dyn Device, g: &Geometry, opts: &LldOptions) -> LdRe
             next: SegmentId(h.next_segment),
             seq: h.next_seq,
             epoch: h.epoch,
+            entered: 0,
         };
         let mut rec = Recovered {
             map,
@@ -605,6 +606,7 @@ fn rebuild(dev: &dyn Device, g: &Geometry, opts: &LldOptions, floor: Floor) -> L
         next: head,
         seq: all.last().map_or(1, |p| p.header.seq + 1),
         epoch: all.last().map_or(1, |p| p.header.epoch).max(floor.epoch),
+        entered: 0,
     };
     choose_next(&mut usage, &mut log);
     Ok(Recovered {
