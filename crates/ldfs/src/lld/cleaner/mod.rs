@@ -198,7 +198,11 @@ impl CleanerState {
     /// segments ago (0, nothing cold, until the log has written that much
     /// since open).
     fn cold_before(&mut self, (entered, seq): (u64, u64), span: u64) -> u64 {
-        self.clock.push_back((entered, seq));
+        // One sample per segment at most: the clock stays below `span` + 2
+        // samples however often passes run.
+        if self.clock.back().is_none_or(|&(e, _)| e < entered) {
+            self.clock.push_back((entered, seq));
+        }
         let Some(horizon) = entered.checked_sub(span) else {
             return 0;
         };
@@ -678,6 +682,9 @@ mod tests {
         assert_eq!(st.clock.front(), Some(&(5, 50)));
         assert_eq!(st.cold_before((40, 400), 10), 160);
         assert_eq!(st.clock.len(), 2, "{:?}", st.clock);
+        // Passes within one segment add no sample.
+        assert_eq!(st.cold_before((40, 401), 10), 160);
+        assert_eq!(st.clock.back(), Some(&(40, 400)));
     }
 
     /// Two victims, one written long ago (cold) and one just now (hot):
