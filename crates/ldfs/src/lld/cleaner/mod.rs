@@ -8,8 +8,9 @@
 //! 2. each victim is read whole, once, without the state lock, and its
 //!    summaries parsed; a block is live iff the map names exactly the
 //!    address its record describes, a map page iff the map still uses it;
-//! 3. live blocks, sorted by (list, index) so lists come back contiguous
-//!    (LD 3.5), are rewritten through the normal log as Meta-class writes
+//! 3. live blocks, those of hot victims before those of cold ones (Sprite
+//!    LFS 3.6) and each group sorted by (list, index) so lists come back
+//!    contiguous (LD 3.5), are rewritten through the normal log as Meta-class writes
 //!    outside any ARU, each only if the map *still* holds the entry it was
 //!    found with (a block that died meanwhile is never resurrected) and no
 //!    open ARU wrote it; their bytes come from the victim buffer, checked
