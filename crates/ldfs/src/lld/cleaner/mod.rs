@@ -8,8 +8,8 @@
 //! 2. each victim is read whole, once, without the state lock, and its
 //!    summaries parsed; a block is live iff the map names exactly the
 //!    address its record describes, a map page iff the map still uses it;
-//! 3. live blocks, those of hot victims before those of cold ones (Sprite
-//!    LFS 3.6) and each group sorted by (list, index) so lists come back
+//! 3. live blocks, those of hot victims before those of cold ones
+//!    (Rosenblum and Ousterhout's hot/cold segregation) and each group sorted by (list, index) so lists come back
 //!    contiguous (LD 3.5), are rewritten through the normal log as Meta-class writes
 //!    outside any ARU, each only if the map *still* holds the entry it was
 //!    found with (a block that died meanwhile is never resurrected) and no
@@ -478,8 +478,8 @@ impl Engine {
         }
         // Survivors of hot victims are written before those of cold ones,
         // not mixed with them by key: a segment of cold survivors then stays
-        // full, and one of hot survivors empties again soon (Sprite LFS
-        // 3.6's hot/cold segregation, approximated within a pass). A victim
+        // full, and one of hot survivors empties again soon (Sprite LFS's
+        // hot/cold segregation, approximated within a pass). A victim
         // is cold when last written before the log head's position three
         // quarters of the segments ago.
         //
