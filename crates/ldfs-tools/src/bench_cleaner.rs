@@ -10,8 +10,12 @@
 //!    file at 80% utilization with the cleaner forced to run (clean
 //!    segments at the start watermark, no idle time), as a fraction of the
 //!    same on an empty file system (virtual-log paper 5.3).
+//!
+//! With `--out DIR` the write costs are also drawn, DIR/bench/cleaner.png:
+//! a panel per workload, write cost against utilization, a line per policy
+//! (Sprite LFS's figures of the same experiment have this shape).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,6 +35,7 @@ pub struct CleanerBench {
     pub policies: Vec<PolicyKind>,
     pub sync_size: u64,
     pub seconds: u64,
+    pub out: Option<PathBuf>,
 }
 
 type R<T> = Result<T, String>;
@@ -68,6 +73,13 @@ impl Workload {
     }
 }
 
+/// One workload's write costs: `costs[u][p]` for utilization `u` and
+/// policy `p` (None where the run failed).
+struct Curve {
+    workload: Workload,
+    costs: Vec<Vec<Option<f64>>>,
+}
+
 pub fn run(b: &CleanerBench) -> R<()> {
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
@@ -75,6 +87,7 @@ pub fn run(b: &CleanerBench) -> R<()> {
         b.size >> 20,
         b.segment_size >> 10
     );
+    let mut curves = Vec::new();
     for w in [Workload::Uniform, Workload::HotCold] {
         if b.utilizations.is_empty() {
             break;
@@ -85,24 +98,119 @@ pub fn run(b: &CleanerBench) -> R<()> {
             header += &format!(" {:>14}", p.name());
         }
         println!("{header}");
+        let mut curve = Curve {
+            workload: w,
+            costs: Vec::new(),
+        };
         for &u in &b.utilizations {
             let mut line = format!("  {u:>11.2}");
+            let mut row = Vec::new();
             for &p in &b.policies {
                 let cell = match write_cost(b, w, u, p) {
-                    Ok(c) => format!("{c:>14.2}"),
+                    Ok(c) => {
+                        row.push(Some(c));
+                        format!("{c:>14.2}")
+                    }
                     Err(e) => {
                         eprintln!("  {} {u} {p}: {e}", w.name());
+                        row.push(None);
                         format!("{:>14}", "error")
                     }
                 };
                 line += &cell;
             }
             println!("{line}");
+            curve.costs.push(row);
         }
+        curves.push(curve);
+    }
+    if let (Some(out), false) = (&b.out, curves.is_empty()) {
+        let dir = out.join("bench");
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let path = dir.join("cleaner.png");
+        crate::bench_report::load_font()?;
+        chart(b, &curves, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+        eprintln!("bench cleaner: wrote {}", path.display());
     }
     if b.sync_size > 0 {
         sync_overwrites(b)?;
     }
+    Ok(())
+}
+
+/// Write cost against utilization, a panel per workload, a line (with a
+/// mark per measured point) per policy.
+fn chart(
+    b: &CleanerBench,
+    curves: &[Curve],
+    path: &Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    let root = BitMapBackend::new(path, (1200, 560)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (title, body) = root.split_vertically(50);
+    title.draw(&Text::new(
+        format!(
+            "ldfs bench cleaner: write cost, {} MiB device, {} KiB segments, 4 KiB blocks",
+            b.size >> 20,
+            b.segment_size >> 10
+        ),
+        (20, 14),
+        ("sans-serif", 22).into_font().color(&BLACK),
+    ))?;
+    let (u_lo, u_hi) = b
+        .utilizations
+        .iter()
+        .fold((1.0f64, 0.0f64), |(lo, hi), &u| (lo.min(u), hi.max(u)));
+    let panels = body.split_evenly((1, curves.len()));
+    for (panel, curve) in panels.iter().zip(curves) {
+        let top = curve
+            .costs
+            .iter()
+            .flatten()
+            .flatten()
+            .fold(2.0f64, |a, &c| a.max(c));
+        let mut c = ChartBuilder::on(panel)
+            .margin(16)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .caption(
+                format!("{} overwrites", curve.workload.name()),
+                ("sans-serif", 18),
+            )
+            .build_cartesian_2d((u_lo - 0.02)..(u_hi + 0.02), 1.0..(top * 1.1))?;
+        c.configure_mesh()
+            .x_desc("utilization (live / segments outside the reserve)")
+            .y_desc("write cost")
+            .label_style(("sans-serif", 14))
+            .draw()?;
+        for (pi, p) in b.policies.iter().enumerate() {
+            let color = crate::bench_report::color(pi);
+            let points: Vec<(f64, f64)> = b
+                .utilizations
+                .iter()
+                .zip(&curve.costs)
+                .filter_map(|(&u, row)| Some((u, row[pi]?)))
+                .collect();
+            c.draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+                .label(p.name())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+                });
+            c.draw_series(
+                points
+                    .into_iter()
+                    .map(|pt| Circle::new(pt, 4, color.filled())),
+            )?;
+        }
+        c.configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 14))
+            .draw()?;
+    }
+    root.present()?;
     Ok(())
 }
 
@@ -266,4 +374,35 @@ fn sync_overwrites(b: &CleanerBench) -> R<()> {
         b.dir.display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small run end to end; with the charts' font present, `--out`
+    /// draws the figure.
+    #[test]
+    fn a_small_run_measures_and_draws() {
+        let dir = tempfile::tempdir().unwrap();
+        let font = Path::new(crate::bench_report::FONT).exists();
+        let b = CleanerBench {
+            dir: dir.path().to_path_buf(),
+            size: 16 << 20,
+            segment_size: 256 << 10,
+            utilizations: vec![0.5, 0.7],
+            overwrites: 1,
+            policies: vec![PolicyKind::Greedy, PolicyKind::FreeWeighted],
+            sync_size: 0,
+            seconds: 0,
+            out: font.then(|| dir.path().to_path_buf()),
+        };
+        let c = write_cost(&b, Workload::HotCold, 0.7, PolicyKind::Greedy).unwrap();
+        assert!((1.0..10.0).contains(&c), "write cost {c}");
+        run(&b).unwrap();
+        if font {
+            let png = dir.path().join("bench/cleaner.png");
+            assert!(std::fs::metadata(&png).unwrap().len() > 1000);
+        }
+    }
 }

@@ -528,7 +528,7 @@ pub fn write_report(r: &Results, out: &Path, note: Option<&str>) -> R<()> {
     Ok(())
 }
 
-fn load_font() -> R<()> {
+pub(crate) fn load_font() -> R<()> {
     if !Path::new(FONT).exists() {
         crate::bench_fs::install(&["fonts-dejavu-core"], "the charts")?;
     }
@@ -540,7 +540,7 @@ fn load_font() -> R<()> {
 }
 
 /// The color of target `i`, the same in every chart.
-fn color(i: usize) -> RGBColor {
+pub(crate) fn color(i: usize) -> RGBColor {
     const PALETTE: [RGBColor; 8] = [
         RGBColor(0xd6, 0x27, 0x28),
         RGBColor(0x1f, 0x77, 0xb4),

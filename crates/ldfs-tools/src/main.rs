@@ -343,6 +343,10 @@ enum BenchCmd {
         /// Seconds of each synchronous-overwrite phase.
         #[arg(long, default_value_t = 5)]
         seconds: u64,
+        /// Also write the write-cost figure, DIR/bench/cleaner.png (one
+        /// panel per workload, a line per policy).
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// The DualFS write-del test (DualFS 4.4): copy a tree, delete 7/8 of
     /// its files, 20 times; total time with the background cleaner on an
@@ -652,6 +656,7 @@ fn main() -> ExitCode {
                     policies,
                     sync_size,
                     seconds,
+                    out,
                 },
         } => bench_cleaner::run(&bench_cleaner::CleanerBench {
             dir,
@@ -666,6 +671,7 @@ fn main() -> ExitCode {
             },
             sync_size,
             seconds,
+            out,
         })
         .map_err(Into::into),
         Cmd::Bench {
