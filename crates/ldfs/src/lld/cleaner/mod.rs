@@ -9,11 +9,12 @@
 //!    summaries parsed; a block is live iff the map names exactly the
 //!    address its record describes, a map page iff the map still uses it;
 //! 3. live blocks, those of hot victims before those of cold ones
-//!    (Rosenblum and Ousterhout's hot/cold segregation) and each group sorted by (list, index) so lists come back
-//!    contiguous (LD 3.5), are rewritten through the normal log as Meta-class writes
-//!    outside any ARU, each only if the map *still* holds the entry it was
-//!    found with (a block that died meanwhile is never resurrected) and no
-//!    open ARU wrote it; their bytes come from the victim buffer, checked
+//!    (Rosenblum and Ousterhout's hot/cold segregation) and each group
+//!    sorted by (list, index) so lists come back contiguous (LD 3.5), are
+//!    rewritten through the normal log as Meta-class writes outside any
+//!    ARU, each only if the map *still* holds the entry it was found with
+//!    (a block that died meanwhile is never resurrected) and no open ARU
+//!    wrote it; their bytes come from the victim buffer, checked
 //!    against the map's crc; live map pages are dirtied so the next
 //!    checkpoint writes them elsewhere;
 //! 4. a checkpoint (only when no ARU that logged something is open) makes
@@ -178,8 +179,9 @@ pub(crate) struct CleanerState {
     awaiting: Vec<SegmentId>,
     /// The engine's checkpoint count when `awaiting` was filled.
     awaiting_since: u64,
-    /// `Engine::log_clock` samples, one per pass, oldest first: where the
-    /// log head was (in sequence numbers) a given number of segments ago.
+    /// `Engine::log_clock` samples taken by passes, at most one per
+    /// segment, oldest first: where the log head was (in sequence numbers)
+    /// a given number of segments ago.
     clock: VecDeque<(u64, u64)>,
 }
 
