@@ -7,7 +7,7 @@
 
 use super::codec::{crc_with_hole, get_u32, get_u64, put_u32, put_u64};
 use super::layout::{Geometry, USAGE_ENTRY_BYTES};
-use super::types::{PagePtr, PAGE_BYTES};
+use super::types::{PagePtr, MAX_COUNTER, PAGE_BYTES};
 use super::usage::{SegmentState, Usage};
 use crate::ld::{CorruptReason, Corruption};
 
@@ -206,17 +206,18 @@ pub fn decode(
             "log segment {log_segment} is {active:?}, not Active"
         ))));
     }
+    let counter = |field: &'static str, at: usize| check(field, get_u64(b, at), MAX_COUNTER);
     let header = CheckpointHeader {
-        serial: get_u64(b, C_SERIAL),
-        epoch: get_u64(b, C_EPOCH),
-        next_seq: get_u64(b, C_NEXT_SEQ),
+        serial: counter("serial", C_SERIAL)?,
+        epoch: counter("epoch", C_EPOCH)?,
+        next_seq: counter("next sequence", C_NEXT_SEQ)?,
         log_segment,
         log_page,
         next_segment,
         map_root,
-        next_list: get_u64(b, C_NEXT_LIST),
-        user_bytes: get_u64(b, C_USER_BYTES),
-        moved_bytes: get_u64(b, C_MOVED_BYTES),
+        next_list: counter("next list", C_NEXT_LIST)?,
+        user_bytes: counter("user bytes", C_USER_BYTES)?,
+        moved_bytes: counter("moved bytes", C_MOVED_BYTES)?,
     };
     Ok((header, usage))
 }
@@ -273,6 +274,43 @@ mod tests {
         assert_eq!(h2, h);
         assert_eq!(u2.get(SegmentId(2)), usage.get(SegmentId(2)));
         assert_eq!(u2.clean_count(), usage.clean_count());
+    }
+
+    /// A well-formed slot (its crc is right) with a counter that would
+    /// overflow after open is refused, naming the counter.
+    #[test]
+    fn counters_near_overflow_are_refused() {
+        let (g, h, usage) = sample();
+        for (field, set) in [
+            (
+                "serial",
+                &(|h: &mut CheckpointHeader| h.serial = u64::MAX) as &dyn Fn(&mut _),
+            ),
+            ("epoch", &|h: &mut CheckpointHeader| h.epoch = MAX_COUNTER),
+            ("next sequence", &|h: &mut CheckpointHeader| {
+                h.next_seq = u64::MAX
+            }),
+            ("next list", &|h: &mut CheckpointHeader| {
+                h.next_list = u64::MAX - 1
+            }),
+            ("user bytes", &|h: &mut CheckpointHeader| {
+                h.user_bytes = u64::MAX
+            }),
+            ("moved bytes", &|h: &mut CheckpointHeader| {
+                h.moved_bytes = MAX_COUNTER
+            }),
+        ] {
+            let mut bad = h.clone();
+            set(&mut bad);
+            let err = decode(&g, &encode(&g, &bad, &usage, &[]), 0).unwrap_err();
+            assert!(
+                matches!(err.reason, CorruptReason::OutOfBounds { field: f, .. } if f == field),
+                "{field}: {err}"
+            );
+        }
+        let mut ok = h.clone();
+        ok.next_seq = MAX_COUNTER - 1;
+        assert!(decode(&g, &encode(&g, &ok, &usage, &[]), 0).is_ok());
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! rejected the bytes (STYLE 9, 12); it never panics.
 
 use super::codec::{crc_with_hole, get_u32, get_u64, put_u32, put_u64, Reader, Writer};
-use super::types::{Key, PAGE_BYTES};
+use super::types::{Key, MAX_COUNTER, PAGE_BYTES};
 use crate::ld::{CorruptReason, Corruption};
 
 pub const SUMMARY_MAGIC: u64 = u64::from_le_bytes(*b"LDFSPSEG");
@@ -385,10 +385,20 @@ pub fn decode_header(
             limit: ex.segment_count as u64,
         }));
     }
+    let (epoch, seq) = (get_u64(first_page, H_EPOCH), get_u64(first_page, H_SEQ));
+    for (field, value) in [("epoch", epoch), ("sequence", seq)] {
+        if value >= MAX_COUNTER {
+            return Err(bad(CorruptReason::OutOfBounds {
+                field,
+                value,
+                limit: MAX_COUNTER,
+            }));
+        }
+    }
     Ok(SummaryHeader {
         fs_id,
-        epoch: get_u64(first_page, H_EPOCH),
-        seq: get_u64(first_page, H_SEQ),
+        epoch,
+        seq,
         segment,
         page,
         next_segment,
@@ -572,6 +582,33 @@ mod tests {
             decode_records(&b, 0, h.summary_pages, h.data_pages).unwrap(),
             records
         );
+    }
+
+    /// Sequence numbers and epochs that would overflow after open are
+    /// refused however well-formed the rest is.
+    #[test]
+    fn counters_near_overflow_are_refused() {
+        let (h, records) = sample();
+        for (field, seq, epoch) in [
+            ("sequence", u64::MAX, 2),
+            ("sequence", MAX_COUNTER, 2),
+            ("epoch", 100, u64::MAX),
+        ] {
+            let b = encode(&SummaryHeader { seq, epoch, ..h }, &records);
+            let err = decode_header(&b, 0, &expect()).unwrap_err();
+            assert!(
+                matches!(err.reason, CorruptReason::OutOfBounds { field: f, .. } if f == field),
+                "{field}: {err}"
+            );
+        }
+        let b = encode(
+            &SummaryHeader {
+                seq: MAX_COUNTER - 1,
+                ..h
+            },
+            &records,
+        );
+        assert!(decode_header(&b, 0, &expect()).is_ok());
     }
 
     #[test]

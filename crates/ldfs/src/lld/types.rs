@@ -5,6 +5,13 @@ use crate::ld::ListId;
 /// The unit of device I/O and of map pages; partial segments start on it.
 pub const PAGE_BYTES: usize = 4096;
 
+/// Counters read from the device (sequence numbers, epochs, checkpoint
+/// serials, the next list id, byte totals) must be below this, or the
+/// structure holding them is refused as corrupt: no device lives to count
+/// 2^62 of anything, and it keeps every `+ 1` and `+= len` after open from
+/// overflowing (overflow checks are on in release builds).
+pub const MAX_COUNTER: u64 = 1 << 62;
+
 /// A block's logical address: `(list, index)`, ordered list-major.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Key {
