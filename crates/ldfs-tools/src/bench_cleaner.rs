@@ -87,7 +87,18 @@ pub fn run(b: &CleanerBench) -> R<()> {
         b.size >> 20,
         b.segment_size >> 10
     );
+    // Where the figure goes, checked before the measurements, not after.
+    let png = match &b.out {
+        Some(out) if !b.utilizations.is_empty() => {
+            let dir = out.join("bench");
+            std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            crate::bench_report::load_font()?;
+            Some(dir.join("cleaner.png"))
+        }
+        _ => None,
+    };
     let mut curves = Vec::new();
+    let mut failed = 0;
     for w in [Workload::Uniform, Workload::HotCold] {
         if b.utilizations.is_empty() {
             break;
@@ -113,6 +124,7 @@ pub fn run(b: &CleanerBench) -> R<()> {
                     }
                     Err(e) => {
                         eprintln!("  {} {u} {p}: {e}", w.name());
+                        failed += 1;
                         row.push(None);
                         format!("{:>14}", "error")
                     }
@@ -124,16 +136,17 @@ pub fn run(b: &CleanerBench) -> R<()> {
         }
         curves.push(curve);
     }
-    if let (Some(out), false) = (&b.out, curves.is_empty()) {
-        let dir = out.join("bench");
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let path = dir.join("cleaner.png");
-        crate::bench_report::load_font()?;
+    if let Some(path) = png {
         chart(b, &curves, &path).map_err(|e| format!("{}: {e}", path.display()))?;
         eprintln!("bench cleaner: wrote {}", path.display());
     }
     if b.sync_size > 0 {
         sync_overwrites(b)?;
+    }
+    if failed > 0 {
+        return Err(format!(
+            "{failed} write-cost runs failed (marked 'error' above)"
+        ));
     }
     Ok(())
 }

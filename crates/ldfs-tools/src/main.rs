@@ -314,8 +314,8 @@ enum BenchCmd {
         #[arg(long, default_value = ".")]
         dir: PathBuf,
         /// Device size of the write-cost runs (in memory). `--size 128M
-        /// --segment-size 512K` is a quick run (seconds) that costs more:
-        /// with fewer segments, victims are picked from fewer candidates.
+        /// --segment-size 512K` is a much quicker run that costs more: with
+        /// fewer segments, victims are picked from fewer candidates.
         #[arg(long, default_value = "1G", value_parser = parse_size)]
         size: u64,
         /// Segment size of the write-cost runs (default: mkfs's).

@@ -105,7 +105,7 @@ pub struct MountOpts {
     /// (writes still clean in the foreground when space runs low).
     pub cleaner: Option<ldfs::lld::PolicyKind>,
     /// Cleaning starts below this many clean segments (`clean_start=N`;
-    /// default: the reserve plus 1/256 of the segments, at least 2).
+    /// default: the reserve plus max(2, segments/256)).
     pub clean_start: Option<u32>,
     /// Background cleaning stops above this many (`clean_stop=N`).
     pub clean_stop: Option<u32>,

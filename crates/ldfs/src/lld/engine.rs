@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use super::checkpoint::{self, CheckpointHeader};
 use super::cleaner::policy::UsageSnapshot;
-use super::cleaner::{Background, CleanerOptions, CleanerState};
+use super::cleaner::{Background, CleanerOptions, CleanerState, LogClock};
 use super::flight::{Flight, Writer};
 use super::layout::Geometry;
 use super::map::{Map, MapRoot, PageReader};
@@ -125,8 +125,9 @@ pub(crate) struct LogHead {
     /// Sequence of the next partial segment.
     pub seq: u64,
     pub epoch: u64,
-    /// Segments the head has entered since open (the cleaner's clock for
-    /// telling hot segments from cold ones; not persisted).
+    /// Segments the head has entered since recovery began (roll-forward
+    /// counts too): the cleaner's clock for telling hot segments from cold
+    /// ones (`LogClock`); not persisted.
     pub entered: u64,
 }
 
@@ -153,6 +154,8 @@ pub(crate) struct Inner {
     pub map: Map,
     pub usage: Usage,
     pub log: LogHead,
+    /// Where the head was, for telling hot victims from cold ones.
+    pub clock: LogClock,
     pub serial: u64,
     pub next_list: u64,
     pub user_bytes: u64,
@@ -308,6 +311,7 @@ impl Engine {
         let inner = Inner {
             map: recovered.map,
             usage: recovered.usage,
+            clock: LogClock::new(geo.segment_count, recovered.log.entered, recovered.log.seq),
             log: recovered.log,
             serial: recovered.serial,
             next_list: recovered.next_list,
@@ -906,10 +910,13 @@ impl Engine {
     /// Moves the log head to the next segment.
     fn advance(&self, g: &mut Inner) -> LdResult<()> {
         assert!(g.pending.is_empty());
-        let Inner { usage, log, .. } = &mut *g;
+        let Inner {
+            usage, log, clock, ..
+        } = &mut *g;
         if let Err(e) = advance_head(usage, log, &self.geo) {
             return Err(self.fail(g, e));
         }
+        clock.note(log.entered, log.seq);
         Ok(())
     }
 
@@ -1141,6 +1148,7 @@ impl Engine {
             usage,
             log,
             stats,
+            clock,
             ..
         } = &mut *g;
         let mut remaining = total;
@@ -1150,6 +1158,7 @@ impl Engine {
                 let mut k = map_pages_fit(geo.segment_pages - log.page).min(remaining);
                 if k == 0 {
                     advance_head(usage, log, geo)?;
+                    clock.note(log.entered, log.seq);
                     k = map_pages_fit(geo.segment_pages).min(remaining);
                 }
                 assert!(k > 0, "segment too small for one map page");
@@ -1178,6 +1187,7 @@ impl Engine {
                 remaining -= p.k;
                 if geo.segment_pages - log.page < 2 {
                     advance_head(usage, log, geo)?;
+                    clock.note(log.entered, log.seq);
                 }
             }
             Ok(addr)
@@ -2197,11 +2207,19 @@ impl Engine {
         self.geo.reserved_segments
     }
 
-    /// The log clock: segments the head has entered since open, and the
-    /// sequence number of the next partial segment.
+    /// Segments the log head has entered since open, and the sequence
+    /// number of the next partial segment.
+    #[cfg(test)]
     pub(crate) fn log_clock(&self) -> (u64, u64) {
         let g = self.lock();
         (g.log.entered, g.log.seq)
+    }
+
+    /// The sequence number before which a victim counts as cold
+    /// (`LogClock`).
+    pub(crate) fn cold_before(&self) -> u64 {
+        let g = self.lock();
+        g.clock.cold_before(g.log.entered)
     }
 
     /// Clean segments now, and segments a checkpoint would release.

@@ -54,7 +54,7 @@ pub struct CleanerOptions {
     /// Victim selection (changeable at run time: `Engine::set_cleaner_policy`).
     pub policy: PolicyKind,
     /// Cleaning starts below this many clean segments (`None`: the reserve
-    /// plus 1/256 of the segments, at least 2).
+    /// plus max(2, segments/256)).
     pub start_clean_segments: Option<u32>,
     /// Background cleaning stops above this many (`None`: start plus 1/16
     /// of the segments, at least 4).
@@ -179,10 +179,6 @@ pub(crate) struct CleanerState {
     awaiting: Vec<SegmentId>,
     /// The engine's checkpoint count when `awaiting` was filled.
     awaiting_since: u64,
-    /// `Engine::log_clock` samples taken by passes, at most one per
-    /// segment, oldest first: where the log head was (in sequence numbers)
-    /// a given number of segments ago.
-    clock: VecDeque<(u64, u64)>,
 }
 
 impl CleanerState {
@@ -192,27 +188,60 @@ impl CleanerState {
             stats: CleanerStats::default(),
             awaiting: Vec::new(),
             awaiting_since: 0,
-            clock: VecDeque::new(),
+        }
+    }
+}
+
+/// Where the log head was, in sequence numbers, three quarters of the
+/// segments ago: a victim last written before that is cold. The engine
+/// notes every segment the head enters; a sample is kept every `every`
+/// segments (at most about 1,024 whatever the device size), so the answer
+/// is at most `every` segments older than the exact one. Not persisted:
+/// after an open nothing is cold until that much log has been written.
+#[derive(Debug)]
+pub(crate) struct LogClock {
+    /// (segments entered, sequence number then), oldest first.
+    samples: VecDeque<(u64, u64)>,
+    span: u64,
+    every: u64,
+}
+
+impl LogClock {
+    /// A clock for `segment_count` segments, started at the head's
+    /// position (`entered`, `seq`).
+    pub fn new(segment_count: u32, entered: u64, seq: u64) -> LogClock {
+        let span = (segment_count as u64 * 3 / 4).max(1);
+        let mut c = LogClock {
+            samples: VecDeque::new(),
+            span,
+            every: (span / 1024).max(1),
+        };
+        c.samples.push_back((entered, seq));
+        c
+    }
+
+    /// The head entered its `entered`-th segment; `seq` is the sequence
+    /// number of the partial segment it will write next.
+    pub fn note(&mut self, entered: u64, seq: u64) {
+        if entered.is_multiple_of(self.every) {
+            self.samples.push_back((entered, seq));
+        }
+        if let Some(horizon) = entered.checked_sub(self.span) {
+            // Keep the newest sample at or before the horizon, and later ones.
+            while self.samples.get(1).is_some_and(|&(e, _)| e <= horizon) {
+                self.samples.pop_front();
+            }
         }
     }
 
-    /// Records the log clock and returns the sequence number before which
-    /// a segment counts as cold: the head's sequence number `span`
-    /// segments ago (0, nothing cold, until the log has written that much
-    /// since open).
-    fn cold_before(&mut self, (entered, seq): (u64, u64), span: u64) -> u64 {
-        // One sample per segment at most: the clock stays below `span` + 2
-        // samples however often passes run.
-        if self.clock.back().is_none_or(|&(e, _)| e < entered) {
-            self.clock.push_back((entered, seq));
-        }
-        let Some(horizon) = entered.checked_sub(span) else {
+    /// The sequence number before which a segment counts as cold, with the
+    /// head in its `entered`-th segment (0, nothing cold, until `span`
+    /// segments were entered since the clock started).
+    pub fn cold_before(&self, entered: u64) -> u64 {
+        let Some(horizon) = entered.checked_sub(self.span) else {
             return 0;
         };
-        while self.clock.get(1).is_some_and(|&(e, _)| e <= horizon) {
-            self.clock.pop_front();
-        }
-        match self.clock.front() {
+        match self.samples.front() {
             Some(&(e, s)) if e <= horizon => s,
             _ => 0,
         }
@@ -490,8 +519,7 @@ impl Engine {
         // and none could be released: with little room to spare, empty the
         // victims one after the other (each sorted by key).
         let roomy = budget * 2 >= view.meta_headroom_bytes;
-        let span = (geo.segment_count as u64 * 3 / 4).max(1);
-        let cold_before = st.cold_before(self.log_clock(), span);
+        let cold_before = self.cold_before();
         let mut moves: Vec<((bool, usize), Move)> = Vec::new();
         for (v, &seg) in rep.victims.iter().enumerate() {
             let age = snap.segments[seg.0 as usize].1.last_seq;
@@ -671,23 +699,41 @@ mod tests {
     }
 
     #[test]
-    fn cold_before_is_the_log_head_a_span_of_segments_ago() {
-        let mut st = CleanerState::new(PolicyKind::default());
-        // Not enough log written since open: nothing is cold.
-        assert_eq!(st.cold_before((0, 1), 10), 0);
-        assert_eq!(st.cold_before((5, 50), 10), 0);
-        // 12 segments in, 10 back is segment 2: the newest sample at or
-        // before it is the one taken at segment 0.
-        assert_eq!(st.cold_before((12, 120), 10), 1);
-        // 16 in, 10 back is 6: the sample at segment 5 (seq 50); the one
-        // at segment 0 is no longer needed.
-        assert_eq!(st.cold_before((16, 160), 10), 50);
-        assert_eq!(st.clock.front(), Some(&(5, 50)));
-        assert_eq!(st.cold_before((40, 400), 10), 160);
-        assert_eq!(st.clock.len(), 2, "{:?}", st.clock);
-        // Passes within one segment add no sample.
-        assert_eq!(st.cold_before((40, 401), 10), 160);
-        assert_eq!(st.clock.back(), Some(&(40, 400)));
+    fn the_log_clock_answers_where_the_head_was_a_span_ago() {
+        // 16 segments: a span of 12, a sample per segment.
+        let mut c = LogClock::new(16, 0, 1);
+        assert_eq!((c.span, c.every), (12, 1));
+        // Not enough log written since the clock started: nothing is cold.
+        assert_eq!(c.cold_before(0), 0);
+        for e in 1..=11 {
+            c.note(e, 10 * e);
+            assert_eq!(c.cold_before(e), 0);
+        }
+        // 12 in, 12 back is where the clock started.
+        c.note(12, 120);
+        assert_eq!(c.cold_before(12), 1);
+        c.note(13, 130);
+        assert_eq!(c.cold_before(13), 10);
+        // Samples older than needed are dropped.
+        for e in 14..=40 {
+            c.note(e, 10 * e);
+        }
+        assert_eq!(c.cold_before(40), 280);
+        assert_eq!(c.samples.len(), 13, "{:?}", c.samples);
+        // A large device keeps about 1,024 samples, one every `every`
+        // segments, and answers within `every` segments.
+        let mut c = LogClock::new(1 << 20, 0, 0);
+        assert_eq!(c.every, 768);
+        for e in 1..=2_000_000u64 {
+            c.note(e, 3 * e);
+        }
+        assert!(c.samples.len() <= 1026, "{}", c.samples.len());
+        let exact = 3 * (2_000_000 - c.span);
+        let got = c.cold_before(2_000_000);
+        assert!(
+            got <= exact && exact - got <= 3 * c.every,
+            "{got} vs {exact}"
+        );
     }
 
     /// Two victims, one written long ago (cold) and one just now (hot):
@@ -741,10 +787,6 @@ mod tests {
             }
         };
         sparse_segment(cold);
-        churn_until(2);
-        // A pass with no victims still reads the clock: the cold segment
-        // was last written before this point.
-        lld.clean(PolicyKind::Greedy, 0).unwrap();
         // More log than the span (3/4 of the segments).
         churn_until(2 + segments);
         for i in 0..8 {
