@@ -517,7 +517,10 @@ impl Engine {
         // Within each group, sorting by key clusters lists best, but if the
         // space ran out half way every victim would keep some live blocks
         // and none could be released: with little room to spare, empty the
-        // victims one after the other (each sorted by key).
+        // victims one after the other (each sorted by key) — hot ones first,
+        // then cold ones, each in the policy's order. Hot victims are the
+        // emptier ones as a rule, so this order empties about as many
+        // victims before space runs out as the policy's own would.
         let roomy = budget * 2 >= view.meta_headroom_bytes;
         let cold_before = self.cold_before();
         let mut moves: Vec<((bool, usize), Move)> = Vec::new();
