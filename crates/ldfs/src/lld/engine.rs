@@ -308,10 +308,21 @@ impl Engine {
             rebuilt: recovered.report.rebuilt,
             ..Default::default()
         };
+        // Until the clock has run a span, cold is estimated from the ages
+        // of the segments holding data.
+        let clock = LogClock::new(geo.segment_count, recovered.log.entered, recovered.log.seq)
+            .seeded(
+                recovered
+                    .usage
+                    .iter()
+                    .filter(|(_, u)| u.state == SegmentState::Dirty)
+                    .map(|(_, u)| u.last_seq)
+                    .collect(),
+            );
         let inner = Inner {
             map: recovered.map,
             usage: recovered.usage,
-            clock: LogClock::new(geo.segment_count, recovered.log.entered, recovered.log.seq),
+            clock,
             log: recovered.log,
             serial: recovered.serial,
             next_list: recovered.next_list,

@@ -197,13 +197,16 @@ impl CleanerState {
 /// notes every segment the head enters; a sample is kept every `every`
 /// segments (at most about 1,024 whatever the device size), so the answer
 /// is at most `every` segments older than the exact one. Not persisted:
-/// after an open nothing is cold until that much log has been written.
+/// until an open has written that much log, the answer is estimated from
+/// the segments' ages (`seeded`).
 #[derive(Debug)]
 pub(crate) struct LogClock {
     /// (segments entered, sequence number then), oldest first.
     samples: VecDeque<(u64, u64)>,
     span: u64,
     every: u64,
+    /// The answer until the samples reach back `span` segments.
+    seed: u64,
 }
 
 impl LogClock {
@@ -215,9 +218,23 @@ impl LogClock {
             samples: VecDeque::new(),
             span,
             every: (span / 1024).max(1),
+            seed: 0,
         };
         c.samples.push_back((entered, seq));
         c
+    }
+
+    /// Estimates the answer from the ages (last sequence numbers) of the
+    /// segments holding data, for the time before the clock has run a
+    /// whole span: the age of the `span`-th youngest, as if the head had
+    /// written those segments one after another. Fewer than that: 0.
+    pub fn seeded(mut self, mut ages: Vec<u64>) -> LogClock {
+        let k = self.span as usize;
+        if ages.len() > k {
+            ages.select_nth_unstable_by(k, |a, b| b.cmp(a));
+            self.seed = ages[k];
+        }
+        self
     }
 
     /// The head entered its `entered`-th segment; `seq` is the sequence
@@ -236,14 +253,12 @@ impl LogClock {
 
     /// The sequence number before which a segment counts as cold, with the
     /// head in its `entered`-th segment (0, nothing cold, until `span`
-    /// segments were entered since the clock started).
+    /// segments were entered since the clock started, unless seeded).
     pub fn cold_before(&self, entered: u64) -> u64 {
-        let Some(horizon) = entered.checked_sub(self.span) else {
-            return 0;
-        };
-        match self.samples.front() {
-            Some(&(e, s)) if e <= horizon => s,
-            _ => 0,
+        let horizon = entered.checked_sub(self.span);
+        match (self.samples.front(), horizon) {
+            (Some(&(e, s)), Some(h)) if e <= h => s,
+            _ => self.seed,
         }
     }
 }
@@ -723,6 +738,21 @@ mod tests {
         }
         assert_eq!(c.cold_before(40), 280);
         assert_eq!(c.samples.len(), 13, "{:?}", c.samples);
+        // Seeded from ages: the 12th youngest of 20 until a span is run.
+        let ages: Vec<u64> = (0..20).map(|i| 1000 + 7 * i).collect();
+        let mut c = LogClock::new(16, 5, 2000).seeded(ages);
+        assert_eq!(c.cold_before(5), 1000 + 7 * 7);
+        for e in 6..=16 {
+            c.note(e, 2000 + e);
+            assert_eq!(c.cold_before(e), 1049);
+        }
+        c.note(17, 2017);
+        assert_eq!(c.cold_before(17), 2000);
+        // Too few segments with data to estimate: nothing is cold.
+        assert_eq!(
+            LogClock::new(16, 0, 1).seeded(vec![5; 12]).cold_before(0),
+            0
+        );
         // A large device keeps about 1,024 samples, one every `every`
         // segments, and answers within `every` segments.
         let mut c = LogClock::new(1 << 20, 0, 0);
@@ -737,6 +767,50 @@ mod tests {
             got <= exact && exact - got <= 3 * c.every,
             "{got} vs {exact}"
         );
+    }
+
+    /// After an open, before the clock has run a span, cold is estimated
+    /// from the segments' ages: the oldest quarter of a full log is cold.
+    #[test]
+    fn a_reopened_engine_knows_cold_segments_at_once() {
+        let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(8 << 20));
+        let mk = MkfsOptions {
+            segment_bytes: 128 << 10,
+            max_block_bytes: 16 << 10,
+            reserved_segments: Some(4),
+            fs_id: 9,
+        };
+        // Live data in more than three quarters of the segments.
+        let opts = || LldOptions {
+            cleaner: CleanerOptions {
+                max_live_percent: 100,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let lld = Lld::create(dev.clone(), &mk, opts()).unwrap();
+        assert_eq!(lld.cold_before(), 0, "a fresh log has no history");
+        let l = lld.create_list(None, ListHints::default()).unwrap();
+        let segments = lld.geometry().segment_count as u64;
+        let mut i = 0;
+        while lld.log_clock().0 < segments * 3 / 4 + 4 {
+            lld.write(None, l, i, &block(i, 6000)).unwrap();
+            i += 1;
+        }
+        lld.close().unwrap();
+        drop(lld);
+        let lld = Lld::open(dev, opts()).unwrap();
+        let mut ages: Vec<u64> = lld
+            .segment_usage()
+            .iter()
+            .filter(|(_, u)| u.state == SegmentState::Dirty)
+            .map(|(_, u)| u.last_seq)
+            .collect();
+        ages.sort_unstable_by(|a, b| b.cmp(a));
+        let span = (segments * 3 / 4) as usize;
+        assert!(ages.len() > span, "{} dirty segments", ages.len());
+        assert_eq!(lld.cold_before(), ages[span]);
+        assert!(lld.cold_before() > 0);
     }
 
     /// Two victims, one written long ago (cold) and one just now (hot):
