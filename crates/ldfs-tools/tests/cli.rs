@@ -2,35 +2,23 @@
 
 mod common;
 
-use common::{ldfs, mkfs};
+use common::{ldfs, mkfs, Succeeds};
 
 #[test]
 fn mkfs_then_inspect() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("t.img");
-    let out = ldfs()
+    ldfs()
         .args(["mkfs", "--size", "64M", "--segment-size", "1M"])
         .arg(&img)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .succeeds();
     assert_eq!(std::fs::metadata(&img).unwrap().len(), 64 << 20);
     let out = ldfs()
         .arg("inspect")
         .arg(&img)
         .args(["--segment", "0"])
-        .output()
-        .unwrap();
+        .succeeds();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(
         text.contains("copy 0: ok") && text.contains("copy 1: ok"),
         "{text}"
@@ -95,16 +83,10 @@ fn clean_an_unmounted_image_then_inspect() {
     use std::sync::Arc;
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("c.img");
-    let out = ldfs()
+    ldfs()
         .args(["mkfs", "--size", "32M", "--segment-size", "256K"])
         .arg(&img)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .succeeds();
     let l = {
         let dev: Arc<dyn Device> =
             Arc::new(FileDevice::open(&img, FileDeviceOptions::default()).unwrap());
@@ -124,14 +106,8 @@ fn clean_an_unmounted_image_then_inspect() {
         .arg("clean")
         .arg(&img)
         .args(["--policy", "greedy", "--max-utilization", "90"])
-        .output()
-        .unwrap();
+        .succeeds();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(
         text.contains("with greedy") && text.contains("segments released"),
         "{text}"
@@ -176,18 +152,12 @@ fn mkfs_preallocate_writes_the_whole_image() {
     use std::os::unix::fs::MetadataExt;
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("pre.img");
-    let out = ldfs()
+    ldfs()
         .arg("mkfs")
         .arg("--preallocate")
         .args(["--size", "32M"])
         .arg(&img)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .succeeds();
     let md = std::fs::metadata(&img).unwrap();
     assert_eq!(md.len(), 32 << 20);
     assert!(md.blocks() * 512 >= 32 << 20, "image is still sparse");
@@ -231,14 +201,8 @@ fn inspect_an_inode_by_path_and_as_json() {
         .arg("inspect")
         .arg(&img)
         .args(["--path", "/src/main.c"])
-        .output()
-        .unwrap();
+        .succeeds();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(text.contains(&format!("inode {ino}")), "{text}");
     assert!(text.contains("mode         100640"), "{text}");
     assert!(text.contains("xattr        user.tag (1 bytes)"), "{text}");
@@ -248,13 +212,7 @@ fn inspect_an_inode_by_path_and_as_json() {
         .arg("inspect")
         .arg(&img)
         .args(["--json", "--segment", "0", "--inode", &ino.to_string()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .succeeds();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["superblock"]["copies"][0], "ok");
     let partials = v["segment"]["partials"].as_array().unwrap();

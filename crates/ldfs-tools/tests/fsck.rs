@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod common;
-use common::ldfs;
+use common::{ldfs, Succeeds};
 use std::sync::Arc;
 
 use ldfs::device::{Device, FileDevice, FileDeviceOptions};
@@ -196,12 +196,10 @@ fn read_inode(ld: &dyn LogicalDisk, ino: u64) -> Inode {
 fn fresh_image_is_clean_and_n_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("fresh.img");
-    let out = ldfs()
+    ldfs()
         .args(["mkfs", "--size", "64M", "--segment-size", "1M"])
         .arg(&img)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
+        .succeeds();
     let before = digest(&img);
     let (code, text) = fsck(&["-n"], &img);
     assert_eq!(code, 0, "{text}");

@@ -33,18 +33,30 @@ pub fn fuse_usable() -> bool {
     dev && helper
 }
 
+/// Runs a command that must succeed; fails the test with its stderr if not.
+pub trait Succeeds {
+    fn succeeds(&mut self) -> std::process::Output;
+}
+
+impl Succeeds for Command {
+    fn succeeds(&mut self) -> std::process::Output {
+        let out = self.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{:?}: {}",
+            self,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+}
+
 pub fn mkfs(img: &Path, size: &str) {
-    let out = ldfs()
+    ldfs()
         .arg("mkfs")
         .args(["--size", size])
         .arg(img)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .succeeds();
 }
 
 fn is_mounted(dir: &Path) -> bool {

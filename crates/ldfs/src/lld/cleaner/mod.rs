@@ -716,6 +716,16 @@ mod tests {
         (0..len).map(|j| (i as usize * 31 + j) as u8).collect()
     }
 
+    /// 8 MiB devices of 64 segments of 128 KiB, 4 reserved.
+    fn small_mkfs() -> MkfsOptions {
+        MkfsOptions {
+            segment_bytes: 128 << 10,
+            max_block_bytes: 16 << 10,
+            reserved_segments: Some(4),
+            fs_id: 9,
+        }
+    }
+
     #[test]
     fn the_log_clock_answers_where_the_head_was_a_span_ago() {
         // 16 segments: a span of 12, a sample per segment.
@@ -774,12 +784,7 @@ mod tests {
     #[test]
     fn a_reopened_engine_knows_cold_segments_at_once() {
         let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(8 << 20));
-        let mk = MkfsOptions {
-            segment_bytes: 128 << 10,
-            max_block_bytes: 16 << 10,
-            reserved_segments: Some(4),
-            fs_id: 9,
-        };
+        let mk = small_mkfs();
         // Live data in more than three quarters of the segments.
         let opts = || LldOptions {
             cleaner: CleanerOptions {
@@ -819,12 +824,7 @@ mod tests {
     #[test]
     fn survivors_of_hot_victims_are_written_apart_from_cold_ones() {
         let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(8 << 20));
-        let mk = MkfsOptions {
-            segment_bytes: 128 << 10,
-            max_block_bytes: 16 << 10,
-            reserved_segments: Some(4),
-            fs_id: 9,
-        };
+        let mk = small_mkfs();
         // No foreground cleaning: only the pass below may move blocks.
         let opts = LldOptions {
             cleaner: CleanerOptions {
@@ -923,12 +923,7 @@ mod tests {
     #[test]
     fn blocks_that_die_between_liveness_and_move_stay_dead() {
         let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(8 << 20));
-        let mk = MkfsOptions {
-            segment_bytes: 128 << 10,
-            max_block_bytes: 16 << 10,
-            reserved_segments: Some(4),
-            fs_id: 9,
-        };
+        let mk = small_mkfs();
         let lld = Lld::create(dev.clone(), &mk, LldOptions::default()).unwrap();
         let l = lld.create_list(None, ListHints::default()).unwrap();
         for i in 0..20 {
@@ -998,12 +993,7 @@ mod tests {
     #[test]
     fn open_aru_blocks_stay_and_the_checkpoint_waits() {
         let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(8 << 20));
-        let mk = MkfsOptions {
-            segment_bytes: 128 << 10,
-            max_block_bytes: 16 << 10,
-            reserved_segments: Some(4),
-            fs_id: 9,
-        };
+        let mk = small_mkfs();
         let lld = Lld::create(dev, &mk, LldOptions::default()).unwrap();
         let l = lld.create_list(None, ListHints::default()).unwrap();
         let aru = lld.begin_aru().unwrap();
