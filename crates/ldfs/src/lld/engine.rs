@@ -924,10 +924,9 @@ impl Engine {
         let Inner {
             usage, log, clock, ..
         } = &mut *g;
-        if let Err(e) = advance_head(usage, log, &self.geo) {
+        if let Err(e) = enter_next(usage, log, clock, &self.geo) {
             return Err(self.fail(g, e));
         }
-        clock.note(log.entered, log.seq);
         Ok(())
     }
 
@@ -1168,8 +1167,7 @@ impl Engine {
             if cur.is_none() {
                 let mut k = map_pages_fit(geo.segment_pages - log.page).min(remaining);
                 if k == 0 {
-                    advance_head(usage, log, geo)?;
-                    clock.note(log.entered, log.seq);
+                    enter_next(usage, log, clock, geo)?;
                     k = map_pages_fit(geo.segment_pages).min(remaining);
                 }
                 assert!(k > 0, "segment too small for one map page");
@@ -1197,8 +1195,7 @@ impl Engine {
                 stats.map_pages_written += p.k as u64;
                 remaining -= p.k;
                 if geo.segment_pages - log.page < 2 {
-                    advance_head(usage, log, geo)?;
-                    clock.note(log.entered, log.seq);
+                    enter_next(usage, log, clock, geo)?;
                 }
             }
             Ok(addr)
@@ -1292,6 +1289,18 @@ pub(crate) fn advance_head(usage: &mut Usage, log: &mut LogHead, geo: &Geometry)
     log.page = 0;
     log.entered += 1;
     choose_next(usage, log);
+    Ok(())
+}
+
+/// `advance_head` for the running engine: the cleaner's clock notes it.
+fn enter_next(
+    usage: &mut Usage,
+    log: &mut LogHead,
+    clock: &mut LogClock,
+    geo: &Geometry,
+) -> LdResult<()> {
+    advance_head(usage, log, geo)?;
+    clock.note(log.entered, log.seq);
     Ok(())
 }
 
