@@ -26,9 +26,10 @@ use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::checkpoint::{self, CheckpointHeader};
+use super::checkpointer::{Checkpointer, PendingCheckpoint, Plan};
 use super::cleaner::policy::UsageSnapshot;
 use super::cleaner::{Background, CleanerOptions, CleanerState, LogClock};
 use super::flight::{Flight, Writer};
@@ -177,6 +178,9 @@ pub(crate) struct Inner {
     stats: EngineStats,
     /// The log writer thread (`None` once stopped).
     writer: Option<Writer>,
+    /// The checkpoint between its snapshot (phase 1) and its release
+    /// (phase 3), if one is (`checkpointer`); at most one at a time.
+    ckpt: Option<Arc<PendingCheckpoint>>,
 }
 
 /// The engine's state and logic. [`Lld`] owns one behind an `Arc`, so the
@@ -185,14 +189,15 @@ pub struct Engine {
     dev: Arc<dyn Device>,
     geo: Geometry,
     opts: LldOptions,
-    inner: Mutex<Inner>,
+    /// Shared with the checkpointer thread, which finishes checkpoints.
+    inner: Arc<Mutex<Inner>>,
     /// Held while a device flush runs; callers queue here (group commit).
     /// Whether a group-commit leader is flushing now; waiters sleep on
     /// `commit_cv` and return once `durable_op` covers them.
     committing: Mutex<bool>,
     commit_cv: Condvar,
     /// Operations made durable by the last completed flush.
-    durable_op: AtomicU64,
+    durable_op: Arc<AtomicU64>,
     /// Sealed partial segments not yet written.
     flight: Arc<Flight>,
     report: OpenReport,
@@ -205,17 +210,29 @@ pub struct Engine {
     /// Calls through the `LogicalDisk` interface (the background cleaner's
     /// idleness test).
     pub(crate) activity: AtomicU64,
+    /// Finishes checkpoints that operations start (`None`: read-only, or
+    /// stopped by drop).
+    checkpointer: Mutex<Option<Checkpointer>>,
 }
 
 /// Reads map pages for the map, checking each against its pointer's crc.
+/// A page a checkpoint placed but the log writer has not yet written is
+/// read from `flight` (its leaf may be evicted and needed again meanwhile).
 pub(crate) struct DevPages<'a> {
     pub dev: &'a dyn Device,
+    pub flight: Option<&'a Flight>,
 }
 
 impl PageReader for DevPages<'_> {
     fn read_page(&self, ptr: PagePtr) -> LdResult<Vec<u8>> {
-        let mut b = vec![0u8; PAGE_BYTES];
-        self.dev.read_at(&mut b, ptr.addr)?;
+        let b = match self.flight.and_then(|f| f.read(ptr.addr, PAGE_BYTES)) {
+            Some(b) => b,
+            None => {
+                let mut b = vec![0u8; PAGE_BYTES];
+                self.dev.read_at(&mut b, ptr.addr)?;
+                b
+            }
+        };
         let got = crc32c::crc32c(&b);
         if got != ptr.crc {
             return Err(LdError::Corrupt(Corruption {
@@ -340,6 +357,7 @@ impl Engine {
             closed: false,
             stats,
             writer: None,
+            ckpt: None,
         };
         let flight = Arc::new(Flight::default());
         let opts_policy = opts.cleaner.policy;
@@ -347,19 +365,38 @@ impl Engine {
         if !opts.read_only {
             inner.writer = Some(flight.start(dev.clone()));
         }
+        let inner = Arc::new(Mutex::new(inner));
+        let durable_op = Arc::new(AtomicU64::new(0));
+        let checkpointer = (!opts.read_only).then(|| {
+            let (dev, flight, inner, durable_op) = (
+                dev.clone(),
+                flight.clone(),
+                inner.clone(),
+                durable_op.clone(),
+            );
+            Checkpointer::start(move |p| {
+                let res = p.write(&*dev, &flight);
+                // Poisoned: a panic elsewhere already stopped the engine.
+                if let Ok(mut g) = inner.lock() {
+                    // A failure is recorded in the state (read-only).
+                    let _ = apply_checkpoint(&mut g, &p, res, &durable_op);
+                }
+            })
+        });
         let lld = Engine {
             dev,
             geo,
             opts,
-            inner: Mutex::new(inner),
+            inner,
             committing: Mutex::new(false),
             commit_cv: Condvar::new(),
-            durable_op: AtomicU64::new(0),
+            durable_op,
             flight,
             report: recovered.report,
             cleaner: Mutex::new(CleanerState::new(opts_policy)),
             aru_cv: Condvar::new(),
             activity: AtomicU64::new(0),
+            checkpointer: Mutex::new(checkpointer),
         };
         if !lld.opts.read_only {
             let mut g = lld.lock();
@@ -379,6 +416,14 @@ impl Engine {
 
     pub(crate) fn device(&self) -> &dyn Device {
         &*self.dev
+    }
+
+    /// The map's page reader: the device, and the log writer's queue first.
+    pub(crate) fn pages(&self) -> DevPages<'_> {
+        DevPages {
+            dev: &*self.dev,
+            flight: Some(&self.flight),
+        }
     }
 
     /// Waits until every sealed partial segment is on the device (so reads
@@ -445,14 +490,14 @@ impl Engine {
     /// false if no live map page is there.
     pub fn relocate_map_page(&self, addr: u64) -> LdResult<bool> {
         let mut g = self.lock_writable()?;
-        let r = DevPages { dev: &*self.dev };
+        let r = self.pages();
         g.map.mark_page_dirty(addr, &r)
     }
 
     /// The map entry of a block (the cleaner checks liveness with it).
     pub fn map_entry(&self, key: Key) -> LdResult<Option<MapEntry>> {
         let mut g = self.lock();
-        let r = DevPages { dev: &*self.dev };
+        let r = self.pages();
         g.map.get(key, &r)
     }
 
@@ -465,7 +510,7 @@ impl Engine {
             _ => return Ok(false),
         };
         let mut g = self.lock_writable()?;
-        let r = DevPages { dev: &*self.dev };
+        let r = self.pages();
         if g.map.get(key, &r)? != Some(*expected) || expected.is_buffered() {
             return Ok(false);
         }
@@ -526,7 +571,7 @@ impl Engine {
         }
         // Above every list that has an entry (those without one are the
         // caller's `lists`).
-        let r = DevPages { dev: &*self.dev };
+        let r = self.pages();
         let mut top = 0u64;
         let (from, to) = list_range(0);
         g.map.range(from, to, &r, &mut |k, _| {
@@ -549,7 +594,7 @@ impl Engine {
         let mut pages: Vec<u64> = Vec::new();
         {
             let mut g = self.lock();
-            let r = DevPages { dev: &*self.dev };
+            let r = self.pages();
             g.map.range(Key::MIN, Key::MAX, &r, &mut |k, e| {
                 if !e.is_buffered() && geo.segment_of(e.offset()) == Some(seg) {
                     entries.push((k, *e));
@@ -630,16 +675,19 @@ impl Engine {
         Ok(())
     }
 
-    /// Writes a checkpoint now (tests, benchmarks, `ldfs` tools). Fails with
-    /// `InvalidArgument` if an ARU that has logged operations is open.
+    /// Writes a checkpoint now (tests, benchmarks, `ldfs` tools) and returns
+    /// once it is durable; operations of other threads go on while the
+    /// device works. Fails with `InvalidArgument` if an ARU that has logged
+    /// operations is open.
     pub fn checkpoint_now(&self) -> LdResult<()> {
-        let mut g = self.lock_writable()?;
+        let g = self.lock_writable()?;
+        let g = self.finish_pending_unlocked(g)?;
         if g.open_nonempty > 0 {
             return Err(LdError::InvalidArgument(
                 "a checkpoint cannot be taken while an ARU is open".into(),
             ));
         }
-        self.checkpoint(&mut g)
+        self.checkpoint_unlocked(g)
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -651,6 +699,11 @@ impl Engine {
 
     fn lock_writable(&self) -> LdResult<MutexGuard<'_, Inner>> {
         let mut g = self.lock();
+        self.check_writable(&mut g)?;
+        Ok(g)
+    }
+
+    fn check_writable(&self, g: &mut Inner) -> LdResult<()> {
         if self.opts.read_only {
             return Err(LdError::ReadOnly("opened read-only".into()));
         }
@@ -665,7 +718,7 @@ impl Engine {
         if g.closed {
             return Err(LdError::ReadOnly("closed".into()));
         }
-        Ok(g)
+        Ok(())
     }
 
     /// Waits for queued partial segments (under the state lock: checkpoints).
@@ -678,12 +731,7 @@ impl Engine {
 
     /// A device write or flush failed: nothing more is written, reads go on.
     fn fail(&self, g: &mut Inner, e: LdError) -> LdError {
-        if g.failed.is_none() {
-            let why = format!("device error, engine is now read-only: {e}");
-            eprintln!("ldfs: {why}");
-            g.failed = Some(why);
-        }
-        e
+        fail_state(g, e)
     }
 
     fn check_list(&self, g: &mut Inner, list: ListId) -> LdResult<()> {
@@ -692,7 +740,7 @@ impl Engine {
                 "list 0 belongs to the engine".into(),
             ));
         }
-        let r = DevPages { dev: &*self.dev };
+        let r = self.pages();
         if g.map
             .get(
                 Key {
@@ -737,7 +785,7 @@ impl Engine {
 
     /// Reads a block while holding the lock (list 0's small hint blocks).
     fn read_key_locked(&self, g: &mut Inner, key: Key) -> LdResult<Option<Vec<u8>>> {
-        let r = DevPages { dev: &*self.dev };
+        let r = self.pages();
         let Some(e) = g.map.get(key, &r)? else {
             return Ok(None);
         };
@@ -790,7 +838,7 @@ impl Engine {
         for _ in 0..4 {
             let e = {
                 let mut g = self.lock();
-                let r = DevPages { dev: &*self.dev };
+                let r = self.pages();
                 let Some(e) = g.map.get(key, &r)? else {
                     return Ok(None);
                 };
@@ -810,7 +858,7 @@ impl Engine {
                     // after the lock was dropped: look again before blaming
                     // the device.
                     let mut g = self.lock();
-                    let r = DevPages { dev: &*self.dev };
+                    let r = self.pages();
                     if g.map.get(key, &r)? == Some(e) {
                         return Err(err);
                     }
@@ -961,7 +1009,7 @@ impl Engine {
         let seg = g.log.seg;
         let seq = g.log.seq;
         let data_base = base + sealed.summary_pages as u64 * PAGE_BYTES as u64;
-        let r = DevPages { dev: &*self.dev };
+        let r = self.pages();
         for p in &sealed.placed {
             let buffered = MapEntry {
                 addr: p.slot as u64,
@@ -1026,7 +1074,7 @@ impl Engine {
         let len = w.data.len() as u32;
         let (aru, key, crc, flags) = (w.aru, w.key, w.crc, w.flags);
         let slot = g.pending.add_write(w);
-        let r = DevPages { dev: &*self.dev };
+        let r = self.pages();
         let entry = MapEntry {
             addr: slot as u64,
             len,
@@ -1067,13 +1115,37 @@ impl Engine {
         }
     }
 
-    /// After every accepted operation: seal a full partial, checkpoint when due.
+    /// After every accepted operation: seal a full partial, start a
+    /// checkpoint when one is due. The operation does not wait for the
+    /// device: the checkpointer thread writes the checkpoint (callers may
+    /// hold locks of their own, like the file system's mutex). Only when
+    /// the map pages dirtied since the pending checkpoint's snapshot reach
+    /// twice the limit does the caller wait for that checkpoint, so dirty
+    /// (unevictable) pages and what the next checkpoint must place in the
+    /// reserve stay bounded.
     fn after_op(&self, g: &mut Inner) -> LdResult<()> {
         if g.pending.data_bytes() >= self.opts.partial_bytes {
             self.seal(g)?;
         }
-        if g.open_nonempty == 0 && self.checkpoint_due(g) {
-            self.checkpoint(g)?;
+        if g.open_nonempty > 0 || !self.checkpoint_due(g) {
+            return Ok(());
+        }
+        if g.ckpt.is_some() {
+            if g.map.dirty_pages() < 2 * self.dirty_page_limit() {
+                return Ok(());
+            }
+            self.finish_pending(g)?;
+        }
+        let p = self.begin_checkpoint(g)?;
+        let handed = self
+            .checkpointer
+            .lock()
+            .expect("checkpointer handle poisoned")
+            .as_ref()
+            .is_some_and(|c| c.hand(p.clone()));
+        if !handed {
+            let res = p.write(&*self.dev, &self.flight);
+            apply_checkpoint(g, &p, res, &self.durable_op)?;
         }
         Ok(())
     }
@@ -1098,14 +1170,63 @@ impl Engine {
 
     // ---- checkpoints ------------------------------------------------------
 
-    /// Writes the map's dirty pages into the log, then the checkpoint slot
-    /// (BSD-LFS 3.3): everything the checkpoint names is flushed before the
-    /// slot is written, and the slot is flushed before any segment it frees
-    /// is reused.
+    /// A whole checkpoint while holding the lock (open, close, admission,
+    /// fsck): finishes the pending one, if any, then takes a new one and
+    /// waits until it is durable and its segments are released.
     fn checkpoint(&self, g: &mut Inner) -> LdResult<()> {
+        self.finish_pending(g)?;
+        let p = self.begin_checkpoint(g)?;
+        let res = p.write(&*self.dev, &self.flight);
+        apply_checkpoint(g, &p, res, &self.durable_op)
+    }
+
+    /// Finishes the pending checkpoint while holding the lock: runs its
+    /// phase 2 here, or waits for the thread running it (phase 2 takes no
+    /// engine lock), then applies it.
+    fn finish_pending(&self, g: &mut Inner) -> LdResult<()> {
+        if let Some(p) = g.ckpt.clone() {
+            let res = p.write(&*self.dev, &self.flight);
+            apply_checkpoint(g, &p, res, &self.durable_op)?;
+        }
+        Ok(())
+    }
+
+    /// Finishes the pending checkpoint, if any, without holding the lock
+    /// while the device works; returns the lock, still writable.
+    fn finish_pending_unlocked<'a>(
+        &'a self,
+        mut g: MutexGuard<'a, Inner>,
+    ) -> LdResult<MutexGuard<'a, Inner>> {
+        while let Some(p) = g.ckpt.clone() {
+            drop(g);
+            let res = p.write(&*self.dev, &self.flight);
+            g = self.lock();
+            apply_checkpoint(&mut g, &p, res, &self.durable_op)?;
+            self.check_writable(&mut g)?;
+        }
+        Ok(g)
+    }
+
+    /// Takes a checkpoint and waits until it is durable, without holding
+    /// the lock while the device works. The caller found no pending
+    /// checkpoint and no open ARU that logged anything.
+    fn checkpoint_unlocked(&self, mut g: MutexGuard<'_, Inner>) -> LdResult<()> {
+        let p = self.begin_checkpoint(&mut g)?;
+        drop(g);
+        let res = p.write(&*self.dev, &self.flight);
+        let mut g = self.lock();
+        apply_checkpoint(&mut g, &p, res, &self.durable_op)
+    }
+
+    /// Phase 1, the snapshot point (`checkpointer`): seals the open partial,
+    /// places every dirty map page in the log through the log writer, and
+    /// encodes the slot as of now (map root, usage table, log head after
+    /// the map pages). What the slot names is queued in order before
+    /// anything sealed later, so a later group commit covers it too.
+    fn begin_checkpoint(&self, g: &mut Inner) -> LdResult<Arc<PendingCheckpoint>> {
         assert_eq!(g.open_nonempty, 0, "checkpoint with an ARU open");
+        assert!(g.ckpt.is_none(), "two checkpoints pending");
         self.seal(g)?;
-        self.drain(g)?;
         let root = self.write_map_pages(g)?;
         for old in g.map.take_obsolete() {
             if let Some(seg) = self.geo.segment_of(old.addr) {
@@ -1125,42 +1246,39 @@ impl Engine {
             user_bytes: g.user_bytes,
             moved_bytes: g.moved_bytes,
         };
-        let bytes = checkpoint::encode(&self.geo, &header, &g.usage, &released);
+        let slot_bytes = checkpoint::encode(&self.geo, &header, &g.usage, &released);
         let slot = (header.serial % 2) as usize;
-        let res = self
-            .dev
-            .flush()
-            .and_then(|_| self.dev.write_at(&bytes, self.geo.slot_addr(slot)))
-            .and_then(|_| self.dev.flush());
-        if let Err(e) = res {
-            return Err(self.fail(g, e.into()));
-        }
-        g.stats.device_flushes += 2;
-        g.stats.checkpoints += 1;
-        g.serial = header.serial;
-        g.usage.release(&released);
-        g.stats.segments_released += released.len() as u64;
         g.log_bytes_since_checkpoint = 0;
-        self.durable_op.fetch_max(g.op_seq, Ordering::SeqCst);
-        Ok(())
+        let p = PendingCheckpoint::new(Plan {
+            serial: header.serial,
+            ticket: self.flight.submitted(),
+            slot_addr: self.geo.slot_addr(slot),
+            slot_bytes,
+            released,
+            op_seq: g.op_seq,
+        });
+        g.ckpt = Some(p.clone());
+        Ok(p)
     }
 
-    /// Writes every dirty map page, children first, as partial segments of
-    /// MapPage records; returns the new root.
+    /// Places every dirty map page, children first, in partial segments of
+    /// MapPage records queued on the log writer; returns the new root.
     fn write_map_pages(&self, g: &mut Inner) -> LdResult<Option<MapRoot>> {
         // Called even with nothing dirty: a map emptied since the last
         // checkpoint has no dirty page but a new (absent) root.
         let total = g.map.dirty_pages();
         let geo = &self.geo;
-        let dev = &*self.dev;
+        let flight = &*self.flight;
         let Inner {
             map,
             usage,
             log,
             stats,
             clock,
+            writer,
             ..
         } = &mut *g;
+        let writer = writer.as_ref().expect("writable engine has a log writer");
         let mut remaining = total;
         let mut cur: Option<MapPartial> = None;
         let mut place = |page: &[u8]| -> LdResult<u64> {
@@ -1186,7 +1304,10 @@ impl Engine {
             p.pages.push(page.to_vec());
             if p.pages.len() == p.k {
                 let p = cur.take().expect("partial started above");
-                write_map_partial(dev, geo, log, &p)?;
+                let bytes = map_partial_bytes(geo, log, &p);
+                flight
+                    .submit(writer, geo.page_addr(log.seg, log.page), bytes)
+                    .map_err(LdError::ReadOnly)?;
                 usage.add_live(log.seg, (p.k * PAGE_BYTES) as u32, log.seq);
                 usage.touch(log.seg, log.seq);
                 log.page += p.summary_pages + p.k as u32;
@@ -1214,6 +1335,44 @@ impl Engine {
     }
 }
 
+/// Phase 3 of a checkpoint, under the lock: once the slot is durable,
+/// adopts its serial, releases the segments its snapshot found empty and
+/// publishes the operations it made durable; a failed phase 2 turns the
+/// engine read-only. Does nothing (but return `res`) if another thread
+/// applied it already.
+fn apply_checkpoint(
+    g: &mut Inner,
+    p: &Arc<PendingCheckpoint>,
+    res: LdResult<()>,
+    durable_op: &AtomicU64,
+) -> LdResult<()> {
+    if !g.ckpt.as_ref().is_some_and(|c| Arc::ptr_eq(c, p)) {
+        return res;
+    }
+    g.ckpt = None;
+    if let Err(e) = res {
+        return Err(fail_state(g, e));
+    }
+    assert_eq!(p.plan.serial, g.serial + 1, "checkpoints out of order");
+    g.stats.device_flushes += 2;
+    g.stats.checkpoints += 1;
+    g.serial = p.plan.serial;
+    g.usage.release(&p.plan.released);
+    g.stats.segments_released += p.plan.released.len() as u64;
+    durable_op.fetch_max(p.plan.op_seq, Ordering::SeqCst);
+    Ok(())
+}
+
+/// A device write or flush failed: nothing more is written, reads go on.
+fn fail_state(g: &mut Inner, e: LdError) -> LdError {
+    if g.failed.is_none() {
+        let why = format!("device error, engine is now read-only: {e}");
+        eprintln!("ldfs: {why}");
+        g.failed = Some(why);
+    }
+    e
+}
+
 /// Encoded size of a MapPage summary record.
 const MAP_RECORD_BYTES: usize = 26;
 
@@ -1237,12 +1396,8 @@ fn map_pages_fit(pages_left: u32) -> usize {
     k
 }
 
-fn write_map_partial(
-    dev: &dyn Device,
-    geo: &Geometry,
-    log: &LogHead,
-    p: &MapPartial,
-) -> LdResult<()> {
+/// The bytes of a partial segment of map pages: summary, then the pages.
+fn map_partial_bytes(geo: &Geometry, log: &LogHead, p: &MapPartial) -> Vec<u8> {
     let records: Vec<Record> = p
         .pages
         .iter()
@@ -1271,8 +1426,7 @@ fn write_map_partial(
     for page in &p.pages {
         bytes.extend_from_slice(page);
     }
-    dev.write_at(&bytes, geo.page_addr(log.seg, log.page))?;
-    Ok(())
+    bytes
 }
 
 /// Moves the log head into the next segment and chooses the one after it.
@@ -1314,7 +1468,7 @@ pub(crate) fn choose_next(usage: &mut Usage, log: &mut LogHead) {
     }
 }
 
-fn drain_error(e: Result<crate::device::DeviceError, String>) -> LdError {
+pub(crate) fn drain_error(e: Result<crate::device::DeviceError, String>) -> LdError {
     match e {
         Ok(dev) => LdError::Device(dev),
         Err(why) => LdError::ReadOnly(format!("device error, engine is now read-only: {why}")),
@@ -1464,7 +1618,7 @@ impl LogicalDisk for Engine {
             index: list.0,
         };
         self.log_record(&mut g, Record::Delete { aru: aru_id, key })?;
-        let r = DevPages { dev: &*self.dev };
+        let r = self.pages();
         if let Some(old) = g.map.remove(key, &r)? {
             self.retire(&mut g, aru_id, &old);
         }
@@ -1593,7 +1747,7 @@ impl LogicalDisk for Engine {
         {
             let mut g = self.lock();
             self.check_list(&mut g, list)?;
-            let r = DevPages { dev: &*self.dev };
+            let r = self.pages();
             g.map.range(
                 Key::new(list, range.start),
                 Key::new(list, range.end),
@@ -1666,7 +1820,7 @@ impl LogicalDisk for Engine {
         let rec = Record::Delete { aru: aru_id, key };
         self.admit(&mut g, aru, rec.encoded_len(), 0, Class::Meta)?;
         self.log_record(&mut g, rec)?;
-        let r = DevPages { dev: &*self.dev };
+        let r = self.pages();
         if let Some(old) = g.map.remove(key, &r)? {
             self.retire(&mut g, aru_id, &old);
         }
@@ -1704,7 +1858,7 @@ impl LogicalDisk for Engine {
             return Ok(out);
         }
         let (_, to) = list_range(list.0);
-        let r = DevPages { dev: &*self.dev };
+        let r = self.pages();
         g.map.range(Key::new(list, from), to, &r, &mut |k, _| {
             out.push(k.index);
             out.len() < limit
@@ -1718,7 +1872,7 @@ impl LogicalDisk for Engine {
             let mut g = self.lock();
             self.check_list(&mut g, list)?;
             let (from, to) = list_range(list.0);
-            let r = DevPages { dev: &*self.dev };
+            let r = self.pages();
             g.map.range(from, to, &r, &mut |_, e| {
                 if !e.is_buffered() && e.device() == 0 {
                     ranges.push((e.offset(), e.len as u64));
@@ -1748,7 +1902,7 @@ impl LogicalDisk for Engine {
             return Ok(out);
         }
         let (_, to) = list_range(0);
-        let r = DevPages { dev: &*self.dev };
+        let r = self.pages();
         g.map
             .range(Key::new(ListId(0), from.max(1)), to, &r, &mut |k, _| {
                 out.push(ListId(k.index));
@@ -1853,16 +2007,22 @@ impl LogicalDisk for Engine {
 
 impl Engine {
     fn flush_as_leader(&self) -> LdResult<()> {
-        let written = {
+        let (written, ticket) = {
             let mut g = self.lock();
             if let Some(why) = &g.failed {
                 return Err(LdError::ReadOnly(why.clone()));
             }
             self.seal(&mut g)?;
             g.stats.device_flushes += 1;
-            g.op_seq
+            // Everything accepted so far is queued up to here (the map
+            // pages of a pending checkpoint too): later writes need not be
+            // waited for.
+            (g.op_seq, self.flight.submitted())
         };
-        self.drain_flight()?;
+        if let Err(e) = self.flight.wait_written(ticket) {
+            let mut g = self.lock();
+            return Err(self.fail(&mut g, drain_error(e)));
+        }
         if let Err(e) = self.dev.flush() {
             let mut g = self.lock();
             return Err(self.fail(&mut g, e.into()));
@@ -1873,7 +2033,7 @@ impl Engine {
 
     /// Removes every key in `[from, to)`, retiring each old version.
     fn remove_keys(&self, g: &mut Inner, aru: u64, (from, to): (Key, Key)) -> LdResult<()> {
-        let r = DevPages { dev: &*self.dev };
+        let r = self.pages();
         let removed = g.map.remove_range(from, to, &r)?;
         for (_, old) in removed {
             self.retire(g, aru, &old);
@@ -1893,6 +2053,11 @@ impl Drop for Engine {
             if let Err(e) = self.close() {
                 eprintln!("ldfs: final checkpoint failed: {e}");
             }
+        }
+        // Without the state lock: the thread takes it to finish a checkpoint.
+        let ckpt = self.checkpointer.lock().ok().and_then(|mut c| c.take());
+        if let Some(mut c) = ckpt {
+            c.stop();
         }
         if let Ok(mut g) = self.inner.lock() {
             if let Some(mut w) = g.writer.take() {
@@ -2167,7 +2332,7 @@ impl Engine {
         if g.arus.get(&aru).is_some_and(|a| a.reserved >= cost) {
             return Ok(());
         }
-        let r = DevPages { dev: &*self.dev };
+        let r = self.pages();
         let old = g
             .map
             .get(key, &r)?
@@ -2294,7 +2459,7 @@ impl Engine {
     /// map names exactly that address (on the log device, written).
     pub(crate) fn live_entries(&self, cands: &[(Key, u64)]) -> LdResult<Vec<Option<MapEntry>>> {
         let mut g = self.lock();
-        let r = DevPages { dev: &*self.dev };
+        let r = self.pages();
         let mut out = Vec::with_capacity(cands.len());
         for &(key, addr) in cands {
             let e = g.map.get(key, &r)?;
@@ -2316,7 +2481,7 @@ impl Engine {
                 m.expected.len as usize,
                 "cleaner read the wrong length"
             );
-            let r = DevPages { dev: &*self.dev };
+            let r = self.pages();
             if m.expected.is_buffered()
                 || crc32c::crc32c(&m.stored) != m.expected.crc
                 || g.map.get(m.key, &r)? != Some(m.expected)
@@ -2361,42 +2526,51 @@ impl Engine {
     }
 
     /// Has every live map page among `addrs` rewritten by the next
-    /// checkpoint; returns how many were live.
-    pub(crate) fn relocate_map_pages(&self, addrs: &[u64]) -> LdResult<u64> {
+    /// checkpoint to begin; returns how many were live, and the checkpoints
+    /// begun so far (`checkpoint_counts`): the pages have moved once more
+    /// than that many have finished.
+    pub(crate) fn relocate_map_pages(&self, addrs: &[u64]) -> LdResult<(u64, u64)> {
         let mut g = self.lock_writable()?;
-        let r = DevPages { dev: &*self.dev };
+        let r = self.pages();
         let mut n = 0;
         for &a in addrs {
             if g.map.mark_page_dirty(a, &r)? {
                 n += 1;
             }
         }
-        Ok(n)
+        Ok((n, g.stats.checkpoints + g.ckpt.is_some() as u64))
     }
 
     /// Checkpoints (releasing emptied segments) once no ARU that logged
-    /// something is open, waiting up to `wait` for such ARUs to end.
-    /// Returns whether it checkpointed.
+    /// something is open, waiting up to `wait` for such ARUs to end (and
+    /// first for a pending checkpoint). Operations go on while the device
+    /// works. Returns whether it checkpointed.
     pub(crate) fn checkpoint_when_quiet(&self, wait: Duration) -> LdResult<bool> {
+        let deadline = Instant::now() + wait;
         let mut g = self.lock_writable()?;
-        if g.open_nonempty > 0 && !wait.is_zero() {
-            let (g2, _) = self
+        loop {
+            g = self.finish_pending_unlocked(g)?;
+            if g.open_nonempty == 0 {
+                break;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            g = self
                 .aru_cv
-                .wait_timeout_while(g, wait, |g| g.open_nonempty > 0)
-                .expect("engine state poisoned by an earlier panic");
-            g = g2;
-            if let Some(why) = &g.failed {
-                return Err(LdError::ReadOnly(why.clone()));
-            }
-            if g.closed {
-                return Err(LdError::ReadOnly("closed".into()));
-            }
+                .wait_timeout_while(g, left, |g| g.open_nonempty > 0)
+                .expect("engine state poisoned by an earlier panic")
+                .0;
+            self.check_writable(&mut g)?;
         }
-        if g.open_nonempty > 0 {
-            return Ok(false);
-        }
-        self.checkpoint(&mut g)?;
+        self.checkpoint_unlocked(g)?;
         Ok(true)
+    }
+
+    /// Checkpoints finished (durable so far).
+    pub(crate) fn checkpoints_finished(&self) -> u64 {
+        self.lock().stats.checkpoints
     }
 }
 
@@ -2412,7 +2586,7 @@ impl Engine {
         let geo = self.geo;
         let mut live = vec![0u64; geo.segment_count as usize];
         let mut outside = Vec::new();
-        let r = DevPages { dev: &*self.dev };
+        let r = self.pages();
         g.map.range(Key::MIN, Key::MAX, &r, &mut |k, e| {
             if !e.is_buffered() {
                 match geo.segment_of(e.offset()) {

@@ -6,6 +6,12 @@
 //! writes at the device's bandwidth). Until its write returns, a partial
 //! segment stays here and reads of its blocks are served from memory. After a
 //! failed write nothing more is written; what was queued stays readable.
+//!
+//! Items are numbered as they are submitted (1, 2, ...) and written in that
+//! order, so "everything up to item N is written" is one counter: a
+//! checkpoint or a group commit waits for the items it needs
+//! (`wait_written`) rather than for an empty queue, which under continuous
+//! writes might never come.
 
 use std::collections::VecDeque;
 use std::sync::mpsc::{sync_channel, SyncSender};
@@ -25,6 +31,10 @@ pub(crate) struct InFlight {
 #[derive(Default)]
 struct State {
     queue: VecDeque<Arc<InFlight>>,
+    /// Items submitted so far; the newest's number.
+    submitted: u64,
+    /// Items written so far (all of `1..=written`).
+    written: u64,
     /// The write error, handed to the first caller that drains after it.
     error: Option<DeviceError>,
     failed: Option<String>,
@@ -60,6 +70,7 @@ impl Flight {
                         Ok(()) => {
                             let done = s.queue.pop_front().expect("written item queued");
                             assert!(Arc::ptr_eq(&done, &item), "log writes out of order");
+                            s.written += 1;
                         }
                         Err(e) => {
                             s.failed = Some(e.to_string());
@@ -78,16 +89,19 @@ impl Flight {
         }
     }
 
-    /// Queues a write; fails if the writer stopped after an error.
-    pub fn submit(&self, w: &Writer, addr: u64, bytes: Vec<u8>) -> Result<(), String> {
+    /// Queues a write; returns its number (see `wait_written`). Fails if the
+    /// writer stopped after an error.
+    pub fn submit(&self, w: &Writer, addr: u64, bytes: Vec<u8>) -> Result<u64, String> {
         let item = Arc::new(InFlight { addr, bytes });
-        {
+        let ticket = {
             let mut s = self.lock();
             if let Some(f) = &s.failed {
                 return Err(f.clone());
             }
             s.queue.push_back(item.clone());
-        }
+            s.submitted += 1;
+            s.submitted
+        };
         let tx = w.tx.as_ref().expect("writer running");
         if tx.send(item).is_err() {
             let s = self.lock();
@@ -96,14 +110,26 @@ impl Flight {
                 .clone()
                 .unwrap_or_else(|| "log writer stopped".into()));
         }
-        Ok(())
+        Ok(ticket)
+    }
+
+    /// The number of the newest item submitted (0: none yet).
+    pub fn submitted(&self) -> u64 {
+        self.lock().submitted
     }
 
     /// Waits until every queued write has returned. The first call after a
     /// failed write returns its error; later ones a description of it.
     pub fn drain(&self) -> Result<(), Result<DeviceError, String>> {
+        let last = self.submitted();
+        self.wait_written(last)
+    }
+
+    /// Waits until items `1..=ticket` have been written (later ones may
+    /// still be queued). Errors as `drain`.
+    pub fn wait_written(&self, ticket: u64) -> Result<(), Result<DeviceError, String>> {
         let mut s = self.lock();
-        while !s.queue.is_empty() && s.failed.is_none() {
+        while s.written < ticket && s.failed.is_none() {
             s = self.cv.wait(s).expect("in-flight queue poisoned");
         }
         if let Some(e) = s.error.take() {

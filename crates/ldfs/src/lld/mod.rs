@@ -5,6 +5,8 @@
 //! - `map`: the persistent paged block-number map (copy-on-write B+tree);
 //! - `writer`: the open partial segment and how it is laid out when sealed;
 //! - `flight`: sealed partial segments on their way to the device;
+//! - `checkpointer`: the part of a checkpoint that waits for the device,
+//!   run beside operations, and its thread;
 //! - `engine`: `Engine` and `Lld` (the engine plus its background cleaner
 //!   thread), the `LogicalDisk` implementation: admission, the log head,
 //!   group commit, checkpoints;
@@ -16,6 +18,7 @@
 //! Invariants and the crash model are in docs/DESIGN.md.
 
 pub mod checkpoint;
+mod checkpointer;
 pub mod cleaner;
 mod codec;
 pub mod engine;

@@ -231,7 +231,10 @@ struct Pages<'a> {
 
 impl PageReader for Pages<'_> {
     fn read_page(&self, ptr: super::types::PagePtr) -> LdResult<Vec<u8>> {
-        super::engine::DevPages { dev: self.dev }.read_page(ptr)
+        super::engine::DevPages {
+            dev: self.dev,
+            flight: None,
+        }.read_page(ptr)
     }
 }
 

@@ -30,7 +30,7 @@
 
 use std::collections::HashMap;
 
-use super::engine::{DevPages, Engine, OpenReport};
+use super::engine::{Engine, OpenReport};
 use super::layout::Geometry;
 use super::mkfs;
 use super::recovery;
@@ -312,7 +312,7 @@ impl Engine {
         let dev = self.device();
         let mut out = LogCheck::default();
         let mut g = self.lock();
-        let r = DevPages { dev };
+        let r = self.pages();
         // 1. The whole map: every leaf is read and checked against its crc;
         //    every list holding blocks has its entry in list 0 (keys come
         //    in order, list 0's first).

@@ -177,7 +177,8 @@ pub(crate) struct CleanerState {
     /// Victims whose blocks are all moved but whose map pages move only at
     /// the next checkpoint: not candidates again until it has happened.
     awaiting: Vec<SegmentId>,
-    /// The engine's checkpoint count when `awaiting` was filled.
+    /// Checkpoints begun when `awaiting` was last added to
+    /// (`Engine::relocate_map_pages`): the next one to begin moves the pages.
     awaiting_since: u64,
 }
 
@@ -493,11 +494,10 @@ impl Engine {
         let geo = *self.geometry();
         let (mut snap, view) = self.cleaner_view();
         snap.max_utilization = max_utilization;
-        let (checkpoints, released0) = {
-            let s = self.stats();
-            (s.checkpoints, s.segments_released)
-        };
-        if checkpoints != st.awaiting_since {
+        let released0 = self.stats().segments_released;
+        // A checkpoint pending when the pages were dirtied does not move
+        // them; the next one does.
+        if self.checkpoints_finished() > st.awaiting_since {
             st.awaiting.clear();
         }
         for s in &st.awaiting {
@@ -563,10 +563,10 @@ impl Engine {
                     }
                 }
             }
-            let pages = self.relocate_map_pages(&contents.map_pages)?;
+            let (pages, begun) = self.relocate_map_pages(&contents.map_pages)?;
             if pages > 0 {
                 st.awaiting.push(seg);
-                st.awaiting_since = checkpoints;
+                st.awaiting_since = begun;
             }
             rep.map_pages_moved += pages;
         }

@@ -1,0 +1,157 @@
+//! Checkpoints beside operations: the part of a checkpoint that waits for
+//! the device, and the thread that runs it.
+//!
+//! A checkpoint is taken in three phases (docs/DESIGN.md, "Checkpoints"):
+//!
+//! 1. under the engine lock, when no ARU that logged anything is open (the
+//!    *snapshot point*): seal the open partial, place every dirty map page
+//!    in the log and hand it to the log writer (`flight`), encode the slot;
+//!    the result is a [`PendingCheckpoint`];
+//! 2. with no engine lock held ([`PendingCheckpoint::write`]): wait until
+//!    the log writer has written everything up to the snapshot point, flush
+//!    the device, write the slot, flush again;
+//! 3. under the engine lock again (the engine's `apply_checkpoint`): adopt
+//!    the serial, release the segments the snapshot found empty, publish
+//!    what became durable.
+//!
+//! Invariants: at most one checkpoint is pending (between phase 1 and phase
+//! 3) at a time; phase 2 runs exactly once per checkpoint, whoever asks for
+//! it first runs it and the others wait for its result; phase 2 takes no
+//! engine lock, so a thread that holds it may wait for phase 2.
+
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+use super::flight::Flight;
+use super::types::SegmentId;
+use crate::device::Device;
+use crate::ld::{LdError, LdResult};
+
+/// What phase 1 decided: the slot to write and what to do once it is durable.
+pub(crate) struct Plan {
+    /// The checkpoint's serial number (its slot is `serial % 2`).
+    pub serial: u64,
+    /// Log-writer items `1..=ticket` hold everything the slot names.
+    pub ticket: u64,
+    pub slot_addr: u64,
+    pub slot_bytes: Vec<u8>,
+    /// Segments the snapshot found empty: Clean once the slot is durable.
+    pub released: Vec<SegmentId>,
+    /// Operations accepted before the snapshot point: durable with the slot.
+    pub op_seq: u64,
+}
+
+enum Phase2 {
+    Ready,
+    Running,
+    /// The outcome: `None` when the slot is durable, else why not.
+    Done(Option<String>),
+}
+
+/// A checkpoint between phase 1 and phase 3.
+pub(crate) struct PendingCheckpoint {
+    pub plan: Plan,
+    state: Mutex<Phase2>,
+    cv: Condvar,
+}
+
+impl PendingCheckpoint {
+    pub fn new(plan: Plan) -> Arc<PendingCheckpoint> {
+        Arc::new(PendingCheckpoint {
+            plan,
+            state: Mutex::new(Phase2::Ready),
+            cv: Condvar::new(),
+        })
+    }
+
+    /// Phase 2: runs it if nobody has started it, else waits for the thread
+    /// that did. The caller that ran it gets the device's own error; the
+    /// others a description of it.
+    pub fn write(&self, dev: &dyn Device, flight: &Flight) -> LdResult<()> {
+        {
+            let mut s = self.state.lock().expect("checkpoint state poisoned");
+            loop {
+                match &*s {
+                    Phase2::Ready => {
+                        *s = Phase2::Running;
+                        break;
+                    }
+                    Phase2::Running => s = self.cv.wait(s).expect("checkpoint state poisoned"),
+                    Phase2::Done(None) => return Ok(()),
+                    Phase2::Done(Some(why)) => {
+                        return Err(LdError::ReadOnly(format!("checkpoint failed: {why}")))
+                    }
+                }
+            }
+        }
+        let res = self.write_now(dev, flight);
+        *self.state.lock().expect("checkpoint state poisoned") =
+            Phase2::Done(res.as_ref().err().map(|e| e.to_string()));
+        self.cv.notify_all();
+        res
+    }
+
+    /// BSD-LFS 3.3: everything the slot names is durable before the slot
+    /// is written, and the slot is durable before any segment it frees is
+    /// reused (phase 3 releases them).
+    fn write_now(&self, dev: &dyn Device, flight: &Flight) -> LdResult<()> {
+        flight
+            .wait_written(self.plan.ticket)
+            .map_err(super::engine::drain_error)?;
+        dev.flush()?;
+        dev.write_at(&self.plan.slot_bytes, self.plan.slot_addr)?;
+        dev.flush()?;
+        Ok(())
+    }
+}
+
+/// The checkpointer thread: runs phase 2 and then `finish` (phase 3) for
+/// checkpoints that operations started while holding locks of their own
+/// (the file system's mutex around `end_aru`), so none of them waits for
+/// the device.
+pub(crate) struct Checkpointer {
+    tx: Option<Sender<Arc<PendingCheckpoint>>>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Checkpointer {
+    /// `finish` gets each pending checkpoint handed over; it runs phase 2
+    /// and 3 (the engine's closure knows the device and the state lock).
+    pub fn start(mut finish: impl FnMut(Arc<PendingCheckpoint>) + Send + 'static) -> Checkpointer {
+        let (tx, rx) = channel::<Arc<PendingCheckpoint>>();
+        let handle = std::thread::Builder::new()
+            .name("ldfs-checkpointer".into())
+            .spawn(move || {
+                for p in rx {
+                    finish(p);
+                }
+            })
+            .expect("spawn checkpointer thread");
+        Checkpointer {
+            tx: Some(tx),
+            handle: Some(handle),
+        }
+    }
+
+    /// Hands a pending checkpoint to the thread; false if it has stopped
+    /// (the caller then finishes the checkpoint itself).
+    pub fn hand(&self, p: Arc<PendingCheckpoint>) -> bool {
+        self.tx.as_ref().is_some_and(|tx| tx.send(p).is_ok())
+    }
+
+    /// Stops the thread once what was handed over is finished. Must not be
+    /// called while holding the engine lock (phase 3 takes it).
+    pub fn stop(&mut self) {
+        self.tx.take();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
