@@ -1,9 +1,14 @@
 //! Engine behaviour under bad conditions: corrupt blocks and summaries, lost
-//! checkpoints, a full device, device errors, concurrent flushes.
+//! checkpoints, a full device, device errors, concurrent flushes, a slow
+//! device flush during a checkpoint.
 
-use std::sync::Arc;
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
-use ldfs::device::{CrashDevice, CrashOptions, Device, FaultDevice, FaultPlan, MemoryDevice};
+use ldfs::device::{
+    CrashDevice, CrashOptions, Device, DeviceError, FaultDevice, FaultPlan, MemoryDevice,
+};
 use ldfs::ld::{CorruptReason, LdError, ListHints, ListId, LogicalDisk};
 use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::{Lld, LldOptions};
@@ -535,4 +540,136 @@ fn read_range_agrees_with_single_reads() {
     assert!(before.iter().all(|(i, b)| *b == data(1_000_000 + i, 4096)));
     let after = lld.read_range(l, 21..32, 64).unwrap();
     assert_eq!(after.len(), 11);
+}
+
+/// A device whose flushes wait while its gate is shut (a disk cache that
+/// takes long to flush), counting the flushes waiting there.
+struct SlowFlush {
+    inner: MemoryDevice,
+    /// (shut, flushes waiting)
+    gate: Mutex<(bool, usize)>,
+    cv: Condvar,
+}
+
+impl SlowFlush {
+    fn shut(&self, shut: bool) {
+        self.gate.lock().unwrap().0 = shut;
+        self.cv.notify_all();
+    }
+
+    /// Waits until a flush waits at the shut gate; false after `limit`.
+    fn await_blocked_flush(&self, limit: Duration) -> bool {
+        let g = self.gate.lock().unwrap();
+        let (g, _) = self
+            .cv
+            .wait_timeout_while(g, limit, |g| g.1 == 0)
+            .unwrap();
+        g.1 > 0
+    }
+}
+
+impl Device for SlowFlush {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> Result<(), DeviceError> {
+        let mut g = self.gate.lock().unwrap();
+        g.1 += 1;
+        self.cv.notify_all();
+        while g.0 {
+            g = self.cv.wait(g).unwrap();
+        }
+        g.1 -= 1;
+        drop(g);
+        self.inner.flush()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+}
+
+/// Opens the gate when dropped, so a failing assertion leaves no thread
+/// waiting at it.
+struct OpenOnDrop(Arc<SlowFlush>);
+
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        self.0.shut(false);
+    }
+}
+
+/// Issue 12 item 7: a checkpoint's device flushes run beside operations.
+/// With the device's flush stuck, the ARU end that starts a checkpoint and
+/// other threads' writes and ARU ends still complete (the file system
+/// calls `end_aru` under its own mutex: a checkpoint written there stalled
+/// every operation for the device's flushes).
+#[test]
+fn operations_proceed_while_a_checkpoint_waits_for_the_device() {
+    let dev = Arc::new(SlowFlush {
+        inner: MemoryDevice::new(16 << 20),
+        gate: Mutex::new((false, 0)),
+        cv: Condvar::new(),
+    });
+    let opts = LldOptions {
+        // Every ARU end that leaves a dirty map page is due a checkpoint.
+        checkpoint_dirty_pages: Some(1),
+        ..LldOptions::default()
+    };
+    let lld = Arc::new(Lld::create(dev.clone(), &small_mkfs(), opts.clone()).unwrap());
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    lld.checkpoint_now().unwrap();
+    let before = lld.stats().checkpoints;
+    let _open = OpenOnDrop(dev.clone());
+    dev.shut(true);
+    let limit = Duration::from_secs(10);
+    let op = |lld: &Arc<Lld>, i: u64| {
+        let (lld, (tx, rx)) = (lld.clone(), mpsc::channel());
+        std::thread::spawn(move || {
+            let aru = lld.begin_aru().unwrap();
+            lld.write(Some(aru), l, i, &data(i, 3000)).unwrap();
+            lld.end_aru(aru).unwrap();
+            let _ = tx.send(());
+        });
+        rx
+    };
+    // This ARU's end starts a checkpoint, which gets stuck in a flush.
+    let t0 = Instant::now();
+    let first = op(&lld, 0);
+    assert!(
+        dev.await_blocked_flush(limit),
+        "no checkpoint flush started"
+    );
+    assert!(
+        first.recv_timeout(limit).is_ok(),
+        "the ARU end that started the checkpoint waited for the device"
+    );
+    for i in 1..=8 {
+        assert!(
+            op(&lld, i).recv_timeout(limit).is_ok(),
+            "operation {i} waited for the checkpoint's device flush ({:?} in)",
+            t0.elapsed()
+        );
+    }
+    assert_eq!(
+        lld.stats().checkpoints,
+        before,
+        "the checkpoint finished with its flush stuck"
+    );
+    dev.shut(false);
+    // Waits for the pending checkpoint, then takes one more.
+    lld.checkpoint_now().unwrap();
+    assert!(lld.stats().checkpoints >= before + 2);
+    for i in 0..=8 {
+        assert_eq!(lld.read(l, i).unwrap().unwrap(), data(i, 3000));
+    }
+    assert!(lld.check_usage().unwrap().is_empty());
+    lld.close().unwrap();
+    drop(lld);
+    let lld = Lld::open(dev, opts).unwrap();
+    for i in 0..=8 {
+        assert_eq!(lld.read(l, i).unwrap().unwrap(), data(i, 3000));
+    }
 }
