@@ -9,6 +9,12 @@
 //! operations no shorter than the last completed flush, with the operations
 //! of every ARU not ended within that prefix removed.
 //!
+//! Checkpoints that operations start stay pending (snapshot taken, slot not
+//! yet written) until the mix finishes them (`finish_checkpoint`, or any
+//! operation that needs one finished): no checkpointer thread, so crashes
+//! and power cuts land between a checkpoint's snapshot and its slot at
+//! seeded points, and the tally counts them.
+//!
 //! `LDFS_CRASH_CYCLES` sets the number of crash-and-recover cycles (2,000 by
 //! default, `LDFS_LONG=1` for 100,000); `LDFS_SEED` the base seed. A failure
 //! prints the seed and the command that replays it.
@@ -35,7 +41,7 @@ const MAX_LISTS: usize = 64;
 fn engine_options() -> LldOptions {
     LldOptions {
         map_budget_bytes: 48 << 10, // forces leaf eviction and reloads
-        checkpoint_log_bytes: 192 << 10,
+        checkpoint_log_bytes: 96 << 10,
         checkpoint_dirty_pages: Some(24),
         partial_bytes: 24 << 10,
         cleaner: CleanerOptions {
@@ -44,6 +50,7 @@ fn engine_options() -> LldOptions {
             aru_wait_ms: 0,
             ..Default::default()
         },
+        checkpoint_thread: false,
         ..Default::default()
     }
 }
@@ -198,6 +205,12 @@ struct Tally {
     no_space: u64,
     power_cuts: u64,
     died_at_cut: u64,
+    /// Pending checkpoints finished by the mix.
+    finished: u64,
+    /// Crashes (images taken) while a checkpoint was pending.
+    crashed_pending: u64,
+    /// Power cuts aimed into finishing a pending checkpoint.
+    cut_finishing: u64,
 }
 
 impl Cycle<'_> {
@@ -234,6 +247,15 @@ impl Cycle<'_> {
                 }
             }
             Err(e) => self.failed("clean", e),
+        }
+    }
+
+    /// Finishes the pending checkpoint, if any: its slot reaches the device.
+    fn finish_checkpoint(&mut self) {
+        match self.lld.finish_checkpoint() {
+            Ok(true) => self.tally.finished += 1,
+            Ok(false) => {}
+            Err(e) => self.failed("finish_checkpoint", e),
         }
     }
 
@@ -348,6 +370,7 @@ impl Cycle<'_> {
                 Err(e) => self.failed("flush", e),
             },
             95..=97 => self.clean(),
+            98 => self.finish_checkpoint(),
             _ => {
                 if self.open.is_empty() {
                     match lld.checkpoint_now() {
@@ -415,7 +438,14 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64) -> Result<(), String> {
             dev.cut_power_after(cy.rng.gen_range(0..24));
             cy.cut = true;
             cy.tally.power_cuts += 1;
-            cy.clean();
+            if engine.checkpoint_pending() && cy.rng.gen_bool(0.5) {
+                // ...or into finishing a pending checkpoint: its map pages,
+                // the flushes, the slot.
+                cy.tally.cut_finishing += 1;
+                cy.finish_checkpoint();
+            } else {
+                cy.clean();
+            }
             let n = cy.rng.gen_range(0..20);
             cy.run_ops(n);
         }
@@ -431,6 +461,7 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64) -> Result<(), String> {
             cy.hist.flushed = cy.hist.log.len();
             dev.durable_image()
         } else {
+            cy.tally.crashed_pending += engine.checkpoint_pending() as u64;
             let opts = CrashOptions {
                 keep_probability: cy.rng.gen_range(0.0..1.0),
                 tear_probability: cy.rng.gen_range(0.0..0.5),
@@ -483,6 +514,11 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64) -> Result<(), String> {
     }
     if let Some(l) = lld {
         l.close().map_err(|e| format!("final close: {e}"))?;
+    }
+    if cycles >= CYCLES_PER_DEVICE && (tally.crashed_pending == 0 || tally.cut_finishing == 0) {
+        return Err(format!(
+            "cycles {first_cycle}..: no crash landed between a checkpoint's snapshot and its slot: {tally:?}"
+        ));
     }
     eprintln!("cycles {first_cycle}..{}: {tally:?}", first_cycle + cycles);
     Ok(())

@@ -67,6 +67,13 @@ pub struct LldOptions {
     /// from every summary on the device (fsck's repair of a damaged map or
     /// usage table; see `recovery::rebuild` for the method's limit).
     pub rebuild: bool,
+    /// Finish the checkpoints that operations start on a thread of their
+    /// own (the default). Off, such a checkpoint stays pending until
+    /// something needs it finished (`Engine::finish_checkpoint`, the next
+    /// checkpoint, a caller that waits for released segments, close): the
+    /// crash simulation's deterministic mode, where power cuts land
+    /// between a checkpoint's snapshot and its slot at seeded points.
+    pub checkpoint_thread: bool,
 }
 
 impl Default for LldOptions {
@@ -79,6 +86,7 @@ impl Default for LldOptions {
             partial_bytes: 1 << 20,
             cleaner: CleanerOptions::default(),
             rebuild: false,
+            checkpoint_thread: true,
         }
     }
 }
@@ -367,7 +375,7 @@ impl Engine {
         }
         let inner = Arc::new(Mutex::new(inner));
         let durable_op = Arc::new(AtomicU64::new(0));
-        let checkpointer = (!opts.read_only).then(|| {
+        let checkpointer = (!opts.read_only && opts.checkpoint_thread).then(|| {
             let (dev, flight, inner, durable_op) = (
                 dev.clone(),
                 flight.clone(),
@@ -673,6 +681,23 @@ impl Engine {
         self.checkpoint(&mut g)?;
         g.closed = true;
         Ok(())
+    }
+
+    /// Finishes the pending checkpoint, if one is, and returns whether one
+    /// was: waits until its slot is durable (the lock is not held while the
+    /// device works) and releases its segments. Without a checkpointer
+    /// thread (`LldOptions::checkpoint_thread`) this is how tests choose
+    /// when a checkpoint that an operation started reaches the device.
+    pub fn finish_checkpoint(&self) -> LdResult<bool> {
+        let g = self.lock_writable()?;
+        let pending = g.ckpt.is_some();
+        drop(self.finish_pending_unlocked(g)?);
+        Ok(pending)
+    }
+
+    /// Whether a checkpoint is between its snapshot and its release.
+    pub fn checkpoint_pending(&self) -> bool {
+        self.lock().ckpt.is_some()
     }
 
     /// Writes a checkpoint now (tests, benchmarks, `ldfs` tools) and returns
@@ -1137,15 +1162,12 @@ impl Engine {
             self.finish_pending(g)?;
         }
         let p = self.begin_checkpoint(g)?;
-        let handed = self
-            .checkpointer
-            .lock()
-            .expect("checkpointer handle poisoned")
-            .as_ref()
-            .is_some_and(|c| c.hand(p.clone()));
-        if !handed {
-            let res = p.write(&*self.dev, &self.flight);
-            apply_checkpoint(g, &p, res, &self.durable_op)?;
+        if let Some(c) = &*self.checkpointer.lock().expect("checkpointer poisoned") {
+            if !c.hand(p.clone()) {
+                // The thread is gone (the engine is being dropped).
+                let res = p.write(&*self.dev, &self.flight);
+                apply_checkpoint(g, &p, res, &self.durable_op)?;
+            }
         }
         Ok(())
     }
