@@ -3,19 +3,33 @@
 //! thread (`cleaner`) and derefs to it.
 //!
 //! One mutex guards the in-memory state (map, usage table, open partial
-//! segment, log head, ARUs). Sealing a partial segment writes it to the device
-//! under that lock, so the log's order on disk is the order operations were
-//! accepted. `flush` adds group commit on top: callers that arrive while a
-//! device flush is running are covered by the next one, which seals
-//! everything buffered by then (`docs/DESIGN.md`, "Flush").
+//! segment, log head, ARUs). Sealing a partial segment queues it on the log
+//! writer (`flight`) under that lock, so the log's order on disk is the
+//! order operations were accepted. `flush` adds group commit on top:
+//! callers that arrive while a device flush is running are covered by the
+//! next one, which seals everything buffered by then (`docs/DESIGN.md`,
+//! "Flush").
+//!
+//! Checkpoints run beside operations (`checkpointer`): the snapshot (seal,
+//! map pages placed and queued on the log writer, slot encoded) is taken
+//! under the lock; waiting for the writes, the device flushes and the slot
+//! write happen without it; the release of emptied segments under it
+//! again. One that an operation starts is finished by the checkpointer
+//! thread, so no operation waits for the device because a checkpoint fell
+//! due (callers such as the file system hold locks of their own).
 //!
 //! Invariants (asserted where cheap, checked by the crash tests):
 //! - every map entry is on disk or BUFFERED in the open partial, never both;
 //! - after `seal`, no entry is BUFFERED;
-//! - a checkpoint is written only when no ARU that has logged anything is
-//!   open, so a checkpoint never holds part of an ARU;
+//! - a checkpoint's snapshot is taken only when no ARU that has logged
+//!   anything is open, so a checkpoint never holds part of an ARU;
+//! - at most one checkpoint is pending (snapshot taken, segments not yet
+//!   released); what its slot names is queued on the log writer before
+//!   anything sealed after the snapshot, so a later group commit makes it
+//!   durable too;
 //! - a segment becomes Clean only after a checkpoint that no longer needs it
-//!   is durable;
+//!   is durable (the pending checkpoint's snapshot lists the segments it
+//!   will release; none is reused before its slot is flushed);
 //! - an operation is accepted only if the space it needs, with the reserve
 //!   kept back for checkpoints and the cleaner, exists now;
 //! - a user write is accepted only if live data stays within the capacity
