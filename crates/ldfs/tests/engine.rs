@@ -1,6 +1,6 @@
 //! Engine behaviour under bad conditions: corrupt blocks and summaries, lost
 //! checkpoints, a full device, device errors, concurrent flushes, a slow
-//! device flush during a checkpoint.
+//! device flush during a checkpoint, slow device writes.
 
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
@@ -542,28 +542,46 @@ fn read_range_agrees_with_single_reads() {
     assert_eq!(after.len(), 11);
 }
 
-/// A device whose flushes wait while its gate is shut (a disk cache that
-/// takes long to flush), counting the flushes waiting there.
+/// A device whose flushes (or writes) wait while its gate is shut (a disk
+/// that takes long), counting the calls waiting there.
 struct SlowFlush {
     inner: MemoryDevice,
-    /// (shut, flushes waiting)
+    /// (shut, calls waiting)
     gate: Mutex<(bool, usize)>,
     cv: Condvar,
+    /// The gate holds writes, not flushes.
+    writes: bool,
 }
 
 impl SlowFlush {
+    fn new(writes: bool) -> SlowFlush {
+        SlowFlush {
+            inner: MemoryDevice::new(16 << 20),
+            gate: Mutex::new((false, 0)),
+            cv: Condvar::new(),
+            writes,
+        }
+    }
+
     fn shut(&self, shut: bool) {
         self.gate.lock().unwrap().0 = shut;
         self.cv.notify_all();
     }
 
-    /// Waits until a flush waits at the shut gate; false after `limit`.
-    fn await_blocked_flush(&self, limit: Duration) -> bool {
+    fn pass(&self) {
+        let mut g = self.gate.lock().unwrap();
+        g.1 += 1;
+        self.cv.notify_all();
+        while g.0 {
+            g = self.cv.wait(g).unwrap();
+        }
+        g.1 -= 1;
+    }
+
+    /// Waits until a call waits at the shut gate; false after `limit`.
+    fn await_blocked(&self, limit: Duration) -> bool {
         let g = self.gate.lock().unwrap();
-        let (g, _) = self
-            .cv
-            .wait_timeout_while(g, limit, |g| g.1 == 0)
-            .unwrap();
+        let (g, _) = self.cv.wait_timeout_while(g, limit, |g| g.1 == 0).unwrap();
         g.1 > 0
     }
 }
@@ -573,17 +591,15 @@ impl Device for SlowFlush {
         self.inner.read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+        if self.writes {
+            self.pass();
+        }
         self.inner.write_at(buf, offset)
     }
     fn flush(&self) -> Result<(), DeviceError> {
-        let mut g = self.gate.lock().unwrap();
-        g.1 += 1;
-        self.cv.notify_all();
-        while g.0 {
-            g = self.cv.wait(g).unwrap();
+        if !self.writes {
+            self.pass();
         }
-        g.1 -= 1;
-        drop(g);
         self.inner.flush()
     }
     fn size_bytes(&self) -> u64 {
@@ -608,11 +624,7 @@ impl Drop for OpenOnDrop {
 /// every operation for the device's flushes).
 #[test]
 fn operations_proceed_while_a_checkpoint_waits_for_the_device() {
-    let dev = Arc::new(SlowFlush {
-        inner: MemoryDevice::new(16 << 20),
-        gate: Mutex::new((false, 0)),
-        cv: Condvar::new(),
-    });
+    let dev = Arc::new(SlowFlush::new(false));
     let opts = LldOptions {
         // Every ARU end that leaves a dirty map page is due a checkpoint.
         checkpoint_dirty_pages: Some(1),
@@ -638,10 +650,7 @@ fn operations_proceed_while_a_checkpoint_waits_for_the_device() {
     // This ARU's end starts a checkpoint, which gets stuck in a flush.
     let t0 = Instant::now();
     let first = op(&lld, 0);
-    assert!(
-        dev.await_blocked_flush(limit),
-        "no checkpoint flush started"
-    );
+    assert!(dev.await_blocked(limit), "no checkpoint flush started");
     assert!(
         first.recv_timeout(limit).is_ok(),
         "the ARU end that started the checkpoint waited for the device"
@@ -671,5 +680,52 @@ fn operations_proceed_while_a_checkpoint_waits_for_the_device() {
     let lld = Lld::open(dev, opts).unwrap();
     for i in 0..=8 {
         assert_eq!(lld.read(l, i).unwrap().unwrap(), data(i, 3000));
+    }
+}
+
+/// Sealed partial segments queue for the log writer by bytes, not by
+/// count: with the device's writes stuck, a stream of small partial
+/// segments (one per group commit, or here per write) does not make the
+/// sealing operation, which holds the engine lock, wait for the device
+/// (it did after four), and their blocks read back from the queue.
+#[test]
+fn small_partials_queue_while_a_device_write_is_slow() {
+    let dev = Arc::new(SlowFlush::new(true));
+    let opts = LldOptions {
+        // Every 4 KiB write seals a partial segment of its own.
+        partial_bytes: 4096,
+        ..LldOptions::default()
+    };
+    let lld = Arc::new(Lld::create(dev.clone(), &small_mkfs(), opts.clone()).unwrap());
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    lld.flush().unwrap();
+    let _open = OpenOnDrop(dev.clone());
+    dev.shut(true);
+    let (tx, rx) = mpsc::channel();
+    let writer = lld.clone();
+    std::thread::spawn(move || {
+        for i in 0..16u64 {
+            writer.write(None, l, i, &data(i, 4096)).unwrap();
+            let _ = tx.send(i);
+        }
+    });
+    for i in 0..16u64 {
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(10)).ok(),
+            Some(i),
+            "write {i} waited for the device"
+        );
+    }
+    assert!(dev.await_blocked(Duration::from_secs(10)));
+    for i in 0..16u64 {
+        assert_eq!(lld.read(l, i).unwrap().unwrap(), data(i, 4096));
+    }
+    dev.shut(false);
+    lld.flush().unwrap();
+    lld.close().unwrap();
+    drop(lld);
+    let lld = Lld::open(dev, opts).unwrap();
+    for i in 0..16u64 {
+        assert_eq!(lld.read(l, i).unwrap().unwrap(), data(i, 4096));
     }
 }

@@ -14,14 +14,17 @@
 //! writes might never come.
 
 use std::collections::VecDeque;
-use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use crate::device::{Device, DeviceError};
 
-/// Partial segments queued ahead of the writer (each up to ~1 MiB).
-const DEPTH: usize = 4;
+/// Bytes queued ahead of the writer before `submit` waits. Counted in
+/// bytes, not items: a stream of small partial segments (one per group
+/// commit) must not make the sealing thread, which holds the engine lock,
+/// wait for the device after a handful of them.
+const QUEUE_BYTES: usize = 4 << 20;
 
 pub(crate) struct InFlight {
     pub addr: u64,
@@ -35,6 +38,8 @@ struct State {
     submitted: u64,
     /// Items written so far (all of `1..=written`).
     written: u64,
+    /// Bytes of the queued items.
+    queued_bytes: usize,
     /// The write error, handed to the first caller that drains after it.
     error: Option<DeviceError>,
     failed: Option<String>,
@@ -48,7 +53,7 @@ pub(crate) struct Flight {
 
 /// The writer thread and the channel to it.
 pub(crate) struct Writer {
-    tx: Option<SyncSender<Arc<InFlight>>>,
+    tx: Option<Sender<Arc<InFlight>>>,
     handle: Option<JoinHandle<()>>,
 }
 
@@ -58,7 +63,7 @@ impl Flight {
     }
 
     pub fn start(self: &Arc<Self>, dev: Arc<dyn Device>) -> Writer {
-        let (tx, rx) = sync_channel::<Arc<InFlight>>(DEPTH);
+        let (tx, rx) = channel::<Arc<InFlight>>();
         let flight = self.clone();
         let handle = std::thread::Builder::new()
             .name("ldfs-log-writer".into())
@@ -71,6 +76,7 @@ impl Flight {
                             let done = s.queue.pop_front().expect("written item queued");
                             assert!(Arc::ptr_eq(&done, &item), "log writes out of order");
                             s.written += 1;
+                            s.queued_bytes -= done.bytes.len();
                         }
                         Err(e) => {
                             s.failed = Some(e.to_string());
@@ -89,15 +95,23 @@ impl Flight {
         }
     }
 
-    /// Queues a write; returns its number (see `wait_written`). Fails if the
+    /// Queues a write; returns its number (see `wait_written`). Waits while
+    /// `QUEUE_BYTES` are queued already (memory stays bounded). Fails if the
     /// writer stopped after an error.
     pub fn submit(&self, w: &Writer, addr: u64, bytes: Vec<u8>) -> Result<u64, String> {
         let item = Arc::new(InFlight { addr, bytes });
         let ticket = {
             let mut s = self.lock();
+            while s.failed.is_none()
+                && !s.queue.is_empty()
+                && s.queued_bytes + item.bytes.len() > QUEUE_BYTES
+            {
+                s = self.cv.wait(s).expect("in-flight queue poisoned");
+            }
             if let Some(f) = &s.failed {
                 return Err(f.clone());
             }
+            s.queued_bytes += item.bytes.len();
             s.queue.push_back(item.clone());
             s.submitted += 1;
             s.submitted

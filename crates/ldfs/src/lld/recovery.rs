@@ -234,7 +234,8 @@ impl PageReader for Pages<'_> {
         super::engine::DevPages {
             dev: self.dev,
             flight: None,
-        }.read_page(ptr)
+        }
+        .read_page(ptr)
     }
 }
 
