@@ -536,3 +536,207 @@ fn read_range_agrees_with_single_reads() {
     let after = lld.read_range(l, 21..32, 64).unwrap();
     assert_eq!(after.len(), 11);
 }
+
+/// Issue 12, item 5: one ARU dirties every map leaf, then overwrites a few
+/// keys with large blocks until the device is full. The checkpoint due when
+/// it ends must still fit (the writes get NoSpace first), it releases what
+/// the overwrites killed, and every image the engine leaves — whole, or cut
+/// off anywhere in that checkpoint — opens again.
+#[test]
+fn a_long_aru_at_a_full_device_gets_nospace_and_every_image_opens() {
+    const SMALL: u64 = 40_000;
+    let big = |k: u64| data(k, 32 << 10);
+    // Builds the scenario up to the ARU's end; returns the engine, its
+    // device and the list.
+    let scenario = || {
+        let dev = Arc::new(CrashDevice::new(16 << 20));
+        let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+        let l = lld.create_list(None, ListHints::default()).unwrap();
+        for i in 0..SMALL {
+            lld.write(None, l, i, &[i as u8]).unwrap();
+        }
+        lld.checkpoint_now().unwrap();
+        let aru = lld.begin_aru().unwrap();
+        // A key in every leaf: the next checkpoint rewrites the whole map.
+        for i in (0..SMALL).step_by(100) {
+            lld.write(Some(aru), l, i, &[!(i as u8)]).unwrap();
+        }
+        let (_, _, dirty) = lld.map_figures();
+        assert!(dirty > 300, "only {dirty} map pages dirty");
+        let mut k = 0u64;
+        loop {
+            match lld.write(Some(aru), l, SMALL + k % 8, &big(k)) {
+                Ok(()) => k += 1,
+                Err(LdError::NoSpace { .. }) => break,
+                Err(e) => panic!("overwrite {k}: {e}"),
+            }
+            assert!(k < 10_000, "never ran out of space");
+        }
+        assert!(k > 100, "only {k} overwrites fit");
+        (dev, lld, l, aru, k)
+    };
+    let check = |lld: &Lld, l: ListId, k: u64, committed: bool| {
+        for i in (0..SMALL).step_by(997) {
+            let want = if committed && i % 100 == 0 {
+                !(i as u8)
+            } else {
+                i as u8
+            };
+            assert_eq!(lld.read(l, i).unwrap().unwrap(), [want], "block {i}");
+        }
+        for j in 0..8 {
+            let got = lld.read(l, SMALL + j).unwrap();
+            if committed {
+                // The last of the overwrites of this key.
+                let last = (0..k).rev().find(|x| x % 8 == j).unwrap();
+                assert_eq!(got.unwrap(), big(last), "key {}", SMALL + j);
+            } else {
+                assert_eq!(got, None, "key {}", SMALL + j);
+            }
+        }
+    };
+
+    let (dev, lld, l, aru, k) = scenario();
+    // The ARU's end writes the due checkpoint: it must fit...
+    lld.end_aru(aru).unwrap();
+    assert!(lld.stats().segments_released > 50, "{:?}", lld.stats());
+    // ...and release what the overwrites killed: there is room again.
+    lld.write(None, l, SMALL + 100, &big(1 << 40)).unwrap();
+    lld.flush().unwrap();
+    let image = dev.current_image();
+    lld.abandon();
+    let lld = Lld::open(
+        Arc::new(MemoryDevice::from_vec(image)),
+        LldOptions::default(),
+    )
+    .expect("reopen after the ARU");
+    check(&lld, l, k, true);
+    drop(lld);
+
+    // The power goes out at points of that checkpoint: first every write
+    // made before the cut lands (the log's tail holds as many map pages as
+    // it got to write), then a random subset does.
+    for cut in [1, 3, 6, 9, 12] {
+        let (dev, lld, l, aru, k) = scenario();
+        dev.cut_power_after(cut);
+        let _ = lld.end_aru(aru);
+        let images = [
+            (dev.current_image(), "every write"),
+            (
+                dev.crash_image(cut, &CrashOptions::default()),
+                "some writes",
+            ),
+        ];
+        lld.abandon();
+        for (image, what) in images {
+            let lld = Lld::open(
+                Arc::new(MemoryDevice::from_vec(image)),
+                LldOptions::default(),
+            )
+            .unwrap_or_else(|e| panic!("cut after {cut} writes, {what}: reopen: {e}"));
+            // The end record was written before the checkpoint began: the
+            // ARU is there unless the crash lost it.
+            let committed = lld.read(l, SMALL).unwrap().is_some();
+            check(&lld, l, k, committed);
+            assert_eq!(lld.accounting_drift(), 0);
+            assert!(lld.check_usage().unwrap().is_empty());
+        }
+    }
+}
+
+/// Issue 12, item 5: a list created in an ARU that never ended, and a block
+/// written to it outside that ARU. After a crash the list's entry is gone
+/// but the block is not: its list id must not be handed out again.
+#[test]
+fn a_list_id_with_a_surviving_block_is_not_handed_out_again() {
+    let dev = Arc::new(CrashDevice::new(16 << 20));
+    let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+    let a = lld.create_list(None, ListHints::default()).unwrap();
+    lld.write(None, a, 0, b"a").unwrap();
+    lld.checkpoint_now().unwrap();
+    let aru = lld.begin_aru().unwrap();
+    let l = lld.create_list(Some(aru), ListHints::default()).unwrap();
+    lld.write(None, l, 0, b"outside the ARU").unwrap();
+    lld.flush().unwrap();
+    let image = dev.durable_image();
+    lld.abandon();
+    let lld = Lld::open(
+        Arc::new(MemoryDevice::from_vec(image)),
+        LldOptions::default(),
+    )
+    .unwrap();
+    assert!(lld.open_report().rolled_forward > 0);
+    assert_eq!(lld.list_hints(l).unwrap(), None, "the ARU's list survived");
+    let n = lld.create_list(None, ListHints::default()).unwrap();
+    assert_ne!(n, l, "list {} handed out again", l.0);
+    assert!(lld.indices(n, 0, 10).unwrap().is_empty());
+    assert_eq!(lld.read(a, 0).unwrap().unwrap(), b"a");
+}
+
+/// A checkpoint can leave the log with no segment to continue in when it
+/// takes the last clean one, and release segments in the same stroke: the
+/// log then goes on into one of those. Recovery must follow it there.
+#[test]
+fn the_log_goes_on_into_a_segment_its_checkpoint_released() {
+    let dev = Arc::new(CrashDevice::new(16 << 20));
+    let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    for i in 0..40_000u64 {
+        lld.write(None, l, i, &[i as u8]).unwrap();
+    }
+    lld.checkpoint_now().unwrap();
+    let aru = lld.begin_aru().unwrap();
+    for i in (0..40_000u64).step_by(100) {
+        lld.write(Some(aru), l, i, &[!(i as u8)]).unwrap();
+    }
+    // Overwrites kill whole segments that only a checkpoint releases...
+    let mut k = 0u64;
+    while lld
+        .write(Some(aru), l, 50_000 + k % 8, &data(k, 32 << 10))
+        .is_ok()
+    {
+        k += 1;
+    }
+    // ...and deletes (allowed further into the reserve) take the log down
+    // to what the checkpoint at the ARU's end needs.
+    let mut deleted = 0u64;
+    while lld.delete(Some(aru), l, 1 + deleted * 3 % 39_000).is_ok() {
+        deleted += 1;
+        assert!(deleted < 200_000, "deletes never ran out of space");
+    }
+    // Its checkpoint fills every clean segment (31 map pages and a summary
+    // page each) and more.
+    let (clean, _) = lld.clean_segment_counts();
+    let (_, _, dirty) = lld.map_figures();
+    assert!(
+        dirty > clean as usize * 31,
+        "{dirty} dirty pages, {clean} clean segments"
+    );
+    lld.end_aru(aru).unwrap();
+    // Enough to fill a segment or two after the checkpoint.
+    for j in 0..12u64 {
+        lld.write(None, l, 60_000 + j, &data(1000 + j, 32 << 10))
+            .unwrap();
+    }
+    lld.flush().unwrap();
+    let image = dev.durable_image();
+    lld.abandon();
+    let lld = Lld::open(
+        Arc::new(MemoryDevice::from_vec(image)),
+        LldOptions::default(),
+    )
+    .expect("reopen");
+    assert!(
+        lld.open_report().failed_slots.is_empty(),
+        "{:?}",
+        lld.open_report()
+    );
+    for j in 0..12u64 {
+        assert_eq!(
+            lld.read(l, 60_000 + j).unwrap().unwrap(),
+            data(1000 + j, 32 << 10)
+        );
+    }
+    assert_eq!(lld.read(l, 1).unwrap(), None);
+    assert!(lld.check_usage().unwrap().is_empty());
+}
