@@ -740,3 +740,68 @@ fn the_log_goes_on_into_a_segment_its_checkpoint_released() {
     assert_eq!(lld.read(l, 1).unwrap(), None);
     assert!(lld.check_usage().unwrap().is_empty());
 }
+
+/// The cleaner moves map pages by marking them dirty for the next
+/// checkpoint: on a full device it may mark only as many as that
+/// checkpoint can write.
+#[test]
+fn map_pages_are_moved_only_while_their_checkpoint_fits() {
+    let dev = Arc::new(CrashDevice::new(16 << 20));
+    let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    for i in 0..40_000u64 {
+        lld.write(None, l, i, &[i as u8]).unwrap();
+    }
+    lld.checkpoint_now().unwrap();
+    // Fill the log with segments half live, half dead: nothing a
+    // checkpoint could release. Inside an ARU, so no write waits for the
+    // cleaner.
+    let aru = lld.begin_aru().unwrap();
+    let mut k = 0u64;
+    loop {
+        let (key, seed) = if k % 2 == 0 {
+            (100_000 + k, k)
+        } else {
+            (90_000 + k % 8, k)
+        };
+        match lld.write(Some(aru), l, key, &data(seed, 32 << 10)) {
+            Ok(()) => k += 1,
+            Err(LdError::NoSpace { .. }) => break,
+            Err(e) => panic!("write {k}: {e}"),
+        }
+    }
+    lld.end_aru(aru).unwrap();
+    // Every live map page of the 40,000 blocks' leaves, asked to move.
+    let geo = *lld.geometry();
+    let mut pages = Vec::new();
+    for (seg, u) in lld.segment_usage() {
+        if u.live_bytes == 0 {
+            continue;
+        }
+        for (h, recs) in lld.segment_summaries(seg).unwrap() {
+            for r in recs {
+                if let ldfs::lld::summary::Record::MapPage { data_off, .. } = r {
+                    let addr = geo.page_addr(seg, h.page + h.summary_pages) + data_off as u64;
+                    if lld.map_page_is_live(addr) {
+                        pages.push(addr);
+                    }
+                }
+            }
+        }
+    }
+    assert!(pages.len() > 300, "{} live map pages", pages.len());
+    let moved = pages
+        .iter()
+        .filter(|&&a| lld.relocate_map_page(a).unwrap())
+        .count();
+    assert!(moved > 0 && moved < pages.len(), "moved {moved}");
+    lld.checkpoint_now().unwrap();
+    // Full, but not stuck: deletes go on.
+    lld.delete(None, l, 0).unwrap();
+    lld.close().unwrap();
+    drop(lld);
+    let lld = Lld::open(dev, LldOptions::default()).unwrap();
+    assert_eq!(lld.read(l, 0).unwrap(), None);
+    assert_eq!(lld.read(l, 39_999).unwrap().unwrap(), [39_999u64 as u8]);
+    assert!(lld.check_usage().unwrap().is_empty());
+}
