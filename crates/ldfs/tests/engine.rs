@@ -759,12 +759,12 @@ fn map_pages_are_moved_only_while_their_checkpoint_fits() {
     let aru = lld.begin_aru().unwrap();
     let mut k = 0u64;
     loop {
-        let (key, seed) = if k % 2 == 0 {
-            (100_000 + k, k)
+        let key = if k.is_multiple_of(2) {
+            100_000 + k
         } else {
-            (90_000 + k % 8, k)
+            90_000 + k % 8
         };
-        match lld.write(Some(aru), l, key, &data(seed, 32 << 10)) {
+        match lld.write(Some(aru), l, key, &data(k, 32 << 10)) {
             Ok(()) => k += 1,
             Err(LdError::NoSpace { .. }) => break,
             Err(e) => panic!("write {k}: {e}"),
