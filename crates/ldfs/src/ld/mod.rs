@@ -262,7 +262,7 @@ pub trait LogicalDisk: Send + Sync {
     fn abort_aru(&self, aru: AruId) -> LdResult<()>;
     /// Guarantee that `bytes` more bytes of blocks written in `aru` will be
     /// accepted; fails with `NoSpace` before anything is accepted. The
-    /// reservation is released when the ARU ends.
+    /// reservation is released when the ARU ends or is aborted.
     fn reserve(&self, aru: AruId, bytes: u64) -> LdResult<()>;
     /// Like `reserve`, for an operation that frees more than it writes (a
     /// delete, an unlink): it may use the part of the device kept back for

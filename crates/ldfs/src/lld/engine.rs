@@ -14,6 +14,9 @@
 //! - after `seal`, no entry is BUFFERED;
 //! - a checkpoint is written only when no ARU that has logged anything is
 //!   open, so a checkpoint never holds part of an ARU;
+//! - an aborted ARU's operations are taken back from the map (`undo` keeps
+//!   what each open ARU changed) and it never ends in the log, so recovery
+//!   drops whatever of it was written;
 //! - a segment becomes Clean only after a checkpoint that no longer needs it
 //!   is durable;
 //! - an operation is accepted only if the space it needs, with the reserve
