@@ -1,13 +1,17 @@
 //! Model-based crash simulation of the engine (issue 2).
 //!
 //! Random LD operations (writes of random lengths, overwrites, deletes of
-//! blocks, ranges and lists, interleaved ARUs, flushes, checkpoints) run
+//! blocks, ranges and lists, interleaved ARUs ended or aborted, flushes,
+//! checkpoints) run
 //! against lld on a crash device and against an in-memory model. At random
 //! points the device crashes (unflushed writes kept or dropped at random,
 //! some torn at 512-byte granularity) and lld reopens from the crash image.
 //! The recovered state must equal the model after some prefix of the
 //! operations no shorter than the last completed flush, with the operations
-//! of every ARU not ended within that prefix removed.
+//! of every ARU not ended within that prefix removed. An aborted ARU's
+//! operations leave the model at once (nothing of them may survive, and
+//! every other operation stands); after each abort the lists it touched must
+//! read as the model says.
 //!
 //! `LDFS_CRASH_CYCLES` sets the number of crash-and-recover cycles (2,000 by
 //! default, `LDFS_LONG=1` for 100,000); `LDFS_SEED` the base seed. A failure
@@ -142,21 +146,26 @@ impl History {
 fn read_state(lld: &Lld, universe: u64) -> State {
     let mut s = State::default();
     for l in 1..universe {
-        let list = ListId(l);
-        if lld.list_hints(list).unwrap().is_none() {
-            continue;
+        if let Some(blocks) = read_list(lld, l) {
+            s.lists.insert(l, blocks);
         }
-        let mut blocks = BTreeMap::new();
-        for i in lld.indices(list, 0, usize::MAX).unwrap() {
-            let d = lld
-                .read(list, i)
-                .unwrap_or_else(|e| panic!("read list {l} index {i}: {e}"))
-                .unwrap_or_else(|| panic!("indices listed {l}/{i} but read found nothing"));
-            blocks.insert(i, d);
-        }
-        s.lists.insert(l, blocks);
     }
     s
+}
+
+/// The blocks of list `l`, or `None` if it does not exist.
+fn read_list(lld: &Lld, l: u64) -> Option<BTreeMap<u64, Vec<u8>>> {
+    let list = ListId(l);
+    lld.list_hints(list).unwrap()?;
+    let mut blocks = BTreeMap::new();
+    for i in lld.indices(list, 0, usize::MAX).unwrap() {
+        let d = lld
+            .read(list, i)
+            .unwrap_or_else(|e| panic!("read list {l} index {i}: {e}"))
+            .unwrap_or_else(|| panic!("indices listed {l}/{i} but read found nothing"));
+        blocks.insert(i, d);
+    }
+    Some(blocks)
 }
 
 fn block(rng: &mut ChaCha8Rng) -> Vec<u8> {
@@ -198,6 +207,7 @@ struct Tally {
     no_space: u64,
     power_cuts: u64,
     died_at_cut: u64,
+    aborts: u64,
 }
 
 impl Cycle<'_> {
@@ -266,6 +276,51 @@ impl Cycle<'_> {
                 self.failed(&format!("{op:?}"), e);
                 self.hist.log.push((aru.map_or(0, |a| a.0), op));
             }
+        }
+    }
+
+    /// Aborts `a`: its operations leave the model; the lists they touched
+    /// must read as the model says at once.
+    fn abort(&mut self, a: AruId) {
+        if let Err(e) = self.lld.abort_aru(a) {
+            // Only after a power cut (the undo happened, the checkpoint
+            // after it failed); the ARU never ends, so recovery drops it.
+            self.failed("abort_aru", e);
+            return;
+        }
+        let mut touched = BTreeSet::new();
+        for (x, op) in &self.hist.log {
+            if *x != a.0 {
+                continue;
+            }
+            match op {
+                Op::Write(l, ..)
+                | Op::Delete(l, _)
+                | Op::DeleteRange(l, ..)
+                | Op::DeleteList(l) => {
+                    touched.insert(*l);
+                }
+                Op::CreateList(_) | Op::End => {}
+            }
+        }
+        let before_flush = self.hist.log[..self.hist.flushed]
+            .iter()
+            .filter(|(x, _)| *x == a.0)
+            .count();
+        self.hist.flushed -= before_flush;
+        self.hist.log.retain(|(x, _)| *x != a.0);
+        self.tally.aborts += 1;
+        if self.dead {
+            return;
+        }
+        let live = self.hist.live();
+        for l in touched {
+            let got = read_list(self.lld, l);
+            assert_eq!(
+                got.as_ref(),
+                live.lists.get(&l),
+                "after aborting {a}: list {l} reads otherwise than the model"
+            );
         }
     }
 
@@ -339,8 +394,12 @@ impl Cycle<'_> {
                 if !self.open.is_empty() {
                     let k = self.rng.gen_range(0..self.open.len());
                     let a = self.open.swap_remove(k);
-                    let r = lld.end_aru(a);
-                    self.record(Some(a), r, Op::End);
+                    if self.rng.gen_ratio(1, 4) {
+                        self.abort(a);
+                    } else {
+                        let r = lld.end_aru(a);
+                        self.record(Some(a), r, Op::End);
+                    }
                 }
             }
             92..=94 => match lld.flush() {
