@@ -71,7 +71,12 @@ fn drop_caches() {
 }
 
 /// Every target this benchmark knows, in the default order.
-pub const TARGETS: [&str; 7] = ["ldfs", "ext4", "xfs", "btrfs", "fuse2fs", "memfs", "tmpfs"];
+/// `ldfs-wb` and `memfs-wb` are ldfs and memfs with the kernel's writeback
+/// cache (`-o writeback_cache`), so what the default (no writeback cache,
+/// ENOSPC at write(2)) costs is measured in the same run.
+pub const TARGETS: [&str; 9] = [
+    "ldfs", "ext4", "xfs", "btrfs", "fuse2fs", "memfs", "tmpfs", "ldfs-wb", "memfs-wb",
+];
 
 /// Kernel file systems: made durable with syncfs(2); the others are FUSE
 /// file systems, which the kernel does not pass syncfs to, made durable with
@@ -229,7 +234,7 @@ fn check_target(name: &str) -> R<()> {
         return Err("needs root (mount, loop devices, drop_caches)".into());
     }
     match name {
-        "ldfs" | "memfs" => need(&["fusermount3"], &["fuse3"]),
+        "ldfs" | "memfs" | "ldfs-wb" | "memfs-wb" => need(&["fusermount3"], &["fuse3"]),
         "ext4" => need(&["mkfs.ext4", "losetup"], &["e2fsprogs", "mount"]),
         "xfs" => need(&["mkfs.xfs", "losetup"], &["xfsprogs", "mount"]).and(kernel("xfs")),
         "btrfs" => need(&["mkfs.btrfs", "losetup"], &["btrfs-progs", "mount"]).and(kernel("btrfs")),
@@ -306,13 +311,13 @@ fn setup(name: &str, b: &FsBench) -> R<Target> {
             mnt.display()
         ));
     }
-    if name != "tmpfs" && name != "memfs" {
+    if name != "tmpfs" && !name.starts_with("memfs") {
         make_image(&img, b.image_bytes)?;
     }
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let inodes = ["-q", "-F", "-i", "4096"];
     match name {
-        "ldfs" => {
+        "ldfs" | "ldfs-wb" => {
             // Preallocated, as a block device would be: the host file system
             // then does not allocate (and journal) under every fsync.
             run(Command::new(&exe)
@@ -321,9 +326,14 @@ fn setup(name: &str, b: &FsBench) -> R<Target> {
                 .args(["--size", &b.image_bytes.to_string()])
                 .arg(&img))?;
             let t = fuse_target(name, &mnt, None);
+            let opts = if name == "ldfs-wb" {
+                "allow_other,writeback_cache"
+            } else {
+                "allow_other"
+            };
             run(Command::new(&exe)
                 .arg("mount")
-                .args(["-o", "allow_other"])
+                .args(["-o", opts])
                 .arg(&img)
                 .arg(&mnt))?;
             wait_mounted(&mnt)?;
@@ -357,9 +367,10 @@ fn setup(name: &str, b: &FsBench) -> R<Target> {
             wait_mounted(&mnt)?;
             Ok(t)
         }
-        "memfs" => {
+        "memfs" | "memfs-wb" => {
             let child = Command::new(&exe)
                 .arg("bench-memfs")
+                .args((name == "memfs-wb").then_some("--writeback-cache"))
                 .arg(&mnt)
                 .spawn()
                 .map_err(|e| format!("bench-memfs: {e}"))?;
@@ -373,7 +384,7 @@ fn setup(name: &str, b: &FsBench) -> R<Target> {
 
 /// ldfs's engine counters (`ldfs stats`), by name; empty for other targets.
 fn ldfs_counters(t: &Target) -> Vec<(String, f64)> {
-    if t.name != "ldfs" {
+    if !t.name.starts_with("ldfs") {
         return Vec::new();
     }
     let Ok(text) = crate::control_get(&t.mnt, "stats") else {

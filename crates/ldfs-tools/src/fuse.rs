@@ -33,6 +33,12 @@ pub struct FuseFs {
     /// Commands for the daemon itself (`ldfs stats`, `ldfs clean` on a
     /// mount point): extended attributes named `trusted.ldfs.*` on the root.
     pub control: Option<Arc<dyn Control>>,
+    /// Ask for the kernel's writeback cache (`-o writeback_cache`): write(2)
+    /// then returns once the data is in the page cache and ldfs sees it only
+    /// at writeback, so a full file system fails writeback, not write(2).
+    /// Off by default: every write(2) reaches ldfs, which refuses it with
+    /// ENOSPC before anything is accepted.
+    pub writeback_cache: bool,
 }
 
 /// The daemon's control interface, reached through `trusted.ldfs.<name>`
@@ -171,9 +177,11 @@ fn time_set(t: TimeOrNow) -> TimeSet {
 impl Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Best effort: each capability the kernel lacks is simply not used.
+        if self.writeback_cache {
+            let _ = config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE);
+        }
         let _ = config.add_capabilities(
-            InitFlags::FUSE_WRITEBACK_CACHE
-                | InitFlags::FUSE_DO_READDIRPLUS
+            InitFlags::FUSE_DO_READDIRPLUS
                 | InitFlags::FUSE_READDIRPLUS_AUTO
                 | InitFlags::FUSE_PARALLEL_DIROPS
                 | InitFlags::FUSE_ASYNC_READ

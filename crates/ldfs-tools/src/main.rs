@@ -13,6 +13,7 @@ mod fsck;
 mod fuse;
 mod memfs;
 mod mount;
+mod sync;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -97,7 +98,9 @@ enum Cmd {
         #[arg(short = 'f', long)]
         foreground: bool,
         /// Options: ro, rw, allow_other, cache=SIZE (map memory, default 64M),
-        /// commit=SECONDS (default 5), cleaner=POLICY|off, clean_start=N,
+        /// commit=SECONDS (default 5), writeback_cache (faster small writes,
+        /// but a full file system is then seen at writeback, not by
+        /// write(2): see the README), cleaner=POLICY|off, clean_start=N,
         /// clean_stop=N (clean-segment watermarks), dev, nodev, suid, nosuid,
         /// exec, noexec, atime, noatime, sync, async.
         #[arg(short = 'o', value_name = "OPTIONS")]
@@ -105,8 +108,9 @@ enum Cmd {
         #[arg(long, hide = true)]
         daemon_child: bool,
     },
-    /// Make everything written to a mounted ldfs before this call durable
-    /// (the kernel does not pass sync(2) on to FUSE file systems).
+    /// Make everything written to a mounted ldfs before this call durable,
+    /// open files included (the kernel does not pass sync(2) on to FUSE
+    /// file systems).
     Sync { mountpoint: PathBuf },
     /// Print a mounted ldfs's figures: cleaner (policy, watermarks, segments
     /// cleaned, blocks moved, write cost), segments, space, checkpoints.
@@ -117,7 +121,12 @@ enum Cmd {
     /// Serve the in-memory FUSE ceiling file system on DIR in the foreground
     /// (a benchmark target: FUSE with no storage at all).
     #[command(hide = true)]
-    BenchMemfs { dir: PathBuf },
+    BenchMemfs {
+        dir: PathBuf,
+        /// Use the kernel's writeback cache (as ldfs's `-o writeback_cache`).
+        #[arg(long)]
+        writeback_cache: bool,
+    },
     /// Clean now: move the live blocks out of segments chosen by a policy
     /// until none at or below --max-utilization is left (or --segments were
     /// released). TARGET is an unmounted image (cleaned, checkpointed and
@@ -175,7 +184,8 @@ struct FsArgs {
     /// Names in the big directory (1,000,000; quick: 20,000).
     #[arg(long)]
     dir_names: Option<usize>,
-    /// Targets, in order: ldfs, ext4, xfs, btrfs, fuse2fs, memfs, tmpfs.
+    /// Targets, in order: ldfs, ext4, xfs, btrfs, fuse2fs, memfs, tmpfs;
+    /// also ldfs-wb and memfs-wb (the two with the kernel's writeback cache).
     #[arg(
         long,
         value_delimiter = ',',
@@ -505,14 +515,15 @@ fn main() -> ExitCode {
             daemon_child,
         } => mount::run(image, dir, foreground, options, daemon_child).map_err(Into::into),
         Cmd::Fsck(_) => unreachable!("fsck is dispatched before the other commands"),
-        Cmd::BenchMemfs { dir } => memfs::serve(&dir).map_err(Into::into),
+        Cmd::BenchMemfs {
+            dir,
+            writeback_cache,
+        } => memfs::serve(&dir, writeback_cache).map_err(Into::into),
         Cmd::Stats { mountpoint } => control_get(&mountpoint, "stats").map(|t| {
             print!("{}", String::from_utf8_lossy(&t));
         }),
         Cmd::Checkpoint { mountpoint } => control_set(&mountpoint, "checkpoint", b""),
-        Cmd::Sync { mountpoint } => std::fs::File::open(&mountpoint)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| format!("{}: {e}", mountpoint.display()).into()),
+        Cmd::Sync { mountpoint } => sync::run(&mountpoint).map_err(Into::into),
         Cmd::Bench {
             which: BenchCmd::Fs(args),
         } => {

@@ -34,6 +34,9 @@ struct State {
 pub struct MemFs {
     st: Mutex<State>,
     no_open: bool,
+    /// As ldfs's `-o writeback_cache`, so the ceiling is measured with the
+    /// same FUSE options as the ldfs it is compared with.
+    pub writeback_cache: bool,
 }
 
 /// A directory's entries after `offset`, in inode order, each with its
@@ -109,6 +112,7 @@ impl MemFs {
                 next: 2,
             }),
             no_open: false,
+            writeback_cache: false,
         }
     }
 
@@ -156,9 +160,11 @@ impl Default for MemFs {
 impl Filesystem for MemFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // The same capabilities ldfs asks for (crates/ldfs-tools/src/fuse.rs).
+        if self.writeback_cache {
+            let _ = config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE);
+        }
         let _ = config.add_capabilities(
-            InitFlags::FUSE_WRITEBACK_CACHE
-                | InitFlags::FUSE_DO_READDIRPLUS
+            InitFlags::FUSE_DO_READDIRPLUS
                 | InitFlags::FUSE_READDIRPLUS_AUTO
                 | InitFlags::FUSE_PARALLEL_DIROPS
                 | InitFlags::FUSE_ASYNC_READ
@@ -529,8 +535,9 @@ impl Filesystem for MemFs {
 }
 
 /// Mounts the in-memory file system on `dir` in the foreground until
-/// unmounted, with ldfs's mount options and thread count.
-pub fn serve(dir: &Path) -> Result<(), String> {
+/// unmounted, with ldfs's mount options and thread count (and its
+/// writeback cache when `writeback_cache`).
+pub fn serve(dir: &Path, writeback_cache: bool) -> Result<(), String> {
     let mut cfg = Config::default();
     cfg.mount_options = vec![
         MountOption::FSName("memfs".into()),
@@ -541,7 +548,11 @@ pub fn serve(dir: &Path) -> Result<(), String> {
     // Like ldfs in the benchmark: other users (tpcb's postgres) may enter.
     cfg.acl = fuser::SessionACL::All;
     cfg.n_threads = Some(crate::FUSE_THREADS);
-    let session = Session::new(MemFs::new(), dir, &cfg)
+    let fs = MemFs {
+        writeback_cache,
+        ..MemFs::new()
+    };
+    let session = Session::new(fs, dir, &cfg)
         .map_err(|e| format!("mounting memfs on {}: {e}", dir.display()))?;
     session.run().map_err(|e| e.to_string())
 }

@@ -1,14 +1,18 @@
 //! Model-based crash simulation of the engine (issue 2).
 //!
 //! Random LD operations (writes of random lengths, overwrites, deletes of
-//! blocks, ranges and lists, interleaved ARUs, flushes, checkpoints, and
-//! now and then a long ARU at a nearly full device) run against lld on a
-//! crash device and against an in-memory model. At random
+//! blocks, ranges and lists, interleaved ARUs ended or aborted, flushes,
+//! checkpoints, and now and then a long ARU at a nearly full device) run
+//! against lld on a crash device and against an in-memory model. At random
 //! points the device crashes (unflushed writes kept or dropped at random,
-//! some torn at 512-byte granularity) and lld reopens from the crash image.
+//! some torn at 512-byte granularity) and lld reopens from the crash image;
+//! the reopen must succeed.
 //! The recovered state must equal the model after some prefix of the
 //! operations no shorter than the last completed flush, with the operations
-//! of every ARU not ended within that prefix removed.
+//! of every ARU not ended within that prefix removed. An aborted ARU's
+//! operations leave the model at once (nothing of them may survive, and
+//! every other operation stands); after each abort the lists it touched must
+//! read as the model says.
 //!
 //! `LDFS_CRASH_CYCLES` sets the number of crash-and-recover cycles (2,000 by
 //! default, `LDFS_LONG=1` for 100,000); `LDFS_SEED` the base seed. A failure
@@ -147,7 +151,16 @@ impl History {
         s
     }
 
-    /// The lists reads see now (every accepted operation).
+    /// The live state: what reads see now (every accepted operation).
+    fn live(&self) -> State {
+        let mut s = self.base.clone();
+        for (_, op) in &self.log {
+            s.apply(op);
+        }
+        s
+    }
+
+    /// The lists reads see now (`live`, without copying blocks).
     fn live_lists(&self) -> BTreeSet<u64> {
         let mut lists: BTreeSet<u64> = self.base.lists.keys().copied().collect();
         for (_, op) in &self.log {
@@ -168,24 +181,29 @@ impl History {
 fn read_state(lld: &Lld, universe: u64) -> State {
     let mut s = State::default();
     for l in 1..universe {
-        let list = ListId(l);
-        if lld.list_hints(list).unwrap().is_none() {
-            continue;
+        if let Some(blocks) = read_list(lld, l) {
+            s.lists.insert(l, blocks);
         }
-        let indices = lld.indices(list, 0, usize::MAX).unwrap();
-        let blocks: BTreeMap<u64, Block> = lld
-            .read_range(list, 0..u64::MAX, usize::MAX)
-            .unwrap_or_else(|e| panic!("read list {l}: {e}"))
-            .into_iter()
-            .map(|(i, d)| (i, d.into()))
-            .collect();
-        assert!(
-            blocks.keys().copied().eq(indices.iter().copied()),
-            "list {l}: indices and read_range disagree"
-        );
-        s.lists.insert(l, Arc::new(blocks));
     }
     s
+}
+
+/// The blocks of list `l`, or `None` if it does not exist.
+fn read_list(lld: &Lld, l: u64) -> Option<Arc<BTreeMap<u64, Block>>> {
+    let list = ListId(l);
+    lld.list_hints(list).unwrap()?;
+    let indices = lld.indices(list, 0, usize::MAX).unwrap();
+    let blocks: BTreeMap<u64, Block> = lld
+        .read_range(list, 0..u64::MAX, usize::MAX)
+        .unwrap_or_else(|e| panic!("read list {l}: {e}"))
+        .into_iter()
+        .map(|(i, d)| (i, d.into()))
+        .collect();
+    assert!(
+        blocks.keys().copied().eq(indices.iter().copied()),
+        "list {l}: indices and read_range disagree"
+    );
+    Some(Arc::new(blocks))
 }
 
 fn block(rng: &mut ChaCha8Rng) -> Vec<u8> {
@@ -229,6 +247,7 @@ struct Tally {
     no_space: u64,
     power_cuts: u64,
     died_at_cut: u64,
+    aborts: u64,
     long_arus: u64,
     /// Long ARUs whose large overwrites ran into NoSpace.
     long_arus_full: u64,
@@ -310,6 +329,51 @@ impl Cycle<'_> {
         }
     }
 
+    /// Aborts `a`: its operations leave the model; the lists they touched
+    /// must read as the model says at once.
+    fn abort(&mut self, a: AruId) {
+        if let Err(e) = self.lld.abort_aru(a) {
+            // Only after a power cut (the undo happened, the checkpoint
+            // after it failed); the ARU never ends, so recovery drops it.
+            self.failed("abort_aru", e);
+            return;
+        }
+        let mut touched = BTreeSet::new();
+        for (x, op) in &self.hist.log {
+            if *x != a.0 {
+                continue;
+            }
+            match op {
+                Op::Write(l, ..)
+                | Op::Delete(l, _)
+                | Op::DeleteRange(l, ..)
+                | Op::DeleteList(l) => {
+                    touched.insert(*l);
+                }
+                Op::CreateList(_) | Op::End => {}
+            }
+        }
+        let before_flush = self.hist.log[..self.hist.flushed]
+            .iter()
+            .filter(|(x, _)| *x == a.0)
+            .count();
+        self.hist.flushed -= before_flush;
+        self.hist.log.retain(|(x, _)| *x != a.0);
+        self.tally.aborts += 1;
+        if self.dead {
+            return;
+        }
+        let live = self.hist.live();
+        for l in touched {
+            let got = read_list(self.lld, l);
+            assert_eq!(
+                got.as_ref(),
+                live.lists.get(&l),
+                "after aborting {a}: list {l} reads otherwise than the model"
+            );
+        }
+    }
+
     /// A long ARU at a nearly full device (issue 12): it rewrites a block in
     /// every leaf of the wide list's map, then overwrites a few keys with
     /// large blocks until NoSpace. Usually it ends (the checkpoint that is
@@ -349,12 +413,20 @@ impl Cycle<'_> {
                 break;
             }
         }
-        if self.rng.gen_ratio(1, 4) {
-            return;
+        match self.rng.gen_range(0..8) {
+            // Left open: a later operation ends or aborts it, or the crash
+            // finds it open.
+            0 => return,
+            1 => {
+                self.open.retain(|x| *x != a);
+                self.abort(a);
+            }
+            _ => {
+                self.open.retain(|x| *x != a);
+                let r = lld.end_aru(a);
+                self.record(Some(a), r, Op::End);
+            }
         }
-        self.open.retain(|x| *x != a);
-        let r = lld.end_aru(a);
-        self.record(Some(a), r, Op::End);
         if !self.dead {
             match lld.flush() {
                 Ok(()) => self.hist.flushed = self.hist.log.len(),
@@ -436,8 +508,12 @@ impl Cycle<'_> {
                 if !self.open.is_empty() {
                     let k = self.rng.gen_range(0..self.open.len());
                     let a = self.open.swap_remove(k);
-                    let r = lld.end_aru(a);
-                    self.record(Some(a), r, Op::End);
+                    if self.rng.gen_ratio(1, 4) {
+                        self.abort(a);
+                    } else {
+                        let r = lld.end_aru(a);
+                        self.record(Some(a), r, Op::End);
+                    }
                 }
             }
             92..=94 => match lld.flush() {

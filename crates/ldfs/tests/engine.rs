@@ -805,3 +805,230 @@ fn map_pages_are_moved_only_while_their_checkpoint_fits() {
     assert_eq!(lld.read(l, 39_999).unwrap().unwrap(), [39_999u64 as u8]);
     assert!(lld.check_usage().unwrap().is_empty());
 }
+
+/// Every block of each list (`None` for a list that does not exist).
+type Lists = Vec<Option<Vec<(u64, Vec<u8>)>>>;
+
+fn lists_of(lld: &Lld, lists: &[ListId]) -> Lists {
+    lists
+        .iter()
+        .map(|&l| {
+            lld.list_hints(l).unwrap()?;
+            Some(
+                lld.indices(l, 0, usize::MAX)
+                    .unwrap()
+                    .into_iter()
+                    .map(|i| (i, lld.read(l, i).unwrap().unwrap()))
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+fn usage_is_exact(lld: &Lld, when: &str) {
+    assert_eq!(lld.accounting_drift(), 0, "{when}: accounting drifted");
+    let problems = lld.check_usage().unwrap();
+    assert!(problems.is_empty(), "{when}: {problems:?}");
+}
+
+/// Reopens the durable image of `dev` (what a crash right now keeps of
+/// everything flushed), after abandoning `lld`.
+fn crash_reopen(lld: Lld, dev: &CrashDevice) -> Lld {
+    let image = dev.durable_image();
+    lld.abandon();
+    Lld::open(
+        Arc::new(CrashDevice::from_image(image)),
+        LldOptions::default(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn abort_aru_takes_back_every_change_and_recovery_agrees() {
+    let dev = Arc::new(CrashDevice::new(16 << 20));
+    let opts = LldOptions {
+        partial_bytes: 16 << 10, // seals often: versions move from slots to addresses
+        ..Default::default()
+    };
+    let lld = Lld::create(dev.clone(), &small_mkfs(), opts).unwrap();
+    let a = lld.create_list(None, ListHints::default()).unwrap();
+    let b = lld.create_list(None, ListHints::default()).unwrap();
+    for i in 0..40u64 {
+        lld.write(None, a, i, &data(i, 100 + i as usize * 131))
+            .unwrap();
+    }
+    for i in 0..20u64 {
+        lld.write(None, b, i, &data(1000 + i, 3000)).unwrap();
+    }
+    lld.flush().unwrap();
+    // Still in the open partial (buffered) when the ARU replaces them.
+    for i in 40..50u64 {
+        lld.write(None, a, i, &data(2000 + i, 700)).unwrap();
+    }
+    let d = ListId(b.0 + 1); // the list the ARU will create
+    let all = [a, b, d];
+    let before = lists_of(&lld, &all);
+    let space_before = lld.space();
+
+    let x = lld.begin_aru().unwrap();
+    lld.reserve(x, 256 << 10).unwrap();
+    for i in (0..10u64).chain(40..45).chain(100..110) {
+        lld.write(Some(x), a, i, &data(3000 + i, 2500)).unwrap();
+    }
+    lld.write(Some(x), a, 1, b"written twice").unwrap();
+    lld.delete(Some(x), a, 20).unwrap();
+    lld.delete(Some(x), a, 39).unwrap();
+    lld.delete_range(Some(x), a, 25..35).unwrap();
+    lld.delete_range(Some(x), a, 45..50).unwrap();
+    lld.delete_list(Some(x), b).unwrap();
+    assert_eq!(lld.create_list(Some(x), ListHints::default()).unwrap(), d);
+    lld.write(Some(x), d, 0, b"in a list the abort removes")
+        .unwrap();
+    lld.flush().unwrap(); // the ARU's records reach the log, unended
+    lld.write(Some(x), a, 2, b"after the flush").unwrap();
+    lld.delete(Some(x), a, 100).unwrap();
+    // Changes by others meanwhile stand: a committed ARU and a plain write,
+    // on keys the aborted ARU also changed (before and after them).
+    let y = lld.begin_aru().unwrap();
+    lld.write(Some(y), a, 60, b"by y").unwrap();
+    lld.write(Some(y), a, 3, b"y after x").unwrap();
+    lld.end_aru(y).unwrap();
+    lld.write(None, a, 30, b"plain write over x's delete")
+        .unwrap();
+    lld.write(Some(x), a, 60, b"x after y").unwrap();
+
+    lld.abort_aru(x).unwrap();
+    let mut want = before.clone();
+    {
+        let la = want[0].as_mut().unwrap();
+        let mut m: std::collections::BTreeMap<u64, Vec<u8>> = la.drain(..).collect();
+        m.insert(60, b"by y".to_vec());
+        m.insert(3, b"y after x".to_vec());
+        m.insert(30, b"plain write over x's delete".to_vec());
+        la.extend(m);
+    }
+    assert_eq!(lists_of(&lld, &all), want, "running engine after abort");
+    assert!(lld.list_hints(d).unwrap().is_none());
+    usage_is_exact(&lld, "after abort");
+    assert!(matches!(lld.abort_aru(x), Err(LdError::NoSuchAru(_))));
+    assert!(matches!(lld.end_aru(x), Err(LdError::NoSuchAru(_))));
+    let z = lld.begin_aru().unwrap();
+    assert!(z.0 > y.0, "ARU ids are never reused");
+    lld.end_aru(z).unwrap();
+    // Live bytes: as before the ARU, with y's and the plain write's blocks
+    // in place of the ones they replaced.
+    let extra = [
+        b"by y".len(),
+        b"y after x".len(),
+        b"plain write over x's delete".len(),
+    ]
+    .iter()
+    .sum::<usize>() as u64;
+    let a3_old = (100 + 3 * 131) as u64;
+    let a30_old = (100 + 30 * 131) as u64;
+    assert_eq!(
+        lld.space().live_bytes,
+        space_before.live_bytes + extra - a3_old - a30_old,
+        "live bytes after the abort"
+    );
+
+    lld.flush().unwrap();
+    let lld = crash_reopen(lld, &dev);
+    assert_eq!(lists_of(&lld, &all), want, "after a crash");
+    usage_is_exact(&lld, "after a crash");
+}
+
+#[test]
+fn a_checkpoint_after_an_abort_keeps_the_aru_out() {
+    let dev = Arc::new(CrashDevice::new(16 << 20));
+    let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+    let a = lld.create_list(None, ListHints::default()).unwrap();
+    for i in 0..30u64 {
+        lld.write(None, a, i, &data(i, 4096)).unwrap();
+    }
+    lld.flush().unwrap();
+    let before = lists_of(&lld, &[a]);
+    let x = lld.begin_aru().unwrap();
+    for i in 0..10u64 {
+        lld.write(Some(x), a, i, &data(100 + i, 4096)).unwrap();
+    }
+    lld.delete_range(Some(x), a, 10..30).unwrap();
+    lld.flush().unwrap();
+    // While the ARU is open no checkpoint can be taken; after the abort one can.
+    assert!(lld.checkpoint_now().is_err());
+    lld.abort_aru(x).unwrap();
+    lld.checkpoint_now().unwrap();
+    lld.write(None, a, 50, b"after the checkpoint").unwrap();
+    lld.flush().unwrap();
+    let mut want = before.clone();
+    want[0]
+        .as_mut()
+        .unwrap()
+        .push((50, b"after the checkpoint".to_vec()));
+    assert_eq!(lists_of(&lld, &[a]), want);
+    let lld = crash_reopen(lld, &dev);
+    assert_eq!(lists_of(&lld, &[a]), want, "reopened after a crash");
+    usage_is_exact(&lld, "reopened after a crash");
+    lld.close().unwrap();
+    let lld = Lld::open(dev.clone(), LldOptions::default()).unwrap();
+    assert_eq!(lists_of(&lld, &[a]), want, "reopened after close");
+    usage_is_exact(&lld, "reopened after close");
+}
+
+#[test]
+fn abort_restores_blocks_in_segments_the_cleaner_emptied_meanwhile() {
+    use ldfs::lld::PolicyKind;
+    let dev = Arc::new(CrashDevice::new(16 << 20));
+    let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+    let a = lld.create_list(None, ListHints::default()).unwrap();
+    let b = lld.create_list(None, ListHints::default()).unwrap();
+    // a's and b's blocks share segments.
+    for i in 0..96u64 {
+        lld.write(None, a, i, &data(i, 4096)).unwrap();
+        lld.write(None, b, i, &data(500 + i, 4096)).unwrap();
+    }
+    lld.flush().unwrap();
+    lld.checkpoint_now().unwrap();
+    let before = lists_of(&lld, &[a, b]);
+    let x = lld.begin_aru().unwrap();
+    lld.delete_list(Some(x), a).unwrap();
+    // Half-empty segments: the cleaner moves b's blocks out, leaving them
+    // with no live bytes; nothing is released while x is open.
+    let rep = lld.clean(PolicyKind::Greedy, 8).unwrap();
+    assert!(rep.blocks_moved > 0, "{rep:?}");
+    assert_eq!(
+        rep.released, 0,
+        "a segment was released while an ARU was open"
+    );
+    lld.abort_aru(x).unwrap();
+    assert_eq!(lists_of(&lld, &[a, b]), before);
+    usage_is_exact(&lld, "after the abort");
+    lld.checkpoint_now().unwrap();
+    usage_is_exact(&lld, "after the checkpoint");
+    assert_eq!(lists_of(&lld, &[a, b]), before);
+    let lld = crash_reopen(lld, &dev);
+    assert_eq!(lists_of(&lld, &[a, b]), before, "reopened");
+    usage_is_exact(&lld, "reopened");
+}
+
+#[test]
+fn abort_gives_back_the_space_it_took() {
+    let dev = Arc::new(CrashDevice::new(16 << 20));
+    let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+    let a = lld.create_list(None, ListHints::default()).unwrap();
+    for i in 0..20u64 {
+        lld.write(None, a, i, &data(i, 4096)).unwrap();
+    }
+    lld.flush().unwrap();
+    let before = lld.space();
+    let x = lld.begin_aru().unwrap();
+    lld.reserve(x, 1 << 20).unwrap();
+    assert!(lld.space().available_bytes < before.available_bytes);
+    for i in 0..100u64 {
+        lld.write(Some(x), a, 100 + i, &data(i, 4096)).unwrap();
+    }
+    lld.delete_range(Some(x), a, 0..20).unwrap();
+    lld.abort_aru(x).unwrap();
+    assert_eq!(lld.space(), before);
+    usage_is_exact(&lld, "after the abort");
+}

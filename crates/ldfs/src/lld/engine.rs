@@ -14,6 +14,9 @@
 //! - after `seal`, no entry is BUFFERED;
 //! - a checkpoint is written only when no ARU that has logged anything is
 //!   open, so a checkpoint never holds part of an ARU;
+//! - an aborted ARU's operations are taken back from the map (`undo` keeps
+//!   what each open ARU changed) and it never ends in the log, so recovery
+//!   drops whatever of it was written;
 //! - a segment becomes Clean only after a checkpoint that no longer needs it
 //!   is durable;
 //! - an operation is accepted only if the space it needs, with the reserve
@@ -26,7 +29,7 @@
 //!   (`capacity_bytes`); within it, a write short of clean segments waits
 //!   for the cleaner instead of failing.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -42,6 +45,7 @@ use super::mkfs;
 use super::recovery;
 use super::summary::{self, Record, SummaryHeader};
 use super::types::{entry_flags, Key, MapEntry, PagePtr, SegmentId, PAGE_BYTES};
+use super::undo::Undo;
 use super::usage::{SegmentState, SegmentUsage, Usage};
 use super::writer::{self, Pending, PendingWrite, WRITE_RECORD_BYTES};
 use crate::device::Device;
@@ -146,9 +150,6 @@ struct AruState {
     ops: u64,
     /// Reserved bytes not yet used.
     reserved: u64,
-    /// Keys this ARU wrote: the cleaner must not move them while it is open
-    /// (a move is logged outside any ARU and would commit the write early).
-    written: HashSet<Key>,
 }
 
 /// Space class of an operation: user writes keep the whole reserve free;
@@ -172,6 +173,11 @@ pub(crate) struct Inner {
     pub moved_bytes: u64,
     pending: Pending,
     arus: HashMap<u64, AruState>,
+    /// What the open ARUs changed (`abort_aru` takes one back).
+    undo: Undo,
+    /// ARU ids are never reused while open: a later end record can never
+    /// adopt an aborted ARU's records (each open starts a new epoch, and
+    /// roll-forward reads only the newest epoch).
     next_aru: u64,
     /// Open ARUs that have logged something; checkpoints wait for 0.
     open_nonempty: usize,
@@ -346,6 +352,7 @@ impl Engine {
             moved_bytes: recovered.moved_bytes,
             pending: Pending::default(),
             arus: HashMap::new(),
+            undo: Undo::default(),
             next_aru: 1,
             open_nonempty: 0,
             op_seq: 0,
@@ -489,7 +496,7 @@ impl Engine {
         if g.map.get(key, &r)? != Some(*expected) || expected.is_buffered() {
             return Ok(false);
         }
-        if g.arus.values().any(|a| a.written.contains(&key)) {
+        if g.undo.touches(key) {
             return Ok(false);
         }
         self.admit(
@@ -651,6 +658,7 @@ impl Engine {
                 g.open_nonempty -= 1;
             }
             g.arus.remove(&id);
+            g.undo.end(id);
         }
         self.checkpoint(&mut g)?;
         g.closed = true;
@@ -1058,6 +1066,9 @@ impl Engine {
                 Ok(false) => {}
                 Err(e) => return Err(self.fail(g, e)),
             }
+            if !g.undo.is_empty() {
+                g.undo.sealed(p.key, &buffered, on_disk);
+            }
         }
         if g.pending.is_fresh() {
             g.usage.touch(seg, seq);
@@ -1108,13 +1119,7 @@ impl Engine {
         if let Some(old) = old {
             self.retire(g, aru, &old);
         }
-        if aru != 0 {
-            g.arus
-                .get_mut(&aru)
-                .expect("ARU checked open")
-                .written
-                .insert(key);
-        }
+        g.undo.changed(aru, key, old, Some(entry));
         self.count_op(g, aru);
         Ok(())
     }
@@ -1175,6 +1180,7 @@ impl Engine {
     /// is reused.
     fn checkpoint(&self, g: &mut Inner) -> LdResult<()> {
         assert_eq!(g.open_nonempty, 0, "checkpoint with an ARU open");
+        assert!(g.undo.is_empty(), "checkpoint with undo information kept");
         self.seal(g)?;
         self.drain(g)?;
         // Admission kept room for exactly this placement.
@@ -1679,9 +1685,11 @@ impl LogicalDisk for Engine {
         };
         self.log_record(&mut g, Record::Delete { aru: aru_id, key })?;
         let r = DevPages { dev: &*self.dev };
-        if let Some(old) = g.map.remove(key, &r)? {
+        let old = g.map.remove(key, &r)?;
+        if let Some(old) = old {
             self.retire(&mut g, aru_id, &old);
         }
+        g.undo.changed(aru_id, key, old, None);
         g.hints.remove(&list.0);
         self.after_op(&mut g)
     }
@@ -1888,9 +1896,11 @@ impl LogicalDisk for Engine {
         self.admit(&mut g, aru, rec.encoded_len(), 0, Class::Meta, 1)?;
         self.log_record(&mut g, rec)?;
         let r = DevPages { dev: &*self.dev };
-        if let Some(old) = g.map.remove(key, &r)? {
+        let old = g.map.remove(key, &r)?;
+        if let Some(old) = old {
             self.retire(&mut g, aru_id, &old);
         }
+        g.undo.changed(aru_id, key, old, None);
         self.after_op(&mut g)
     }
 
@@ -1987,7 +1997,6 @@ impl LogicalDisk for Engine {
             AruState {
                 ops: 0,
                 reserved: 0,
-                written: HashSet::new(),
             },
         );
         Ok(AruId(id))
@@ -2011,6 +2020,65 @@ impl LogicalDisk for Engine {
             }
         }
         g.arus.remove(&aru.0);
+        g.undo.end(aru.0);
+        self.after_op(&mut g)
+    }
+
+    /// Takes back every operation of `aru` in memory (`undo`) and forgets
+    /// its buffered writes; nothing is logged, so the ARU is never ended in
+    /// the log and recovery drops whatever of it was written. Works on an
+    /// engine turned read-only by a device error (it only restores memory);
+    /// a map page that cannot be read on the way fails the engine.
+    fn abort_aru(&self, aru: AruId) -> LdResult<()> {
+        let mut g = self.lock();
+        let Some(state) = g.arus.remove(&aru.0) else {
+            return Err(LdError::NoSuchAru(aru));
+        };
+        if state.ops > 0 {
+            g.open_nonempty -= 1;
+            if g.open_nonempty == 0 {
+                self.aru_cv.notify_all();
+            }
+        }
+        let restores = g.undo.abort(aru.0);
+        let r = DevPages { dev: &*self.dev };
+        for u in restores {
+            let old = match u.to {
+                Some(e) => g.map.insert(u.key, e, &r),
+                None => g.map.remove(u.key, &r),
+            };
+            let old = match old {
+                Ok(old) => old,
+                Err(e) => return Err(self.fail(&mut g, e)),
+            };
+            assert_eq!(old, u.from, "undo and map disagree on {:?}", u.key);
+            if let Some(old) = old {
+                if old.is_buffered() {
+                    // The aborted ARU's own write, still in the partial.
+                    g.pending.drop_write(old.addr as usize);
+                } else if let Some(seg) = self.geo.segment_of(old.offset()) {
+                    g.usage.sub_live(seg, old.len);
+                }
+            }
+            if let Some(e) = u.to {
+                if e.is_buffered() {
+                    assert!(
+                        g.pending.write_at(e.addr as usize).is_some(),
+                        "restored {:?} names a dropped write",
+                        u.key
+                    );
+                } else if let Some(seg) = self.geo.segment_of(e.offset()) {
+                    g.usage.restore_live(seg, e.len);
+                }
+            }
+            if u.key.list == 0 {
+                g.hints.remove(&u.key.index);
+            }
+        }
+        g.pending.drop_aru_writes(aru.0);
+        if g.failed.is_some() || g.closed || self.opts.read_only {
+            return Ok(());
+        }
         self.after_op(&mut g)
     }
 
@@ -2096,9 +2164,10 @@ impl Engine {
     fn remove_keys(&self, g: &mut Inner, aru: u64, (from, to): (Key, Key)) -> LdResult<()> {
         let r = DevPages { dev: &*self.dev };
         let removed = g.map.remove_range(from, to, &r)?;
-        for (_, old) in removed {
-            self.retire(g, aru, &old);
+        for (_, old) in &removed {
+            self.retire(g, aru, old);
         }
+        g.undo.removed_range(aru, from, to, removed);
         Ok(())
     }
 }
@@ -2287,6 +2356,10 @@ impl LogicalDisk for Lld {
     fn end_aru(&self, aru: AruId) -> LdResult<()> {
         self.touch();
         self.core.end_aru(aru)
+    }
+    fn abort_aru(&self, aru: AruId) -> LdResult<()> {
+        self.touch();
+        self.core.abort_aru(aru)
     }
     fn reserve(&self, aru: AruId, bytes: u64) -> LdResult<()> {
         self.touch();
@@ -2542,7 +2615,7 @@ impl Engine {
             if m.expected.is_buffered()
                 || crc32c::crc32c(&m.stored) != m.expected.crc
                 || g.map.get(m.key, &r)? != Some(m.expected)
-                || g.arus.values().any(|a| a.written.contains(&m.key))
+                || g.undo.touches(m.key)
             {
                 out.stale += 1;
                 continue;
