@@ -1032,3 +1032,48 @@ fn abort_gives_back_the_space_it_took() {
     assert_eq!(lld.space(), before);
     usage_is_exact(&lld, "after the abort");
 }
+
+/// Aborting an ARU that deleted a range puts the range's entries back: the
+/// map leaves that held them are made again, and the checkpoint that must
+/// follow writes them. On a full device the delete keeps room for that.
+#[test]
+fn aborting_a_large_range_delete_on_a_full_device_keeps_the_engine_writable() {
+    let dev = Arc::new(CrashDevice::new(16 << 20));
+    let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    for i in 0..40_000u64 {
+        lld.write(None, l, i, &[i as u8]).unwrap();
+    }
+    lld.checkpoint_now().unwrap();
+    // Segments half live, half dead: full, and nothing to release.
+    let aru = lld.begin_aru().unwrap();
+    let mut k = 0u64;
+    loop {
+        let key = if k.is_multiple_of(2) {
+            100_000 + k
+        } else {
+            90_000 + k % 8
+        };
+        match lld.write(Some(aru), l, key, &data(k, 32 << 10)) {
+            Ok(()) => k += 1,
+            Err(LdError::NoSpace { .. }) => break,
+            Err(e) => panic!("write {k}: {e}"),
+        }
+    }
+    lld.end_aru(aru).unwrap();
+    let x = lld.begin_aru().unwrap();
+    match lld.delete_range(Some(x), l, 0..40_000) {
+        Ok(()) => lld.abort_aru(x).unwrap(),
+        Err(LdError::NoSpace { .. }) => lld.abort_aru(x).unwrap(),
+        Err(e) => panic!("delete_range: {e}"),
+    }
+    assert_eq!(lld.read(l, 12_345).unwrap().unwrap(), [12_345u64 as u8]);
+    lld.checkpoint_now().unwrap();
+    lld.delete(None, l, 7).unwrap();
+    lld.close().unwrap();
+    drop(lld);
+    let lld = Lld::open(dev, LldOptions::default()).unwrap();
+    assert_eq!(lld.read(l, 7).unwrap(), None);
+    assert_eq!(lld.read(l, 39_999).unwrap().unwrap(), [39_999u64 as u8]);
+    assert!(lld.check_usage().unwrap().is_empty());
+}

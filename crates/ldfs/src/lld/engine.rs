@@ -506,6 +506,7 @@ impl Engine {
             stored.len(),
             Class::Meta,
             1,
+            None,
         )?;
         self.log_write(
             &mut g,
@@ -538,7 +539,15 @@ impl Engine {
                 ));
             }
             let data = encode_hints(&ListHints::default());
-            self.admit(&mut g, None, WRITE_RECORD_BYTES, data.len(), Class::Meta, 1)?;
+            self.admit(
+                &mut g,
+                None,
+                WRITE_RECORD_BYTES,
+                data.len(),
+                Class::Meta,
+                1,
+                None,
+            )?;
             let crc = crc32c::crc32c(&data);
             self.log_write(
                 &mut g,
@@ -914,9 +923,9 @@ impl Engine {
     }
 
     /// What `floor_pages` asks of an operation that may newly dirty
-    /// `changes` map changes' worth of pages, with the head at `page`.
-    fn floor_after(&self, g: &Inner, class: Class, page: u32, changes: usize) -> i64 {
-        let dirty = g.map.dirtied_pages() + changes * g.map.change_bound();
+    /// `new_pages` more map pages, with the head at `page`.
+    fn floor_after(&self, g: &Inner, class: Class, page: u32, new_pages: usize) -> i64 {
+        let dirty = g.map.dirtied_pages() + new_pages;
         self.floor_pages(class, checkpoint_log_pages(&self.geo, page, dirty))
     }
 
@@ -931,8 +940,10 @@ impl Engine {
     /// Admission control: accept the operation only if its space exists now,
     /// and with it the room for the checkpoint that must follow (the map
     /// pages dirtied since the last one, and those of `changes` more map
-    /// changes: one per key written or deleted, one per range). May
-    /// checkpoint to turn emptied segments into clean ones.
+    /// changes: one per key written or deleted, one per range; and for a
+    /// range `undo` removed inside an ARU, the pages an abort would make
+    /// again). May checkpoint to turn emptied segments into clean ones.
+    #[allow(clippy::too_many_arguments)]
     fn admit(
         &self,
         g: &mut Inner,
@@ -941,8 +952,14 @@ impl Engine {
         data_bytes: usize,
         class: Class,
         changes: usize,
+        undo: Option<(Key, Key)>,
     ) -> LdResult<()> {
         let aru_id = aru.map_or(0, |a| a.0);
+        let new_pages = changes * g.map.change_bound()
+            + match undo {
+                Some((from, to)) if aru_id != 0 => undo_pages(g.map.leaves_in_range(from, to)),
+                _ => 0,
+            };
         let cost = (record_bytes + data_bytes) as u64;
         // Within a reservation the ARU spends what was set aside for it.
         let reserved = g.arus.get(&aru_id).is_some_and(|a| a.reserved >= cost);
@@ -953,7 +970,7 @@ impl Engine {
             // Room for the checkpoint that must follow, with the map pages
             // this operation may dirty: it gets NoSpace, never the ARU's
             // end, the checkpoint or the next open.
-            let need = self.floor_after(g, class, room.page, changes);
+            let need = self.floor_after(g, class, room.page, new_pages);
             if left >= need {
                 if reserved {
                     g.arus.get_mut(&aru_id).expect("ARU checked open").reserved -= cost;
@@ -967,7 +984,7 @@ impl Engine {
                 self.checkpoint(g)?;
                 continue;
             }
-            let available = (left - self.floor_after(g, Class::User, room.page, changes)).max(0)
+            let available = (left - self.floor_after(g, Class::User, room.page, new_pages)).max(0)
                 as u64
                 * PAGE_BYTES as u64;
             return Err(LdError::NoSpace {
@@ -1341,11 +1358,22 @@ fn margin_pages(geo: &Geometry) -> i64 {
     ((lower + upper) / 16).max(4)
 }
 
+/// Map pages an abort makes again when it puts back the entries of a range
+/// that held `leaves` leaves: the undo re-inserts them one by one, into a
+/// gap with keys after it, so splits halve leaves (at most two for each leaf
+/// there was, and the edges), with new parents. (Relinking the removed
+/// subtrees' pages, which stay on disk until a checkpoint, would cost
+/// nothing; the map cannot do that yet.)
+fn undo_pages(leaves: usize) -> usize {
+    let l = 2 * leaves + 2;
+    l + l.div_ceil(super::map::INTERNAL_CAPACITY / 2)
+}
+
 /// `Engine::checkpoint_share` for a dirty-page limit.
 fn checkpoint_share(geo: &Geometry, limit: usize) -> i64 {
     let (lower, _) = reserve_halves(geo);
     let most = (lower - margin_pages(geo)).max(0);
-    if limit as i64 > lower {
+    if limit > lower.max(0) as usize {
         // A checkpoint takes at least a page per dirty page.
         return most;
     }
@@ -1382,7 +1410,7 @@ pub(crate) fn checkpoint_log_pages(geo: &Geometry, page: u32, dirty: usize) -> i
             // Whole segments at once.
             let per = map_pages_per_segment(geo);
             let n = left / per;
-            used += n as i64 * sp as i64;
+            used = used.saturating_add((n as i64).saturating_mul(sp as i64));
             left -= n * per;
             if left == 0 {
                 break;
@@ -1634,7 +1662,15 @@ impl LogicalDisk for Engine {
             self.check_list(&mut g, near)?;
         }
         let data = encode_hints(&hints);
-        self.admit(&mut g, aru, WRITE_RECORD_BYTES, data.len(), Class::Meta, 1)?;
+        self.admit(
+            &mut g,
+            aru,
+            WRITE_RECORD_BYTES,
+            data.len(),
+            Class::Meta,
+            1,
+            None,
+        )?;
         let id = g.next_list;
         g.next_list += 1;
         let crc = crc32c::crc32c(&data);
@@ -1670,7 +1706,15 @@ impl LogicalDisk for Engine {
             }
             .encoded_len();
         // The list's blocks (a range) and its entry in list 0.
-        self.admit(&mut g, aru, recs, 0, Class::Meta, 2)?;
+        self.admit(
+            &mut g,
+            aru,
+            recs,
+            0,
+            Class::Meta,
+            2,
+            Some(list_range(list.0)),
+        )?;
         self.log_record(
             &mut g,
             Record::DeleteList {
@@ -1756,6 +1800,7 @@ impl LogicalDisk for Engine {
                 stored.len(),
                 Class::User,
                 1,
+                None,
             ) {
                 Ok(()) => break (g, aru_id),
                 // The live data fits but clean segments do not: wait for the
@@ -1893,7 +1938,7 @@ impl LogicalDisk for Engine {
         self.check_list(&mut g, list)?;
         let key = Key::new(list, index);
         let rec = Record::Delete { aru: aru_id, key };
-        self.admit(&mut g, aru, rec.encoded_len(), 0, Class::Meta, 1)?;
+        self.admit(&mut g, aru, rec.encoded_len(), 0, Class::Meta, 1, None)?;
         self.log_record(&mut g, rec)?;
         let r = DevPages { dev: &*self.dev };
         let old = g.map.remove(key, &r)?;
@@ -1917,7 +1962,16 @@ impl LogicalDisk for Engine {
             from: range.start,
             to: range.end,
         };
-        self.admit(&mut g, aru, rec.encoded_len(), 0, Class::Meta, 1)?;
+        let removed = (Key::new(list, range.start), Key::new(list, range.end));
+        self.admit(
+            &mut g,
+            aru,
+            rec.encoded_len(),
+            0,
+            Class::Meta,
+            1,
+            Some(removed),
+        )?;
         self.log_record(&mut g, rec)?;
         self.remove_keys(
             &mut g,
@@ -2627,6 +2681,7 @@ impl Engine {
                 m.stored.len(),
                 Class::Meta,
                 1,
+                None,
             ) {
                 Ok(()) => {}
                 Err(LdError::NoSpace { .. }) => {
@@ -2678,7 +2733,8 @@ impl Engine {
     /// operation, for a change that writes nothing but map pages.
     fn map_page_fits(&self, g: &Inner) -> bool {
         let room = self.log_after(g, 0, 0);
-        room.left - self.reserved_by_others(g, 0) >= self.floor_after(g, Class::Meta, room.page, 1)
+        room.left - self.reserved_by_others(g, 0)
+            >= self.floor_after(g, Class::Meta, room.page, g.map.change_bound())
     }
 
     /// Checkpoints (releasing emptied segments) once no ARU that logged
@@ -2779,7 +2835,10 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::MemoryDevice;
     use crate::lld::layout::{MkfsOptions, MAX_SEGMENT_PAGES, MIN_SEGMENT_PAGES};
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
 
     /// `write_map_pages`'s placement replayed page by page (no shortcut for
     /// whole segments): the log pages it takes from `page`.
@@ -2889,5 +2948,50 @@ mod tests {
         .unwrap();
         let limit = default_dirty_limit(&geo);
         assert!((30..64).contains(&limit), "limit {limit}");
+    }
+
+    /// An abort puts a removed range back: it dirties no more map pages
+    /// than the range delete kept room for (`undo_pages`), whether the
+    /// range's leaves were full (sequential inserts) or about half full
+    /// (random ones).
+    #[test]
+    fn an_abort_dirties_no_more_than_its_range_delete_kept_room_for() {
+        for (seed, shuffled) in [(1u64, false), (2, true), (3, true)] {
+            let dev = Arc::new(MemoryDevice::new(64 << 20));
+            let opts = LldOptions {
+                checkpoint_dirty_pages: Some(usize::MAX),
+                checkpoint_log_bytes: u64::MAX,
+                ..Default::default()
+            };
+            let mkfs = MkfsOptions {
+                segment_bytes: 128 << 10,
+                max_block_bytes: 32 << 10,
+                reserved_segments: Some(8),
+                fs_id: 7,
+            };
+            let lld = Lld::create(dev, &mkfs, opts).unwrap();
+            let l = lld.create_list(None, ListHints::default()).unwrap();
+            let mut keys: Vec<u64> = (0..30_000).collect();
+            if shuffled {
+                keys.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(seed));
+            }
+            for &i in &keys {
+                lld.write(None, l, i, &[i as u8]).unwrap();
+            }
+            lld.checkpoint_now().unwrap();
+            let (from, to) = list_range(l.0);
+            let leaves = lld.lock().map.leaves_in_range(from, to);
+            let aru = lld.begin_aru().unwrap();
+            lld.delete_range(Some(aru), l, 0..u64::MAX).unwrap();
+            let before = lld.lock().map.dirtied_pages();
+            lld.abort_aru(aru).unwrap();
+            let grew = lld.lock().map.dirtied_pages() - before;
+            assert!(
+                grew <= undo_pages(leaves),
+                "seed {seed}: the abort dirtied {grew} pages; {leaves} leaves, bound {}",
+                undo_pages(leaves)
+            );
+            assert_eq!(lld.read(l, 29_999).unwrap().unwrap(), [29_999u64 as u8]);
+        }
     }
 }

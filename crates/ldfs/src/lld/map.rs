@@ -641,6 +641,29 @@ impl Map {
         4 * (self.height as usize + 1)
     }
 
+    /// Leaves whose key range meets `from..to` (an edge leaf may hold no key
+    /// of it), counted from the internal nodes, which are resident: no leaf
+    /// is read.
+    pub fn leaves_in_range(&self, from: Key, to: Key) -> usize {
+        if from >= to || self.root == NONE {
+            return 0;
+        }
+        self.count_leaves(self.root, from, to)
+    }
+
+    fn count_leaves(&self, id: NodeId, from: Key, to: Key) -> usize {
+        match &self.node(id).kind {
+            Kind::Internal(ch) => {
+                let start = ch.partition_point(|c| c.0 <= from).saturating_sub(1);
+                let end = ch.partition_point(|c| c.0 < to);
+                (start..end.max(start))
+                    .map(|i| self.count_leaves(ch[i].1, from, to))
+                    .sum()
+            }
+            _ => 1,
+        }
+    }
+
     /// Total pages of the tree (resident or not).
     pub fn total_pages(&self) -> usize {
         self.live_nodes
@@ -1936,6 +1959,23 @@ mod tests {
         assert_eq!(write(&mut m, &d), None);
         assert_eq!(m.root(), None);
         assert!(d.pages.borrow().is_empty());
+    }
+
+    #[test]
+    fn leaves_in_range_counts_the_leaves_a_range_meets() {
+        let d = Disk::new();
+        let mut m = Map::new(FS, usize::MAX);
+        assert_eq!(m.leaves_in_range(Key::MIN, Key::MAX), 0);
+        for i in 0..100_000u64 {
+            m.insert(key(1, i), seq_entry(i), &d).unwrap();
+        }
+        assert!(m.height >= 3);
+        assert_eq!(m.leaves_in_range(Key::MIN, Key::MAX), m.leaf_count());
+        assert_eq!(m.leaves_in_range(key(1, 5), key(1, 6)), 1);
+        assert_eq!(m.leaves_in_range(key(1, 6), key(1, 5)), 0);
+        // Sequential inserts fill leaves: 127 keys each, and the edges.
+        let n = m.leaves_in_range(key(1, 1000), key(1, 60_000));
+        assert!((59_000 / 127..=59_000 / 127 + 2).contains(&n), "{n}");
     }
 
     #[test]
