@@ -34,7 +34,8 @@ const MAX_BLOCK: usize = 12 << 10;
 /// device usable forever; a fresh one now and then only varies the start.
 const CYCLES_PER_DEVICE: u64 = 1000;
 /// Lists alive at most, so live data stays near the capacity without
-/// exceeding it for long (about 60-80% of it; NoSpace stays possible).
+/// exceeding it for long (about 60-80% of it, and the wide list's tenth;
+/// NoSpace stays possible).
 const MAX_LISTS: usize = 64;
 /// The wide list: one-byte blocks at `WIDE_BASE..WIDE_BASE + WIDE_BLOCKS`,
 /// written in descending order so its map leaves are half full (about 126
