@@ -22,7 +22,8 @@
 //! - an operation is accepted only if the space it needs, with the reserve
 //!   kept back for checkpoints and the cleaner, exists now, and with it the
 //!   room for the checkpoint that must follow (every map page dirtied since
-//!   the last one and those the operation may dirty): a long ARU gets
+//!   the last one and those the operation, or an abort of it, may dirty):
+//!   a long ARU gets
 //!   NoSpace, never its end, the checkpoint or the next open (which may
 //!   write the same map pages again);
 //! - a user write is accepted only if live data stays within the capacity
