@@ -6,11 +6,10 @@
 //! Read-only (`-n`, the default without `-y`/`-p`, and always when the image
 //! is in use) opens the image with O_RDONLY, so not a byte can be written.
 //! A repair holds the image's exclusive lock (the one `ldfs mount` takes)
-//! for its whole run.
+//! for its whole run, a check a shared one; either waits for a daemon that
+//! is still writing its final checkpoint after an unmount.
 
-use std::fs::File;
-use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::Parser;
@@ -94,17 +93,21 @@ fn install_cancel_handler() {
 fn run(a: &FsckArgs) -> Result<u8, String> {
     let image = &a.image;
     let mut repair = a.yes || a.preen;
-    let lock = File::open(image).map_err(|e| e.to_string())?;
-    let locked = unsafe {
-        libc::flock(
-            lock.as_raw_fd(),
-            if repair { libc::LOCK_EX } else { libc::LOCK_SH } | libc::LOCK_NB,
-        )
-    } == 0;
-    if !locked || mounted(image) {
+    // Right after an unmount the daemon may still be writing its final
+    // checkpoint: lock_image waits for it (a live mount is not waited for).
+    // A mount whose daemon died is still listed until it is unmounted.
+    let (lock, busy) = match crate::mount::lock_image(image, repair, "fsck.ldfs") {
+        Err(crate::mount::LockError::Open { err, .. }) => return Err(err.to_string()),
+        Err(e) => (None, Some(e.to_string())),
+        Ok(f) => {
+            let on = crate::mount::mounted_on(image);
+            let why = on.map(|on| format!("{} is mounted on {}", image.display(), on.display()));
+            (Some(f), why)
+        }
+    };
+    if let Some(why) = &busy {
         eprintln!(
-            "fsck.ldfs: WARNING: {} is mounted or in use; checking read-only, nothing will be repaired, and what a running mount has not yet checkpointed may show as problems",
-            image.display()
+            "fsck.ldfs: WARNING: {why}; checking read-only, nothing will be repaired, and what a running mount has not yet checkpointed may show as problems"
         );
         repair = false;
     }
@@ -224,25 +227,5 @@ fn progress_line() -> fsck::ProgressFn {
             Some(pct) => eprint!("\r\x1b[Kfsck.ldfs: {phase} {pct}% ({done}/{total})"),
             None => eprint!("\r\x1b[Kfsck.ldfs: {phase} {done}"),
         }
-    })
-}
-
-/// Whether /proc/mounts lists a fuse.ldfs mount of this image.
-fn mounted(image: &Path) -> bool {
-    let Ok(mounts) = std::fs::read_to_string("/proc/mounts") else {
-        return false;
-    };
-    let canon = image.canonicalize().ok();
-    mounts.lines().any(|l| {
-        let mut f = l.split(' ');
-        let (Some(src), Some(_), Some(kind)) = (f.next(), f.next(), f.next()) else {
-            return false;
-        };
-        if kind != "fuse.ldfs" {
-            return false;
-        }
-        let src = src.replace("\\040", " ");
-        let p = Path::new(&src);
-        p == image || (canon.is_some() && p.canonicalize().ok() == canon)
     })
 }

@@ -3,9 +3,11 @@
 //! Like other mount programs it returns once the file system is mounted and
 //! keeps serving in the background (a child process started with `-f`
 //! reports "ready" on a pipe); `-f` stays in the foreground. SIGTERM, SIGINT
-//! and SIGHUP unmount; every unmount ends with a final checkpoint. Also runs
-//! as the mount helper `mount.fuse.ldfs IMAGE DIR -o OPTIONS`, so
-//! `mount -t fuse.ldfs` and /etc/fstab work.
+//! and SIGHUP unmount, and on a busy mount detach it and end its FUSE
+//! connection; every end is a final checkpoint. The image's lock is held
+//! until that checkpoint is written, so a mount or fsck right after an
+//! unmount waits for it. Also runs as the mount helper `mount.fuse.ldfs
+//! IMAGE DIR -o OPTIONS`, so `mount -t fuse.ldfs` and /etc/fstab work.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
@@ -213,21 +215,191 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
     Ok(o)
 }
 
-/// Holds an exclusive lock on the image for the life of the mount, so a
-/// second mount of the same image is refused.
-fn lock_image(image: &Path) -> Result<File, String> {
-    let f = File::open(image).map_err(|e| format!("{}: {e}", image.display()))?;
-    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if r != 0 {
-        return Err(format!(
-            "{} is in use (already mounted, or being checked)",
-            image.display()
-        ));
-    }
-    Ok(f)
+/// How long a mount or fsck waits for a daemon that is still writing its
+/// final checkpoint after its file system was unmounted.
+pub(crate) const EXITING_DAEMON_WAIT: Duration = Duration::from_secs(60);
+
+/// Why the image's lock could not be taken.
+#[derive(Debug)]
+pub(crate) enum LockError {
+    /// The image cannot be opened.
+    Open { image: PathBuf, err: std::io::Error },
+    /// A live mount of the image: refused at once.
+    Mounted { image: PathBuf, on: PathBuf },
+    /// Held by a process that is not an ldfs daemon (an fsck, say).
+    InUse { image: PathBuf, holder: String },
+    /// Still held after waiting for an exiting daemon.
+    TimedOut { image: PathBuf, holder: String },
 }
 
-fn check_mountpoint(dir: &Path) -> Result<(), String> {
+impl std::fmt::Display for LockError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LockError::Open { image, err } => write!(f, "{}: {err}", image.display()),
+            LockError::Mounted { image, on } => write!(
+                f,
+                "{} is already mounted on {}",
+                image.display(),
+                on.display()
+            ),
+            LockError::InUse { image, holder } => {
+                write!(f, "{} is in use by {holder}", image.display())
+            }
+            LockError::TimedOut { image, holder } => write!(
+                f,
+                "{} is still locked by {holder} after {} s",
+                image.display(),
+                EXITING_DAEMON_WAIT.as_secs()
+            ),
+        }
+    }
+}
+
+/// Takes the image's lock: exclusive for a mount or a repair (held for the
+/// life of the mount, so a second mount is refused), shared for a check.
+///
+/// A busy lock held by a live mount of the image (listed in
+/// /proc/self/mounts) is refused at once, naming the mount point. Held by
+/// anything else that may be an ldfs daemon, it is most likely one whose
+/// file system was just unmounted and which is still writing its final
+/// checkpoint: scripts run `fusermount3 -u DIR && ldfs mount IMG DIR`, so
+/// that is waited for, up to [`EXITING_DAEMON_WAIT`], saying so once on
+/// stderr as `who`.
+pub(crate) fn lock_image(image: &Path, exclusive: bool, who: &str) -> Result<File, LockError> {
+    let f = File::open(image).map_err(|err| LockError::Open {
+        image: image.to_path_buf(),
+        err,
+    })?;
+    let mode = if exclusive {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_SH
+    };
+    let started = std::time::Instant::now();
+    let mut said = false;
+    loop {
+        if unsafe { libc::flock(f.as_raw_fd(), mode | libc::LOCK_NB) } == 0 {
+            return Ok(f);
+        }
+        if let Some(on) = mounted_on(image) {
+            return Err(LockError::Mounted {
+                image: image.to_path_buf(),
+                on,
+            });
+        }
+        let holder = lock_holder(&f);
+        let holder_text = match &holder {
+            Some((pid, cmd)) => format!("process {pid} ({cmd})"),
+            None => "another process".to_string(),
+        };
+        if let Some((_, cmd)) = &holder {
+            if !is_mount_daemon(cmd) {
+                return Err(LockError::InUse {
+                    image: image.to_path_buf(),
+                    holder: holder_text,
+                });
+            }
+        }
+        if started.elapsed() >= EXITING_DAEMON_WAIT {
+            return Err(LockError::TimedOut {
+                image: image.to_path_buf(),
+                holder: holder_text,
+            });
+        }
+        if !said {
+            eprintln!(
+                "{who}: {} is locked by {holder_text}, an ldfs daemon not (or no longer) mounted: finishing its final checkpoint after an unmount, or still opening the image; waiting up to {} s",
+                image.display(),
+                EXITING_DAEMON_WAIT.as_secs()
+            );
+            said = true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Where the image is mounted, if a live FUSE mount of it is listed in
+/// /proc/self/mounts (its source is the image: ldfs mounts name it by its
+/// absolute path).
+pub(crate) fn mounted_on(image: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    let want = std::fs::metadata(image).ok()?;
+    mounts.lines().find_map(|l| {
+        let mut f = l.split(' ');
+        let (src, dir, kind) = (f.next()?, f.next()?, f.next()?);
+        if kind != "fuse.ldfs" && kind != "fuse" {
+            return None;
+        }
+        let src = std::fs::metadata(unescape_mount_field(src)).ok()?;
+        (src.dev() == want.dev() && src.ino() == want.ino())
+            .then(|| PathBuf::from(unescape_mount_field(dir)))
+    })
+}
+
+/// /proc/self/mounts and mountinfo write space, tab, newline and backslash
+/// in names as `\ooo` (octal).
+fn unescape_mount_field(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let oct = b
+            .get(i + 1..i + 4)
+            .filter(|o| o.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match oct {
+            Some(o) if b[i] == b'\\' => {
+                out.push(o.iter().fold(0u8, |v, c| v.wrapping_mul(8) + (c - b'0')));
+                i += 4;
+            }
+            _ => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The process holding a lock on `f`'s file (from /proc/locks) and its
+/// command line, if it can be seen from here.
+fn lock_holder(f: &File) -> Option<(u32, String)> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = f.metadata().ok()?;
+    let (maj, min) = (libc::major(meta.dev()), libc::minor(meta.dev()));
+    let want = format!("{maj:02x}:{min:02x}:{}", meta.ino());
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    // "1: FLOCK  ADVISORY  WRITE 4242 00:2d:123 0 EOF"; waiters have "->".
+    let pid: u32 = locks.lines().find_map(|l| {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        (w.len() >= 6 && w[1] == "FLOCK" && w[5] == want)
+            .then(|| w[4].parse().ok())
+            .flatten()
+    })?;
+    if pid == 0 {
+        return None;
+    }
+    let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let cmd: Vec<String> = cmd
+        .split(|&c| c == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    Some((pid, cmd.join(" ")))
+}
+
+/// Whether a command line is an ldfs mount daemon's (`ldfs mount ...`, or
+/// the mount helper `mount.fuse.ldfs ...`).
+fn is_mount_daemon(cmd: &str) -> bool {
+    let mut words = cmd.split(' ');
+    let prog = words.next().unwrap_or("");
+    let base = prog.rsplit('/').next().unwrap_or(prog);
+    base.starts_with("mount.") || (base.starts_with("ldfs") && words.next() == Some("mount"))
+}
+
+/// Checks that `dir` is a directory with nothing mounted on it; returns its
+/// absolute path (as /proc/self/mountinfo names it).
+fn check_mountpoint(dir: &Path) -> Result<PathBuf, String> {
     let meta = std::fs::metadata(dir).map_err(|e| format!("mount point {}: {e}", dir.display()))?;
     if !meta.is_dir() {
         return Err(format!("mount point {} is not a directory", dir.display()));
@@ -235,15 +407,214 @@ fn check_mountpoint(dir: &Path) -> Result<(), String> {
     let canon = dir
         .canonicalize()
         .map_err(|e| format!("mount point {}: {e}", dir.display()))?;
-    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-    let canon = canon.to_string_lossy();
-    if mounts.lines().any(|l| l.split(' ').nth(1) == Some(&*canon)) {
+    if top_mount(&canon).is_some() {
         return Err(format!(
             "mount point {} is busy: something is mounted there",
             dir.display()
         ));
     }
+    Ok(canon)
+}
+
+/// The topmost mount at `dir` (absolute) in /proc/self/mountinfo: its
+/// device (major, minor) and file-system type.
+fn top_mount(dir: &Path) -> Option<((u32, u32), String)> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    // "36 35 0:52 / /mnt/x rw,nosuid shared:1 - fuse.ldfs /img rw,...":
+    // later lines are mounted later, so the last one at `dir` is on top.
+    info.lines().rev().find_map(|l| {
+        let w: Vec<&str> = l.split(' ').collect();
+        if Path::new(&unescape_mount_field(w.get(4)?)) != dir {
+            return None;
+        }
+        let (maj, min) = w.get(2)?.split_once(':')?;
+        let dash = w.iter().position(|&x| x == "-")?;
+        Some((
+            (maj.parse().ok()?, min.parse().ok()?),
+            w.get(dash + 1)?.to_string(),
+        ))
+    })
+}
+
+/// Ends the mount when a signal comes, also when it is busy (a file held
+/// open, a process's working directory inside): then a plain unmount fails
+/// with EBUSY, so the mount is detached lazily, which leaves the FUSE
+/// connection up for as long as the open files stay, and the connection is
+/// aborted, which ends the session. Processes that still hold files get
+/// ENOTCONN, as at any shutdown; the engine then closes with its final
+/// checkpoint, with everything the daemon accepted.
+struct Ender {
+    /// The mount point, absolute.
+    dir: PathBuf,
+    /// The mount's device: tells our mount from whatever is mounted there
+    /// later, and names its connection in /sys/fs/fuse/connections.
+    dev: Option<(u32, u32)>,
+    /// Set when the session has ended and the final checkpoint runs.
+    served: AtomicBool,
+}
+
+impl Ender {
+    /// Whether our mount is still the one on top at `dir`.
+    fn attached(&self) -> bool {
+        match (top_mount(&self.dir), self.dev) {
+            (Some((dev, _)), Some(ours)) => dev == ours,
+            (Some(_), None) => true,
+            (None, _) => false,
+        }
+    }
+
+    /// The first signal: flush the kernel's writeback cache (after a lazy
+    /// detach and an abort, dirty pages would be lost), unmount, and if the
+    /// mount is busy, detach it and end the connection.
+    fn end(&self) {
+        if !self.attached() {
+            return self.abort();
+        }
+        if let Err(e) = syncfs(&self.dir) {
+            eprintln!(
+                "ldfs: flushing {} before unmounting: {e}",
+                self.dir.display()
+            );
+        }
+        // Busy for a moment after our own close of the mount point (the
+        // kernel finishes RELEASE asynchronously); busy for good when a
+        // process holds a file or its working directory there.
+        let mut tries = 0;
+        let err = loop {
+            match unmount(&self.dir, false) {
+                Ok(()) => return,
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < 5 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => break e,
+            }
+        };
+        if self.served.load(Ordering::Relaxed) || !self.attached() {
+            return;
+        }
+        eprintln!(
+            "ldfs: unmounting {}: {err}; detaching it lazily and ending the FUSE connection: processes still using it get errors",
+            self.dir.display()
+        );
+        self.force();
+    }
+
+    /// Detaches the mount lazily if it is still attached, and aborts the
+    /// connection: the session then ends whatever holds the mount.
+    fn force(&self) {
+        if self.attached() {
+            if let Err(e) = unmount(&self.dir, true) {
+                eprintln!("ldfs: detaching {}: {e}", self.dir.display());
+            }
+        }
+        self.abort();
+    }
+
+    fn abort(&self) {
+        let Some(dev) = self.dev else {
+            eprintln!(
+                "ldfs: the FUSE connection of {} is unknown (not in /proc/self/mountinfo at mount): the daemon ends when its last open file is closed",
+                self.dir.display()
+            );
+            return;
+        };
+        if let Err(e) = abort_connection(dev) {
+            if !self.served.load(Ordering::Relaxed) {
+                eprintln!(
+                    "ldfs: ending the FUSE connection of {}: {e}; the daemon ends when its last open file is closed",
+                    self.dir.display()
+                );
+            }
+        }
+    }
+}
+
+/// syncfs(2) on the file system mounted at `dir`.
+fn syncfs(dir: &Path) -> std::io::Result<()> {
+    let d = File::open(dir)?;
+    if unsafe { libc::syncfs(d.as_raw_fd()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
     Ok(())
+}
+
+/// Unmounts `dir` (lazily: detaches it, leaving the file system alive while
+/// it is in use); as root with umount2(2), otherwise through fusermount3.
+fn unmount(dir: &Path, lazy: bool) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
+    let flags = if lazy { libc::MNT_DETACH } else { 0 };
+    if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::EPERM) {
+        return Err(e);
+    }
+    let out = Command::new("fusermount3")
+        .arg("-u")
+        .args(lazy.then_some("-z"))
+        .arg("--")
+        .arg(dir)
+        .stdin(Stdio::null())
+        .output()?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let text = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    Err(if text.contains("busy") {
+        std::io::Error::from_raw_os_error(libc::EBUSY)
+    } else {
+        std::io::Error::other(format!("fusermount3: {text}"))
+    })
+}
+
+/// Aborts the FUSE connection of the mount with device `dev` through
+/// fusectl: every request, pending and future, fails, and the daemon's
+/// reads of /dev/fuse end (ENODEV). fusectl is mounted if it is not
+/// (systemd mounts it at boot; containers often do not).
+fn abort_connection(dev: (u32, u32)) -> std::io::Result<()> {
+    let conns = Path::new("/sys/fs/fuse/connections");
+    let mounted = std::fs::read_to_string("/proc/self/mounts")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(2) == Some("fusectl"));
+    if !mounted {
+        let r = unsafe {
+            libc::mount(
+                c"fusectl".as_ptr(),
+                c"/sys/fs/fuse/connections".as_ptr(),
+                c"fusectl".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if r != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(std::io::Error::new(
+                e.kind(),
+                format!("mounting fusectl on {}: {e}", conns.display()),
+            ));
+        }
+    }
+    // The kernel names a connection by its device number, encoded as the
+    // kernel does (major << 20 | minor).
+    let conn = conns.join((dev.0 << 20 | dev.1).to_string());
+    match std::fs::write(conn.join("abort"), b"1") {
+        // fusectl lists every live connection: this one has ended.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        r => r.map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", conn.display()))),
+    }
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGINT => "SIGINT",
+        libc::SIGHUP => "SIGHUP",
+        _ => "a signal",
+    }
 }
 
 /// Blocks the signals the mount handles, so only the signal thread gets them.
@@ -273,9 +644,9 @@ pub fn run(
     if daemon_child {
         unsafe { libc::setsid() };
     }
-    check_mountpoint(&dir)?;
+    let canon_dir = check_mountpoint(&dir)?;
     let sigset = block_signals();
-    let _lock = lock_image(&image)?;
+    let _lock = lock_image(&image, true, "ldfs").map_err(|e| e.to_string())?;
     let dev: Arc<dyn Device> = Arc::new(
         FileDevice::open(&image, FileDeviceOptions::default())
             .map_err(|e| format!("{}: {e}", image.display()))?,
@@ -312,7 +683,14 @@ pub fn run(
 
     let mut cfg = Config::default();
     cfg.mount_options = vec![
-        MountOption::FSName(image.display().to_string()),
+        // By its absolute path: a mount or fsck of the image, from any
+        // directory, finds this mount in /proc/self/mounts.
+        MountOption::FSName(
+            std::fs::canonicalize(&image)
+                .unwrap_or_else(|_| image.clone())
+                .display()
+                .to_string(),
+        ),
         MountOption::Subtype("ldfs".into()),
         MountOption::DefaultPermissions,
         if opts.read_only {
@@ -331,7 +709,7 @@ pub fn run(
         cancel: AtomicBool::new(false),
         last_clean: std::sync::Mutex::new("no clean since mount\n".into()),
     });
-    let mut session = Session::new(
+    let session = Session::new(
         FuseFs {
             fs: fs.clone(),
             no_open: false,
@@ -343,15 +721,44 @@ pub fn run(
     )
     .map_err(|e| format!("mounting on {}: {e}", dir.display()))?;
 
-    // Signals unmount; the session then returns and the engine closes.
-    let mut unmounter = session.unmount_callable();
-    std::thread::spawn(move || loop {
-        let mut sig = 0;
-        if unsafe { libc::sigwait(&sigset, &mut sig) } == 0 {
-            let _ = unmounter.unmount();
-            break;
-        }
+    // Signals end the mount (see Ender); the session then returns and the
+    // engine closes. A later signal is never ignored: it forces the end.
+    let ender = Arc::new(Ender {
+        dev: top_mount(&canon_dir)
+            .filter(|(_, kind)| kind.starts_with("fuse"))
+            .map(|(dev, _)| dev),
+        dir: canon_dir,
+        served: AtomicBool::new(false),
     });
+    {
+        let ender = ender.clone();
+        std::thread::spawn(move || {
+            let mut first = true;
+            loop {
+                let mut sig = 0;
+                if unsafe { libc::sigwait(&sigset, &mut sig) } != 0 {
+                    continue;
+                }
+                let name = signal_name(sig);
+                if ender.served.load(Ordering::Relaxed) {
+                    eprintln!("ldfs: {name}: already ending, writing the final checkpoint");
+                } else if first {
+                    first = false;
+                    eprintln!("ldfs: {name}: unmounting {}", ender.dir.display());
+                    // In its own thread: a flush stuck in the kernel must
+                    // not keep the next signal from forcing the end.
+                    let ender = ender.clone();
+                    std::thread::spawn(move || ender.end());
+                } else {
+                    eprintln!(
+                        "ldfs: {name} again: detaching {} and ending the FUSE connection now",
+                        ender.dir.display()
+                    );
+                    ender.force();
+                }
+            }
+        });
+    }
     // Commit on our own within the interval: the kernel does not pass
     // sync(2) on to FUSE daemons.
     let stop = Arc::new(AtomicBool::new(false));
@@ -379,6 +786,7 @@ pub fn run(
         detach_output(&image);
     }
     let served = session.run();
+    ender.served.store(true, Ordering::Relaxed);
     stop.store(true, Ordering::Relaxed);
     let _ = committer.join();
     drop(fs);
@@ -472,6 +880,30 @@ mod tests {
             let e = parse(bad).unwrap_err();
             let key = bad.split(['=', ',']).next().unwrap();
             assert!(e.contains(key), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn mount_table_names_and_lock_holders() {
+        assert_eq!(
+            unescape_mount_field(r"/tmp/a\040b\011c\134d\0"),
+            "/tmp/a b\tc\\d\\0"
+        );
+        assert_eq!(unescape_mount_field("/plain"), "/plain");
+        for daemon in [
+            "/usr/local/bin/ldfs mount -f --daemon-child /i /m",
+            "ldfs mount -f /i /m",
+            "/sbin/mount.fuse.ldfs /i /m -o rw",
+        ] {
+            assert!(is_mount_daemon(daemon), "{daemon}");
+        }
+        for other in [
+            "fsck.ldfs -y /i",
+            "/usr/bin/ldfs fsck -n /i",
+            "sleep 60",
+            "",
+        ] {
+            assert!(!is_mount_daemon(other), "{other}");
         }
     }
 

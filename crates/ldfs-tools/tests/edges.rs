@@ -35,6 +35,11 @@ fn available_bytes(dir: &Path) -> u64 {
 
 /// Checks that `path` holds exactly `len` bytes of `pattern(seed, ..)`.
 fn verify(path: &Path, seed: u64, len: u64) {
+    verify_with_hole(path, seed, len, 0..0)
+}
+
+/// `verify`, but `hole` reads as zeros.
+fn verify_with_hole(path: &Path, seed: u64, len: u64, hole: std::ops::Range<u64>) {
     let mut f = File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     assert_eq!(
         f.metadata().unwrap().len(),
@@ -47,8 +52,14 @@ fn verify(path: &Path, seed: u64, len: u64) {
     while off < len {
         let n = f.read(&mut buf).unwrap();
         assert!(n > 0, "{}: short read at {off}", path.display());
+        let mut want = pattern(seed, off, n);
+        for (k, b) in want.iter_mut().enumerate() {
+            if hole.contains(&(off + k as u64)) {
+                *b = 0;
+            }
+        }
         assert!(
-            buf[..n] == pattern(seed, off, n)[..],
+            buf[..n] == want[..],
             "{}: wrong bytes in [{off}, {}) (seed {seed})",
             path.display(),
             off + n as u64
@@ -70,7 +81,7 @@ fn write_pattern(f: &mut File, seed: u64, len: u64) {
 /// `dd if=/dev/zero of=MNT/fill bs=1M` into a full ldfs: write(2) returns
 /// ENOSPC once the file system is full (a few MiB of slack at most), the
 /// file's size claims only what was stored, what was fsynced before is
-/// intact, and deleting makes room again. With the writeback cache this
+/// intact, a hole can be punched, and deleting makes room again. With the writeback cache this
 /// ran forever, the size climbing past what the disk holds.
 #[test]
 fn a_full_file_system_says_enospc_at_write() {
@@ -118,14 +129,30 @@ fn a_full_file_system_says_enospc_at_write() {
     // A second write fails the same way and changes nothing.
     let e = fill.write(&pattern(2, written, 1 << 20)).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+    // Punching a hole works on the full file system (it frees space).
+    let hole = (1u64 << 20)..(3u64 << 20);
+    let r = unsafe {
+        libc::fallocate(
+            fill.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            hole.start as i64,
+            (hole.end - hole.start) as i64,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "punching a hole in a full ldfs: errno {}",
+        common::errno()
+    );
     drop(fill);
-    verify(&m.path("fill"), 2, written);
+    verify_with_hole(&m.path("fill"), 2, written, hole.clone());
     verify(&m.path("keep"), 1, 3 << 20);
     m.unmount();
 
     // After a remount: the same size, every byte, and the fsynced file.
     let m = Mount::new(&img, &mnt, &[]);
-    verify(&m.path("fill"), 2, written);
+    verify_with_hole(&m.path("fill"), 2, written, hole);
     verify(&m.path("keep"), 1, 3 << 20);
     // Deleting makes the space writable again (through the cleaner).
     fs::remove_file(m.path("fill")).unwrap();

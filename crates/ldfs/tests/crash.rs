@@ -1,13 +1,18 @@
 //! Model-based crash simulation of the engine (issue 2).
 //!
 //! Random LD operations (writes of random lengths, overwrites, deletes of
-//! blocks, ranges and lists, interleaved ARUs, flushes, checkpoints) run
+//! blocks, ranges and lists, interleaved ARUs ended or aborted, flushes,
+//! checkpoints, and now and then a long ARU at a nearly full device) run
 //! against lld on a crash device and against an in-memory model. At random
 //! points the device crashes (unflushed writes kept or dropped at random,
-//! some torn at 512-byte granularity) and lld reopens from the crash image.
+//! some torn at 512-byte granularity) and lld reopens from the crash image;
+//! the reopen must succeed.
 //! The recovered state must equal the model after some prefix of the
 //! operations no shorter than the last completed flush, with the operations
-//! of every ARU not ended within that prefix removed.
+//! of every ARU not ended within that prefix removed. An aborted ARU's
+//! operations leave the model at once (nothing of them may survive, and
+//! every other operation stands); after each abort the lists it touched must
+//! read as the model says.
 //!
 //! Checkpoints that operations start stay pending (snapshot taken, slot not
 //! yet written) until the mix finishes them (`finish_checkpoint`, or any
@@ -35,8 +40,25 @@ const MAX_BLOCK: usize = 12 << 10;
 /// device usable forever; a fresh one now and then only varies the start.
 const CYCLES_PER_DEVICE: u64 = 1000;
 /// Lists alive at most, so live data stays near the capacity without
-/// exceeding it for long (about 60-80% of it; NoSpace stays possible).
+/// exceeding it for long (about 60-80% of it, and the wide list's tenth;
+/// NoSpace stays possible).
 const MAX_LISTS: usize = 64;
+/// The wide list: one-byte blocks at `WIDE_BASE..WIDE_BASE + WIDE_BLOCKS`,
+/// written in descending order so its map leaves are half full (about 126
+/// of them). A long ARU touching one block in each dirties more map pages
+/// than the whole reserve holds (issue 12: the engine must keep room for
+/// the checkpoint that follows). Ordinary operations leave it alone.
+const WIDE_BLOCKS: u64 = 8000;
+const WIDE_BASE: u64 = 1000;
+/// A long ARU writes every `WIDE_STEP`-th block of the wide list.
+const WIDE_STEP: u64 = 40;
+/// Large overwrites a long ARU makes at most before NoSpace stops it.
+const LONG_ARU_WRITES: u64 = 1000;
+/// One operation in this many is a long ARU.
+const LONG_ARU_ONE_IN: u32 = 300;
+
+/// A block's bytes; shared, so model states are cheap to copy.
+type Block = Arc<[u8]>;
 
 fn engine_options() -> LldOptions {
     LldOptions {
@@ -69,41 +91,42 @@ fn mkfs_options() -> MkfsOptions {
 enum Op {
     CreateList(u64),
     DeleteList(u64),
-    Write(u64, u64, Vec<u8>),
+    Write(u64, u64, Block),
     Delete(u64, u64),
     DeleteRange(u64, u64, u64),
     End,
 }
 
-/// Model state: lists and their blocks.
+/// Model state: lists and their blocks (each list shared until changed).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct State {
-    lists: BTreeMap<u64, BTreeMap<u64, Vec<u8>>>,
+    lists: BTreeMap<u64, Arc<BTreeMap<u64, Block>>>,
 }
 
 impl State {
     fn apply(&mut self, op: &Op) {
         match op {
             Op::CreateList(l) => {
-                self.lists.insert(*l, BTreeMap::new());
+                self.lists.insert(*l, Arc::default());
             }
             Op::DeleteList(l) => {
                 self.lists.remove(l);
             }
             Op::Write(l, i, d) => {
-                self.lists
-                    .get_mut(l)
-                    .expect("model list")
-                    .insert(*i, d.clone());
+                Arc::make_mut(self.lists.get_mut(l).expect("model list")).insert(*i, d.clone());
             }
             Op::Delete(l, i) => {
                 if let Some(b) = self.lists.get_mut(l) {
-                    b.remove(i);
+                    if b.contains_key(i) {
+                        Arc::make_mut(b).remove(i);
+                    }
                 }
             }
             Op::DeleteRange(l, a, z) => {
                 if let Some(b) = self.lists.get_mut(l) {
-                    b.retain(|i, _| !(a..z).contains(&i));
+                    if b.range(a..z).next().is_some() {
+                        Arc::make_mut(b).retain(|i, _| !(a..z).contains(&i));
+                    }
                 }
             }
             Op::End => {}
@@ -144,26 +167,51 @@ impl History {
         }
         s
     }
+
+    /// The lists reads see now (`live`, without copying blocks).
+    fn live_lists(&self) -> BTreeSet<u64> {
+        let mut lists: BTreeSet<u64> = self.base.lists.keys().copied().collect();
+        for (_, op) in &self.log {
+            match op {
+                Op::CreateList(l) => {
+                    lists.insert(*l);
+                }
+                Op::DeleteList(l) => {
+                    lists.remove(l);
+                }
+                _ => {}
+            }
+        }
+        lists
+    }
 }
 
 fn read_state(lld: &Lld, universe: u64) -> State {
     let mut s = State::default();
     for l in 1..universe {
-        let list = ListId(l);
-        if lld.list_hints(list).unwrap().is_none() {
-            continue;
+        if let Some(blocks) = read_list(lld, l) {
+            s.lists.insert(l, blocks);
         }
-        let mut blocks = BTreeMap::new();
-        for i in lld.indices(list, 0, usize::MAX).unwrap() {
-            let d = lld
-                .read(list, i)
-                .unwrap_or_else(|e| panic!("read list {l} index {i}: {e}"))
-                .unwrap_or_else(|| panic!("indices listed {l}/{i} but read found nothing"));
-            blocks.insert(i, d);
-        }
-        s.lists.insert(l, blocks);
     }
     s
+}
+
+/// The blocks of list `l`, or `None` if it does not exist.
+fn read_list(lld: &Lld, l: u64) -> Option<Arc<BTreeMap<u64, Block>>> {
+    let list = ListId(l);
+    lld.list_hints(list).unwrap()?;
+    let indices = lld.indices(list, 0, usize::MAX).unwrap();
+    let blocks: BTreeMap<u64, Block> = lld
+        .read_range(list, 0..u64::MAX, usize::MAX)
+        .unwrap_or_else(|e| panic!("read list {l}: {e}"))
+        .into_iter()
+        .map(|(i, d)| (i, d.into()))
+        .collect();
+    assert!(
+        blocks.keys().copied().eq(indices.iter().copied()),
+        "list {l}: indices and read_range disagree"
+    );
+    Some(Arc::new(blocks))
 }
 
 fn block(rng: &mut ChaCha8Rng) -> Vec<u8> {
@@ -187,6 +235,8 @@ struct Cycle<'a> {
     rng: ChaCha8Rng,
     hist: History,
     next_list: u64,
+    /// The wide list (see `WIDE_BLOCKS`).
+    wide: u64,
     open: Vec<AruId>,
     /// The device's power is set to go out (a planned crash mid-operation):
     /// device errors are expected from then on.
@@ -211,6 +261,10 @@ struct Tally {
     crashed_pending: u64,
     /// Power cuts aimed into finishing a pending checkpoint.
     cut_finishing: u64,
+    aborts: u64,
+    long_arus: u64,
+    /// Long ARUs whose large overwrites ran into NoSpace.
+    long_arus_full: u64,
 }
 
 impl Cycle<'_> {
@@ -259,9 +313,15 @@ impl Cycle<'_> {
         }
     }
 
+    /// A list other than the wide one.
     fn existing_list(&mut self) -> Option<u64> {
-        let live = self.hist.live();
-        let lists: Vec<u64> = live.lists.keys().copied().collect();
+        let wide = self.wide;
+        let lists: Vec<u64> = self
+            .hist
+            .live_lists()
+            .into_iter()
+            .filter(|l| *l != wide)
+            .collect();
         if lists.is_empty() {
             None
         } else {
@@ -280,7 +340,8 @@ impl Cycle<'_> {
     fn record(&mut self, aru: Option<AruId>, r: Result<(), LdError>, op: Op) {
         match r {
             Ok(()) => self.hist.log.push((aru.map_or(0, |a| a.0), op)),
-            Err(LdError::NoSpace { .. }) => self.tally.no_space += 1,
+            // Operations may be refused for space; an ARU's end never is.
+            Err(LdError::NoSpace { .. }) if !matches!(op, Op::End) => self.tally.no_space += 1,
             Err(e) => {
                 // Failed at the power cut: it may still have reached the
                 // disk, so it is the last operation a recovered state may
@@ -291,9 +352,118 @@ impl Cycle<'_> {
         }
     }
 
+    /// Aborts `a`: its operations leave the model; the lists they touched
+    /// must read as the model says at once.
+    fn abort(&mut self, a: AruId) {
+        if let Err(e) = self.lld.abort_aru(a) {
+            // Only after a power cut (the undo happened, the checkpoint
+            // after it failed); the ARU never ends, so recovery drops it.
+            self.failed("abort_aru", e);
+            return;
+        }
+        let mut touched = BTreeSet::new();
+        for (x, op) in &self.hist.log {
+            if *x != a.0 {
+                continue;
+            }
+            match op {
+                Op::Write(l, ..)
+                | Op::Delete(l, _)
+                | Op::DeleteRange(l, ..)
+                | Op::DeleteList(l) => {
+                    touched.insert(*l);
+                }
+                Op::CreateList(_) | Op::End => {}
+            }
+        }
+        let before_flush = self.hist.log[..self.hist.flushed]
+            .iter()
+            .filter(|(x, _)| *x == a.0)
+            .count();
+        self.hist.flushed -= before_flush;
+        self.hist.log.retain(|(x, _)| *x != a.0);
+        self.tally.aborts += 1;
+        if self.dead {
+            return;
+        }
+        let live = self.hist.live();
+        for l in touched {
+            let got = read_list(self.lld, l);
+            assert_eq!(
+                got.as_ref(),
+                live.lists.get(&l),
+                "after aborting {a}: list {l} reads otherwise than the model"
+            );
+        }
+    }
+
+    /// A long ARU at a nearly full device (issue 12): it rewrites a block in
+    /// every leaf of the wide list's map, then overwrites a few keys with
+    /// large blocks until NoSpace. Usually it ends (the checkpoint that is
+    /// then due must fit) and is flushed; else it stays open, maybe into
+    /// the crash.
+    fn long_aru(&mut self) {
+        let lld = self.lld;
+        let a = match lld.begin_aru() {
+            Ok(a) => a,
+            Err(e) => return self.failed("begin_aru", e),
+        };
+        self.open.push(a);
+        self.tally.long_arus += 1;
+        let w = self.wide;
+        for i in (WIDE_BASE..WIDE_BASE + WIDE_BLOCKS).step_by(WIDE_STEP as usize) {
+            if self.dead {
+                return;
+            }
+            let d: Block = vec![self.rng.gen::<u8>()].into();
+            let r = lld.write(Some(a), ListId(w), i, &d);
+            self.record(Some(a), r, Op::Write(w, i, d));
+        }
+        let keys = self.rng.gen_range(1..=8);
+        for k in 0..LONG_ARU_WRITES {
+            if self.dead {
+                return;
+            }
+            let i = WIDE_BASE + WIDE_BLOCKS + k % keys;
+            let mut d = vec![self.rng.gen::<u8>(); MAX_BLOCK];
+            d[..8].copy_from_slice(&k.to_le_bytes());
+            let d: Block = d.into();
+            let r = lld.write(Some(a), ListId(w), i, &d);
+            let full = matches!(r, Err(LdError::NoSpace { .. }));
+            self.record(Some(a), r, Op::Write(w, i, d));
+            if full {
+                self.tally.long_arus_full += 1;
+                break;
+            }
+        }
+        match self.rng.gen_range(0..8) {
+            // Left open: a later operation ends or aborts it, or the crash
+            // finds it open.
+            0 => return,
+            1 => {
+                self.open.retain(|x| *x != a);
+                self.abort(a);
+            }
+            _ => {
+                self.open.retain(|x| *x != a);
+                let r = lld.end_aru(a);
+                self.record(Some(a), r, Op::End);
+            }
+        }
+        if !self.dead {
+            match lld.flush() {
+                Ok(()) => self.hist.flushed = self.hist.log.len(),
+                Err(e) => self.failed("flush", e),
+            }
+        }
+    }
+
     fn one_op(&mut self) {
         let lld = self.lld;
-        let lists = self.hist.live().lists.len();
+        if self.rng.gen_ratio(1, LONG_ARU_ONE_IN) {
+            return self.long_aru();
+        }
+        let lists = self.hist.live_lists().len();
         match self.rng.gen_range(0..100) {
             0..=3 if lists >= MAX_LISTS => {
                 if let Some(l) = self.existing_list() {
@@ -327,7 +497,7 @@ impl Cycle<'_> {
                 if let Some(l) = self.existing_list() {
                     let aru = self.pick_aru();
                     let i = self.rng.gen_range(0..24);
-                    let d = block(&mut self.rng);
+                    let d: Block = block(&mut self.rng).into();
                     let r = lld.write(aru, ListId(l), i, &d);
                     self.record(aru, r, Op::Write(l, i, d));
                 }
@@ -361,8 +531,12 @@ impl Cycle<'_> {
                 if !self.open.is_empty() {
                     let k = self.rng.gen_range(0..self.open.len());
                     let a = self.open.swap_remove(k);
-                    let r = lld.end_aru(a);
-                    self.record(Some(a), r, Op::End);
+                    if self.rng.gen_ratio(1, 4) {
+                        self.abort(a);
+                    } else {
+                        let r = lld.end_aru(a);
+                        self.record(Some(a), r, Op::End);
+                    }
                 }
             }
             92..=94 => match lld.flush() {
@@ -407,8 +581,18 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64) -> Result<(), String> {
     let lld = Lld::create(dev.clone(), &mkfs_options(), engine_options())
         .map_err(|e| format!("create: {e}"))?;
     lld.flush().unwrap();
+    // The wide list, checkpointed: its leaves are clean until a long ARU.
+    let wide = lld.create_list(None, ListHints::default()).unwrap().0;
+    let mut blocks = BTreeMap::new();
+    for i in (WIDE_BASE..WIDE_BASE + WIDE_BLOCKS).rev() {
+        let d: Block = vec![i as u8].into();
+        lld.write(None, ListId(wide), i, &d).unwrap();
+        blocks.insert(i, d);
+    }
+    lld.checkpoint_now().unwrap();
     let mut state = State::default();
-    let mut next_list = 1u64;
+    state.lists.insert(wide, Arc::new(blocks));
+    let mut next_list = wide + 1;
     let mut lld = Some(lld);
     let mut dev = dev;
     let mut tally = Tally::default();
@@ -423,6 +607,7 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64) -> Result<(), String> {
                 flushed: 0,
             },
             next_list,
+            wide,
             open: Vec::new(),
             cut: false,
             dead: false,
@@ -452,7 +637,9 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64) -> Result<(), String> {
         clean &= !cy.cut;
         let image = if clean {
             for a in std::mem::take(&mut cy.open) {
-                engine.end_aru(a).unwrap();
+                engine
+                    .end_aru(a)
+                    .map_err(|e| format!("cycle {c}: end_aru before close: {e}"))?;
                 cy.hist.log.push((a.0, Op::End));
             }
             engine

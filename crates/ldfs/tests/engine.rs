@@ -729,3 +729,547 @@ fn small_partials_queue_while_a_device_write_is_slow() {
         assert_eq!(lld.read(l, i).unwrap().unwrap(), data(i, 4096));
     }
 }
+
+/// Issue 12, item 5: one ARU dirties every map leaf, then overwrites a few
+/// keys with large blocks until the device is full. The checkpoint due when
+/// it ends must still fit (the writes get NoSpace first), it releases what
+/// the overwrites killed, and every image the engine leaves — whole, or cut
+/// off anywhere in that checkpoint — opens again.
+#[test]
+fn a_long_aru_at_a_full_device_gets_nospace_and_every_image_opens() {
+    const SMALL: u64 = 40_000;
+    let big = |k: u64| data(k, 32 << 10);
+    // Builds the scenario up to the ARU's end; returns the engine, its
+    // device and the list.
+    let scenario = || {
+        let dev = Arc::new(CrashDevice::new(16 << 20));
+        let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+        let l = lld.create_list(None, ListHints::default()).unwrap();
+        for i in 0..SMALL {
+            lld.write(None, l, i, &[i as u8]).unwrap();
+        }
+        lld.checkpoint_now().unwrap();
+        let aru = lld.begin_aru().unwrap();
+        // A key in every leaf: the next checkpoint rewrites the whole map.
+        for i in (0..SMALL).step_by(100) {
+            lld.write(Some(aru), l, i, &[!(i as u8)]).unwrap();
+        }
+        let (_, _, dirty) = lld.map_figures();
+        assert!(dirty > 300, "only {dirty} map pages dirty");
+        let mut k = 0u64;
+        loop {
+            match lld.write(Some(aru), l, SMALL + k % 8, &big(k)) {
+                Ok(()) => k += 1,
+                Err(LdError::NoSpace { .. }) => break,
+                Err(e) => panic!("overwrite {k}: {e}"),
+            }
+            assert!(k < 10_000, "never ran out of space");
+        }
+        assert!(k > 100, "only {k} overwrites fit");
+        (dev, lld, l, aru, k)
+    };
+    let check = |lld: &Lld, l: ListId, k: u64, committed: bool| {
+        for i in (0..SMALL).step_by(997) {
+            let want = if committed && i % 100 == 0 {
+                !(i as u8)
+            } else {
+                i as u8
+            };
+            assert_eq!(lld.read(l, i).unwrap().unwrap(), [want], "block {i}");
+        }
+        for j in 0..8 {
+            let got = lld.read(l, SMALL + j).unwrap();
+            if committed {
+                // The last of the overwrites of this key.
+                let last = (0..k).rev().find(|x| x % 8 == j).unwrap();
+                assert_eq!(got.unwrap(), big(last), "key {}", SMALL + j);
+            } else {
+                assert_eq!(got, None, "key {}", SMALL + j);
+            }
+        }
+    };
+
+    let (dev, lld, l, aru, k) = scenario();
+    // The ARU's end writes the due checkpoint: it must fit...
+    lld.end_aru(aru).unwrap();
+    // (The checkpointer thread finishes it; wait for that.)
+    lld.finish_checkpoint().unwrap();
+    assert!(lld.stats().segments_released > 50, "{:?}", lld.stats());
+    // ...and release what the overwrites killed: there is room again.
+    lld.write(None, l, SMALL + 100, &big(1 << 40)).unwrap();
+    lld.flush().unwrap();
+    let image = dev.current_image();
+    lld.abandon();
+    let lld = Lld::open(
+        Arc::new(MemoryDevice::from_vec(image)),
+        LldOptions::default(),
+    )
+    .expect("reopen after the ARU");
+    check(&lld, l, k, true);
+    drop(lld);
+
+    // The power goes out at points of that checkpoint: first every write
+    // made before the cut lands (the log's tail holds as many map pages as
+    // it got to write), then a random subset does.
+    for cut in [1, 3, 6, 9, 12] {
+        let (dev, lld, l, aru, k) = scenario();
+        dev.cut_power_after(cut);
+        let _ = lld.end_aru(aru);
+        let _ = lld.finish_checkpoint();
+        let images = [
+            (dev.current_image(), "every write"),
+            (
+                dev.crash_image(cut, &CrashOptions::default()),
+                "some writes",
+            ),
+        ];
+        lld.abandon();
+        for (image, what) in images {
+            let lld = Lld::open(
+                Arc::new(MemoryDevice::from_vec(image)),
+                LldOptions::default(),
+            )
+            .unwrap_or_else(|e| panic!("cut after {cut} writes, {what}: reopen: {e}"));
+            // The end record was written before the checkpoint began: the
+            // ARU is there unless the crash lost it.
+            let committed = lld.read(l, SMALL).unwrap().is_some();
+            check(&lld, l, k, committed);
+            assert_eq!(lld.accounting_drift(), 0);
+            assert!(lld.check_usage().unwrap().is_empty());
+        }
+    }
+}
+
+/// Issue 12, item 5: a list created in an ARU that never ended, and a block
+/// written to it outside that ARU. After a crash the list's entry is gone
+/// but the block is not: its list id must not be handed out again.
+#[test]
+fn a_list_id_with_a_surviving_block_is_not_handed_out_again() {
+    let dev = Arc::new(CrashDevice::new(16 << 20));
+    let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+    let a = lld.create_list(None, ListHints::default()).unwrap();
+    lld.write(None, a, 0, b"a").unwrap();
+    lld.checkpoint_now().unwrap();
+    let aru = lld.begin_aru().unwrap();
+    let l = lld.create_list(Some(aru), ListHints::default()).unwrap();
+    lld.write(None, l, 0, b"outside the ARU").unwrap();
+    lld.flush().unwrap();
+    let image = dev.durable_image();
+    lld.abandon();
+    let lld = Lld::open(
+        Arc::new(MemoryDevice::from_vec(image)),
+        LldOptions::default(),
+    )
+    .unwrap();
+    assert!(lld.open_report().rolled_forward > 0);
+    assert_eq!(lld.list_hints(l).unwrap(), None, "the ARU's list survived");
+    let n = lld.create_list(None, ListHints::default()).unwrap();
+    assert_ne!(n, l, "list {} handed out again", l.0);
+    assert!(lld.indices(n, 0, 10).unwrap().is_empty());
+    assert_eq!(lld.read(a, 0).unwrap().unwrap(), b"a");
+}
+
+/// A checkpoint can leave the log with no segment to continue in when it
+/// takes the last clean one, and release segments in the same stroke: the
+/// log then goes on into one of those. Recovery must follow it there.
+#[test]
+fn the_log_goes_on_into_a_segment_its_checkpoint_released() {
+    let dev = Arc::new(CrashDevice::new(16 << 20));
+    let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    for i in 0..40_000u64 {
+        lld.write(None, l, i, &[i as u8]).unwrap();
+    }
+    lld.checkpoint_now().unwrap();
+    let aru = lld.begin_aru().unwrap();
+    for i in (0..40_000u64).step_by(100) {
+        lld.write(Some(aru), l, i, &[!(i as u8)]).unwrap();
+    }
+    // Overwrites kill whole segments that only a checkpoint releases...
+    let mut k = 0u64;
+    while lld
+        .write(Some(aru), l, 50_000 + k % 8, &data(k, 32 << 10))
+        .is_ok()
+    {
+        k += 1;
+    }
+    // ...and deletes (allowed further into the reserve) take the log down
+    // to what the checkpoint at the ARU's end needs.
+    let mut deleted = 0u64;
+    while lld.delete(Some(aru), l, 1 + deleted * 3 % 39_000).is_ok() {
+        deleted += 1;
+        assert!(deleted < 200_000, "deletes never ran out of space");
+    }
+    // Its checkpoint fills every clean segment (31 map pages and a summary
+    // page each) and more.
+    let (clean, _) = lld.clean_segment_counts();
+    let (_, _, dirty) = lld.map_figures();
+    assert!(
+        dirty > clean as usize * 31,
+        "{dirty} dirty pages, {clean} clean segments"
+    );
+    lld.end_aru(aru).unwrap();
+    // Enough to fill a segment or two after the checkpoint.
+    for j in 0..12u64 {
+        lld.write(None, l, 60_000 + j, &data(1000 + j, 32 << 10))
+            .unwrap();
+    }
+    lld.flush().unwrap();
+    let image = dev.durable_image();
+    lld.abandon();
+    let lld = Lld::open(
+        Arc::new(MemoryDevice::from_vec(image)),
+        LldOptions::default(),
+    )
+    .expect("reopen");
+    assert!(
+        lld.open_report().failed_slots.is_empty(),
+        "{:?}",
+        lld.open_report()
+    );
+    for j in 0..12u64 {
+        assert_eq!(
+            lld.read(l, 60_000 + j).unwrap().unwrap(),
+            data(1000 + j, 32 << 10)
+        );
+    }
+    assert_eq!(lld.read(l, 1).unwrap(), None);
+    assert!(lld.check_usage().unwrap().is_empty());
+}
+
+/// The cleaner moves map pages by marking them dirty for the next
+/// checkpoint: on a full device it may mark only as many as that
+/// checkpoint can write.
+#[test]
+fn map_pages_are_moved_only_while_their_checkpoint_fits() {
+    let dev = Arc::new(CrashDevice::new(16 << 20));
+    let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    for i in 0..40_000u64 {
+        lld.write(None, l, i, &[i as u8]).unwrap();
+    }
+    lld.checkpoint_now().unwrap();
+    // Fill the log with segments half live, half dead: nothing a
+    // checkpoint could release. Inside an ARU, so no write waits for the
+    // cleaner.
+    let aru = lld.begin_aru().unwrap();
+    let mut k = 0u64;
+    loop {
+        let key = if k.is_multiple_of(2) {
+            100_000 + k
+        } else {
+            90_000 + k % 8
+        };
+        match lld.write(Some(aru), l, key, &data(k, 32 << 10)) {
+            Ok(()) => k += 1,
+            Err(LdError::NoSpace { .. }) => break,
+            Err(e) => panic!("write {k}: {e}"),
+        }
+    }
+    lld.end_aru(aru).unwrap();
+    // Every live map page of the 40,000 blocks' leaves, asked to move.
+    let geo = *lld.geometry();
+    let mut pages = Vec::new();
+    for (seg, u) in lld.segment_usage() {
+        if u.live_bytes == 0 {
+            continue;
+        }
+        for (h, recs) in lld.segment_summaries(seg).unwrap() {
+            for r in recs {
+                if let ldfs::lld::summary::Record::MapPage { data_off, .. } = r {
+                    let addr = geo.page_addr(seg, h.page + h.summary_pages) + data_off as u64;
+                    if lld.map_page_is_live(addr) {
+                        pages.push(addr);
+                    }
+                }
+            }
+        }
+    }
+    assert!(pages.len() > 300, "{} live map pages", pages.len());
+    let moved = pages
+        .iter()
+        .filter(|&&a| lld.relocate_map_page(a).unwrap())
+        .count();
+    assert!(moved > 0 && moved < pages.len(), "moved {moved}");
+    lld.checkpoint_now().unwrap();
+    // Full, but not stuck: deletes go on.
+    lld.delete(None, l, 0).unwrap();
+    lld.close().unwrap();
+    drop(lld);
+    let lld = Lld::open(dev, LldOptions::default()).unwrap();
+    assert_eq!(lld.read(l, 0).unwrap(), None);
+    assert_eq!(lld.read(l, 39_999).unwrap().unwrap(), [39_999u64 as u8]);
+    assert!(lld.check_usage().unwrap().is_empty());
+}
+
+/// Every block of each list (`None` for a list that does not exist).
+type Lists = Vec<Option<Vec<(u64, Vec<u8>)>>>;
+
+fn lists_of(lld: &Lld, lists: &[ListId]) -> Lists {
+    lists
+        .iter()
+        .map(|&l| {
+            lld.list_hints(l).unwrap()?;
+            Some(
+                lld.indices(l, 0, usize::MAX)
+                    .unwrap()
+                    .into_iter()
+                    .map(|i| (i, lld.read(l, i).unwrap().unwrap()))
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+fn usage_is_exact(lld: &Lld, when: &str) {
+    assert_eq!(lld.accounting_drift(), 0, "{when}: accounting drifted");
+    let problems = lld.check_usage().unwrap();
+    assert!(problems.is_empty(), "{when}: {problems:?}");
+}
+
+/// Reopens the durable image of `dev` (what a crash right now keeps of
+/// everything flushed), after abandoning `lld`.
+fn crash_reopen(lld: Lld, dev: &CrashDevice) -> Lld {
+    let image = dev.durable_image();
+    lld.abandon();
+    Lld::open(
+        Arc::new(CrashDevice::from_image(image)),
+        LldOptions::default(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn abort_aru_takes_back_every_change_and_recovery_agrees() {
+    let dev = Arc::new(CrashDevice::new(16 << 20));
+    let opts = LldOptions {
+        partial_bytes: 16 << 10, // seals often: versions move from slots to addresses
+        ..Default::default()
+    };
+    let lld = Lld::create(dev.clone(), &small_mkfs(), opts).unwrap();
+    let a = lld.create_list(None, ListHints::default()).unwrap();
+    let b = lld.create_list(None, ListHints::default()).unwrap();
+    for i in 0..40u64 {
+        lld.write(None, a, i, &data(i, 100 + i as usize * 131))
+            .unwrap();
+    }
+    for i in 0..20u64 {
+        lld.write(None, b, i, &data(1000 + i, 3000)).unwrap();
+    }
+    lld.flush().unwrap();
+    // Still in the open partial (buffered) when the ARU replaces them.
+    for i in 40..50u64 {
+        lld.write(None, a, i, &data(2000 + i, 700)).unwrap();
+    }
+    let d = ListId(b.0 + 1); // the list the ARU will create
+    let all = [a, b, d];
+    let before = lists_of(&lld, &all);
+    let space_before = lld.space();
+
+    let x = lld.begin_aru().unwrap();
+    lld.reserve(x, 256 << 10).unwrap();
+    for i in (0..10u64).chain(40..45).chain(100..110) {
+        lld.write(Some(x), a, i, &data(3000 + i, 2500)).unwrap();
+    }
+    lld.write(Some(x), a, 1, b"written twice").unwrap();
+    lld.delete(Some(x), a, 20).unwrap();
+    lld.delete(Some(x), a, 39).unwrap();
+    lld.delete_range(Some(x), a, 25..35).unwrap();
+    lld.delete_range(Some(x), a, 45..50).unwrap();
+    lld.delete_list(Some(x), b).unwrap();
+    assert_eq!(lld.create_list(Some(x), ListHints::default()).unwrap(), d);
+    lld.write(Some(x), d, 0, b"in a list the abort removes")
+        .unwrap();
+    lld.flush().unwrap(); // the ARU's records reach the log, unended
+    lld.write(Some(x), a, 2, b"after the flush").unwrap();
+    lld.delete(Some(x), a, 100).unwrap();
+    // Changes by others meanwhile stand: a committed ARU and a plain write,
+    // on keys the aborted ARU also changed (before and after them).
+    let y = lld.begin_aru().unwrap();
+    lld.write(Some(y), a, 60, b"by y").unwrap();
+    lld.write(Some(y), a, 3, b"y after x").unwrap();
+    lld.end_aru(y).unwrap();
+    lld.write(None, a, 30, b"plain write over x's delete")
+        .unwrap();
+    lld.write(Some(x), a, 60, b"x after y").unwrap();
+
+    lld.abort_aru(x).unwrap();
+    let mut want = before.clone();
+    {
+        let la = want[0].as_mut().unwrap();
+        let mut m: std::collections::BTreeMap<u64, Vec<u8>> = la.drain(..).collect();
+        m.insert(60, b"by y".to_vec());
+        m.insert(3, b"y after x".to_vec());
+        m.insert(30, b"plain write over x's delete".to_vec());
+        la.extend(m);
+    }
+    assert_eq!(lists_of(&lld, &all), want, "running engine after abort");
+    assert!(lld.list_hints(d).unwrap().is_none());
+    usage_is_exact(&lld, "after abort");
+    assert!(matches!(lld.abort_aru(x), Err(LdError::NoSuchAru(_))));
+    assert!(matches!(lld.end_aru(x), Err(LdError::NoSuchAru(_))));
+    let z = lld.begin_aru().unwrap();
+    assert!(z.0 > y.0, "ARU ids are never reused");
+    lld.end_aru(z).unwrap();
+    // Live bytes: as before the ARU, with y's and the plain write's blocks
+    // in place of the ones they replaced.
+    let extra = [
+        b"by y".len(),
+        b"y after x".len(),
+        b"plain write over x's delete".len(),
+    ]
+    .iter()
+    .sum::<usize>() as u64;
+    let a3_old = (100 + 3 * 131) as u64;
+    let a30_old = (100 + 30 * 131) as u64;
+    assert_eq!(
+        lld.space().live_bytes,
+        space_before.live_bytes + extra - a3_old - a30_old,
+        "live bytes after the abort"
+    );
+
+    lld.flush().unwrap();
+    let lld = crash_reopen(lld, &dev);
+    assert_eq!(lists_of(&lld, &all), want, "after a crash");
+    usage_is_exact(&lld, "after a crash");
+}
+
+#[test]
+fn a_checkpoint_after_an_abort_keeps_the_aru_out() {
+    let dev = Arc::new(CrashDevice::new(16 << 20));
+    let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+    let a = lld.create_list(None, ListHints::default()).unwrap();
+    for i in 0..30u64 {
+        lld.write(None, a, i, &data(i, 4096)).unwrap();
+    }
+    lld.flush().unwrap();
+    let before = lists_of(&lld, &[a]);
+    let x = lld.begin_aru().unwrap();
+    for i in 0..10u64 {
+        lld.write(Some(x), a, i, &data(100 + i, 4096)).unwrap();
+    }
+    lld.delete_range(Some(x), a, 10..30).unwrap();
+    lld.flush().unwrap();
+    // While the ARU is open no checkpoint can be taken; after the abort one can.
+    assert!(lld.checkpoint_now().is_err());
+    lld.abort_aru(x).unwrap();
+    lld.checkpoint_now().unwrap();
+    lld.write(None, a, 50, b"after the checkpoint").unwrap();
+    lld.flush().unwrap();
+    let mut want = before.clone();
+    want[0]
+        .as_mut()
+        .unwrap()
+        .push((50, b"after the checkpoint".to_vec()));
+    assert_eq!(lists_of(&lld, &[a]), want);
+    let lld = crash_reopen(lld, &dev);
+    assert_eq!(lists_of(&lld, &[a]), want, "reopened after a crash");
+    usage_is_exact(&lld, "reopened after a crash");
+    lld.close().unwrap();
+    let lld = Lld::open(dev.clone(), LldOptions::default()).unwrap();
+    assert_eq!(lists_of(&lld, &[a]), want, "reopened after close");
+    usage_is_exact(&lld, "reopened after close");
+}
+
+#[test]
+fn abort_restores_blocks_in_segments_the_cleaner_emptied_meanwhile() {
+    use ldfs::lld::PolicyKind;
+    let dev = Arc::new(CrashDevice::new(16 << 20));
+    let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+    let a = lld.create_list(None, ListHints::default()).unwrap();
+    let b = lld.create_list(None, ListHints::default()).unwrap();
+    // a's and b's blocks share segments.
+    for i in 0..96u64 {
+        lld.write(None, a, i, &data(i, 4096)).unwrap();
+        lld.write(None, b, i, &data(500 + i, 4096)).unwrap();
+    }
+    lld.flush().unwrap();
+    lld.checkpoint_now().unwrap();
+    let before = lists_of(&lld, &[a, b]);
+    let x = lld.begin_aru().unwrap();
+    lld.delete_list(Some(x), a).unwrap();
+    // Half-empty segments: the cleaner moves b's blocks out, leaving them
+    // with no live bytes; nothing is released while x is open.
+    let rep = lld.clean(PolicyKind::Greedy, 8).unwrap();
+    assert!(rep.blocks_moved > 0, "{rep:?}");
+    assert_eq!(
+        rep.released, 0,
+        "a segment was released while an ARU was open"
+    );
+    lld.abort_aru(x).unwrap();
+    assert_eq!(lists_of(&lld, &[a, b]), before);
+    usage_is_exact(&lld, "after the abort");
+    lld.checkpoint_now().unwrap();
+    usage_is_exact(&lld, "after the checkpoint");
+    assert_eq!(lists_of(&lld, &[a, b]), before);
+    let lld = crash_reopen(lld, &dev);
+    assert_eq!(lists_of(&lld, &[a, b]), before, "reopened");
+    usage_is_exact(&lld, "reopened");
+}
+
+#[test]
+fn abort_gives_back_the_space_it_took() {
+    let dev = Arc::new(CrashDevice::new(16 << 20));
+    let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+    let a = lld.create_list(None, ListHints::default()).unwrap();
+    for i in 0..20u64 {
+        lld.write(None, a, i, &data(i, 4096)).unwrap();
+    }
+    lld.flush().unwrap();
+    let before = lld.space();
+    let x = lld.begin_aru().unwrap();
+    lld.reserve(x, 1 << 20).unwrap();
+    assert!(lld.space().available_bytes < before.available_bytes);
+    for i in 0..100u64 {
+        lld.write(Some(x), a, 100 + i, &data(i, 4096)).unwrap();
+    }
+    lld.delete_range(Some(x), a, 0..20).unwrap();
+    lld.abort_aru(x).unwrap();
+    assert_eq!(lld.space(), before);
+    usage_is_exact(&lld, "after the abort");
+}
+
+/// Aborting an ARU that deleted a range puts the range's entries back: the
+/// map leaves that held them are made again, and the checkpoint that must
+/// follow writes them. On a full device the delete keeps room for that.
+#[test]
+fn aborting_a_large_range_delete_on_a_full_device_keeps_the_engine_writable() {
+    let dev = Arc::new(CrashDevice::new(16 << 20));
+    let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    for i in 0..40_000u64 {
+        lld.write(None, l, i, &[i as u8]).unwrap();
+    }
+    lld.checkpoint_now().unwrap();
+    // Segments half live, half dead: full, and nothing to release.
+    let aru = lld.begin_aru().unwrap();
+    let mut k = 0u64;
+    loop {
+        let key = if k.is_multiple_of(2) {
+            100_000 + k
+        } else {
+            90_000 + k % 8
+        };
+        match lld.write(Some(aru), l, key, &data(k, 32 << 10)) {
+            Ok(()) => k += 1,
+            Err(LdError::NoSpace { .. }) => break,
+            Err(e) => panic!("write {k}: {e}"),
+        }
+    }
+    lld.end_aru(aru).unwrap();
+    let x = lld.begin_aru().unwrap();
+    match lld.delete_range(Some(x), l, 0..40_000) {
+        Ok(()) => lld.abort_aru(x).unwrap(),
+        Err(LdError::NoSpace { .. }) => lld.abort_aru(x).unwrap(),
+        Err(e) => panic!("delete_range: {e}"),
+    }
+    assert_eq!(lld.read(l, 12_345).unwrap().unwrap(), [12_345u64 as u8]);
+    lld.checkpoint_now().unwrap();
+    lld.delete(None, l, 7).unwrap();
+    lld.close().unwrap();
+    drop(lld);
+    let lld = Lld::open(dev, LldOptions::default()).unwrap();
+    assert_eq!(lld.read(l, 7).unwrap(), None);
+    assert_eq!(lld.read(l, 39_999).unwrap().unwrap(), [39_999u64 as u8]);
+    assert!(lld.check_usage().unwrap().is_empty());
+}

@@ -59,7 +59,7 @@ pub fn mkfs(img: &Path, size: &str) {
         .succeeds();
 }
 
-fn is_mounted(dir: &Path) -> bool {
+pub fn is_mounted(dir: &Path) -> bool {
     let canon = dir.canonicalize().unwrap();
     std::fs::read_to_string("/proc/self/mounts")
         .unwrap()
@@ -127,6 +127,40 @@ impl Mount {
         }
         let st = self.child.take().unwrap().wait().unwrap();
         assert!(st.success(), "ldfs mount exited with {st}");
+    }
+
+    /// The daemon's process id.
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("daemon running").id() as i32
+    }
+
+    /// Sends `sig` to the daemon and waits up to `limit` for it to exit on
+    /// its own: its exit status, or `None` if it is still running (it is
+    /// then killed and its mount detached when the `Mount` is dropped).
+    pub fn signal_within(&mut self, sig: i32, limit: Duration) -> Option<std::process::ExitStatus> {
+        unsafe { libc::kill(self.pid(), sig) };
+        self.wait_within(limit)
+    }
+
+    /// Waits up to `limit` for the daemon to exit; see `signal_within`.
+    pub fn wait_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let t = Instant::now();
+        loop {
+            if let Some(st) = self
+                .child
+                .as_mut()
+                .expect("daemon running")
+                .try_wait()
+                .unwrap()
+            {
+                self.child = None;
+                return Some(st);
+            }
+            if t.elapsed() > limit {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Sends `sig` to the daemon and waits for it to exit on its own.

@@ -30,6 +30,9 @@ use super::{
 };
 use crate::ld::{LdError, ListHints, ListId, ListKind, LogicalDisk, Temperature};
 
+/// Bytes a repair step reserves (`Fs::begin_repair`).
+const REPAIR_RESERVE: u64 = 256 << 10;
+
 /// Name of the directory under the root that receives unreachable inodes.
 pub const LOST_FOUND: &[u8] = b"lost+found";
 /// Repair rounds before giving up (each round fixes a class of damage and
@@ -257,8 +260,14 @@ impl Fs {
             }
             Ok(())
         })();
-        ld.end_aru(aru)?;
-        r?;
+        match r {
+            Ok(()) => ld.end_aru(aru)?,
+            Err(e) => {
+                // Nothing half-done stays: the LD forgets the ARU's changes.
+                let _ = ld.abort_aru(aru);
+                return Err(e);
+            }
+        }
         Ok(fixed)
     }
 
@@ -663,6 +672,17 @@ impl Fs {
         }
     }
 
+    /// Starts one repair step: an operation (`Fs::begin`) with a flat
+    /// reservation. Fixes are varied (a damaged bucket's salvaged entries
+    /// may go back to many buckets) and write as they go, so unlike the
+    /// operations of a mounted file system they do not size theirs from a
+    /// plan; one that outgrows it and meets a full device fails whole.
+    fn begin_repair(&self) -> FsResult<super::Tx<'_>> {
+        let mut tx = self.begin()?;
+        tx.reserve(REPAIR_RESERVE)?;
+        Ok(tx)
+    }
+
     /// The `/lost+found` directory, created if missing.
     fn lost_found(&self) -> FsResult<u64> {
         match self.lookup(ROOT_INO, LOST_FOUND) {
@@ -681,7 +701,7 @@ impl Fs {
 
     /// Links `ino` into `/lost+found` as `#ino` (or `#ino.N` if taken).
     fn reattach(&self, lf: u64, ino: u64) -> FsResult<Vec<u8>> {
-        let mut tx = self.begin(0)?;
+        let mut tx = self.begin_repair()?;
         let r = (|| {
             let mut d = tx.dir_inode(lf)?;
             let mut i = tx.inode(ino)?;
@@ -698,8 +718,7 @@ impl Fs {
             tx.put(&d)?;
             Ok(name)
         })();
-        tx.end()?;
-        r
+        tx.finish(r)
     }
 
     /// Makes a list no inode names into a regular file (mode 0600, owner
@@ -707,7 +726,7 @@ impl Fs {
     /// as the file's contents (index `k` at byte `k * 4096`), its size runs
     /// to the end of its last block.
     fn adopt_list(&self, lf: u64, list: u64) -> FsResult<(u64, Vec<u8>)> {
-        let mut tx = self.begin(0)?;
+        let mut tx = self.begin_repair()?;
         let r = (|| {
             let l = ListId(list);
             let mut last = None;
@@ -756,13 +775,12 @@ impl Fs {
             tx.put(&d)?;
             Ok((ino, name))
         })();
-        tx.end()?;
-        r
+        tx.finish(r)
     }
 
     /// Applies one fix in its own ARU.
     fn fix(&self, f: &Finding) -> FsResult<()> {
-        let mut tx = self.begin(0)?;
+        let mut tx = self.begin_repair()?;
         let r = (|| match f {
             Finding::BadBucket { dir, index, .. } => {
                 let mut d = tx.dir_inode(*dir)?;
@@ -850,8 +868,7 @@ impl Fs {
                 unreachable!("handled by repair: {f}")
             }
         })();
-        tx.end()?;
-        r
+        tx.finish(r)
     }
 }
 

@@ -47,6 +47,14 @@ pub fn resume(cookie: i64) -> (u64, usize) {
     (b, s + 1)
 }
 
+/// Length of `encode(entries)`; 0 for no entries (the bucket is deleted).
+pub fn encoded_len(entries: &[Entry]) -> usize {
+    if entries.is_empty() {
+        return 0;
+    }
+    2 + entries.iter().map(|e| 10 + e.name.len()).sum::<usize>()
+}
+
 pub fn encode(entries: &[Entry]) -> Vec<u8> {
     assert!(!entries.is_empty() && entries.len() <= BUCKET_MAX);
     let mut b = Vec::with_capacity(2 + entries.len() * 16);
@@ -58,6 +66,7 @@ pub fn encode(entries: &[Entry]) -> Vec<u8> {
         b.push(e.name.len() as u8);
         b.extend_from_slice(&e.name);
     }
+    debug_assert_eq!(b.len(), encoded_len(entries));
     b
 }
 
@@ -153,6 +162,8 @@ mod tests {
             kind: 0,
         }];
         assert_eq!(decode(&encode(&e), 1, idx).unwrap(), e);
+        assert_eq!(encode(&e).len(), encoded_len(&e));
+        assert_eq!(encoded_len(&[]), 0);
         assert!(decode(&encode(&e), 1, idx + 1).is_err());
         let c = cookie(idx, 0);
         assert!(c > 2);

@@ -113,6 +113,18 @@ impl Inode {
         self.xattrs.iter().map(|(n, v)| n.len() + v.len()).sum()
     }
 
+    /// Length of `encode()`'s record, without encoding it (what a write of
+    /// the record reserves).
+    pub fn encoded_len(&self) -> usize {
+        HEADER_BYTES
+            + self.inline.len()
+            + self
+                .xattrs
+                .iter()
+                .map(|(n, v)| 5 + n.len() + v.len())
+                .sum::<usize>()
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         assert!(self.inline.len() <= INLINE_MAX.max(4096) && self.xattr_bytes() <= XATTR_MAX);
         let mut b = Vec::with_capacity(HEADER_BYTES + self.inline.len() + self.xattr_bytes());
@@ -147,6 +159,7 @@ impl Inode {
             b.extend_from_slice(n);
             b.extend_from_slice(v);
         }
+        debug_assert_eq!(b.len(), self.encoded_len());
         b
     }
 
@@ -319,6 +332,12 @@ mod tests {
     fn roundtrip() {
         let i = sample();
         assert_eq!(Inode::decode(42, &i.encode(), 0).unwrap(), i);
+        assert_eq!(i.encode().len(), i.encoded_len());
+        let mut big = sample();
+        big.xattrs = (0..1024)
+            .map(|k| (format!("user.{k:04}").into_bytes(), vec![1; 22]))
+            .collect();
+        assert_eq!(big.encode().len(), big.encoded_len());
     }
 
     #[test]

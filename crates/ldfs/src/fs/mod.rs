@@ -12,8 +12,14 @@
 //! - every operation is one ARU, so after a crash it is wholly present or
 //!   wholly absent, and what survives is a prefix of what was done (the LD
 //!   log is one sequence);
-//! - space is reserved before an operation changes anything, so it never
-//!   fails half-way for lack of space; checks come before changes;
+//! - an operation commits whole or not at all, while mounted too: it reads
+//!   and checks everything first (namespace operations build a `Plan` of
+//!   the records they change, each written once), then reserves exactly
+//!   the blocks it will write (so it does not run out of space half-way;
+//!   operations that free space reserve from the LD's metadata share and
+//!   work on a full file system), then writes. One that fails after its
+//!   first change anyway (an I/O error) aborts its ARU: the LD takes the
+//!   changes back and the inode cache and inode counter forget them;
 //! - inode numbers come from a persistent counter and are never reused;
 //! - an inode with no links lives on while open (recorded in the orphan
 //!   list in the unlinking ARU) and is destroyed at its last release, or at
@@ -31,7 +37,7 @@ pub mod check;
 pub mod dir;
 pub mod inode;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::ld::{AruId, LdError, ListHints, ListId, ListKind, LogicalDisk, Temperature};
@@ -47,9 +53,6 @@ const INODE_LIST: ListId = ListId(2);
 const ORPHAN_LIST: ListId = ListId(3);
 const FS_MAGIC: &[u8; 8] = b"LDFS-FS1";
 const INO_BATCH: u64 = 1024;
-/// Space reserved for the metadata an operation may write (inode records,
-/// buckets, the file-system record).
-const META_RESERVE: u64 = 256 << 10;
 const INODE_CACHE_MAX: usize = 1 << 16;
 
 #[derive(Debug, thiserror::Error)]
@@ -246,11 +249,16 @@ pub struct Fs {
     repairing: std::sync::atomic::AtomicBool,
 }
 
-/// One operation's ARU.
+/// One operation's ARU (`Fs::begin`, `Tx::finish`).
 struct Tx<'a> {
     fs: &'a Fs,
     aru: AruId,
     st: MutexGuard<'a, State>,
+    /// `next_ino` and `ino_reserved` when the operation began: an abort
+    /// puts them back.
+    inos: (u64, u64),
+    /// Finished (committed or aborted); a `Tx` dropped unfinished aborts.
+    done: bool,
 }
 
 fn encode_fs_record(ino_reserved: u64) -> Vec<u8> {
@@ -294,18 +302,25 @@ impl Fs {
             temperature: Temperature::Hot,
             ..Default::default()
         };
-        for want in [META_LIST, INODE_LIST, ORPHAN_LIST] {
-            let got = ld.create_list(Some(aru), meta)?;
-            if got != want {
-                return Err(FsError::Invalid(format!(
-                    "the logical disk is not empty (got {got}, expected {want})"
-                )));
+        let r = (|| -> FsResult<()> {
+            for want in [META_LIST, INODE_LIST, ORPHAN_LIST] {
+                let got = ld.create_list(Some(aru), meta)?;
+                if got != want {
+                    return Err(FsError::Invalid(format!(
+                        "the logical disk is not empty (got {got}, expected {want})"
+                    )));
+                }
             }
+            let root_list = ld.create_list(Some(aru), meta)?;
+            let root = empty_root(root_list, ctx);
+            ld.write(Some(aru), INODE_LIST, ROOT_INO, &root.encode())?;
+            ld.write(Some(aru), META_LIST, 0, &encode_fs_record(ROOT_INO + 1))?;
+            Ok(())
+        })();
+        if let Err(e) = r {
+            let _ = ld.abort_aru(aru);
+            return Err(e);
         }
-        let root_list = ld.create_list(Some(aru), meta)?;
-        let root = empty_root(root_list, ctx);
-        ld.write(Some(aru), INODE_LIST, ROOT_INO, &root.encode())?;
-        ld.write(Some(aru), META_LIST, 0, &encode_fs_record(ROOT_INO + 1))?;
         ld.end_aru(aru)?;
         ld.flush()?;
         Ok(())
@@ -346,10 +361,9 @@ impl Fs {
         if !fs.opts.read_only {
             let orphans = fs.ld.indices(ORPHAN_LIST, 0, usize::MAX)?;
             for ino in orphans {
-                let mut tx = fs.begin_free()?;
+                let mut tx = fs.begin()?;
                 let r = tx.destroy(ino);
-                tx.end()?;
-                r?;
+                tx.finish(r)?;
             }
         }
         Ok(fs)
@@ -415,42 +429,25 @@ impl Fs {
         (self.opts.clock)()
     }
 
-    /// Starts an operation that frees space (unlink, rmdir, rename over a
-    /// name, attribute changes and truncation, removing an attribute,
-    /// destroying an orphan). It writes only metadata (records that replace
-    /// others, small marks, deletes), and reserves room for them with
-    /// `reserve_freeing`, which may use the LD's metadata share: it works on
-    /// a full file system and cannot run out half-way.
-    fn begin_free(&self) -> FsResult<Tx<'_>> {
+    /// Starts an operation: takes the fs lock and opens an ARU. Nothing is
+    /// reserved yet: the operation reads and checks everything it needs,
+    /// then reserves exactly the blocks it is about to write
+    /// (`Tx::reserve`, or `Tx::reserve_freeing` for an operation that frees
+    /// at least as much as it writes, so that it works on a full file
+    /// system), then writes. `Tx::finish` commits it, or aborts its ARU if
+    /// it failed, so an operation commits whole or not at all.
+    fn begin(&self) -> FsResult<Tx<'_>> {
         self.check_writable()?;
         let st = self.lock();
         let aru = self.ld.begin_aru()?;
-        // Space for its metadata records from the LD's metadata share, so
-        // it works on a full device yet cannot fail half-way (the ARU would
-        // commit half an operation): either this succeeds, or nothing
-        // changed.
-        if let Err(e) = self.ld.reserve_freeing(aru, META_RESERVE) {
-            let _ = self.ld.end_aru(aru);
-            return Err(e.into());
-        }
-        Ok(Tx { fs: self, aru, st })
-    }
-
-    /// Starts an operation: takes the fs lock, opens an ARU and reserves the
-    /// space it may write (`data` bytes of file data plus metadata).
-    fn begin(&self, data: u64) -> FsResult<Tx<'_>> {
-        self.check_writable()?;
-        let st = self.lock();
-        let aru = self.ld.begin_aru()?;
-        let tx = Tx { fs: self, aru, st };
-        let need = data
-            .saturating_add(data / BLOCK_BYTES * 64)
-            .saturating_add(META_RESERVE);
-        if let Err(e) = self.ld.reserve(aru, need) {
-            let _ = self.ld.end_aru(aru);
-            return Err(e.into());
-        }
-        Ok(tx)
+        let inos = (st.next_ino, st.ino_reserved);
+        Ok(Tx {
+            fs: self,
+            aru,
+            st,
+            inos,
+            done: false,
+        })
     }
 
     fn get_inode(&self, st: &mut State, ino: u64) -> FsResult<Inode> {
@@ -789,10 +786,9 @@ impl Fs {
             }
         };
         if last && !self.opts.read_only {
-            let mut tx = self.begin_free()?;
+            let mut tx = self.begin()?;
             let r = tx.destroy(ino);
-            tx.end()?;
-            r?;
+            tx.finish(r)?;
         }
         Ok(())
     }
@@ -804,12 +800,9 @@ impl Fs {
     // ---- changing ---------------------------------------------------------
 
     pub fn setattr(&self, ino: u64, sa: &SetAttr) -> FsResult<Attr> {
-        // Attribute changes rewrite the inode record in place; truncation
-        // frees blocks (a grown file is sparse). Neither needs a reservation.
-        let mut tx = self.begin_free()?;
+        let mut tx = self.begin()?;
         let r = tx.setattr(ino, sa);
-        tx.end()?;
-        r
+        tx.finish(r)
     }
 
     pub fn mknod(
@@ -825,14 +818,13 @@ impl Fs {
         if kind == Kind::Dir || kind == Kind::Symlink {
             return Err(FsError::Invalid("mknod of a directory or symlink".into()));
         }
-        let mut tx = self.begin(0)?;
+        let mut tx = self.begin()?;
         let r = tx.create(ctx, parent, name, mode, rdev, &[]);
-        tx.end()?;
-        r
+        tx.finish(r)
     }
 
     pub fn mkdir(&self, ctx: Ctx, parent: u64, name: &[u8], mode: u32) -> FsResult<Attr> {
-        let mut tx = self.begin(0)?;
+        let mut tx = self.begin()?;
         let r = tx.create(
             ctx,
             parent,
@@ -841,15 +833,14 @@ impl Fs {
             0,
             &[],
         );
-        tx.end()?;
-        r
+        tx.finish(r)
     }
 
     pub fn symlink(&self, ctx: Ctx, parent: u64, name: &[u8], target: &[u8]) -> FsResult<Attr> {
         if target.is_empty() || target.len() > 4095 {
             return Err(FsError::NameTooLong);
         }
-        let mut tx = self.begin(0)?;
+        let mut tx = self.begin()?;
         let r = tx.create(
             ctx,
             parent,
@@ -858,29 +849,25 @@ impl Fs {
             0,
             target,
         );
-        tx.end()?;
-        r
+        tx.finish(r)
     }
 
     pub fn unlink(&self, parent: u64, name: &[u8]) -> FsResult<()> {
-        let mut tx = self.begin_free()?;
+        let mut tx = self.begin()?;
         let r = tx.remove(parent, name, false);
-        tx.end()?;
-        r
+        tx.finish(r)
     }
 
     pub fn rmdir(&self, parent: u64, name: &[u8]) -> FsResult<()> {
-        let mut tx = self.begin_free()?;
+        let mut tx = self.begin()?;
         let r = tx.remove(parent, name, true);
-        tx.end()?;
-        r
+        tx.finish(r)
     }
 
     pub fn link(&self, ino: u64, parent: u64, name: &[u8]) -> FsResult<Attr> {
-        let mut tx = self.begin(0)?;
+        let mut tx = self.begin()?;
         let r = tx.link(ino, parent, name);
-        tx.end()?;
-        r
+        tx.finish(r)
     }
 
     pub fn rename(
@@ -891,10 +878,9 @@ impl Fs {
         newname: &[u8],
         flags: RenameFlags,
     ) -> FsResult<()> {
-        let mut tx = self.begin_free()?;
+        let mut tx = self.begin()?;
         let r = tx.rename(parent, name, newparent, newname, flags);
-        tx.end()?;
-        r
+        tx.finish(r)
     }
 
     /// Writes `data` at `offset`. Like the kernel's `file_remove_privs`, a
@@ -915,45 +901,166 @@ impl Fs {
         data: &[u8],
         kill_suidgid: bool,
     ) -> FsResult<usize> {
-        let mut tx = self.begin(data.len() as u64)?;
+        let mut tx = self.begin()?;
         let r = tx.write(ino, offset, data, kill_suidgid);
-        tx.end()?;
-        r
+        tx.finish(r)
     }
 
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], mode: XattrMode) -> FsResult<()> {
-        let mut tx = self.begin(0)?;
+        let mut tx = self.begin()?;
         let r = tx.setxattr(ino, name, value, mode);
-        tx.end()?;
-        r
+        tx.finish(r)
     }
 
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> FsResult<()> {
-        let mut tx = self.begin_free()?;
+        let mut tx = self.begin()?;
         let r = tx.removexattr(ino, name);
-        tx.end()?;
-        r
+        tx.finish(r)
     }
 
     pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: FallocMode) -> FsResult<()> {
-        let data = if mode.punch_hole || mode.zero_range {
-            0
-        } else {
-            len
-        };
-        let mut tx = self.begin(data)?;
+        let mut tx = self.begin()?;
         let r = tx.fallocate(ino, offset, len, mode);
-        tx.end()?;
-        r
+        tx.finish(r)
+    }
+}
+
+/// Bytes of the file-system record (list 1, index 0).
+const FS_RECORD_BYTES: u64 = 16;
+/// An orphan list entry's block.
+const ORPHAN_MARK: &[u8] = &[1];
+
+/// What a namespace operation writes, built in memory from what it read:
+/// each inode record and directory bucket it changes (once, however many
+/// times the operation changes it), the orphans it marks and the inodes it
+/// destroys. `Tx::apply` writes it after every read and check, and the
+/// operation reserves exactly `bytes()` first.
+#[derive(Default)]
+struct Plan {
+    inodes: BTreeMap<u64, Inode>,
+    /// (directory inode, bucket index) -> its list and its new entries
+    /// (none: the bucket is deleted).
+    buckets: BTreeMap<(u64, u64), (ListId, Vec<dir::Entry>)>,
+    orphans: Vec<u64>,
+    destroyed: Vec<Inode>,
+}
+
+impl Plan {
+    /// Bytes of the blocks `apply` writes.
+    fn bytes(&self) -> u64 {
+        let inodes: usize = self.inodes.values().map(Inode::encoded_len).sum();
+        let buckets: usize = self
+            .buckets
+            .values()
+            .map(|(_, e)| dir::encoded_len(e))
+            .sum();
+        (inodes + buckets + self.orphans.len() * ORPHAN_MARK.len()) as u64
+    }
+}
+
+/// A size change of a regular file, worked out (and its reads done) before
+/// anything is written: `Tx::plan_resize`, then `Tx::apply_resize`.
+#[derive(Default)]
+struct Resize {
+    /// Inline data moving into a new list of blocks (the file outgrew its
+    /// inode).
+    spill: Option<Vec<u8>>,
+    /// Blocks from this index on go.
+    cut_from: Option<u64>,
+    /// The new last block, shortened.
+    tail: Option<(u64, Vec<u8>)>,
+}
+
+impl Resize {
+    fn bytes(&self) -> u64 {
+        (self.spill.as_ref().map_or(0, |d| d.len()) + self.tail.as_ref().map_or(0, |t| t.1.len()))
+            as u64
+    }
+}
+
+/// Zeroing a range of a file's blocks: whole blocks deleted, the partial
+/// ones at its edges rewritten (read and zeroed before anything is written).
+#[derive(Default)]
+struct Zeroing {
+    cut: Option<std::ops::Range<u64>>,
+    edges: Vec<(u64, Vec<u8>)>,
+}
+
+fn stamp(i: &mut Inode, now: Time, m: bool, c: bool) {
+    if m {
+        i.mtime = now;
+    }
+    if c {
+        i.ctime = now;
+    }
+}
+
+/// Takes the entry `name` out of `entries` (a bucket of directory `dir`),
+/// which must hold it exactly once: a bucket on disk that names it twice
+/// is an error, not a panic.
+fn take_entry(entries: &mut Vec<dir::Entry>, name: &[u8], dir: u64) -> FsResult<dir::Entry> {
+    let at: Vec<usize> = (0..entries.len())
+        .filter(|&k| entries[k].name == name)
+        .collect();
+    match at.as_slice() {
+        [k] => Ok(entries.remove(*k)),
+        [] => Err(FsError::NotFound),
+        _ => Err(FsError::Io(format!(
+            "directory {dir} bucket {}: {} entries named {:?}",
+            dir::bucket(name),
+            at.len(),
+            String::from_utf8_lossy(name)
+        ))),
     }
 }
 
 impl Tx<'_> {
-    fn end(self) -> FsResult<()> {
-        let Tx { fs, aru, st } = self;
-        let r = fs.ld.end_aru(aru);
-        drop(st);
-        Ok(r?)
+    /// Reserves `bytes` of blocks for this operation (it may grow the file
+    /// system): fails with NoSpace before anything is written.
+    fn reserve(&mut self, bytes: u64) -> FsResult<()> {
+        if bytes > 0 {
+            self.fs.ld.reserve(self.aru, bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Reserves `bytes` for an operation that frees at least as much as it
+    /// writes (unlink, rmdir, rename, truncation, attribute changes, hole
+    /// punching): it may use the LD's metadata share, so it works on a
+    /// full file system.
+    fn reserve_freeing(&mut self, bytes: u64) -> FsResult<()> {
+        if bytes > 0 {
+            self.fs.ld.reserve_freeing(self.aru, bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Ends the operation with its result: commits it if it succeeded,
+    /// else takes back whatever it changed before it failed.
+    fn finish<T>(mut self, r: FsResult<T>) -> FsResult<T> {
+        self.done = true;
+        let r = r.and_then(|v| {
+            self.fs
+                .ld
+                .end_aru(self.aru)
+                .map(|()| v)
+                .map_err(FsError::from)
+        });
+        if r.is_err() {
+            self.abort();
+        }
+        r
+    }
+
+    /// Aborts the ARU (the LD forgets every change of the operation, for
+    /// reads now and after a crash) and forgets what the operation may
+    /// have changed in the caches.
+    fn abort(&mut self) {
+        if let Err(e) = self.fs.ld.abort_aru(self.aru) {
+            eprintln!("ldfs: a failed operation could not be taken back: {e}");
+        }
+        self.st.inodes.clear();
+        (self.st.next_ino, self.st.ino_reserved) = self.inos;
     }
 
     fn ld(&self) -> &dyn LogicalDisk {
@@ -979,6 +1086,16 @@ impl Tx<'_> {
         Ok(())
     }
 
+    /// Bytes `alloc_ino` writes next (the file-system record, once per
+    /// batch of inode numbers).
+    fn alloc_bytes(&self) -> u64 {
+        if self.st.next_ino >= self.st.ino_reserved {
+            FS_RECORD_BYTES
+        } else {
+            0
+        }
+    }
+
     fn alloc_ino(&mut self) -> FsResult<u64> {
         let ino = self.st.next_ino;
         if ino >= self.st.ino_reserved {
@@ -1000,11 +1117,6 @@ impl Tx<'_> {
                 .write(Some(self.aru), list, idx, &dir::encode(entries))?;
         }
         Ok(())
-    }
-
-    fn add_entry(&mut self, d: &mut Inode, name: &[u8], ino: u64, kind: Kind) -> FsResult<()> {
-        let (idx, entries) = self.fs.bucket(d, name)?;
-        self.add_found(d, idx, entries, name, ino, kind)
     }
 
     /// Reads the bucket `name` goes to and checks, before anything changes,
@@ -1045,32 +1157,120 @@ impl Tx<'_> {
 
     fn remove_entry(&mut self, d: &mut Inode, name: &[u8]) -> FsResult<()> {
         let (idx, mut entries) = self.fs.bucket(d, name)?;
-        let before = entries.len();
-        entries.retain(|e| e.name != name);
-        // Callers found the name first, so exactly one goes unless the
-        // bucket on disk lies (a duplicated name): an error, not a panic.
-        if before != entries.len() + 1 {
-            return Err(FsError::Io(format!(
-                "directory {} bucket {idx}: {} entries named {:?}",
-                d.ino,
-                before - entries.len(),
-                String::from_utf8_lossy(name)
-            )));
-        }
+        take_entry(&mut entries, name, d.ino)?;
         self.write_bucket(d, idx, &entries)?;
         d.size = d.size.saturating_sub(1);
         Ok(())
     }
 
-    fn touch(&self, i: &mut Inode, m: bool, c: bool) {
-        let now = self.fs.now();
-        if m {
-            i.mtime = now;
-        }
-        if c {
-            i.ctime = now;
-        }
+    // ---- plans ------------------------------------------------------------
+
+    /// Inode `ino` as `plan` has it, read into the plan first if need be.
+    fn planned<'p>(&mut self, plan: &'p mut Plan, ino: u64) -> FsResult<&'p mut Inode> {
+        Ok(match plan.inodes.entry(ino) {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(e) => e.insert(self.inode(ino)?),
+        })
     }
+
+    /// The bucket of directory `d` that `name` hashes to, as `plan` has it,
+    /// read into the plan first if need be.
+    fn planned_bucket<'p>(
+        &self,
+        plan: &'p mut Plan,
+        d: &Inode,
+        name: &[u8],
+    ) -> FsResult<&'p mut Vec<dir::Entry>> {
+        let key = (d.ino, dir::bucket(name));
+        Ok(match plan.buckets.entry(key) {
+            std::collections::btree_map::Entry::Occupied(e) => &mut e.into_mut().1,
+            std::collections::btree_map::Entry::Vacant(e) => {
+                &mut e.insert((ListId(d.list), self.fs.bucket(d, name)?.1)).1
+            }
+        })
+    }
+
+    /// Adds `name` -> `ino` to directory `d` in `plan`; the name must be new
+    /// and its bucket have room.
+    fn plan_add(
+        &mut self,
+        plan: &mut Plan,
+        d: &Inode,
+        name: &[u8],
+        ino: u64,
+        kind: Kind,
+    ) -> FsResult<()> {
+        let entries = self.planned_bucket(plan, d, name)?;
+        if entries.iter().any(|e| e.name == name) {
+            return Err(FsError::Exists);
+        }
+        if entries.len() >= dir::BUCKET_MAX {
+            return Err(FsError::NoSpace);
+        }
+        entries.push(dir::Entry {
+            name: name.to_vec(),
+            ino,
+            kind: kind.code(),
+        });
+        self.planned(plan, d.ino)?.size += 1;
+        Ok(())
+    }
+
+    /// Takes `name` out of directory `d` in `plan`; returns its entry.
+    fn plan_remove(&mut self, plan: &mut Plan, d: &Inode, name: &[u8]) -> FsResult<dir::Entry> {
+        let e = take_entry(self.planned_bucket(plan, d, name)?, name, d.ino)?;
+        let d = self.planned(plan, d.ino)?;
+        d.size = d.size.saturating_sub(1);
+        Ok(e)
+    }
+
+    /// Drops one link of inode `ino` in `plan` (its entry is already gone):
+    /// it keeps the others, or goes to the orphan list if open, or is
+    /// destroyed.
+    fn plan_unlink(&mut self, plan: &mut Plan, ino: u64, now: Time) -> FsResult<()> {
+        let i = self.planned(plan, ino)?;
+        i.nlink = if i.kind() == Kind::Dir {
+            0
+        } else {
+            i.nlink.saturating_sub(1)
+        };
+        stamp(i, now, false, true);
+        if i.nlink > 0 {
+            return Ok(());
+        }
+        if self.st.open.contains_key(&ino) {
+            plan.orphans.push(ino);
+        } else {
+            let i = plan.inodes.remove(&ino).expect("planned above");
+            plan.destroyed.push(i);
+        }
+        Ok(())
+    }
+
+    /// Writes `plan` (after the operation reserved `plan.bytes()`).
+    fn apply(&mut self, plan: Plan) -> FsResult<()> {
+        for ((_, idx), (list, entries)) in &plan.buckets {
+            if entries.is_empty() {
+                self.ld().delete(Some(self.aru), *list, *idx)?;
+            } else {
+                self.ld()
+                    .write(Some(self.aru), *list, *idx, &dir::encode(entries))?;
+            }
+        }
+        for i in plan.inodes.values() {
+            self.put(i)?;
+        }
+        for &ino in &plan.orphans {
+            self.ld()
+                .write(Some(self.aru), ORPHAN_LIST, ino, ORPHAN_MARK)?;
+        }
+        for i in &plan.destroyed {
+            self.destroy_inode(i)?;
+        }
+        Ok(())
+    }
+
+    // ---- namespace --------------------------------------------------------
 
     fn create(
         &mut self,
@@ -1084,15 +1284,17 @@ impl Tx<'_> {
         check_name(name)?;
         let kind =
             Kind::from_mode(mode).ok_or_else(|| FsError::Invalid(format!("mode {mode:o}")))?;
-        let mut p = self.dir_inode(parent)?;
+        let p = self.dir_inode(parent)?;
         if p.nlink == 0 {
             return Err(FsError::NotFound);
         }
-        let (idx, entries) = self.bucket_for_new(&p, name)?;
         if kind == Kind::Dir && p.nlink >= LINK_MAX {
             return Err(FsError::TooManyLinks);
         }
-        let ino = self.alloc_ino()?;
+        let mut plan = Plan::default();
+        // The number the inode gets; taken (and the record written) below.
+        let ino = self.st.next_ino;
+        self.plan_add(&mut plan, &p, name, ino, kind)?;
         // BSD semantics for setgid directories: the group comes from the
         // directory, and subdirectories inherit the bit.
         let mut mode = mode;
@@ -1104,71 +1306,53 @@ impl Tx<'_> {
         } else {
             ctx.gid
         };
-        let list = if kind == Kind::Dir {
-            self.ld()
-                .create_list(
-                    Some(self.aru),
-                    ListHints {
-                        kind: ListKind::Metadata,
-                        near: Some(ListId(p.list)),
-                        ..Default::default()
-                    },
-                )?
-                .0
-        } else {
-            0
-        };
         let now = self.fs.now();
-        let i = Inode {
-            ino,
-            generation: 1,
-            mode,
-            uid: ctx.uid,
-            gid,
-            nlink: if kind == Kind::Dir { 2 } else { 1 },
-            size: if kind == Kind::Symlink {
-                target.len() as u64
-            } else {
-                0
-            },
-            list,
-            rdev,
-            parent: if kind == Kind::Dir { parent } else { 0 },
-            atime: now,
-            mtime: now,
-            ctime: now,
-            inline: target.to_vec(),
-            xattrs: Vec::new(),
-        };
-        self.put(&i)?;
-        self.add_found(&mut p, idx, entries, name, ino, kind)?;
+        let pp = self.planned(&mut plan, parent)?;
         if kind == Kind::Dir {
-            p.nlink += 1;
+            pp.nlink += 1;
         }
-        self.touch(&mut p, true, true);
-        self.put(&p)?;
-        Ok(self.fs.attr(&i))
-    }
-
-    /// Drops one link of `i` (already removed from its directory); the
-    /// inode goes to the orphan list if open, else is destroyed.
-    fn drop_link(&mut self, mut i: Inode) -> FsResult<()> {
-        i.nlink = if i.kind() == Kind::Dir {
-            0
-        } else {
-            i.nlink.saturating_sub(1)
-        };
-        self.touch(&mut i, false, true);
-        if i.nlink > 0 {
-            return self.put(&i);
+        stamp(pp, now, true, true);
+        plan.inodes.insert(
+            ino,
+            Inode {
+                ino,
+                generation: 1,
+                mode,
+                uid: ctx.uid,
+                gid,
+                nlink: if kind == Kind::Dir { 2 } else { 1 },
+                size: if kind == Kind::Symlink {
+                    target.len() as u64
+                } else {
+                    0
+                },
+                list: 0, // a directory's is created below (a fixed-size field)
+                rdev,
+                parent: if kind == Kind::Dir { parent } else { 0 },
+                atime: now,
+                mtime: now,
+                ctime: now,
+                inline: target.to_vec(),
+                xattrs: Vec::new(),
+            },
+        );
+        self.reserve(plan.bytes() + self.alloc_bytes())?;
+        let got = self.alloc_ino()?;
+        assert_eq!(got, ino, "inode number changed under the fs lock");
+        if kind == Kind::Dir {
+            let list = self.ld().create_list(
+                Some(self.aru),
+                ListHints {
+                    kind: ListKind::Metadata,
+                    near: Some(ListId(p.list)),
+                    ..Default::default()
+                },
+            )?;
+            plan.inodes.get_mut(&ino).expect("planned above").list = list.0;
         }
-        if self.st.open.contains_key(&i.ino) {
-            self.put(&i)?;
-            self.ld().write(Some(self.aru), ORPHAN_LIST, i.ino, &[1])?;
-            Ok(())
-        } else {
-            self.destroy_inode(&i)
-        }
+        let attr = self.fs.attr(&plan.inodes[&ino]);
+        self.apply(plan)?;
+        Ok(attr)
     }
 
     fn destroy_inode(&mut self, i: &Inode) -> FsResult<()> {
@@ -1180,7 +1364,8 @@ impl Tx<'_> {
         Ok(())
     }
 
-    /// Destroys an orphan (last close, or mount after a crash).
+    /// Destroys an orphan (last close, or mount after a crash). Writes
+    /// nothing but deletes, so it needs no reservation.
     fn destroy(&mut self, ino: u64) -> FsResult<()> {
         match self.inode(ino) {
             Ok(i) if i.nlink == 0 => self.destroy_inode(&i)?,
@@ -1202,8 +1387,9 @@ impl Tx<'_> {
                 FsError::IsDir
             });
         }
-        let mut p = self.dir_inode(parent)?;
-        let e = self.fs.find(&p, name)?.ok_or(FsError::NotFound)?;
+        let p = self.dir_inode(parent)?;
+        let mut plan = Plan::default();
+        let e = self.plan_remove(&mut plan, &p, name)?;
         let i = self.inode(e.ino)?;
         if want_dir {
             if i.kind() != Kind::Dir {
@@ -1215,18 +1401,20 @@ impl Tx<'_> {
         } else if i.kind() == Kind::Dir {
             return Err(FsError::IsDir);
         }
-        self.remove_entry(&mut p, name)?;
+        let now = self.fs.now();
+        let pp = self.planned(&mut plan, parent)?;
         if i.kind() == Kind::Dir {
-            p.nlink = p.nlink.saturating_sub(1);
+            pp.nlink = pp.nlink.saturating_sub(1);
         }
-        self.touch(&mut p, true, true);
-        self.put(&p)?;
-        self.drop_link(i)
+        stamp(pp, now, true, true);
+        self.plan_unlink(&mut plan, i.ino, now)?;
+        self.reserve_freeing(plan.bytes())?;
+        self.apply(plan)
     }
 
     fn link(&mut self, ino: u64, parent: u64, name: &[u8]) -> FsResult<Attr> {
         check_name(name)?;
-        let mut i = self.inode(ino)?;
+        let i = self.inode(ino)?;
         if i.kind() == Kind::Dir {
             return Err(FsError::Perm);
         }
@@ -1236,15 +1424,18 @@ impl Tx<'_> {
         if i.nlink == 0 {
             return Err(FsError::NotFound);
         }
-        let mut p = self.dir_inode(parent)?;
-        let (idx, entries) = self.bucket_for_new(&p, name)?;
-        self.add_found(&mut p, idx, entries, name, ino, i.kind())?;
-        self.touch(&mut p, true, true);
-        self.put(&p)?;
+        let p = self.dir_inode(parent)?;
+        let mut plan = Plan::default();
+        self.plan_add(&mut plan, &p, name, ino, i.kind())?;
+        let now = self.fs.now();
+        stamp(self.planned(&mut plan, parent)?, now, true, true);
+        let i = self.planned(&mut plan, ino)?;
         i.nlink += 1;
-        self.touch(&mut i, false, true);
-        self.put(&i)?;
-        Ok(self.fs.attr(&i))
+        stamp(i, now, false, true);
+        let attr = self.fs.attr(i);
+        self.reserve(plan.bytes())?;
+        self.apply(plan)?;
+        Ok(attr)
     }
 
     /// Whether `ancestor` is `ino` or one of its ancestors.
@@ -1261,6 +1452,8 @@ impl Tx<'_> {
         Err(FsError::Io("directory tree has a cycle".into()))
     }
 
+    /// Reads every inode and bucket it changes and checks everything
+    /// first; then writes each changed record once.
     fn rename(
         &mut self,
         parent: u64,
@@ -1279,9 +1472,13 @@ impl Tx<'_> {
             ));
         }
         let p = self.dir_inode(parent)?;
-        let src = self.fs.find(&p, name)?.ok_or(FsError::NotFound)?;
         let np = self.dir_inode(newparent)?;
-        let dst = self.fs.find(&np, newname)?;
+        let mut plan = Plan::default();
+        let find = |entries: &[dir::Entry], name: &[u8]| -> Option<dir::Entry> {
+            entries.iter().find(|e| e.name == name).cloned()
+        };
+        let src = find(self.planned_bucket(&mut plan, &p, name)?, name).ok_or(FsError::NotFound)?;
+        let dst = find(self.planned_bucket(&mut plan, &np, newname)?, newname);
         let si = self.inode(src.ino)?;
         if si.kind() == Kind::Dir && self.is_ancestor(src.ino, newparent)? {
             return Err(FsError::Invalid(
@@ -1298,6 +1495,7 @@ impl Tx<'_> {
         } else if flags.exchange {
             return Err(FsError::NotFound);
         }
+        let now = self.fs.now();
         if flags.exchange {
             let d = dst.expect("checked above");
             let di = self.inode(d.ino)?;
@@ -1306,7 +1504,7 @@ impl Tx<'_> {
                     "a directory cannot move into itself".into(),
                 ));
             }
-            return self.exchange(parent, name, si, newparent, newname, di);
+            return self.exchange(plan, (&p, name, si), (&np, newname, di), now);
         }
         let replaced = match &dst {
             Some(d) => {
@@ -1321,96 +1519,81 @@ impl Tx<'_> {
             }
             None => None,
         };
-        if replaced.is_none() && !(parent == newparent && dir::bucket(name) == dir::bucket(newname))
-        {
-            // The new name needs a slot; check now, before anything changes.
-            self.bucket_for_new(&np, newname)?;
-        }
         let is_dir = si.kind() == Kind::Dir;
         if is_dir && parent != newparent && replaced.is_none() && np.nlink >= LINK_MAX {
             return Err(FsError::TooManyLinks);
         }
-        // Checks done; now change, each step re-reading what the last wrote.
-        if let Some(di) = replaced {
-            let mut np = self.inode(newparent)?;
-            self.remove_entry(&mut np, newname)?;
+        self.plan_remove(&mut plan, &p, name)?;
+        if let Some(di) = &replaced {
+            self.plan_remove(&mut plan, &np, newname)?;
             if di.kind() == Kind::Dir {
-                np.nlink = np.nlink.saturating_sub(1);
+                let npp = self.planned(&mut plan, newparent)?;
+                npp.nlink = npp.nlink.saturating_sub(1);
             }
-            self.put(&np)?;
-            self.drop_link(di)?;
+            self.plan_unlink(&mut plan, di.ino, now)?;
         }
-        let mut p = self.inode(parent)?;
-        self.remove_entry(&mut p, name)?;
+        self.plan_add(&mut plan, &np, newname, src.ino, si.kind())?;
         if is_dir && parent != newparent {
-            p.nlink = p.nlink.saturating_sub(1);
+            let pp = self.planned(&mut plan, parent)?;
+            pp.nlink = pp.nlink.saturating_sub(1);
+            self.planned(&mut plan, newparent)?.nlink += 1;
         }
-        self.touch(&mut p, true, true);
-        self.put(&p)?;
-        let mut np = self.inode(newparent)?;
-        self.add_entry(&mut np, newname, src.ino, si.kind())?;
-        if is_dir && parent != newparent {
-            np.nlink += 1;
-        }
-        self.touch(&mut np, true, true);
-        self.put(&np)?;
-        let mut si = self.inode(src.ino)?;
+        stamp(self.planned(&mut plan, parent)?, now, true, true);
+        stamp(self.planned(&mut plan, newparent)?, now, true, true);
+        let s = self.planned(&mut plan, src.ino)?;
         if is_dir {
-            si.parent = newparent;
+            s.parent = newparent;
         }
-        self.touch(&mut si, false, true);
-        self.put(&si)
+        stamp(s, now, false, true);
+        self.reserve_freeing(plan.bytes())?;
+        self.apply(plan)
     }
 
+    /// RENAME_EXCHANGE: the two entries swap the inodes they name (in
+    /// place, so readdir positions stay).
     fn exchange(
         &mut self,
-        parent: u64,
-        name: &[u8],
-        a: Inode,
-        newparent: u64,
-        newname: &[u8],
-        b: Inode,
+        mut plan: Plan,
+        (p, name, a): (&Inode, &[u8], Inode),
+        (np, newname, b): (&Inode, &[u8], Inode),
+        now: Time,
     ) -> FsResult<()> {
-        // Swap the inode numbers the two entries name.
-        let mut p = self.inode(parent)?;
-        self.remove_entry(&mut p, name)?;
-        self.add_entry(&mut p, name, b.ino, b.kind())?;
-        self.touch(&mut p, true, true);
-        self.put(&p)?;
-        let mut np = self.inode(newparent)?;
-        self.remove_entry(&mut np, newname)?;
-        self.add_entry(&mut np, newname, a.ino, a.kind())?;
-        self.touch(&mut np, true, true);
-        self.put(&np)?;
-        if parent != newparent {
-            let (ad, bd) = (a.kind() == Kind::Dir, b.kind() == Kind::Dir);
-            if ad != bd {
-                let mut p = self.inode(parent)?;
-                let mut np = self.inode(newparent)?;
-                if ad {
-                    np.nlink += 1;
-                    p.nlink = p.nlink.saturating_sub(1);
-                } else {
-                    p.nlink += 1;
-                    np.nlink = np.nlink.saturating_sub(1);
-                }
-                self.put(&p)?;
-                self.put(&np)?;
-            }
+        for (d, n, to) in [(p, name, &b), (np, newname, &a)] {
+            let e = self
+                .planned_bucket(&mut plan, d, n)?
+                .iter_mut()
+                .find(|e| e.name == n)
+                .ok_or(FsError::NotFound)?;
+            e.ino = to.ino;
+            e.kind = to.kind().code();
         }
-        for (ino, newp) in [(a.ino, newparent), (b.ino, parent)] {
-            let mut i = self.inode(ino)?;
+        stamp(self.planned(&mut plan, p.ino)?, now, true, true);
+        stamp(self.planned(&mut plan, np.ino)?, now, true, true);
+        let (ad, bd) = (a.kind() == Kind::Dir, b.kind() == Kind::Dir);
+        if p.ino != np.ino && ad != bd {
+            // A directory moved from one parent to the other.
+            let (from, to) = if ad { (p.ino, np.ino) } else { (np.ino, p.ino) };
+            let f = self.planned(&mut plan, from)?;
+            f.nlink = f.nlink.saturating_sub(1);
+            self.planned(&mut plan, to)?.nlink += 1;
+        }
+        for (ino, newp) in [(a.ino, np.ino), (b.ino, p.ino)] {
+            let i = self.planned(&mut plan, ino)?;
             if i.kind() == Kind::Dir {
                 i.parent = newp;
             }
-            self.touch(&mut i, false, true);
-            self.put(&i)?;
+            stamp(i, now, false, true);
         }
-        Ok(())
+        self.reserve_freeing(plan.bytes())?;
+        self.apply(plan)
     }
+
+    // ---- attributes and data ----------------------------------------------
 
     fn setattr(&mut self, ino: u64, sa: &SetAttr) -> FsResult<Attr> {
         let mut i = self.inode(ino)?;
+        let now = self.fs.now();
+        let mut resize = Resize::default();
         if let Some(size) = sa.size {
             match i.kind() {
                 Kind::File => {}
@@ -1420,13 +1603,13 @@ impl Tx<'_> {
             if size > MAX_FILE_BYTES {
                 return Err(FsError::FileTooBig);
             }
-            self.truncate(&mut i, size)?;
+            resize = self.plan_resize(&mut i, size)?;
             drop_privileges(&mut i, sa.kill_suidgid);
-            self.touch(&mut i, true, true);
+            stamp(&mut i, now, true, true);
         }
         if let Some(mode) = sa.mode {
             i.mode = (i.mode & 0o170000) | (mode & 0o7777);
-            self.touch(&mut i, false, true);
+            stamp(&mut i, now, false, true);
         }
         if sa.uid.is_some() || sa.gid.is_some() {
             let changes = sa.uid.is_some_and(|u| u != i.uid) || sa.gid.is_some_and(|g| g != i.gid);
@@ -1441,9 +1624,8 @@ impl Tx<'_> {
             if changes {
                 drop_privileges(&mut i, true);
             }
-            self.touch(&mut i, false, true);
+            stamp(&mut i, now, false, true);
         }
-        let now = self.fs.now();
         if let Some(t) = sa.atime {
             i.atime = match t {
                 TimeSet::Now => now,
@@ -1458,15 +1640,64 @@ impl Tx<'_> {
             };
             i.ctime = now;
         }
+        // Attribute changes rewrite the record in place; truncation frees
+        // blocks (a grown file is sparse; spilled inline data is at most
+        // what the record held).
+        self.reserve_freeing(i.encoded_len() as u64 + resize.bytes())?;
+        self.apply_resize(&mut i, resize)?;
         self.put(&i)?;
         Ok(self.fs.attr(&i))
     }
 
-    /// Moves inline data into a list of blocks.
-    fn spill(&mut self, i: &mut Inode) -> FsResult<()> {
-        if i.list != 0 {
-            return Ok(());
+    /// Sets `i`'s size in memory and works out (reading what it needs) the
+    /// blocks the change writes; `apply_resize` writes them.
+    fn plan_resize(&mut self, i: &mut Inode, size: u64) -> FsResult<Resize> {
+        let mut r = Resize::default();
+        if i.list == 0 {
+            if size as usize <= INLINE_MAX {
+                i.inline.resize(size as usize, 0);
+            } else {
+                r.spill = Some(std::mem::take(&mut i.inline));
+            }
+            i.size = size;
+            return Ok(r);
         }
+        if size < i.size {
+            r.cut_from = Some(size.div_ceil(BLOCK_BYTES));
+            let tail = size % BLOCK_BYTES;
+            if tail != 0 {
+                let b = size / BLOCK_BYTES;
+                if let Some(mut data) = self.ld().read(ListId(i.list), b)? {
+                    if data.len() as u64 > tail {
+                        data.truncate(tail as usize);
+                        r.tail = Some((b, data));
+                    }
+                }
+            }
+        }
+        i.size = size;
+        Ok(r)
+    }
+
+    fn apply_resize(&mut self, i: &mut Inode, r: Resize) -> FsResult<()> {
+        if let Some(data) = r.spill {
+            self.spill(i, &data, true)?;
+        }
+        let list = ListId(i.list);
+        if let Some(from) = r.cut_from {
+            self.ld()
+                .delete_range(Some(self.aru), list, from..u64::MAX)?;
+        }
+        if let Some((b, data)) = r.tail {
+            self.ld().write(Some(self.aru), list, b, &data)?;
+        }
+        Ok(())
+    }
+
+    /// Gives an inline file (its data taken out as `data`) a list of
+    /// blocks, writing `data` there if `write` (not when the caller
+    /// rewrites those bytes itself).
+    fn spill(&mut self, i: &mut Inode, data: &[u8], write: bool) -> FsResult<()> {
         let list = self.ld().create_list(
             Some(self.aru),
             ListHints {
@@ -1474,40 +1705,12 @@ impl Tx<'_> {
                 ..Default::default()
             },
         )?;
-        let data = std::mem::take(&mut i.inline);
-        for (k, chunk) in data.chunks(BLOCK_BYTES as usize).enumerate() {
-            self.ld().write(Some(self.aru), list, k as u64, chunk)?;
+        if write {
+            for (k, chunk) in data.chunks(BLOCK_BYTES as usize).enumerate() {
+                self.ld().write(Some(self.aru), list, k as u64, chunk)?;
+            }
         }
         i.list = list.0;
-        Ok(())
-    }
-
-    fn truncate(&mut self, i: &mut Inode, size: u64) -> FsResult<()> {
-        if i.list == 0 {
-            if size as usize <= INLINE_MAX {
-                i.inline.resize(size as usize, 0);
-                i.size = size;
-                return Ok(());
-            }
-            self.spill(i)?;
-        }
-        let list = ListId(i.list);
-        if size < i.size {
-            let keep_blocks = size.div_ceil(BLOCK_BYTES);
-            self.ld()
-                .delete_range(Some(self.aru), list, keep_blocks..u64::MAX)?;
-            let tail = size % BLOCK_BYTES;
-            if tail != 0 {
-                let b = size / BLOCK_BYTES;
-                if let Some(mut data) = self.ld().read(list, b)? {
-                    if data.len() as u64 > tail {
-                        data.truncate(tail as usize);
-                        self.ld().write(Some(self.aru), list, b, &data)?;
-                    }
-                }
-            }
-        }
-        i.size = size;
         Ok(())
     }
 
@@ -1525,41 +1728,83 @@ impl Tx<'_> {
             .checked_add(data.len() as u64)
             .filter(|&e| e <= MAX_FILE_BYTES)
             .ok_or(FsError::FileTooBig)?;
+        let now = self.fs.now();
         if i.list == 0 && end as usize <= INLINE_MAX {
             if i.inline.len() < end as usize {
                 i.inline.resize(end as usize, 0);
             }
             i.inline[offset as usize..end as usize].copy_from_slice(data);
             i.size = i.size.max(end);
-        } else {
-            self.spill(&mut i)?;
-            let list = ListId(i.list);
-            let mut pos = offset;
-            while pos < end {
-                let b = pos / BLOCK_BYTES;
-                let bstart = b * BLOCK_BYTES;
-                let lo = (pos - bstart) as usize;
-                let hi = ((end - bstart).min(BLOCK_BYTES)) as usize;
-                let chunk = &data[(pos - offset) as usize..(pos - offset) as usize + (hi - lo)];
-                if lo == 0 && hi == BLOCK_BYTES as usize {
-                    self.ld().write(Some(self.aru), list, b, chunk)?;
-                } else {
-                    let mut block = self.ld().read(list, b)?.unwrap_or_default();
-                    // Bytes of the block beyond the old size read as zeros.
-                    let valid = i.size.saturating_sub(bstart).min(BLOCK_BYTES) as usize;
-                    block.truncate(valid);
-                    if block.len() < hi {
-                        block.resize(hi, 0);
-                    }
-                    block[lo..hi].copy_from_slice(chunk);
-                    self.ld().write(Some(self.aru), list, b, &block)?;
-                }
-                pos = bstart + hi as u64;
-            }
-            i.size = i.size.max(end);
+            drop_privileges(&mut i, kill_suidgid);
+            stamp(&mut i, now, true, true);
+            self.reserve(i.encoded_len() as u64)?;
+            self.put(&i)?;
+            return Ok(data.len());
         }
+        // Reads first: the blocks the write covers in part (at most the
+        // first and the last), merged with the new bytes. An inline file's
+        // data becomes block 0.
+        let spill = (i.list == 0).then(|| std::mem::take(&mut i.inline));
+        let (first, last) = (offset / BLOCK_BYTES, (end - 1) / BLOCK_BYTES);
+        let mut edges: Vec<(u64, Vec<u8>)> = Vec::new();
+        for b in [first, last] {
+            let bstart = b * BLOCK_BYTES;
+            let lo = (offset.max(bstart) - bstart) as usize;
+            let hi = (end.min(bstart + BLOCK_BYTES) - bstart) as usize;
+            if (lo == 0 && hi == BLOCK_BYTES as usize) || edges.iter().any(|e| e.0 == b) {
+                continue;
+            }
+            let mut block = match &spill {
+                Some(inline) if b == 0 => inline.clone(),
+                Some(_) => Vec::new(),
+                None => self.ld().read(ListId(i.list), b)?.unwrap_or_default(),
+            };
+            // Bytes of the block beyond the old size read as zeros.
+            let valid = i.size.saturating_sub(bstart).min(BLOCK_BYTES) as usize;
+            block.truncate(valid);
+            if block.len() < hi {
+                block.resize(hi, 0);
+            }
+            let at = (bstart + lo as u64 - offset) as usize;
+            block[lo..hi].copy_from_slice(&data[at..at + (hi - lo)]);
+            edges.push((b, block));
+        }
+        // The inline data is written as block 0 unless the write rewrites it.
+        let spill_bytes = spill
+            .as_ref()
+            .filter(|_| first > 0)
+            .map_or(0, |d| d.len() as u64);
+        let covered: u64 = edges
+            .iter()
+            .map(|(b, _)| {
+                let bstart = b * BLOCK_BYTES;
+                end.min(bstart + BLOCK_BYTES) - offset.max(bstart)
+            })
+            .sum();
+        let edge_bytes: u64 = edges.iter().map(|e| e.1.len() as u64).sum();
+        i.size = i.size.max(end);
         drop_privileges(&mut i, kill_suidgid);
-        self.touch(&mut i, true, true);
+        stamp(&mut i, now, true, true);
+        self.reserve(
+            spill_bytes + edge_bytes + (data.len() as u64 - covered) + i.encoded_len() as u64,
+        )?;
+        if let Some(inline) = spill {
+            self.spill(&mut i, &inline, first > 0)?;
+        }
+        let list = ListId(i.list);
+        for b in first..=last {
+            if let Some((_, block)) = edges.iter().find(|e| e.0 == b) {
+                self.ld().write(Some(self.aru), list, b, block)?;
+            } else {
+                let at = (b * BLOCK_BYTES - offset) as usize;
+                self.ld().write(
+                    Some(self.aru),
+                    list,
+                    b,
+                    &data[at..at + BLOCK_BYTES as usize],
+                )?;
+            }
+        }
         self.put(&i)?;
         Ok(data.len())
     }
@@ -1591,7 +1836,8 @@ impl Tx<'_> {
                 i.mode = (i.mode & !0o777) | bits;
             }
         }
-        self.touch(&mut i, false, true);
+        stamp(&mut i, self.fs.now(), false, true);
+        self.reserve(i.encoded_len() as u64)?;
         self.put(&i)
     }
 
@@ -1602,7 +1848,8 @@ impl Tx<'_> {
             .binary_search_by(|(n, _)| n.as_slice().cmp(name))
             .map_err(|_| FsError::NoAttr)?;
         i.xattrs.remove(k);
-        self.touch(&mut i, false, true);
+        stamp(&mut i, self.fs.now(), false, true);
+        self.reserve_freeing(i.encoded_len() as u64)?;
         self.put(&i)
     }
 
@@ -1626,67 +1873,125 @@ impl Tx<'_> {
             // Linux requires KEEP_SIZE with PUNCH_HOLE.
             return Err(FsError::NotSupported);
         }
+        let now = self.fs.now();
         if mode.punch_hole || mode.zero_range {
+            // Frees blocks: deletes the whole ones, rewrites at most two
+            // partial ones no longer than they were, so it works on a full
+            // file system.
             let zero_to = end.min(i.size);
-            if offset < zero_to {
-                self.zero(&mut i, offset, zero_to)?;
+            let zeroing = if offset < zero_to {
+                self.plan_zero(&mut i, offset, zero_to)?
+            } else {
+                Zeroing::default()
+            };
+            let grow = if mode.zero_range && !mode.keep_size && end > i.size {
+                self.plan_resize(&mut i, end)?
+            } else {
+                Resize::default()
+            };
+            stamp(&mut i, now, true, true);
+            let edges: u64 = zeroing.edges.iter().map(|e| e.1.len() as u64).sum();
+            self.reserve_freeing(i.encoded_len() as u64 + edges + grow.bytes())?;
+            let list = ListId(i.list);
+            if let Some(cut) = zeroing.cut {
+                self.ld().delete_range(Some(self.aru), list, cut)?;
             }
-            if mode.zero_range && !mode.keep_size && end > i.size {
-                self.truncate(&mut i, end)?;
+            for (b, block) in &zeroing.edges {
+                self.ld().write(Some(self.aru), list, *b, block)?;
             }
-        } else {
-            // Allocate: every hole in the range becomes a written block of
-            // zeros, so the space is taken now (ENOSPC here, not later).
-            if !mode.keep_size && end > i.size {
-                self.truncate(&mut i, end)?;
-            }
-            if i.list == 0 && end as usize > INLINE_MAX {
-                self.spill(&mut i)?;
-            }
-            if i.list != 0 {
-                let list = ListId(i.list);
-                let last = end.div_ceil(BLOCK_BYTES);
-                let mut b = offset / BLOCK_BYTES;
-                while b < last {
-                    let present = self.ld().indices(list, b, 1)?;
-                    let next = present.first().copied().unwrap_or(u64::MAX).min(last);
-                    for h in b..next {
-                        let start = h * BLOCK_BYTES;
-                        // Within the size, a block is as long as the file
-                        // lets it be; beyond it (KEEP_SIZE), a full block.
-                        let blen = if start < i.size {
-                            (i.size - start).min(BLOCK_BYTES)
-                        } else {
-                            BLOCK_BYTES
-                        };
-                        self.ld()
-                            .write(Some(self.aru), list, h, &vec![0u8; blen as usize])?;
-                    }
-                    b = next.saturating_add(1);
-                }
-            }
+            self.apply_resize(&mut i, grow)?;
+            return self.put(&i);
         }
-        self.touch(&mut i, true, true);
+        // Allocate: every hole in the range becomes a written block of
+        // zeros, so the space is taken now (ENOSPC here, not later).
+        let mut grow = if !mode.keep_size && end > i.size {
+            self.plan_resize(&mut i, end)?
+        } else {
+            Resize::default()
+        };
+        if i.list == 0 && end as usize > INLINE_MAX && grow.spill.is_none() {
+            grow.spill = Some(std::mem::take(&mut i.inline));
+        }
+        let holes = self.holes(&i, grow.spill.as_deref(), offset, end)?;
+        // Within the size, a block is as long as the file lets it be;
+        // beyond it (KEEP_SIZE), a full block.
+        let size = i.size;
+        let hole_len = |h: u64| {
+            let start = h * BLOCK_BYTES;
+            if start < size {
+                (size - start).min(BLOCK_BYTES)
+            } else {
+                BLOCK_BYTES
+            }
+        };
+        let zeros: u64 = holes.iter().flat_map(|r| r.clone()).map(hole_len).sum();
+        stamp(&mut i, now, true, true);
+        self.reserve(i.encoded_len() as u64 + grow.bytes() + zeros)?;
+        self.apply_resize(&mut i, grow)?;
+        let list = ListId(i.list);
+        for h in holes.into_iter().flatten() {
+            let zero = vec![0u8; hole_len(h) as usize];
+            self.ld().write(Some(self.aru), list, h, &zero)?;
+        }
         self.put(&i)
     }
 
-    /// Zeros `[from, to)` of a file (within its size): whole blocks become
-    /// holes, partial ones are rewritten.
-    fn zero(&mut self, i: &mut Inode, from: u64, to: u64) -> FsResult<()> {
+    /// The absent blocks of `i` covering `[offset, end)`, as runs; `spill`
+    /// is inline data about to become block 0 of a new list. None for a
+    /// file that stays inline.
+    fn holes(
+        &self,
+        i: &Inode,
+        spill: Option<&[u8]>,
+        offset: u64,
+        end: u64,
+    ) -> FsResult<Vec<std::ops::Range<u64>>> {
+        let (first, last) = (offset / BLOCK_BYTES, end.div_ceil(BLOCK_BYTES));
+        let mut out = Vec::new();
+        if let Some(inline) = spill {
+            let from = if inline.is_empty() {
+                first
+            } else {
+                first.max(1)
+            };
+            if from < last {
+                out.push(from..last);
+            }
+            return Ok(out);
+        }
+        if i.list == 0 {
+            return Ok(out);
+        }
+        let list = ListId(i.list);
+        let mut b = first;
+        while b < last {
+            let present = self.ld().indices(list, b, 1)?;
+            let next = present.first().copied().unwrap_or(u64::MAX).min(last);
+            if b < next {
+                out.push(b..next);
+            }
+            b = next.saturating_add(1);
+        }
+        Ok(out)
+    }
+
+    /// Zeros `[from, to)` of `i` (within its size): whole blocks become
+    /// holes, partial ones are read and zeroed here, written by the caller.
+    fn plan_zero(&mut self, i: &mut Inode, from: u64, to: u64) -> FsResult<Zeroing> {
+        let mut z = Zeroing::default();
         if i.list == 0 {
             i.inline[from as usize..to as usize].fill(0);
-            return Ok(());
+            return Ok(z);
         }
         let list = ListId(i.list);
         let first_full = from.div_ceil(BLOCK_BYTES);
         let last_full = to / BLOCK_BYTES;
         if first_full < last_full {
-            self.ld()
-                .delete_range(Some(self.aru), list, first_full..last_full)?;
+            z.cut = Some(first_full..last_full);
         }
         for b in [from / BLOCK_BYTES, to / BLOCK_BYTES] {
             let bstart = b * BLOCK_BYTES;
-            if b >= first_full && b < last_full {
+            if (b >= first_full && b < last_full) || z.edges.iter().any(|e| e.0 == b) {
                 continue;
             }
             let lo = from.max(bstart) - bstart;
@@ -1698,11 +2003,23 @@ impl Tx<'_> {
                 let hi = (hi as usize).min(block.len());
                 if (lo as usize) < hi {
                     block[lo as usize..hi].fill(0);
-                    self.ld().write(Some(self.aru), list, b, &block)?;
+                    z.edges.push((b, block));
                 }
             }
         }
-        Ok(())
+        Ok(z)
+    }
+}
+
+impl Drop for Tx<'_> {
+    /// An operation dropped without `finish` (an early return, a panic)
+    /// is taken back rather than left open: an open ARU would hold back
+    /// every checkpoint.
+    fn drop(&mut self) {
+        if !self.done {
+            self.done = true;
+            self.abort();
+        }
     }
 }
 

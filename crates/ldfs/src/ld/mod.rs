@@ -8,7 +8,10 @@
 //! An *atomic recovery unit* (ARU) groups operations that recovery treats as
 //! one: after a crash all of them are present or none is. ARUs give recovery
 //! atomicity only, not isolation: reads see every accepted write at once.
-//! Several ARUs may be open at a time, each named by its [`AruId`].
+//! Several ARUs may be open at a time, each named by its [`AruId`]. An open
+//! ARU is either ended (committed) or aborted: an operation that fails
+//! half-way aborts its ARU, and the state becomes what it would be had the
+//! ARU issued nothing, for reads at once and after any crash.
 //!
 //! Invariants the interface promises:
 //! - A call that returns `Ok` has been accepted and will not later fail for
@@ -17,6 +20,7 @@
 //!   survives a crash, except those in ARUs that had not ended at the crash.
 //! - After a crash the state equals the state after some prefix of the
 //!   accepted operations, with operations of unfinished ARUs removed.
+//! - An aborted ARU's operations are removed at once, and never come back.
 
 use std::fmt;
 use std::ops::Range;
@@ -249,9 +253,16 @@ pub trait LogicalDisk: Send + Sync {
     fn begin_aru(&self) -> LdResult<AruId>;
     /// Close an ARU; from here on its operations recover together.
     fn end_aru(&self, aru: AruId) -> LdResult<()>;
+    /// Take an ARU back: the state becomes what it would be had the ARU
+    /// issued none of its operations (every other operation, before or
+    /// after, stands), at once for reads, and after a crash (the ARU never
+    /// ends, so recovery drops it). Its reservation is released; its id is
+    /// never reused. Writes nothing, so it also works on an LD that a device
+    /// error turned read-only. For an operation that failed half-way.
+    fn abort_aru(&self, aru: AruId) -> LdResult<()>;
     /// Guarantee that `bytes` more bytes of blocks written in `aru` will be
     /// accepted; fails with `NoSpace` before anything is accepted. The
-    /// reservation is released when the ARU ends.
+    /// reservation is released when the ARU ends or is aborted.
     fn reserve(&self, aru: AruId, bytes: u64) -> LdResult<()>;
     /// Like `reserve`, for an operation that frees more than it writes (a
     /// delete, an unlink): it may use the part of the device kept back for

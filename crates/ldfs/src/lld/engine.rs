@@ -27,16 +27,24 @@
 //!   released); what its slot names is queued on the log writer before
 //!   anything sealed after the snapshot, so a later group commit makes it
 //!   durable too;
+//! - an aborted ARU's operations are taken back from the map (`undo` keeps
+//!   what each open ARU changed) and it never ends in the log, so recovery
+//!   drops whatever of it was written;
 //! - a segment becomes Clean only after a checkpoint that no longer needs it
 //!   is durable (the pending checkpoint's snapshot lists the segments it
 //!   will release; none is reused before its slot is flushed);
 //! - an operation is accepted only if the space it needs, with the reserve
-//!   kept back for checkpoints and the cleaner, exists now;
+//!   kept back for checkpoints and the cleaner, exists now, and with it the
+//!   room for the checkpoint that must follow (every map page dirtied since
+//!   the last one and those the operation, or an abort of it, may dirty):
+//!   a long ARU gets
+//!   NoSpace, never its end, the checkpoint or the next open (which may
+//!   write the same map pages again);
 //! - a user write is accepted only if live data stays within the capacity
 //!   (`capacity_bytes`); within it, a write short of clean segments waits
 //!   for the cleaner instead of failing.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -53,6 +61,7 @@ use super::mkfs;
 use super::recovery;
 use super::summary::{self, Record, SummaryHeader};
 use super::types::{entry_flags, Key, MapEntry, PagePtr, SegmentId, PAGE_BYTES};
+use super::undo::Undo;
 use super::usage::{SegmentState, SegmentUsage, Usage};
 use super::writer::{self, Pending, PendingWrite, WRITE_RECORD_BYTES};
 use crate::device::Device;
@@ -70,8 +79,11 @@ pub struct LldOptions {
     pub map_budget_bytes: usize,
     /// Checkpoint after this many bytes of log, so roll-forward stays short.
     pub checkpoint_log_bytes: u64,
-    /// Checkpoint when this many map pages are dirty (`None`: an eighth of
-    /// the reserved segments, so a checkpoint always fits in the reserve).
+    /// Checkpoint when this many map pages were dirtied since the last one
+    /// (`None`: an eighth of the reserve, at least 64, at most what a
+    /// checkpoint can write within its half of the reserve). Whatever the
+    /// limit, admission keeps room for the checkpoint; a larger one only
+    /// takes that room from operations.
     pub checkpoint_dirty_pages: Option<usize>,
     /// Seal the open partial segment once its data reaches this size.
     pub partial_bytes: usize,
@@ -134,6 +146,9 @@ pub struct OpenReport {
     pub rolled_forward: u64,
     /// Why roll-forward stopped, if not at a clean end of the log.
     pub stopped: Option<String>,
+    /// Partials of map pages that ended the log (a checkpoint cut short):
+    /// not replayed, written over.
+    pub unfinished_checkpoint_partials: u64,
     pub rebuilt: bool,
 }
 
@@ -159,9 +174,6 @@ struct AruState {
     ops: u64,
     /// Reserved bytes not yet used.
     reserved: u64,
-    /// Keys this ARU wrote: the cleaner must not move them while it is open
-    /// (a move is logged outside any ARU and would commit the write early).
-    written: HashSet<Key>,
 }
 
 /// Space class of an operation: user writes keep the whole reserve free;
@@ -185,6 +197,11 @@ pub(crate) struct Inner {
     pub moved_bytes: u64,
     pending: Pending,
     arus: HashMap<u64, AruState>,
+    /// What the open ARUs changed (`abort_aru` takes one back).
+    undo: Undo,
+    /// ARU ids are never reused while open: a later end record can never
+    /// adopt an aborted ARU's records (each open starts a new epoch, and
+    /// roll-forward reads only the newest epoch).
     next_aru: u64,
     /// Open ARUs that have logged something; checkpoints wait for 0.
     open_nonempty: usize,
@@ -235,6 +252,12 @@ pub struct Engine {
     /// Finishes checkpoints that operations start (`None`: read-only, or
     /// stopped by drop).
     checkpointer: Mutex<Option<Checkpointer>>,
+    /// `dirty_page_limit`, computed once.
+    dirty_limit: usize,
+    /// Log pages of the checkpoint the lower half of the reserve holds
+    /// (`floor_pages`): one at `dirty_limit`, from anywhere, but at most
+    /// that half less the margin.
+    checkpoint_share: i64,
 }
 
 /// Reads map pages for the map, checking each against its pointer's crc.
@@ -369,6 +392,7 @@ impl Engine {
             moved_bytes: recovered.moved_bytes,
             pending: Pending::default(),
             arus: HashMap::new(),
+            undo: Undo::default(),
             next_aru: 1,
             open_nonempty: 0,
             op_seq: 0,
@@ -383,6 +407,9 @@ impl Engine {
         };
         let flight = Arc::new(Flight::default());
         let opts_policy = opts.cleaner.policy;
+        let opts_dirty_limit = opts
+            .checkpoint_dirty_pages
+            .unwrap_or_else(|| default_dirty_limit(&geo));
         let mut inner = inner;
         if !opts.read_only {
             inner.writer = Some(flight.start(dev.clone()));
@@ -419,6 +446,8 @@ impl Engine {
             aru_cv: Condvar::new(),
             activity: AtomicU64::new(0),
             checkpointer: Mutex::new(checkpointer),
+            dirty_limit: opts_dirty_limit,
+            checkpoint_share: checkpoint_share(&geo, opts_dirty_limit),
         };
         if !lld.opts.read_only {
             let mut g = lld.lock();
@@ -509,11 +538,10 @@ impl Engine {
 
     /// Has the map page at `addr` rewritten elsewhere by the next checkpoint
     /// (the cleaner's way to empty a segment holding map pages). Returns
-    /// false if no live map page is there.
+    /// false if no live map page is there, or if the next checkpoint has no
+    /// room for one more page.
     pub fn relocate_map_page(&self, addr: u64) -> LdResult<bool> {
-        let mut g = self.lock_writable()?;
-        let r = self.pages();
-        g.map.mark_page_dirty(addr, &r)
+        Ok(self.relocate_map_pages(&[addr])?.0 > 0)
     }
 
     /// The map entry of a block (the cleaner checks liveness with it).
@@ -536,10 +564,18 @@ impl Engine {
         if g.map.get(key, &r)? != Some(*expected) || expected.is_buffered() {
             return Ok(false);
         }
-        if g.arus.values().any(|a| a.written.contains(&key)) {
+        if g.undo.touches(key) {
             return Ok(false);
         }
-        self.admit(&mut g, None, WRITE_RECORD_BYTES, stored.len(), Class::Meta)?;
+        self.admit(
+            &mut g,
+            None,
+            WRITE_RECORD_BYTES,
+            stored.len(),
+            Class::Meta,
+            1,
+            None,
+        )?;
         self.log_write(
             &mut g,
             PendingWrite {
@@ -571,7 +607,15 @@ impl Engine {
                 ));
             }
             let data = encode_hints(&ListHints::default());
-            self.admit(&mut g, None, WRITE_RECORD_BYTES, data.len(), Class::Meta)?;
+            self.admit(
+                &mut g,
+                None,
+                WRITE_RECORD_BYTES,
+                data.len(),
+                Class::Meta,
+                1,
+                None,
+            )?;
             let crc = crc32c::crc32c(&data);
             self.log_write(
                 &mut g,
@@ -691,6 +735,7 @@ impl Engine {
                 g.open_nonempty -= 1;
             }
             g.arus.remove(&id);
+            g.undo.end(id);
         }
         self.checkpoint(&mut g)?;
         g.closed = true;
@@ -911,32 +956,65 @@ impl Engine {
 
     // ---- accounting -------------------------------------------------------
 
-    /// Pages the log can still take after the open partial and one more
-    /// operation of the given size are written, counting segment tails that
-    /// would be skipped. Negative when it cannot.
-    fn pages_left_after(&self, g: &Inner, record_bytes: usize, data_bytes: usize) -> i64 {
-        let seg_pages = self.geo.segment_pages as i64;
-        let remain = seg_pages - g.log.page as i64;
+    /// The log once the open partial and one more operation of the given
+    /// size are written (as `make_room` and `seal` would place them): the
+    /// pages it can still take, counting segment tails that would be
+    /// skipped (negative when the operation does not fit), and the page of
+    /// its segment where the head would then be — where a checkpoint
+    /// following the operation would start.
+    fn log_after(&self, g: &Inner, record_bytes: usize, data_bytes: usize) -> LogRoom {
+        let sp = self.geo.segment_pages as i64;
+        let page = g.log.page as i64;
         let has_next = (g.log.next != g.log.seg) as i64;
-        let others = (g.usage.clean_count() as i64 + has_next) * seg_pages;
+        let others = (g.usage.clean_count() as i64 + has_next) * sp;
         let cur = g.pending.pages() as i64;
         let with = g.pending.pages_with(record_bytes, data_bytes) as i64;
         let alone = writer::pages_for(record_bytes, data_bytes) as i64;
-        if with <= remain && g.pending.summary_has_room(record_bytes) {
-            remain - with + others
-        } else if alone <= remain - cur {
-            remain - cur - alone + others
+        // Where the operation's partial ends: in this segment, or (`None`)
+        // `alone` pages into the next.
+        let end = if with <= sp - page && g.pending.summary_has_room(record_bytes) {
+            Some(page + with)
+        } else if sp - (page + cur) >= 2 && alone <= sp - (page + cur) {
+            Some(page + cur + alone)
         } else {
-            others - alone
+            None
+        };
+        // A segment left with fewer than two pages is skipped (`seal`).
+        let (left, at) = match end {
+            Some(e) if sp - e >= 2 => (sp - e + others, e),
+            Some(_) => (others, 0),
+            None if sp - alone >= 2 => (others - alone, alone),
+            None => (others - sp, 0),
+        };
+        LogRoom {
+            left,
+            page: at as u32,
         }
     }
 
-    fn reserve_pages(&self, class: Class) -> i64 {
-        let r = self.geo.reserved_segments as i64 * self.geo.segment_pages as i64;
+    /// Pages the log must keep free after an operation of `class` when the
+    /// checkpoint that has to follow it takes `checkpoint` pages. The lower
+    /// half of the reserve is the checkpoint's: it holds one of up to
+    /// `checkpoint_share` pages with `margin_pages` to spare; map pages
+    /// beyond that (ARUs that dirty more than `dirty_page_limit` before a
+    /// checkpoint can be taken) raise the floor by what they need, so a
+    /// checkpoint always leaves as much as one at the limit would. User
+    /// writes leave the upper half on top, for deletes, ARU ends and the
+    /// cleaner.
+    fn floor_pages(&self, class: Class, checkpoint: i64) -> i64 {
+        let (lower, upper) = reserve_halves(&self.geo);
+        let meta = lower + (checkpoint - self.checkpoint_share).max(0);
         match class {
-            Class::User => r,
-            Class::Meta => r / 2,
+            Class::User => upper + meta,
+            Class::Meta => meta,
         }
+    }
+
+    /// What `floor_pages` asks of an operation that may newly dirty
+    /// `new_pages` more map pages, with the head at `page`.
+    fn floor_after(&self, g: &Inner, class: Class, page: u32, new_pages: usize) -> i64 {
+        let dirty = g.map.dirtied_pages() + new_pages;
+        self.floor_pages(class, checkpoint_log_pages(&self.geo, page, dirty))
     }
 
     fn reserved_by_others(&self, g: &Inner, aru: u64) -> i64 {
@@ -947,8 +1025,13 @@ impl Engine {
             .sum()
     }
 
-    /// Admission control: accept the operation only if its space exists now.
-    /// May checkpoint to turn emptied segments into clean ones.
+    /// Admission control: accept the operation only if its space exists now,
+    /// and with it the room for the checkpoint that must follow (the map
+    /// pages dirtied since the last one, and those of `changes` more map
+    /// changes: one per key written or deleted, one per range; and for a
+    /// range `undo` removed inside an ARU, the pages an abort would make
+    /// again). May checkpoint to turn emptied segments into clean ones.
+    #[allow(clippy::too_many_arguments)]
     fn admit(
         &self,
         g: &mut Inner,
@@ -956,28 +1039,42 @@ impl Engine {
         record_bytes: usize,
         data_bytes: usize,
         class: Class,
+        changes: usize,
+        undo: Option<(Key, Key)>,
     ) -> LdResult<()> {
         let aru_id = aru.map_or(0, |a| a.0);
+        let new_pages = changes * g.map.change_bound()
+            + match undo {
+                Some((from, to)) if aru_id != 0 => undo_pages(g.map.leaves_in_range(from, to)),
+                _ => 0,
+            };
         let cost = (record_bytes + data_bytes) as u64;
         // Within a reservation the ARU spends what was set aside for it.
         let reserved = g.arus.get(&aru_id).is_some_and(|a| a.reserved >= cost);
         let class = if reserved { Class::Meta } else { class };
         for attempt in 0..2 {
-            let left = self.pages_left_after(g, record_bytes, data_bytes)
-                - self.reserved_by_others(g, aru_id);
-            let need = self.reserve_pages(class);
+            let room = self.log_after(g, record_bytes, data_bytes);
+            let left = room.left - self.reserved_by_others(g, aru_id);
+            // Room for the checkpoint that must follow, with the map pages
+            // this operation may dirty: it gets NoSpace, never the ARU's
+            // end, the checkpoint or the next open.
+            let need = self.floor_after(g, class, room.page, new_pages);
             if left >= need {
                 if reserved {
                     g.arus.get_mut(&aru_id).expect("ARU checked open").reserved -= cost;
                 }
                 return Ok(());
             }
+            // Dead space comes back only through a checkpoint; one is
+            // always affordable (the floor keeps its pages), so take it
+            // now if nothing forbids it, rather than wait for the cleaner.
             if attempt == 0 && g.open_nonempty == 0 && g.usage.releasable_count() > 0 {
                 self.checkpoint(g)?;
                 continue;
             }
-            let available =
-                (left - self.reserve_pages(Class::User)).max(0) as u64 * PAGE_BYTES as u64;
+            let available = (left - self.floor_after(g, Class::User, room.page, new_pages)).max(0)
+                as u64
+                * PAGE_BYTES as u64;
             return Err(LdError::NoSpace {
                 needed: cost,
                 available,
@@ -1074,6 +1171,9 @@ impl Engine {
                 Ok(false) => {}
                 Err(e) => return Err(self.fail(g, e)),
             }
+            if !g.undo.is_empty() {
+                g.undo.sealed(p.key, &buffered, on_disk);
+            }
         }
         if g.pending.is_fresh() {
             g.usage.touch(seg, seq);
@@ -1124,13 +1224,7 @@ impl Engine {
         if let Some(old) = old {
             self.retire(g, aru, &old);
         }
-        if aru != 0 {
-            g.arus
-                .get_mut(&aru)
-                .expect("ARU checked open")
-                .written
-                .insert(key);
-        }
+        g.undo.changed(aru, key, old, Some(entry));
         self.count_op(g, aru);
         Ok(())
     }
@@ -1186,15 +1280,15 @@ impl Engine {
         Ok(())
     }
 
+    /// Map pages dirtied since the last checkpoint that make the next one
+    /// due (`LldOptions::checkpoint_dirty_pages`, else `default_dirty_limit`).
     fn dirty_page_limit(&self) -> usize {
-        self.opts.checkpoint_dirty_pages.unwrap_or_else(|| {
-            (self.geo.reserved_segments as usize * self.geo.segment_pages as usize / 8).max(64)
-        })
+        self.dirty_limit
     }
 
     fn checkpoint_due(&self, g: &Inner) -> bool {
         g.log_bytes_since_checkpoint >= self.opts.checkpoint_log_bytes
-            || g.map.dirty_pages() >= self.dirty_page_limit()
+            || g.map.dirtied_pages() >= self.dirty_page_limit()
             // Emptied segments are otherwise released when admission or
             // the cleaner needs them: each checkpoint rewrites every dirty
             // map page, so one per emptied segment would cost more than it
@@ -1262,8 +1356,19 @@ impl Engine {
     fn begin_checkpoint(&self, g: &mut Inner) -> LdResult<Arc<PendingCheckpoint>> {
         assert_eq!(g.open_nonempty, 0, "checkpoint with an ARU open");
         assert!(g.ckpt.is_none(), "two checkpoints pending");
+        assert!(g.undo.is_empty(), "checkpoint with undo information kept");
         self.seal(g)?;
+        // Admission kept room for exactly this placement.
+        let (entered, page) = (g.log.entered, g.log.page);
+        let predicted = checkpoint_log_pages(&self.geo, page, g.map.dirty_pages());
         let root = self.write_map_pages(g)?;
+        let used = (g.log.entered - entered) as i64 * self.geo.segment_pages as i64
+            + g.log.page as i64
+            - page as i64;
+        assert!(
+            used <= predicted,
+            "checkpoint took {used} log pages, {predicted} predicted"
+        );
         for old in g.map.take_obsolete() {
             if let Some(seg) = self.geo.segment_of(old.addr) {
                 g.usage.sub_live(seg, PAGE_BYTES as u32);
@@ -1394,6 +1499,11 @@ fn apply_checkpoint(
     g.stats.checkpoints += 1;
     g.serial = p.plan.serial;
     g.usage.release(&p.plan.released);
+    if g.log.next == g.log.seg {
+        // The log had no segment to continue in; now it may.
+        let Inner { usage, log, .. } = &mut *g;
+        choose_next(usage, log);
+    }
     g.stats.segments_released += p.plan.released.len() as u64;
     durable_op.fetch_max(p.plan.op_seq, Ordering::SeqCst);
     Ok(())
@@ -1418,6 +1528,137 @@ struct MapPartial {
     start_page: u32,
     summary_pages: u32,
     pages: Vec<Vec<u8>>,
+}
+
+/// The log after an operation (`Engine::log_after`).
+#[derive(Clone, Copy, Debug)]
+struct LogRoom {
+    /// Pages it can still take (negative: the operation does not fit).
+    left: i64,
+    /// Page of the head's segment where the next partial would start.
+    page: u32,
+}
+
+/// The reserve in pages, as (lower half: the checkpoint's, upper half:
+/// deletes', ARU ends' and the cleaner's).
+fn reserve_halves(geo: &Geometry) -> (i64, i64) {
+    let r = geo.reserved_segments as i64 * geo.segment_pages as i64;
+    (r / 2, r - r / 2)
+}
+
+/// Pages kept free beyond the next checkpoint's own: for ARU end records,
+/// which are never refused, and for a recovery that dirties a few more map
+/// pages than the running engine did (`Map::dirtied_pages`).
+fn margin_pages(geo: &Geometry) -> i64 {
+    let (lower, upper) = reserve_halves(geo);
+    ((lower + upper) / 16).max(4)
+}
+
+/// Map pages an abort makes again when it puts back the entries of a range
+/// that held `leaves` leaves: the undo re-inserts them one by one, into a
+/// gap with keys after it, so splits halve leaves (at most two for each leaf
+/// there was, and the edges), with new parents. (Relinking the removed
+/// subtrees' pages, which stay on disk until a checkpoint, would cost
+/// nothing; the map cannot do that yet.)
+fn undo_pages(leaves: usize) -> usize {
+    let l = 2 * leaves + 2;
+    l + l.div_ceil(super::map::INTERNAL_CAPACITY / 2)
+}
+
+/// `Engine::checkpoint_share` for a dirty-page limit.
+fn checkpoint_share(geo: &Geometry, limit: usize) -> i64 {
+    let (lower, _) = reserve_halves(geo);
+    let most = (lower - margin_pages(geo)).max(0);
+    if limit > lower.max(0) as usize {
+        // A checkpoint takes at least a page per dirty page.
+        return most;
+    }
+    checkpoint_log_pages_anywhere(geo, limit).min(most)
+}
+
+/// Map pages a checkpoint puts into one fresh segment when it has more than
+/// that to write (`write_map_pages`: partials as large as the summary
+/// limits allow, until fewer than two pages are left).
+fn map_pages_per_segment(geo: &Geometry) -> usize {
+    let sp = geo.segment_pages;
+    let (mut page, mut placed) = (0u32, 0usize);
+    loop {
+        let k = map_pages_fit(sp - page);
+        if k == 0 {
+            return placed;
+        }
+        page += summary::summary_pages_for(k * MAP_RECORD_BYTES) + k as u32;
+        placed += k;
+        if sp - page < 2 {
+            return placed;
+        }
+    }
+}
+
+/// Log pages a checkpoint writing `dirty` map pages takes when the head is
+/// at `page` of its segment, counting the segment tails it skips: exactly
+/// `write_map_pages`'s placement (the checkpoint asserts it took no more).
+pub(crate) fn checkpoint_log_pages(geo: &Geometry, page: u32, dirty: usize) -> i64 {
+    let sp = geo.segment_pages;
+    let (mut page, mut left, mut used) = (page, dirty, 0i64);
+    while left > 0 {
+        if page == 0 {
+            // Whole segments at once.
+            let per = map_pages_per_segment(geo);
+            let n = left / per;
+            used = used.saturating_add((n as i64).saturating_mul(sp as i64));
+            left -= n * per;
+            if left == 0 {
+                break;
+            }
+        }
+        let k = map_pages_fit(sp - page).min(left);
+        if k == 0 {
+            used += (sp - page) as i64;
+            page = 0;
+            continue;
+        }
+        let taken = summary::summary_pages_for(k * MAP_RECORD_BYTES) + k as u32;
+        page += taken;
+        used += taken as i64;
+        left -= k;
+        if sp - page < 2 {
+            used += (sp - page) as i64;
+            page = 0;
+        }
+    }
+    used
+}
+
+/// `checkpoint_log_pages` from wherever the head may be: a partial in the
+/// head's segment costs at most a summary and a skipped page more than
+/// starting afresh (checked against every start page by a test).
+fn checkpoint_log_pages_anywhere(geo: &Geometry, dirty: usize) -> i64 {
+    if dirty == 0 {
+        return 0;
+    }
+    let s = summary::summary_pages_for(map_pages_per_segment(geo) * MAP_RECORD_BYTES);
+    checkpoint_log_pages(geo, 0, dirty) + s as i64 + 2
+}
+
+/// The default `checkpoint_dirty_pages`: an eighth of the reserve, at least
+/// 64 pages, but never more than a checkpoint (with the margin) can write
+/// within its half of the reserve from anywhere, so the checkpoint due at
+/// that limit always fits there.
+fn default_dirty_limit(geo: &Geometry) -> usize {
+    let (lower, upper) = reserve_halves(geo);
+    let budget = lower - margin_pages(geo);
+    // The largest count whose checkpoint fits the budget (monotone).
+    let (mut lo, mut hi) = (0usize, lower.max(0) as usize);
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if checkpoint_log_pages_anywhere(geo, mid) <= budget {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    (((lower + upper) / 8).max(64) as usize).min(lo).max(1)
 }
 
 /// Most map pages one partial segment can hold in `pages_left` pages.
@@ -1543,14 +1784,21 @@ impl Engine {
                     available: capacity.saturating_sub(footprint),
                 });
             }
-            let left = self.pages_left_after(&g, 0, 0) - self.reserved_by_others(&g, aru.0);
+            let left = self.log_after(&g, 0, 0).left - self.reserved_by_others(&g, aru.0);
             let have = g.arus[&aru.0].reserved.div_ceil(PAGE_BYTES as u64) as i64;
-            if left - have - (pages as i64) >= self.reserve_pages(class) {
+            // The reserved writes will be admitted later, wherever the head
+            // is then, and dirty map pages of their own: room for the
+            // checkpoint from anywhere, with one change's pages. (A
+            // reservation cannot bound how many leaves its writes touch;
+            // if its ARU dirties more than the checkpoint's share of the
+            // reserve, its writes may still get NoSpace.)
+            let dirty = g.map.dirtied_pages() + g.map.change_bound();
+            let floor = self.floor_pages(class, checkpoint_log_pages_anywhere(&self.geo, dirty));
+            if left - have - (pages as i64) >= floor {
                 g.arus.get_mut(&aru.0).expect("checked above").reserved += with_overhead;
                 return Ok(());
             }
-            let available =
-                (left - have - self.reserve_pages(class)).max(0) as u64 * PAGE_BYTES as u64;
+            let available = (left - have - floor).max(0) as u64 * PAGE_BYTES as u64;
             let e = LdError::NoSpace {
                 needed: bytes,
                 available,
@@ -1605,7 +1853,15 @@ impl LogicalDisk for Engine {
             self.check_list(&mut g, near)?;
         }
         let data = encode_hints(&hints);
-        self.admit(&mut g, aru, WRITE_RECORD_BYTES, data.len(), Class::Meta)?;
+        self.admit(
+            &mut g,
+            aru,
+            WRITE_RECORD_BYTES,
+            data.len(),
+            Class::Meta,
+            1,
+            None,
+        )?;
         let id = g.next_list;
         g.next_list += 1;
         let crc = crc32c::crc32c(&data);
@@ -1640,7 +1896,16 @@ impl LogicalDisk for Engine {
                 key: Key::MIN,
             }
             .encoded_len();
-        self.admit(&mut g, aru, recs, 0, Class::Meta)?;
+        // The list's blocks (a range) and its entry in list 0.
+        self.admit(
+            &mut g,
+            aru,
+            recs,
+            0,
+            Class::Meta,
+            2,
+            Some(list_range(list.0)),
+        )?;
         self.log_record(
             &mut g,
             Record::DeleteList {
@@ -1655,9 +1920,11 @@ impl LogicalDisk for Engine {
         };
         self.log_record(&mut g, Record::Delete { aru: aru_id, key })?;
         let r = self.pages();
-        if let Some(old) = g.map.remove(key, &r)? {
+        let old = g.map.remove(key, &r)?;
+        if let Some(old) = old {
             self.retire(&mut g, aru_id, &old);
         }
+        g.undo.changed(aru_id, key, old, None);
         g.hints.remove(&list.0);
         self.after_op(&mut g)
     }
@@ -1717,7 +1984,15 @@ impl LogicalDisk for Engine {
                 continue;
             }
             self.check_fits(&mut g, aru_id, key, stored.len(), metadata)?;
-            match self.admit(&mut g, aru, WRITE_RECORD_BYTES, stored.len(), Class::User) {
+            match self.admit(
+                &mut g,
+                aru,
+                WRITE_RECORD_BYTES,
+                stored.len(),
+                Class::User,
+                1,
+                None,
+            ) {
                 Ok(()) => break (g, aru_id),
                 // The live data fits but clean segments do not: wait for the
                 // cleaner to make them, then try again.
@@ -1854,12 +2129,14 @@ impl LogicalDisk for Engine {
         self.check_list(&mut g, list)?;
         let key = Key::new(list, index);
         let rec = Record::Delete { aru: aru_id, key };
-        self.admit(&mut g, aru, rec.encoded_len(), 0, Class::Meta)?;
+        self.admit(&mut g, aru, rec.encoded_len(), 0, Class::Meta, 1, None)?;
         self.log_record(&mut g, rec)?;
         let r = self.pages();
-        if let Some(old) = g.map.remove(key, &r)? {
+        let old = g.map.remove(key, &r)?;
+        if let Some(old) = old {
             self.retire(&mut g, aru_id, &old);
         }
+        g.undo.changed(aru_id, key, old, None);
         self.after_op(&mut g)
     }
 
@@ -1876,7 +2153,16 @@ impl LogicalDisk for Engine {
             from: range.start,
             to: range.end,
         };
-        self.admit(&mut g, aru, rec.encoded_len(), 0, Class::Meta)?;
+        let removed = (Key::new(list, range.start), Key::new(list, range.end));
+        self.admit(
+            &mut g,
+            aru,
+            rec.encoded_len(),
+            0,
+            Class::Meta,
+            1,
+            Some(removed),
+        )?;
         self.log_record(&mut g, rec)?;
         self.remove_keys(
             &mut g,
@@ -1956,7 +2242,6 @@ impl LogicalDisk for Engine {
             AruState {
                 ops: 0,
                 reserved: 0,
-                written: HashSet::new(),
             },
         );
         Ok(AruId(id))
@@ -1980,6 +2265,65 @@ impl LogicalDisk for Engine {
             }
         }
         g.arus.remove(&aru.0);
+        g.undo.end(aru.0);
+        self.after_op(&mut g)
+    }
+
+    /// Takes back every operation of `aru` in memory (`undo`) and forgets
+    /// its buffered writes; nothing is logged, so the ARU is never ended in
+    /// the log and recovery drops whatever of it was written. Works on an
+    /// engine turned read-only by a device error (it only restores memory);
+    /// a map page that cannot be read on the way fails the engine.
+    fn abort_aru(&self, aru: AruId) -> LdResult<()> {
+        let mut g = self.lock();
+        let Some(state) = g.arus.remove(&aru.0) else {
+            return Err(LdError::NoSuchAru(aru));
+        };
+        if state.ops > 0 {
+            g.open_nonempty -= 1;
+            if g.open_nonempty == 0 {
+                self.aru_cv.notify_all();
+            }
+        }
+        let restores = g.undo.abort(aru.0);
+        let r = self.pages();
+        for u in restores {
+            let old = match u.to {
+                Some(e) => g.map.insert(u.key, e, &r),
+                None => g.map.remove(u.key, &r),
+            };
+            let old = match old {
+                Ok(old) => old,
+                Err(e) => return Err(self.fail(&mut g, e)),
+            };
+            assert_eq!(old, u.from, "undo and map disagree on {:?}", u.key);
+            if let Some(old) = old {
+                if old.is_buffered() {
+                    // The aborted ARU's own write, still in the partial.
+                    g.pending.drop_write(old.addr as usize);
+                } else if let Some(seg) = self.geo.segment_of(old.offset()) {
+                    g.usage.sub_live(seg, old.len);
+                }
+            }
+            if let Some(e) = u.to {
+                if e.is_buffered() {
+                    assert!(
+                        g.pending.write_at(e.addr as usize).is_some(),
+                        "restored {:?} names a dropped write",
+                        u.key
+                    );
+                } else if let Some(seg) = self.geo.segment_of(e.offset()) {
+                    g.usage.restore_live(seg, e.len);
+                }
+            }
+            if u.key.list == 0 {
+                g.hints.remove(&u.key.index);
+            }
+        }
+        g.pending.drop_aru_writes(aru.0);
+        if g.failed.is_some() || g.closed || self.opts.read_only {
+            return Ok(());
+        }
         self.after_op(&mut g)
     }
 
@@ -2071,9 +2415,10 @@ impl Engine {
     fn remove_keys(&self, g: &mut Inner, aru: u64, (from, to): (Key, Key)) -> LdResult<()> {
         let r = self.pages();
         let removed = g.map.remove_range(from, to, &r)?;
-        for (_, old) in removed {
-            self.retire(g, aru, &old);
+        for (_, old) in &removed {
+            self.retire(g, aru, old);
         }
+        g.undo.removed_range(aru, from, to, removed);
         Ok(())
     }
 }
@@ -2267,6 +2612,10 @@ impl LogicalDisk for Lld {
     fn end_aru(&self, aru: AruId) -> LdResult<()> {
         self.touch();
         self.core.end_aru(aru)
+    }
+    fn abort_aru(&self, aru: AruId) -> LdResult<()> {
+        self.touch();
+        self.core.abort_aru(aru)
     }
     fn reserve(&self, aru: AruId, bytes: u64) -> LdResult<()> {
         self.touch();
@@ -2465,9 +2814,10 @@ impl Engine {
             now_seq: g.log.seq,
             max_utilization: 1.0,
         };
-        let headroom = self.pages_left_after(&g, 0, 0)
+        let room = self.log_after(&g, 0, 0);
+        let headroom = room.left
             - self.reserved_by_others(&g, 0)
-            - self.reserve_pages(Class::Meta);
+            - self.floor_after(&g, Class::Meta, room.page, 0);
         let view = SpaceView {
             clean: g.usage.clean_count(),
             meta_headroom_bytes: headroom * PAGE_BYTES as i64,
@@ -2521,7 +2871,7 @@ impl Engine {
             if m.expected.is_buffered()
                 || crc32c::crc32c(&m.stored) != m.expected.crc
                 || g.map.get(m.key, &r)? != Some(m.expected)
-                || g.arus.values().any(|a| a.written.contains(&m.key))
+                || g.undo.touches(m.key)
             {
                 out.stale += 1;
                 continue;
@@ -2532,6 +2882,8 @@ impl Engine {
                 WRITE_RECORD_BYTES,
                 m.stored.len(),
                 Class::Meta,
+                1,
+                None,
             ) {
                 Ok(()) => {}
                 Err(LdError::NoSpace { .. }) => {
@@ -2570,11 +2922,23 @@ impl Engine {
         let r = self.pages();
         let mut n = 0;
         for &a in addrs {
+            if !self.map_page_fits(&g) {
+                break;
+            }
             if g.map.mark_page_dirty(a, &r)? {
                 n += 1;
             }
         }
         Ok((n, g.stats.checkpoints + g.ckpt.is_some() as u64))
+    }
+
+    /// Whether the next checkpoint may take one more dirty map page (and
+    /// its path) within the cleaner's share: what `admit` asks of a Meta
+    /// operation, for a change that writes nothing but map pages.
+    fn map_page_fits(&self, g: &Inner) -> bool {
+        let room = self.log_after(g, 0, 0);
+        room.left - self.reserved_by_others(g, 0)
+            >= self.floor_after(g, Class::Meta, room.page, g.map.change_bound())
     }
 
     /// Checkpoints (releasing emptied segments) once no ARU that logged
@@ -2676,5 +3040,169 @@ impl Engine {
             }
         }
         Ok(problems)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::MemoryDevice;
+    use crate::lld::layout::{MkfsOptions, MAX_SEGMENT_PAGES, MIN_SEGMENT_PAGES};
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+
+    /// `write_map_pages`'s placement replayed page by page (no shortcut for
+    /// whole segments): the log pages it takes from `page`.
+    fn placement(geo: &Geometry, page: u32, dirty: usize) -> i64 {
+        let sp = geo.segment_pages;
+        let (mut page, mut remaining, mut used) = (page, dirty, 0i64);
+        while remaining > 0 {
+            let mut k = map_pages_fit(sp - page).min(remaining);
+            if k == 0 {
+                used += (sp - page) as i64;
+                page = 0;
+                k = map_pages_fit(sp).min(remaining);
+            }
+            let taken = summary::summary_pages_for(k * MAP_RECORD_BYTES) + k as u32;
+            page += taken;
+            used += taken as i64;
+            remaining -= k;
+            if sp - page < 2 {
+                used += (sp - page) as i64;
+                page = 0;
+            }
+        }
+        used
+    }
+
+    fn geometries() -> Vec<Geometry> {
+        let mut out = Vec::new();
+        for (seg_pages, reserved) in [
+            (MIN_SEGMENT_PAGES, 4),
+            (16, 6),
+            (32, 4),
+            (33, 5),
+            (128, 16),
+            (512, 64),
+            (3000, 7),
+            (MAX_SEGMENT_PAGES, 4),
+        ] {
+            let opts = MkfsOptions {
+                segment_bytes: seg_pages as u64 * PAGE_BYTES as u64,
+                max_block_bytes: 4096,
+                reserved_segments: Some(reserved),
+                fs_id: 1,
+            };
+            let size = (reserved as u64 + 64) * opts.segment_bytes + (64 << 20);
+            out.push(Geometry::plan(size, &opts).unwrap());
+        }
+        out
+    }
+
+    /// The admission's estimate of a checkpoint is its placement exactly,
+    /// from every page the head can be at; the position-free bound is at
+    /// least the worst of them.
+    #[test]
+    fn checkpoint_pages_match_the_placement_from_every_start() {
+        for geo in geometries() {
+            let sp = geo.segment_pages;
+            let per = map_pages_per_segment(&geo);
+            let step = (sp as usize / 40).max(1);
+            let counts: Vec<usize> = (0..3 * per + 3)
+                .step_by(step)
+                .chain([per - 1, per, per + 1, 2 * per, 5 * per + 7])
+                .collect();
+            for &d in &counts {
+                let mut worst = 0;
+                for start in (0..=sp - 2).step_by(step).chain([sp - 2]) {
+                    let want = placement(&geo, start, d);
+                    let got = checkpoint_log_pages(&geo, start, d);
+                    assert_eq!(got, want, "{sp} pages/segment, start {start}, {d} dirty");
+                    worst = worst.max(want);
+                }
+                let anywhere = checkpoint_log_pages_anywhere(&geo, d);
+                assert!(
+                    anywhere >= worst,
+                    "{sp} pages/segment, {d} dirty: bound {anywhere} < {worst}"
+                );
+            }
+        }
+    }
+
+    /// A checkpoint due at the default limit fits in its half of the
+    /// reserve with the margin, wherever the head is.
+    #[test]
+    fn the_default_dirty_limit_fits_the_checkpoints_half_of_the_reserve() {
+        for geo in geometries() {
+            let limit = default_dirty_limit(&geo);
+            let (lower, _) = reserve_halves(&geo);
+            let cost = checkpoint_log_pages_anywhere(&geo, limit);
+            assert!(limit >= 1);
+            assert!(
+                cost + margin_pages(&geo) <= lower || limit == 1,
+                "{} pages/segment, {} reserved: limit {limit} costs {cost} of {lower}",
+                geo.segment_pages,
+                geo.reserved_segments
+            );
+        }
+        // The device: 128 KiB segments, 4 reserved. The floor of 64
+        // pages no longer exceeds what fits.
+        let geo = Geometry::plan(
+            16 << 20,
+            &MkfsOptions {
+                segment_bytes: 128 << 10,
+                max_block_bytes: 32 << 10,
+                reserved_segments: Some(4),
+                fs_id: 1,
+            },
+        )
+        .unwrap();
+        let limit = default_dirty_limit(&geo);
+        assert!((30..64).contains(&limit), "limit {limit}");
+    }
+
+    /// An abort puts a removed range back: it dirties no more map pages
+    /// than the range delete kept room for (`undo_pages`), whether the
+    /// range's leaves were full (sequential inserts) or about half full
+    /// (random ones).
+    #[test]
+    fn an_abort_dirties_no_more_than_its_range_delete_kept_room_for() {
+        for (seed, shuffled) in [(1u64, false), (2, true), (3, true)] {
+            let dev = Arc::new(MemoryDevice::new(64 << 20));
+            let opts = LldOptions {
+                checkpoint_dirty_pages: Some(usize::MAX),
+                checkpoint_log_bytes: u64::MAX,
+                ..Default::default()
+            };
+            let mkfs = MkfsOptions {
+                segment_bytes: 128 << 10,
+                max_block_bytes: 32 << 10,
+                reserved_segments: Some(8),
+                fs_id: 7,
+            };
+            let lld = Lld::create(dev, &mkfs, opts).unwrap();
+            let l = lld.create_list(None, ListHints::default()).unwrap();
+            let mut keys: Vec<u64> = (0..30_000).collect();
+            if shuffled {
+                keys.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(seed));
+            }
+            for &i in &keys {
+                lld.write(None, l, i, &[i as u8]).unwrap();
+            }
+            lld.checkpoint_now().unwrap();
+            let (from, to) = list_range(l.0);
+            let leaves = lld.lock().map.leaves_in_range(from, to);
+            let aru = lld.begin_aru().unwrap();
+            lld.delete_range(Some(aru), l, 0..u64::MAX).unwrap();
+            let before = lld.lock().map.dirtied_pages();
+            lld.abort_aru(aru).unwrap();
+            let grew = lld.lock().map.dirtied_pages() - before;
+            assert!(
+                grew <= undo_pages(leaves),
+                "seed {seed}: the abort dirtied {grew} pages; {leaves} leaves, bound {}",
+                undo_pages(leaves)
+            );
+            assert_eq!(lld.read(l, 29_999).unwrap().unwrap(), [29_999u64 as u8]);
+        }
     }
 }

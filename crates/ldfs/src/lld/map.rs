@@ -177,6 +177,9 @@ pub struct Map {
     live_nodes: usize,
     internal_nodes: usize,
     dirty_nodes: usize,
+    /// Nodes made dirty since the last `write_dirty`, counting those freed
+    /// since (`dirtied_pages`).
+    dirtied_nodes: usize,
     /// Bytes of resident leaf entries (see `leaf_mem`).
     resident_bytes: usize,
 }
@@ -213,6 +216,7 @@ impl Map {
             live_nodes: 0,
             internal_nodes: 0,
             dirty_nodes: 0,
+            dirtied_nodes: 0,
             resident_bytes: 0,
         }
     }
@@ -616,6 +620,50 @@ impl Map {
         self.dirty_nodes
     }
 
+    /// Nodes made dirty since the last `write_dirty`, including those freed
+    /// again (by merges and removals) since: never more than `dirty_pages`
+    /// falls short of it. A roll-forward of the same changes (less those of
+    /// unfinished ARUs) starts from the tree the last checkpoint wrote and
+    /// dirties about the same nodes, but frees fewer when it skips an
+    /// unfinished ARU's removals: this, not `dirty_pages`, bounds what the
+    /// checkpoint ending a recovery must write (the engine keeps room for it).
+    pub fn dirtied_pages(&self) -> usize {
+        self.dirtied_nodes
+    }
+
+    /// Most nodes one `insert`, `remove`, `replace_if`, `remove_range` or
+    /// `mark_page_dirty` can newly dirty: the path to the root (`height`),
+    /// a new node per level and a new root when splits cascade, and for a
+    /// range the paths to both of its edges and a merged sibling per level
+    /// at each edge. So `4 * (height + 1)`: loose, but the engine only keeps
+    /// room for it during one operation.
+    pub fn change_bound(&self) -> usize {
+        4 * (self.height as usize + 1)
+    }
+
+    /// Leaves whose key range meets `from..to` (an edge leaf may hold no key
+    /// of it), counted from the internal nodes, which are resident: no leaf
+    /// is read.
+    pub fn leaves_in_range(&self, from: Key, to: Key) -> usize {
+        if from >= to || self.root == NONE {
+            return 0;
+        }
+        self.count_leaves(self.root, from, to)
+    }
+
+    fn count_leaves(&self, id: NodeId, from: Key, to: Key) -> usize {
+        match &self.node(id).kind {
+            Kind::Internal(ch) => {
+                let start = ch.partition_point(|c| c.0 <= from).saturating_sub(1);
+                let end = ch.partition_point(|c| c.0 < to);
+                (start..end.max(start))
+                    .map(|i| self.count_leaves(ch[i].1, from, to))
+                    .sum()
+            }
+            _ => 1,
+        }
+    }
+
     /// Total pages of the tree (resident or not).
     pub fn total_pages(&self) -> usize {
         self.live_nodes
@@ -647,10 +695,12 @@ impl Map {
     ) -> LdResult<Option<MapRoot>> {
         if self.root == NONE {
             self.last_root = None;
+            self.dirtied_nodes = 0;
             return Ok(None);
         }
         let mut page = vec![0u8; PAGE_BYTES];
         self.write_node(self.root, self.height - 1, place, &mut page)?;
+        self.dirtied_nodes = 0;
         let root = MapRoot {
             ptr: self.node(self.root).ptr.expect("root written"),
             height: self.height,
@@ -836,6 +886,7 @@ impl Map {
         let dirty = ptr.is_none();
         if dirty {
             self.dirty_nodes += 1;
+            self.dirtied_nodes += 1;
         }
         self.live_nodes += 1;
         let node = Node {
@@ -901,6 +952,7 @@ impl Map {
                 self.pages.remove(&p.addr);
             }
             self.dirty_nodes += 1;
+            self.dirtied_nodes += 1;
             cur = n.parent;
         }
     }
@@ -1565,7 +1617,7 @@ mod tests {
             dirty,
             "dirty_pages() is what write_dirty writes"
         );
-        assert_eq!(m.dirty_pages(), 0);
+        assert_eq!((m.dirty_pages(), m.dirtied_pages()), (0, 0));
         assert_eq!(m.root(), root);
         let obsolete = m.take_obsolete();
         for p in &obsolete {
@@ -1743,7 +1795,9 @@ mod tests {
         let rkey = |rng: &mut ChaCha8Rng| key(rng.gen_range(0..lists), rng.gen_range(0..span));
         for phase in 0..12 {
             for _ in 0..2500 {
-                match rng.gen_range(0..1000) {
+                let (bound, dirtied) = (m.change_bound(), m.dirtied_pages());
+                let op = rng.gen_range(0..1000);
+                match op {
                     0..=449 => {
                         let (k, e) = (rkey(&mut rng), entry(&mut rng));
                         assert_eq!(m.insert(k, e, &d).unwrap(), model.insert(k, e), "{k:?}");
@@ -1833,6 +1887,14 @@ mod tests {
                         assert_eq!(got, want, "remove_range {from:?}..{to:?}");
                     }
                 }
+                // One change dirties at most `change_bound` nodes (the bulk
+                // insert is thousands of changes).
+                let grew = m.dirtied_pages() - dirtied;
+                assert!(
+                    (990..=995).contains(&op) || grew <= bound,
+                    "op {op} dirtied {grew} nodes, bound {bound}"
+                );
+                assert!(m.dirtied_pages() >= m.dirty_pages());
             }
             m.check();
             let want: Vec<_> = model.iter().map(|(k, e)| (*k, *e)).collect();
@@ -1897,6 +1959,23 @@ mod tests {
         assert_eq!(write(&mut m, &d), None);
         assert_eq!(m.root(), None);
         assert!(d.pages.borrow().is_empty());
+    }
+
+    #[test]
+    fn leaves_in_range_counts_the_leaves_a_range_meets() {
+        let d = Disk::new();
+        let mut m = Map::new(FS, usize::MAX);
+        assert_eq!(m.leaves_in_range(Key::MIN, Key::MAX), 0);
+        for i in 0..100_000u64 {
+            m.insert(key(1, i), seq_entry(i), &d).unwrap();
+        }
+        assert!(m.height >= 3);
+        assert_eq!(m.leaves_in_range(Key::MIN, Key::MAX), m.leaf_count());
+        assert_eq!(m.leaves_in_range(key(1, 5), key(1, 6)), 1);
+        assert_eq!(m.leaves_in_range(key(1, 6), key(1, 5)), 0);
+        // Sequential inserts fill leaves: 127 keys each, and the edges.
+        let n = m.leaves_in_range(key(1, 1000), key(1, 60_000));
+        assert!((59_000 / 127..=59_000 / 127 + 2).contains(&n), "{n}");
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! - `engine`: `Engine` and `Lld` (the engine plus its background cleaner
 //!   thread), the `LogicalDisk` implementation: admission, the log head,
 //!   group commit, checkpoints;
+//! - `undo`: what open ARUs changed, so that one can be aborted;
 //! - `recovery`: checkpoint + two-phase roll-forward, and the rebuild;
 //! - `cleaner`: the segment cleaner — `policy` (victim selection, pure
 //!   functions of the usage table) and the mechanism and scheduling that
@@ -29,6 +30,7 @@ pub mod mkfs;
 mod recovery;
 pub mod summary;
 pub mod types;
+mod undo;
 pub mod usage;
 pub mod verify;
 mod writer;

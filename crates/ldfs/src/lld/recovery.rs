@@ -8,7 +8,11 @@
 //! exactly the next sequence number; it stops at the first that does not.
 //! Phase 2 applies, in log order, the records outside any ARU and those of
 //! ARUs whose end record was accepted in phase 1. Nothing is applied until
-//! the walk is over, so a torn tail can never be half-applied.
+//! the walk is over, so a torn tail can never be half-applied. Partials of
+//! map pages that end the log belong to a checkpoint that never became
+//! durable: the log ends before them, so their room is the recovery
+//! checkpoint's. The next list id ends above every list a replayed write
+//! names.
 
 use std::collections::HashSet;
 
@@ -373,6 +377,20 @@ fn roll_forward(dev: &dyn Device, g: &Geometry, rec: &mut Recovered) -> LdResult
         seq += 1;
         partials.push(p);
     }
+    // Map pages at the end of the log are a checkpoint that never became
+    // durable (a durable one would be where recovery starts): they hold
+    // nothing to apply, so the log ends before them and the recovery
+    // checkpoint writes over them. Otherwise a crash in a checkpoint would
+    // leave its pages taking the room the next checkpoint needs.
+    while partials.last().is_some_and(|p| {
+        !p.records.is_empty()
+            && p.records
+                .iter()
+                .all(|r| matches!(r, Record::MapPage { .. }))
+    }) {
+        partials.pop();
+        rec.report.unfinished_checkpoint_partials += 1;
+    }
 
     // Phase 2: apply.
     let r = Pages { dev };
@@ -409,6 +427,15 @@ fn roll_forward(dev: &dyn Device, g: &Geometry, rec: &mut Recovered) -> LdResult
             } else {
                 log.next = here;
             }
+        } else if log.next == log.seg {
+            // The log had no segment to continue in when it entered this
+            // one; a checkpoint since released some, and the engine chose
+            // one of them (Clean in that checkpoint) as it went on.
+            let named = SegmentId(h.next_segment);
+            if named != here && usage.can_transition(named, SegmentState::Next) {
+                usage.transition(named, SegmentState::Next);
+                log.next = named;
+            }
         }
         for rcd in &p.records {
             if rcd.aru() != 0 && !committed.contains(&rcd.aru()) {
@@ -433,6 +460,11 @@ fn roll_forward(dev: &dyn Device, g: &Geometry, rec: &mut Recovered) -> LdResult
                         sub_old(usage, g, &old);
                     }
                     usage.add_live(here, len, h.seq);
+                    // Above every list that holds a block, as the rebuild
+                    // does: a list created in an ARU that never ended has
+                    // no entry, but blocks written to it outside that ARU
+                    // survive, and its id must not be handed out again.
+                    rec.next_list = rec.next_list.max(key.list.saturating_add(1));
                     if key.list == 0 {
                         rec.next_list = rec.next_list.max(key.index.saturating_add(1));
                     }

@@ -178,6 +178,31 @@ impl Usage {
         u.last_seq = u.last_seq.max(seq);
     }
 
+    /// Counts a block again whose removal was taken back (a delete or an
+    /// overwrite by an aborted ARU). Its segment still holds it: only a
+    /// checkpoint releases segments, and none is written while an ARU that
+    /// logged something is open. The block keeps its age.
+    pub fn restore_live(&mut self, s: SegmentId, bytes: u32) {
+        let u = &mut self.segs[s.0 as usize];
+        assert!(
+            matches!(u.state, SegmentState::Active | SegmentState::Dirty),
+            "live bytes restored to {:?} segment {}",
+            u.state,
+            s.0
+        );
+        let before = u.live_bytes;
+        match u.live_bytes.checked_add(bytes) {
+            Some(v) if v <= self.segment_bytes => u.live_bytes = v,
+            _ => {
+                self.drift += 1;
+                u.live_bytes = self.segment_bytes;
+            }
+        }
+        self.live_total = self.live_total + u.live_bytes as u64 - before as u64;
+        self.releasable -= is_releasable(u.state, before) as u32;
+        self.releasable += is_releasable(u.state, u.live_bytes) as u32;
+    }
+
     /// Whether `transition(s, to)` is legal now (recovery checks before
     /// trusting a summary's segment pointers).
     pub fn can_transition(&self, s: SegmentId, to: SegmentState) -> bool {

@@ -149,6 +149,22 @@ impl Pending {
         self.data_bytes -= w.data.len();
     }
 
+    /// Forgets every write of `aru` still here (an aborted ARU: its writes
+    /// never commit, so they need not reach the log). Returns how many.
+    pub fn drop_aru_writes(&mut self, aru: u64) -> usize {
+        let slots: Vec<usize> = self
+            .ops
+            .iter()
+            .enumerate()
+            .filter(|(_, op)| matches!(op, Op::Write(w) if w.aru == aru))
+            .map(|(i, _)| i)
+            .collect();
+        for &slot in &slots {
+            self.drop_write(slot);
+        }
+        slots.len()
+    }
+
     /// Lays the partial out. `header` supplies everything but the page
     /// counts, which are filled in here. The operations stay (readable) until
     /// `clear`, which the engine calls once the device write succeeded.

@@ -1,0 +1,486 @@
+//! A file-system operation commits whole or not at all (issue 12, item 6),
+//! and space can be freed on a full file system (item 1).
+//!
+//! Renames of every shape are run with the Nth device read failing, for
+//! every N up to the rename's last read: each either succeeds whole or
+//! fails with nothing changed — in the running file system, and after a
+//! crash and a remount of what was flushed. The same with inode records near
+//! their largest size (a thousand extended attributes) on a full file system.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use ldfs::device::{CrashDevice, FaultDevice, FaultPlan};
+use ldfs::fs::inode::Kind;
+use ldfs::fs::{
+    Ctx, FallocMode, Fs, FsError, FsOptions, RenameFlags, SetAttr, XattrMode, ROOT_INO,
+};
+use ldfs::ld::{LdError, ListId, LogicalDisk};
+use ldfs::lld::layout::MkfsOptions;
+use ldfs::lld::{Lld, LldOptions};
+
+const CTX: Ctx = Ctx { uid: 0, gid: 0 };
+
+fn mkfs_options() -> MkfsOptions {
+    MkfsOptions {
+        segment_bytes: 256 << 10,
+        max_block_bytes: 64 << 10,
+        reserved_segments: Some(8),
+        fs_id: 12,
+    }
+}
+
+type Tree = BTreeMap<String, String>;
+
+/// The whole tree: path -> kind, links, `..`, size, a content hash and the
+/// extended attributes' count and total size.
+fn snapshot(fs: &Fs) -> Tree {
+    let hash = |data: &[u8]| {
+        data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
+            (h ^ x as u64).wrapping_mul(0x100_0000_01b3)
+        })
+    };
+    let mut out = Tree::new();
+    let mut stack = vec![(ROOT_INO, String::new())];
+    while let Some((d, path)) = stack.pop() {
+        let mut off = 0;
+        loop {
+            let ents = fs.readdir(d, off, 64).unwrap();
+            if ents.is_empty() {
+                break;
+            }
+            for e in &ents {
+                off = e.next;
+                if e.name == b"." || e.name == b".." {
+                    continue;
+                }
+                let p = format!("{path}/{}", String::from_utf8_lossy(&e.name));
+                let a = fs.getattr(e.ino).unwrap();
+                let names = fs.listxattr(e.ino).unwrap();
+                let xattrs: usize = names
+                    .iter()
+                    .map(|n| n.len() + fs.getxattr(e.ino, n).unwrap().len())
+                    .sum();
+                let what = match a.kind {
+                    Kind::Dir => {
+                        stack.push((e.ino, p.clone()));
+                        format!("dir .. {}", fs.lookup(e.ino, b"..").unwrap().ino)
+                    }
+                    Kind::File => {
+                        let data = fs.read(e.ino, 0, a.size as u32 + 1).unwrap();
+                        format!("file size {} {:x}", a.size, hash(&data))
+                    }
+                    Kind::Symlink => format!("symlink {:x}", hash(&fs.readlink(e.ino).unwrap())),
+                    k => format!("{k:?}"),
+                };
+                out.insert(
+                    p,
+                    format!(
+                        "ino {} nlink {} {what} xattrs {}/{xattrs}",
+                        e.ino,
+                        a.nlink,
+                        names.len()
+                    ),
+                );
+            }
+        }
+    }
+    out
+}
+
+fn check_clean(fs: &Fs, when: &str) {
+    let report = fs.check().unwrap();
+    assert!(report.problems.is_empty(), "{when}: {:#?}", report.problems);
+}
+
+/// Names to inode numbers, as the population made them.
+type Inos = HashMap<&'static str, u64>;
+
+struct Mounted {
+    fault: Arc<FaultDevice<Arc<CrashDevice>>>,
+    crash: Arc<CrashDevice>,
+    lld: Arc<Lld>,
+    fs: Fs,
+}
+
+fn mount(image: &[u8]) -> Mounted {
+    let crash = Arc::new(CrashDevice::from_image(image.to_vec()));
+    let fault = Arc::new(FaultDevice::new(crash.clone(), FaultPlan::default()));
+    let lld = Arc::new(Lld::open(fault.clone(), LldOptions::default()).unwrap());
+    let ld: Arc<dyn LogicalDisk> = lld.clone();
+    let fs = Fs::mount(ld, FsOptions::default()).unwrap();
+    Mounted {
+        fault,
+        crash,
+        lld,
+        fs,
+    }
+}
+
+/// Stops `m` as a crash would, after a flush: returns what is durable.
+fn crash(m: Mounted) -> Vec<u8> {
+    m.fs.fsync().unwrap();
+    let image = m.crash.durable_image();
+    drop(m.fs);
+    match Arc::try_unwrap(m.lld) {
+        Ok(l) => l.abandon(),
+        Err(_) => panic!("engine still shared"),
+    }
+    image
+}
+
+/// Formats a file system, lets `populate` fill it, closes it cleanly;
+/// returns the image and what `populate` named.
+fn build(device_bytes: u64, populate: impl Fn(&Fs, &Lld) -> Inos) -> (Vec<u8>, Inos) {
+    let crash = Arc::new(CrashDevice::new(device_bytes));
+    let lld = Arc::new(Lld::create(crash.clone(), &mkfs_options(), LldOptions::default()).unwrap());
+    Fs::format(&*lld, CTX).unwrap();
+    let ld: Arc<dyn LogicalDisk> = lld.clone();
+    let fs = Fs::mount(ld, FsOptions::default()).unwrap();
+    let inos = populate(&fs, &lld);
+    drop(fs);
+    match Arc::try_unwrap(lld) {
+        Ok(l) => l.close().unwrap(),
+        Err(_) => panic!("engine still shared"),
+    }
+    (crash.durable_image(), inos)
+}
+
+type Op = fn(&Fs, &Inos) -> Result<(), FsError>;
+
+/// Runs `op` on a fresh mount of `image` with the Nth device read failing,
+/// for N = 1, 2, ... until a run meets no fault; every run must leave the
+/// tree as it was (a failure) or as `op` makes it without faults (success),
+/// while mounted and after a crash. Returns how many runs failed.
+fn every_failure_point(name: &str, image: &[u8], inos: &Inos, op: Op) -> u64 {
+    let (before, after) = {
+        let m = mount(image);
+        let before = snapshot(&m.fs);
+        op(&m.fs, inos).unwrap_or_else(|e| panic!("{name}: fails without faults: {e}"));
+        let after = snapshot(&m.fs);
+        assert_ne!(before, after, "{name}: changes nothing");
+        check_clean(&m.fs, name);
+        (before, after)
+    };
+    let mut failed = 0;
+    for n in 1..=500u64 {
+        let m = mount(image);
+        m.fault.set_plan(FaultPlan {
+            fail_read_nth: Some(n),
+            ..FaultPlan::default()
+        });
+        let r = op(&m.fs, inos);
+        let fired = m.fault.fired();
+        m.fault.set_plan(FaultPlan::default());
+        let want = match &r {
+            Ok(()) => &after,
+            Err(FsError::Io(_)) if fired => &before,
+            Err(e) => panic!("{name}, read {n} failing: unexpected {e:?}"),
+        };
+        failed += r.is_err() as u64;
+        let when = format!("{name}, read {n} failing ({r:?})");
+        assert_eq!(&snapshot(&m.fs), want, "{when}: while mounted");
+        check_clean(&m.fs, &when);
+        // The caches forgot what the failed operation did: a new inode
+        // gets a number no later mount hands out again (a full file system
+        // may have no room for one).
+        let create = |fs: &Fs, name: &[u8]| match fs.mknod(CTX, ROOT_INO, name, 0o100644, 0) {
+            Ok(a) => Some(a.ino),
+            Err(FsError::NoSpace) => None,
+            Err(e) => panic!("{when}: creating a file: {e}"),
+        };
+        let later = create(&m.fs, b"later");
+        let durable = crash(m);
+        let m = mount(&durable);
+        let mut got = snapshot(&m.fs);
+        assert_eq!(
+            got.remove("/later").is_some(),
+            later.is_some(),
+            "{when}: /later"
+        );
+        assert_eq!(&got, want, "{when}: after a crash");
+        if let (Some(later), Some(again)) = (later, create(&m.fs, b"again")) {
+            assert!(again > later, "{when}: inode {again} handed out twice");
+        }
+        check_clean(&m.fs, &format!("{when}, after a crash"));
+        if !fired {
+            eprintln!("{name}: {failed} of {n} runs failed, none half-way");
+            return failed;
+        }
+    }
+    panic!("{name}: still reading after 500 reads");
+}
+
+fn lookup(fs: &Fs, dir: u64, name: &str) -> u64 {
+    fs.lookup(dir, name.as_bytes()).unwrap().ino
+}
+
+const PLAIN: RenameFlags = RenameFlags {
+    noreplace: false,
+    exchange: false,
+};
+const EXCHANGE: RenameFlags = RenameFlags {
+    noreplace: false,
+    exchange: true,
+};
+
+fn renames() -> Vec<(&'static str, Op)> {
+    vec![
+        ("file to another directory", |fs, i| {
+            fs.rename(i["a"], b"f", i["b"], b"f2", PLAIN)
+        }),
+        ("file over a file", |fs, i| {
+            fs.rename(i["a"], b"f", i["b"], b"g", PLAIN)
+        }),
+        ("file over an open file", |fs, i| {
+            fs.open(i["g"])?;
+            fs.rename(i["a"], b"f", i["b"], b"g", PLAIN)
+        }),
+        ("file within its directory", |fs, i| {
+            fs.rename(i["a"], b"f", i["a"], b"f3", PLAIN)
+        }),
+        ("directory to another directory", |fs, i| {
+            fs.rename(i["a"], b"d", i["b"], b"d2", PLAIN)
+        }),
+        ("directory over an empty directory", |fs, i| {
+            fs.rename(i["a"], b"d", i["b"], b"e", PLAIN)
+        }),
+        ("exchange of directories", |fs, i| {
+            fs.rename(i["a"], b"d", i["b"], b"e2", EXCHANGE)
+        }),
+        ("exchange of a file and a directory", |fs, i| {
+            fs.rename(i["a"], b"f", i["b"], b"e2", EXCHANGE)
+        }),
+    ]
+}
+
+#[test]
+fn a_rename_failing_at_any_read_changes_nothing() {
+    let (image, inos) = build(8 << 20, |fs, _| {
+        let mut inos = Inos::new();
+        let a = fs.mkdir(CTX, ROOT_INO, b"a", 0o755).unwrap().ino;
+        let b = fs.mkdir(CTX, ROOT_INO, b"b", 0o755).unwrap().ino;
+        let f = fs.mknod(CTX, a, b"f", 0o100644, 0).unwrap().ino;
+        fs.write(f, 0, &vec![7u8; 10_000]).unwrap();
+        let g = fs.mknod(CTX, b, b"g", 0o100644, 0).unwrap().ino;
+        fs.write(g, 0, b"gee").unwrap();
+        let d = fs.mkdir(CTX, a, b"d", 0o755).unwrap().ino;
+        fs.mknod(CTX, d, b"x", 0o100644, 0).unwrap();
+        fs.mkdir(CTX, b, b"e", 0o755).unwrap();
+        let e2 = fs.mkdir(CTX, b, b"e2", 0o755).unwrap().ino;
+        fs.mknod(CTX, e2, b"y", 0o100644, 0).unwrap();
+        inos.extend([("a", a), ("b", b), ("g", g)]);
+        inos
+    });
+    let mut total = 0;
+    for (name, op) in renames() {
+        total += every_failure_point(name, &image, &inos, op);
+    }
+    assert!(total >= 8, "only {total} runs failed: the faults missed");
+}
+
+fn others() -> Vec<(&'static str, Op)> {
+    vec![
+        ("mkdir", |fs, i| {
+            fs.mkdir(CTX, i["b"], b"new", 0o755).map(drop)
+        }),
+        ("symlink", |fs, i| {
+            fs.symlink(CTX, i["a"], b"sym", b"target").map(drop)
+        }),
+        ("unlink of a file with blocks", |fs, i| {
+            fs.unlink(i["a"], b"f")
+        }),
+        ("rmdir", |fs, i| fs.rmdir(i["b"], b"e")),
+        ("link", |fs, i| fs.link(i["f"], i["b"], b"f-link").map(drop)),
+        ("truncation inside a block", |fs, i| {
+            let sa = SetAttr {
+                size: Some(5000),
+                ..SetAttr::default()
+            };
+            fs.setattr(i["f"], &sa).map(drop)
+        }),
+        ("truncation of an inline file past the inode", |fs, i| {
+            let sa = SetAttr {
+                size: Some(30_000),
+                ..SetAttr::default()
+            };
+            fs.setattr(i["small"], &sa).map(drop)
+        }),
+        ("write out of the inode", |fs, i| {
+            fs.write(i["small"], 500, &[9; 9000]).map(drop)
+        }),
+        ("write across blocks", |fs, i| {
+            fs.write(i["f"], 3000, &[8; 6000]).map(drop)
+        }),
+        ("setxattr", |fs, i| {
+            fs.setxattr(i["f"], b"user.new", b"value", XattrMode::Create)
+        }),
+        ("removexattr", |fs, i| fs.removexattr(i["f"], b"user.k")),
+        ("punching a hole", |fs, i| {
+            let punch = FallocMode {
+                keep_size: true,
+                punch_hole: true,
+                zero_range: false,
+            };
+            fs.fallocate(i["f"], 100, 8000, punch)
+        }),
+        ("allocating", |fs, i| {
+            fs.fallocate(i["f"], 0, 20_000, FallocMode::default())
+        }),
+    ]
+}
+
+#[test]
+fn every_other_operation_failing_at_any_read_changes_nothing() {
+    let (image, inos) = build(8 << 20, |fs, _| {
+        let a = fs.mkdir(CTX, ROOT_INO, b"a", 0o755).unwrap().ino;
+        let b = fs.mkdir(CTX, ROOT_INO, b"b", 0o755).unwrap().ino;
+        let f = fs.mknod(CTX, a, b"f", 0o100644, 0).unwrap().ino;
+        fs.write(f, 0, &vec![7u8; 10_000]).unwrap();
+        fs.setxattr(f, b"user.k", b"v", XattrMode::Create).unwrap();
+        let small = fs.mknod(CTX, a, b"small", 0o100644, 0).unwrap().ino;
+        fs.write(small, 0, &[6u8; 1000]).unwrap();
+        fs.mkdir(CTX, b, b"e", 0o755).unwrap();
+        Inos::from([("a", a), ("b", b), ("f", f), ("small", small)])
+    });
+    let mut total = 0;
+    for (name, op) in others() {
+        total += every_failure_point(name, &image, &inos, op);
+    }
+    assert!(total >= 13, "only {total} runs failed: the faults missed");
+}
+
+/// Extended attributes filling an inode record to near its largest size:
+/// 32 KiB of names and values (a record of about 33 KiB; a symlink's
+/// target adds 4 KiB more).
+fn fill_xattrs(fs: &Fs, ino: u64) {
+    for k in 0..8 {
+        let name = format!("user.x{k}");
+        let value = vec![k as u8; 4096 - name.len()];
+        fs.setxattr(ino, name.as_bytes(), &value, XattrMode::Create)
+            .unwrap();
+    }
+}
+
+/// Appends 4 KiB blocks of 0x5a to `file` until the LD takes no more: the
+/// blocks go straight into the file's list (no reservation, so the file
+/// system ends up as full as the LD lets it be), then the size follows.
+fn fill(fs: &Fs, lld: &Lld, file: u64) {
+    let size = fs.getattr(file).unwrap().size;
+    let mut b = size.div_ceil(4096);
+    if b == 0 {
+        fs.write(file, 0, &[0x5a; 4096]).unwrap();
+        b = 1;
+    }
+    let list = ListId(fs.inode_record(file).unwrap().list);
+    loop {
+        match lld.write(None, list, b, &[0x5a; 4096]) {
+            Ok(()) => b += 1,
+            Err(LdError::NoSpace { .. }) => break,
+            Err(e) => panic!("filling: {e}"),
+        }
+    }
+    let sa = SetAttr {
+        size: Some(b * 4096),
+        ..SetAttr::default()
+    };
+    fs.setattr(file, &sa).unwrap();
+}
+
+#[test]
+fn renames_of_large_inode_records_on_a_full_file_system_commit_whole_or_not_at_all() {
+    let (image, inos) = build(12 << 20, |fs, lld| {
+        let p = fs.mkdir(CTX, ROOT_INO, b"p", 0o755).unwrap().ino;
+        let np = fs.mkdir(CTX, ROOT_INO, b"np", 0o755).unwrap().ino;
+        let a = fs.mkdir(CTX, p, b"a", 0o755).unwrap().ino;
+        let s = fs.mkdir(CTX, p, b"s", 0o755).unwrap().ino;
+        let b = fs.symlink(CTX, np, b"b", &[b't'; 4095]).unwrap().ino;
+        let c = fs.mkdir(CTX, np, b"c", 0o755).unwrap().ino;
+        for ino in [p, np, a, s, b, c] {
+            fill_xattrs(fs, ino);
+        }
+        let big = fs.mknod(CTX, ROOT_INO, b"big", 0o100644, 0).unwrap().ino;
+        fill(fs, lld, big);
+        Inos::from([("p", p), ("np", np), ("c", c), ("big", big)])
+    });
+    {
+        let m = mount(&image);
+        assert!(
+            matches!(
+                m.fs.write(inos["big"], 0, &[1; 4096]),
+                Err(FsError::NoSpace)
+            ),
+            "the file system is not full"
+        );
+    }
+    let ops: Vec<(&str, Op)> = vec![
+        // Four large records: p and np (entries, link counts), a (`..`)
+        // and b.
+        ("exchange of a directory and a symlink", |fs, i| {
+            fs.rename(i["p"], b"a", i["np"], b"b", EXCHANGE)
+        }),
+        // p, np, s (`..`) and c, open, so it is kept as an orphan.
+        ("directory over an open empty directory", |fs, i| {
+            fs.open(i["c"])?;
+            fs.rename(i["p"], b"s", i["np"], b"c", PLAIN)
+        }),
+    ];
+    for (name, op) in ops {
+        every_failure_point(name, &image, &inos, op);
+    }
+}
+
+#[test]
+fn holes_can_be_punched_and_files_deleted_on_a_full_file_system() {
+    let (image, _) = build(12 << 20, |_, _| Inos::new());
+    let m = mount(&image);
+    let fs = &m.fs;
+    let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap().ino;
+    let g = fs.mknod(CTX, ROOT_INO, b"g", 0o100644, 0).unwrap().ino;
+    let h = fs.mknod(CTX, ROOT_INO, b"h", 0o100644, 0).unwrap().ino;
+    fill(fs, &m.lld, f);
+    assert!(matches!(fs.write(g, 0, &[1; 4096]), Err(FsError::NoSpace)));
+    let size = fs.getattr(f).unwrap().size;
+    let punch = FallocMode {
+        keep_size: true,
+        punch_hole: true,
+        zero_range: false,
+    };
+    // Unaligned: two edge blocks are rewritten, the rest deleted.
+    fs.fallocate(f, (1 << 20) + 100, 2 << 20, punch).unwrap();
+    let zero = FallocMode {
+        keep_size: true,
+        punch_hole: false,
+        zero_range: true,
+    };
+    fs.fallocate(f, (4 << 20) + 7, 1 << 20, zero).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().size, size);
+    assert!(size > 6 << 20, "only {size} bytes fit");
+    let data = fs.read(f, 0, 6 << 20).unwrap();
+    let (m1, m3, m4, m5) = (1 << 20, 3 << 20, 4 << 20, 5 << 20);
+    for (range, want) in [
+        (0..m1 + 100, 0x5a),
+        (m1 + 100..m3 + 100, 0),
+        (m3 + 100..m4 + 7, 0x5a),
+        (m4 + 7..m5 + 7, 0),
+        (m5 + 7..6 << 20, 0x5a),
+    ] {
+        assert!(
+            data[range.clone()].iter().all(|&x| x == want),
+            "bytes {range:?} are not all {want:#x}"
+        );
+    }
+    // The punched space can be written again.
+    fs.write(g, 0, &vec![2; 1 << 20]).unwrap();
+    // Full again; deleting still works, and frees space.
+    fill(fs, &m.lld, g);
+    fs.unlink(ROOT_INO, b"f").unwrap();
+    fs.write(h, 0, &vec![3; 2 << 20]).unwrap();
+    check_clean(fs, "after punching, deleting and writing");
+    assert_eq!(fs.read(h, 0, 8).unwrap(), vec![3; 8]);
+    let durable = crash(m);
+    let m = mount(&durable);
+    check_clean(&m.fs, "after a crash");
+    assert_eq!(lookup(&m.fs, ROOT_INO, "h"), h);
+    assert!(m.fs.lookup(ROOT_INO, b"f").is_err());
+}
