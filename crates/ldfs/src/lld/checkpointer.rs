@@ -40,6 +40,12 @@ pub(crate) struct Plan {
     pub released: Vec<SegmentId>,
     /// Operations accepted before the snapshot point: durable with the slot.
     pub op_seq: u64,
+    /// Map pages dirtied between the previous checkpoint and the snapshot
+    /// (`Map::dirtied_pages` then). Until the slot is durable, a crash
+    /// recovers from the previous checkpoint, whose recovery checkpoint
+    /// dirties these again as well as those dirtied since: admission keeps
+    /// room for both (`Engine::dirtied_for_recovery`).
+    pub dirtied: usize,
 }
 
 enum Phase2 {

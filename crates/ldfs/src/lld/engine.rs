@@ -813,6 +813,14 @@ impl Engine {
         }
     }
 
+    /// Map pages a recovery checkpoint may have to write if the engine crashed
+    /// now: those dirtied since the last durable checkpoint, which with a
+    /// checkpoint pending (snapshot taken, slot not yet durable) includes the
+    /// pages its snapshot wrote, since recovery would start before it.
+    fn dirtied_for_recovery(g: &Inner) -> usize {
+        g.map.dirtied_pages() + g.ckpt.as_ref().map_or(0, |p| p.plan.dirtied)
+    }
+
     /// A device write or flush failed: nothing more is written, reads go on.
     fn fail(&self, g: &mut Inner, e: LdError) -> LdError {
         fail_state(g, e)
@@ -1013,7 +1021,7 @@ impl Engine {
     /// What `floor_pages` asks of an operation that may newly dirty
     /// `new_pages` more map pages, with the head at `page`.
     fn floor_after(&self, g: &Inner, class: Class, page: u32, new_pages: usize) -> i64 {
-        let dirty = g.map.dirtied_pages() + new_pages;
+        let dirty = Self::dirtied_for_recovery(g) + new_pages;
         self.floor_pages(class, checkpoint_log_pages(&self.geo, page, dirty))
     }
 
@@ -1361,6 +1369,7 @@ impl Engine {
         // Admission kept room for exactly this placement.
         let (entered, page) = (g.log.entered, g.log.page);
         let predicted = checkpoint_log_pages(&self.geo, page, g.map.dirty_pages());
+        let dirtied = g.map.dirtied_pages();
         let root = self.write_map_pages(g)?;
         let used = (g.log.entered - entered) as i64 * self.geo.segment_pages as i64
             + g.log.page as i64
@@ -1397,6 +1406,7 @@ impl Engine {
             slot_bytes,
             released,
             op_seq: g.op_seq,
+            dirtied,
         });
         g.ckpt = Some(p.clone());
         Ok(p)
@@ -1792,7 +1802,7 @@ impl Engine {
             // reservation cannot bound how many leaves its writes touch;
             // if its ARU dirties more than the checkpoint's share of the
             // reserve, its writes may still get NoSpace.)
-            let dirty = g.map.dirtied_pages() + g.map.change_bound();
+            let dirty = Self::dirtied_for_recovery(&g) + g.map.change_bound();
             let floor = self.floor_pages(class, checkpoint_log_pages_anywhere(&self.geo, dirty));
             if left - have - (pages as i64) >= floor {
                 g.arus.get_mut(&aru.0).expect("checked above").reserved += with_overhead;
