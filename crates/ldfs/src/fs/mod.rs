@@ -257,6 +257,9 @@ struct Tx<'a> {
     /// `next_ino` and `ino_reserved` when the operation began: an abort
     /// puts them back.
     inos: (u64, u64),
+    /// Inodes whose records this operation wrote (cached as written): an
+    /// abort evicts them, and only them.
+    put_inos: Vec<u64>,
     /// Finished (committed or aborted); a `Tx` dropped unfinished aborts.
     done: bool,
 }
@@ -446,6 +449,7 @@ impl Fs {
             aru,
             st,
             inos,
+            put_inos: Vec::new(),
             done: false,
         })
     }
@@ -1059,7 +1063,11 @@ impl Tx<'_> {
         if let Err(e) = self.fs.ld.abort_aru(self.aru) {
             eprintln!("ldfs: a failed operation could not be taken back: {e}");
         }
-        self.st.inodes.clear();
+        // Only records this operation wrote can be stale in the cache (a
+        // failed check writes none, so EEXIST keeps the cache warm).
+        for ino in std::mem::take(&mut self.put_inos) {
+            self.st.inodes.remove(&ino);
+        }
         (self.st.next_ino, self.st.ino_reserved) = self.inos;
     }
 
@@ -1080,6 +1088,9 @@ impl Tx<'_> {
     }
 
     fn put(&mut self, i: &Inode) -> FsResult<()> {
+        // Noted first: an abort must forget the cached record even if the
+        // write itself failed after changing the LD's view.
+        self.put_inos.push(i.ino);
         self.ld()
             .write(Some(self.aru), INODE_LIST, i.ino, &i.encode())?;
         self.st.inodes.insert(i.ino, i.clone());
@@ -2016,7 +2027,9 @@ impl Drop for Tx<'_> {
     /// is taken back rather than left open: an open ARU would hold back
     /// every checkpoint.
     fn drop(&mut self) {
-        if !self.done {
+        // Not while panicking: the engine's lock may be poisoned, and a
+        // second panic would abort the process before its final checkpoint.
+        if !self.done && !std::thread::panicking() {
             self.done = true;
             self.abort();
         }

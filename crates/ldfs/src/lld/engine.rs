@@ -2289,11 +2289,14 @@ impl LogicalDisk for Engine {
         let Some(state) = g.arus.remove(&aru.0) else {
             return Err(LdError::NoSuchAru(aru));
         };
-        if state.ops > 0 {
-            g.open_nonempty -= 1;
-            if g.open_nonempty == 0 {
-                self.aru_cv.notify_all();
-            }
+        if state.ops == 0 {
+            // Nothing logged, nothing to take back (an fs operation that
+            // failed its checks): dropping the ARU released its reservation.
+            return Ok(());
+        }
+        g.open_nonempty -= 1;
+        if g.open_nonempty == 0 {
+            self.aru_cv.notify_all();
         }
         let restores = g.undo.abort(aru.0);
         let r = self.pages();
