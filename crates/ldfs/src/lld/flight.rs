@@ -7,15 +7,19 @@
 //! segment stays here and reads of its blocks are served from memory. After a
 //! failed write nothing more is written; what was queued stays readable.
 //!
-//! Items are numbered as they are submitted (1, 2, ...) and written in that
-//! order, so "everything up to item N is written" is one counter: a
-//! checkpoint or a group commit waits for the items it needs
+//! Items are numbered as they are submitted (1, 2, ...) and taken for
+//! writing in that order, so "everything up to item N is written" is one
+//! counter: a checkpoint or a group commit waits for the items it needs
 //! (`wait_written`) rather than for an empty queue, which under continuous
-//! writes might never come.
+//! writes might never come. A waiter whose items nobody has taken yet
+//! writes them itself instead of waking the writer thread and sleeping
+//! until it is done (two thread switches per group commit, each a wait for
+//! a core on a busy machine). Writes may so complete out of order: nothing
+//! assumes an order among unflushed writes (the crash model), and an item
+//! stays readable here until it and every item before it are written.
 
-use std::collections::VecDeque;
-use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 
 use crate::device::{Device, DeviceError};
@@ -33,13 +37,20 @@ pub(crate) struct InFlight {
 
 #[derive(Default)]
 struct State {
+    /// Items `written + 1 ..= submitted`, oldest first.
     queue: VecDeque<Arc<InFlight>>,
     /// Items submitted so far; the newest's number.
     submitted: u64,
+    /// Items taken for writing so far (all of `1..=taken`).
+    taken: u64,
     /// Items written so far (all of `1..=written`).
     written: u64,
+    /// Items beyond `written + 1` whose write returned.
+    done: BTreeSet<u64>,
     /// Bytes of the queued items.
     queued_bytes: usize,
+    /// The writer thread is to stop once nothing is left to take.
+    stopping: bool,
     /// The write error, handed to the first caller that drains after it.
     error: Option<DeviceError>,
     failed: Option<String>,
@@ -49,11 +60,13 @@ struct State {
 pub(crate) struct Flight {
     state: Mutex<State>,
     cv: Condvar,
+    /// The device written to (set by `start`; without it nothing is written).
+    dev: OnceLock<Arc<dyn Device>>,
 }
 
-/// The writer thread and the channel to it.
+/// The writer thread.
 pub(crate) struct Writer {
-    tx: Option<Sender<Arc<InFlight>>>,
+    flight: Arc<Flight>,
     handle: Option<JoinHandle<()>>,
 }
 
@@ -63,68 +76,87 @@ impl Flight {
     }
 
     pub fn start(self: &Arc<Self>, dev: Arc<dyn Device>) -> Writer {
-        let (tx, rx) = channel::<Arc<InFlight>>();
+        assert!(self.dev.set(dev).is_ok(), "log writer started twice");
         let flight = self.clone();
         let handle = std::thread::Builder::new()
             .name("ldfs-log-writer".into())
-            .spawn(move || {
-                for item in rx {
-                    let res = dev.write_at(&item.bytes, item.addr);
-                    let mut s = flight.lock();
-                    match res {
-                        Ok(()) => {
-                            let done = s.queue.pop_front().expect("written item queued");
-                            assert!(Arc::ptr_eq(&done, &item), "log writes out of order");
-                            s.written += 1;
-                            s.queued_bytes -= done.bytes.len();
-                        }
-                        Err(e) => {
-                            s.failed = Some(e.to_string());
-                            s.error = Some(e);
-                            flight.cv.notify_all();
-                            return;
-                        }
+            .spawn(move || loop {
+                let mut s = flight.lock();
+                while s.taken == s.submitted && !s.stopping && s.failed.is_none() {
+                    s = flight.cv.wait(s).expect("in-flight queue poisoned");
+                }
+                match flight.take(&mut s) {
+                    Some((ticket, item)) => {
+                        drop(s);
+                        flight.write(ticket, &item);
                     }
-                    flight.cv.notify_all();
+                    // Stopping with nothing left, or after a failed write.
+                    None => return,
                 }
             })
             .expect("spawn log writer thread");
         Writer {
-            tx: Some(tx),
+            flight: self.clone(),
             handle: Some(handle),
         }
+    }
+
+    /// Takes the oldest item nobody is writing yet, if any (none after a
+    /// failed write).
+    fn take(&self, s: &mut State) -> Option<(u64, Arc<InFlight>)> {
+        if s.taken == s.submitted || s.failed.is_some() {
+            return None;
+        }
+        s.taken += 1;
+        let at = (s.taken - s.written - 1) as usize;
+        Some((s.taken, s.queue[at].clone()))
+    }
+
+    /// Writes a taken item and retires what is written in order.
+    fn write(&self, ticket: u64, item: &InFlight) {
+        let dev = self.dev.get().expect("taken without a device");
+        let res = dev.write_at(&item.bytes, item.addr);
+        let mut s = self.lock();
+        match res {
+            Ok(()) => {
+                let st = &mut *s;
+                st.done.insert(ticket);
+                while st.done.remove(&(st.written + 1)) {
+                    let it = st.queue.pop_front().expect("written item queued");
+                    st.queued_bytes -= it.bytes.len();
+                    st.written += 1;
+                }
+            }
+            Err(e) => {
+                if s.failed.is_none() {
+                    s.failed = Some(e.to_string());
+                    s.error = Some(e);
+                }
+            }
+        }
+        self.cv.notify_all();
     }
 
     /// Queues a write; returns its number (see `wait_written`). Waits while
     /// `QUEUE_BYTES` are queued already (memory stays bounded). Fails if the
     /// writer stopped after an error.
-    pub fn submit(&self, w: &Writer, addr: u64, bytes: Vec<u8>) -> Result<u64, String> {
+    pub fn submit(&self, _w: &Writer, addr: u64, bytes: Vec<u8>) -> Result<u64, String> {
         let item = Arc::new(InFlight { addr, bytes });
-        let ticket = {
-            let mut s = self.lock();
-            while s.failed.is_none()
-                && !s.queue.is_empty()
-                && s.queued_bytes + item.bytes.len() > QUEUE_BYTES
-            {
-                s = self.cv.wait(s).expect("in-flight queue poisoned");
-            }
-            if let Some(f) = &s.failed {
-                return Err(f.clone());
-            }
-            s.queued_bytes += item.bytes.len();
-            s.queue.push_back(item.clone());
-            s.submitted += 1;
-            s.submitted
-        };
-        let tx = w.tx.as_ref().expect("writer running");
-        if tx.send(item).is_err() {
-            let s = self.lock();
-            return Err(s
-                .failed
-                .clone()
-                .unwrap_or_else(|| "log writer stopped".into()));
+        let mut s = self.lock();
+        while s.failed.is_none()
+            && !s.queue.is_empty()
+            && s.queued_bytes + item.bytes.len() > QUEUE_BYTES
+        {
+            s = self.cv.wait(s).expect("in-flight queue poisoned");
         }
-        Ok(ticket)
+        if let Some(f) = &s.failed {
+            return Err(f.clone());
+        }
+        s.queued_bytes += item.bytes.len();
+        s.queue.push_back(item);
+        s.submitted += 1;
+        self.cv.notify_all();
+        Ok(s.submitted)
     }
 
     /// The number of the newest item submitted (0: none yet).
@@ -140,10 +172,19 @@ impl Flight {
     }
 
     /// Waits until items `1..=ticket` have been written (later ones may
-    /// still be queued). Errors as `drain`.
+    /// still be queued), writing those nobody has taken yet itself. Errors
+    /// as `drain`.
     pub fn wait_written(&self, ticket: u64) -> Result<(), Result<DeviceError, String>> {
         let mut s = self.lock();
         while s.written < ticket && s.failed.is_none() {
+            if s.taken < ticket && self.dev.get().is_some() {
+                if let Some((t, item)) = self.take(&mut s) {
+                    drop(s);
+                    self.write(t, &item);
+                    s = self.lock();
+                    continue;
+                }
+            }
             s = self.cv.wait(s).expect("in-flight queue poisoned");
         }
         if let Some(e) = s.error.take() {
@@ -174,7 +215,8 @@ impl Flight {
 impl Writer {
     /// Stops the thread once everything queued is written.
     pub fn stop(&mut self) {
-        self.tx.take();
+        self.flight.lock().stopping = true;
+        self.flight.cv.notify_all();
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }
@@ -184,5 +226,110 @@ impl Writer {
 impl Drop for Writer {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::MemoryDevice;
+    use std::time::Duration;
+
+    /// Writes from the log writer thread wait while the gate is shut;
+    /// everyone else's go through.
+    struct WriterStuck {
+        inner: MemoryDevice,
+        /// (shut, writer-thread writes waiting)
+        gate: Mutex<(bool, usize)>,
+        cv: Condvar,
+    }
+
+    impl Device for WriterStuck {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+            self.inner.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+            if std::thread::current().name() == Some("ldfs-log-writer") {
+                let mut g = self.gate.lock().unwrap();
+                g.1 += 1;
+                self.cv.notify_all();
+                while g.0 {
+                    g = self.cv.wait(g).unwrap();
+                }
+            }
+            self.inner.write_at(buf, offset)
+        }
+        fn flush(&self) -> Result<(), DeviceError> {
+            self.inner.flush()
+        }
+        fn size_bytes(&self) -> u64 {
+            self.inner.size_bytes()
+        }
+    }
+
+    /// A waiter writes the items the writer thread has not taken (here: it
+    /// is stuck on an earlier one) instead of sleeping until the thread
+    /// gets to them; it returns once every item up to its own is written,
+    /// and items stay readable until then.
+    #[test]
+    fn waiters_write_what_the_writer_thread_has_not_taken() {
+        let dev = Arc::new(WriterStuck {
+            inner: MemoryDevice::new(1 << 20),
+            gate: Mutex::new((true, 0)),
+            cv: Condvar::new(),
+        });
+        let flight = Arc::new(Flight::default());
+        let mut w = flight.start(dev.clone());
+        // Dropped before `w` (whose drop joins the writer thread): a failed
+        // assertion leaves no thread stuck at the gate.
+        struct Open(Arc<WriterStuck>);
+        impl Drop for Open {
+            fn drop(&mut self) {
+                self.0.gate.lock().unwrap().0 = false;
+                self.0.cv.notify_all();
+            }
+        }
+        let _open = Open(dev.clone());
+        flight.submit(&w, 0, vec![1; 4096]).unwrap();
+        {
+            let g = dev.gate.lock().unwrap();
+            let (g, _) = dev
+                .cv
+                .wait_timeout_while(g, Duration::from_secs(10), |g| g.1 == 0)
+                .unwrap();
+            assert_eq!(g.1, 1, "the writer thread did not take item 1");
+        }
+        assert_eq!(flight.submit(&w, 4096, vec![2; 4096]).unwrap(), 2);
+        assert_eq!(flight.submit(&w, 8192, vec![3; 4096]).unwrap(), 3);
+        let waiter = {
+            let flight = flight.clone();
+            std::thread::spawn(move || flight.wait_written(3).is_ok())
+        };
+        // Items 2 and 3 reach the device while item 1 is stuck.
+        let mut b = vec![0u8; 4096];
+        let t0 = std::time::Instant::now();
+        loop {
+            dev.inner.read_at(&mut b, 8192).unwrap();
+            if b == vec![3; 4096] {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the waiter left item 3 to the stuck writer thread"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        dev.inner.read_at(&mut b, 4096).unwrap();
+        assert_eq!(b, vec![2; 4096]);
+        assert!(!waiter.is_finished(), "returned before item 1 was written");
+        assert_eq!(flight.read(0, 4096), Some(vec![1; 4096]));
+        assert_eq!(flight.read(8192, 4096), Some(vec![3; 4096]));
+        dev.gate.lock().unwrap().0 = false;
+        dev.cv.notify_all();
+        assert!(waiter.join().unwrap());
+        assert_eq!(flight.read(8192, 4096), None);
+        w.stop();
+        dev.inner.read_at(&mut b, 0).unwrap();
+        assert_eq!(b, vec![1; 4096]);
     }
 }
