@@ -164,6 +164,15 @@ impl Usage {
             u.state,
             s.0
         );
+        self.count_live(s, bytes);
+        let u = &mut self.segs[s.0 as usize];
+        u.last_seq = u.last_seq.max(seq);
+    }
+
+    /// Adds `bytes` to a segment's live count (capped at the segment's
+    /// size; going past it is counted as drift), keeping the totals.
+    fn count_live(&mut self, s: SegmentId, bytes: u32) {
+        let u = &mut self.segs[s.0 as usize];
         let before = u.live_bytes;
         match u.live_bytes.checked_add(bytes) {
             Some(v) if v <= self.segment_bytes => u.live_bytes = v,
@@ -175,7 +184,6 @@ impl Usage {
         self.live_total = self.live_total + u.live_bytes as u64 - before as u64;
         self.releasable -= is_releasable(u.state, before) as u32;
         self.releasable += is_releasable(u.state, u.live_bytes) as u32;
-        u.last_seq = u.last_seq.max(seq);
     }
 
     /// Counts a block again whose removal was taken back (a delete or an
@@ -190,17 +198,7 @@ impl Usage {
             u.state,
             s.0
         );
-        let before = u.live_bytes;
-        match u.live_bytes.checked_add(bytes) {
-            Some(v) if v <= self.segment_bytes => u.live_bytes = v,
-            _ => {
-                self.drift += 1;
-                u.live_bytes = self.segment_bytes;
-            }
-        }
-        self.live_total = self.live_total + u.live_bytes as u64 - before as u64;
-        self.releasable -= is_releasable(u.state, before) as u32;
-        self.releasable += is_releasable(u.state, u.live_bytes) as u32;
+        self.count_live(s, bytes);
     }
 
     /// Whether `transition(s, to)` is legal now (recovery checks before
