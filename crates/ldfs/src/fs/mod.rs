@@ -1153,14 +1153,7 @@ impl Tx<'_> {
         ino: u64,
         kind: Kind,
     ) -> FsResult<()> {
-        if entries.len() >= dir::BUCKET_MAX {
-            return Err(FsError::NoSpace);
-        }
-        entries.push(dir::Entry {
-            name: name.to_vec(),
-            ino,
-            kind: kind.code(),
-        });
+        push_entry(&mut entries, name, ino, kind)?;
         self.write_bucket(d, idx, &entries)?;
         d.size += 1;
         Ok(())
@@ -1215,14 +1208,7 @@ impl Tx<'_> {
         if entries.iter().any(|e| e.name == name) {
             return Err(FsError::Exists);
         }
-        if entries.len() >= dir::BUCKET_MAX {
-            return Err(FsError::NoSpace);
-        }
-        entries.push(dir::Entry {
-            name: name.to_vec(),
-            ino,
-            kind: kind.code(),
-        });
+        push_entry(entries, name, ino, kind)?;
         self.planned(plan, d.ino)?.size += 1;
         Ok(())
     }
@@ -2034,6 +2020,19 @@ impl Drop for Tx<'_> {
             self.abort();
         }
     }
+}
+
+/// Appends an entry to a bucket, which holds at most `dir::BUCKET_MAX`.
+fn push_entry(entries: &mut Vec<dir::Entry>, name: &[u8], ino: u64, kind: Kind) -> FsResult<()> {
+    if entries.len() >= dir::BUCKET_MAX {
+        return Err(FsError::NoSpace);
+    }
+    entries.push(dir::Entry {
+        name: name.to_vec(),
+        ino,
+        kind: kind.code(),
+    });
+    Ok(())
 }
 
 /// The mode bits an access ACL implies (its USER_OBJ, GROUP_OBJ or MASK,
