@@ -12,6 +12,9 @@
 //!   of the unflushed writes, optionally torn at 512-byte granularity.
 //! - [`FaultDevice`]: wraps another device and injects EIO on the Nth read,
 //!   write or flush, bit flips on read, and misdirected writes.
+//! - [`sim::SimDisk`]: the HP 97560 or Seagate ST19101 of the virtual-log
+//!   paper, in memory, with a simulated clock (seek, rotation, head switch,
+//!   transfer, command overhead); its writes are durable on return.
 //!
 //! Invariant: a write that returned `Ok` is visible to every later read on the
 //! same device; it is durable only after a later `flush` returned `Ok`.
@@ -20,6 +23,7 @@ mod crash;
 mod fault;
 mod file;
 mod memory;
+pub mod sim;
 
 pub use crash::{CrashDevice, CrashOptions, CrashStats};
 pub use fault::{FaultDevice, FaultPlan};

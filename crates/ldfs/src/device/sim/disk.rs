@@ -1,0 +1,617 @@
+//! The simulated disk: a [`Device`] whose contents live in memory and whose
+//! every request advances a simulated clock by the time the drive would take.
+//!
+//! Mechanics (per request): the host's own time (`host_overhead_us`, the
+//! "other" of Figure 10), the drive's SCSI command overhead, then for each
+//! track the request touches: a seek (the curve of [`DiskParams::seek`]) or a
+//! head switch, the rotational wait until the first sector arrives under the
+//! head, and the transfer at one sector time per sector. Consecutive tracks
+//! are skewed by the head-switch time (and cylinders by a one-cylinder seek),
+//! so a long transfer crosses track boundaries without losing a turn.
+//!
+//! The platter turns continuously: the angle under the head is the clock
+//! modulo one revolution, so time the host spends between requests (or
+//! [`SimDisk::idle`]) changes where the head is — which is what makes a
+//! back-to-back stream of small writes miss a turn on a regular disk.
+//!
+//! Writes go to the surface before they return (no write cache): a write
+//! that returned is durable, and `flush` costs nothing. A [`PowerCut`] stops
+//! the drive at a chosen write, which it tears at sector granularity; every
+//! request after it fails. Nothing here sleeps.
+
+use std::sync::Mutex;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::params::{DiskParams, SECTOR_BYTES_SIM};
+use crate::device::{check_range, Device, DeviceError, DeviceOp};
+
+/// Where the time of one request (or a sum of them) went, in µs.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Breakdown {
+    /// Host processing per request (Figure 10's "other").
+    pub host_us: f64,
+    /// The drive's command processing.
+    pub scsi_us: f64,
+    pub seek_us: f64,
+    pub head_switch_us: f64,
+    pub rotation_us: f64,
+    /// Moving the bits to or from the media.
+    pub transfer_us: f64,
+}
+
+impl Breakdown {
+    /// Figure 10's "locate sectors": seek, head switch and rotation.
+    pub fn locate_us(&self) -> f64 {
+        self.seek_us + self.head_switch_us + self.rotation_us
+    }
+
+    pub fn total_us(&self) -> f64 {
+        self.host_us + self.scsi_us + self.locate_us() + self.transfer_us
+    }
+
+    pub fn add(&mut self, o: &Breakdown) {
+        self.host_us += o.host_us;
+        self.scsi_us += o.scsi_us;
+        self.seek_us += o.seek_us;
+        self.head_switch_us += o.head_switch_us;
+        self.rotation_us += o.rotation_us;
+        self.transfer_us += o.transfer_us;
+    }
+}
+
+/// Counters and the summed breakdown since creation or the last reset.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SimStats {
+    pub requests: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub flushes: u64,
+    /// Sectors read and written on the media (by requests and by a layer
+    /// above that accesses the media directly, such as the VLD).
+    pub sectors_read: u64,
+    pub sectors_written: u64,
+    pub time: Breakdown,
+}
+
+/// Cut the power at write number `at_write` (0-based, counting media writes):
+/// that write puts a seeded prefix of its sectors on the media (possibly
+/// none) and fails, and so does every request after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PowerCut {
+    pub at_write: u64,
+    pub seed: u64,
+}
+
+/// A head position: cylinder, head (track within the cylinder).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeadPos {
+    pub cylinder: u32,
+    pub head: u32,
+}
+
+/// A sector address split into cylinder, head and sector within the track.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Chs {
+    pub cylinder: u32,
+    pub head: u32,
+    pub sector: u32,
+}
+
+struct State {
+    bytes: Vec<u8>,
+    clock_us: f64,
+    pos: HeadPos,
+    stats: SimStats,
+    last: Breakdown,
+    cut: Option<PowerCut>,
+    media_writes: u64,
+    dead: bool,
+}
+
+pub struct SimDisk {
+    params: DiskParams,
+    host_overhead_us: f64,
+    state: Mutex<State>,
+}
+
+/// Tolerance (in sectors) below which a rotational wait is taken as none: the
+/// clock is a float, and a transfer that ends exactly where the next begins
+/// must not cost a full turn.
+const ANGLE_EPS: f64 = 1e-6;
+
+impl SimDisk {
+    /// A zeroed disk with the head at cylinder 0, head 0, time 0.
+    pub fn new(params: DiskParams, host_overhead_us: f64) -> SimDisk {
+        let size = params.size_bytes() as usize;
+        SimDisk::with_image(params, host_overhead_us, vec![0; size])
+    }
+
+    /// A disk holding `bytes` (a crash image), time 0.
+    pub fn with_image(params: DiskParams, host_overhead_us: f64, bytes: Vec<u8>) -> SimDisk {
+        assert_eq!(bytes.len() as u64, params.size_bytes(), "image size");
+        assert!(params.sectors_per_track > 0 && params.tracks_per_cylinder > 0);
+        SimDisk {
+            params,
+            host_overhead_us,
+            state: Mutex::new(State {
+                bytes,
+                clock_us: 0.0,
+                pos: HeadPos::default(),
+                stats: SimStats::default(),
+                last: Breakdown::default(),
+                cut: None,
+                media_writes: 0,
+                dead: false,
+            }),
+        }
+    }
+
+    pub fn params(&self) -> &DiskParams {
+        &self.params
+    }
+
+    pub fn host_overhead_us(&self) -> f64 {
+        self.host_overhead_us
+    }
+
+    /// The simulated time, µs since creation.
+    pub fn now_us(&self) -> f64 {
+        self.state.lock().unwrap().clock_us
+    }
+
+    /// Let `us` pass with nothing to do (the platter keeps turning).
+    pub fn idle(&self, us: f64) {
+        assert!(us >= 0.0);
+        self.state.lock().unwrap().clock_us += us;
+    }
+
+    pub fn head(&self) -> HeadPos {
+        self.state.lock().unwrap().pos
+    }
+
+    pub fn stats(&self) -> SimStats {
+        self.state.lock().unwrap().stats
+    }
+
+    /// The breakdown of the last request (everything since the last
+    /// [`SimDisk::begin_request`]).
+    pub fn last(&self) -> Breakdown {
+        self.state.lock().unwrap().last
+    }
+
+    pub fn reset_stats(&self) {
+        self.state.lock().unwrap().stats = SimStats::default();
+    }
+
+    pub fn set_power_cut(&self, cut: Option<PowerCut>) {
+        let mut s = self.state.lock().unwrap();
+        s.cut = cut;
+        s.media_writes = 0;
+    }
+
+    pub fn powered_off(&self) -> bool {
+        self.state.lock().unwrap().dead
+    }
+
+    /// A copy of the media.
+    pub fn image(&self) -> Vec<u8> {
+        self.state.lock().unwrap().bytes.clone()
+    }
+
+    /// Split a sector number.
+    pub fn chs(&self, lba: u64) -> Chs {
+        let n = u64::from(self.params.sectors_per_track);
+        let t = u64::from(self.params.tracks_per_cylinder);
+        let track = lba / n;
+        Chs {
+            cylinder: (track / t) as u32,
+            head: (track % t) as u32,
+            sector: (lba % n) as u32,
+        }
+    }
+
+    /// The rotational slot (0..n) at which `sector` of track (cyl, head)
+    /// passes under the head: sector plus the track's skew.
+    pub fn slot(&self, cylinder: u32, head: u32, sector: u32) -> u32 {
+        let p = &self.params;
+        let n = u64::from(p.sectors_per_track);
+        let ts = u64::from(p.track_skew_sectors());
+        let cs = u64::from(p.cylinder_skew_sectors());
+        let per_cyl = u64::from(p.tracks_per_cylinder - 1) * ts + cs;
+        let skew = u64::from(cylinder) * per_cyl + u64::from(head) * ts;
+        ((u64::from(sector) + skew) % n) as u32
+    }
+
+    /// The sector of track (cyl, head) at rotational slot `slot`.
+    pub fn sector_at_slot(&self, cylinder: u32, head: u32, slot: u32) -> u32 {
+        let n = self.params.sectors_per_track;
+        let zero = self.slot(cylinder, head, 0);
+        (slot + n - zero) % n
+    }
+
+    /// The angle under the head at time `t_us`, in sectors (0..n, fractional).
+    pub fn angle_at(&self, t_us: f64) -> f64 {
+        let n = f64::from(self.params.sectors_per_track);
+        (t_us / self.params.sector_us()).rem_euclid(n)
+    }
+
+    /// The arm's time from `from` to track (cyl, head): seek, or head switch.
+    pub fn move_us(&self, from: HeadPos, cylinder: u32, head: u32) -> (f64, f64) {
+        if cylinder != from.cylinder {
+            (
+                self.params.seek.seek_us(cylinder.abs_diff(from.cylinder)),
+                0.0,
+            )
+        } else if head != from.head {
+            (0.0, self.params.head_switch_us)
+        } else {
+            (0.0, 0.0)
+        }
+    }
+
+    /// Sectors to wait from angle `angle` until slot `slot` arrives.
+    pub fn wait_sectors(&self, angle: f64, slot: u32) -> f64 {
+        let n = f64::from(self.params.sectors_per_track);
+        let mut d = f64::from(slot) - angle;
+        if d < -ANGLE_EPS {
+            d += n;
+        }
+        d.max(0.0)
+    }
+
+    /// Time from now until the head could start transferring `lba` (arm
+    /// movement plus rotation), without moving anything; the quantity eager
+    /// writing minimises.
+    pub fn locate_us(&self, lba: u64) -> f64 {
+        let s = self.state.lock().unwrap();
+        self.locate_from(s.pos, s.clock_us, lba)
+    }
+
+    /// [`SimDisk::locate_us`] from a given state.
+    pub fn locate_from(&self, pos: HeadPos, clock_us: f64, lba: u64) -> f64 {
+        let c = self.chs(lba);
+        let (seek, switch) = self.move_us(pos, c.cylinder, c.head);
+        let arrive = clock_us + seek + switch;
+        let wait = self.wait_sectors(
+            self.angle_at(arrive),
+            self.slot(c.cylinder, c.head, c.sector),
+        );
+        seek + switch + wait * self.params.sector_us()
+    }
+
+    /// Start a host request: charges the host's and the drive's per-command
+    /// time and starts a new per-request breakdown. [`Device`] calls do this
+    /// themselves; a layer inside the drive (the VLD) calls it once per host
+    /// request and then accesses the media with [`SimDisk::media_read`] and
+    /// [`SimDisk::media_write`].
+    pub fn begin_request(&self, op: DeviceOp) -> Result<(), DeviceError> {
+        let mut s = self.state.lock().unwrap();
+        if s.dead {
+            return Err(power_error(op, 0, 0));
+        }
+        let b = Breakdown {
+            host_us: self.host_overhead_us,
+            scsi_us: self.params.scsi_overhead_us,
+            ..Breakdown::default()
+        };
+        s.clock_us += b.host_us + b.scsi_us;
+        s.last = b;
+        s.stats.requests += 1;
+        s.stats.time.add(&b);
+        match op {
+            DeviceOp::Read => s.stats.reads += 1,
+            DeviceOp::Write => s.stats.writes += 1,
+            DeviceOp::Flush => s.stats.flushes += 1,
+            DeviceOp::Open => {}
+        }
+        Ok(())
+    }
+
+    /// Read whole sectors at `lba` into `buf` (a multiple of 512 bytes),
+    /// charging only the mechanics.
+    pub fn media_read(&self, lba: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
+        let mut s = self.state.lock().unwrap();
+        let count = self.sector_count(DeviceOp::Read, lba, buf.len())?;
+        if s.dead {
+            return Err(power_error(DeviceOp::Read, lba, count));
+        }
+        self.mechanics(&mut s, lba, count);
+        let start = (lba * SECTOR_BYTES_SIM) as usize;
+        buf.copy_from_slice(&s.bytes[start..start + buf.len()]);
+        s.stats.sectors_read += count;
+        Ok(())
+    }
+
+    /// Write whole sectors at `lba`, charging only the mechanics. Honours
+    /// the power cut.
+    pub fn media_write(&self, lba: u64, buf: &[u8]) -> Result<(), DeviceError> {
+        let mut s = self.state.lock().unwrap();
+        let count = self.sector_count(DeviceOp::Write, lba, buf.len())?;
+        if s.dead {
+            return Err(power_error(DeviceOp::Write, lba, count));
+        }
+        let n = s.media_writes;
+        s.media_writes += 1;
+        let start = (lba * SECTOR_BYTES_SIM) as usize;
+        if let Some(cut) = s.cut {
+            if n == cut.at_write {
+                let mut rng = ChaCha8Rng::seed_from_u64(cut.seed ^ n.wrapping_mul(0x9e37_79b9));
+                let kept = rng.gen_range(0..count) as usize * SECTOR_BYTES_SIM as usize;
+                s.bytes[start..start + kept].copy_from_slice(&buf[..kept]);
+                s.dead = true;
+                return Err(power_error(DeviceOp::Write, lba, count));
+            }
+        }
+        self.mechanics(&mut s, lba, count);
+        s.bytes[start..start + buf.len()].copy_from_slice(buf);
+        s.stats.sectors_written += count;
+        Ok(())
+    }
+
+    fn sector_count(&self, op: DeviceOp, lba: u64, len: usize) -> Result<u64, DeviceError> {
+        assert!(
+            (len as u64).is_multiple_of(SECTOR_BYTES_SIM) && len > 0,
+            "whole sectors"
+        );
+        check_range(op, lba * SECTOR_BYTES_SIM, len, self.params.size_bytes())?;
+        Ok(len as u64 / SECTOR_BYTES_SIM)
+    }
+
+    /// Move the arm and wait for and transfer `count` sectors from `lba`,
+    /// advancing the clock; track by track.
+    fn mechanics(&self, s: &mut State, mut lba: u64, mut count: u64) {
+        let n = u64::from(self.params.sectors_per_track);
+        let sector_us = self.params.sector_us();
+        while count > 0 {
+            let c = self.chs(lba);
+            let (seek, switch) = self.move_us(s.pos, c.cylinder, c.head);
+            s.clock_us += seek + switch;
+            let wait = self.wait_sectors(
+                self.angle_at(s.clock_us),
+                self.slot(c.cylinder, c.head, c.sector),
+            ) * sector_us;
+            let run = count.min(n - u64::from(c.sector));
+            let transfer = run as f64 * sector_us;
+            s.clock_us += wait + transfer;
+            s.pos = HeadPos {
+                cylinder: c.cylinder,
+                head: c.head,
+            };
+            let b = Breakdown {
+                seek_us: seek,
+                head_switch_us: switch,
+                rotation_us: wait,
+                transfer_us: transfer,
+                ..Breakdown::default()
+            };
+            s.last.add(&b);
+            s.stats.time.add(&b);
+            lba += run;
+            count -= run;
+        }
+    }
+
+    /// Byte range to whole sectors: (first lba, sector count).
+    fn span(offset: u64, len: usize) -> (u64, u64) {
+        let first = offset / SECTOR_BYTES_SIM;
+        let end = (offset + len as u64).div_ceil(SECTOR_BYTES_SIM);
+        (first, end - first)
+    }
+}
+
+fn power_error(op: DeviceOp, lba: u64, count: u64) -> DeviceError {
+    DeviceError::Io {
+        op,
+        offset: lba * SECTOR_BYTES_SIM,
+        len: count * SECTOR_BYTES_SIM,
+        source: std::io::Error::other("simulated power cut"),
+    }
+}
+
+impl Device for SimDisk {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        check_range(DeviceOp::Read, offset, buf.len(), self.size_bytes())?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        self.begin_request(DeviceOp::Read)?;
+        let (lba, count) = Self::span(offset, buf.len());
+        let mut whole = vec![0u8; (count * SECTOR_BYTES_SIM) as usize];
+        self.media_read(lba, &mut whole)?;
+        let skip = (offset - lba * SECTOR_BYTES_SIM) as usize;
+        buf.copy_from_slice(&whole[skip..skip + buf.len()]);
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+        check_range(DeviceOp::Write, offset, buf.len(), self.size_bytes())?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        self.begin_request(DeviceOp::Write)?;
+        let (lba, count) = Self::span(offset, buf.len());
+        let mut whole = vec![0u8; (count * SECTOR_BYTES_SIM) as usize];
+        let skip = (offset - lba * SECTOR_BYTES_SIM) as usize;
+        if skip != 0 || !buf.len().is_multiple_of(SECTOR_BYTES_SIM as usize) {
+            // A partial sector: the drive merges it into what is there
+            // (timed as one write; a real drive's host would read first).
+            let s = self.state.lock().unwrap();
+            let start = (lba * SECTOR_BYTES_SIM) as usize;
+            let len = whole.len();
+            whole.copy_from_slice(&s.bytes[start..start + len]);
+        }
+        whole[skip..skip + buf.len()].copy_from_slice(buf);
+        self.media_write(lba, &whole)
+    }
+
+    /// Writes are on the media when they return: nothing to do.
+    fn flush(&self) -> Result<(), DeviceError> {
+        let mut s = self.state.lock().unwrap();
+        if s.dead {
+            return Err(power_error(DeviceOp::Flush, 0, 0));
+        }
+        s.stats.flushes += 1;
+        Ok(())
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.params.size_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::params::PaperDisk;
+    use super::*;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-6
+    }
+
+    /// A disk with no per-command overheads, so a request's time is its
+    /// mechanics alone.
+    fn bare(disk: PaperDisk) -> SimDisk {
+        let mut p = DiskParams::paper(disk);
+        p.scsi_overhead_us = 0.0;
+        SimDisk::new(p, 0.0)
+    }
+
+    fn lba(d: &SimDisk, cyl: u32, head: u32, sector: u32) -> u64 {
+        let p = d.params();
+        (u64::from(cyl) * u64::from(p.tracks_per_cylinder) + u64::from(head))
+            * u64::from(p.sectors_per_track)
+            + u64::from(sector)
+    }
+
+    /// Writes sector 0 of track 0 (the head ends just after it), then `lba`:
+    /// returns the second request's breakdown.
+    fn second(d: &SimDisk, target: u64) -> Breakdown {
+        d.write_at(&[1u8; 512], 0).unwrap();
+        d.write_at(&[2u8; 512], target * 512).unwrap();
+        d.last()
+    }
+
+    #[test]
+    fn seek_of_d_cylinders_takes_the_curve() {
+        for disk in PaperDisk::ALL {
+            for dist in [1u32, 2, 5, 10] {
+                let d = bare(disk);
+                let target = lba(&d, dist, 0, 0);
+                let b = second(&d, target);
+                assert!(
+                    close(b.seek_us, d.params().seek.seek_us(dist)),
+                    "{disk:?} {dist}"
+                );
+                assert_eq!(b.head_switch_us, 0.0);
+                assert!(b.rotation_us < d.params().rotation_us());
+            }
+            // The published minimum seeks of Table 1.
+            let d = bare(disk);
+            let b = second(&d, lba(&d, 1, 0, 0));
+            let want = match disk {
+                PaperDisk::Hp97560 => 3640.0,
+                PaperDisk::St19101 => 500.0,
+            };
+            assert!(close(b.seek_us, want));
+        }
+    }
+
+    #[test]
+    fn a_sector_just_missed_costs_a_full_rotation() {
+        for disk in PaperDisk::ALL {
+            let d = bare(disk);
+            let p = d.params().clone();
+            d.write_at(&[1u8; 512], 0).unwrap();
+            // The head is now just past sector 0: rewriting it waits a
+            // whole turn less the one sector it spent writing.
+            d.write_at(&[1u8; 512], 0).unwrap();
+            let b = d.last();
+            assert!(
+                close(b.rotation_us, p.rotation_us() - p.sector_us()),
+                "{disk:?}"
+            );
+            assert!(close(b.transfer_us, p.sector_us()));
+            assert!(close(b.total_us(), p.rotation_us()));
+            // The next sector is under the head: no wait at all.
+            d.write_at(&[1u8; 512], 512).unwrap();
+            assert!(close(d.last().rotation_us, 0.0));
+        }
+    }
+
+    #[test]
+    fn head_switch_takes_table_1_time_and_skew_absorbs_it() {
+        for disk in PaperDisk::ALL {
+            let d = bare(disk);
+            let p = d.params().clone();
+            let target = lba(&d, 0, 3, 40);
+            let b = second(&d, target);
+            assert!(close(b.head_switch_us, p.head_switch_us), "{disk:?}");
+            assert_eq!(b.seek_us, 0.0);
+            // A whole-track transfer runs onto the next track after a
+            // head switch and a wait shorter than one sector (the skew).
+            let d = bare(disk);
+            let n = p.sectors_per_track as usize;
+            d.write_at(&vec![0u8; n * 512 * 2], 0).unwrap();
+            let b = d.last();
+            assert!(close(b.head_switch_us, p.head_switch_us));
+            assert!(close(b.transfer_us, 2.0 * p.rotation_us()));
+            assert!(b.rotation_us < p.sector_us() + 1e-6, "{disk:?}: {b:?}");
+        }
+    }
+
+    #[test]
+    fn overheads_are_charged_per_request_and_the_clock_adds_up() {
+        let p = DiskParams::paper(PaperDisk::Hp97560);
+        let d = SimDisk::new(p.clone(), 1000.0);
+        d.write_at(&[7u8; 4096], 4096 * 10).unwrap();
+        let b = d.last();
+        assert!(close(b.scsi_us, 2300.0));
+        assert!(close(b.host_us, 1000.0));
+        assert!(close(b.transfer_us, 8.0 * p.sector_us()));
+        assert!(close(d.now_us(), b.total_us()));
+        let mut buf = [0u8; 4096];
+        d.read_at(&mut buf, 4096 * 10).unwrap();
+        assert_eq!(buf, [7u8; 4096]);
+        let st = d.stats();
+        assert_eq!((st.requests, st.reads, st.writes), (2, 1, 1));
+        assert!(close(st.time.total_us(), d.now_us()));
+        // Idle time turns the platter: a read right after idling a whole
+        // turn finds the head at the same angle as before.
+        let before = d.now_us();
+        d.idle(p.rotation_us());
+        assert!(close(d.now_us() - before, p.rotation_us()));
+    }
+
+    #[test]
+    fn unaligned_writes_merge_into_sectors() {
+        let d = bare(PaperDisk::St19101);
+        d.write_at(&[9u8; 512], 0).unwrap();
+        d.write_at(b"abc", 100).unwrap();
+        let mut buf = [0u8; 512];
+        d.read_at(&mut buf, 0).unwrap();
+        assert_eq!(&buf[100..103], b"abc");
+        assert_eq!(buf[99], 9);
+        assert_eq!(buf[103], 9);
+    }
+
+    #[test]
+    fn power_cut_tears_one_write_and_stops_the_drive() {
+        for seed in 0..20u64 {
+            let d = bare(PaperDisk::St19101);
+            d.set_power_cut(Some(PowerCut { at_write: 1, seed }));
+            d.write_at(&[1u8; 4096], 0).unwrap();
+            assert!(d.write_at(&[2u8; 4096], 4096).is_err());
+            assert!(d.write_at(&[3u8; 512], 0).is_err());
+            assert!(d.flush().is_err());
+            let img = d.image();
+            assert!(img[..4096].iter().all(|&b| b == 1));
+            // A prefix of the torn write's sectors, never all of them.
+            let kept = img[4096..8192].iter().take_while(|&&b| b == 2).count();
+            assert_eq!(kept % 512, 0);
+            assert!(kept < 4096, "seed {seed}");
+            assert!(img[4096 + kept..8192].iter().all(|&b| b == 0));
+        }
+    }
+}
