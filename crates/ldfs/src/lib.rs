@@ -6,7 +6,8 @@
 //! fs   POSIX files and directories over any LogicalDisk (no FUSE types)
 //! ld   the Logical Disk interface: lists of variable-length blocks, ARUs, flush, reserve
 //! lld  the log-structured Logical Disk (the engine)
-//! device  block devices: file, memory, crash simulation, fault injection
+//! uip  the update-in-place Logical Disk (the papers' baseline)
+//! device  block devices: file, memory, crash simulation, fault injection, simulated disks
 //! ```
 //!
 //! `fsck` checks and repairs a whole image, using the engine's checks
@@ -20,3 +21,4 @@ pub mod fsck;
 pub mod ld;
 pub mod lld;
 pub mod testing;
+pub mod uip;

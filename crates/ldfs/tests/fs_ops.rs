@@ -1,5 +1,6 @@
 //! The fs layer's limits, in-process (no FUSE): link counts, file size,
-//! names, xattr sizes, directory cookies.
+//! names, xattr sizes, directory cookies — over lld and over uip (the
+//! update-in-place LD): the fs knows only the LogicalDisk trait.
 
 use std::sync::Arc;
 
@@ -8,6 +9,7 @@ use ldfs::fs::{Ctx, Fs, FsError, FsOptions, XattrMode, LINK_MAX, MAX_FILE_BYTES,
 use ldfs::ld::LogicalDisk;
 use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::{Lld, LldOptions};
+use ldfs::uip::{Uip, UipOptions};
 
 const CTX: Ctx = Ctx { uid: 0, gid: 0 };
 
@@ -19,117 +21,134 @@ fn fresh() -> Fs {
     Fs::mount(ld, FsOptions::default()).unwrap()
 }
 
+fn fresh_uip() -> Fs {
+    let dev = Arc::new(MemoryDevice::new(256 << 20));
+    let uip = Uip::create(dev, UipOptions::default()).unwrap();
+    Fs::format(&uip, CTX).unwrap();
+    let ld: Arc<dyn LogicalDisk> = Arc::new(uip);
+    Fs::mount(ld, FsOptions::default()).unwrap()
+}
+
+/// The file system over each Logical Disk.
+fn each() -> [Fs; 2] {
+    [fresh(), fresh_uip()]
+}
+
 #[test]
 fn link_count_limit_is_emlink() {
-    let fs = fresh();
-    let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap();
-    let d = fs.mkdir(CTX, ROOT_INO, b"links", 0o755).unwrap();
-    for i in 1..LINK_MAX {
-        fs.link(f.ino, d.ino, format!("l{i}").as_bytes()).unwrap();
+    for fs in each() {
+        let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap();
+        let d = fs.mkdir(CTX, ROOT_INO, b"links", 0o755).unwrap();
+        for i in 1..LINK_MAX {
+            fs.link(f.ino, d.ino, format!("l{i}").as_bytes()).unwrap();
+        }
+        assert_eq!(fs.getattr(f.ino).unwrap().nlink, LINK_MAX);
+        assert!(matches!(
+            fs.link(f.ino, d.ino, b"one-too-many"),
+            Err(FsError::TooManyLinks)
+        ));
+        let report = fs.check().unwrap();
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
     }
-    assert_eq!(fs.getattr(f.ino).unwrap().nlink, LINK_MAX);
-    assert!(matches!(
-        fs.link(f.ino, d.ino, b"one-too-many"),
-        Err(FsError::TooManyLinks)
-    ));
-    let report = fs.check().unwrap();
-    assert!(report.problems.is_empty(), "{:?}", report.problems);
 }
 
 #[test]
 fn size_name_and_xattr_limits() {
-    let fs = fresh();
-    let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap();
-    assert!(matches!(
-        fs.write(f.ino, MAX_FILE_BYTES - 2, b"abc"),
-        Err(FsError::FileTooBig)
-    ));
-    fs.write(f.ino, MAX_FILE_BYTES - 3, b"abc").unwrap();
-    assert_eq!(fs.getattr(f.ino).unwrap().size, MAX_FILE_BYTES);
-    assert_eq!(fs.read(f.ino, MAX_FILE_BYTES - 3, 10).unwrap(), b"abc");
-    assert_eq!(
-        fs.lseek(f.ino, 0, ldfs::fs::Whence::Data).unwrap(),
-        (MAX_FILE_BYTES - 3) / 4096 * 4096
-    );
-    let long = vec![b'x'; 256];
-    assert!(matches!(
-        fs.mknod(CTX, ROOT_INO, &long, 0o100644, 0),
-        Err(FsError::NameTooLong)
-    ));
-    assert!(matches!(
-        fs.lookup(ROOT_INO, &long),
-        Err(FsError::NameTooLong)
-    ));
-    fs.mknod(CTX, ROOT_INO, &long[..255], 0o100644, 0).unwrap();
-    let big = vec![7u8; 30_000];
-    fs.setxattr(f.ino, b"user.big", &big, XattrMode::Any)
-        .unwrap();
-    assert!(matches!(
-        fs.setxattr(f.ino, b"user.big2", &big, XattrMode::Any),
-        Err(FsError::NoSpace)
-    ));
-    assert_eq!(fs.getxattr(f.ino, b"user.big").unwrap(), big);
+    for fs in each() {
+        let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap();
+        assert!(matches!(
+            fs.write(f.ino, MAX_FILE_BYTES - 2, b"abc"),
+            Err(FsError::FileTooBig)
+        ));
+        fs.write(f.ino, MAX_FILE_BYTES - 3, b"abc").unwrap();
+        assert_eq!(fs.getattr(f.ino).unwrap().size, MAX_FILE_BYTES);
+        assert_eq!(fs.read(f.ino, MAX_FILE_BYTES - 3, 10).unwrap(), b"abc");
+        assert_eq!(
+            fs.lseek(f.ino, 0, ldfs::fs::Whence::Data).unwrap(),
+            (MAX_FILE_BYTES - 3) / 4096 * 4096
+        );
+        let long = vec![b'x'; 256];
+        assert!(matches!(
+            fs.mknod(CTX, ROOT_INO, &long, 0o100644, 0),
+            Err(FsError::NameTooLong)
+        ));
+        assert!(matches!(
+            fs.lookup(ROOT_INO, &long),
+            Err(FsError::NameTooLong)
+        ));
+        fs.mknod(CTX, ROOT_INO, &long[..255], 0o100644, 0).unwrap();
+        let big = vec![7u8; 30_000];
+        fs.setxattr(f.ino, b"user.big", &big, XattrMode::Any)
+            .unwrap();
+        assert!(matches!(
+            fs.setxattr(f.ino, b"user.big2", &big, XattrMode::Any),
+            Err(FsError::NoSpace)
+        ));
+        assert_eq!(fs.getxattr(f.ino, b"user.big").unwrap(), big);
+    }
 }
 
 #[test]
 fn readdir_cookies_survive_inserts_and_removals() {
-    let fs = fresh();
-    let d = fs.mkdir(CTX, ROOT_INO, b"d", 0o755).unwrap();
-    for i in 0..500 {
-        fs.mknod(CTX, d.ino, format!("n{i}").as_bytes(), 0o100644, 0)
-            .unwrap();
-    }
-    let first = fs.readdir(d.ino, 0, 100).unwrap();
-    let resume = first.last().unwrap().next;
-    // Remove some names already returned and add new ones.
-    for e in first.iter().skip(2).take(20) {
-        fs.unlink(d.ino, &e.name).unwrap();
-    }
-    for i in 0..50 {
-        fs.mknod(CTX, d.ino, format!("m{i}").as_bytes(), 0o100644, 0)
-            .unwrap();
-    }
-    let mut seen: std::collections::HashSet<Vec<u8>> =
-        first.iter().map(|e| e.name.clone()).collect();
-    let mut off = resume;
-    loop {
-        let more = fs.readdir(d.ino, off, 64).unwrap();
-        if more.is_empty() {
-            break;
+    for fs in each() {
+        let d = fs.mkdir(CTX, ROOT_INO, b"d", 0o755).unwrap();
+        for i in 0..500 {
+            fs.mknod(CTX, d.ino, format!("n{i}").as_bytes(), 0o100644, 0)
+                .unwrap();
         }
-        for e in &more {
-            assert!(seen.insert(e.name.clone()), "{:?} twice", e.name);
-            off = e.next;
+        let first = fs.readdir(d.ino, 0, 100).unwrap();
+        let resume = first.last().unwrap().next;
+        // Remove some names already returned and add new ones.
+        for e in first.iter().skip(2).take(20) {
+            fs.unlink(d.ino, &e.name).unwrap();
         }
-    }
-    for i in 0..500 {
-        assert!(seen.contains(format!("n{i}").as_bytes()), "n{i} missed");
+        for i in 0..50 {
+            fs.mknod(CTX, d.ino, format!("m{i}").as_bytes(), 0o100644, 0)
+                .unwrap();
+        }
+        let mut seen: std::collections::HashSet<Vec<u8>> =
+            first.iter().map(|e| e.name.clone()).collect();
+        let mut off = resume;
+        loop {
+            let more = fs.readdir(d.ino, off, 64).unwrap();
+            if more.is_empty() {
+                break;
+            }
+            for e in &more {
+                assert!(seen.insert(e.name.clone()), "{:?} twice", e.name);
+                off = e.next;
+            }
+        }
+        for i in 0..500 {
+            assert!(seen.contains(format!("n{i}").as_bytes()), "n{i} missed");
+        }
     }
 }
 
 #[test]
 fn open_directory_survives_a_rename_over_its_name() {
-    let fs = fresh();
-    let a = fs.mkdir(CTX, ROOT_INO, b"a", 0o755).unwrap();
-    let b = fs.mkdir(CTX, ROOT_INO, b"b", 0o755).unwrap();
-    fs.mknod(CTX, b.ino, b"inside-b", 0o100644, 0).unwrap();
-    fs.open(a.ino).unwrap();
-    fs.rename(ROOT_INO, b"b", ROOT_INO, b"a", Default::default())
-        .unwrap();
-    // The old "a" is gone from the tree but its handle still reads.
-    let entries = fs.readdir(a.ino, 0, 10).unwrap();
-    let names: Vec<&[u8]> = entries.iter().map(|e| e.name.as_slice()).collect();
-    assert_eq!(names, vec![&b"."[..], &b".."[..]]);
-    assert!(matches!(
-        fs.mknod(CTX, a.ino, b"new", 0o100644, 0),
-        Err(FsError::NotFound)
-    ));
-    assert_eq!(fs.lookup(ROOT_INO, b"a").unwrap().ino, b.ino);
-    assert!(fs.check().unwrap().problems.is_empty());
-    fs.release(a.ino).unwrap();
-    assert!(matches!(fs.getattr(a.ino), Err(FsError::NotFound)));
-    let report = fs.check().unwrap();
-    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    for fs in each() {
+        let a = fs.mkdir(CTX, ROOT_INO, b"a", 0o755).unwrap();
+        let b = fs.mkdir(CTX, ROOT_INO, b"b", 0o755).unwrap();
+        fs.mknod(CTX, b.ino, b"inside-b", 0o100644, 0).unwrap();
+        fs.open(a.ino).unwrap();
+        fs.rename(ROOT_INO, b"b", ROOT_INO, b"a", Default::default())
+            .unwrap();
+        // The old "a" is gone from the tree but its handle still reads.
+        let entries = fs.readdir(a.ino, 0, 10).unwrap();
+        let names: Vec<&[u8]> = entries.iter().map(|e| e.name.as_slice()).collect();
+        assert_eq!(names, vec![&b"."[..], &b".."[..]]);
+        assert!(matches!(
+            fs.mknod(CTX, a.ino, b"new", 0o100644, 0),
+            Err(FsError::NotFound)
+        ));
+        assert_eq!(fs.lookup(ROOT_INO, b"a").unwrap().ino, b.ino);
+        assert!(fs.check().unwrap().problems.is_empty());
+        fs.release(a.ino).unwrap();
+        assert!(matches!(fs.getattr(a.ino), Err(FsError::NotFound)));
+        let report = fs.check().unwrap();
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+    }
 }
 
 /// Deleting on a full file system works while the cleaner runs beside it:

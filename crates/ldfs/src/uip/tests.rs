@@ -1,0 +1,171 @@
+use super::*;
+use crate::device::MemoryDevice;
+
+fn dev(mb: u64) -> Arc<MemoryDevice> {
+    Arc::new(MemoryDevice::new(mb << 20))
+}
+
+fn reopen(d: &Arc<MemoryDevice>) -> Uip {
+    Uip::open(d.clone(), UipOptions::default()).unwrap()
+}
+
+#[test]
+fn blocks_survive_a_reopen_and_rewrites_stay_home() {
+    let d = dev(8);
+    let u = Uip::create(d.clone(), UipOptions::default()).unwrap();
+    let l = u.create_list(None, ListHints::default()).unwrap();
+    assert_eq!(l, ListId(1));
+    u.write(None, l, 5, &[1u8; 4096]).unwrap();
+    u.write(None, l, 9, b"small").unwrap();
+    let home = u.home_of(l, 5).unwrap();
+    // Same size in units: same home (update in place).
+    u.write(None, l, 5, &[2u8; 4000]).unwrap();
+    assert_eq!(u.home_of(l, 5).unwrap().0, home.0);
+    // Grown past its extent: a new home, the old one free again.
+    u.write(None, l, 5, &[3u8; 9000]).unwrap();
+    assert_ne!(u.home_of(l, 5).unwrap().0, home.0);
+    u.flush().unwrap();
+    drop(u);
+    let u = reopen(&d);
+    assert_eq!(u.read(l, 5).unwrap().unwrap(), vec![3u8; 9000]);
+    assert_eq!(u.read(l, 9).unwrap().unwrap(), b"small");
+    assert_eq!(u.indices(l, 0, 10).unwrap(), vec![5, 9]);
+    assert_eq!(u.lists(0, 10).unwrap(), vec![l]);
+    // The 9000-byte block takes 9 units, the 5-byte one 1.
+    assert_eq!(u.space().live_bytes, 10 * 1024);
+    let l2 = u.create_list(None, ListHints::default()).unwrap();
+    assert_eq!(l2, ListId(2));
+}
+
+#[test]
+fn deletes_free_units_and_lists_go_away() {
+    let d = dev(8);
+    let u = Uip::create(d.clone(), UipOptions::default()).unwrap();
+    let before = u.space();
+    let l = u.create_list(None, ListHints::default()).unwrap();
+    for i in 0..50 {
+        u.write(None, l, i, &[i as u8; 2048]).unwrap();
+    }
+    u.delete(None, l, 3).unwrap();
+    u.delete_range(None, l, 10..20).unwrap();
+    assert_eq!(u.indices(l, 0, 100).unwrap().len(), 39);
+    drop(u);
+    let u = reopen(&d);
+    assert_eq!(u.indices(l, 0, 100).unwrap().len(), 39);
+    assert_eq!(u.read(l, 3).unwrap(), None);
+    assert_eq!(u.read(l, 21).unwrap().unwrap(), vec![21u8; 2048]);
+    u.delete_list(None, l).unwrap();
+    assert!(matches!(u.read(l, 21), Err(LdError::NoSuchList(_))));
+    drop(u);
+    let u = reopen(&d);
+    assert!(u.lists(0, 10).unwrap().is_empty());
+    assert_eq!(u.space(), before);
+}
+
+#[test]
+fn abort_restores_what_the_aru_found() {
+    let d = dev(8);
+    let u = Uip::create(d.clone(), UipOptions::default()).unwrap();
+    let keep = u.create_list(None, ListHints::default()).unwrap();
+    u.write(None, keep, 1, b"one").unwrap();
+    u.write(None, keep, 2, b"two").unwrap();
+    let before = u.space();
+    let a = u.begin_aru().unwrap();
+    u.reserve(a, 8192).unwrap();
+    u.write(Some(a), keep, 1, b"ONE!").unwrap();
+    u.write(Some(a), keep, 1, &[9u8; 5000]).unwrap();
+    u.delete(Some(a), keep, 2).unwrap();
+    u.write(Some(a), keep, 3, b"three").unwrap();
+    let fresh = u.create_list(Some(a), ListHints::default()).unwrap();
+    u.write(Some(a), fresh, 0, b"x").unwrap();
+    u.delete_list(Some(a), keep).unwrap();
+    u.abort_aru(a).unwrap();
+    assert!(matches!(u.end_aru(a), Err(LdError::NoSuchAru(_))));
+    for u in [u, reopen(&d)] {
+        assert_eq!(u.read(keep, 1).unwrap().unwrap(), b"one");
+        assert_eq!(u.read(keep, 2).unwrap().unwrap(), b"two");
+        assert_eq!(u.read(keep, 3).unwrap(), None);
+        assert_eq!(u.lists(0, 10).unwrap(), vec![keep]);
+        assert_eq!(u.space(), before);
+    }
+}
+
+#[test]
+fn full_device_is_nospace_up_front_and_deletes_still_work() {
+    let d = dev(2);
+    let u = Uip::create(d.clone(), UipOptions::default()).unwrap();
+    let l = u.create_list(None, ListHints::default()).unwrap();
+    let mut n = 0;
+    loop {
+        match u.write(None, l, n, &[7u8; 4096]) {
+            Ok(()) => n += 1,
+            Err(LdError::NoSpace { .. }) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(n > 100);
+    let a = u.begin_aru().unwrap();
+    assert!(matches!(u.reserve(a, 4096), Err(LdError::NoSpace { .. })));
+    u.reserve_freeing(a, 4096).unwrap();
+    u.delete(Some(a), l, 0).unwrap();
+    u.end_aru(a).unwrap();
+    u.write(None, l, 0, &[8u8; 4096]).unwrap();
+    for i in 1..n {
+        assert_eq!(u.read(l, i).unwrap().unwrap(), vec![7u8; 4096]);
+    }
+}
+
+#[test]
+fn a_crash_between_new_home_and_old_free_keeps_the_newer_block() {
+    let d = dev(8);
+    let u = Uip::create(d.clone(), UipOptions::default()).unwrap();
+    let l = u.create_list(None, ListHints::default()).unwrap();
+    u.write(None, l, 1, &[1u8; 1000]).unwrap();
+    let (old_off, _) = u.home_of(l, 1).unwrap();
+    let g = u.geometry();
+    let old_unit = (0..g.units())
+        .find(|&x| g.unit_offset(x) == old_off)
+        .unwrap();
+    let mut old_desc = [0u8; 512];
+    d.read_at(&mut old_desc, g.desc_offset(old_unit - old_unit % 16))
+        .unwrap();
+    u.write(None, l, 1, &[2u8; 3000]).unwrap();
+    drop(u);
+    // Put the old descriptor back beside the new one: the sector as the
+    // new descriptor's write left it, before the old home's release.
+    let sector = g.desc_offset(old_unit - old_unit % 16);
+    let mut now = [0u8; 512];
+    d.read_at(&mut now, sector).unwrap();
+    let o = (old_unit % 16) as usize * 32;
+    assert!(now[o..o + 32].iter().all(|&b| b == 0));
+    now[o..o + 32].copy_from_slice(&old_desc[o..o + 32]);
+    d.write_at(&now, sector).unwrap();
+    let u = reopen(&d);
+    assert!(u.read(l, 1).unwrap().unwrap() == vec![2u8; 3000]);
+    assert_eq!(u.space().live_bytes, 3 * 1024);
+}
+
+#[test]
+fn bad_arguments_and_corrupt_superblock_are_typed_errors() {
+    let d = dev(4);
+    let u = Uip::create(d.clone(), UipOptions::default()).unwrap();
+    let l = u.create_list(None, ListHints::default()).unwrap();
+    assert!(matches!(
+        u.write(None, l, 0, &[]),
+        Err(LdError::BadBlockLength { .. })
+    ));
+    assert!(matches!(
+        u.write(None, ListId(77), 0, b"x"),
+        Err(LdError::NoSuchList(_))
+    ));
+    assert!(matches!(
+        u.write(Some(AruId(99)), l, 0, b"x"),
+        Err(LdError::NoSuchAru(_))
+    ));
+    drop(u);
+    d.write_at(&[0xff], 100).unwrap();
+    assert!(matches!(
+        Uip::open(d.clone(), UipOptions::default()),
+        Err(LdError::Corrupt(_))
+    ));
+}

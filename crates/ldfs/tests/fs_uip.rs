@@ -1,0 +1,281 @@
+//! The file system over uip (the update-in-place Logical Disk) against the
+//! same file system over lld: the same seeded operations on both give the
+//! same tree after every one (`LDFS_SEED`, `LDFS_UIP_OPS`, default 600),
+//! `Fs::check` is clean on both, and uip reopened from its device gives the
+//! tree again. Also: a full uip fails creates and writes with ENOSPC up
+//! front, and deletes still work there.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use ldfs::device::MemoryDevice;
+use ldfs::fs::{Ctx, Fs, FsError, FsOptions, RenameFlags, ROOT_INO};
+use ldfs::ld::LogicalDisk;
+use ldfs::lld::layout::MkfsOptions;
+use ldfs::lld::{Lld, LldOptions};
+use ldfs::uip::{Uip, UipOptions};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const CTX: Ctx = Ctx { uid: 0, gid: 0 };
+const NAMES: [&[u8]; 6] = [b"a", b"b", b"c", b"d", b"e", b"f"];
+
+type Tree = BTreeMap<String, String>;
+
+/// The whole tree: path -> kind, size and a content hash.
+fn snapshot(fs: &Fs) -> Tree {
+    let mut out = Tree::new();
+    let mut stack = vec![(ROOT_INO, String::new())];
+    while let Some((d, path)) = stack.pop() {
+        let mut off = 0;
+        loop {
+            let ents = fs.readdir(d, off, 64).unwrap();
+            if ents.is_empty() {
+                break;
+            }
+            for e in &ents {
+                off = e.next;
+                if e.name == b"." || e.name == b".." {
+                    continue;
+                }
+                let p = format!("{path}/{}", String::from_utf8_lossy(&e.name));
+                let a = fs.getattr(e.ino).unwrap();
+                let desc = match a.kind {
+                    ldfs::fs::inode::Kind::Dir => {
+                        stack.push((e.ino, p.clone()));
+                        format!("dir nlink {}", a.nlink)
+                    }
+                    ldfs::fs::inode::Kind::File => {
+                        let data = fs.read(e.ino, 0, a.size as u32 + 1).unwrap();
+                        assert_eq!(data.len() as u64, a.size);
+                        let h = data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
+                            (h ^ x as u64).wrapping_mul(0x100_0000_01b3)
+                        });
+                        format!("file nlink {} size {} {h:x}", a.nlink, a.size)
+                    }
+                    k => format!("{k:?}"),
+                };
+                out.insert(p, desc);
+            }
+        }
+    }
+    out
+}
+
+fn ok_or_expected<T>(r: Result<T, FsError>) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(
+            FsError::NotFound
+            | FsError::Exists
+            | FsError::NotDir
+            | FsError::IsDir
+            | FsError::NotEmpty
+            | FsError::Invalid(_)
+            | FsError::NoSpace,
+        ) => None,
+        Err(e) => panic!("unexpected error {e:?}"),
+    }
+}
+
+fn dir_of(fs: &Fs, rng: &mut ChaCha8Rng) -> u64 {
+    match rng.gen_range(0..3) {
+        0 => ROOT_INO,
+        _ => {
+            let n = NAMES[rng.gen_range(0..NAMES.len())];
+            match fs.lookup(ROOT_INO, n) {
+                Ok(a) if a.kind == ldfs::fs::inode::Kind::Dir => a.ino,
+                _ => ROOT_INO,
+            }
+        }
+    }
+}
+
+/// One random operation; returns whether it was an fsync.
+fn op(fs: &Fs, rng: &mut ChaCha8Rng, log: &mut Vec<String>, states: &mut Vec<Tree>) -> bool {
+    let d = dir_of(fs, rng);
+    let name = NAMES[rng.gen_range(0..NAMES.len())];
+    log.push(format!("dir {d} name {}", String::from_utf8_lossy(name)));
+    match rng.gen_range(0..100) {
+        0..=29 => {
+            let ino = match fs.lookup(d, name) {
+                Ok(a) => Some(a.ino),
+                Err(_) => {
+                    // Creating is an operation of its own: the tree after
+                    // it is a state a crash may leave.
+                    let a = ok_or_expected(fs.mknod(CTX, d, name, 0o100644, 0)).map(|a| a.ino);
+                    states.push(snapshot(fs));
+                    a
+                }
+            };
+            if let Some(ino) = ino {
+                let len = match rng.gen_range(0..3) {
+                    0 => rng.gen_range(1..500),
+                    1 => rng.gen_range(1..9000),
+                    _ => rng.gen_range(1..100_000),
+                };
+                let off = rng.gen_range(0..50_000);
+                let fill: u8 = rng.gen();
+                log.push(format!("  write ino {ino} off {off} len {len}"));
+                ok_or_expected(fs.write(ino, off, &vec![fill; len]));
+            }
+        }
+        30..=39 => {
+            ok_or_expected(fs.mkdir(CTX, d, name, 0o755));
+        }
+        40..=49 => {
+            ok_or_expected(fs.unlink(d, name));
+        }
+        50..=54 => {
+            ok_or_expected(fs.rmdir(d, name));
+        }
+        55..=69 => {
+            let d2 = dir_of(fs, rng);
+            let n2 = NAMES[rng.gen_range(0..NAMES.len())];
+            let flags = RenameFlags {
+                noreplace: rng.gen_bool(0.2),
+                exchange: rng.gen_bool(0.2),
+            };
+            if !(flags.noreplace && flags.exchange) {
+                log.push(format!(
+                    "  rename to {d2}/{} {flags:?} -> {:?}",
+                    String::from_utf8_lossy(n2),
+                    fs.rename(d, name, d2, n2, flags)
+                ));
+            }
+        }
+        70..=77 => {
+            if let Ok(a) = fs.lookup(d, name) {
+                let d2 = dir_of(fs, rng);
+                let n2 = NAMES[rng.gen_range(0..NAMES.len())];
+                if a.kind != ldfs::fs::inode::Kind::Dir {
+                    ok_or_expected(fs.link(a.ino, d2, n2));
+                }
+            }
+        }
+        78..=87 => {
+            if let Ok(a) = fs.lookup(d, name) {
+                if a.kind == ldfs::fs::inode::Kind::File {
+                    let sa = ldfs::fs::SetAttr {
+                        size: Some(rng.gen_range(0..60_000)),
+                        ..Default::default()
+                    };
+                    log.push(format!("  truncate {} to {:?}", a.ino, sa.size));
+                    ok_or_expected(fs.setattr(a.ino, &sa));
+                }
+            }
+        }
+        88..=91 => {
+            ok_or_expected(fs.symlink(CTX, d, name, b"target"));
+        }
+        _ => {
+            fs.fsync().unwrap();
+            return true;
+        }
+    }
+    false
+}
+
+fn seed() -> u64 {
+    std::env::var("LDFS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(15)
+}
+
+fn ops() -> u64 {
+    std::env::var("LDFS_UIP_OPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(600)
+}
+
+fn mount(ld: Arc<dyn LogicalDisk>) -> Fs {
+    Fs::mount(ld, FsOptions::default()).unwrap()
+}
+
+#[test]
+fn fs_over_uip_matches_fs_over_lld() {
+    let seed = seed();
+    let lld = Lld::create(
+        Arc::new(MemoryDevice::new(64 << 20)),
+        &MkfsOptions::default(),
+        LldOptions::default(),
+    )
+    .unwrap();
+    Fs::format(&lld, CTX).unwrap();
+    let on_lld = mount(Arc::new(lld));
+    let dev = Arc::new(MemoryDevice::new(64 << 20));
+    let uip = Uip::create(dev.clone(), UipOptions::default()).unwrap();
+    Fs::format(&uip, CTX).unwrap();
+    let on_uip = mount(Arc::new(uip));
+    let mut rng_a = ChaCha8Rng::seed_from_u64(seed);
+    let mut rng_b = ChaCha8Rng::seed_from_u64(seed);
+    let (mut log, mut states) = (Vec::new(), Vec::new());
+    for i in 0..ops() {
+        op(&on_lld, &mut rng_a, &mut log, &mut states);
+        let n = log.len();
+        op(&on_uip, &mut rng_b, &mut log, &mut states);
+        states.clear();
+        let (a, b) = (snapshot(&on_lld), snapshot(&on_uip));
+        assert!(
+            a == b && log[..n] == log[n..],
+            "seed {seed} (LDFS_SEED={seed}), op {i}: trees differ\n{:?}\nlld {a:?}\nuip {b:?}",
+            &log[n..]
+        );
+        log.clear();
+    }
+    let want = snapshot(&on_uip);
+    for fs in [&on_lld, &on_uip] {
+        let r = fs.check().unwrap();
+        assert!(r.problems.is_empty(), "seed {seed}: {:?}", r.problems);
+    }
+    on_uip.fsync().unwrap();
+    drop(on_uip);
+    let again = mount(Arc::new(Uip::open(dev, UipOptions::default()).unwrap()));
+    assert!(
+        snapshot(&again) == want,
+        "seed {seed}: tree changed by a reopen"
+    );
+    let r = again.check().unwrap();
+    assert!(r.problems.is_empty(), "seed {seed}: {:?}", r.problems);
+}
+
+#[test]
+fn full_uip_is_enospc_up_front_and_deletes_work() {
+    let dev = Arc::new(MemoryDevice::new(8 << 20));
+    let uip = Uip::create(dev, UipOptions::default()).unwrap();
+    Fs::format(&uip, CTX).unwrap();
+    let fs = mount(Arc::new(uip));
+    let chunk = vec![0x5au8; 40 << 10];
+    for cycle in 0..3 {
+        let mut n = 0;
+        loop {
+            let name = format!("f{n}");
+            let f = match fs.mknod(CTX, ROOT_INO, name.as_bytes(), 0o100644, 0) {
+                Ok(a) => a.ino,
+                Err(FsError::NoSpace) => break,
+                Err(e) => panic!("create {name}: {e:?}"),
+            };
+            match fs.write(f, 0, &chunk) {
+                Ok(_) => n += 1,
+                Err(FsError::NoSpace) => {
+                    assert_eq!(
+                        fs.getattr(f).unwrap().size,
+                        0,
+                        "a failed write changed nothing"
+                    );
+                    fs.unlink(ROOT_INO, name.as_bytes()).unwrap();
+                    break;
+                }
+                Err(e) => panic!("write {name}: {e:?}"),
+            }
+        }
+        assert!(n > 50, "cycle {cycle}: only {n} files fit");
+        for i in 0..n {
+            fs.unlink(ROOT_INO, format!("f{i}").as_bytes()).unwrap();
+        }
+        let r = fs.check().unwrap();
+        assert!(r.problems.is_empty(), "cycle {cycle}: {:?}", r.problems);
+    }
+}
