@@ -15,6 +15,8 @@
 //! - [`sim::SimDisk`]: the HP 97560 or Seagate ST19101 of the virtual-log
 //!   paper, in memory, with a simulated clock (seek, rotation, head switch,
 //!   transfer, command overhead); its writes are durable on return.
+//! - [`vld::Vld`]: the virtual-log disk over a `SimDisk`: eager writing, an
+//!   indirection map kept as a virtual log, a compactor.
 //!
 //! Invariant: a write that returned `Ok` is visible to every later read on the
 //! same device; it is durable only after a later `flush` returned `Ok`.
@@ -24,6 +26,7 @@ mod fault;
 mod file;
 mod memory;
 pub mod sim;
+pub mod vld;
 
 pub use crash::{CrashDevice, CrashOptions, CrashStats};
 pub use fault::{FaultDevice, FaultPlan};

@@ -1,0 +1,881 @@
+//! The Virtual Log Disk (virtual-log-1999 Section 3.2, 4.2): a [`Device`]
+//! over a [`SimDisk`] that writes every request *eagerly* — to the free
+//! sectors the head reaches soonest — and keeps a logical-to-physical map
+//! persistent as a *virtual log* of map sectors.
+//!
+//! - **Indirection.** Logical sector `l` lives at physical `map[l]`; map
+//!   sector `i` holds the entries of logical sectors `i·56 .. i·56+56`.
+//!   A write puts its data in free sectors (contiguous runs of the request's
+//!   length where there are any, the way eq. 11 says a 4 KiB block should be
+//!   placed), then writes a new version of every map sector it changed, each
+//!   to the free sector nearest the head; only then are the old data and
+//!   map sectors free. A write that returned is durable (the drive has no
+//!   write cache); a request cut by a power failure leaves each of its map
+//!   sectors old or new.
+//! - **The virtual log is a tree** (Figure 3b). Each map sector version
+//!   points back to older live versions. Invariant: every live map sector
+//!   is reachable from the newest (the root) through live versions only.
+//!   A new version of map sector `i` replacing `old` points to the previous
+//!   root and to those live pointees of `old` the root no longer reaches
+//!   without `old`; so `old`'s sector can be reused at once without copying
+//!   anything. Should that need more than [`format::MAX_PTRS`] pointers,
+//!   every live map sector is written again as a fresh chain.
+//! - **The tail.** At power-down the drive writes the root to sector 0 with
+//!   a checksum ([`Vld::power_down`], [`Vld::tail_record`]); recovery
+//!   traverses the tree from it newest first (an obsolete version is
+//!   recognised because a newer one of its index was adopted first; a
+//!   recycled sector fails its crc or sequence), then clears it. Without a
+//!   valid tail it scans every sector for map sectors and keeps the newest
+//!   of each index, then relogs them.
+//! - **Eager writing** takes the nearest run in the current or next
+//!   cylinder (seeks go one way, wrapping, so the head is not trapped in a
+//!   full region). While the compactor has emptied tracks, writes fill one
+//!   of them to [`VldOptions::fill_threshold`] before switching (eq. 10);
+//!   after that, greedy.
+//! - **The compactor** ([`Vld::compact`]), given idle time, empties sparsely
+//!   used tracks (chosen at random) by writing their live sectors eagerly
+//!   elsewhere.
+
+pub mod format;
+
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::sim::SimDisk;
+use super::{check_range, Device, DeviceError, DeviceOp};
+use crate::ld::{CorruptReason, Corruption};
+use format::{MapSector, Ptr, ENTRIES, MAX_PTRS, SECTOR};
+
+/// Sectors 0..8: the tail (0) and the label (1).
+const RESERVED: u64 = 8;
+
+#[derive(Clone, Copy, Debug)]
+pub struct VldOptions {
+    /// Fraction of an emptied track written before moving on (the paper: 75%).
+    pub fill_threshold: f64,
+    pub disk_id: u64,
+    /// Seed of the compactor's random choice of tracks.
+    pub seed: u64,
+}
+
+impl Default for VldOptions {
+    fn default() -> Self {
+        VldOptions {
+            fill_threshold: 0.75,
+            disk_id: 0x766c_6431,
+            seed: 1,
+        }
+    }
+}
+
+/// Counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VldStats {
+    pub data_writes: u64,
+    pub map_writes: u64,
+    pub relogs: u64,
+    pub compacted_tracks: u64,
+}
+
+/// How an open found the map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recovery {
+    /// Fresh format.
+    Formatted,
+    /// From the tail record, reading this many map sectors.
+    Tail { map_sectors_read: u64 },
+    /// No valid tail: every sector scanned.
+    Scan,
+}
+
+#[derive(Clone, Debug)]
+struct Node {
+    at: Ptr,
+    ptrs: Vec<Ptr>,
+}
+
+struct Inner {
+    map: Vec<Option<u32>>,
+    used: Vec<bool>,
+    /// Physical sector -> logical sector it holds (data only).
+    owner: HashMap<u32, u64>,
+    nodes: Vec<Option<Node>>,
+    /// seq -> index of the live version with that seq.
+    live: HashMap<u64, u32>,
+    root: Option<Ptr>,
+    seq: u64,
+    free: u64,
+    fill_track: Option<u64>,
+    stats: VldStats,
+    rng: ChaCha8Rng,
+}
+
+pub struct Vld {
+    disk: Arc<SimDisk>,
+    opts: VldOptions,
+    logical_sectors: u64,
+    map_sectors: u32,
+    inner: Mutex<Inner>,
+}
+
+fn corrupt(what: &'static str, offset: u64, why: String) -> DeviceError {
+    DeviceError::Io {
+        op: DeviceOp::Open,
+        offset,
+        len: SECTOR as u64,
+        source: std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            Corruption {
+                what,
+                offset,
+                reason: CorruptReason::Inconsistent(why),
+            }
+            .to_string(),
+        ),
+    }
+}
+
+fn corruption_error(c: Corruption) -> DeviceError {
+    DeviceError::Io {
+        op: DeviceOp::Open,
+        offset: c.offset,
+        len: SECTOR as u64,
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, c.to_string()),
+    }
+}
+
+impl Vld {
+    /// Logical sectors a disk of `physical` sectors offers: what is left
+    /// after the reserved sectors, one map sector per 56, and two tracks of
+    /// slack so eager writing always finds room for a run and its map
+    /// sectors.
+    pub fn logical_sectors_for(physical: u64, track: u64) -> u64 {
+        let room = physical.saturating_sub(RESERVED + 2 * track);
+        room * ENTRIES as u64 / (ENTRIES as u64 + 1)
+    }
+
+    /// Format: write the label, no map (every logical sector reads zeros).
+    pub fn create(disk: Arc<SimDisk>, opts: VldOptions) -> Result<Vld, DeviceError> {
+        let p = disk.params();
+        let logical = Vld::logical_sectors_for(p.sectors(), u64::from(p.sectors_per_track));
+        disk.begin_request(DeviceOp::Write)?;
+        disk.media_write(0, &[0u8; SECTOR])?;
+        disk.media_write(1, &format::encode_label(opts.disk_id, logical))?;
+        Ok(Vld::empty(disk, opts, logical))
+    }
+
+    fn empty(disk: Arc<SimDisk>, opts: VldOptions, logical: u64) -> Vld {
+        let physical = disk.params().sectors();
+        let map_sectors = logical.div_ceil(ENTRIES as u64) as u32;
+        let mut used = vec![false; physical as usize];
+        used[..RESERVED as usize].fill(true);
+        Vld {
+            opts,
+            logical_sectors: logical,
+            map_sectors,
+            inner: Mutex::new(Inner {
+                map: vec![None; logical as usize],
+                used,
+                owner: HashMap::new(),
+                nodes: vec![None; map_sectors as usize],
+                live: HashMap::new(),
+                root: None,
+                seq: 0,
+                free: physical - RESERVED,
+                fill_track: None,
+                stats: VldStats::default(),
+                rng: ChaCha8Rng::seed_from_u64(opts.seed),
+            }),
+            disk,
+        }
+    }
+
+    /// Open after a power-down or a crash: from the tail record if it is
+    /// valid, else by scanning. Clears the tail.
+    pub fn open(disk: Arc<SimDisk>, opts: VldOptions) -> Result<(Vld, Recovery), DeviceError> {
+        let mut label = [0u8; SECTOR];
+        disk.begin_request(DeviceOp::Read)?;
+        disk.media_read(1, &mut label)?;
+        let (disk_id, logical) = format::decode_label(&label).map_err(corruption_error)?;
+        let p = disk.params();
+        if logical != Vld::logical_sectors_for(p.sectors(), u64::from(p.sectors_per_track)) {
+            return Err(corrupt(
+                "vld label",
+                512,
+                format!("{logical} logical sectors"),
+            ));
+        }
+        let opts = VldOptions { disk_id, ..opts };
+        let vld = Vld::empty(disk.clone(), opts, logical);
+        let mut tail = [0u8; SECTOR];
+        disk.media_read(0, &mut tail)?;
+        let how = match format::decode_tail(&tail, disk_id) {
+            Ok(root) => {
+                let n = vld.recover_from(root)?;
+                Recovery::Tail {
+                    map_sectors_read: n,
+                }
+            }
+            Err(_) => {
+                vld.recover_by_scan()?;
+                Recovery::Scan
+            }
+        };
+        disk.media_write(0, &[0u8; SECTOR])?;
+        Ok((vld, how))
+    }
+
+    fn adopt(&self, g: &mut Inner, at: Ptr, m: MapSector) -> Result<(), DeviceError> {
+        let base = u64::from(m.index) * ENTRIES as u64;
+        for (i, e) in m.entries.iter().enumerate() {
+            let Some(p) = *e else { continue };
+            let l = base + i as u64;
+            if l >= self.logical_sectors || g.used[p as usize] {
+                return Err(corrupt(
+                    "vld map sector",
+                    at.lba * SECTOR as u64,
+                    format!("entry {l} -> {p} outside the disk or taken twice"),
+                ));
+            }
+            g.map[l as usize] = Some(p);
+            g.used[p as usize] = true;
+            g.owner.insert(p, l);
+            g.free -= 1;
+        }
+        if g.used[at.lba as usize] {
+            return Err(corrupt(
+                "vld map sector",
+                at.lba * 512,
+                "sector taken twice".into(),
+            ));
+        }
+        g.used[at.lba as usize] = true;
+        g.free -= 1;
+        g.live.insert(at.seq, m.index);
+        g.nodes[m.index as usize] = Some(Node { at, ptrs: m.ptrs });
+        g.seq = g.seq.max(at.seq);
+        Ok(())
+    }
+
+    fn read_map(&self, lba: u64) -> Result<Option<MapSector>, DeviceError> {
+        let mut b = [0u8; SECTOR];
+        self.disk.media_read(lba, &mut b)?;
+        let sectors = self.disk.params().sectors();
+        Ok(MapSector::decode(&b, self.opts.disk_id, lba, sectors, self.map_sectors).ok())
+    }
+
+    /// Traverse the tree from `root`, newest first. Returns map sectors read.
+    fn recover_from(&self, root: Ptr) -> Result<u64, DeviceError> {
+        let mut g = self.lock();
+        let mut heap = BinaryHeap::new();
+        heap.push((root.seq, root.lba));
+        let mut visited = HashSet::new();
+        let mut read = 0;
+        while let Some((seq, lba)) = heap.pop() {
+            if !visited.insert(seq) || lba >= self.disk.params().sectors() {
+                continue;
+            }
+            read += 1;
+            let Some(m) = self.read_map(lba)? else {
+                continue; // recycled: a dead end
+            };
+            if m.seq != seq || g.nodes[m.index as usize].is_some() {
+                continue; // recycled, or an obsolete version
+            }
+            for p in &m.ptrs {
+                heap.push((p.seq, p.lba));
+            }
+            self.adopt(&mut g, Ptr { lba, seq }, m)?;
+        }
+        if g.nodes.iter().flatten().all(|n| n.at != root) {
+            return Err(corrupt("vld tail", 0, "root map sector unreadable".into()));
+        }
+        g.root = Some(root);
+        Ok(read)
+    }
+
+    /// Read every sector; keep the newest version of each map sector; then
+    /// write them all again as one chain (the tree is unknown).
+    fn recover_by_scan(&self) -> Result<(), DeviceError> {
+        let p = self.disk.params().clone();
+        let n = u64::from(p.sectors_per_track);
+        let mut best: HashMap<u32, (Ptr, MapSector)> = HashMap::new();
+        let mut buf = vec![0u8; n as usize * SECTOR];
+        for t in 0..p.tracks() {
+            self.disk.media_read(t * n, &mut buf)?;
+            for s in 0..n {
+                let lba = t * n + s;
+                if lba < RESERVED {
+                    continue;
+                }
+                let b = &buf[s as usize * SECTOR..(s as usize + 1) * SECTOR];
+                if let Ok(m) =
+                    MapSector::decode(b, self.opts.disk_id, lba, p.sectors(), self.map_sectors)
+                {
+                    let newer = best.get(&m.index).is_none_or(|(at, _)| at.seq < m.seq);
+                    if newer {
+                        best.insert(m.index, (Ptr { lba, seq: m.seq }, m));
+                    }
+                }
+            }
+        }
+        let mut g = self.lock();
+        let mut all: Vec<_> = best.into_values().collect();
+        all.sort_by_key(|(at, _)| at.seq);
+        for (at, m) in all {
+            self.adopt(&mut g, at, m)?;
+        }
+        g.root = g.nodes.iter().flatten().map(|n| n.at).max_by_key(|p| p.seq);
+        self.relog_all(&mut g)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap()
+    }
+
+    pub fn disk(&self) -> &Arc<SimDisk> {
+        &self.disk
+    }
+
+    pub fn stats(&self) -> VldStats {
+        self.lock().stats
+    }
+
+    /// Fraction of the physical sectors in use.
+    pub fn utilization(&self) -> f64 {
+        let g = self.lock();
+        1.0 - g.free as f64 / g.used.len() as f64
+    }
+
+    /// The record the firmware writes at power-down: sector 0's bytes.
+    pub fn tail_record(&self) -> [u8; SECTOR] {
+        let g = self.lock();
+        match g.root {
+            Some(r) => format::encode_tail(self.opts.disk_id, r),
+            None => [0u8; SECTOR], // nothing mapped: a scan finds nothing, as it should
+        }
+    }
+
+    /// Clean power-down: record the tail.
+    pub fn power_down(&self) -> Result<(), DeviceError> {
+        let t = self.tail_record();
+        self.disk.media_write(0, &t)
+    }
+
+    /// The physical sector holding logical sector `l`.
+    pub fn physical_of(&self, l: u64) -> Option<u64> {
+        self.lock()
+            .map
+            .get(l as usize)
+            .copied()
+            .flatten()
+            .map(u64::from)
+    }
+
+    /// Checks the virtual log's invariant: every live map sector reachable
+    /// from the root through live versions; free count and ownership agree.
+    pub fn check(&self) -> Result<(), String> {
+        let g = self.lock();
+        let live: Vec<&Node> = g.nodes.iter().flatten().collect();
+        let reach = reachable(&g, g.root, None);
+        for n in &live {
+            if !reach.contains(&n.at.seq) {
+                return Err(format!(
+                    "map sector at {} (seq {}) unreachable",
+                    n.at.lba, n.at.seq
+                ));
+            }
+        }
+        let used = g.used.iter().filter(|&&u| u).count() as u64;
+        let want = RESERVED + live.len() as u64 + g.map.iter().flatten().count() as u64;
+        if used != want || g.free + used != g.used.len() as u64 {
+            return Err(format!(
+                "{used} sectors used, {want} accounted, {} free",
+                g.free
+            ));
+        }
+        Ok(())
+    }
+
+    // ---- eager writing ----
+
+    /// The free run (start, length <= want) reached soonest: in the fill
+    /// track if one is set, else in the current and next cylinder, else the
+    /// first cylinder ahead with room. Shorter runs only if no run of
+    /// `want` exists anywhere.
+    fn place(&self, g: &mut Inner, want: u64, avoid_track: Option<u64>) -> Option<(u64, u64)> {
+        let p = self.disk.params();
+        let n = u64::from(p.sectors_per_track);
+        let t = u64::from(p.tracks_per_cylinder);
+        let mut want = want.min(n);
+        loop {
+            if let Some(ft) = g.fill_track {
+                if let Some(best) = self.best_in(g, &[ft], want) {
+                    return Some(best);
+                }
+                g.fill_track = None;
+            }
+            let cyl = u64::from(self.disk.head().cylinder);
+            let cyls = u64::from(p.cylinders);
+            for step in 0..cyls {
+                let c = (cyl + step) % cyls;
+                let mut tracks: Vec<u64> = (c * t..(c + 1) * t).collect();
+                if step == 0 && cyls > 1 {
+                    let c2 = (cyl + 1) % cyls;
+                    tracks.extend(c2 * t..(c2 + 1) * t);
+                }
+                tracks.retain(|&x| Some(x) != avoid_track);
+                if let Some(best) = self.best_in(g, &tracks, want) {
+                    return Some(best);
+                }
+            }
+            if want == 1 {
+                return None;
+            }
+            want = want.div_ceil(2);
+        }
+    }
+
+    /// Best run of `want` free sectors within `tracks`.
+    fn best_in(&self, g: &Inner, tracks: &[u64], want: u64) -> Option<(u64, u64)> {
+        let d = &*self.disk;
+        let p = d.params();
+        let n = u64::from(p.sectors_per_track);
+        let tpc = u64::from(p.tracks_per_cylinder);
+        let pos = d.head();
+        let clock = d.now_us();
+        let mut best: Option<(f64, u64)> = None;
+        let mut run = vec![0u64; n as usize + 1];
+        for &tr in tracks {
+            let base = tr * n;
+            for s in (0..n).rev() {
+                run[s as usize] = if g.used[(base + s) as usize] {
+                    0
+                } else {
+                    1 + run[s as usize + 1]
+                };
+            }
+            let (cyl, head) = ((tr / tpc) as u32, (tr % tpc) as u32);
+            let (seek, switch) = d.move_us(pos, cyl, head);
+            let base_cost = seek + switch;
+            if best.is_some_and(|(b, _)| base_cost >= b) {
+                continue; // cannot beat the best even with no wait
+            }
+            let angle = d.angle_at(clock + base_cost);
+            let slot0 = u64::from(d.slot(cyl, head, 0));
+            // Walk the slots in the order they pass under the head: the
+            // first that starts a long enough run is this track's best.
+            let start_slot = ((angle - 1e-6).ceil().max(0.0) as u64) % n;
+            for i in 0..n {
+                let slot = (start_slot + i) % n;
+                let sector = (slot + n - slot0) % n;
+                if run[sector as usize] < want {
+                    continue;
+                }
+                let wait = d.wait_sectors(angle, slot as u32);
+                let cost = base_cost + wait * p.sector_us();
+                if best.is_none_or(|(b, _)| cost < b) {
+                    best = Some((cost, base + sector));
+                }
+                break;
+            }
+        }
+        best.map(|(_, lba)| (lba, want))
+    }
+
+    fn mark(&self, g: &mut Inner, lba: u64, len: u64, used: bool) {
+        for x in lba..lba + len {
+            assert_ne!(g.used[x as usize], used, "sector {x}");
+            g.used[x as usize] = used;
+        }
+        if used {
+            g.free -= len;
+        } else {
+            g.free += len;
+        }
+        self.update_fill(g);
+    }
+
+    /// Leave the fill track once it reaches the threshold.
+    fn update_fill(&self, g: &mut Inner) {
+        if let Some(ft) = g.fill_track {
+            let n = u64::from(self.disk.params().sectors_per_track);
+            let used = (ft * n..(ft + 1) * n)
+                .filter(|&x| g.used[x as usize])
+                .count() as f64;
+            if used >= self.opts.fill_threshold * n as f64 {
+                g.fill_track = self.empty_track(g);
+            }
+        }
+    }
+
+    /// The empty track the head reaches soonest, if the compactor left any.
+    fn empty_track(&self, g: &Inner) -> Option<u64> {
+        let p = self.disk.params();
+        let n = u64::from(p.sectors_per_track);
+        let pos = self.disk.head();
+        (0..p.tracks())
+            .filter(|&t| (t * n..(t + 1) * n).all(|x| !g.used[x as usize]))
+            .min_by(|&a, &b| {
+                let cost = |t: u64| {
+                    let c = self.disk.chs(t * n);
+                    let (s, h) = self.disk.move_us(pos, c.cylinder, c.head);
+                    s + h
+                };
+                cost(a).total_cmp(&cost(b))
+            })
+    }
+
+    /// Write logical sectors `l0..` with `data` (whole sectors), eagerly;
+    /// commit the map; free what they replaced. Inside a request.
+    fn write_logical(
+        &self,
+        g: &mut Inner,
+        l0: u64,
+        data: &[u8],
+        avoid: Option<u64>,
+    ) -> Result<(), DeviceError> {
+        let count = (data.len() / SECTOR) as u64;
+        let mut pending: Vec<(u64, u32)> = Vec::with_capacity(count as usize);
+        let mut done = 0;
+        while done < count {
+            let (at, len) = self
+                .place(g, count - done, avoid)
+                .ok_or_else(|| no_space(l0))?;
+            let bytes = &data[done as usize * SECTOR..(done + len) as usize * SECTOR];
+            self.disk.media_write(at, bytes)?;
+            g.stats.data_writes += 1;
+            self.mark(g, at, len, true);
+            for i in 0..len {
+                pending.push((l0 + done + i, (at + i) as u32));
+            }
+            done += len;
+        }
+        self.commit(g, &pending)
+    }
+
+    /// Write the map sectors covering `updates` (logical -> physical), then
+    /// adopt them and free what they replaced.
+    fn commit(&self, g: &mut Inner, updates: &[(u64, u32)]) -> Result<(), DeviceError> {
+        let mut by_index: Vec<u32> = updates
+            .iter()
+            .map(|(l, _)| (l / ENTRIES as u64) as u32)
+            .collect();
+        by_index.dedup();
+        for idx in by_index {
+            let mut entries = self.entries_of(g, idx);
+            let base = u64::from(idx) * ENTRIES as u64;
+            for &(l, p) in updates
+                .iter()
+                .filter(|(l, _)| l / ENTRIES as u64 == u64::from(idx))
+            {
+                entries[(l - base) as usize] = Some(p);
+            }
+            self.write_map(g, idx, entries)?;
+            for &(l, p) in updates
+                .iter()
+                .filter(|(l, _)| l / ENTRIES as u64 == u64::from(idx))
+            {
+                if let Some(old) = g.map[l as usize].replace(p) {
+                    g.owner.remove(&old);
+                    self.mark(g, u64::from(old), 1, false);
+                }
+                g.owner.insert(p, l);
+            }
+        }
+        Ok(())
+    }
+
+    fn entries_of(&self, g: &Inner, idx: u32) -> [Option<u32>; ENTRIES] {
+        let mut e = [None; ENTRIES];
+        let base = idx as usize * ENTRIES;
+        for (i, x) in e.iter_mut().enumerate() {
+            *x = g.map.get(base + i).copied().flatten();
+        }
+        e
+    }
+
+    /// Write a new version of map sector `idx` as the new root.
+    fn write_map(
+        &self,
+        g: &mut Inner,
+        idx: u32,
+        entries: [Option<u32>; ENTRIES],
+    ) -> Result<(), DeviceError> {
+        let old = g.nodes[idx as usize].clone();
+        let Some(ptrs) = pointers_for(g, old.as_ref()) else {
+            // Too many orphans: write every live map sector again.
+            g.stats.relogs += 1;
+            self.relog_all(g)?;
+            return self.write_map(g, idx, entries);
+        };
+        let (at, _) = self.place(g, 1, None).ok_or_else(|| no_space(0))?;
+        g.seq += 1;
+        let m = MapSector {
+            seq: g.seq,
+            index: idx,
+            ptrs: ptrs.clone(),
+            entries,
+        };
+        self.disk.media_write(at, &m.encode(self.opts.disk_id))?;
+        g.stats.map_writes += 1;
+        self.mark(g, at, 1, true);
+        let new = Ptr {
+            lba: at,
+            seq: m.seq,
+        };
+        g.live.insert(new.seq, idx);
+        g.nodes[idx as usize] = Some(Node { at: new, ptrs });
+        g.root = Some(new);
+        if let Some(o) = old {
+            g.live.remove(&o.at.seq);
+            self.mark(g, o.at.lba, 1, false);
+        }
+        Ok(())
+    }
+
+    /// Write every live map sector again, oldest first, as a chain.
+    fn relog_all(&self, g: &mut Inner) -> Result<(), DeviceError> {
+        let mut order: Vec<(u64, u32)> = g
+            .nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| n.as_ref().map(|n| (n.at.seq, i as u32)))
+            .collect();
+        order.sort();
+        let mut prev: Option<Ptr> = None;
+        for (_, idx) in order {
+            let entries = self.entries_of(g, idx);
+            let (at, _) = self.place(g, 1, None).ok_or_else(|| no_space(0))?;
+            g.seq += 1;
+            let ptrs: Vec<Ptr> = prev.into_iter().collect();
+            let m = MapSector {
+                seq: g.seq,
+                index: idx,
+                ptrs: ptrs.clone(),
+                entries,
+            };
+            self.disk.media_write(at, &m.encode(self.opts.disk_id))?;
+            g.stats.map_writes += 1;
+            self.mark(g, at, 1, true);
+            let new = Ptr {
+                lba: at,
+                seq: m.seq,
+            };
+            if let Some(o) = g.nodes[idx as usize].replace(Node { at: new, ptrs }) {
+                g.live.remove(&o.at.seq);
+                self.mark(g, o.at.lba, 1, false);
+            }
+            g.live.insert(new.seq, idx);
+            g.root = Some(new);
+            prev = Some(new);
+        }
+        Ok(())
+    }
+
+    /// Idle time: empty sparsely used tracks (random choice among those
+    /// below the fill threshold) by moving their live sectors elsewhere,
+    /// until `budget_us` of simulated time is spent; the rest of the budget
+    /// passes idle. Returns tracks emptied.
+    pub fn compact(&self, budget_us: f64) -> Result<u64, DeviceError> {
+        let start = self.disk.now_us();
+        let p = self.disk.params().clone();
+        let n = u64::from(p.sectors_per_track);
+        let mut emptied = 0;
+        let mut g = self.lock();
+        let mut tries = 0;
+        while self.disk.now_us() - start < budget_us && tries < 4 * p.tracks() {
+            tries += 1;
+            let t = g.rng.gen_range(0..p.tracks());
+            let used = (t * n..(t + 1) * n).filter(|&x| g.used[x as usize]).count() as u64;
+            if used == 0 || t == 0 || used as f64 >= self.opts.fill_threshold * n as f64 {
+                continue;
+            }
+            if g.free < used + 2 * n {
+                break;
+            }
+            let mut buf = vec![0u8; n as usize * SECTOR];
+            self.disk.media_read(t * n, &mut buf)?;
+            // Live data sectors, by logical address, in runs.
+            let mut moves: Vec<(u64, Vec<u8>)> = Vec::new();
+            let mut maps = Vec::new();
+            for s in 0..n {
+                let x = t * n + s;
+                if !g.used[x as usize] {
+                    continue;
+                }
+                let bytes = &buf[s as usize * SECTOR..(s as usize + 1) * SECTOR];
+                if let Some(&l) = g.owner.get(&(x as u32)) {
+                    match moves.last_mut() {
+                        Some((l0, d)) if *l0 + (d.len() / SECTOR) as u64 == l => {
+                            d.extend_from_slice(bytes)
+                        }
+                        _ => moves.push((l, bytes.to_vec())),
+                    }
+                } else if let Some(&idx) = g
+                    .live
+                    .iter()
+                    .find(|(_, &i)| {
+                        g.nodes[i as usize]
+                            .as_ref()
+                            .is_some_and(|nd| nd.at.lba == x)
+                    })
+                    .map(|(_, i)| i)
+                {
+                    maps.push(idx);
+                }
+            }
+            for (l0, d) in moves {
+                self.write_logical(&mut g, l0, &d, Some(t))?;
+            }
+            for idx in maps {
+                if g.nodes[idx as usize]
+                    .as_ref()
+                    .is_some_and(|nd| nd.at.lba / n == t)
+                {
+                    let e = self.entries_of(&g, idx);
+                    self.write_map(&mut g, idx, e)?;
+                }
+            }
+            if (t * n..(t + 1) * n).all(|x| !g.used[x as usize]) {
+                emptied += 1;
+                g.stats.compacted_tracks += 1;
+            }
+        }
+        if g.fill_track.is_none() {
+            g.fill_track = self.empty_track(&g);
+        }
+        drop(g);
+        let spent = self.disk.now_us() - start;
+        if spent < budget_us {
+            self.disk.idle(budget_us - spent);
+        }
+        Ok(emptied)
+    }
+}
+
+fn no_space(l: u64) -> DeviceError {
+    DeviceError::Io {
+        op: DeviceOp::Write,
+        offset: l * SECTOR as u64,
+        len: SECTOR as u64,
+        source: std::io::Error::other(
+            "vld: no free sector (more logical sectors than the disk holds)",
+        ),
+    }
+}
+
+fn is_live(g: &Inner, p: &Ptr) -> bool {
+    g.live
+        .get(&p.seq)
+        .and_then(|&i| g.nodes[i as usize].as_ref())
+        .is_some_and(|n| n.at == *p)
+}
+
+/// Seqs of live versions reachable from `from` through live versions,
+/// never entering `skip`.
+fn reachable(g: &Inner, from: Option<Ptr>, skip: Option<Ptr>) -> HashSet<u64> {
+    let mut seen = HashSet::new();
+    let mut stack: Vec<Ptr> = from.into_iter().collect();
+    while let Some(p) = stack.pop() {
+        if Some(p) == skip || !is_live(g, &p) || !seen.insert(p.seq) {
+            continue;
+        }
+        let idx = g.live[&p.seq];
+        stack.extend(g.nodes[idx as usize].as_ref().unwrap().ptrs.iter().copied());
+    }
+    seen
+}
+
+/// The back pointers of a new version replacing `old`: the current root
+/// (unless it is `old`) and the live pointees of `old` not reachable
+/// otherwise, newest first; `None` if more than fit.
+fn pointers_for(g: &Inner, old: Option<&Node>) -> Option<Vec<Ptr>> {
+    let skip = old.map(|o| o.at);
+    let mut ptrs = Vec::new();
+    let mut reach = HashSet::new();
+    if let Some(r) = g.root {
+        if Some(r) != skip {
+            ptrs.push(r);
+            reach = reachable(g, Some(r), skip);
+        }
+    }
+    if let Some(o) = old {
+        let mut kids: Vec<Ptr> = o.ptrs.iter().copied().filter(|p| is_live(g, p)).collect();
+        kids.sort_by_key(|p| std::cmp::Reverse(p.seq));
+        for k in kids {
+            if !reach.contains(&k.seq) {
+                ptrs.push(k);
+                reach.extend(reachable(g, Some(k), skip));
+            }
+        }
+    }
+    (ptrs.len() <= MAX_PTRS).then_some(ptrs)
+}
+
+impl Device for Vld {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        check_range(DeviceOp::Read, offset, buf.len(), self.size_bytes())?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        self.disk.begin_request(DeviceOp::Read)?;
+        let g = self.lock();
+        let first = offset / SECTOR as u64;
+        let end = (offset + buf.len() as u64).div_ceil(SECTOR as u64);
+        let mut whole = vec![0u8; ((end - first) as usize) * SECTOR];
+        // Physically contiguous runs are read with one media access.
+        let mut l = first;
+        while l < end {
+            let Some(p) = g.map[l as usize] else {
+                l += 1;
+                continue;
+            };
+            let mut len = 1;
+            while l + len < end && g.map[(l + len) as usize] == Some(p + len as u32) {
+                len += 1;
+            }
+            let o = ((l - first) as usize) * SECTOR;
+            self.disk
+                .media_read(u64::from(p), &mut whole[o..o + len as usize * SECTOR])?;
+            l += len;
+        }
+        let skip = (offset - first * SECTOR as u64) as usize;
+        buf.copy_from_slice(&whole[skip..skip + buf.len()]);
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+        check_range(DeviceOp::Write, offset, buf.len(), self.size_bytes())?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let first = offset / SECTOR as u64;
+        let end = (offset + buf.len() as u64).div_ceil(SECTOR as u64);
+        let mut whole = vec![0u8; ((end - first) as usize) * SECTOR];
+        let skip = (offset - first * SECTOR as u64) as usize;
+        if skip != 0 || !buf.len().is_multiple_of(SECTOR) {
+            // Partial sectors: the drive merges with what is there (a read).
+            self.read_at(&mut whole, first * SECTOR as u64)?;
+        }
+        whole[skip..skip + buf.len()].copy_from_slice(buf);
+        self.disk.begin_request(DeviceOp::Write)?;
+        let mut g = self.lock();
+        self.write_logical(&mut g, first, &whole, None)
+    }
+
+    /// Every write is on the media when it returns.
+    fn flush(&self) -> Result<(), DeviceError> {
+        self.disk.flush()
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.logical_sectors * SECTOR as u64
+    }
+}
+
+#[cfg(test)]
+mod tests;
