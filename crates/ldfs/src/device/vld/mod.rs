@@ -19,7 +19,9 @@
 //!   root and to those live pointees of `old` the root no longer reaches
 //!   without `old`; so `old`'s sector can be reused at once without copying
 //!   anything. Should that need more than [`format::MAX_PTRS`] pointers,
-//!   every live map sector is written again as a fresh chain.
+//!   one orphan is first written again pointing to the root, its own
+//!   pointees and as many other orphans as fit (one extra map write); only
+//!   if that gathers nothing is every live map sector written again.
 //! - **The tail.** At power-down the drive writes the root to sector 0 with
 //!   a checksum ([`Vld::power_down`], [`Vld::tail_record`]); recovery
 //!   traverses the tree from it newest first (an obsolete version is
@@ -77,6 +79,8 @@ pub struct VldStats {
     pub data_writes: u64,
     pub map_writes: u64,
     pub relogs: u64,
+    /// Extra map writes that gathered orphans (see `Vld::absorb`).
+    pub absorbs: u64,
     pub compacted_tracks: u64,
 }
 
@@ -606,12 +610,16 @@ impl Vld {
         entries: [Option<u32>; ENTRIES],
     ) -> Result<(), DeviceError> {
         let old = g.nodes[idx as usize].clone();
-        let Some(ptrs) = pointers_for(g, old.as_ref()) else {
-            // Too many orphans: write every live map sector again.
-            g.stats.relogs += 1;
-            self.relog_all(g)?;
+        let ptrs = pointers_for(g, old.as_ref());
+        if ptrs.len() > MAX_PTRS {
+            // Too many orphans for one sector: first gather some of them
+            // under a new version of one of them, then try again.
+            if !self.absorb(g, old.as_ref().map(|o| o.at), &ptrs[1..])? {
+                g.stats.relogs += 1;
+                self.relog_all(g)?;
+            }
             return self.write_map(g, idx, entries);
-        };
+        }
         let (at, _) = self.place(g, 1, None).ok_or_else(|| no_space(0))?;
         g.seq += 1;
         let m = MapSector {
@@ -635,6 +643,67 @@ impl Vld {
             self.mark(g, o.at.lba, 1, false);
         }
         Ok(())
+    }
+
+    /// Orphans (live versions that only `old` reaches besides the root) are
+    /// too many for one sector: write a new version of the orphan with the
+    /// fewest pointers, pointing to the current root (so it is a valid
+    /// root: `old` is still live), to its own live pointees, and to as many
+    /// other orphans as fit. Afterwards the root reaches those orphans
+    /// without `old`. False if that gathers nothing.
+    fn absorb(
+        &self,
+        g: &mut Inner,
+        old: Option<Ptr>,
+        orphans: &[Ptr],
+    ) -> Result<bool, DeviceError> {
+        let Some(root) = g.root else { return Ok(false) };
+        let node = |p: &Ptr| g.nodes[g.live[&p.seq] as usize].as_ref().unwrap();
+        let Some(c) = orphans.iter().copied().min_by_key(|p| node(p).ptrs.len()) else {
+            return Ok(false);
+        };
+        let mut ptrs = vec![root];
+        for k in node(&c).ptrs.iter().filter(|k| is_live(g, k)) {
+            if !ptrs.contains(k) {
+                ptrs.push(*k);
+            }
+        }
+        let before = ptrs.len();
+        for o in orphans {
+            if ptrs.len() == MAX_PTRS {
+                break;
+            }
+            if *o != c && Some(*o) != old && !ptrs.contains(o) {
+                ptrs.push(*o);
+            }
+        }
+        if ptrs.len() > MAX_PTRS || ptrs.len() - before < 2 {
+            return Ok(false);
+        }
+        let idx = g.live[&c.seq];
+        let entries = self.entries_of(g, idx);
+        let (at, _) = self.place(g, 1, None).ok_or_else(|| no_space(0))?;
+        g.seq += 1;
+        let m = MapSector {
+            seq: g.seq,
+            index: idx,
+            ptrs: ptrs.clone(),
+            entries,
+        };
+        self.disk.media_write(at, &m.encode(self.opts.disk_id))?;
+        g.stats.map_writes += 1;
+        g.stats.absorbs += 1;
+        self.mark(g, at, 1, true);
+        let new = Ptr {
+            lba: at,
+            seq: m.seq,
+        };
+        g.live.remove(&c.seq);
+        self.mark(g, c.lba, 1, false);
+        g.live.insert(new.seq, idx);
+        g.nodes[idx as usize] = Some(Node { at: new, ptrs });
+        g.root = Some(new);
+        Ok(true)
     }
 
     /// Write every live map sector again, oldest first, as a chain.
@@ -792,8 +861,8 @@ fn reachable(g: &Inner, from: Option<Ptr>, skip: Option<Ptr>) -> HashSet<u64> {
 
 /// The back pointers of a new version replacing `old`: the current root
 /// (unless it is `old`) and the live pointees of `old` not reachable
-/// otherwise, newest first; `None` if more than fit.
-fn pointers_for(g: &Inner, old: Option<&Node>) -> Option<Vec<Ptr>> {
+/// otherwise, newest first (possibly more than fit).
+fn pointers_for(g: &Inner, old: Option<&Node>) -> Vec<Ptr> {
     let skip = old.map(|o| o.at);
     let mut ptrs = Vec::new();
     let mut reach = HashSet::new();
@@ -813,7 +882,7 @@ fn pointers_for(g: &Inner, old: Option<&Node>) -> Option<Vec<Ptr>> {
             }
         }
     }
-    (ptrs.len() <= MAX_PTRS).then_some(ptrs)
+    ptrs
 }
 
 impl Device for Vld {
