@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use ldfs::device::MemoryDevice;
+use ldfs::dual::{Dual, DualMkfsOptions};
 use ldfs::fs::{Ctx, Fs, FsError, FsOptions, XattrMode, LINK_MAX, MAX_FILE_BYTES, ROOT_INO};
 use ldfs::ld::LogicalDisk;
 use ldfs::lld::layout::MkfsOptions;
@@ -11,17 +12,42 @@ use ldfs::lld::{Lld, LldOptions};
 
 const CTX: Ctx = Ctx { uid: 0, gid: 0 };
 
-fn fresh() -> Fs {
-    let dev = Arc::new(MemoryDevice::new(256 << 20));
-    let lld = Lld::create(dev, &MkfsOptions::default(), LldOptions::default()).unwrap();
-    Fs::format(&lld, CTX).unwrap();
-    let ld: Arc<dyn LogicalDisk> = Arc::new(lld);
+/// A fresh file system on one log (`dual` false) or on the dual layout:
+/// metadata on a log, file data on a device of its own.
+fn fresh(dual: bool) -> Fs {
+    let ld: Arc<dyn LogicalDisk> = if dual {
+        let meta = Arc::new(MemoryDevice::new(64 << 20));
+        let data = Arc::new(MemoryDevice::new(256 << 20));
+        ldfs::dual::mkfs(meta.clone(), &*data, &DualMkfsOptions::default()).unwrap();
+        Arc::new(Dual::open(meta, data, LldOptions::default()).unwrap())
+    } else {
+        let dev = Arc::new(MemoryDevice::new(256 << 20));
+        Arc::new(Lld::create(dev, &MkfsOptions::default(), LldOptions::default()).unwrap())
+    };
+    Fs::format(&*ld, CTX).unwrap();
     Fs::mount(ld, FsOptions::default()).unwrap()
 }
 
-#[test]
-fn link_count_limit_is_emlink() {
-    let fs = fresh();
+/// Runs a test body on both layouts.
+macro_rules! on_both_layouts {
+    ($body:ident, $log:ident, $dual:ident) => {
+        #[test]
+        fn $log() {
+            $body(fresh(false));
+        }
+        #[test]
+        fn $dual() {
+            $body(fresh(true));
+        }
+    };
+}
+
+on_both_layouts!(
+    link_count_limit_is_emlink,
+    link_count_limit_is_emlink_on_one_log,
+    link_count_limit_is_emlink_on_dual
+);
+fn link_count_limit_is_emlink(fs: Fs) {
     let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap();
     let d = fs.mkdir(CTX, ROOT_INO, b"links", 0o755).unwrap();
     for i in 1..LINK_MAX {
@@ -36,9 +62,12 @@ fn link_count_limit_is_emlink() {
     assert!(report.problems.is_empty(), "{:?}", report.problems);
 }
 
-#[test]
-fn size_name_and_xattr_limits() {
-    let fs = fresh();
+on_both_layouts!(
+    size_name_and_xattr_limits,
+    size_name_and_xattr_limits_on_one_log,
+    size_name_and_xattr_limits_on_dual
+);
+fn size_name_and_xattr_limits(fs: Fs) {
     let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap();
     assert!(matches!(
         fs.write(f.ino, MAX_FILE_BYTES - 2, b"abc"),
@@ -71,9 +100,12 @@ fn size_name_and_xattr_limits() {
     assert_eq!(fs.getxattr(f.ino, b"user.big").unwrap(), big);
 }
 
-#[test]
-fn readdir_cookies_survive_inserts_and_removals() {
-    let fs = fresh();
+on_both_layouts!(
+    readdir_cookies_survive_inserts_and_removals,
+    readdir_cookies_survive_inserts_and_removals_on_one_log,
+    readdir_cookies_survive_inserts_and_removals_on_dual
+);
+fn readdir_cookies_survive_inserts_and_removals(fs: Fs) {
     let d = fs.mkdir(CTX, ROOT_INO, b"d", 0o755).unwrap();
     for i in 0..500 {
         fs.mknod(CTX, d.ino, format!("n{i}").as_bytes(), 0o100644, 0)
@@ -107,9 +139,12 @@ fn readdir_cookies_survive_inserts_and_removals() {
     }
 }
 
-#[test]
-fn open_directory_survives_a_rename_over_its_name() {
-    let fs = fresh();
+on_both_layouts!(
+    open_directory_survives_a_rename_over_its_name,
+    open_directory_survives_a_rename_over_its_name_on_one_log,
+    open_directory_survives_a_rename_over_its_name_on_dual
+);
+fn open_directory_survives_a_rename_over_its_name(fs: Fs) {
     let a = fs.mkdir(CTX, ROOT_INO, b"a", 0o755).unwrap();
     let b = fs.mkdir(CTX, ROOT_INO, b"b", 0o755).unwrap();
     fs.mknod(CTX, b.ino, b"inside-b", 0o100644, 0).unwrap();
@@ -200,4 +235,54 @@ fn deletes_on_a_full_file_system_with_the_cleaner_running() {
     }
     let problems = lld.check_usage().unwrap();
     assert!(problems.is_empty(), "{problems:?}");
+}
+
+/// The dual layout filled to NoSpace on its data device and emptied, a few
+/// times: every write that fails, fails before anything is accepted, every
+/// delete works on the full device, and afterwards no data block is leaked
+/// or both free and referenced.
+#[test]
+fn dual_data_device_fills_and_empties_cleanly() {
+    let meta = Arc::new(MemoryDevice::new(64 << 20));
+    let data = Arc::new(MemoryDevice::new(8 << 20));
+    let mk = DualMkfsOptions {
+        group_blocks: 512,
+        ..Default::default()
+    };
+    ldfs::dual::mkfs(meta.clone(), &*data, &mk).unwrap();
+    let dual = Arc::new(Dual::open(meta, data, LldOptions::default()).unwrap());
+    Fs::format(&*dual, CTX).unwrap();
+    let ld: Arc<dyn LogicalDisk> = dual.clone();
+    let fs = Fs::mount(ld, FsOptions::default()).unwrap();
+    let chunk = vec![0xa5u8; 96 << 10];
+    for cycle in 0..3 {
+        let d = fs
+            .mkdir(CTX, ROOT_INO, format!("c{cycle}").as_bytes(), 0o755)
+            .unwrap()
+            .ino;
+        let mut n = 0;
+        loop {
+            let name = format!("f{n}");
+            let f = fs.mknod(CTX, d, name.as_bytes(), 0o100644, 0).unwrap().ino;
+            match fs.write(f, 0, &chunk) {
+                Ok(_) => n += 1,
+                Err(FsError::NoSpace) => {
+                    assert_eq!(fs.getattr(f).unwrap().size, 0, "a failed write left bytes");
+                    fs.unlink(d, name.as_bytes()).unwrap();
+                    break;
+                }
+                Err(e) => panic!("cycle {cycle}: write {name}: {e:?}"),
+            }
+            assert!(n < 200, "never filled");
+        }
+        assert!(n >= 70, "cycle {cycle}: only {n} files fit in 8 MiB");
+        for i in 0..n {
+            fs.unlink(d, format!("f{i}").as_bytes()).unwrap();
+        }
+        fs.rmdir(ROOT_INO, format!("c{cycle}").as_bytes()).unwrap();
+        fs.fsync().unwrap();
+        let report = fs.check().unwrap();
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        assert_eq!(dual.check_blocks().unwrap(), Vec::<String>::new());
+    }
 }
