@@ -329,3 +329,62 @@ fn new_lists_go_to_the_emptiest_group() {
     );
     assert_eq!(d.list_hints(h).unwrap().unwrap().near, Some(f));
 }
+
+#[test]
+fn data_is_durable_before_the_log_names_it() {
+    use crate::device::{CrashDevice, CrashOptions};
+    let meta = Arc::new(CrashDevice::new(META_BYTES));
+    let data = Arc::new(CrashDevice::new(DATA_BYTES));
+    mkfs(
+        meta.clone(),
+        &*data,
+        &DualMkfsOptions {
+            group_blocks: 256,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let small = LldOptions {
+        partial_bytes: 4096,
+        ..opts()
+    };
+    let d = Dual::open(meta.clone(), data.clone(), small).unwrap();
+    let f = data_list(&d);
+    let m = meta_list(&d);
+    d.flush().unwrap();
+    d.write(None, f, 0, &block(1, 4096)).unwrap();
+    // A large metadata block seals the partial segment holding the
+    // pointer: the log reaches its device without any flush asked for.
+    d.write(None, m, 0, &block(2, 8000)).unwrap();
+    d.write(None, m, 1, &block(3, 8000)).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while meta.pending_writes() == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(meta.pending_writes() > 0, "the log wrote nothing");
+    // The worst crash: every log write survives, no unflushed data write.
+    let keep_all = CrashOptions {
+        keep_probability: 1.0,
+        tear_probability: 0.0,
+    };
+    let lose_all = CrashOptions {
+        keep_probability: 0.0,
+        tear_probability: 0.0,
+    };
+    let mimg = meta.crash_image(1, &keep_all);
+    let dimg = data.crash_image(1, &lose_all);
+    d.abandon();
+    let d = Dual::open(
+        Arc::new(MemoryDevice::from_vec(mimg)),
+        Arc::new(MemoryDevice::from_vec(dimg)),
+        opts(),
+    )
+    .unwrap();
+    // Either the pointer did not survive, or its data did.
+    match d.read(f, 0) {
+        Ok(None) => {}
+        Ok(Some(b)) => assert_eq!(b, block(1, 4096)),
+        Err(e) => panic!("the log named data that never reached its device: {e}"),
+    }
+    assert_eq!(d.read(m, 0).unwrap().unwrap(), block(2, 8000));
+}
