@@ -299,7 +299,7 @@ pub struct DualStats {
 
 /// The dual Logical Disk.
 pub struct Dual {
-    meta: Lld,
+    meta: Arc<Lld>,
     sync: Arc<DataSync>,
     geo: DataGeometry,
     label: DataLabel,
@@ -331,7 +331,7 @@ impl Dual {
         let lld = Lld::open(ordered, opts)?;
         match Self::load(&lld, &label) {
             Ok(st) => Ok(Dual {
-                meta: lld,
+                meta: Arc::new(lld),
                 sync,
                 geo: label.geo,
                 label,
@@ -408,6 +408,11 @@ impl Dual {
         &self.meta
     }
 
+    /// The engine, shared (a mount's control requests: clean, checkpoint).
+    pub fn meta_arc(&self) -> Arc<Lld> {
+        self.meta.clone()
+    }
+
     pub fn label(&self) -> &DataLabel {
         &self.label
     }
@@ -428,9 +433,12 @@ impl Dual {
         self.meta.close()
     }
 
-    /// Stops without flushing, as a crash would.
+    /// Stops without flushing, as a crash would (if the engine is shared
+    /// still, it is only dropped here).
     pub fn abandon(self) {
-        self.meta.abandon()
+        if let Ok(l) = Arc::try_unwrap(self.meta) {
+            l.abandon()
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
