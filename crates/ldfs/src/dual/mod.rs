@@ -1120,17 +1120,19 @@ impl LogicalDisk for Dual {
     }
 
     fn space(&self) -> SpaceStats {
+        // The file system spans both devices: the capacity is both; what
+        // can still be written is the data device's free blocks (a full
+        // metadata log shows as NoSpace when an operation reserves).
         let st = self.lock();
         let free: u64 = st.group_free.iter().map(|&f| f as u64).sum();
         let used = self.geo.blocks - free;
         let m = self.meta.space();
         SpaceStats {
-            capacity_bytes: self.geo.blocks * DATA_BLOCK_BYTES,
+            capacity_bytes: self.geo.blocks * DATA_BLOCK_BYTES + m.capacity_bytes,
             available_bytes: free.saturating_sub(st.reserved) * DATA_BLOCK_BYTES,
             live_bytes: used * DATA_BLOCK_BYTES + m.live_bytes,
         }
-    }
-}
+    }}
 
 #[cfg(test)]
 mod tests;
