@@ -36,13 +36,36 @@ fn dual_pair_mounts_and_refuses_a_wrong_meta() {
     fs::write(m.path("d/small"), b"small").unwrap();
     m.unmount();
     // The file's bytes are on the data image.
-    let img = fs::read(&data).unwrap();
-    assert!(img.windows(64).any(|w| w == &big[4096..4160]));
+    assert!(fs::read(&data)
+        .unwrap()
+        .windows(64)
+        .any(|w| w == &big[4096..4160]));
 
     let m = Mount::new(&data, &mnt, &[]);
     assert_eq!(fs::read(m.path("big")).unwrap(), big);
     assert_eq!(fs::read(m.path("d/small")).unwrap(), b"small");
     m.unmount();
+
+    // fsck finds META as mount does: clean, then a damaged data block.
+    let fsck = |extra: &[&str]| {
+        let out = ldfs().arg("fsck").args(extra).arg(&data).output().unwrap();
+        (
+            out.status.code().unwrap(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, text) = fsck(&["-n"]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("dual file system"), "{text}");
+    let mut img = fs::read(&data).unwrap();
+    let at = img.windows(64).position(|w| w == &big[4096..4160]).unwrap();
+    img[at] ^= 0xff;
+    fs::write(&data, &img).unwrap();
+    let (code, text) = fsck(&["-n"]);
+    assert_eq!(code, 4, "{text}");
+    assert!(text.contains("checksum mismatch"), "{text}");
+    img[at] ^= 0xff;
+    fs::write(&data, &img).unwrap();
 
     // Another pair's metadata: refused, and the images are untouched.
     let (data2, meta2) = (t.path().join("data2.img"), t.path().join("meta2.img"));

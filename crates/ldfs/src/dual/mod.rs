@@ -667,6 +667,12 @@ impl Dual {
     /// allocated block, no block is named twice, no allocated block is
     /// named by nothing (a leak). Returns the problems found, as text.
     pub fn check_blocks(&self) -> LdResult<Vec<String>> {
+        self.check_blocks_with(false)
+    }
+
+    /// `check_blocks`, and with `data` also every named block's bytes
+    /// against its checksum.
+    pub fn check_blocks_with(&self, data: bool) -> LdResult<Vec<String>> {
         let mut problems = Vec::new();
         let mut named = vec![0u64; self.lock().committed.len()];
         let mut from = OWN_LISTS + 1;
@@ -700,6 +706,15 @@ impl Dual {
                             ));
                         }
                         set_bit(&mut named, p.block, true);
+                        if data {
+                            match self.read_block(&p) {
+                                Ok(_) => {}
+                                Err(LdError::Corrupt(c)) => {
+                                    problems.push(format!("list {user} block {idx}: {c}"))
+                                }
+                                Err(e) => return Err(e),
+                            }
+                        }
                         if !bit(&self.lock().committed, p.block) {
                             problems.push(format!(
                                 "list {user} block {idx}: data block {} is free in the bitmap",
@@ -1132,7 +1147,8 @@ impl LogicalDisk for Dual {
             available_bytes: free.saturating_sub(st.reserved) * DATA_BLOCK_BYTES,
             live_bytes: used * DATA_BLOCK_BYTES + m.live_bytes,
         }
-    }}
+    }
+}
 
 #[cfg(test)]
 mod tests;

@@ -388,3 +388,45 @@ fn data_is_durable_before_the_log_names_it() {
     }
     assert_eq!(d.read(m, 0).unwrap().unwrap(), block(2, 8000));
 }
+
+#[test]
+fn the_block_check_finds_free_named_leaked_and_damaged_blocks() {
+    let p = Pair::new(256);
+    let d = p.open();
+    let f = data_list(&d);
+    d.write(None, f, 0, &block(1, 4096)).unwrap();
+    d.write(None, f, 1, &block(2, 4096)).unwrap();
+    let (b0, b1) = (where_is(&d, f, 0), where_is(&d, f, 1));
+    assert!(d.check_blocks_with(true).unwrap().is_empty());
+    // Rewrite group 0's bitmap behind the LD's back: block b0 free, and
+    // block 200 allocated though nothing names it.
+    let gw = 256 / 64;
+    let mut words = vec![0u64; gw];
+    set_bit(&mut words, b1, true);
+    set_bit(&mut words, 200, true);
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    d.meta().write(None, BITMAP_LIST, 0, &bytes).unwrap();
+    d.meta()
+        .write(None, DESC_LIST, 0, &format::encode_desc(0, 254))
+        .unwrap();
+    let off = d.geo.offset(b1);
+    d.close().unwrap();
+    p.data.write_at(&[0xee], off + 5).unwrap();
+    let d = p.open();
+    let found = d.check_blocks_with(true).unwrap();
+    assert!(
+        found
+            .iter()
+            .any(|l| l.contains(&format!("data block {b0} is free"))),
+        "{found:?}"
+    );
+    assert!(
+        found
+            .iter()
+            .any(|l| l.contains("data block 200 is allocated but named by nothing")),
+        "{found:?}"
+    );
+    assert!(found.iter().any(|l| l.contains("checksum")), "{found:?}");
+    assert_eq!(found.len(), 3, "{found:?}");
+    assert_eq!(d.check_blocks().unwrap().len(), 2);
+}
