@@ -304,6 +304,11 @@ pub struct Dual {
     geo: DataGeometry,
     label: DataLabel,
     st: Mutex<State>,
+    /// Held shared by a data read from its pointer to its bytes, and
+    /// exclusively by an overwrite in place from its bytes to its pointer
+    /// (and by an abort writing old bytes back): a read never pairs one
+    /// version's checksum with another's bytes.
+    io: std::sync::RwLock<()>,
 }
 
 impl Dual {
@@ -336,6 +341,7 @@ impl Dual {
                 geo: label.geo,
                 label,
                 st: Mutex::new(st),
+                io: std::sync::RwLock::new(()),
             }),
             Err(e) => {
                 lld.abandon();
@@ -608,11 +614,12 @@ impl Dual {
                 a.undone.insert(old.block);
                 a.undo.push((old.block, prev));
             }
-            self.sync.write(&buf, off)?;
             let p = Pointer {
                 block: old.block,
                 ..p
             };
+            let _io = self.io.write().expect("io lock poisoned");
+            self.sync.write(&buf, off)?;
             return self.meta.write(Some(aru), eng, index, &p.encode());
         }
         let b = self.alloc(aru, eng, index)?;
@@ -707,6 +714,7 @@ impl Dual {
                         }
                         set_bit(&mut named, p.block, true);
                         if data {
+                            let _io = self.io.read().expect("io lock poisoned");
                             match self.read_block(&p) {
                                 Ok(_) => {}
                                 Err(LdError::Corrupt(c)) => {
@@ -939,6 +947,7 @@ impl LogicalDisk for Dual {
         if !self.is_data(eng)? {
             return self.meta.read(eng, index).map_err(Self::user_err);
         }
+        let _io = self.io.read().expect("io lock poisoned");
         match self.pointer(eng, index)? {
             Some(p) => Ok(Some(self.read_block(&p)?)),
             None => Ok(None),
@@ -958,6 +967,7 @@ impl LogicalDisk for Dual {
                 .read_range(eng, range, limit)
                 .map_err(Self::user_err);
         }
+        let _io = self.io.read().expect("io lock poisoned");
         let ptrs = self
             .meta
             .read_range(eng, range, limit)
@@ -1069,6 +1079,8 @@ impl LogicalDisk for Dual {
     }
 
     fn abort_aru(&self, aru: AruId) -> LdResult<()> {
+        // Old pointers come back before old bytes: no read in between.
+        let _io = self.io.write().expect("io lock poisoned");
         self.meta.abort_aru(aru)?;
         let a = {
             let mut st = self.lock();

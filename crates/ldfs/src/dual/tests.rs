@@ -430,3 +430,38 @@ fn the_block_check_finds_free_named_leaked_and_damaged_blocks() {
     assert_eq!(found.len(), 3, "{found:?}");
     assert_eq!(d.check_blocks().unwrap().len(), 2);
 }
+
+#[test]
+fn reads_beside_overwrites_in_place_never_see_a_checksum_mismatch() {
+    let p = Pair::new(256);
+    let d = Arc::new(p.open());
+    let f = data_list(&d);
+    d.write(None, f, 0, &block(0, 4096)).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (d, stop) = (d.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut reads = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let b = d
+                    .read(f, 0)
+                    .expect("a read beside an overwrite failed")
+                    .unwrap();
+                assert!(b == block(0, 4096) || b == block(1, 4096));
+                d.read_range(f, 0..1, 1)
+                    .expect("a range read beside an overwrite failed");
+                reads += 1;
+            }
+            reads
+        })
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(500);
+    let mut i = 0u64;
+    while std::time::Instant::now() < until {
+        d.write(None, f, 0, &block((i % 2) as u8, 4096)).unwrap();
+        i += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let reads = reader.join().unwrap();
+    assert!(reads > 100, "{reads} reads beside {i} writes");
+}
