@@ -502,7 +502,13 @@ fn main() -> ExitCode {
             path,
             json,
         } => {
-            if json {
+            let dual_meta = inspect_dual(&image, json || inode.is_some() || path.is_some());
+            if let Err(e) = dual_meta {
+                Err(e)
+            } else if let Ok(Some(meta)) = dual_meta {
+                // The metadata device is an ordinary log.
+                cmd_inspect(meta, segment, all_segments)
+            } else if json {
                 cmd_inspect_json(&image, segment, inode, path.as_deref())
             } else {
                 cmd_inspect(image.clone(), segment, all_segments).and_then(|()| match inode_target(
@@ -943,6 +949,56 @@ fn mkfs_dual(
         geo.fs_id
     );
     Ok(())
+}
+
+/// On a dual data device: prints the pair (label, groups and their free
+/// blocks) and returns the metadata device's path for the log's own
+/// report. `None` for an ordinary image.
+fn inspect_dual(
+    image: &std::path::Path,
+    unsupported: bool,
+) -> Result<Option<PathBuf>, Box<dyn std::error::Error>> {
+    let data: std::sync::Arc<dyn Device> = std::sync::Arc::new(FileDevice::open_read_only(image)?);
+    if !ldfs::dual::is_data_device(&*data) {
+        return Ok(None);
+    }
+    if unsupported {
+        return Err(
+            "inspect --json, --inode and --path do not work on a dual file system yet".into(),
+        );
+    }
+    let meta_path = mount::dual_meta_path(&*data, image, None)?;
+    let meta: std::sync::Arc<dyn Device> =
+        std::sync::Arc::new(FileDevice::open_read_only(&meta_path)?);
+    let d = ldfs::dual::Dual::open(
+        meta,
+        data,
+        ldfs::lld::LldOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )?;
+    let s = d.stats();
+    let free: u64 = s.group_free.iter().map(|&f| f as u64).sum();
+    println!("dual file system {:016x}", s.geo.fs_id);
+    println!(
+        "  data device: {} ({} blocks of 4 KiB)",
+        image.display(),
+        s.geo.blocks
+    );
+    println!("  metadata device: {}", meta_path.display());
+    println!(
+        "  {} groups of {} blocks; {} blocks free ({:.1}%)",
+        s.geo.groups,
+        s.geo.group_blocks,
+        free,
+        free as f64 * 100.0 / s.geo.blocks.max(1) as f64
+    );
+    for (g, f) in s.group_free.iter().enumerate() {
+        println!("  group {g}: {f} of {} free", s.geo.group_len(g as u32));
+    }
+    println!("metadata log:");
+    Ok(Some(meta_path))
 }
 
 fn cmd_inspect(image: PathBuf, segment: Option<u32>, all: bool) -> CmdResult {

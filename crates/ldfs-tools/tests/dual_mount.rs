@@ -67,6 +67,16 @@ fn dual_pair_mounts_and_refuses_a_wrong_meta() {
     img[at] ^= 0xff;
     fs::write(&data, &img).unwrap();
 
+    // inspect shows the groups, then the metadata log; it writes nothing.
+    let before = fs::read(&data).unwrap();
+    let out = ldfs().arg("inspect").arg(&data).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("groups of 32768 blocks"), "{text}");
+    assert!(text.contains("group 0:"), "{text}");
+    assert!(text.contains("metadata log:\nsuperblock"), "{text}");
+    assert!(fs::read(&data).unwrap() == before);
+
     // Another pair's metadata: refused, and the images are untouched.
     let (data2, meta2) = (t.path().join("data2.img"), t.path().join("meta2.img"));
     mkfs_dual(&data2, &meta2, "128M");
