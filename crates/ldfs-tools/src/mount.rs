@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use fuser::{Config, MountOption, Session, SessionACL};
 use ldfs::device::{Device, FileDevice, FileDeviceOptions};
+use ldfs::dual::Dual;
 use ldfs::fs::{Fs, FsOptions};
 use ldfs::ld::LogicalDisk;
 use ldfs::lld::{Lld, LldOptions};
@@ -117,6 +118,9 @@ pub struct MountOpts {
     pub clean_stop: Option<u32>,
     /// Options passed on to FUSE as they are.
     pub fuse: Vec<MountOption>,
+    /// A dual file system's metadata device (`meta=PATH`); default: the
+    /// path its data device's label recorded at mkfs.
+    pub meta: Option<PathBuf>,
 }
 
 impl Default for MountOpts {
@@ -131,6 +135,7 @@ impl Default for MountOpts {
             clean_start: None,
             clean_stop: None,
             fuse: Vec::new(),
+            meta: None,
         }
     }
 }
@@ -185,6 +190,7 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
                         .map_err(|_| format!("clean_stop={v}: a number of segments"))?,
                 );
             }
+            ("meta", Some(v)) if !v.is_empty() => o.meta = Some(PathBuf::from(v)),
             ("dev", None) => o.fuse.push(MountOption::Dev),
             ("nodev", None) => o.fuse.push(MountOption::NoDev),
             ("suid", None) => o.fuse.push(MountOption::Suid),
@@ -651,25 +657,49 @@ pub fn run(
         FileDevice::open(&image, FileDeviceOptions::default())
             .map_err(|e| format!("{}: {e}", image.display()))?,
     );
-    let lld = Arc::new(
-        Lld::open(
-            dev,
-            LldOptions {
-                read_only: opts.read_only,
-                map_budget_bytes: opts.cache_bytes,
-                cleaner: ldfs::lld::CleanerOptions {
-                    policy: opts.cleaner.unwrap_or_default(),
-                    background: opts.cleaner.is_some() && !opts.read_only,
-                    start_clean_segments: opts.clean_start,
-                    stop_clean_segments: opts.clean_stop,
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        )
-        .map_err(|e| format!("{}: {e}", image.display()))?,
-    );
-    let ld: Arc<dyn LogicalDisk> = lld.clone();
+    let lld_opts = LldOptions {
+        read_only: opts.read_only,
+        map_budget_bytes: opts.cache_bytes,
+        cleaner: ldfs::lld::CleanerOptions {
+            policy: opts.cleaner.unwrap_or_default(),
+            background: opts.cleaner.is_some() && !opts.read_only,
+            start_clean_segments: opts.clean_start,
+            stop_clean_segments: opts.clean_stop,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    // A dual file system: IMAGE is its data device; the metadata device is
+    // found by the path its label recorded, or `meta=`, and locked too.
+    let mut _meta_lock = None;
+    let (ld, lld, dual): (Arc<dyn LogicalDisk>, Arc<Lld>, Option<Arc<Dual>>) =
+        if ldfs::dual::is_data_device(&*dev) {
+            let meta_path = dual_meta_path(&*dev, &image, opts.meta.as_deref())?;
+            _meta_lock = Some(lock_image(&meta_path, true, "ldfs").map_err(|e| e.to_string())?);
+            let meta: Arc<dyn Device> = Arc::new(
+                FileDevice::open(&meta_path, FileDeviceOptions::default())
+                    .map_err(|e| format!("{}: {e}", meta_path.display()))?,
+            );
+            let d = Arc::new(Dual::open(meta, dev, lld_opts).map_err(|e| {
+                format!(
+                    "{} with metadata {}: {e}",
+                    image.display(),
+                    meta_path.display()
+                )
+            })?);
+            (d.clone(), d.meta_arc(), Some(d))
+        } else {
+            if opts.meta.is_some() {
+                return Err(format!(
+                    "{}: meta= is for a dual file system (ldfs mkfs --meta); this one has one log",
+                    image.display()
+                ));
+            }
+            let l = Arc::new(
+                Lld::open(dev, lld_opts).map_err(|e| format!("{}: {e}", image.display()))?,
+            );
+            (l.clone(), l, None)
+        };
     let fs = Arc::new(
         Fs::mount(
             ld,
@@ -790,9 +820,37 @@ pub fn run(
     stop.store(true, Ordering::Relaxed);
     let _ = committer.join();
     drop(fs);
-    let closed = lld.close();
+    let closed = match &dual {
+        Some(d) => d.close(),
+        None => lld.close(),
+    };
     served.map_err(|e| format!("serving {}: {e}", dir.display()))?;
     closed.map_err(|e| format!("final checkpoint of {}: {e}", image.display()))
+}
+
+/// Where a dual file system's metadata device is: `meta=` if given, else
+/// the path recorded at mkfs (relative paths from the data device's
+/// directory). Dual::open then checks that both carry one file-system id.
+pub(crate) fn dual_meta_path(
+    data: &dyn Device,
+    image: &Path,
+    given: Option<&Path>,
+) -> Result<PathBuf, String> {
+    if let Some(p) = given {
+        return Ok(p.to_path_buf());
+    }
+    let label = ldfs::dual::read_label(data).map_err(|e| format!("{}: {e}", image.display()))?;
+    if label.meta_path.is_empty() {
+        return Err(format!(
+            "{}: a dual file system with no metadata path recorded: give -o meta=PATH",
+            image.display()
+        ));
+    }
+    let p = PathBuf::from(&label.meta_path);
+    Ok(match (p.is_relative(), image.parent()) {
+        (true, Some(dir)) => dir.join(p),
+        _ => p,
+    })
 }
 
 /// A daemon must not hold its parent's terminal or pipes: stdout goes to

@@ -15,7 +15,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{cstr, fuse_usable, mkfs, Mount};
+use common::{cstr, fuse_usable, mkfs, mkfs_dual, Mount};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -406,6 +406,17 @@ fn run_seed(seed: u64, ops: usize, ldfs_root: &Path, ref_root: &Path) -> Result<
 
 #[test]
 fn ldfs_agrees_with_tmpfs() {
+    agrees_with_tmpfs(false);
+}
+
+/// The same on the dual layout (metadata log on one image, file data in
+/// groups on another).
+#[test]
+fn dual_ldfs_agrees_with_tmpfs() {
+    agrees_with_tmpfs(true);
+}
+
+fn agrees_with_tmpfs(dual: bool) {
     if !fuse_usable() {
         return;
     }
@@ -414,7 +425,11 @@ fn ldfs_agrees_with_tmpfs() {
         return;
     };
     let img = t.path().join("diff.img");
-    mkfs(&img, "512M");
+    if dual {
+        mkfs_dual(&img, &t.path().join("meta.img"), "512M");
+    } else {
+        mkfs(&img, "512M");
+    }
     let m = Mount::new(&img, &t.path().join("mnt"), &[]);
     let ops: usize = std::env::var("LDFS_DIFF_OPS")
         .ok()

@@ -8,15 +8,35 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 
-use common::{cstr, errno, fuse_usable, mkfs, Mount};
+use common::{cstr, errno, fuse_usable, mkfs, mkfs_dual, Mount};
 
-fn setup(name: &str) -> Option<(tempfile::TempDir, Mount)> {
+/// Runs a test body on one log and on the dual layout.
+macro_rules! on_both_layouts {
+    ($body:ident, $log:ident, $dual:ident) => {
+        #[test]
+        fn $log() {
+            $body(false);
+        }
+        #[test]
+        fn $dual() {
+            $body(true);
+        }
+    };
+}
+
+/// A fresh mount: one log, or (`dual`) the dual layout with its metadata
+/// log on a second image.
+fn setup(name: &str, dual: bool) -> Option<(tempfile::TempDir, Mount)> {
     if !fuse_usable() {
         return None;
     }
     let t = tempfile::tempdir().unwrap();
     let img = t.path().join(format!("{name}.img"));
-    mkfs(&img, "256M");
+    if dual {
+        mkfs_dual(&img, &t.path().join(format!("{name}-meta.img")), "256M");
+    } else {
+        mkfs(&img, "256M");
+    }
     let m = Mount::new(&img, &t.path().join("mnt"), &[]);
     Some((t, m))
 }
@@ -25,9 +45,13 @@ fn err_of<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
     r.expect_err("expected an error").raw_os_error().unwrap()
 }
 
-#[test]
-fn files_dirs_links_and_their_errors() {
-    let Some((_t, m)) = setup("basic") else {
+on_both_layouts!(
+    files_dirs_links_and_their_errors,
+    files_dirs_links_and_their_errors_on_one_log,
+    files_dirs_links_and_their_errors_on_dual
+);
+fn files_dirs_links_and_their_errors(dual: bool) {
+    let Some((_t, m)) = setup("basic", dual) else {
         return;
     };
     let p = |s: &str| m.path(s);
@@ -101,9 +125,15 @@ fn files_dirs_links_and_their_errors() {
     m.unmount();
 }
 
-#[test]
-fn attributes_times_and_special_files() {
-    let Some((_t, m)) = setup("attr") else { return };
+on_both_layouts!(
+    attributes_times_and_special_files,
+    attributes_times_and_special_files_on_one_log,
+    attributes_times_and_special_files_on_dual
+);
+fn attributes_times_and_special_files(dual: bool) {
+    let Some((_t, m)) = setup("attr", dual) else {
+        return;
+    };
     let p = |s: &str| m.path(s);
     fs::write(p("f"), b"data").unwrap();
     fs::set_permissions(p("f"), fs::Permissions::from_mode(0o4751)).unwrap();
@@ -166,9 +196,13 @@ fn attributes_times_and_special_files() {
     m.unmount();
 }
 
-#[test]
-fn sparse_files_fallocate_and_seek() {
-    let Some((_t, m)) = setup("sparse") else {
+on_both_layouts!(
+    sparse_files_fallocate_and_seek,
+    sparse_files_fallocate_and_seek_on_one_log,
+    sparse_files_fallocate_and_seek_on_dual
+);
+fn sparse_files_fallocate_and_seek(dual: bool) {
+    let Some((_t, m)) = setup("sparse", dual) else {
         return;
     };
     let p = |s: &str| m.path(s);
@@ -238,9 +272,13 @@ fn sparse_files_fallocate_and_seek() {
     m.unmount();
 }
 
-#[test]
-fn xattrs_and_open_unlinked_files() {
-    let Some((_t, m)) = setup("xattr") else {
+on_both_layouts!(
+    xattrs_and_open_unlinked_files,
+    xattrs_and_open_unlinked_files_on_one_log,
+    xattrs_and_open_unlinked_files_on_dual
+);
+fn xattrs_and_open_unlinked_files(dual: bool) {
+    let Some((_t, m)) = setup("xattr", dual) else {
         return;
     };
     let p = |s: &str| m.path(s);
@@ -324,9 +362,15 @@ fn xattrs_and_open_unlinked_files() {
     m.unmount();
 }
 
-#[test]
-fn big_directory_readdir_and_remount() {
-    let Some((t, m)) = setup("dir") else { return };
+on_both_layouts!(
+    big_directory_readdir_and_remount,
+    big_directory_readdir_and_remount_on_one_log,
+    big_directory_readdir_and_remount_on_dual
+);
+fn big_directory_readdir_and_remount(dual: bool) {
+    let Some((t, m)) = setup("dir", dual) else {
+        return;
+    };
     let p = |s: &str| m.path(s);
     fs::create_dir(p("many")).unwrap();
     for i in 0..3000 {
@@ -528,7 +572,7 @@ fn full_device_corrupt_block_and_sigterm() {
 
 #[test]
 fn deleted_inodes_are_reclaimed() {
-    let Some((_t, m)) = setup("reclaim") else {
+    let Some((_t, m)) = setup("reclaim", false) else {
         return;
     };
     for i in 0..200 {

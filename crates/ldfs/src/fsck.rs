@@ -97,6 +97,9 @@ pub struct Findings {
     pub fs: Vec<Finding>,
     /// The file system could not be mounted, or was not checked (why).
     pub fs_unchecked: Option<String>,
+    /// A dual file system's data blocks against its bitmaps and pointers
+    /// (`Dual::check_blocks_with`).
+    pub data_blocks: Vec<String>,
     /// Figures for the summary line.
     pub map_entries: u64,
     pub partials: u64,
@@ -113,6 +116,7 @@ impl Findings {
         v.extend(self.engine_unopenable.iter().cloned());
         v.extend(self.fs_unchecked.iter().cloned());
         v.extend(self.fs.iter().map(|f| f.to_string()));
+        v.extend(self.data_blocks.iter().cloned());
         v
     }
 
@@ -236,6 +240,86 @@ pub fn check(dev: Arc<dyn Device>, opts: &FsckOptions) -> Result<Findings, FsckE
         }
         Err(why) => out.fs_unchecked = Some(why),
     }
+    Ok(out)
+}
+
+/// Checks a dual file system (metadata log on `meta`, file data on
+/// `data`), reading only: the engine's superblocks, checkpoints and log,
+/// the file tree through the dual LD, and the data blocks against the
+/// bitmaps and (with `data_checksums`) their checksums. No repair yet.
+pub fn check_dual(
+    meta: Arc<dyn Device>,
+    data: Arc<dyn Device>,
+    opts: &FsckOptions,
+) -> Result<Findings, FsckError> {
+    let mut out = Findings::default();
+    let (geo, sb) = verify::check_superblocks(&*meta).map_err(op_err)?;
+    let Some(geo) = geo else {
+        let why: Vec<String> = sb.iter().map(|p| p.text.clone()).collect();
+        return Err(FsckError::NotLdfs(why.join("; ")));
+    };
+    out.engine = sb;
+    let dual = match crate::dual::Dual::open(
+        meta.clone(),
+        data,
+        LldOptions {
+            read_only: true,
+            map_budget_bytes: opts.map_budget_bytes,
+            ..Default::default()
+        },
+    ) {
+        Ok(d) => Arc::new(d),
+        Err(LdError::Corrupt(c)) => {
+            out.engine_unopenable = Some(format!("the dual file system cannot be opened: {c}"));
+            return Ok(out);
+        }
+        Err(e) => return Err(op_err(e)),
+    };
+    out.engine.extend(
+        verify::check_checkpoints(&*meta, &geo, dual.meta().open_report()).map_err(op_err)?,
+    );
+    let progress = opts.progress.clone();
+    let report = |phase: &str, done: u64, total: u64| {
+        if let Some(p) = &progress {
+            p(phase, done, total)
+        }
+    };
+    let log = dual
+        .meta()
+        .check_log_with(&LogCheckOptions {
+            data: opts.data_checksums,
+            progress: Some(&report),
+            bulk: None,
+        })
+        .map_err(op_err)?;
+    out.map_entries = log.map_entries;
+    out.partials = log.partials;
+    out.blocks_checked = log.blocks_checked;
+    out.engine.extend(log.problems);
+    if out.has(|d| *d == EngineDamage::Map) {
+        out.fs_unchecked = Some("the file tree was not checked: the map is damaged".into());
+        return Ok(out);
+    }
+    let ld: Arc<dyn LogicalDisk> = dual.clone();
+    match Fs::mount(
+        ld,
+        FsOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    ) {
+        Ok(fs) => {
+            let r = fs.check_with(Some(&report)).map_err(op_err)?;
+            out.inodes = r.inodes;
+            out.directories = r.directories;
+            out.files = r.files;
+            out.fs = r.findings;
+        }
+        Err(e) => out.fs_unchecked = Some(format!("the file system cannot be mounted: {e}")),
+    }
+    out.data_blocks = dual
+        .check_blocks_with(opts.data_checksums)
+        .map_err(op_err)?;
     Ok(out)
 }
 

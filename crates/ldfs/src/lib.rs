@@ -16,6 +16,7 @@
 //! Nothing in this crate knows about FUSE.
 
 pub mod device;
+pub mod dual;
 pub mod fs;
 pub mod fsck;
 pub mod ld;

@@ -1,10 +1,12 @@
 //! The fs layer's limits, in-process (no FUSE): link counts, file size,
-//! names, xattr sizes, directory cookies — over lld and over uip (the
-//! update-in-place LD): the fs knows only the LogicalDisk trait.
+//! names, xattr sizes, directory cookies — on one log, on the dual layout
+//! and over uip (the update-in-place LD): the fs knows only the LogicalDisk
+//! trait.
 
 use std::sync::Arc;
 
 use ldfs::device::MemoryDevice;
+use ldfs::dual::{Dual, DualMkfsOptions};
 use ldfs::fs::{Ctx, Fs, FsError, FsOptions, XattrMode, LINK_MAX, MAX_FILE_BYTES, ROOT_INO};
 use ldfs::ld::LogicalDisk;
 use ldfs::lld::layout::MkfsOptions;
@@ -13,14 +15,23 @@ use ldfs::uip::{Uip, UipOptions};
 
 const CTX: Ctx = Ctx { uid: 0, gid: 0 };
 
-fn fresh() -> Fs {
-    let dev = Arc::new(MemoryDevice::new(256 << 20));
-    let lld = Lld::create(dev, &MkfsOptions::default(), LldOptions::default()).unwrap();
-    Fs::format(&lld, CTX).unwrap();
-    let ld: Arc<dyn LogicalDisk> = Arc::new(lld);
+/// A fresh file system on one log (`dual` false) or on the dual layout:
+/// metadata on a log, file data on a device of its own.
+fn fresh(dual: bool) -> Fs {
+    let ld: Arc<dyn LogicalDisk> = if dual {
+        let meta = Arc::new(MemoryDevice::new(64 << 20));
+        let data = Arc::new(MemoryDevice::new(256 << 20));
+        ldfs::dual::mkfs(meta.clone(), &*data, &DualMkfsOptions::default()).unwrap();
+        Arc::new(Dual::open(meta, data, LldOptions::default()).unwrap())
+    } else {
+        let dev = Arc::new(MemoryDevice::new(256 << 20));
+        Arc::new(Lld::create(dev, &MkfsOptions::default(), LldOptions::default()).unwrap())
+    };
+    Fs::format(&*ld, CTX).unwrap();
     Fs::mount(ld, FsOptions::default()).unwrap()
 }
 
+/// A fresh file system on the update-in-place Logical Disk.
 fn fresh_uip() -> Fs {
     let dev = Arc::new(MemoryDevice::new(256 << 20));
     let uip = Uip::create(dev, UipOptions::default()).unwrap();
@@ -29,126 +40,151 @@ fn fresh_uip() -> Fs {
     Fs::mount(ld, FsOptions::default()).unwrap()
 }
 
-/// The file system over each Logical Disk.
-fn each() -> [Fs; 2] {
-    [fresh(), fresh_uip()]
-}
-
-#[test]
-fn link_count_limit_is_emlink() {
-    for fs in each() {
-        let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap();
-        let d = fs.mkdir(CTX, ROOT_INO, b"links", 0o755).unwrap();
-        for i in 1..LINK_MAX {
-            fs.link(f.ino, d.ino, format!("l{i}").as_bytes()).unwrap();
+/// Runs a test body on every layout: one log, dual, and update in place.
+macro_rules! on_every_layout {
+    ($body:ident, $log:ident, $dual:ident, $uip:ident) => {
+        #[test]
+        fn $log() {
+            $body(fresh(false));
         }
-        assert_eq!(fs.getattr(f.ino).unwrap().nlink, LINK_MAX);
-        assert!(matches!(
-            fs.link(f.ino, d.ino, b"one-too-many"),
-            Err(FsError::TooManyLinks)
-        ));
-        let report = fs.check().unwrap();
-        assert!(report.problems.is_empty(), "{:?}", report.problems);
-    }
+        #[test]
+        fn $dual() {
+            $body(fresh(true));
+        }
+        #[test]
+        fn $uip() {
+            $body(fresh_uip());
+        }
+    };
 }
 
-#[test]
-fn size_name_and_xattr_limits() {
-    for fs in each() {
-        let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap();
-        assert!(matches!(
-            fs.write(f.ino, MAX_FILE_BYTES - 2, b"abc"),
-            Err(FsError::FileTooBig)
-        ));
-        fs.write(f.ino, MAX_FILE_BYTES - 3, b"abc").unwrap();
-        assert_eq!(fs.getattr(f.ino).unwrap().size, MAX_FILE_BYTES);
-        assert_eq!(fs.read(f.ino, MAX_FILE_BYTES - 3, 10).unwrap(), b"abc");
-        assert_eq!(
-            fs.lseek(f.ino, 0, ldfs::fs::Whence::Data).unwrap(),
-            (MAX_FILE_BYTES - 3) / 4096 * 4096
-        );
-        let long = vec![b'x'; 256];
-        assert!(matches!(
-            fs.mknod(CTX, ROOT_INO, &long, 0o100644, 0),
-            Err(FsError::NameTooLong)
-        ));
-        assert!(matches!(
-            fs.lookup(ROOT_INO, &long),
-            Err(FsError::NameTooLong)
-        ));
-        fs.mknod(CTX, ROOT_INO, &long[..255], 0o100644, 0).unwrap();
-        let big = vec![7u8; 30_000];
-        fs.setxattr(f.ino, b"user.big", &big, XattrMode::Any)
+on_every_layout!(
+    link_count_limit_is_emlink,
+    link_count_limit_is_emlink_on_one_log,
+    link_count_limit_is_emlink_on_dual,
+    link_count_limit_is_emlink_on_uip
+);
+fn link_count_limit_is_emlink(fs: Fs) {
+    let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap();
+    let d = fs.mkdir(CTX, ROOT_INO, b"links", 0o755).unwrap();
+    for i in 1..LINK_MAX {
+        fs.link(f.ino, d.ino, format!("l{i}").as_bytes()).unwrap();
+    }
+    assert_eq!(fs.getattr(f.ino).unwrap().nlink, LINK_MAX);
+    assert!(matches!(
+        fs.link(f.ino, d.ino, b"one-too-many"),
+        Err(FsError::TooManyLinks)
+    ));
+    let report = fs.check().unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+}
+
+on_every_layout!(
+    size_name_and_xattr_limits,
+    size_name_and_xattr_limits_on_one_log,
+    size_name_and_xattr_limits_on_dual,
+    size_name_and_xattr_limits_on_uip
+);
+fn size_name_and_xattr_limits(fs: Fs) {
+    let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap();
+    assert!(matches!(
+        fs.write(f.ino, MAX_FILE_BYTES - 2, b"abc"),
+        Err(FsError::FileTooBig)
+    ));
+    fs.write(f.ino, MAX_FILE_BYTES - 3, b"abc").unwrap();
+    assert_eq!(fs.getattr(f.ino).unwrap().size, MAX_FILE_BYTES);
+    assert_eq!(fs.read(f.ino, MAX_FILE_BYTES - 3, 10).unwrap(), b"abc");
+    assert_eq!(
+        fs.lseek(f.ino, 0, ldfs::fs::Whence::Data).unwrap(),
+        (MAX_FILE_BYTES - 3) / 4096 * 4096
+    );
+    let long = vec![b'x'; 256];
+    assert!(matches!(
+        fs.mknod(CTX, ROOT_INO, &long, 0o100644, 0),
+        Err(FsError::NameTooLong)
+    ));
+    assert!(matches!(
+        fs.lookup(ROOT_INO, &long),
+        Err(FsError::NameTooLong)
+    ));
+    fs.mknod(CTX, ROOT_INO, &long[..255], 0o100644, 0).unwrap();
+    let big = vec![7u8; 30_000];
+    fs.setxattr(f.ino, b"user.big", &big, XattrMode::Any)
+        .unwrap();
+    assert!(matches!(
+        fs.setxattr(f.ino, b"user.big2", &big, XattrMode::Any),
+        Err(FsError::NoSpace)
+    ));
+    assert_eq!(fs.getxattr(f.ino, b"user.big").unwrap(), big);
+}
+
+on_every_layout!(
+    readdir_cookies_survive_inserts_and_removals,
+    readdir_cookies_survive_inserts_and_removals_on_one_log,
+    readdir_cookies_survive_inserts_and_removals_on_dual,
+    readdir_cookies_survive_inserts_and_removals_on_uip
+);
+fn readdir_cookies_survive_inserts_and_removals(fs: Fs) {
+    let d = fs.mkdir(CTX, ROOT_INO, b"d", 0o755).unwrap();
+    for i in 0..500 {
+        fs.mknod(CTX, d.ino, format!("n{i}").as_bytes(), 0o100644, 0)
             .unwrap();
-        assert!(matches!(
-            fs.setxattr(f.ino, b"user.big2", &big, XattrMode::Any),
-            Err(FsError::NoSpace)
-        ));
-        assert_eq!(fs.getxattr(f.ino, b"user.big").unwrap(), big);
     }
-}
-
-#[test]
-fn readdir_cookies_survive_inserts_and_removals() {
-    for fs in each() {
-        let d = fs.mkdir(CTX, ROOT_INO, b"d", 0o755).unwrap();
-        for i in 0..500 {
-            fs.mknod(CTX, d.ino, format!("n{i}").as_bytes(), 0o100644, 0)
-                .unwrap();
-        }
-        let first = fs.readdir(d.ino, 0, 100).unwrap();
-        let resume = first.last().unwrap().next;
-        // Remove some names already returned and add new ones.
-        for e in first.iter().skip(2).take(20) {
-            fs.unlink(d.ino, &e.name).unwrap();
-        }
-        for i in 0..50 {
-            fs.mknod(CTX, d.ino, format!("m{i}").as_bytes(), 0o100644, 0)
-                .unwrap();
-        }
-        let mut seen: std::collections::HashSet<Vec<u8>> =
-            first.iter().map(|e| e.name.clone()).collect();
-        let mut off = resume;
-        loop {
-            let more = fs.readdir(d.ino, off, 64).unwrap();
-            if more.is_empty() {
-                break;
-            }
-            for e in &more {
-                assert!(seen.insert(e.name.clone()), "{:?} twice", e.name);
-                off = e.next;
-            }
-        }
-        for i in 0..500 {
-            assert!(seen.contains(format!("n{i}").as_bytes()), "n{i} missed");
-        }
+    let first = fs.readdir(d.ino, 0, 100).unwrap();
+    let resume = first.last().unwrap().next;
+    // Remove some names already returned and add new ones.
+    for e in first.iter().skip(2).take(20) {
+        fs.unlink(d.ino, &e.name).unwrap();
     }
-}
-
-#[test]
-fn open_directory_survives_a_rename_over_its_name() {
-    for fs in each() {
-        let a = fs.mkdir(CTX, ROOT_INO, b"a", 0o755).unwrap();
-        let b = fs.mkdir(CTX, ROOT_INO, b"b", 0o755).unwrap();
-        fs.mknod(CTX, b.ino, b"inside-b", 0o100644, 0).unwrap();
-        fs.open(a.ino).unwrap();
-        fs.rename(ROOT_INO, b"b", ROOT_INO, b"a", Default::default())
+    for i in 0..50 {
+        fs.mknod(CTX, d.ino, format!("m{i}").as_bytes(), 0o100644, 0)
             .unwrap();
-        // The old "a" is gone from the tree but its handle still reads.
-        let entries = fs.readdir(a.ino, 0, 10).unwrap();
-        let names: Vec<&[u8]> = entries.iter().map(|e| e.name.as_slice()).collect();
-        assert_eq!(names, vec![&b"."[..], &b".."[..]]);
-        assert!(matches!(
-            fs.mknod(CTX, a.ino, b"new", 0o100644, 0),
-            Err(FsError::NotFound)
-        ));
-        assert_eq!(fs.lookup(ROOT_INO, b"a").unwrap().ino, b.ino);
-        assert!(fs.check().unwrap().problems.is_empty());
-        fs.release(a.ino).unwrap();
-        assert!(matches!(fs.getattr(a.ino), Err(FsError::NotFound)));
-        let report = fs.check().unwrap();
-        assert!(report.problems.is_empty(), "{:?}", report.problems);
     }
+    let mut seen: std::collections::HashSet<Vec<u8>> =
+        first.iter().map(|e| e.name.clone()).collect();
+    let mut off = resume;
+    loop {
+        let more = fs.readdir(d.ino, off, 64).unwrap();
+        if more.is_empty() {
+            break;
+        }
+        for e in &more {
+            assert!(seen.insert(e.name.clone()), "{:?} twice", e.name);
+            off = e.next;
+        }
+    }
+    for i in 0..500 {
+        assert!(seen.contains(format!("n{i}").as_bytes()), "n{i} missed");
+    }
+}
+
+on_every_layout!(
+    open_directory_survives_a_rename_over_its_name,
+    open_directory_survives_a_rename_over_its_name_on_one_log,
+    open_directory_survives_a_rename_over_its_name_on_dual,
+    open_directory_survives_a_rename_over_its_name_on_uip
+);
+fn open_directory_survives_a_rename_over_its_name(fs: Fs) {
+    let a = fs.mkdir(CTX, ROOT_INO, b"a", 0o755).unwrap();
+    let b = fs.mkdir(CTX, ROOT_INO, b"b", 0o755).unwrap();
+    fs.mknod(CTX, b.ino, b"inside-b", 0o100644, 0).unwrap();
+    fs.open(a.ino).unwrap();
+    fs.rename(ROOT_INO, b"b", ROOT_INO, b"a", Default::default())
+        .unwrap();
+    // The old "a" is gone from the tree but its handle still reads.
+    let entries = fs.readdir(a.ino, 0, 10).unwrap();
+    let names: Vec<&[u8]> = entries.iter().map(|e| e.name.as_slice()).collect();
+    assert_eq!(names, vec![&b"."[..], &b".."[..]]);
+    assert!(matches!(
+        fs.mknod(CTX, a.ino, b"new", 0o100644, 0),
+        Err(FsError::NotFound)
+    ));
+    assert_eq!(fs.lookup(ROOT_INO, b"a").unwrap().ino, b.ino);
+    assert!(fs.check().unwrap().problems.is_empty());
+    fs.release(a.ino).unwrap();
+    assert!(matches!(fs.getattr(a.ino), Err(FsError::NotFound)));
+    let report = fs.check().unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
 }
 
 /// Deleting on a full file system works while the cleaner runs beside it:
@@ -219,4 +255,54 @@ fn deletes_on_a_full_file_system_with_the_cleaner_running() {
     }
     let problems = lld.check_usage().unwrap();
     assert!(problems.is_empty(), "{problems:?}");
+}
+
+/// The dual layout filled to NoSpace on its data device and emptied, a few
+/// times: every write that fails, fails before anything is accepted, every
+/// delete works on the full device, and afterwards no data block is leaked
+/// or both free and referenced.
+#[test]
+fn dual_data_device_fills_and_empties_cleanly() {
+    let meta = Arc::new(MemoryDevice::new(64 << 20));
+    let data = Arc::new(MemoryDevice::new(8 << 20));
+    let mk = DualMkfsOptions {
+        group_blocks: 512,
+        ..Default::default()
+    };
+    ldfs::dual::mkfs(meta.clone(), &*data, &mk).unwrap();
+    let dual = Arc::new(Dual::open(meta, data, LldOptions::default()).unwrap());
+    Fs::format(&*dual, CTX).unwrap();
+    let ld: Arc<dyn LogicalDisk> = dual.clone();
+    let fs = Fs::mount(ld, FsOptions::default()).unwrap();
+    let chunk = vec![0xa5u8; 96 << 10];
+    for cycle in 0..3 {
+        let d = fs
+            .mkdir(CTX, ROOT_INO, format!("c{cycle}").as_bytes(), 0o755)
+            .unwrap()
+            .ino;
+        let mut n = 0;
+        loop {
+            let name = format!("f{n}");
+            let f = fs.mknod(CTX, d, name.as_bytes(), 0o100644, 0).unwrap().ino;
+            match fs.write(f, 0, &chunk) {
+                Ok(_) => n += 1,
+                Err(FsError::NoSpace) => {
+                    assert_eq!(fs.getattr(f).unwrap().size, 0, "a failed write left bytes");
+                    fs.unlink(d, name.as_bytes()).unwrap();
+                    break;
+                }
+                Err(e) => panic!("cycle {cycle}: write {name}: {e:?}"),
+            }
+            assert!(n < 200, "never filled");
+        }
+        assert!(n >= 70, "cycle {cycle}: only {n} files fit in 8 MiB");
+        for i in 0..n {
+            fs.unlink(d, format!("f{i}").as_bytes()).unwrap();
+        }
+        fs.rmdir(ROOT_INO, format!("c{cycle}").as_bytes()).unwrap();
+        fs.fsync().unwrap();
+        let report = fs.check().unwrap();
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        assert_eq!(dual.check_blocks().unwrap(), Vec::<String>::new());
+    }
 }

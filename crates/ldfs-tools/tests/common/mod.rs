@@ -204,3 +204,15 @@ pub fn cstr(p: &Path) -> CString {
 pub fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
+
+/// Formats a dual file system: file data on `data` (created at `size`),
+/// the metadata log on `meta` (created, 1/10 of it, at least 64 MiB).
+pub fn mkfs_dual(data: &Path, meta: &Path, size: &str) {
+    ldfs()
+        .arg("mkfs")
+        .args(["--size", size])
+        .arg("--meta")
+        .arg(meta)
+        .arg(data)
+        .succeeds();
+}

@@ -1,0 +1,1166 @@
+//! dual: the DualFS layout (`dualfs-2002.txt` section 3) as a Logical Disk.
+//!
+//! Every list lives in an lld engine on the *metadata device*. A metadata
+//! list's blocks are stored there as they are; a data list's block
+//! (`ListKind::Data`, the hint the fs already gives file lists) is stored
+//! on the *data device*, updated in place, and the log holds only a
+//! [`format::Pointer`] to it: block number, length, crc32c. So ARUs,
+//! recovery, checkpoints, the cleaner and checksums are all lld's; this
+//! module adds the data device's allocation.
+//!
+//! The data device is cut into groups of blocks (ext2's block groups, the
+//! paper's). Their free-block bitmaps and descriptors (the paper's DGDT in
+//! its IFile) are lists of the engine too, so a metadata-only workload
+//! never touches the data device. The engine's lists 1..=3 are this
+//! module's (layout record, descriptors, bitmaps); user list `n` is engine
+//! list `n + 3`.
+//!
+//! Invariants:
+//! - *Data before metadata.* A data block is written to the data device
+//!   before the pointer naming it is handed to the engine, and the data
+//!   device is flushed before any write reaches the metadata device
+//!   (`OrderedMeta`): a pointer is durable only after its data is.
+//! - *Bitmaps follow ARUs.* An ARU's allocations and frees are written to
+//!   the bitmap blocks of the groups it touched in that same ARU, just
+//!   before it ends, as "bits of every ended ARU, plus this one's", under
+//!   the state lock (no other ARU ends in between). So recovery, which
+//!   applies ended ARUs in log order, leaves each group's bitmap equal to
+//!   what the ended ARUs made it: no block referenced and free, none
+//!   leaked. An aborted ARU never wrote its bitmaps.
+//! - *Frees wait for durability.* A block freed by an ARU stays allocated
+//!   in memory until a flush after the ARU ended returned (the freeing
+//!   metadata is durable), so no new data overwrites a block a crash could
+//!   still give back to its old file.
+//! - *Overwrites go in place.* A block rewritten by an open ARU keeps its
+//!   old content in memory until the ARU ends; an abort writes it back. A
+//!   crash between the data write and the commit of the new pointer
+//!   leaves a block whose content does not match the checksum the
+//!   recovered pointer holds: it reads as corrupt (EIO), never as another
+//!   file's data (docs/DESIGN.md, "Dual layout").
+
+pub mod format;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Range;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::device::{Device, DeviceError};
+use crate::ld::{
+    AruId, CorruptReason, Corruption, LdError, LdResult, ListHints, ListId, ListKind, LogicalDisk,
+    SpaceStats, Temperature,
+};
+use crate::lld::layout::MkfsOptions;
+use crate::lld::{Lld, LldOptions};
+
+use format::{DataGeometry, DataLabel, Pointer, DATA_BLOCK_BYTES};
+
+/// The engine list holding the layout record.
+pub const INFO_LIST: ListId = ListId(1);
+/// The engine list of group descriptors, indexed by group.
+pub const DESC_LIST: ListId = ListId(2);
+/// The engine list of free-block bitmaps, indexed by group.
+pub const BITMAP_LIST: ListId = ListId(3);
+/// Engine lists this module keeps for itself; user list ids are shifted.
+const OWN_LISTS: u64 = 3;
+/// Blocks per group unless told otherwise: a 4 KiB bitmap, 128 MiB of data.
+pub const DEFAULT_GROUP_BLOCKS: u32 = 32768;
+/// Blocks read with one device request at most (read_range).
+const READ_RUN_BLOCKS: usize = 64;
+/// Pointers handled at a time when a range or list is deleted.
+const DELETE_CHUNK: usize = 4096;
+
+/// What `mkfs` needs besides the two devices.
+#[derive(Clone, Debug)]
+pub struct DualMkfsOptions {
+    pub lld: MkfsOptions,
+    pub group_blocks: u32,
+    /// The metadata device's path, recorded in the data label so `mount`
+    /// finds it.
+    pub meta_path: String,
+}
+
+impl Default for DualMkfsOptions {
+    fn default() -> Self {
+        DualMkfsOptions {
+            lld: MkfsOptions::default(),
+            group_blocks: DEFAULT_GROUP_BLOCKS,
+            meta_path: String::new(),
+        }
+    }
+}
+
+/// Formats a dual pair: the engine on `meta` (with the layout record and
+/// empty bitmaps: an absent bitmap block is an all-free group), then the
+/// label and its copy on `data`. `lld.fs_id` 0 picks a fresh id.
+pub fn mkfs(
+    meta: Arc<dyn Device>,
+    data: &dyn Device,
+    opts: &DualMkfsOptions,
+) -> LdResult<DataGeometry> {
+    let mut lopts = opts.lld;
+    if lopts.fs_id == 0 {
+        lopts.fs_id = fresh_fs_id();
+    }
+    let geo = DataGeometry::plan(data.size_bytes(), opts.group_blocks, lopts.fs_id)?;
+    let label = DataLabel {
+        geo,
+        meta_path: opts.meta_path.clone(),
+    }
+    .encode()?;
+    let own = ListHints {
+        kind: ListKind::Metadata,
+        temperature: Temperature::Hot,
+        ..Default::default()
+    };
+    let lld = Lld::create(
+        meta,
+        &lopts,
+        LldOptions {
+            cleaner: crate::lld::CleanerOptions {
+                background: false,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )?;
+    for want in [INFO_LIST, DESC_LIST, BITMAP_LIST] {
+        let got = lld.create_list(None, own)?;
+        if got != want {
+            return Err(LdError::InvalidArgument(format!(
+                "fresh engine gave {got}, expected {want}"
+            )));
+        }
+    }
+    lld.write(None, INFO_LIST, 0, &format::encode_info(&geo))?;
+    lld.close()?;
+    for off in geo.label_offsets() {
+        data.write_at(&label, off)?;
+    }
+    data.flush()?;
+    Ok(geo)
+}
+
+fn fresh_fs_id() -> u64 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    // Never 0 (0 asks for a fresh id).
+    crc32c::crc32c(&t.to_le_bytes()) as u64 | (t << 32) | 1
+}
+
+/// Reads the data device's label, falling back to its copy in the last
+/// block.
+pub fn read_label(data: &dyn Device) -> LdResult<DataLabel> {
+    let size = data.size_bytes();
+    let last = (size / DATA_BLOCK_BYTES).saturating_sub(1) * DATA_BLOCK_BYTES;
+    let mut first_err = None;
+    for off in [0, last] {
+        let mut b = vec![0u8; DATA_BLOCK_BYTES as usize];
+        data.read_at(&mut b, off)?;
+        match DataLabel::decode(&b, off) {
+            Ok(l) => return Ok(l),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    Err(first_err.expect("two attempts"))
+}
+
+/// Whether `data` starts with a dual data label (mount tells the layouts
+/// apart by it).
+pub fn is_data_device(data: &dyn Device) -> bool {
+    let mut b = [0u8; 8];
+    data.read_at(&mut b, 0).is_ok() && &b == format::LABEL_MAGIC
+}
+
+/// Tracks the data device's writes so the metadata device can wait for
+/// them to be durable first.
+struct DataSync {
+    dev: Arc<dyn Device>,
+    /// Data writes completed so far.
+    written: std::sync::atomic::AtomicU64,
+    /// `written` as of the last completed flush.
+    flushed: Mutex<u64>,
+}
+
+impl DataSync {
+    fn write(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+        self.dev.write_at(buf, offset)?;
+        self.written
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Flushes the data device if a write completed since the last flush.
+    fn sync(&self) -> Result<(), DeviceError> {
+        let w = self.written.load(std::sync::atomic::Ordering::SeqCst);
+        let mut f = self.flushed.lock().expect("data sync lock poisoned");
+        if *f < w {
+            self.dev.flush()?;
+            *f = w;
+        }
+        Ok(())
+    }
+}
+
+/// The metadata device as the engine sees it: before each write, the data
+/// device is flushed, so no pointer becomes durable before its data.
+struct OrderedMeta {
+    inner: Arc<dyn Device>,
+    data: Arc<DataSync>,
+}
+
+impl Device for OrderedMeta {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+        self.data.sync()?;
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> Result<(), DeviceError> {
+        self.inner.flush()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn will_need(&self, ranges: &[(u64, u64)]) {
+        self.inner.will_need(ranges)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Change {
+    /// Allocated by this ARU.
+    Alloc,
+    /// Allocated before this ARU, freed by it.
+    Free,
+    /// Allocated and freed by this ARU.
+    AllocFreed,
+}
+
+#[derive(Default)]
+struct AruState {
+    changes: BTreeMap<u64, Change>,
+    /// Data blocks still reserved for this ARU.
+    reserved: u64,
+    /// Old contents of blocks this ARU overwrote in place (for an abort).
+    undo: Vec<(u64, Vec<u8>)>,
+    undone: BTreeSet<u64>,
+}
+
+struct State {
+    /// Bit set: allocated as every ended ARU left it (what the bitmaps in
+    /// the log say once those ARUs are durable).
+    committed: Vec<u64>,
+    /// Bit set: not available to allocate (committed, allocated by an open
+    /// ARU, or freed but not yet durably).
+    inuse: Vec<u64>,
+    /// Free blocks of `inuse`, per group.
+    group_free: Vec<u32>,
+    /// Data blocks reserved by open ARUs and not yet used.
+    reserved: u64,
+    arus: HashMap<u64, AruState>,
+    /// Blocks freed by ended ARUs, reusable after the next flush.
+    freed: Vec<u64>,
+    /// Engine list -> (is a data list, its near hint).
+    kinds: HashMap<u64, (bool, Option<ListId>)>,
+    /// Engine list -> the group its blocks were last taken from.
+    list_group: HashMap<u64, u32>,
+}
+
+fn bit(v: &[u64], b: u64) -> bool {
+    v[(b / 64) as usize] >> (b % 64) & 1 == 1
+}
+
+fn set_bit(v: &mut [u64], b: u64, on: bool) {
+    let w = &mut v[(b / 64) as usize];
+    if on {
+        *w |= 1 << (b % 64);
+    } else {
+        *w &= !(1 << (b % 64));
+    }
+}
+
+/// Figures for `inspect` and `stats`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DualStats {
+    pub geo: DataGeometry,
+    /// Free blocks per group as the allocator sees them.
+    pub group_free: Vec<u32>,
+    /// Blocks freed but waiting for a flush.
+    pub freed_pending: u64,
+    /// Data blocks reserved by open ARUs.
+    pub reserved: u64,
+}
+
+/// The dual Logical Disk.
+pub struct Dual {
+    meta: Arc<Lld>,
+    sync: Arc<DataSync>,
+    geo: DataGeometry,
+    label: DataLabel,
+    st: Mutex<State>,
+    /// Held shared by a data read from its pointer to its bytes, and
+    /// exclusively by an overwrite in place from its bytes to its pointer
+    /// (and by an abort writing old bytes back): a read never pairs one
+    /// version's checksum with another's bytes.
+    io: std::sync::RwLock<()>,
+}
+
+impl Dual {
+    /// Opens a formatted pair. The metadata device must carry the file
+    /// system id of the data device's label; it is checked before the
+    /// engine writes anything.
+    pub fn open(meta: Arc<dyn Device>, data: Arc<dyn Device>, opts: LldOptions) -> LdResult<Dual> {
+        let label = read_label(&*data)?;
+        let (mgeo, _) = crate::lld::mkfs::read_superblock(&*meta)?;
+        if mgeo.fs_id != label.geo.fs_id {
+            return Err(LdError::InvalidArgument(format!(
+                "the metadata device belongs to file system {:#x}, the data device to {:#x}",
+                mgeo.fs_id, label.geo.fs_id
+            )));
+        }
+        let sync = Arc::new(DataSync {
+            dev: data,
+            written: Default::default(),
+            flushed: Mutex::new(0),
+        });
+        let ordered: Arc<dyn Device> = Arc::new(OrderedMeta {
+            inner: meta,
+            data: sync.clone(),
+        });
+        let lld = Lld::open(ordered, opts)?;
+        match Self::load(&lld, &label) {
+            Ok(st) => Ok(Dual {
+                meta: Arc::new(lld),
+                sync,
+                geo: label.geo,
+                label,
+                st: Mutex::new(st),
+                io: std::sync::RwLock::new(()),
+            }),
+            Err(e) => {
+                lld.abandon();
+                Err(e)
+            }
+        }
+    }
+
+    fn load(lld: &Lld, label: &DataLabel) -> LdResult<State> {
+        let info = lld
+            .read(INFO_LIST, 0)?
+            .ok_or_else(|| LdError::InvalidArgument("no dual layout record in the log".into()))?;
+        let geo = format::decode_info(&info)?;
+        if geo != label.geo {
+            return Err(LdError::InvalidArgument(format!(
+                "the metadata device's layout {geo:?} differs from the data label's {:?}",
+                label.geo
+            )));
+        }
+        let words = (geo.groups as usize) * (geo.group_blocks as usize / 64);
+        let mut committed = vec![0u64; words];
+        let mut group_free = Vec::with_capacity(geo.groups as usize);
+        let gw = geo.group_blocks as usize / 64;
+        for g in 0..geo.groups {
+            let len = geo.group_len(g);
+            let words = &mut committed[g as usize * gw..(g as usize + 1) * gw];
+            if let Some(b) = lld.read(BITMAP_LIST, g as u64)? {
+                if b.len() != gw * 8 {
+                    return Err(bad_bitmap(
+                        g,
+                        format!("{} bytes, expected {}", b.len(), gw * 8),
+                    ));
+                }
+                for (w, c) in words.iter_mut().zip(b.chunks_exact(8)) {
+                    *w = u64::from_le_bytes(c.try_into().unwrap());
+                }
+                for i in len..geo.group_blocks as u64 {
+                    if bit(words, i) {
+                        return Err(bad_bitmap(g, format!("bit {i} set past the group's end")));
+                    }
+                }
+            }
+            let used: u64 = words.iter().map(|w| w.count_ones() as u64).sum();
+            let free = (len - used) as u32;
+            if let Some(d) = lld.read(DESC_LIST, g as u64)? {
+                let said = format::decode_desc(&d, g)?;
+                if said != free {
+                    return Err(bad_bitmap(
+                        g,
+                        format!("descriptor says {said} free, bitmap {free}"),
+                    ));
+                }
+            }
+            group_free.push(free);
+        }
+        Ok(State {
+            inuse: committed.clone(),
+            committed,
+            group_free,
+            reserved: 0,
+            arus: HashMap::new(),
+            freed: Vec::new(),
+            kinds: HashMap::new(),
+            list_group: HashMap::new(),
+        })
+    }
+
+    /// The engine on the metadata device.
+    pub fn meta(&self) -> &Lld {
+        &self.meta
+    }
+
+    /// The engine, shared (a mount's control requests: clean, checkpoint).
+    pub fn meta_arc(&self) -> Arc<Lld> {
+        self.meta.clone()
+    }
+
+    pub fn label(&self) -> &DataLabel {
+        &self.label
+    }
+
+    pub fn stats(&self) -> DualStats {
+        let st = self.lock();
+        DualStats {
+            geo: self.geo,
+            group_free: st.group_free.clone(),
+            freed_pending: st.freed.len() as u64,
+            reserved: st.reserved,
+        }
+    }
+
+    /// Flushes, then closes the engine (a final checkpoint).
+    pub fn close(&self) -> LdResult<()> {
+        self.flush()?;
+        self.meta.close()
+    }
+
+    /// Stops without flushing, as a crash would (if the engine is shared
+    /// still, it is only dropped here).
+    pub fn abandon(self) {
+        if let Ok(l) = Arc::try_unwrap(self.meta) {
+            l.abandon()
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.st.lock().expect("dual state poisoned")
+    }
+
+    fn eng(&self, list: ListId) -> LdResult<ListId> {
+        if list.0 == 0 {
+            return Err(LdError::NoSuchList(list));
+        }
+        list.0
+            .checked_add(OWN_LISTS)
+            .map(ListId)
+            .ok_or(LdError::NoSuchList(list))
+    }
+
+    /// Names user lists in an engine error.
+    fn user_err(e: LdError) -> LdError {
+        match e {
+            LdError::NoSuchList(l) if l.0 > OWN_LISTS => {
+                LdError::NoSuchList(ListId(l.0 - OWN_LISTS))
+            }
+            e => e,
+        }
+    }
+
+    /// Whether engine list `eng` is a data list (cached; a list's kind
+    /// never changes).
+    fn is_data(&self, eng: ListId) -> LdResult<bool> {
+        if let Some(k) = self.lock().kinds.get(&eng.0) {
+            return Ok(k.0);
+        }
+        let h = self
+            .meta
+            .list_hints(eng)?
+            .ok_or(LdError::NoSuchList(eng))
+            .map_err(Self::user_err)?;
+        let k = (h.kind == ListKind::Data, h.near);
+        self.lock().kinds.insert(eng.0, k);
+        Ok(k.0)
+    }
+
+    fn pointer(&self, eng: ListId, index: u64) -> LdResult<Option<Pointer>> {
+        match self.meta.read(eng, index).map_err(Self::user_err)? {
+            Some(b) => Ok(Some(Pointer::decode(&b, self.geo.blocks)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Runs `f` in `aru`, or in an ARU of its own (so a data list's pointer
+    /// and its bitmap change recover together).
+    fn in_aru<T>(&self, aru: Option<AruId>, f: impl FnOnce(AruId) -> LdResult<T>) -> LdResult<T> {
+        if let Some(a) = aru {
+            return f(a);
+        }
+        let a = self.begin_aru()?;
+        match f(a) {
+            Ok(v) => {
+                self.end_aru(a)?;
+                Ok(v)
+            }
+            Err(e) => {
+                let _ = self.abort_aru(a);
+                Err(e)
+            }
+        }
+    }
+
+    /// Reads data block `p` and checks it against its pointer.
+    fn read_block(&self, p: &Pointer) -> LdResult<Vec<u8>> {
+        let mut buf = vec![0u8; p.len as usize];
+        let off = self.geo.offset(p.block);
+        self.sync.dev.read_at(&mut buf, off)?;
+        check_crc(&buf, p, off)?;
+        Ok(buf)
+    }
+
+    /// Takes a free block for (`eng`, `index`) in `aru`: next to the
+    /// block of the index before, else in the list's group, else near the
+    /// `near` list's, else in the emptiest group.
+    fn alloc(&self, aru: AruId, eng: ListId, index: u64) -> LdResult<u64> {
+        let prev = match index.checked_sub(1) {
+            Some(i) => self.pointer(eng, i)?,
+            None => None,
+        };
+        let mut st = self.lock();
+        let st = &mut *st;
+        let goal = match prev {
+            Some(p) => p.block + 1,
+            None => {
+                let near = st.kinds.get(&eng.0).and_then(|k| k.1);
+                let g = st
+                    .list_group
+                    .get(&eng.0)
+                    .or_else(|| near.and_then(|n| st.list_group.get(&n.0)))
+                    .copied()
+                    .unwrap_or_else(|| emptiest(&st.group_free));
+                g as u64 * self.geo.group_blocks as u64
+            }
+        };
+        let a = st.arus.get_mut(&aru.0).ok_or(LdError::NoSuchAru(aru))?;
+        if a.reserved > 0 {
+            a.reserved -= 1;
+            st.reserved -= 1;
+        } else {
+            let free: u64 = st.group_free.iter().map(|&f| f as u64).sum();
+            if free <= st.reserved {
+                return Err(LdError::NoSpace {
+                    needed: DATA_BLOCK_BYTES,
+                    available: 0,
+                });
+            }
+        }
+        let b = find_free(&self.geo, &st.inuse, &st.group_free, goal)
+            .expect("a free block exists: counted above");
+        set_bit(&mut st.inuse, b, true);
+        let g = self.geo.group_of(b);
+        st.group_free[g as usize] -= 1;
+        st.list_group.insert(eng.0, g);
+        a.changes.insert(b, Change::Alloc);
+        Ok(b)
+    }
+
+    /// Takes back an allocation whose pointer never made it into the log.
+    fn unalloc(&self, aru: AruId, b: u64) {
+        let mut st = self.lock();
+        if let Some(a) = st.arus.get_mut(&aru.0) {
+            a.changes.remove(&b);
+        }
+        set_bit(&mut st.inuse, b, false);
+        st.group_free[self.geo.group_of(b) as usize] += 1;
+    }
+
+    fn free(&self, aru: AruId, b: u64) -> LdResult<()> {
+        let mut st = self.lock();
+        let a = st.arus.get_mut(&aru.0).ok_or(LdError::NoSuchAru(aru))?;
+        let c = match a.changes.get(&b) {
+            Some(Change::Alloc) => Change::AllocFreed,
+            _ => Change::Free,
+        };
+        a.changes.insert(b, c);
+        Ok(())
+    }
+
+    fn write_data(&self, aru: AruId, eng: ListId, index: u64, data: &[u8]) -> LdResult<()> {
+        let p = Pointer {
+            block: 0,
+            len: data.len() as u32,
+            crc: crc32c::crc32c(data),
+        };
+        let mut buf = data.to_vec();
+        buf.resize(DATA_BLOCK_BYTES as usize, 0);
+        if let Some(old) = self.pointer(eng, index)? {
+            // In place. Keep the old content while the ARU is open, unless
+            // the ARU allocated the block itself (an abort frees it).
+            let off = self.geo.offset(old.block);
+            let need_undo = {
+                let st = self.lock();
+                let a = st.arus.get(&aru.0).ok_or(LdError::NoSuchAru(aru))?;
+                a.changes.get(&old.block) != Some(&Change::Alloc) && !a.undone.contains(&old.block)
+            };
+            if need_undo {
+                let mut prev = vec![0u8; DATA_BLOCK_BYTES as usize];
+                self.sync.dev.read_at(&mut prev, off)?;
+                let mut st = self.lock();
+                let a = st.arus.get_mut(&aru.0).ok_or(LdError::NoSuchAru(aru))?;
+                a.undone.insert(old.block);
+                a.undo.push((old.block, prev));
+            }
+            let p = Pointer {
+                block: old.block,
+                ..p
+            };
+            let _io = self.io.write().expect("io lock poisoned");
+            self.sync.write(&buf, off)?;
+            return self.meta.write(Some(aru), eng, index, &p.encode());
+        }
+        let b = self.alloc(aru, eng, index)?;
+        let r = self
+            .sync
+            .write(&buf, self.geo.offset(b))
+            .map_err(LdError::from)
+            .and_then(|()| {
+                let p = Pointer { block: b, ..p };
+                self.meta.write(Some(aru), eng, index, &p.encode())
+            });
+        if r.is_err() {
+            self.unalloc(aru, b);
+        }
+        r
+    }
+
+    /// Deletes the pointers of `eng` in `range` and frees their blocks, a
+    /// chunk at a time.
+    fn delete_data(&self, aru: AruId, eng: ListId, range: Range<u64>) -> LdResult<()> {
+        let mut from = range.start;
+        while from < range.end {
+            let chunk = self
+                .meta
+                .read_range(eng, from..range.end, DELETE_CHUNK)
+                .map_err(Self::user_err)?;
+            let Some(&(last, _)) = chunk.last() else {
+                break;
+            };
+            let ptrs = chunk
+                .iter()
+                .map(|(_, b)| Pointer::decode(b, self.geo.blocks))
+                .collect::<LdResult<Vec<_>>>()?;
+            let to = if chunk.len() < DELETE_CHUNK {
+                range.end
+            } else {
+                last + 1
+            };
+            self.meta.delete_range(Some(aru), eng, from..to)?;
+            for p in ptrs {
+                self.free(aru, p.block)?;
+            }
+            if to == range.end || last == u64::MAX {
+                break;
+            }
+            from = to;
+        }
+        Ok(())
+    }
+
+    /// Checks the data blocks against the pointers: every pointer names an
+    /// allocated block, no block is named twice, no allocated block is
+    /// named by nothing (a leak). Returns the problems found, as text.
+    pub fn check_blocks(&self) -> LdResult<Vec<String>> {
+        self.check_blocks_with(false)
+    }
+
+    /// `check_blocks`, and with `data` also every named block's bytes
+    /// against its checksum.
+    pub fn check_blocks_with(&self, data: bool) -> LdResult<Vec<String>> {
+        let mut problems = Vec::new();
+        let mut named = vec![0u64; self.lock().committed.len()];
+        let mut from = OWN_LISTS + 1;
+        loop {
+            let lists = self.meta.lists(from, 1024)?;
+            let Some(last) = lists.last() else { break };
+            from = last.0 + 1;
+            for l in lists {
+                if !self.is_data(l)? {
+                    continue;
+                }
+                let mut i = 0;
+                loop {
+                    let chunk = self.meta.read_range(l, i..u64::MAX, DELETE_CHUNK)?;
+                    let Some(&(last, _)) = chunk.last() else {
+                        break;
+                    };
+                    for (idx, b) in &chunk {
+                        let user = l.0 - OWN_LISTS;
+                        let p = match Pointer::decode(b, self.geo.blocks) {
+                            Ok(p) => p,
+                            Err(e) => {
+                                problems.push(format!("list {user} block {idx}: {e}"));
+                                continue;
+                            }
+                        };
+                        if bit(&named, p.block) {
+                            problems.push(format!(
+                                "list {user} block {idx}: data block {} named twice",
+                                p.block
+                            ));
+                        }
+                        set_bit(&mut named, p.block, true);
+                        if data {
+                            let _io = self.io.read().expect("io lock poisoned");
+                            match self.read_block(&p) {
+                                Ok(_) => {}
+                                Err(LdError::Corrupt(c)) => {
+                                    problems.push(format!("list {user} block {idx}: {c}"))
+                                }
+                                Err(e) => return Err(e),
+                            }
+                        }
+                        if !bit(&self.lock().committed, p.block) {
+                            problems.push(format!(
+                                "list {user} block {idx}: data block {} is free in the bitmap",
+                                p.block
+                            ));
+                        }
+                    }
+                    if chunk.len() < DELETE_CHUNK || last == u64::MAX {
+                        break;
+                    }
+                    i = last + 1;
+                }
+            }
+        }
+        let st = self.lock();
+        for (w, (&c, &n)) in st.committed.iter().zip(&named).enumerate() {
+            let leaked = c & !n;
+            if leaked != 0 {
+                for k in 0..64 {
+                    if leaked >> k & 1 == 1 {
+                        problems.push(format!(
+                            "data block {} is allocated but named by nothing",
+                            w as u64 * 64 + k
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(problems)
+    }
+
+    /// Writes the bitmap and descriptor of each group `a` touched, as the
+    /// ended ARUs left them plus `a`'s changes.
+    fn write_bitmaps(&self, st: &State, aru: AruId, a: &AruState) -> LdResult<()> {
+        let gw = self.geo.group_blocks as u64 / 64;
+        let groups: BTreeSet<u32> = a.changes.keys().map(|&b| self.geo.group_of(b)).collect();
+        for g in groups {
+            let lo = g as u64 * self.geo.group_blocks as u64;
+            let mut words =
+                st.committed[(g as u64 * gw) as usize..((g as u64 + 1) * gw) as usize].to_vec();
+            for (&b, &c) in a.changes.range(lo..lo + self.geo.group_blocks as u64) {
+                set_bit(&mut words, b - lo, c == Change::Alloc);
+            }
+            let used: u64 = words.iter().map(|w| w.count_ones() as u64).sum();
+            let free = (self.geo.group_len(g) - used) as u32;
+            let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+            self.meta.write(Some(aru), BITMAP_LIST, g as u64, &bytes)?;
+            self.meta.write(
+                Some(aru),
+                DESC_LIST,
+                g as u64,
+                &format::encode_desc(g, free),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Engine bytes an ARU's bitmap and descriptor writes may take for an
+    /// operation of `bytes` (one group per group's worth of data, plus one).
+    fn bitmap_bytes(&self, bytes: u64) -> u64 {
+        let group_bytes = self.geo.group_blocks as u64 * DATA_BLOCK_BYTES;
+        let groups = bytes / group_bytes + 2;
+        groups * (self.geo.group_blocks as u64 / 8 + format::DESC_BYTES as u64 + 256)
+    }
+
+    fn reserve_data(&self, aru: AruId, bytes: u64, must: bool) -> LdResult<u64> {
+        let want = bytes.div_ceil(DATA_BLOCK_BYTES);
+        let mut st = self.lock();
+        let st = &mut *st;
+        let free: u64 = st.group_free.iter().map(|&f| f as u64).sum();
+        let avail = free.saturating_sub(st.reserved);
+        if must && avail < want {
+            return Err(LdError::NoSpace {
+                needed: bytes,
+                available: avail * DATA_BLOCK_BYTES,
+            });
+        }
+        let got = want.min(avail);
+        let a = st.arus.get_mut(&aru.0).ok_or(LdError::NoSuchAru(aru))?;
+        a.reserved += got;
+        st.reserved += got;
+        Ok(got)
+    }
+
+    fn unreserve_data(&self, aru: AruId, n: u64) {
+        let mut st = self.lock();
+        let st = &mut *st;
+        if let Some(a) = st.arus.get_mut(&aru.0) {
+            let n = n.min(a.reserved);
+            a.reserved -= n;
+            st.reserved -= n;
+        }
+    }
+}
+
+fn bad_bitmap(g: u32, why: String) -> LdError {
+    LdError::Corrupt(Corruption {
+        what: "group bitmap",
+        offset: g as u64,
+        reason: CorruptReason::Inconsistent(why),
+    })
+}
+
+fn check_crc(buf: &[u8], p: &Pointer, offset: u64) -> LdResult<()> {
+    let got = crc32c::crc32c(buf);
+    if got != p.crc {
+        return Err(LdError::Corrupt(Corruption {
+            what: "data block",
+            offset,
+            reason: CorruptReason::BadChecksum {
+                expected: p.crc,
+                got,
+            },
+        }));
+    }
+    Ok(())
+}
+
+fn emptiest(group_free: &[u32]) -> u32 {
+    let mut best = 0;
+    for (g, &f) in group_free.iter().enumerate() {
+        if f > group_free[best] {
+            best = g;
+        }
+    }
+    best as u32
+}
+
+/// The first free block at or after `goal` in its group, wrapping within
+/// the group, then in the following groups.
+fn find_free(geo: &DataGeometry, inuse: &[u64], group_free: &[u32], goal: u64) -> Option<u64> {
+    let goal = if goal >= geo.blocks { 0 } else { goal };
+    let g0 = geo.group_of(goal);
+    for k in 0..geo.groups {
+        let g = (g0 + k) % geo.groups;
+        if group_free[g as usize] == 0 {
+            continue;
+        }
+        let lo = g as u64 * geo.group_blocks as u64;
+        let hi = lo + geo.group_len(g);
+        let start = if g == g0 { goal } else { lo };
+        if let Some(b) = scan(inuse, start, hi).or_else(|| scan(inuse, lo, start)) {
+            return Some(b);
+        }
+    }
+    None
+}
+
+fn scan(v: &[u64], from: u64, to: u64) -> Option<u64> {
+    let mut b = from;
+    while b < to {
+        let w = v[(b / 64) as usize] >> (b % 64);
+        if w == u64::MAX >> (b % 64) {
+            b = (b / 64 + 1) * 64;
+            continue;
+        }
+        let k = (!w).trailing_zeros() as u64;
+        return (b + k < to).then_some(b + k);
+    }
+    None
+}
+
+impl LogicalDisk for Dual {
+    fn max_block_bytes(&self) -> usize {
+        self.meta.max_block_bytes()
+    }
+
+    fn create_list(&self, aru: Option<AruId>, hints: ListHints) -> LdResult<ListId> {
+        let near = hints.near.map(|n| self.eng(n)).transpose()?;
+        let id = self
+            .meta
+            .create_list(aru, ListHints { near, ..hints })
+            .map_err(Self::user_err)?;
+        self.lock()
+            .kinds
+            .insert(id.0, (hints.kind == ListKind::Data, near));
+        Ok(ListId(id.0 - OWN_LISTS))
+    }
+
+    fn delete_list(&self, aru: Option<AruId>, list: ListId) -> LdResult<()> {
+        let eng = self.eng(list)?;
+        if !self.is_data(eng)? {
+            return self.meta.delete_list(aru, eng).map_err(Self::user_err);
+        }
+        self.in_aru(aru, |a| {
+            self.delete_data(a, eng, 0..u64::MAX)?;
+            self.meta
+                .delete_list(Some(a), eng)
+                .map_err(Self::user_err)?;
+            self.lock().list_group.remove(&eng.0);
+            Ok(())
+        })
+    }
+
+    fn list_hints(&self, list: ListId) -> LdResult<Option<ListHints>> {
+        let eng = self.eng(list)?;
+        Ok(self.meta.list_hints(eng)?.map(|h| ListHints {
+            near: h.near.map(|n| ListId(n.0.saturating_sub(OWN_LISTS))),
+            ..h
+        }))
+    }
+
+    fn write(&self, aru: Option<AruId>, list: ListId, index: u64, data: &[u8]) -> LdResult<()> {
+        let eng = self.eng(list)?;
+        if !self.is_data(eng)? {
+            return self
+                .meta
+                .write(aru, eng, index, data)
+                .map_err(Self::user_err);
+        }
+        if data.is_empty() || data.len() as u64 > DATA_BLOCK_BYTES {
+            return Err(LdError::BadBlockLength {
+                len: data.len(),
+                max: DATA_BLOCK_BYTES as usize,
+            });
+        }
+        self.in_aru(aru, |a| self.write_data(a, eng, index, data))
+    }
+
+    fn read(&self, list: ListId, index: u64) -> LdResult<Option<Vec<u8>>> {
+        let eng = self.eng(list)?;
+        if !self.is_data(eng)? {
+            return self.meta.read(eng, index).map_err(Self::user_err);
+        }
+        let _io = self.io.read().expect("io lock poisoned");
+        match self.pointer(eng, index)? {
+            Some(p) => Ok(Some(self.read_block(&p)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn read_range(
+        &self,
+        list: ListId,
+        range: Range<u64>,
+        limit: usize,
+    ) -> LdResult<Vec<(u64, Vec<u8>)>> {
+        let eng = self.eng(list)?;
+        if !self.is_data(eng)? {
+            return self
+                .meta
+                .read_range(eng, range, limit)
+                .map_err(Self::user_err);
+        }
+        let _io = self.io.read().expect("io lock poisoned");
+        let ptrs = self
+            .meta
+            .read_range(eng, range, limit)
+            .map_err(Self::user_err)?
+            .into_iter()
+            .map(|(i, b)| Ok((i, Pointer::decode(&b, self.geo.blocks)?)))
+            .collect::<LdResult<Vec<_>>>()?;
+        // Blocks that lie one after another on the device are read with
+        // one request.
+        let mut out = Vec::with_capacity(ptrs.len());
+        let mut k = 0;
+        while k < ptrs.len() {
+            let mut n = 1;
+            while k + n < ptrs.len()
+                && n < READ_RUN_BLOCKS
+                && ptrs[k + n].1.block == ptrs[k].1.block + n as u64
+            {
+                n += 1;
+            }
+            let off = self.geo.offset(ptrs[k].1.block);
+            let mut buf = vec![0u8; n * DATA_BLOCK_BYTES as usize];
+            self.sync.dev.read_at(&mut buf, off)?;
+            for (j, (i, p)) in ptrs[k..k + n].iter().enumerate() {
+                let at = j * DATA_BLOCK_BYTES as usize;
+                let b = buf[at..at + p.len as usize].to_vec();
+                check_crc(&b, p, off + at as u64)?;
+                out.push((*i, b));
+            }
+            k += n;
+        }
+        Ok(out)
+    }
+
+    fn delete(&self, aru: Option<AruId>, list: ListId, index: u64) -> LdResult<()> {
+        let eng = self.eng(list)?;
+        if !self.is_data(eng)? {
+            return self.meta.delete(aru, eng, index).map_err(Self::user_err);
+        }
+        self.in_aru(aru, |a| {
+            if let Some(p) = self.pointer(eng, index)? {
+                self.meta.delete(Some(a), eng, index)?;
+                self.free(a, p.block)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn delete_range(&self, aru: Option<AruId>, list: ListId, range: Range<u64>) -> LdResult<()> {
+        let eng = self.eng(list)?;
+        if !self.is_data(eng)? {
+            return self
+                .meta
+                .delete_range(aru, eng, range)
+                .map_err(Self::user_err);
+        }
+        self.in_aru(aru, |a| self.delete_data(a, eng, range))
+    }
+
+    fn indices(&self, list: ListId, from: u64, limit: usize) -> LdResult<Vec<u64>> {
+        let eng = self.eng(list)?;
+        self.meta.indices(eng, from, limit).map_err(Self::user_err)
+    }
+
+    fn lists(&self, from: u64, limit: usize) -> LdResult<Vec<ListId>> {
+        let from = from.max(1).saturating_add(OWN_LISTS);
+        Ok(self
+            .meta
+            .lists(from, limit)?
+            .into_iter()
+            .map(|l| ListId(l.0 - OWN_LISTS))
+            .collect())
+    }
+
+    fn prefetch(&self, list: ListId) -> LdResult<()> {
+        let eng = self.eng(list)?;
+        self.meta.prefetch(eng).map_err(Self::user_err)
+    }
+
+    fn begin_aru(&self) -> LdResult<AruId> {
+        let a = self.meta.begin_aru()?;
+        self.lock().arus.insert(a.0, AruState::default());
+        Ok(a)
+    }
+
+    fn end_aru(&self, aru: AruId) -> LdResult<()> {
+        // The lock is held from the bitmap writes to the end, so no other
+        // ARU ends in between (module doc, "Bitmaps follow ARUs").
+        let mut st = self.lock();
+        let a = st.arus.remove(&aru.0).ok_or(LdError::NoSuchAru(aru))?;
+        let r = self
+            .write_bitmaps(&st, aru, &a)
+            .and_then(|()| self.meta.end_aru(aru));
+        if let Err(e) = r {
+            st.arus.insert(aru.0, a);
+            return Err(e);
+        }
+        for (&b, &c) in &a.changes {
+            match c {
+                Change::Alloc => set_bit(&mut st.committed, b, true),
+                Change::Free => {
+                    set_bit(&mut st.committed, b, false);
+                    st.freed.push(b);
+                }
+                Change::AllocFreed => st.freed.push(b),
+            }
+        }
+        st.reserved -= a.reserved;
+        Ok(())
+    }
+
+    fn abort_aru(&self, aru: AruId) -> LdResult<()> {
+        // Old pointers come back before old bytes: no read in between.
+        let _io = self.io.write().expect("io lock poisoned");
+        self.meta.abort_aru(aru)?;
+        let a = {
+            let mut st = self.lock();
+            let Some(a) = st.arus.remove(&aru.0) else {
+                return Ok(());
+            };
+            for (&b, &c) in &a.changes {
+                if c != Change::Free {
+                    set_bit(&mut st.inuse, b, false);
+                    st.group_free[self.geo.group_of(b) as usize] += 1;
+                }
+            }
+            st.reserved -= a.reserved;
+            // A list created by the aborted ARU is gone again.
+            st.kinds.clear();
+            a
+        };
+        // Blocks overwritten in place get their old content back, so the
+        // restored pointers' checksums match again.
+        for (b, old) in a.undo {
+            self.sync.write(&old, self.geo.offset(b))?;
+        }
+        Ok(())
+    }
+
+    fn reserve(&self, aru: AruId, bytes: u64) -> LdResult<()> {
+        let got = self.reserve_data(aru, bytes, true)?;
+        if let Err(e) = self.meta.reserve(aru, bytes + self.bitmap_bytes(bytes)) {
+            self.unreserve_data(aru, got);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn reserve_freeing(&self, aru: AruId, bytes: u64) -> LdResult<()> {
+        let got = self.reserve_data(aru, bytes, false)?;
+        if let Err(e) = self
+            .meta
+            .reserve_freeing(aru, bytes + self.bitmap_bytes(bytes))
+        {
+            self.unreserve_data(aru, got);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> LdResult<()> {
+        // Overwrites in place may have changed no pointer: the data device
+        // is flushed whether or not the log has anything to write.
+        self.sync.sync()?;
+        let n = self.lock().freed.len();
+        self.meta.flush()?;
+        let mut st = self.lock();
+        let st = &mut *st;
+        for b in st.freed.drain(..n) {
+            set_bit(&mut st.inuse, b, false);
+            st.group_free[self.geo.group_of(b) as usize] += 1;
+        }
+        Ok(())
+    }
+
+    fn flush_list(&self, _list: ListId) -> LdResult<()> {
+        self.flush()
+    }
+
+    fn space(&self) -> SpaceStats {
+        // The file system spans both devices: the capacity is both; what
+        // can still be written is the data device's free blocks (a full
+        // metadata log shows as NoSpace when an operation reserves).
+        let st = self.lock();
+        let free: u64 = st.group_free.iter().map(|&f| f as u64).sum();
+        let used = self.geo.blocks - free;
+        let m = self.meta.space();
+        SpaceStats {
+            capacity_bytes: self.geo.blocks * DATA_BLOCK_BYTES + m.capacity_bytes,
+            available_bytes: free.saturating_sub(st.reserved) * DATA_BLOCK_BYTES,
+            live_bytes: used * DATA_BLOCK_BYTES + m.live_bytes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,467 @@
+use super::*;
+use crate::device::MemoryDevice;
+
+const META_BYTES: u64 = 32 << 20;
+const DATA_BYTES: u64 = 16 << 20;
+
+fn opts() -> LldOptions {
+    LldOptions {
+        map_budget_bytes: 1 << 20,
+        partial_bytes: 64 << 10,
+        ..Default::default()
+    }
+}
+
+struct Pair {
+    meta: Arc<MemoryDevice>,
+    data: Arc<MemoryDevice>,
+}
+
+impl Pair {
+    fn new(group_blocks: u32) -> Pair {
+        let p = Pair {
+            meta: Arc::new(MemoryDevice::new(META_BYTES)),
+            data: Arc::new(MemoryDevice::new(DATA_BYTES)),
+        };
+        mkfs(
+            p.meta.clone(),
+            &*p.data,
+            &DualMkfsOptions {
+                group_blocks,
+                meta_path: "/meta".into(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        p
+    }
+
+    fn open(&self) -> Dual {
+        Dual::open(self.meta.clone(), self.data.clone(), opts()).unwrap()
+    }
+}
+
+fn data_list(d: &Dual) -> ListId {
+    d.create_list(
+        None,
+        ListHints {
+            kind: ListKind::Data,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+fn meta_list(d: &Dual) -> ListId {
+    d.create_list(
+        None,
+        ListHints {
+            kind: ListKind::Metadata,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+fn block(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| seed.wrapping_add(i as u8)).collect()
+}
+
+/// The data block a data list's block lives in.
+fn where_is(d: &Dual, list: ListId, index: u64) -> u64 {
+    d.pointer(d.eng(list).unwrap(), index)
+        .unwrap()
+        .unwrap()
+        .block
+}
+
+#[test]
+fn user_lists_start_at_one_and_data_goes_to_the_data_device() {
+    let p = Pair::new(256);
+    let d = p.open();
+    let m = meta_list(&d);
+    assert_eq!(m, ListId(1), "the fs expects its first lists at 1, 2, 3");
+    let f = data_list(&d);
+    assert_eq!(f, ListId(2));
+    assert_eq!(d.lists(0, 10).unwrap(), vec![m, f]);
+    d.write(None, m, 0, b"inode").unwrap();
+    d.write(None, f, 0, &block(7, 4096)).unwrap();
+    d.write(None, f, 1, &block(9, 100)).unwrap();
+    assert_eq!(d.read(m, 0).unwrap().unwrap(), b"inode");
+    assert_eq!(d.read(f, 0).unwrap().unwrap(), block(7, 4096));
+    assert_eq!(d.read(f, 1).unwrap().unwrap(), block(9, 100));
+    assert_eq!(d.read(f, 2).unwrap(), None);
+    // The file's bytes are on the data device at the pointer's block,
+    // its blocks one after the other.
+    let b0 = where_is(&d, f, 0);
+    assert_eq!(where_is(&d, f, 1), b0 + 1);
+    let img = p.data.snapshot();
+    let off = d.geo.offset(b0) as usize;
+    assert_eq!(&img[off..off + 4096], &block(7, 4096)[..]);
+    let got = d.read_range(f, 0..10, 10).unwrap();
+    assert_eq!(got, vec![(0, block(7, 4096)), (1, block(9, 100))]);
+    assert!(d.write(None, f, 3, &[0; 4097]).is_err());
+    assert!(d.check_blocks().unwrap().is_empty());
+}
+
+#[test]
+fn state_survives_a_reopen_and_checks_clean() {
+    let p = Pair::new(256);
+    let (f, g) = {
+        let d = p.open();
+        let f = data_list(&d);
+        let g = data_list(&d);
+        for i in 0..300 {
+            d.write(None, f, i, &block(i as u8, 4096)).unwrap();
+        }
+        d.write(None, g, 5, &block(1, 10)).unwrap();
+        d.delete_range(None, f, 100..200).unwrap();
+        d.close().unwrap();
+        (f, g)
+    };
+    let d = p.open();
+    for i in (0..100).chain(200..300) {
+        assert_eq!(d.read(f, i).unwrap().unwrap(), block(i as u8, 4096));
+    }
+    assert_eq!(d.read(f, 150).unwrap(), None);
+    assert_eq!(d.read(g, 5).unwrap().unwrap(), block(1, 10));
+    assert_eq!(d.check_blocks().unwrap(), Vec::<String>::new());
+    let s = d.stats();
+    let free: u64 = s.group_free.iter().map(|&f| f as u64).sum();
+    assert_eq!(free, s.geo.blocks - 201);
+    // f's 300 blocks took two groups, g's one block a third; the rest
+    // are untouched.
+    let touched = (0..s.geo.groups)
+        .filter(|&g| s.group_free[g as usize] as u64 != s.geo.group_len(g))
+        .count();
+    assert_eq!(touched, 3, "{:?}", s.group_free);
+}
+
+#[test]
+fn freed_blocks_wait_for_a_flush() {
+    let p = Pair::new(256);
+    let d = p.open();
+    let f = data_list(&d);
+    d.write(None, f, 0, &block(1, 4096)).unwrap();
+    let b = where_is(&d, f, 0);
+    d.delete(None, f, 0).unwrap();
+    let g = data_list(&d);
+    d.write(None, g, 0, &block(2, 4096)).unwrap();
+    assert_ne!(where_is(&d, g, 0), b, "reused before the free was durable");
+    assert_eq!(d.stats().freed_pending, 1);
+    d.flush().unwrap();
+    assert_eq!(d.stats().freed_pending, 0);
+    let h = data_list(&d);
+    d.delete(None, g, 0).unwrap();
+    d.flush().unwrap();
+    d.write(None, h, 0, &block(3, 4096)).unwrap();
+    assert!(d.check_blocks().unwrap().is_empty());
+}
+
+#[test]
+fn abort_gives_back_allocations_and_overwritten_bytes() {
+    let p = Pair::new(256);
+    let d = p.open();
+    let f = data_list(&d);
+    d.write(None, f, 0, &block(1, 4096)).unwrap();
+    let before = d.stats().group_free.clone();
+    let a = d.begin_aru().unwrap();
+    d.reserve(a, 3 * 4096).unwrap();
+    d.write(Some(a), f, 0, &block(2, 50)).unwrap();
+    d.write(Some(a), f, 0, &block(3, 60)).unwrap();
+    d.write(Some(a), f, 1, &block(4, 4096)).unwrap();
+    d.write(Some(a), f, 2, &block(5, 4096)).unwrap();
+    d.delete(Some(a), f, 2).unwrap();
+    assert_eq!(d.read(f, 0).unwrap().unwrap(), block(3, 60), "in place");
+    d.abort_aru(a).unwrap();
+    assert_eq!(d.read(f, 0).unwrap().unwrap(), block(1, 4096));
+    assert_eq!(d.read(f, 1).unwrap(), None);
+    assert_eq!(d.stats().group_free, before);
+    assert_eq!(d.stats().reserved, 0);
+    d.close().unwrap();
+    let d = p.open();
+    assert_eq!(d.read(f, 0).unwrap().unwrap(), block(1, 4096));
+    assert!(d.check_blocks().unwrap().is_empty());
+}
+
+#[test]
+fn interleaved_arus_each_recover_their_own_bits() {
+    // Two ARUs allocate in one group; whichever ends, the bitmap written
+    // last holds exactly the ended ARUs' bits.
+    for end_first in [true, false] {
+        let p = Pair::new(256);
+        let d = p.open();
+        let f = data_list(&d);
+        let g = data_list(&d);
+        let a = d.begin_aru().unwrap();
+        let b = d.begin_aru().unwrap();
+        d.write(Some(a), f, 0, &block(1, 4096)).unwrap();
+        d.write(Some(b), g, 0, &block(2, 4096)).unwrap();
+        if end_first {
+            d.end_aru(a).unwrap();
+        } else {
+            d.end_aru(b).unwrap();
+        }
+        d.flush().unwrap();
+        // A crash now: the other ARU never ends.
+        let meta = p.meta.snapshot();
+        let data = p.data.snapshot();
+        d.abandon();
+        let d = Dual::open(
+            Arc::new(MemoryDevice::from_vec(meta)),
+            Arc::new(MemoryDevice::from_vec(data)),
+            opts(),
+        )
+        .unwrap();
+        assert_eq!(d.check_blocks().unwrap(), Vec::<String>::new());
+        let s = d.stats();
+        let free: u64 = s.group_free.iter().map(|&f| f as u64).sum();
+        assert_eq!(free, s.geo.blocks - 1);
+        assert_eq!(d.read(f, 0).unwrap().is_some(), end_first);
+        assert_eq!(d.read(g, 0).unwrap().is_some(), !end_first);
+    }
+}
+
+#[test]
+fn metadata_only_work_leaves_the_data_device_alone() {
+    let p = Pair::new(256);
+    let before = p.data.snapshot();
+    let d = p.open();
+    let m = meta_list(&d);
+    for i in 0..500 {
+        d.write(None, m, i, &block(i as u8, 300)).unwrap();
+    }
+    d.delete_range(None, m, 0..250).unwrap();
+    d.flush().unwrap();
+    d.close().unwrap();
+    let d = p.open();
+    assert_eq!(d.read(m, 300).unwrap().unwrap(), block(44, 300));
+    d.close().unwrap();
+    assert!(p.data.snapshot() == before, "the data device changed");
+}
+
+#[test]
+fn data_checksum_catches_damage() {
+    let p = Pair::new(256);
+    let d = p.open();
+    let f = data_list(&d);
+    d.write(None, f, 0, &block(1, 4096)).unwrap();
+    let off = d.geo.offset(where_is(&d, f, 0));
+    p.data.write_at(&[0xff], off + 17).unwrap();
+    assert!(matches!(
+        d.read(f, 0),
+        Err(LdError::Corrupt(Corruption {
+            what: "data block",
+            ..
+        }))
+    ));
+    assert!(d.read_range(f, 0..1, 1).is_err());
+}
+
+#[test]
+fn a_mismatched_pair_is_refused() {
+    let p = Pair::new(256);
+    let q = Pair::new(256);
+    let e = Dual::open(p.meta.clone(), q.data.clone(), opts())
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("belongs to file system"), "{e}");
+    // The metadata device was not written by the failed open.
+    let before = p.meta.snapshot();
+    let _ = Dual::open(p.meta.clone(), q.data.clone(), opts());
+    assert!(p.meta.snapshot() == before);
+}
+
+#[test]
+fn a_full_data_device_refuses_reservations_first() {
+    let p = Pair::new(256);
+    let d = p.open();
+    let f = data_list(&d);
+    let blocks = d.stats().geo.blocks;
+    let a = d.begin_aru().unwrap();
+    assert!(matches!(
+        d.reserve(a, (blocks + 1) * 4096),
+        Err(LdError::NoSpace { .. })
+    ));
+    d.reserve(a, blocks * 4096).unwrap();
+    // Another writer finds nothing left while `a` holds it all.
+    assert!(matches!(
+        d.write(None, f, 0, &block(1, 10)),
+        Err(LdError::NoSpace { .. })
+    ));
+    d.write(Some(a), f, 0, &block(1, 10)).unwrap();
+    d.end_aru(a).unwrap();
+    assert_eq!(d.stats().reserved, 0);
+    d.write(None, f, 1, &block(1, 10)).unwrap();
+    assert!(d.check_blocks().unwrap().is_empty());
+}
+
+#[test]
+fn new_lists_go_to_the_emptiest_group() {
+    let p = Pair::new(256);
+    let d = p.open();
+    let f = data_list(&d);
+    for i in 0..200 {
+        d.write(None, f, i, &block(1, 4096)).unwrap();
+    }
+    let g = data_list(&d);
+    d.write(None, g, 0, &block(2, 4096)).unwrap();
+    let geo = d.stats().geo;
+    assert_ne!(
+        geo.group_of(where_is(&d, g, 0)),
+        geo.group_of(where_is(&d, f, 0))
+    );
+    // A list created near another starts in its group.
+    let h = d
+        .create_list(
+            None,
+            ListHints {
+                kind: ListKind::Data,
+                near: Some(f),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    d.write(None, h, 0, &block(3, 4096)).unwrap();
+    assert_eq!(
+        geo.group_of(where_is(&d, h, 0)),
+        geo.group_of(where_is(&d, f, 0))
+    );
+    assert_eq!(d.list_hints(h).unwrap().unwrap().near, Some(f));
+}
+
+#[test]
+fn data_is_durable_before_the_log_names_it() {
+    use crate::device::{CrashDevice, CrashOptions};
+    let meta = Arc::new(CrashDevice::new(META_BYTES));
+    let data = Arc::new(CrashDevice::new(DATA_BYTES));
+    mkfs(
+        meta.clone(),
+        &*data,
+        &DualMkfsOptions {
+            group_blocks: 256,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let small = LldOptions {
+        partial_bytes: 4096,
+        ..opts()
+    };
+    let d = Dual::open(meta.clone(), data.clone(), small).unwrap();
+    let f = data_list(&d);
+    let m = meta_list(&d);
+    d.flush().unwrap();
+    d.write(None, f, 0, &block(1, 4096)).unwrap();
+    // A large metadata block seals the partial segment holding the
+    // pointer: the log reaches its device without any flush asked for.
+    d.write(None, m, 0, &block(2, 8000)).unwrap();
+    d.write(None, m, 1, &block(3, 8000)).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while meta.pending_writes() == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(meta.pending_writes() > 0, "the log wrote nothing");
+    // The worst crash: every log write survives, no unflushed data write.
+    let keep_all = CrashOptions {
+        keep_probability: 1.0,
+        tear_probability: 0.0,
+    };
+    let lose_all = CrashOptions {
+        keep_probability: 0.0,
+        tear_probability: 0.0,
+    };
+    let mimg = meta.crash_image(1, &keep_all);
+    let dimg = data.crash_image(1, &lose_all);
+    d.abandon();
+    let d = Dual::open(
+        Arc::new(MemoryDevice::from_vec(mimg)),
+        Arc::new(MemoryDevice::from_vec(dimg)),
+        opts(),
+    )
+    .unwrap();
+    // Either the pointer did not survive, or its data did.
+    match d.read(f, 0) {
+        Ok(None) => {}
+        Ok(Some(b)) => assert_eq!(b, block(1, 4096)),
+        Err(e) => panic!("the log named data that never reached its device: {e}"),
+    }
+    assert_eq!(d.read(m, 0).unwrap().unwrap(), block(2, 8000));
+}
+
+#[test]
+fn the_block_check_finds_free_named_leaked_and_damaged_blocks() {
+    let p = Pair::new(256);
+    let d = p.open();
+    let f = data_list(&d);
+    d.write(None, f, 0, &block(1, 4096)).unwrap();
+    d.write(None, f, 1, &block(2, 4096)).unwrap();
+    let (b0, b1) = (where_is(&d, f, 0), where_is(&d, f, 1));
+    assert!(d.check_blocks_with(true).unwrap().is_empty());
+    // Rewrite group 0's bitmap behind the LD's back: block b0 free, and
+    // block 200 allocated though nothing names it.
+    let gw = 256 / 64;
+    let mut words = vec![0u64; gw];
+    set_bit(&mut words, b1, true);
+    set_bit(&mut words, 200, true);
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    d.meta().write(None, BITMAP_LIST, 0, &bytes).unwrap();
+    d.meta()
+        .write(None, DESC_LIST, 0, &format::encode_desc(0, 254))
+        .unwrap();
+    let off = d.geo.offset(b1);
+    d.close().unwrap();
+    p.data.write_at(&[0xee], off + 5).unwrap();
+    let d = p.open();
+    let found = d.check_blocks_with(true).unwrap();
+    assert!(
+        found
+            .iter()
+            .any(|l| l.contains(&format!("data block {b0} is free"))),
+        "{found:?}"
+    );
+    assert!(
+        found
+            .iter()
+            .any(|l| l.contains("data block 200 is allocated but named by nothing")),
+        "{found:?}"
+    );
+    assert!(found.iter().any(|l| l.contains("checksum")), "{found:?}");
+    assert_eq!(found.len(), 3, "{found:?}");
+    assert_eq!(d.check_blocks().unwrap().len(), 2);
+}
+
+#[test]
+fn reads_beside_overwrites_in_place_never_see_a_checksum_mismatch() {
+    let p = Pair::new(256);
+    let d = Arc::new(p.open());
+    let f = data_list(&d);
+    d.write(None, f, 0, &block(0, 4096)).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (d, stop) = (d.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut reads = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let b = d
+                    .read(f, 0)
+                    .expect("a read beside an overwrite failed")
+                    .unwrap();
+                assert!(b == block(0, 4096) || b == block(1, 4096));
+                d.read_range(f, 0..1, 1)
+                    .expect("a range read beside an overwrite failed");
+                reads += 1;
+            }
+            reads
+        })
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(500);
+    let mut i = 0u64;
+    while std::time::Instant::now() < until {
+        d.write(None, f, 0, &block((i % 2) as u8, 4096)).unwrap();
+        i += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let reads = reader.join().unwrap();
+    assert!(reads > 100, "{reads} reads beside {i} writes");
+}
