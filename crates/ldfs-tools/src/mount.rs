@@ -107,6 +107,11 @@ pub struct MountOpts {
     /// faster small writes, but write(2) no longer sees ENOSPC (see
     /// `FuseFs::writeback_cache`).
     pub writeback_cache: bool,
+    /// Aligned writes to the image through `O_DIRECT` (`direct_writes`,
+    /// `nodirect_writes`; by default on where the image's file system
+    /// allows it): an fsync's device flush then has no page cache to write
+    /// back (see `FileDevice::direct_writes`).
+    pub direct_writes: Toggle,
     /// Background cleaning policy; `None` turns the background cleaner off
     /// (writes still clean in the foreground when space runs low).
     pub cleaner: Option<ldfs::lld::PolicyKind>,
@@ -119,6 +124,14 @@ pub struct MountOpts {
     pub fuse: Vec<MountOption>,
 }
 
+/// An option that is on, off, or on where it can be had (the default).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Toggle {
+    Auto,
+    On,
+    Off,
+}
+
 impl Default for MountOpts {
     fn default() -> Self {
         MountOpts {
@@ -127,6 +140,7 @@ impl Default for MountOpts {
             cache_bytes: 64 << 20,
             commit_secs: 5,
             writeback_cache: false,
+            direct_writes: Toggle::Auto,
             cleaner: Some(ldfs::lld::PolicyKind::default()),
             clean_start: None,
             clean_stop: None,
@@ -153,6 +167,8 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
             ("allow_other", None) => o.allow_other = true,
             ("writeback_cache", None) => o.writeback_cache = true,
             ("no_writeback_cache", None) => o.writeback_cache = false,
+            ("direct_writes", None) => o.direct_writes = Toggle::On,
+            ("nodirect_writes", None) => o.direct_writes = Toggle::Off,
             ("cache", Some(v)) => {
                 o.cache_bytes = crate::parse_size(v)
                     .map_err(|e| format!("cache={v}: {e}"))?
@@ -395,6 +411,28 @@ fn is_mount_daemon(cmd: &str) -> bool {
     let prog = words.next().unwrap_or("");
     let base = prog.rsplit('/').next().unwrap_or(prog);
     base.starts_with("mount.") || (base.starts_with("ldfs") && words.next() == Some("mount"))
+}
+
+/// Applies the `direct_writes` option: asked for, a refusal is an error;
+/// by default it falls back to buffered writes with one line saying why.
+fn with_direct_writes(dev: FileDevice, image: &Path, t: Toggle) -> Result<FileDevice, String> {
+    if t == Toggle::Off {
+        return Ok(dev);
+    }
+    // `direct_writes` consumes the device; reopening is cheap and keeps the
+    // fallback simple.
+    match dev.direct_writes() {
+        Ok(dev) => Ok(dev),
+        Err(e) if t == Toggle::On => Err(format!("{}: direct_writes: {e}", image.display())),
+        Err(e) => {
+            eprintln!(
+                "ldfs: {}: writes stay buffered (no O_DIRECT: {e})",
+                image.display()
+            );
+            FileDevice::open(image, FileDeviceOptions::default())
+                .map_err(|e| format!("{}: {e}", image.display()))
+        }
+    }
 }
 
 /// Checks that `dir` is a directory with nothing mounted on it; returns its
@@ -647,10 +685,9 @@ pub fn run(
     let canon_dir = check_mountpoint(&dir)?;
     let sigset = block_signals();
     let _lock = lock_image(&image, true, "ldfs").map_err(|e| e.to_string())?;
-    let dev: Arc<dyn Device> = Arc::new(
-        FileDevice::open(&image, FileDeviceOptions::default())
-            .map_err(|e| format!("{}: {e}", image.display()))?,
-    );
+    let dev = FileDevice::open(&image, FileDeviceOptions::default())
+        .map_err(|e| format!("{}: {e}", image.display()))?;
+    let dev: Arc<dyn Device> = Arc::new(with_direct_writes(dev, &image, opts.direct_writes)?);
     let lld = Arc::new(
         Lld::open(
             dev,
@@ -915,6 +952,14 @@ mod tests {
         assert_eq!(o.commit_secs, 7);
         assert!(!o.writeback_cache, "the writeback cache is opt-in");
         assert!(parse("writeback_cache").unwrap().writeback_cache);
+        assert_eq!(parse("").unwrap().direct_writes, Toggle::Auto);
+        assert_eq!(parse("direct_writes").unwrap().direct_writes, Toggle::On);
+        assert_eq!(
+            parse("direct_writes,nodirect_writes")
+                .unwrap()
+                .direct_writes,
+            Toggle::Off
+        );
         assert!(
             !parse("writeback_cache,no_writeback_cache")
                 .unwrap()
