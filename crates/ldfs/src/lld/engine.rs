@@ -2405,7 +2405,12 @@ impl Engine {
             if let Some(why) = &g.failed {
                 return Err(LdError::ReadOnly(why.clone()));
             }
-            self.seal(&mut g)?;
+            // This thread writes what it seals itself (`wait_written`,
+            // below): the log writer thread is left asleep.
+            self.flight.set_quiet(true);
+            let sealed = self.seal(&mut g);
+            self.flight.set_quiet(false);
+            sealed?;
             g.stats.device_flushes += 1;
             // Everything accepted so far is queued up to here (the map
             // pages of a pending checkpoint too): later writes need not be

@@ -51,6 +51,11 @@ struct State {
     queued_bytes: usize,
     /// The writer thread is to stop once nothing is left to take.
     stopping: bool,
+    /// Submits leave the writer thread asleep: the submitter waits for its
+    /// items at once and writes them itself (`wait_written`), so waking the
+    /// thread would only add two thread switches (or a race for a core)
+    /// to a group commit. Set around a group commit's seal.
+    quiet: bool,
     /// The write error, handed to the first caller that drains after it.
     error: Option<DeviceError>,
     failed: Option<String>,
@@ -59,7 +64,11 @@ struct State {
 #[derive(Default)]
 pub(crate) struct Flight {
     state: Mutex<State>,
+    /// Waiters for written items and for queue space.
     cv: Condvar,
+    /// The writer thread, for new items, a stop or a failure; apart from
+    /// `cv` so a write that a waiter did itself does not wake the thread.
+    work: Condvar,
     /// The device written to (set by `start`; without it nothing is written).
     dev: OnceLock<Arc<dyn Device>>,
 }
@@ -83,7 +92,7 @@ impl Flight {
             .spawn(move || loop {
                 let mut s = flight.lock();
                 while s.taken == s.submitted && !s.stopping && s.failed.is_none() {
-                    s = flight.cv.wait(s).expect("in-flight queue poisoned");
+                    s = flight.work.wait(s).expect("in-flight queue poisoned");
                 }
                 match flight.take(&mut s) {
                     Some((ticket, item)) => {
@@ -132,6 +141,7 @@ impl Flight {
                     s.failed = Some(e.to_string());
                     s.error = Some(e);
                 }
+                self.work.notify_all();
             }
         }
         self.cv.notify_all();
@@ -155,8 +165,18 @@ impl Flight {
         s.queued_bytes += item.bytes.len();
         s.queue.push_back(item);
         s.submitted += 1;
-        self.cv.notify_all();
+        if !s.quiet {
+            self.work.notify_all();
+        }
         Ok(s.submitted)
+    }
+
+    /// Whether submits wake the writer thread (see `State::quiet`). Whoever
+    /// turns it on waits for what it submits, or turns it off again, before
+    /// anyone else submits: an item nobody takes is written only when a
+    /// later submit wakes the thread or someone waits for it.
+    pub fn set_quiet(&self, quiet: bool) {
+        self.lock().quiet = quiet;
     }
 
     /// The number of the newest item submitted (0: none yet).
@@ -216,7 +236,7 @@ impl Writer {
     /// Stops the thread once everything queued is written.
     pub fn stop(&mut self) {
         self.flight.lock().stopping = true;
-        self.flight.cv.notify_all();
+        self.flight.work.notify_all();
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }
@@ -331,5 +351,71 @@ mod tests {
         w.stop();
         dev.inner.read_at(&mut b, 0).unwrap();
         assert_eq!(b, vec![1; 4096]);
+    }
+
+    /// Records which thread wrote each item.
+    struct ByThread {
+        inner: MemoryDevice,
+        writers: Mutex<Vec<Option<String>>>,
+    }
+
+    impl Device for ByThread {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+            self.inner.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+            let name = std::thread::current().name().map(String::from);
+            self.writers.lock().unwrap().push(name);
+            self.inner.write_at(buf, offset)
+        }
+        fn flush(&self) -> Result<(), DeviceError> {
+            self.inner.flush()
+        }
+        fn size_bytes(&self) -> u64 {
+            self.inner.size_bytes()
+        }
+    }
+
+    /// A quiet submit (a group commit's seal) leaves the writer thread
+    /// asleep: the submitter's own wait writes the item, on its thread.
+    /// Without `quiet` the thread would be woken and would usually race
+    /// the waiter for it.
+    #[test]
+    fn quiet_submits_are_written_by_their_waiter() {
+        let dev = Arc::new(ByThread {
+            inner: MemoryDevice::new(1 << 20),
+            writers: Mutex::new(Vec::new()),
+        });
+        let flight = Arc::new(Flight::default());
+        let mut w = flight.start(dev.clone());
+        let me = std::thread::current().name().map(String::from);
+        // Let the thread reach its first wait: before that it looks at the
+        // queue without being woken.
+        std::thread::sleep(Duration::from_millis(50));
+        for round in 0..20u64 {
+            flight.set_quiet(true);
+            let t = flight
+                .submit(&w, round * 4096, vec![round as u8; 4096])
+                .unwrap();
+            flight.set_quiet(false);
+            // Give a wrongly woken writer thread every chance to take it.
+            std::thread::sleep(Duration::from_millis(1));
+            flight.wait_written(t).unwrap();
+        }
+        let writers = dev.writers.lock().unwrap().clone();
+        assert_eq!(writers.len(), 20);
+        assert!(
+            writers.iter().all(|n| *n == me),
+            "the writer thread took quiet items: {writers:?}"
+        );
+        // A plain submit still goes to the writer thread.
+        let t = flight.submit(&w, 1 << 19, vec![9; 4096]).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        flight.wait_written(t).unwrap();
+        assert_eq!(
+            dev.writers.lock().unwrap().last().unwrap().as_deref(),
+            Some("ldfs-log-writer")
+        );
+        w.stop();
     }
 }
