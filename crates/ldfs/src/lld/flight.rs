@@ -256,12 +256,24 @@ mod tests {
     use std::time::Duration;
 
     /// Writes from the log writer thread wait while the gate is shut;
-    /// everyone else's go through.
+    /// everyone else's go through. Records the thread of every write.
     struct WriterStuck {
         inner: MemoryDevice,
         /// (shut, writer-thread writes waiting)
         gate: Mutex<(bool, usize)>,
         cv: Condvar,
+        writers: Mutex<Vec<Option<String>>>,
+    }
+
+    impl WriterStuck {
+        fn new(shut: bool) -> WriterStuck {
+            WriterStuck {
+                inner: MemoryDevice::new(1 << 20),
+                gate: Mutex::new((shut, 0)),
+                cv: Condvar::new(),
+                writers: Mutex::new(Vec::new()),
+            }
+        }
     }
 
     impl Device for WriterStuck {
@@ -269,6 +281,8 @@ mod tests {
             self.inner.read_at(buf, offset)
         }
         fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+            let name = std::thread::current().name().map(String::from);
+            self.writers.lock().unwrap().push(name);
             if std::thread::current().name() == Some("ldfs-log-writer") {
                 let mut g = self.gate.lock().unwrap();
                 g.1 += 1;
@@ -293,11 +307,7 @@ mod tests {
     /// and items stay readable until then.
     #[test]
     fn waiters_write_what_the_writer_thread_has_not_taken() {
-        let dev = Arc::new(WriterStuck {
-            inner: MemoryDevice::new(1 << 20),
-            gate: Mutex::new((true, 0)),
-            cv: Condvar::new(),
-        });
+        let dev = Arc::new(WriterStuck::new(true));
         let flight = Arc::new(Flight::default());
         let mut w = flight.start(dev.clone());
         // Dropped before `w` (whose drop joins the writer thread): a failed
@@ -353,39 +363,13 @@ mod tests {
         assert_eq!(b, vec![1; 4096]);
     }
 
-    /// Records which thread wrote each item.
-    struct ByThread {
-        inner: MemoryDevice,
-        writers: Mutex<Vec<Option<String>>>,
-    }
-
-    impl Device for ByThread {
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
-            self.inner.read_at(buf, offset)
-        }
-        fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
-            let name = std::thread::current().name().map(String::from);
-            self.writers.lock().unwrap().push(name);
-            self.inner.write_at(buf, offset)
-        }
-        fn flush(&self) -> Result<(), DeviceError> {
-            self.inner.flush()
-        }
-        fn size_bytes(&self) -> u64 {
-            self.inner.size_bytes()
-        }
-    }
-
     /// A quiet submit (a group commit's seal) leaves the writer thread
     /// asleep: the submitter's own wait writes the item, on its thread.
     /// Without `quiet` the thread would be woken and would usually race
     /// the waiter for it.
     #[test]
     fn quiet_submits_are_written_by_their_waiter() {
-        let dev = Arc::new(ByThread {
-            inner: MemoryDevice::new(1 << 20),
-            writers: Mutex::new(Vec::new()),
-        });
+        let dev = Arc::new(WriterStuck::new(false));
         let flight = Arc::new(Flight::default());
         let mut w = flight.start(dev.clone());
         let me = std::thread::current().name().map(String::from);
