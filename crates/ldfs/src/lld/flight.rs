@@ -201,14 +201,27 @@ impl Flight {
         self.lock().failed.clone()
     }
 
-    /// The bytes at `[offset, offset + len)` if a queued write holds them.
+    /// The bytes at `[offset, offset + len)` if a queued write holds them:
+    /// the newest such write's, since it is the one the device ends with.
     pub fn read(&self, offset: u64, len: usize) -> Option<Vec<u8>> {
         let s = self.lock();
-        s.queue.iter().find_map(|it| {
+        let (at, bytes) = s.queue.iter().enumerate().rev().find_map(|(at, it)| {
             let start = offset.checked_sub(it.addr)? as usize;
             let end = start.checked_add(len)?;
-            (end <= it.bytes.len()).then(|| it.bytes[start..end].to_vec())
-        })
+            (end <= it.bytes.len()).then(|| (at, it.bytes[start..end].to_vec()))
+        })?;
+        // A newer item covering only part of the range would make the
+        // answer half stale: the engine never queues one (each item goes
+        // to the log head, which a segment's reuse reaches only after the
+        // checkpoint that released it waited for every earlier item).
+        debug_assert!(
+            s.queue.iter().skip(at + 1).all(|it| {
+                let end = it.addr + it.bytes.len() as u64;
+                end <= offset || it.addr >= offset + len as u64
+            }),
+            "queued writes overlap [{offset}, +{len}) ambiguously"
+        );
+        Some(bytes)
     }
 }
 
@@ -331,5 +344,24 @@ mod tests {
         w.stop();
         dev.inner.read_at(&mut b, 0).unwrap();
         assert_eq!(b, vec![1; 4096]);
+    }
+
+    /// Two queued writes of the same device range: a read gets the newer
+    /// one (the device ends with it), not the first found.
+    #[test]
+    fn a_read_gets_the_newest_queued_write_of_a_range() {
+        // Not started: nothing is written, both items stay queued.
+        let flight = Flight::default();
+        let w = Writer {
+            flight: Arc::new(Flight::default()),
+            handle: None,
+        };
+        flight.submit(&w, 8192, vec![1; 8192]).unwrap();
+        flight.submit(&w, 8192, vec![2; 4096]).unwrap();
+        let first = |b: Vec<u8>| (b[0], b.len());
+        assert_eq!(flight.read(8192, 4096).map(first), Some((2, 4096)));
+        // Only the older one covers this: no newer item touches it.
+        assert_eq!(flight.read(12288, 4096).map(first), Some((1, 4096)));
+        assert_eq!(flight.read(4096, 4096), None);
     }
 }
