@@ -1273,3 +1273,33 @@ fn aborting_a_large_range_delete_on_a_full_device_keeps_the_engine_writable() {
     assert_eq!(lld.read(l, 39_999).unwrap().unwrap(), [39_999u64 as u8]);
     assert!(lld.check_usage().unwrap().is_empty());
 }
+
+/// `close` aborts the ARUs still open (their operations never finished):
+/// none of their changes is in the final checkpoint, nor read after a
+/// reopen, while what was written outside them is.
+#[test]
+fn close_aborts_the_arus_still_open() {
+    let dev = Arc::new(CrashDevice::new(16 << 20));
+    let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
+    let a = lld.create_list(None, ListHints::default()).unwrap();
+    lld.write(None, a, 1, b"before").unwrap();
+    lld.flush().unwrap();
+    let x = lld.begin_aru().unwrap();
+    lld.write(Some(x), a, 1, b"open ARU's overwrite").unwrap();
+    lld.write(Some(x), a, 2, b"open ARU's new block").unwrap();
+    lld.flush().unwrap(); // its records reach the log, unended
+    lld.write(None, a, 3, b"outside").unwrap();
+    let _empty = lld.begin_aru().unwrap(); // logged nothing
+    lld.close().unwrap();
+    assert!(matches!(lld.end_aru(x), Err(LdError::ReadOnly(_))));
+    drop(lld);
+    let lld = Lld::open(
+        Arc::new(CrashDevice::from_image(dev.durable_image())),
+        LldOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(lld.read(a, 1).unwrap().as_deref(), Some(&b"before"[..]));
+    assert_eq!(lld.read(a, 2).unwrap(), None);
+    assert_eq!(lld.read(a, 3).unwrap().as_deref(), Some(&b"outside"[..]));
+    usage_is_exact(&lld, "after close with an ARU open");
+}

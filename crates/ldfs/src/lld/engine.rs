@@ -722,20 +722,12 @@ impl Engine {
             return Ok(());
         }
         let mut g = self.lock_writable()?;
-        // ARUs still open end here, as if their owners had ended them: a
-        // checkpoint must not hold part of an ARU, and dropping logged
-        // operations that reads have already seen would be worse.
+        // ARUs still open are aborted: their owners never finished them
+        // (a failed or interrupted operation), so none may become durable,
+        // and a checkpoint must not hold part of one.
         let open: Vec<u64> = g.arus.keys().copied().collect();
         for id in open {
-            if g.arus[&id].ops > 0 {
-                let rec = Record::AruEnd { aru: id };
-                self.make_room(&mut g, rec.encoded_len(), 0)?;
-                g.pending.add_record(rec);
-                g.op_seq += 1;
-                g.open_nonempty -= 1;
-            }
-            g.arus.remove(&id);
-            g.undo.end(id);
+            self.abort_locked(&mut g, id)?;
         }
         self.checkpoint(&mut g)?;
         g.closed = true;
@@ -2286,55 +2278,11 @@ impl LogicalDisk for Engine {
     /// a map page that cannot be read on the way fails the engine.
     fn abort_aru(&self, aru: AruId) -> LdResult<()> {
         let mut g = self.lock();
-        let Some(state) = g.arus.remove(&aru.0) else {
+        if !g.arus.contains_key(&aru.0) {
             return Err(LdError::NoSuchAru(aru));
-        };
-        if state.ops == 0 {
-            // Nothing logged, nothing to take back (an fs operation that
-            // failed its checks): dropping the ARU released its reservation.
-            return Ok(());
         }
-        g.open_nonempty -= 1;
-        if g.open_nonempty == 0 {
-            self.aru_cv.notify_all();
-        }
-        let restores = g.undo.abort(aru.0);
-        let r = self.pages();
-        for u in restores {
-            let old = match u.to {
-                Some(e) => g.map.insert(u.key, e, &r),
-                None => g.map.remove(u.key, &r),
-            };
-            let old = match old {
-                Ok(old) => old,
-                Err(e) => return Err(self.fail(&mut g, e)),
-            };
-            assert_eq!(old, u.from, "undo and map disagree on {:?}", u.key);
-            if let Some(old) = old {
-                if old.is_buffered() {
-                    // The aborted ARU's own write, still in the partial.
-                    g.pending.drop_write(old.addr as usize);
-                } else if let Some(seg) = self.geo.segment_of(old.offset()) {
-                    g.usage.sub_live(seg, old.len);
-                }
-            }
-            if let Some(e) = u.to {
-                if e.is_buffered() {
-                    assert!(
-                        g.pending.write_at(e.addr as usize).is_some(),
-                        "restored {:?} names a dropped write",
-                        u.key
-                    );
-                } else if let Some(seg) = self.geo.segment_of(e.offset()) {
-                    g.usage.restore_live(seg, e.len);
-                }
-            }
-            if u.key.list == 0 {
-                g.hints.remove(&u.key.index);
-            }
-        }
-        g.pending.drop_aru_writes(aru.0);
-        if g.failed.is_some() || g.closed || self.opts.read_only {
+        let logged = self.abort_locked(&mut g, aru.0)?;
+        if !logged || g.failed.is_some() || g.closed || self.opts.read_only {
             return Ok(());
         }
         self.after_op(&mut g)
@@ -2422,6 +2370,58 @@ impl Engine {
         }
         self.durable_op.fetch_max(written, Ordering::SeqCst);
         Ok(())
+    }
+
+    /// Takes back every operation of open ARU `aru` (`abort_aru`); returns
+    /// whether it had logged anything.
+    fn abort_locked(&self, g: &mut Inner, aru: u64) -> LdResult<bool> {
+        let state = g.arus.remove(&aru).expect("ARU checked open");
+        if state.ops == 0 {
+            // Nothing logged, nothing to take back (an fs operation that
+            // failed its checks): dropping the ARU released its reservation.
+            return Ok(false);
+        }
+        g.open_nonempty -= 1;
+        if g.open_nonempty == 0 {
+            self.aru_cv.notify_all();
+        }
+        let restores = g.undo.abort(aru);
+        let r = self.pages();
+        for u in restores {
+            let old = match u.to {
+                Some(e) => g.map.insert(u.key, e, &r),
+                None => g.map.remove(u.key, &r),
+            };
+            let old = match old {
+                Ok(old) => old,
+                Err(e) => return Err(self.fail(g, e)),
+            };
+            assert_eq!(old, u.from, "undo and map disagree on {:?}", u.key);
+            if let Some(old) = old {
+                if old.is_buffered() {
+                    // The aborted ARU's own write, still in the partial.
+                    g.pending.drop_write(old.addr as usize);
+                } else if let Some(seg) = self.geo.segment_of(old.offset()) {
+                    g.usage.sub_live(seg, old.len);
+                }
+            }
+            if let Some(e) = u.to {
+                if e.is_buffered() {
+                    assert!(
+                        g.pending.write_at(e.addr as usize).is_some(),
+                        "restored {:?} names a dropped write",
+                        u.key
+                    );
+                } else if let Some(seg) = self.geo.segment_of(e.offset()) {
+                    g.usage.restore_live(seg, e.len);
+                }
+            }
+            if u.key.list == 0 {
+                g.hints.remove(&u.key.index);
+            }
+        }
+        g.pending.drop_aru_writes(aru);
+        Ok(true)
     }
 
     /// Removes every key in `[from, to)`, retiring each old version.
