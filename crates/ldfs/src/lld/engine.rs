@@ -2347,12 +2347,34 @@ impl LogicalDisk for Engine {
 }
 
 impl Engine {
+    /// A device error anyone has met so far: the engine's own, the log
+    /// writer's, or that of a pending checkpoint's phase 2 which phase 3
+    /// has not applied yet (the checkpointer thread waits for the lock).
+    /// Turns the engine read-only on the last two.
+    fn device_failed(&self, g: &mut Inner) -> LdResult<()> {
+        if let Some(why) = &g.failed {
+            return Err(LdError::ReadOnly(why.clone()));
+        }
+        let why = self
+            .flight
+            .failed()
+            .or_else(|| g.ckpt.as_ref().and_then(|p| p.failed()));
+        match why {
+            Some(why) => Err(self.fail(g, LdError::ReadOnly(why))),
+            None => Ok(()),
+        }
+    }
+
+    /// Seals, waits for the log writer, flushes the device. Returns Ok only
+    /// if no device write or flush has failed before its own flush ended:
+    /// after a failed flush (a checkpoint's, say) the device may have
+    /// dropped writes it held, and a later flush that succeeds does not
+    /// bring them back. (A failure racing this flush on another thread,
+    /// not yet recorded when it ends, is reported by the next one.)
     fn flush_as_leader(&self) -> LdResult<()> {
         let (written, ticket) = {
             let mut g = self.lock();
-            if let Some(why) = &g.failed {
-                return Err(LdError::ReadOnly(why.clone()));
-            }
+            self.device_failed(&mut g)?;
             self.seal(&mut g)?;
             g.stats.device_flushes += 1;
             // Everything accepted so far is queued up to here (the map
@@ -2364,10 +2386,12 @@ impl Engine {
             let mut g = self.lock();
             return Err(self.fail(&mut g, drain_error(e)));
         }
-        if let Err(e) = self.dev.flush() {
-            let mut g = self.lock();
+        let res = self.dev.flush();
+        let mut g = self.lock();
+        if let Err(e) = res {
             return Err(self.fail(&mut g, e.into()));
         }
+        self.device_failed(&mut g)?;
         self.durable_op.fetch_max(written, Ordering::SeqCst);
         Ok(())
     }
@@ -3059,7 +3083,7 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::MemoryDevice;
+    use crate::device::{FaultDevice, FaultPlan, MemoryDevice};
     use crate::lld::layout::{MkfsOptions, MAX_SEGMENT_PAGES, MIN_SEGMENT_PAGES};
     use rand::seq::SliceRandom;
     use rand::SeedableRng;
@@ -3217,5 +3241,62 @@ mod tests {
             );
             assert_eq!(lld.read(l, 29_999).unwrap().unwrap(), [29_999u64 as u8]);
         }
+    }
+
+    /// A checkpoint pending after its snapshot, on a fault device (no
+    /// checkpointer thread: the test runs its phase 2).
+    fn pending_on_fault_device() -> (Lld, Arc<FaultDevice<MemoryDevice>>, ListId) {
+        let dev = Arc::new(FaultDevice::new(
+            MemoryDevice::new(16 << 20),
+            FaultPlan::default(),
+        ));
+        let opts = LldOptions {
+            checkpoint_dirty_pages: Some(1),
+            checkpoint_thread: false,
+            ..Default::default()
+        };
+        let mkfs = MkfsOptions {
+            segment_bytes: 128 << 10,
+            max_block_bytes: 32 << 10,
+            reserved_segments: Some(4),
+            fs_id: 7,
+        };
+        let lld = Lld::create(dev.clone(), &mkfs, opts).unwrap();
+        let l = lld.create_list(None, ListHints::default()).unwrap();
+        lld.write(None, l, 1, b"one").unwrap();
+        assert!(
+            lld.checkpoint_pending(),
+            "the write's checkpoint is pending"
+        );
+        (lld, dev, l)
+    }
+
+    /// A checkpoint's phase 2 failed (its device flush) and phase 3 has
+    /// not run yet (the checkpointer thread has not got the lock back): a
+    /// group commit in that window must not return Ok (after a failed
+    /// flush the device may have dropped what it held), and the engine is
+    /// read-only from then on.
+    #[test]
+    fn a_flush_after_a_failed_checkpoint_write_fails() {
+        let (lld, dev, l) = pending_on_fault_device();
+        let p = lld.lock().ckpt.clone().unwrap();
+        dev.set_plan(FaultPlan {
+            fail_flush_nth: Some(1),
+            ..Default::default()
+        });
+        assert!(p.write(&*lld.dev, &lld.flight).is_err());
+        assert!(dev.fired());
+        // The next flush of the device succeeds; the group commit must
+        // still report the earlier failure.
+        let res = lld.flush();
+        assert!(
+            res.is_err(),
+            "flush returned {res:?} after a failed checkpoint"
+        );
+        assert!(matches!(
+            lld.write(None, l, 2, b"two"),
+            Err(LdError::ReadOnly(_))
+        ));
+        assert!(lld.flush().is_err(), "a later flush");
     }
 }
