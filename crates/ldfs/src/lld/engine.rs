@@ -588,7 +588,7 @@ impl Engine {
             },
         )?;
         g.moved_bytes += expected.len as u64;
-        self.after_op(&mut g)?;
+        self.after_op(&mut g);
         Ok(true)
     }
 
@@ -633,7 +633,9 @@ impl Engine {
             )?;
             g.hints.remove(&list);
             g.next_list = g.next_list.max(list.saturating_add(1));
-            self.after_op(&mut g)?;
+            self.after_op(&mut g);
+            // The entries so far stand; a failure after them stops the rest.
+            self.check_writable(&mut g)?;
         }
         // Above every list that has an entry (those without one are the
         // caller's `lists`).
@@ -1220,7 +1222,15 @@ impl Engine {
             crc,
             flags: flags | entry_flags::BUFFERED,
         };
-        let old = g.map.insert(key, entry, &r)?;
+        let old = match g.map.insert(key, entry, &r) {
+            Ok(old) => old,
+            Err(e) => {
+                // (A map page that could not be read.) The write must not
+                // reach the log behind the caller's back.
+                g.pending.drop_write(slot);
+                return Err(e);
+            }
+        };
         if let Some(old) = old {
             self.retire(g, aru, &old);
         }
@@ -1256,7 +1266,19 @@ impl Engine {
     /// twice the limit does the caller wait for that checkpoint, so dirty
     /// (unevictable) pages and what the next checkpoint must place in the
     /// reserve stay bounded.
-    fn after_op(&self, g: &mut Inner) -> LdResult<()> {
+    ///
+    /// The operation itself is done when this runs (the map, the open
+    /// partial and reads have it), so a failure here is not the
+    /// operation's: it turns the engine read-only, and the next operation
+    /// and every flush report it (never a caller told its change failed
+    /// while reads, and perhaps the log, have it).
+    fn after_op(&self, g: &mut Inner) {
+        if let Err(e) = self.try_after_op(g) {
+            self.fail(g, e);
+        }
+    }
+
+    fn try_after_op(&self, g: &mut Inner) -> LdResult<()> {
         if g.pending.data_bytes() >= self.opts.partial_bytes {
             self.seal(g)?;
         }
@@ -1880,7 +1902,7 @@ impl LogicalDisk for Engine {
             },
         )?;
         g.hints.insert(id, hints);
-        self.after_op(&mut g)?;
+        self.after_op(&mut g);
         Ok(ListId(id))
     }
 
@@ -1915,20 +1937,24 @@ impl LogicalDisk for Engine {
                 list: list.0,
             },
         )?;
-        self.remove_keys(&mut g, aru_id, list_range(list.0))?;
+        // Logged already: as in `delete`, a map that cannot follow stops
+        // every later write.
+        self.remove_keys(&mut g, aru_id, list_range(list.0))
+            .map_err(|e| self.fail(&mut g, e))?;
         let key = Key {
             list: 0,
             index: list.0,
         };
         self.log_record(&mut g, Record::Delete { aru: aru_id, key })?;
         let r = self.pages();
-        let old = g.map.remove(key, &r)?;
+        let old = g.map.remove(key, &r).map_err(|e| self.fail(&mut g, e))?;
         if let Some(old) = old {
             self.retire(&mut g, aru_id, &old);
         }
         g.undo.changed(aru_id, key, old, None);
         g.hints.remove(&list.0);
-        self.after_op(&mut g)
+        self.after_op(&mut g);
+        Ok(())
     }
 
     fn list_hints(&self, list: ListId) -> LdResult<Option<ListHints>> {
@@ -2021,7 +2047,8 @@ impl LogicalDisk for Engine {
                 age: 0,
             },
         )?;
-        self.after_op(&mut g)
+        self.after_op(&mut g);
+        Ok(())
     }
 
     fn read(&self, list: ListId, index: u64) -> LdResult<Option<Vec<u8>>> {
@@ -2134,12 +2161,16 @@ impl LogicalDisk for Engine {
         self.admit(&mut g, aru, rec.encoded_len(), 0, Class::Meta, 1, None)?;
         self.log_record(&mut g, rec)?;
         let r = self.pages();
-        let old = g.map.remove(key, &r)?;
+        // Logged already: if the map cannot follow (a map page that cannot
+        // be read), nothing more may be written, or the log would hold a
+        // delete the caller was told failed.
+        let old = g.map.remove(key, &r).map_err(|e| self.fail(&mut g, e))?;
         if let Some(old) = old {
             self.retire(&mut g, aru_id, &old);
         }
         g.undo.changed(aru_id, key, old, None);
-        self.after_op(&mut g)
+        self.after_op(&mut g);
+        Ok(())
     }
 
     fn delete_range(&self, aru: Option<AruId>, list: ListId, range: Range<u64>) -> LdResult<()> {
@@ -2166,12 +2197,15 @@ impl LogicalDisk for Engine {
             Some(removed),
         )?;
         self.log_record(&mut g, rec)?;
+        // Logged already: as in `delete`.
         self.remove_keys(
             &mut g,
             aru_id,
             (Key::new(list, range.start), Key::new(list, range.end)),
-        )?;
-        self.after_op(&mut g)
+        )
+        .map_err(|e| self.fail(&mut g, e))?;
+        self.after_op(&mut g);
+        Ok(())
     }
 
     fn indices(&self, list: ListId, from: u64, limit: usize) -> LdResult<Vec<u64>> {
@@ -2268,7 +2302,8 @@ impl LogicalDisk for Engine {
         }
         g.arus.remove(&aru.0);
         g.undo.end(aru.0);
-        self.after_op(&mut g)
+        self.after_op(&mut g);
+        Ok(())
     }
 
     /// Takes back every operation of `aru` in memory (`undo`) and forgets
@@ -2285,7 +2320,8 @@ impl LogicalDisk for Engine {
         if !logged || g.failed.is_some() || g.closed || self.opts.read_only {
             return Ok(());
         }
-        self.after_op(&mut g)
+        self.after_op(&mut g);
+        Ok(())
     }
 
     fn reserve(&self, aru: AruId, bytes: u64) -> LdResult<()> {
@@ -2945,7 +2981,9 @@ impl Engine {
             g.stats.blocks_moved += 1;
             out.moved += 1;
             out.moved_bytes += len;
-            self.after_op(&mut g)?;
+            self.after_op(&mut g);
+            // The moves so far stand; a failure after them stops the rest.
+            self.check_writable(&mut g)?;
         }
         Ok(out)
     }
@@ -3245,7 +3283,8 @@ mod tests {
 
     /// A checkpoint pending after its snapshot, on a fault device (no
     /// checkpointer thread: the test runs its phase 2).
-    fn pending_on_fault_device() -> (Lld, Arc<FaultDevice<MemoryDevice>>, ListId) {
+    /// `keys` blocks are written first, with the default options.
+    fn pending_on_fault_device(keys: u64) -> (Lld, Arc<FaultDevice<MemoryDevice>>, ListId) {
         let dev = Arc::new(FaultDevice::new(
             MemoryDevice::new(16 << 20),
             FaultPlan::default(),
@@ -3261,8 +3300,14 @@ mod tests {
             reserved_segments: Some(4),
             fs_id: 7,
         };
-        let lld = Lld::create(dev.clone(), &mkfs, opts).unwrap();
+        let lld = Lld::create(dev.clone(), &mkfs, LldOptions::default()).unwrap();
         let l = lld.create_list(None, ListHints::default()).unwrap();
+        for i in 0..keys {
+            lld.write(None, l, i, &[i as u8; 64]).unwrap();
+        }
+        lld.close().unwrap();
+        drop(lld);
+        let lld = Lld::open(dev.clone(), opts).unwrap();
         lld.write(None, l, 1, b"one").unwrap();
         assert!(
             lld.checkpoint_pending(),
@@ -3278,7 +3323,7 @@ mod tests {
     /// read-only from then on.
     #[test]
     fn a_flush_after_a_failed_checkpoint_write_fails() {
-        let (lld, dev, l) = pending_on_fault_device();
+        let (lld, dev, l) = pending_on_fault_device(0);
         let p = lld.lock().ckpt.clone().unwrap();
         dev.set_plan(FaultPlan {
             fail_flush_nth: Some(1),
@@ -3298,5 +3343,44 @@ mod tests {
             Err(LdError::ReadOnly(_))
         ));
         assert!(lld.flush().is_err(), "a later flush");
+    }
+
+    /// An operation whose own change is made, but whose aftermath fails
+    /// (here: it waits for the pending checkpoint, whose device flush
+    /// fails), reports what happened to it: Ok, and reads see it. The
+    /// failure turns the engine read-only, so the next operation and the
+    /// flush report it.
+    #[test]
+    fn a_failure_after_an_operation_is_applied_is_not_the_operations() {
+        // Enough keys for a map of two levels: a write then dirties a leaf
+        // and the root, twice the limit of 1, so the operation waits for
+        // the pending checkpoint (`after_op`).
+        let (lld, dev, l) = pending_on_fault_device(2000);
+        dev.set_plan(FaultPlan {
+            fail_flush_nth: Some(1),
+            sticky: true,
+            ..Default::default()
+        });
+        let mut at = None;
+        for i in 1..100u64 {
+            let res = lld.write(None, l, i * 1000, b"the operation");
+            let seen = lld.read(l, i * 1000).unwrap();
+            if dev.fired() {
+                assert!(res.is_ok(), "write {i}: {res:?}, yet reads see {seen:?}");
+                at = Some(i);
+                break;
+            }
+            res.unwrap();
+        }
+        let i = at.expect("no operation waited for the checkpoint");
+        assert_eq!(
+            lld.read(l, i * 1000).unwrap().as_deref(),
+            Some(&b"the operation"[..])
+        );
+        assert!(matches!(
+            lld.write(None, l, 5, b"next"),
+            Err(LdError::ReadOnly(_))
+        ));
+        assert!(lld.flush().is_err());
     }
 }
