@@ -298,6 +298,12 @@ fn check_name(name: &[u8]) -> FsResult<()> {
 impl Fs {
     /// Creates an empty file system (root directory only) on a fresh LD.
     pub fn format(ld: &dyn LogicalDisk, ctx: Ctx) -> FsResult<()> {
+        Fs::format_at(ld, ctx, system_time())
+    }
+
+    /// `format` with the root's times given (tests that replay a seed
+    /// byte for byte).
+    pub fn format_at(ld: &dyn LogicalDisk, ctx: Ctx, now: Time) -> FsResult<()> {
         check_block_size(ld)?;
         let aru = ld.begin_aru()?;
         let meta = ListHints {
@@ -315,7 +321,7 @@ impl Fs {
                 }
             }
             let root_list = ld.create_list(Some(aru), meta)?;
-            let root = empty_root(root_list, ctx);
+            let root = empty_root(root_list, ctx, now);
             ld.write(Some(aru), INODE_LIST, ROOT_INO, &root.encode())?;
             ld.write(Some(aru), META_LIST, 0, &encode_fs_record(ROOT_INO + 1))?;
             Ok(())
@@ -2058,8 +2064,7 @@ fn acl_mode_bits(v: &[u8]) -> Option<u32> {
 
 /// A new, empty root directory whose buckets live in `list` (mkfs, and
 /// fsck when the root's record is lost).
-fn empty_root(list: ListId, ctx: Ctx) -> Inode {
-    let now = system_time();
+fn empty_root(list: ListId, ctx: Ctx, now: Time) -> Inode {
     Inode {
         ino: ROOT_INO,
         generation: 1,

@@ -100,6 +100,12 @@ pub struct LldOptions {
     /// crash simulation's deterministic mode, where power cuts land
     /// between a checkpoint's snapshot and its slot at seeded points.
     pub checkpoint_thread: bool,
+    /// Write sealed partial segments on a log writer thread of their own
+    /// (the default). Off, the thread that seals one writes it at once:
+    /// with `checkpoint_thread` off too, the device sees every write in an
+    /// order the caller alone decides, so a crash simulation's seed
+    /// replays exactly.
+    pub log_writer_thread: bool,
 }
 
 impl Default for LldOptions {
@@ -113,6 +119,7 @@ impl Default for LldOptions {
             cleaner: CleanerOptions::default(),
             rebuild: false,
             checkpoint_thread: true,
+            log_writer_thread: true,
         }
     }
 }
@@ -412,7 +419,11 @@ impl Engine {
             .unwrap_or_else(|| default_dirty_limit(&geo));
         let mut inner = inner;
         if !opts.read_only {
-            inner.writer = Some(flight.start(dev.clone()));
+            inner.writer = Some(if opts.log_writer_thread {
+                flight.start(dev.clone())
+            } else {
+                flight.start_inline(dev.clone())
+            });
         }
         let inner = Arc::new(Mutex::new(inner));
         let durable_op = Arc::new(AtomicU64::new(0));
