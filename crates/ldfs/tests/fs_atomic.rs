@@ -364,7 +364,8 @@ fn fill_xattrs(fs: &Fs, ino: u64) {
 
 /// Appends 4 KiB blocks of 0x5a to `file` until the LD takes no more: the
 /// blocks go straight into the file's list (no reservation, so the file
-/// system ends up as full as the LD lets it be), then the size follows.
+/// system ends up as full as the LD lets it be), then the size follows
+/// (down from a size set beforehand: growing a file takes space).
 fn fill(fs: &Fs, lld: &Lld, file: u64) {
     let size = fs.getattr(file).unwrap().size;
     let mut b = size.div_ceil(4096);
@@ -372,6 +373,11 @@ fn fill(fs: &Fs, lld: &Lld, file: u64) {
         fs.write(file, 0, &[0x5a; 4096]).unwrap();
         b = 1;
     }
+    let sa = SetAttr {
+        size: Some(1 << 40),
+        ..SetAttr::default()
+    };
+    fs.setattr(file, &sa).unwrap();
     let list = ListId(fs.inode_record(file).unwrap().list);
     loop {
         match lld.write(None, list, b, &[0x5a; 4096]) {
@@ -483,4 +489,67 @@ fn holes_can_be_punched_and_files_deleted_on_a_full_file_system() {
     check_clean(&m.fs, "after a crash");
     assert_eq!(lookup(&m.fs, ROOT_INO, "h"), h);
     assert!(m.fs.lookup(ROOT_INO, b"f").is_err());
+}
+
+/// Growing a file frees nothing, so on a full file system it takes space
+/// the way writes do (`reserve`): truncating an inline file up to 1 MiB
+/// or zeroing a range past its end (each moves its data to a block of its
+/// own) gets ENOSPC rather than eating the reserve kept for deletions;
+/// deleting still works afterwards.
+#[test]
+fn growing_files_on_a_full_file_system_gets_enospc_and_deletes_still_work() {
+    let (image, inos) = build(12 << 20, |fs, lld| {
+        let mut inos = Inos::new();
+        for k in 0..40usize {
+            let name: &'static str = Box::leak(format!("small{k}").into_boxed_str());
+            let ino = fs
+                .mknod(CTX, ROOT_INO, name.as_bytes(), 0o100644, 0)
+                .unwrap()
+                .ino;
+            fs.write(ino, 0, &[7; 2000]).unwrap();
+            inos.insert(name, ino);
+        }
+        let big = fs.mknod(CTX, ROOT_INO, b"big", 0o100644, 0).unwrap().ino;
+        fill(fs, lld, big);
+        inos.insert("big", big);
+        inos
+    });
+    let m = mount(&image);
+    let fs = &m.fs;
+    let zero_past_end = FallocMode {
+        keep_size: false,
+        punch_hole: false,
+        zero_range: true,
+    };
+    let mut grown = 0;
+    for k in 0..40usize {
+        let ino = inos[format!("small{k}").as_str()];
+        let r = if k % 2 == 0 {
+            let sa = SetAttr {
+                size: Some(1 << 20),
+                ..SetAttr::default()
+            };
+            fs.setattr(ino, &sa).map(|_| ())
+        } else {
+            fs.fallocate(ino, 1000, 1 << 20, zero_past_end)
+        };
+        match r {
+            Ok(()) => grown += 1,
+            Err(FsError::NoSpace) => assert_eq!(fs.getattr(ino).unwrap().size, 2000),
+            Err(e) => panic!("growing small{k}: {e}"),
+        }
+    }
+    // What was left after filling (less than a block) fits one or two.
+    assert!(grown <= 2, "{grown} of 40 files grew on a full file system");
+    for k in 0..40usize {
+        fs.unlink(ROOT_INO, format!("small{k}").as_bytes()).unwrap();
+    }
+    fs.unlink(ROOT_INO, b"big").unwrap();
+    let f = fs.mknod(CTX, ROOT_INO, b"after", 0o100644, 0).unwrap().ino;
+    fs.write(f, 0, &vec![3; 2 << 20]).unwrap();
+    check_clean(fs, "after growing and deleting");
+    let durable = crash(m);
+    let m = mount(&durable);
+    check_clean(&m.fs, "after a crash");
+    assert_eq!(m.fs.read(f, 0, 8).unwrap(), vec![3; 8]);
 }
