@@ -553,3 +553,40 @@ fn growing_files_on_a_full_file_system_gets_enospc_and_deletes_still_work() {
     check_clean(&m.fs, "after a crash");
     assert_eq!(m.fs.read(f, 0, 8).unwrap(), vec![3; 8]);
 }
+
+/// An operation that fails a check (EEXIST) wrote nothing, so its abort
+/// leaves the inode cache warm: afterwards every cached inode is served
+/// without a device read (with every read failing, getattr still works).
+#[test]
+fn a_failed_check_keeps_the_inode_cache() {
+    let (image, inos) = build(12 << 20, |fs, _| {
+        let mut inos = Inos::new();
+        for k in 0..20usize {
+            let name: &'static str = Box::leak(format!("f{k}").into_boxed_str());
+            let ino = fs
+                .mknod(CTX, ROOT_INO, name.as_bytes(), 0o100644, 0)
+                .unwrap()
+                .ino;
+            inos.insert(name, ino);
+        }
+        inos
+    });
+    let m = mount(&image);
+    for &ino in inos.values() {
+        m.fs.getattr(ino).unwrap();
+    }
+    assert!(matches!(
+        m.fs.mknod(CTX, ROOT_INO, b"f3", 0o100644, 0),
+        Err(FsError::Exists)
+    ));
+    m.fault.set_plan(FaultPlan {
+        fail_read_nth: Some(1),
+        sticky: true,
+        ..FaultPlan::default()
+    });
+    for (name, &ino) in &inos {
+        let r = m.fs.getattr(ino);
+        assert!(r.is_ok(), "{name} was evicted by the failed create: {r:?}");
+    }
+    assert!(!m.fault.fired(), "an inode was read from the device again");
+}
