@@ -8,6 +8,7 @@
 //! their largest size (a thousand extended attributes) on a full file system.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
 use std::sync::Arc;
 
 use ldfs::device::{CrashDevice, FaultDevice, FaultPlan};
@@ -15,7 +16,7 @@ use ldfs::fs::inode::Kind;
 use ldfs::fs::{
     Ctx, FallocMode, Fs, FsError, FsOptions, RenameFlags, SetAttr, XattrMode, ROOT_INO,
 };
-use ldfs::ld::{LdError, ListId, LogicalDisk};
+use ldfs::ld::{AruId, LdError, LdResult, ListHints, ListId, LogicalDisk, SpaceStats};
 use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::{Lld, LldOptions};
 
@@ -589,4 +590,186 @@ fn a_failed_check_keeps_the_inode_cache() {
         assert!(r.is_ok(), "{name} was evicted by the failed create: {r:?}");
     }
     assert!(!m.fault.fired(), "an inode was read from the device again");
+}
+
+/// The engine under a file system, failing its Nth change (write, delete,
+/// range or list delete, list creation) with NoSpace before making it: a
+/// step of an operation failing after the ones before it were made.
+struct FailNth {
+    inner: Arc<Lld>,
+    changes: std::sync::atomic::AtomicU64,
+    fail_at: std::sync::atomic::AtomicU64,
+}
+
+impl FailNth {
+    fn change(&self) -> Result<(), LdError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let n = self.changes.fetch_add(1, SeqCst) + 1;
+        if n == self.fail_at.load(SeqCst) {
+            return Err(LdError::NoSpace {
+                needed: 1,
+                available: 0,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl LogicalDisk for FailNth {
+    fn max_block_bytes(&self) -> usize {
+        self.inner.max_block_bytes()
+    }
+    fn create_list(&self, aru: Option<AruId>, hints: ListHints) -> LdResult<ListId> {
+        self.change()?;
+        self.inner.create_list(aru, hints)
+    }
+    fn delete_list(&self, aru: Option<AruId>, list: ListId) -> LdResult<()> {
+        self.change()?;
+        self.inner.delete_list(aru, list)
+    }
+    fn list_hints(&self, list: ListId) -> LdResult<Option<ListHints>> {
+        self.inner.list_hints(list)
+    }
+    fn write(&self, aru: Option<AruId>, list: ListId, index: u64, data: &[u8]) -> LdResult<()> {
+        self.change()?;
+        self.inner.write(aru, list, index, data)
+    }
+    fn read(&self, list: ListId, index: u64) -> LdResult<Option<Vec<u8>>> {
+        self.inner.read(list, index)
+    }
+    fn delete(&self, aru: Option<AruId>, list: ListId, index: u64) -> LdResult<()> {
+        self.change()?;
+        self.inner.delete(aru, list, index)
+    }
+    fn delete_range(&self, aru: Option<AruId>, list: ListId, range: Range<u64>) -> LdResult<()> {
+        self.change()?;
+        self.inner.delete_range(aru, list, range)
+    }
+    fn indices(&self, list: ListId, from: u64, limit: usize) -> LdResult<Vec<u64>> {
+        self.inner.indices(list, from, limit)
+    }
+    fn lists(&self, from: u64, limit: usize) -> LdResult<Vec<ListId>> {
+        self.inner.lists(from, limit)
+    }
+    fn prefetch(&self, list: ListId) -> LdResult<()> {
+        self.inner.prefetch(list)
+    }
+    fn begin_aru(&self) -> LdResult<AruId> {
+        self.inner.begin_aru()
+    }
+    fn end_aru(&self, aru: AruId) -> LdResult<()> {
+        self.inner.end_aru(aru)
+    }
+    fn abort_aru(&self, aru: AruId) -> LdResult<()> {
+        self.inner.abort_aru(aru)
+    }
+    fn reserve(&self, aru: AruId, bytes: u64) -> LdResult<()> {
+        self.inner.reserve(aru, bytes)
+    }
+    fn reserve_freeing(&self, aru: AruId, bytes: u64) -> LdResult<()> {
+        self.inner.reserve_freeing(aru, bytes)
+    }
+    fn flush(&self) -> LdResult<()> {
+        self.inner.flush()
+    }
+    fn flush_list(&self, list: ListId) -> LdResult<()> {
+        self.inner.flush_list(list)
+    }
+    fn space(&self) -> SpaceStats {
+        self.inner.space()
+    }
+}
+
+/// Removing most of a big file on a full file system (unlink, unlink of an
+/// open file then its release, truncation to an unaligned size, a punched
+/// hole) with each of its steps failing in turn: the operation fails with
+/// the file intact, the engine stays writable (the bulk delete is the
+/// operation's last step, so no abort has to put back thousands of
+/// entries), and the same removal then succeeds.
+#[test]
+fn a_big_removal_failing_at_any_step_keeps_the_file_and_the_engine_writable() {
+    type Removal = fn(&Fs, u64) -> Result<(), FsError>;
+    let removals: [(&str, Removal); 4] = [
+        ("unlink", |fs, _| fs.unlink(ROOT_INO, b"big")),
+        // Opened and unlinked first (below). Opened again, so that a
+        // retry after a failed destroy (which leaves the orphan to the
+        // next mount) is a last release too.
+        ("release of an unlinked open file", |fs, ino| {
+            fs.open(ino)?;
+            fs.release(ino)?;
+            fs.release(ino)
+        }),
+        ("truncation", |fs, ino| {
+            let sa = SetAttr {
+                size: Some(5000),
+                ..SetAttr::default()
+            };
+            fs.setattr(ino, &sa).map(|_| ())
+        }),
+        ("punched hole", |fs, ino| {
+            let punch = FallocMode {
+                keep_size: true,
+                punch_hole: true,
+                zero_range: false,
+            };
+            fs.fallocate(ino, 5000, 1 << 40, punch)
+        }),
+    ];
+    let (image, inos) = build(12 << 20, |fs, lld| {
+        let big = fs.mknod(CTX, ROOT_INO, b"big", 0o100644, 0).unwrap().ino;
+        fill(fs, lld, big);
+        Inos::from([("big", big)])
+    });
+    let big = inos["big"];
+    for (name, removal) in removals {
+        for n in 1..=20u64 {
+            let crash = Arc::new(CrashDevice::from_image(image.clone()));
+            let lld = Arc::new(Lld::open(crash.clone(), LldOptions::default()).unwrap());
+            let ld = Arc::new(FailNth {
+                inner: lld.clone(),
+                changes: Default::default(),
+                fail_at: n.into(),
+            });
+            let fs = Fs::mount(ld.clone(), FsOptions::default()).unwrap();
+            ld.fail_at.store(0, std::sync::atomic::Ordering::SeqCst);
+            if name.starts_with("release") {
+                fs.open(big).unwrap();
+                fs.unlink(ROOT_INO, b"big").unwrap();
+            }
+            let done = ld.changes.load(std::sync::atomic::Ordering::SeqCst);
+            ld.fail_at
+                .store(done + n, std::sync::atomic::Ordering::SeqCst);
+            let before = snapshot(&fs);
+            let r = removal(&fs, big);
+            let when = format!("{name}, its change {n} failing ({r:?})");
+            let failed = ld.changes.load(std::sync::atomic::Ordering::SeqCst) >= done + n;
+            if failed {
+                assert!(matches!(r, Err(FsError::NoSpace)), "{when}");
+                assert_eq!(snapshot(&fs), before, "{when}: the file changed");
+                check_clean(&fs, &when);
+            }
+            ld.fail_at.store(0, std::sync::atomic::Ordering::SeqCst);
+            if failed {
+                removal(&fs, big).unwrap_or_else(|e| panic!("{when}: then, without faults: {e}"));
+            } else {
+                r.unwrap();
+            }
+            let g = fs
+                .mknod(CTX, ROOT_INO, b"g", 0o100644, 0)
+                .unwrap_or_else(|e| panic!("{when}: creating a file after the removal: {e}"))
+                .ino;
+            fs.write(g, 0, &vec![3; 1 << 20])
+                .unwrap_or_else(|e| panic!("{when}: writing after the removal: {e}"));
+            check_clean(&fs, &format!("{when}: after the removal"));
+            drop(fs);
+            drop(ld);
+            match Arc::try_unwrap(lld) {
+                Ok(l) => l.close().unwrap(),
+                Err(_) => panic!("engine still shared"),
+            }
+            if !failed {
+                break;
+            }
+        }
+    }
 }
