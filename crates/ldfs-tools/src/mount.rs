@@ -454,9 +454,8 @@ fn check_mountpoint(dir: &Path) -> Result<PathBuf, String> {
     Ok(canon)
 }
 
-/// The topmost mount at `dir` (absolute) in /proc/self/mountinfo: its
-/// device (major, minor) and file-system type.
-fn top_mount(dir: &Path) -> Option<((u32, u32), String)> {
+/// The topmost mount at `dir` (absolute) in /proc/self/mountinfo.
+fn top_mount(dir: &Path) -> Option<TopMount> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     // "36 35 0:52 / /mnt/x rw,nosuid shared:1 - fuse.ldfs /img rw,...":
     // later lines are mounted later, so the last one at `dir` is on top.
@@ -467,11 +466,22 @@ fn top_mount(dir: &Path) -> Option<((u32, u32), String)> {
         }
         let (maj, min) = w.get(2)?.split_once(':')?;
         let dash = w.iter().position(|&x| x == "-")?;
-        Some((
-            (maj.parse().ok()?, min.parse().ok()?),
-            w.get(dash + 1)?.to_string(),
-        ))
+        Some(TopMount {
+            dev: (maj.parse().ok()?, min.parse().ok()?),
+            kind: w.get(dash + 1)?.to_string(),
+            source: unescape_mount_field(w.get(dash + 2)?),
+        })
     })
+}
+
+/// A mount as /proc/self/mountinfo lists it.
+struct TopMount {
+    /// Its device (major, minor).
+    dev: (u32, u32),
+    /// Its file-system type (`fuse.ldfs`).
+    kind: String,
+    /// Its source (an ldfs mount's is its image's absolute path).
+    source: String,
 }
 
 /// Ends the mount when a signal comes, also when it is busy (a file held
@@ -487,16 +497,21 @@ struct Ender {
     /// The mount's device: tells our mount from whatever is mounted there
     /// later, and names its connection in /sys/fs/fuse/connections.
     dev: Option<(u32, u32)>,
+    /// The mount's source (the image's absolute path): tells our mount
+    /// when its device is unknown.
+    source: String,
     /// Set when the session has ended and the final checkpoint runs.
     served: AtomicBool,
 }
 
 impl Ender {
-    /// Whether our mount is still the one on top at `dir`.
+    /// Whether our mount is still the one on top at `dir`: by its device
+    /// if known, else a FUSE mount of our image (never whatever else is
+    /// mounted there now, which an unmount must not touch).
     fn attached(&self) -> bool {
         match (top_mount(&self.dir), self.dev) {
-            (Some((dev, _)), Some(ours)) => dev == ours,
-            (Some(_), None) => true,
+            (Some(m), Some(ours)) => m.dev == ours,
+            (Some(m), None) => m.kind.starts_with("fuse") && m.source == self.source,
             (None, _) => false,
         }
     }
@@ -683,8 +698,12 @@ pub fn run(
         unsafe { libc::setsid() };
     }
     let canon_dir = check_mountpoint(&dir)?;
-    let sigset = block_signals();
+    // Signals keep their default action (end the process) while the lock
+    // is waited for (up to a minute for an exiting daemon): nothing is
+    // mounted or opened yet, so nothing needs a clean end. Blocked from
+    // here on, before any thread starts, for the signal thread.
     let _lock = lock_image(&image, true, "ldfs").map_err(|e| e.to_string())?;
+    let sigset = block_signals();
     let dev = FileDevice::open(&image, FileDeviceOptions::default())
         .map_err(|e| format!("{}: {e}", image.display()))?;
     let dev: Arc<dyn Device> = Arc::new(with_direct_writes(dev, &image, opts.direct_writes)?);
@@ -718,16 +737,15 @@ pub fn run(
         .map_err(|e| format!("{}: {e}", image.display()))?,
     );
 
+    // By its absolute path: a mount or fsck of the image, from any
+    // directory, finds this mount in /proc/self/mounts.
+    let source = std::fs::canonicalize(&image)
+        .unwrap_or_else(|_| image.clone())
+        .display()
+        .to_string();
     let mut cfg = Config::default();
     cfg.mount_options = vec![
-        // By its absolute path: a mount or fsck of the image, from any
-        // directory, finds this mount in /proc/self/mounts.
-        MountOption::FSName(
-            std::fs::canonicalize(&image)
-                .unwrap_or_else(|_| image.clone())
-                .display()
-                .to_string(),
-        ),
+        MountOption::FSName(source.clone()),
         MountOption::Subtype("ldfs".into()),
         MountOption::DefaultPermissions,
         if opts.read_only {
@@ -762,8 +780,9 @@ pub fn run(
     // engine closes. A later signal is never ignored: it forces the end.
     let ender = Arc::new(Ender {
         dev: top_mount(&canon_dir)
-            .filter(|(_, kind)| kind.starts_with("fuse"))
-            .map(|(dev, _)| dev),
+            .filter(|m| m.kind.starts_with("fuse") && m.source == source)
+            .map(|m| m.dev),
+        source,
         dir: canon_dir,
         served: AtomicBool::new(false),
     });
@@ -968,5 +987,40 @@ mod tests {
         assert!(parse("commit=0").is_err());
         assert!(parse("cache=10K").is_err());
         assert!(parse("frobnicate").unwrap_err().contains("frobnicate"));
+    }
+
+    /// With its device unknown, the mount at the mount point is ours only
+    /// if it is a FUSE mount of our image: a signal must not unmount
+    /// whatever else is mounted there.
+    #[test]
+    fn an_unknown_device_is_not_taken_for_another_mount() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().canonicalize().unwrap();
+        let c = std::ffi::CString::new(dir.to_str().unwrap()).unwrap();
+        let r = unsafe {
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                c.as_ptr(),
+                c"tmpfs".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if r != 0 {
+            eprintln!(
+                "*** SKIPPING an_unknown_device_is_not_taken_for_another_mount: mounting tmpfs: {} ***",
+                std::io::Error::last_os_error()
+            );
+            return;
+        }
+        let e = Ender {
+            dir: dir.clone(),
+            dev: None,
+            source: "/nowhere/ldfs.img".into(),
+            served: AtomicBool::new(false),
+        };
+        let attached = e.attached();
+        assert_eq!(unsafe { libc::umount2(c.as_ptr(), 0) }, 0);
+        assert!(!attached, "a tmpfs taken for our mount");
     }
 }

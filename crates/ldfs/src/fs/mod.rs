@@ -298,6 +298,12 @@ fn check_name(name: &[u8]) -> FsResult<()> {
 impl Fs {
     /// Creates an empty file system (root directory only) on a fresh LD.
     pub fn format(ld: &dyn LogicalDisk, ctx: Ctx) -> FsResult<()> {
+        Fs::format_at(ld, ctx, system_time())
+    }
+
+    /// `format` with the root's times given (tests that replay a seed
+    /// byte for byte).
+    pub fn format_at(ld: &dyn LogicalDisk, ctx: Ctx, now: Time) -> FsResult<()> {
         check_block_size(ld)?;
         let aru = ld.begin_aru()?;
         let meta = ListHints {
@@ -315,7 +321,7 @@ impl Fs {
                 }
             }
             let root_list = ld.create_list(Some(aru), meta)?;
-            let root = empty_root(root_list, ctx);
+            let root = empty_root(root_list, ctx, now);
             ld.write(Some(aru), INODE_LIST, ROOT_INO, &root.encode())?;
             ld.write(Some(aru), META_LIST, 0, &encode_fs_record(ROOT_INO + 1))?;
             Ok(())
@@ -1591,6 +1597,7 @@ impl Tx<'_> {
         let mut i = self.inode(ino)?;
         let now = self.fs.now();
         let mut resize = Resize::default();
+        let grows = sa.size.is_some_and(|s| s > i.size);
         if let Some(size) = sa.size {
             match i.kind() {
                 Kind::File => {}
@@ -1638,9 +1645,15 @@ impl Tx<'_> {
             i.ctime = now;
         }
         // Attribute changes rewrite the record in place; truncation frees
-        // blocks (a grown file is sparse; spilled inline data is at most
-        // what the record held).
-        self.reserve_freeing(i.encoded_len() as u64 + resize.bytes())?;
+        // blocks. Growing frees nothing (it may move inline data to a
+        // block of its own): on a full file system it gets ENOSPC like a
+        // write, and leaves the reserve to operations that free.
+        let bytes = i.encoded_len() as u64 + resize.bytes();
+        if grows {
+            self.reserve(bytes)?;
+        } else {
+            self.reserve_freeing(bytes)?;
+        }
         self.apply_resize(&mut i, resize)?;
         self.put(&i)?;
         Ok(self.fs.attr(&i))
@@ -1874,21 +1887,28 @@ impl Tx<'_> {
         if mode.punch_hole || mode.zero_range {
             // Frees blocks: deletes the whole ones, rewrites at most two
             // partial ones no longer than they were, so it works on a full
-            // file system.
+            // file system (unless it also extends the file).
             let zero_to = end.min(i.size);
             let zeroing = if offset < zero_to {
                 self.plan_zero(&mut i, offset, zero_to)?
             } else {
                 Zeroing::default()
             };
-            let grow = if mode.zero_range && !mode.keep_size && end > i.size {
+            let grows = mode.zero_range && !mode.keep_size && end > i.size;
+            let grow = if grows {
                 self.plan_resize(&mut i, end)?
             } else {
                 Resize::default()
             };
             stamp(&mut i, now, true, true);
             let edges: u64 = zeroing.edges.iter().map(|e| e.1.len() as u64).sum();
-            self.reserve_freeing(i.encoded_len() as u64 + edges + grow.bytes())?;
+            let bytes = i.encoded_len() as u64 + edges + grow.bytes();
+            // Extending the file frees nothing: as in `setattr`.
+            if grows {
+                self.reserve(bytes)?;
+            } else {
+                self.reserve_freeing(bytes)?;
+            }
             let list = ListId(i.list);
             if let Some(cut) = zeroing.cut {
                 self.ld().delete_range(Some(self.aru), list, cut)?;
@@ -2058,8 +2078,7 @@ fn acl_mode_bits(v: &[u8]) -> Option<u32> {
 
 /// A new, empty root directory whose buckets live in `list` (mkfs, and
 /// fsck when the root's record is lost).
-fn empty_root(list: ListId, ctx: Ctx) -> Inode {
-    let now = system_time();
+fn empty_root(list: ListId, ctx: Ctx, now: Time) -> Inode {
     Inode {
         ino: ROOT_INO,
         generation: 1,

@@ -56,6 +56,9 @@ struct State {
     /// thread would only add two thread switches (or a race for a core)
     /// to a group commit. Set around a group commit's seal.
     quiet: bool,
+    /// No writer thread: `submit` writes each item itself, at once
+    /// (`start_inline`).
+    inline: bool,
     /// The write error, handed to the first caller that drains after it.
     error: Option<DeviceError>,
     failed: Option<String>,
@@ -110,6 +113,19 @@ impl Flight {
         }
     }
 
+    /// No thread: each item is written by the thread that submits it,
+    /// before `submit` returns, so the device sees the log's writes in one
+    /// order a seed fixes (the crash simulations replay exactly). Reads and
+    /// waits behave as with the thread.
+    pub fn start_inline(self: &Arc<Self>, dev: Arc<dyn Device>) -> Writer {
+        assert!(self.dev.set(dev).is_ok(), "log writer started twice");
+        self.lock().inline = true;
+        Writer {
+            flight: self.clone(),
+            handle: None,
+        }
+    }
+
     /// Takes the oldest item nobody is writing yet, if any (none after a
     /// failed write).
     fn take(&self, s: &mut State) -> Option<(u64, Arc<InFlight>)> {
@@ -149,7 +165,8 @@ impl Flight {
 
     /// Queues a write; returns its number (see `wait_written`). Waits while
     /// `QUEUE_BYTES` are queued already (memory stays bounded). Fails if the
-    /// writer stopped after an error.
+    /// writer stopped after an error (the item then stays readable, never
+    /// written).
     pub fn submit(&self, _w: &Writer, addr: u64, bytes: Vec<u8>) -> Result<u64, String> {
         let item = Arc::new(InFlight { addr, bytes });
         let mut s = self.lock();
@@ -159,16 +176,32 @@ impl Flight {
         {
             s = self.cv.wait(s).expect("in-flight queue poisoned");
         }
-        if let Some(f) = &s.failed {
-            return Err(f.clone());
+        if let Some(f) = s.failed.clone() {
+            // Never written, but kept readable like the items queued before
+            // the failure: the caller may already point at it (the map at
+            // a checkpoint's pages), and reads go on after a failure.
+            s.queued_bytes += item.bytes.len();
+            s.queue.push_back(item);
+            s.submitted += 1;
+            return Err(f);
         }
         s.queued_bytes += item.bytes.len();
         s.queue.push_back(item);
         s.submitted += 1;
+        let ticket = s.submitted;
+        if s.inline {
+            // A failed write is reported as with the thread: by the next
+            // submit, wait or `failed`.
+            if let Some((t, item)) = self.take(&mut s) {
+                drop(s);
+                self.write(t, &item);
+                return Ok(ticket);
+            }
+        }
         if !s.quiet {
             self.work.notify_all();
         }
-        Ok(s.submitted)
+        Ok(ticket)
     }
 
     /// Whether submits wake the writer thread (see `State::quiet`). Whoever
@@ -221,14 +254,27 @@ impl Flight {
         self.lock().failed.clone()
     }
 
-    /// The bytes at `[offset, offset + len)` if a queued write holds them.
+    /// The bytes at `[offset, offset + len)` if a queued write holds them:
+    /// the newest such write's, since it is the one the device ends with.
     pub fn read(&self, offset: u64, len: usize) -> Option<Vec<u8>> {
         let s = self.lock();
-        s.queue.iter().find_map(|it| {
+        let (at, bytes) = s.queue.iter().enumerate().rev().find_map(|(at, it)| {
             let start = offset.checked_sub(it.addr)? as usize;
             let end = start.checked_add(len)?;
-            (end <= it.bytes.len()).then(|| it.bytes[start..end].to_vec())
-        })
+            (end <= it.bytes.len()).then(|| (at, it.bytes[start..end].to_vec()))
+        })?;
+        // A newer item covering only part of the range would make the
+        // answer half stale: the engine never queues one (each item goes
+        // to the log head, which a segment's reuse reaches only after the
+        // checkpoint that released it waited for every earlier item).
+        debug_assert!(
+            s.queue.iter().skip(at + 1).all(|it| {
+                let end = it.addr + it.bytes.len() as u64;
+                end <= offset || it.addr >= offset + len as u64
+            }),
+            "queued writes overlap [{offset}, +{len}) ambiguously"
+        );
+        Some(bytes)
     }
 }
 
@@ -401,5 +447,53 @@ mod tests {
             Some("ldfs-log-writer")
         );
         w.stop();
+    }
+
+    /// Two queued writes of the same device range: a read gets the newer
+    /// one (the device ends with it), not the first found.
+    #[test]
+    fn a_read_gets_the_newest_queued_write_of_a_range() {
+        // Not started: nothing is written, both items stay queued.
+        let flight = Flight::default();
+        let w = Writer {
+            flight: Arc::new(Flight::default()),
+            handle: None,
+        };
+        flight.submit(&w, 8192, vec![1; 8192]).unwrap();
+        flight.submit(&w, 8192, vec![2; 4096]).unwrap();
+        let first = |b: Vec<u8>| (b[0], b.len());
+        assert_eq!(flight.read(8192, 4096).map(first), Some((2, 4096)));
+        // Only the older one covers this: no newer item touches it.
+        assert_eq!(flight.read(12288, 4096).map(first), Some((1, 4096)));
+        assert_eq!(flight.read(4096, 4096), None);
+    }
+
+    /// Without a thread each item is written as it is submitted; after a
+    /// failed write, later items are refused but stay readable (a map
+    /// may already point at them), and waits report the failure.
+    #[test]
+    fn inline_writes_and_items_refused_after_a_failure_stay_readable() {
+        use crate::device::{FaultDevice, FaultPlan};
+        let dev = Arc::new(FaultDevice::new(
+            MemoryDevice::new(1 << 20),
+            FaultPlan {
+                fail_write_nth: Some(2),
+                sticky: true,
+                ..Default::default()
+            },
+        ));
+        let flight = Arc::new(Flight::default());
+        let w = flight.start_inline(dev.clone());
+        assert_eq!(flight.submit(&w, 0, vec![1; 4096]), Ok(1));
+        let mut b = vec![0u8; 4096];
+        dev.inner().read_at(&mut b, 0).unwrap();
+        assert_eq!(b, vec![1; 4096], "written before submit returned");
+        assert_eq!(flight.read(0, 4096), None);
+        assert_eq!(flight.submit(&w, 4096, vec![2; 4096]), Ok(2));
+        assert!(flight.failed().is_some());
+        assert!(flight.submit(&w, 8192, vec![3; 4096]).is_err());
+        assert_eq!(flight.read(4096, 1).map(|b| b[0]), Some(2));
+        assert_eq!(flight.read(8192, 1).map(|b| b[0]), Some(3));
+        assert!(flight.wait_written(3).is_err());
     }
 }
