@@ -773,3 +773,70 @@ fn a_big_removal_failing_at_any_step_keeps_the_file_and_the_engine_writable() {
         }
     }
 }
+
+/// The unlink of a file of 200,000 blocks on a full file system with each
+/// of its steps failing in turn: the file stays whole and the unlink then
+/// succeeds. The list delete is the unlink's last step, so no abort has to
+/// put its entries back (when one did, the map leaves it dirtied again
+/// left the retry short of room: ENOSPC).
+#[test]
+fn unlinking_a_file_of_200000_blocks_on_a_full_file_system_failing_at_any_step() {
+    const BLOCKS: u64 = 200_000;
+    let (image, inos) = build(64 << 20, |fs, lld| {
+        let many = fs.mknod(CTX, ROOT_INO, b"many", 0o100644, 0).unwrap().ino;
+        fs.write(many, 0, &[1; 4096]).unwrap();
+        let list = ListId(fs.inode_record(many).unwrap().list);
+        for i in 1..BLOCKS {
+            lld.write(None, list, i, &[1]).unwrap();
+        }
+        let sa = SetAttr {
+            size: Some(BLOCKS * 4096),
+            ..SetAttr::default()
+        };
+        fs.setattr(many, &sa).unwrap();
+        let big = fs.mknod(CTX, ROOT_INO, b"big", 0o100644, 0).unwrap().ino;
+        fill(fs, lld, big);
+        Inos::from([("many", many), ("big", big)])
+    });
+    for n in 1..=10u64 {
+        let crash = Arc::new(CrashDevice::from_image(image.clone()));
+        let lld = Arc::new(Lld::open(crash, LldOptions::default()).unwrap());
+        let ld = Arc::new(FailNth {
+            inner: lld.clone(),
+            changes: Default::default(),
+            fail_at: n.into(),
+        });
+        let fs = Fs::mount(ld.clone(), FsOptions::default()).unwrap();
+        assert!(matches!(
+            fs.write(inos["big"], 0, &[2; 4096]),
+            Err(FsError::NoSpace)
+        ));
+        let r = fs.unlink(ROOT_INO, b"many");
+        let failed = ld.changes.load(std::sync::atomic::Ordering::SeqCst) >= n;
+        ld.fail_at.store(0, std::sync::atomic::Ordering::SeqCst);
+        if failed {
+            assert!(matches!(r, Err(FsError::NoSpace)), "change {n}: {r:?}");
+            let many = inos["many"];
+            assert_eq!(fs.getattr(many).unwrap().size, BLOCKS * 4096);
+            assert_eq!(fs.read(many, (BLOCKS - 1) * 4096, 1).unwrap(), vec![1]);
+            fs.unlink(ROOT_INO, b"many")
+                .unwrap_or_else(|e| panic!("change {n} failed, then: {e}"));
+        } else {
+            r.unwrap();
+        }
+        let g = fs.mknod(CTX, ROOT_INO, b"g", 0o100644, 0).unwrap().ino;
+        fs.write(g, 0, &[3; 4096])
+            .unwrap_or_else(|e| panic!("change {n}: writing after the unlink: {e}"));
+        check_clean(&fs, &format!("change {n}"));
+        drop(fs);
+        drop(ld);
+        match Arc::try_unwrap(lld) {
+            Ok(l) => l.close().unwrap(),
+            Err(_) => panic!("engine still shared"),
+        }
+        if !failed {
+            return;
+        }
+    }
+    panic!("the unlink still fails at its 10th change");
+}

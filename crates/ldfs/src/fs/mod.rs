@@ -1268,7 +1268,13 @@ impl Tx<'_> {
                 .write(Some(self.aru), ORPHAN_LIST, ino, ORPHAN_MARK)?;
         }
         for i in &plan.destroyed {
-            self.destroy_inode(i)?;
+            self.forget_inode(i)?;
+        }
+        // Last: nothing after them can fail, so an abort never has to put
+        // back a bulk removal (on a full device that leaves deletes short
+        // of room until a checkpoint).
+        for i in &plan.destroyed {
+            self.delete_blocks(i)?;
         }
         Ok(())
     }
@@ -1358,24 +1364,36 @@ impl Tx<'_> {
         Ok(attr)
     }
 
-    fn destroy_inode(&mut self, i: &Inode) -> FsResult<()> {
-        if i.list != 0 {
-            self.ld().delete_list(Some(self.aru), ListId(i.list))?;
-        }
+    /// Deletes a destroyed inode's record (`delete_blocks` deletes its
+    /// blocks, as the operation's last step).
+    fn forget_inode(&mut self, i: &Inode) -> FsResult<()> {
         self.ld().delete(Some(self.aru), INODE_LIST, i.ino)?;
         self.st.inodes.remove(&i.ino);
         Ok(())
     }
 
-    /// Destroys an orphan (last close, or mount after a crash). Writes
-    /// nothing but deletes, so it needs no reservation.
-    fn destroy(&mut self, ino: u64) -> FsResult<()> {
-        match self.inode(ino) {
-            Ok(i) if i.nlink == 0 => self.destroy_inode(&i)?,
-            Ok(_) | Err(FsError::NotFound) => {}
-            Err(e) => return Err(e),
+    /// Deletes a destroyed inode's list of blocks (or entries).
+    fn delete_blocks(&mut self, i: &Inode) -> FsResult<()> {
+        if i.list != 0 {
+            self.ld().delete_list(Some(self.aru), ListId(i.list))?;
         }
+        Ok(())
+    }
+
+    /// Destroys an orphan (last close, or mount after a crash). Writes
+    /// nothing but deletes, so it needs no reservation. The blocks go
+    /// last, as in `apply`.
+    fn destroy(&mut self, ino: u64) -> FsResult<()> {
+        let i = match self.inode(ino) {
+            Ok(i) if i.nlink == 0 => Some(i),
+            Ok(_) | Err(FsError::NotFound) => None,
+            Err(e) => return Err(e),
+        };
         self.ld().delete(Some(self.aru), ORPHAN_LIST, ino)?;
+        if let Some(i) = i {
+            self.forget_inode(&i)?;
+            self.delete_blocks(&i)?;
+        }
         Ok(())
     }
 
@@ -1654,8 +1672,14 @@ impl Tx<'_> {
         } else {
             self.reserve_freeing(bytes)?;
         }
+        // The blocks cut go last (see `apply`).
+        let cut = resize.cut_from.take();
         self.apply_resize(&mut i, resize)?;
         self.put(&i)?;
+        if let Some(from) = cut {
+            self.ld()
+                .delete_range(Some(self.aru), ListId(i.list), from..u64::MAX)?;
+        }
         Ok(self.fs.attr(&i))
     }
 
@@ -1689,15 +1713,17 @@ impl Tx<'_> {
         Ok(r)
     }
 
+    /// Writes what `plan_resize` worked out; the caller deletes the blocks
+    /// cut (`cut_from`, taken out first), as its last step.
     fn apply_resize(&mut self, i: &mut Inode, r: Resize) -> FsResult<()> {
+        assert!(
+            r.cut_from.is_none(),
+            "blocks cut are the caller's last step"
+        );
         if let Some(data) = r.spill {
             self.spill(i, &data, true)?;
         }
         let list = ListId(i.list);
-        if let Some(from) = r.cut_from {
-            self.ld()
-                .delete_range(Some(self.aru), list, from..u64::MAX)?;
-        }
         if let Some((b, data)) = r.tail {
             self.ld().write(Some(self.aru), list, b, &data)?;
         }
@@ -1910,14 +1936,16 @@ impl Tx<'_> {
                 self.reserve_freeing(bytes)?;
             }
             let list = ListId(i.list);
-            if let Some(cut) = zeroing.cut {
-                self.ld().delete_range(Some(self.aru), list, cut)?;
-            }
             for (b, block) in &zeroing.edges {
                 self.ld().write(Some(self.aru), list, *b, block)?;
             }
             self.apply_resize(&mut i, grow)?;
-            return self.put(&i);
+            self.put(&i)?;
+            // The blocks cut go last (see `apply`).
+            if let Some(cut) = zeroing.cut {
+                self.ld().delete_range(Some(self.aru), list, cut)?;
+            }
+            return Ok(());
         }
         // Allocate: every hole in the range becomes a written block of
         // zeros, so the space is taken now (ENOSPC here, not later).
