@@ -11,6 +11,7 @@
 //! Micro-benchmark write phases are timed until the data is durable
 //! (`Target::durable`); their reads are cold (caches dropped first).
 
+use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
@@ -73,9 +74,20 @@ fn drop_caches() {
 /// Every target this benchmark knows, in the default order.
 /// `ldfs-wb` and `memfs-wb` are ldfs and memfs with the kernel's writeback
 /// cache (`-o writeback_cache`), so what the default (no writeback cache,
-/// ENOSPC at write(2)) costs is measured in the same run.
-pub const TARGETS: [&str; 9] = [
-    "ldfs", "ext4", "xfs", "btrfs", "fuse2fs", "memfs", "tmpfs", "ldfs-wb", "memfs-wb",
+/// ENOSPC at write(2)) costs is measured in the same run. `memfs-sync` is
+/// memfs writing and flushing one page of a host file per fsync: the least
+/// any FUSE file system that keeps data on a device pays for an fsync.
+pub const TARGETS: [&str; 10] = [
+    "ldfs",
+    "ext4",
+    "xfs",
+    "btrfs",
+    "fuse2fs",
+    "memfs",
+    "tmpfs",
+    "ldfs-wb",
+    "memfs-wb",
+    "memfs-sync",
 ];
 
 /// Kernel file systems: made durable with syncfs(2); the others are FUSE
@@ -234,7 +246,9 @@ fn check_target(name: &str) -> R<()> {
         return Err("needs root (mount, loop devices, drop_caches)".into());
     }
     match name {
-        "ldfs" | "memfs" | "ldfs-wb" | "memfs-wb" => need(&["fusermount3"], &["fuse3"]),
+        "ldfs" | "memfs" | "ldfs-wb" | "memfs-wb" | "memfs-sync" => {
+            need(&["fusermount3"], &["fuse3"])
+        }
         "ext4" => need(&["mkfs.ext4", "losetup"], &["e2fsprogs", "mount"]),
         "xfs" => need(&["mkfs.xfs", "losetup"], &["xfsprogs", "mount"]).and(kernel("xfs")),
         "btrfs" => need(&["mkfs.btrfs", "losetup"], &["btrfs-progs", "mount"]).and(kernel("btrfs")),
@@ -367,10 +381,16 @@ fn setup(name: &str, b: &FsBench) -> R<Target> {
             wait_mounted(&mnt)?;
             Ok(t)
         }
-        "memfs" | "memfs-wb" => {
+        "memfs" | "memfs-wb" | "memfs-sync" => {
             let child = Command::new(&exe)
                 .arg("bench-memfs")
                 .args((name == "memfs-wb").then_some("--writeback-cache"))
+                .args(
+                    (name == "memfs-sync")
+                        .then(|| [OsString::from("--flush-file"), img.clone().into()])
+                        .into_iter()
+                        .flatten(),
+                )
                 .arg(&mnt)
                 .spawn()
                 .map_err(|e| format!("bench-memfs: {e}"))?;

@@ -134,6 +134,10 @@ enum Cmd {
         /// Use the kernel's writeback cache (as ldfs's `-o writeback_cache`).
         #[arg(long)]
         writeback_cache: bool,
+        /// Write a page to this file (made and filled first) and fdatasync
+        /// it on every fsync: the durable FUSE ceiling.
+        #[arg(long)]
+        flush_file: Option<PathBuf>,
     },
     /// Clean now: move the live blocks out of segments chosen by a policy
     /// until none at or below --max-utilization is left (or --segments were
@@ -193,7 +197,8 @@ struct FsArgs {
     #[arg(long)]
     dir_names: Option<usize>,
     /// Targets, in order: ldfs, ext4, xfs, btrfs, fuse2fs, memfs, tmpfs;
-    /// also ldfs-wb and memfs-wb (the two with the kernel's writeback cache).
+    /// also ldfs-wb and memfs-wb (the two with the kernel's writeback cache) and
+    /// memfs-sync (memfs flushing one page of a host file per fsync).
     #[arg(
         long,
         value_delimiter = ',',
@@ -535,7 +540,8 @@ fn main() -> ExitCode {
         Cmd::BenchMemfs {
             dir,
             writeback_cache,
-        } => memfs::serve(&dir, writeback_cache).map_err(Into::into),
+            flush_file,
+        } => memfs::serve(&dir, writeback_cache, flush_file.as_deref()).map_err(Into::into),
         Cmd::Stats { mountpoint } => control_get(&mountpoint, "stats").map(|t| {
             print!("{}", String::from_utf8_lossy(&t));
         }),

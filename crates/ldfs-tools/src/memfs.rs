@@ -37,6 +37,55 @@ pub struct MemFs {
     /// As ldfs's `-o writeback_cache`, so the ceiling is measured with the
     /// same FUSE options as the ldfs it is compared with.
     pub writeback_cache: bool,
+    /// `--flush-file`: every fsync writes one page to this file and
+    /// fdatasyncs it, the least a file system that keeps its data on a
+    /// device pays per fsync (the durable FUSE ceiling, `memfs-sync`).
+    pub flush: Option<FlushFile>,
+}
+
+/// A preallocated host file that stands for the device of a durable
+/// file system: each fsync writes the next page of it and flushes it.
+pub struct FlushFile {
+    file: std::fs::File,
+    next: std::sync::atomic::AtomicU64,
+}
+
+/// Pages in the flush file: written once when it is made, then cycled, so
+/// the host file system never allocates (and journals) under a flush.
+const FLUSH_FILE_PAGES: u64 = 16384;
+
+impl FlushFile {
+    pub fn create(path: &Path) -> Result<FlushFile, String> {
+        use std::io::Write;
+        let err = |e: std::io::Error| format!("{}: {e}", path.display());
+        let mut file = std::fs::File::create(path).map_err(err)?;
+        let chunk = vec![0u8; 1 << 20];
+        for _ in 0..FLUSH_FILE_PAGES * 4096 / chunk.len() as u64 {
+            file.write_all(&chunk).map_err(err)?;
+        }
+        file.sync_all().map_err(err)?;
+        Ok(FlushFile {
+            file,
+            next: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    fn flush(&self) -> Result<(), Errno> {
+        use std::os::unix::fs::FileExt;
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let page = [n as u8; 4096];
+        self.file
+            .write_all_at(&page, n % FLUSH_FILE_PAGES * 4096)
+            .and_then(|()| self.file.sync_data())
+            .map_err(|_| err(libc::EIO))
+    }
+
+    fn reply(flush: &Option<FlushFile>, reply: ReplyEmpty) {
+        match flush.as_ref().map_or(Ok(()), FlushFile::flush) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
 }
 
 /// A directory's entries after `offset`, in inode order, each with its
@@ -113,6 +162,7 @@ impl MemFs {
             }),
             no_open: false,
             writeback_cache: false,
+            flush: None,
         }
     }
 
@@ -439,7 +489,7 @@ impl Filesystem for MemFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        FlushFile::reply(&self.flush, reply);
     }
 
     fn fsyncdir(
@@ -450,7 +500,7 @@ impl Filesystem for MemFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        FlushFile::reply(&self.flush, reply);
     }
 
     fn readdir(
@@ -536,8 +586,9 @@ impl Filesystem for MemFs {
 
 /// Mounts the in-memory file system on `dir` in the foreground until
 /// unmounted, with ldfs's mount options and thread count (and its
-/// writeback cache when `writeback_cache`).
-pub fn serve(dir: &Path, writeback_cache: bool) -> Result<(), String> {
+/// writeback cache when `writeback_cache`; a page written and flushed to
+/// `flush_file` per fsync when given).
+pub fn serve(dir: &Path, writeback_cache: bool, flush_file: Option<&Path>) -> Result<(), String> {
     let mut cfg = Config::default();
     cfg.mount_options = vec![
         MountOption::FSName("memfs".into()),
@@ -550,6 +601,7 @@ pub fn serve(dir: &Path, writeback_cache: bool) -> Result<(), String> {
     cfg.n_threads = Some(crate::FUSE_THREADS);
     let fs = MemFs {
         writeback_cache,
+        flush: flush_file.map(FlushFile::create).transpose()?,
         ..MemFs::new()
     };
     let session = Session::new(fs, dir, &cfg)

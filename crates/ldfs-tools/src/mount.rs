@@ -108,6 +108,11 @@ pub struct MountOpts {
     /// faster small writes, but write(2) no longer sees ENOSPC (see
     /// `FuseFs::writeback_cache`).
     pub writeback_cache: bool,
+    /// Aligned writes to the image through `O_DIRECT` (`direct_writes`,
+    /// `nodirect_writes`; by default on where the image's file system
+    /// allows it): an fsync's device flush then has no page cache to write
+    /// back (see `FileDevice::direct_writes`).
+    pub direct_writes: Toggle,
     /// Background cleaning policy; `None` turns the background cleaner off
     /// (writes still clean in the foreground when space runs low).
     pub cleaner: Option<ldfs::lld::PolicyKind>,
@@ -123,6 +128,14 @@ pub struct MountOpts {
     pub meta: Option<PathBuf>,
 }
 
+/// An option that is on, off, or on where it can be had (the default).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Toggle {
+    Auto,
+    On,
+    Off,
+}
+
 impl Default for MountOpts {
     fn default() -> Self {
         MountOpts {
@@ -131,6 +144,7 @@ impl Default for MountOpts {
             cache_bytes: 64 << 20,
             commit_secs: 5,
             writeback_cache: false,
+            direct_writes: Toggle::Auto,
             cleaner: Some(ldfs::lld::PolicyKind::default()),
             clean_start: None,
             clean_stop: None,
@@ -158,6 +172,8 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
             ("allow_other", None) => o.allow_other = true,
             ("writeback_cache", None) => o.writeback_cache = true,
             ("no_writeback_cache", None) => o.writeback_cache = false,
+            ("direct_writes", None) => o.direct_writes = Toggle::On,
+            ("nodirect_writes", None) => o.direct_writes = Toggle::Off,
             ("cache", Some(v)) => {
                 o.cache_bytes = crate::parse_size(v)
                     .map_err(|e| format!("cache={v}: {e}"))?
@@ -403,6 +419,28 @@ fn is_mount_daemon(cmd: &str) -> bool {
     base.starts_with("mount.") || (base.starts_with("ldfs") && words.next() == Some("mount"))
 }
 
+/// Applies the `direct_writes` option: asked for, a refusal is an error;
+/// by default it falls back to buffered writes with one line saying why.
+fn with_direct_writes(dev: FileDevice, image: &Path, t: Toggle) -> Result<FileDevice, String> {
+    if t == Toggle::Off {
+        return Ok(dev);
+    }
+    // `direct_writes` consumes the device; reopening is cheap and keeps the
+    // fallback simple.
+    match dev.direct_writes() {
+        Ok(dev) => Ok(dev),
+        Err(e) if t == Toggle::On => Err(format!("{}: direct_writes: {e}", image.display())),
+        Err(e) => {
+            eprintln!(
+                "ldfs: {}: writes stay buffered (no O_DIRECT: {e})",
+                image.display()
+            );
+            FileDevice::open(image, FileDeviceOptions::default())
+                .map_err(|e| format!("{}: {e}", image.display()))
+        }
+    }
+}
+
 /// Checks that `dir` is a directory with nothing mounted on it; returns its
 /// absolute path (as /proc/self/mountinfo names it).
 fn check_mountpoint(dir: &Path) -> Result<PathBuf, String> {
@@ -422,9 +460,8 @@ fn check_mountpoint(dir: &Path) -> Result<PathBuf, String> {
     Ok(canon)
 }
 
-/// The topmost mount at `dir` (absolute) in /proc/self/mountinfo: its
-/// device (major, minor) and file-system type.
-fn top_mount(dir: &Path) -> Option<((u32, u32), String)> {
+/// The topmost mount at `dir` (absolute) in /proc/self/mountinfo.
+fn top_mount(dir: &Path) -> Option<TopMount> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     // "36 35 0:52 / /mnt/x rw,nosuid shared:1 - fuse.ldfs /img rw,...":
     // later lines are mounted later, so the last one at `dir` is on top.
@@ -435,11 +472,22 @@ fn top_mount(dir: &Path) -> Option<((u32, u32), String)> {
         }
         let (maj, min) = w.get(2)?.split_once(':')?;
         let dash = w.iter().position(|&x| x == "-")?;
-        Some((
-            (maj.parse().ok()?, min.parse().ok()?),
-            w.get(dash + 1)?.to_string(),
-        ))
+        Some(TopMount {
+            dev: (maj.parse().ok()?, min.parse().ok()?),
+            kind: w.get(dash + 1)?.to_string(),
+            source: unescape_mount_field(w.get(dash + 2)?),
+        })
     })
+}
+
+/// A mount as /proc/self/mountinfo lists it.
+struct TopMount {
+    /// Its device (major, minor).
+    dev: (u32, u32),
+    /// Its file-system type (`fuse.ldfs`).
+    kind: String,
+    /// Its source (an ldfs mount's is its image's absolute path).
+    source: String,
 }
 
 /// Ends the mount when a signal comes, also when it is busy (a file held
@@ -455,16 +503,21 @@ struct Ender {
     /// The mount's device: tells our mount from whatever is mounted there
     /// later, and names its connection in /sys/fs/fuse/connections.
     dev: Option<(u32, u32)>,
+    /// The mount's source (the image's absolute path): tells our mount
+    /// when its device is unknown.
+    source: String,
     /// Set when the session has ended and the final checkpoint runs.
     served: AtomicBool,
 }
 
 impl Ender {
-    /// Whether our mount is still the one on top at `dir`.
+    /// Whether our mount is still the one on top at `dir`: by its device
+    /// if known, else a FUSE mount of our image (never whatever else is
+    /// mounted there now, which an unmount must not touch).
     fn attached(&self) -> bool {
         match (top_mount(&self.dir), self.dev) {
-            (Some((dev, _)), Some(ours)) => dev == ours,
-            (Some(_), None) => true,
+            (Some(m), Some(ours)) => m.dev == ours,
+            (Some(m), None) => m.kind.starts_with("fuse") && m.source == self.source,
             (None, _) => false,
         }
     }
@@ -651,12 +704,15 @@ pub fn run(
         unsafe { libc::setsid() };
     }
     let canon_dir = check_mountpoint(&dir)?;
-    let sigset = block_signals();
+    // Signals keep their default action (end the process) while the lock
+    // is waited for (up to a minute for an exiting daemon): nothing is
+    // mounted or opened yet, so nothing needs a clean end. Blocked from
+    // here on, before any thread starts, for the signal thread.
     let _lock = lock_image(&image, true, "ldfs").map_err(|e| e.to_string())?;
-    let dev: Arc<dyn Device> = Arc::new(
-        FileDevice::open(&image, FileDeviceOptions::default())
-            .map_err(|e| format!("{}: {e}", image.display()))?,
-    );
+    let sigset = block_signals();
+    let dev = FileDevice::open(&image, FileDeviceOptions::default())
+        .map_err(|e| format!("{}: {e}", image.display()))?;
+    let dev: Arc<dyn Device> = Arc::new(with_direct_writes(dev, &image, opts.direct_writes)?);
     let lld_opts = LldOptions {
         read_only: opts.read_only,
         map_budget_bytes: opts.cache_bytes,
@@ -676,10 +732,10 @@ pub fn run(
         if ldfs::dual::is_data_device(&*dev) {
             let meta_path = dual_meta_path(&*dev, &image, opts.meta.as_deref())?;
             _meta_lock = Some(lock_image(&meta_path, true, "ldfs").map_err(|e| e.to_string())?);
-            let meta: Arc<dyn Device> = Arc::new(
-                FileDevice::open(&meta_path, FileDeviceOptions::default())
-                    .map_err(|e| format!("{}: {e}", meta_path.display()))?,
-            );
+            let meta = FileDevice::open(&meta_path, FileDeviceOptions::default())
+                .map_err(|e| format!("{}: {e}", meta_path.display()))?;
+            let meta: Arc<dyn Device> =
+                Arc::new(with_direct_writes(meta, &meta_path, opts.direct_writes)?);
             let d = Arc::new(Dual::open(meta, dev, lld_opts).map_err(|e| {
                 format!(
                     "{} with metadata {}: {e}",
@@ -711,16 +767,15 @@ pub fn run(
         .map_err(|e| format!("{}: {e}", image.display()))?,
     );
 
+    // By its absolute path: a mount or fsck of the image, from any
+    // directory, finds this mount in /proc/self/mounts.
+    let source = std::fs::canonicalize(&image)
+        .unwrap_or_else(|_| image.clone())
+        .display()
+        .to_string();
     let mut cfg = Config::default();
     cfg.mount_options = vec![
-        // By its absolute path: a mount or fsck of the image, from any
-        // directory, finds this mount in /proc/self/mounts.
-        MountOption::FSName(
-            std::fs::canonicalize(&image)
-                .unwrap_or_else(|_| image.clone())
-                .display()
-                .to_string(),
-        ),
+        MountOption::FSName(source.clone()),
         MountOption::Subtype("ldfs".into()),
         MountOption::DefaultPermissions,
         if opts.read_only {
@@ -755,8 +810,9 @@ pub fn run(
     // engine closes. A later signal is never ignored: it forces the end.
     let ender = Arc::new(Ender {
         dev: top_mount(&canon_dir)
-            .filter(|(_, kind)| kind.starts_with("fuse"))
-            .map(|(dev, _)| dev),
+            .filter(|m| m.kind.starts_with("fuse") && m.source == source)
+            .map(|m| m.dev),
+        source,
         dir: canon_dir,
         served: AtomicBool::new(false),
     });
@@ -973,6 +1029,14 @@ mod tests {
         assert_eq!(o.commit_secs, 7);
         assert!(!o.writeback_cache, "the writeback cache is opt-in");
         assert!(parse("writeback_cache").unwrap().writeback_cache);
+        assert_eq!(parse("").unwrap().direct_writes, Toggle::Auto);
+        assert_eq!(parse("direct_writes").unwrap().direct_writes, Toggle::On);
+        assert_eq!(
+            parse("direct_writes,nodirect_writes")
+                .unwrap()
+                .direct_writes,
+            Toggle::Off
+        );
         assert!(
             !parse("writeback_cache,no_writeback_cache")
                 .unwrap()
@@ -981,5 +1045,40 @@ mod tests {
         assert!(parse("commit=0").is_err());
         assert!(parse("cache=10K").is_err());
         assert!(parse("frobnicate").unwrap_err().contains("frobnicate"));
+    }
+
+    /// With its device unknown, the mount at the mount point is ours only
+    /// if it is a FUSE mount of our image: a signal must not unmount
+    /// whatever else is mounted there.
+    #[test]
+    fn an_unknown_device_is_not_taken_for_another_mount() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().canonicalize().unwrap();
+        let c = std::ffi::CString::new(dir.to_str().unwrap()).unwrap();
+        let r = unsafe {
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                c.as_ptr(),
+                c"tmpfs".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if r != 0 {
+            eprintln!(
+                "*** SKIPPING an_unknown_device_is_not_taken_for_another_mount: mounting tmpfs: {} ***",
+                std::io::Error::last_os_error()
+            );
+            return;
+        }
+        let e = Ender {
+            dir: dir.clone(),
+            dev: None,
+            source: "/nowhere/ldfs.img".into(),
+            served: AtomicBool::new(false),
+        };
+        let attached = e.attached();
+        assert_eq!(unsafe { libc::umount2(c.as_ptr(), 0) }, 0);
+        assert!(!attached, "a tmpfs taken for our mount");
     }
 }

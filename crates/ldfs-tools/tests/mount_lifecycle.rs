@@ -319,3 +319,76 @@ fn sigterm_on_an_idle_mount() {
     assert!(fs::read(m.path("a")).unwrap() == content(3, 3, 50_000));
     m.unmount();
 }
+
+/// A signal to a mount that is waiting for the image's lock (held by what
+/// looks like an exiting ldfs daemon; the wait lasts up to 60 s) ends it
+/// at once: nothing is mounted yet, and the signal is not held back until
+/// the wait is over.
+#[test]
+fn a_signal_ends_a_mount_waiting_for_the_lock() {
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("locked.img");
+    let mnt = t.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    mkfs(&img, "64M");
+    // flock(1) named as a mount daemon: `ldfs mount` waits for it.
+    let mut holder = Command::new("bash")
+        .arg("-c")
+        .arg("exec -a 'ldfs mount' flock \"$0\" sleep 60")
+        .arg(&img)
+        .spawn()
+        .unwrap();
+    struct Kill(Vec<u32>);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            for &pid in &self.0 {
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+        }
+    }
+    let mut kill = Kill(vec![holder.id()]);
+    let t0 = Instant::now();
+    while !fs::read_to_string("/proc/locks")
+        .unwrap()
+        .lines()
+        .any(|l| l.contains(&format!(" {} ", holder.id())))
+    {
+        assert!(t0.elapsed() < Duration::from_secs(10), "flock took no lock");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut m = ldfs()
+        .args(["mount", "-f"])
+        .arg(&img)
+        .arg(&mnt)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    kill.0.push(m.id());
+    let mut err = m.stderr.take().unwrap();
+    let mut said = Vec::new();
+    let mut buf = [0u8; 256];
+    while !String::from_utf8_lossy(&said).contains("waiting") {
+        let n = err.read(&mut buf).unwrap();
+        assert!(n > 0, "the mount ended: {}", String::from_utf8_lossy(&said));
+        said.extend_from_slice(&buf[..n]);
+    }
+    unsafe { libc::kill(m.id() as i32, libc::SIGTERM) };
+    let t0 = Instant::now();
+    let st = loop {
+        if let Some(st) = m.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the mount still waits for the lock 5 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!st.success(), "{st}");
+    assert!(!is_mounted(&mnt));
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+}

@@ -254,7 +254,7 @@ impl Fs {
                         ..Default::default()
                     },
                 )?;
-                let root = super::empty_root(list, Ctx { uid: 0, gid: 0 });
+                let root = super::empty_root(list, Ctx { uid: 0, gid: 0 }, super::system_time());
                 ld.write(Some(aru), INODE_LIST, ROOT_INO, &root.encode())?;
                 fixed.push("root directory record rewritten (a new, empty root)".into());
             }

@@ -298,6 +298,12 @@ fn check_name(name: &[u8]) -> FsResult<()> {
 impl Fs {
     /// Creates an empty file system (root directory only) on a fresh LD.
     pub fn format(ld: &dyn LogicalDisk, ctx: Ctx) -> FsResult<()> {
+        Fs::format_at(ld, ctx, system_time())
+    }
+
+    /// `format` with the root's times given (tests that replay a seed
+    /// byte for byte).
+    pub fn format_at(ld: &dyn LogicalDisk, ctx: Ctx, now: Time) -> FsResult<()> {
         check_block_size(ld)?;
         let aru = ld.begin_aru()?;
         let meta = ListHints {
@@ -315,7 +321,7 @@ impl Fs {
                 }
             }
             let root_list = ld.create_list(Some(aru), meta)?;
-            let root = empty_root(root_list, ctx);
+            let root = empty_root(root_list, ctx, now);
             ld.write(Some(aru), INODE_LIST, ROOT_INO, &root.encode())?;
             ld.write(Some(aru), META_LIST, 0, &encode_fs_record(ROOT_INO + 1))?;
             Ok(())
@@ -1262,7 +1268,13 @@ impl Tx<'_> {
                 .write(Some(self.aru), ORPHAN_LIST, ino, ORPHAN_MARK)?;
         }
         for i in &plan.destroyed {
-            self.destroy_inode(i)?;
+            self.forget_inode(i)?;
+        }
+        // Last: nothing after them can fail, so an abort never has to put
+        // back a bulk removal (on a full device that leaves deletes short
+        // of room until a checkpoint).
+        for i in &plan.destroyed {
+            self.delete_blocks(i)?;
         }
         Ok(())
     }
@@ -1352,24 +1364,36 @@ impl Tx<'_> {
         Ok(attr)
     }
 
-    fn destroy_inode(&mut self, i: &Inode) -> FsResult<()> {
-        if i.list != 0 {
-            self.ld().delete_list(Some(self.aru), ListId(i.list))?;
-        }
+    /// Deletes a destroyed inode's record (`delete_blocks` deletes its
+    /// blocks, as the operation's last step).
+    fn forget_inode(&mut self, i: &Inode) -> FsResult<()> {
         self.ld().delete(Some(self.aru), INODE_LIST, i.ino)?;
         self.st.inodes.remove(&i.ino);
         Ok(())
     }
 
-    /// Destroys an orphan (last close, or mount after a crash). Writes
-    /// nothing but deletes, so it needs no reservation.
-    fn destroy(&mut self, ino: u64) -> FsResult<()> {
-        match self.inode(ino) {
-            Ok(i) if i.nlink == 0 => self.destroy_inode(&i)?,
-            Ok(_) | Err(FsError::NotFound) => {}
-            Err(e) => return Err(e),
+    /// Deletes a destroyed inode's list of blocks (or entries).
+    fn delete_blocks(&mut self, i: &Inode) -> FsResult<()> {
+        if i.list != 0 {
+            self.ld().delete_list(Some(self.aru), ListId(i.list))?;
         }
+        Ok(())
+    }
+
+    /// Destroys an orphan (last close, or mount after a crash). Writes
+    /// nothing but deletes, so it needs no reservation. The blocks go
+    /// last, as in `apply`.
+    fn destroy(&mut self, ino: u64) -> FsResult<()> {
+        let i = match self.inode(ino) {
+            Ok(i) if i.nlink == 0 => Some(i),
+            Ok(_) | Err(FsError::NotFound) => None,
+            Err(e) => return Err(e),
+        };
         self.ld().delete(Some(self.aru), ORPHAN_LIST, ino)?;
+        if let Some(i) = i {
+            self.forget_inode(&i)?;
+            self.delete_blocks(&i)?;
+        }
         Ok(())
     }
 
@@ -1591,6 +1615,7 @@ impl Tx<'_> {
         let mut i = self.inode(ino)?;
         let now = self.fs.now();
         let mut resize = Resize::default();
+        let grows = sa.size.is_some_and(|s| s > i.size);
         if let Some(size) = sa.size {
             match i.kind() {
                 Kind::File => {}
@@ -1638,11 +1663,23 @@ impl Tx<'_> {
             i.ctime = now;
         }
         // Attribute changes rewrite the record in place; truncation frees
-        // blocks (a grown file is sparse; spilled inline data is at most
-        // what the record held).
-        self.reserve_freeing(i.encoded_len() as u64 + resize.bytes())?;
+        // blocks. Growing frees nothing (it may move inline data to a
+        // block of its own): on a full file system it gets ENOSPC like a
+        // write, and leaves the reserve to operations that free.
+        let bytes = i.encoded_len() as u64 + resize.bytes();
+        if grows {
+            self.reserve(bytes)?;
+        } else {
+            self.reserve_freeing(bytes)?;
+        }
+        // The blocks cut go last (see `apply`).
+        let cut = resize.cut_from.take();
         self.apply_resize(&mut i, resize)?;
         self.put(&i)?;
+        if let Some(from) = cut {
+            self.ld()
+                .delete_range(Some(self.aru), ListId(i.list), from..u64::MAX)?;
+        }
         Ok(self.fs.attr(&i))
     }
 
@@ -1676,15 +1713,17 @@ impl Tx<'_> {
         Ok(r)
     }
 
+    /// Writes what `plan_resize` worked out; the caller deletes the blocks
+    /// cut (`cut_from`, taken out first), as its last step.
     fn apply_resize(&mut self, i: &mut Inode, r: Resize) -> FsResult<()> {
+        assert!(
+            r.cut_from.is_none(),
+            "blocks cut are the caller's last step"
+        );
         if let Some(data) = r.spill {
             self.spill(i, &data, true)?;
         }
         let list = ListId(i.list);
-        if let Some(from) = r.cut_from {
-            self.ld()
-                .delete_range(Some(self.aru), list, from..u64::MAX)?;
-        }
         if let Some((b, data)) = r.tail {
             self.ld().write(Some(self.aru), list, b, &data)?;
         }
@@ -1874,30 +1913,39 @@ impl Tx<'_> {
         if mode.punch_hole || mode.zero_range {
             // Frees blocks: deletes the whole ones, rewrites at most two
             // partial ones no longer than they were, so it works on a full
-            // file system.
+            // file system (unless it also extends the file).
             let zero_to = end.min(i.size);
             let zeroing = if offset < zero_to {
                 self.plan_zero(&mut i, offset, zero_to)?
             } else {
                 Zeroing::default()
             };
-            let grow = if mode.zero_range && !mode.keep_size && end > i.size {
+            let grows = mode.zero_range && !mode.keep_size && end > i.size;
+            let grow = if grows {
                 self.plan_resize(&mut i, end)?
             } else {
                 Resize::default()
             };
             stamp(&mut i, now, true, true);
             let edges: u64 = zeroing.edges.iter().map(|e| e.1.len() as u64).sum();
-            self.reserve_freeing(i.encoded_len() as u64 + edges + grow.bytes())?;
-            let list = ListId(i.list);
-            if let Some(cut) = zeroing.cut {
-                self.ld().delete_range(Some(self.aru), list, cut)?;
+            let bytes = i.encoded_len() as u64 + edges + grow.bytes();
+            // Extending the file frees nothing: as in `setattr`.
+            if grows {
+                self.reserve(bytes)?;
+            } else {
+                self.reserve_freeing(bytes)?;
             }
+            let list = ListId(i.list);
             for (b, block) in &zeroing.edges {
                 self.ld().write(Some(self.aru), list, *b, block)?;
             }
             self.apply_resize(&mut i, grow)?;
-            return self.put(&i);
+            self.put(&i)?;
+            // The blocks cut go last (see `apply`).
+            if let Some(cut) = zeroing.cut {
+                self.ld().delete_range(Some(self.aru), list, cut)?;
+            }
+            return Ok(());
         }
         // Allocate: every hole in the range becomes a written block of
         // zeros, so the space is taken now (ENOSPC here, not later).
@@ -2058,8 +2106,7 @@ fn acl_mode_bits(v: &[u8]) -> Option<u32> {
 
 /// A new, empty root directory whose buckets live in `list` (mkfs, and
 /// fsck when the root's record is lost).
-fn empty_root(list: ListId, ctx: Ctx) -> Inode {
-    let now = system_time();
+fn empty_root(list: ListId, ctx: Ctx, now: Time) -> Inode {
     Inode {
         ino: ROOT_INO,
         generation: 1,

@@ -98,6 +98,15 @@ impl PendingCheckpoint {
         res
     }
 
+    /// Why phase 2 failed, if it has run and failed (phase 3 may not have
+    /// applied that yet).
+    pub fn failed(&self) -> Option<String> {
+        match &*self.state.lock().expect("checkpoint state poisoned") {
+            Phase2::Done(Some(why)) => Some(why.clone()),
+            _ => None,
+        }
+    }
+
     /// BSD-LFS 3.3: everything the slot names is durable before the slot
     /// is written, and the slot is durable before any segment it frees is
     /// reused (phase 3 releases them).

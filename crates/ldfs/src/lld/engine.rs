@@ -100,6 +100,12 @@ pub struct LldOptions {
     /// crash simulation's deterministic mode, where power cuts land
     /// between a checkpoint's snapshot and its slot at seeded points.
     pub checkpoint_thread: bool,
+    /// Write sealed partial segments on a log writer thread of their own
+    /// (the default). Off, the thread that seals one writes it at once:
+    /// with `checkpoint_thread` off too, the device sees every write in an
+    /// order the caller alone decides, so a crash simulation's seed
+    /// replays exactly.
+    pub log_writer_thread: bool,
 }
 
 impl Default for LldOptions {
@@ -113,6 +119,7 @@ impl Default for LldOptions {
             cleaner: CleanerOptions::default(),
             rebuild: false,
             checkpoint_thread: true,
+            log_writer_thread: true,
         }
     }
 }
@@ -412,7 +419,11 @@ impl Engine {
             .unwrap_or_else(|| default_dirty_limit(&geo));
         let mut inner = inner;
         if !opts.read_only {
-            inner.writer = Some(flight.start(dev.clone()));
+            inner.writer = Some(if opts.log_writer_thread {
+                flight.start(dev.clone())
+            } else {
+                flight.start_inline(dev.clone())
+            });
         }
         let inner = Arc::new(Mutex::new(inner));
         let durable_op = Arc::new(AtomicU64::new(0));
@@ -588,7 +599,7 @@ impl Engine {
             },
         )?;
         g.moved_bytes += expected.len as u64;
-        self.after_op(&mut g)?;
+        self.after_op(&mut g);
         Ok(true)
     }
 
@@ -633,7 +644,9 @@ impl Engine {
             )?;
             g.hints.remove(&list);
             g.next_list = g.next_list.max(list.saturating_add(1));
-            self.after_op(&mut g)?;
+            self.after_op(&mut g);
+            // The entries so far stand; a failure after them stops the rest.
+            self.check_writable(&mut g)?;
         }
         // Above every list that has an entry (those without one are the
         // caller's `lists`).
@@ -722,20 +735,12 @@ impl Engine {
             return Ok(());
         }
         let mut g = self.lock_writable()?;
-        // ARUs still open end here, as if their owners had ended them: a
-        // checkpoint must not hold part of an ARU, and dropping logged
-        // operations that reads have already seen would be worse.
+        // ARUs still open are aborted: their owners never finished them
+        // (a failed or interrupted operation), so none may become durable,
+        // and a checkpoint must not hold part of one.
         let open: Vec<u64> = g.arus.keys().copied().collect();
         for id in open {
-            if g.arus[&id].ops > 0 {
-                let rec = Record::AruEnd { aru: id };
-                self.make_room(&mut g, rec.encoded_len(), 0)?;
-                g.pending.add_record(rec);
-                g.op_seq += 1;
-                g.open_nonempty -= 1;
-            }
-            g.arus.remove(&id);
-            g.undo.end(id);
+            self.abort_locked(&mut g, id)?;
         }
         self.checkpoint(&mut g)?;
         g.closed = true;
@@ -1228,7 +1233,15 @@ impl Engine {
             crc,
             flags: flags | entry_flags::BUFFERED,
         };
-        let old = g.map.insert(key, entry, &r)?;
+        let old = match g.map.insert(key, entry, &r) {
+            Ok(old) => old,
+            Err(e) => {
+                // (A map page that could not be read.) The write must not
+                // reach the log behind the caller's back.
+                g.pending.drop_write(slot);
+                return Err(e);
+            }
+        };
         if let Some(old) = old {
             self.retire(g, aru, &old);
         }
@@ -1264,7 +1277,19 @@ impl Engine {
     /// twice the limit does the caller wait for that checkpoint, so dirty
     /// (unevictable) pages and what the next checkpoint must place in the
     /// reserve stay bounded.
-    fn after_op(&self, g: &mut Inner) -> LdResult<()> {
+    ///
+    /// The operation itself is done when this runs (the map, the open
+    /// partial and reads have it), so a failure here is not the
+    /// operation's: it turns the engine read-only, and the next operation
+    /// and every flush report it (never a caller told its change failed
+    /// while reads, and perhaps the log, have it).
+    fn after_op(&self, g: &mut Inner) {
+        if let Err(e) = self.try_after_op(g) {
+            self.fail(g, e);
+        }
+    }
+
+    fn try_after_op(&self, g: &mut Inner) -> LdResult<()> {
         if g.pending.data_bytes() >= self.opts.partial_bytes {
             self.seal(g)?;
         }
@@ -1888,7 +1913,7 @@ impl LogicalDisk for Engine {
             },
         )?;
         g.hints.insert(id, hints);
-        self.after_op(&mut g)?;
+        self.after_op(&mut g);
         Ok(ListId(id))
     }
 
@@ -1923,20 +1948,24 @@ impl LogicalDisk for Engine {
                 list: list.0,
             },
         )?;
-        self.remove_keys(&mut g, aru_id, list_range(list.0))?;
+        // Logged already: as in `delete`, a map that cannot follow stops
+        // every later write.
+        self.remove_keys(&mut g, aru_id, list_range(list.0))
+            .map_err(|e| self.fail(&mut g, e))?;
         let key = Key {
             list: 0,
             index: list.0,
         };
         self.log_record(&mut g, Record::Delete { aru: aru_id, key })?;
         let r = self.pages();
-        let old = g.map.remove(key, &r)?;
+        let old = g.map.remove(key, &r).map_err(|e| self.fail(&mut g, e))?;
         if let Some(old) = old {
             self.retire(&mut g, aru_id, &old);
         }
         g.undo.changed(aru_id, key, old, None);
         g.hints.remove(&list.0);
-        self.after_op(&mut g)
+        self.after_op(&mut g);
+        Ok(())
     }
 
     fn list_hints(&self, list: ListId) -> LdResult<Option<ListHints>> {
@@ -2029,7 +2058,8 @@ impl LogicalDisk for Engine {
                 age: 0,
             },
         )?;
-        self.after_op(&mut g)
+        self.after_op(&mut g);
+        Ok(())
     }
 
     fn read(&self, list: ListId, index: u64) -> LdResult<Option<Vec<u8>>> {
@@ -2142,12 +2172,16 @@ impl LogicalDisk for Engine {
         self.admit(&mut g, aru, rec.encoded_len(), 0, Class::Meta, 1, None)?;
         self.log_record(&mut g, rec)?;
         let r = self.pages();
-        let old = g.map.remove(key, &r)?;
+        // Logged already: if the map cannot follow (a map page that cannot
+        // be read), nothing more may be written, or the log would hold a
+        // delete the caller was told failed.
+        let old = g.map.remove(key, &r).map_err(|e| self.fail(&mut g, e))?;
         if let Some(old) = old {
             self.retire(&mut g, aru_id, &old);
         }
         g.undo.changed(aru_id, key, old, None);
-        self.after_op(&mut g)
+        self.after_op(&mut g);
+        Ok(())
     }
 
     fn delete_range(&self, aru: Option<AruId>, list: ListId, range: Range<u64>) -> LdResult<()> {
@@ -2174,12 +2208,15 @@ impl LogicalDisk for Engine {
             Some(removed),
         )?;
         self.log_record(&mut g, rec)?;
+        // Logged already: as in `delete`.
         self.remove_keys(
             &mut g,
             aru_id,
             (Key::new(list, range.start), Key::new(list, range.end)),
-        )?;
-        self.after_op(&mut g)
+        )
+        .map_err(|e| self.fail(&mut g, e))?;
+        self.after_op(&mut g);
+        Ok(())
     }
 
     fn indices(&self, list: ListId, from: u64, limit: usize) -> LdResult<Vec<u64>> {
@@ -2276,7 +2313,8 @@ impl LogicalDisk for Engine {
         }
         g.arus.remove(&aru.0);
         g.undo.end(aru.0);
-        self.after_op(&mut g)
+        self.after_op(&mut g);
+        Ok(())
     }
 
     /// Takes back every operation of `aru` in memory (`undo`) and forgets
@@ -2286,58 +2324,15 @@ impl LogicalDisk for Engine {
     /// a map page that cannot be read on the way fails the engine.
     fn abort_aru(&self, aru: AruId) -> LdResult<()> {
         let mut g = self.lock();
-        let Some(state) = g.arus.remove(&aru.0) else {
+        if !g.arus.contains_key(&aru.0) {
             return Err(LdError::NoSuchAru(aru));
-        };
-        if state.ops == 0 {
-            // Nothing logged, nothing to take back (an fs operation that
-            // failed its checks): dropping the ARU released its reservation.
+        }
+        let logged = self.abort_locked(&mut g, aru.0)?;
+        if !logged || g.failed.is_some() || g.closed || self.opts.read_only {
             return Ok(());
         }
-        g.open_nonempty -= 1;
-        if g.open_nonempty == 0 {
-            self.aru_cv.notify_all();
-        }
-        let restores = g.undo.abort(aru.0);
-        let r = self.pages();
-        for u in restores {
-            let old = match u.to {
-                Some(e) => g.map.insert(u.key, e, &r),
-                None => g.map.remove(u.key, &r),
-            };
-            let old = match old {
-                Ok(old) => old,
-                Err(e) => return Err(self.fail(&mut g, e)),
-            };
-            assert_eq!(old, u.from, "undo and map disagree on {:?}", u.key);
-            if let Some(old) = old {
-                if old.is_buffered() {
-                    // The aborted ARU's own write, still in the partial.
-                    g.pending.drop_write(old.addr as usize);
-                } else if let Some(seg) = self.geo.segment_of(old.offset()) {
-                    g.usage.sub_live(seg, old.len);
-                }
-            }
-            if let Some(e) = u.to {
-                if e.is_buffered() {
-                    assert!(
-                        g.pending.write_at(e.addr as usize).is_some(),
-                        "restored {:?} names a dropped write",
-                        u.key
-                    );
-                } else if let Some(seg) = self.geo.segment_of(e.offset()) {
-                    g.usage.restore_live(seg, e.len);
-                }
-            }
-            if u.key.list == 0 {
-                g.hints.remove(&u.key.index);
-            }
-        }
-        g.pending.drop_aru_writes(aru.0);
-        if g.failed.is_some() || g.closed || self.opts.read_only {
-            return Ok(());
-        }
-        self.after_op(&mut g)
+        self.after_op(&mut g);
+        Ok(())
     }
 
     fn reserve(&self, aru: AruId, bytes: u64) -> LdResult<()> {
@@ -2399,13 +2394,40 @@ impl LogicalDisk for Engine {
 }
 
 impl Engine {
+    /// A device error anyone has met so far: the engine's own, the log
+    /// writer's, or that of a pending checkpoint's phase 2 which phase 3
+    /// has not applied yet (the checkpointer thread waits for the lock).
+    /// Turns the engine read-only on the last two.
+    fn device_failed(&self, g: &mut Inner) -> LdResult<()> {
+        if let Some(why) = &g.failed {
+            return Err(LdError::ReadOnly(why.clone()));
+        }
+        let why = self
+            .flight
+            .failed()
+            .or_else(|| g.ckpt.as_ref().and_then(|p| p.failed()));
+        match why {
+            Some(why) => Err(self.fail(g, LdError::ReadOnly(why))),
+            None => Ok(()),
+        }
+    }
+
+    /// Seals, waits for the log writer, flushes the device. Returns Ok only
+    /// if no device write or flush has failed before its own flush ended:
+    /// after a failed flush (a checkpoint's, say) the device may have
+    /// dropped writes it held, and a later flush that succeeds does not
+    /// bring them back. (A failure racing this flush on another thread,
+    /// not yet recorded when it ends, is reported by the next one.)
     fn flush_as_leader(&self) -> LdResult<()> {
         let (written, ticket) = {
             let mut g = self.lock();
-            if let Some(why) = &g.failed {
-                return Err(LdError::ReadOnly(why.clone()));
-            }
-            self.seal(&mut g)?;
+            self.device_failed(&mut g)?;
+            // This thread writes what it seals itself (`wait_written`,
+            // below): the log writer thread is left asleep.
+            self.flight.set_quiet(true);
+            let sealed = self.seal(&mut g);
+            self.flight.set_quiet(false);
+            sealed?;
             g.stats.device_flushes += 1;
             // Everything accepted so far is queued up to here (the map
             // pages of a pending checkpoint too): later writes need not be
@@ -2416,12 +2438,66 @@ impl Engine {
             let mut g = self.lock();
             return Err(self.fail(&mut g, drain_error(e)));
         }
-        if let Err(e) = self.dev.flush() {
-            let mut g = self.lock();
+        let res = self.dev.flush();
+        let mut g = self.lock();
+        if let Err(e) = res {
             return Err(self.fail(&mut g, e.into()));
         }
+        self.device_failed(&mut g)?;
         self.durable_op.fetch_max(written, Ordering::SeqCst);
         Ok(())
+    }
+
+    /// Takes back every operation of open ARU `aru` (`abort_aru`); returns
+    /// whether it had logged anything.
+    fn abort_locked(&self, g: &mut Inner, aru: u64) -> LdResult<bool> {
+        let state = g.arus.remove(&aru).expect("ARU checked open");
+        if state.ops == 0 {
+            // Nothing logged, nothing to take back (an fs operation that
+            // failed its checks): dropping the ARU released its reservation.
+            return Ok(false);
+        }
+        g.open_nonempty -= 1;
+        if g.open_nonempty == 0 {
+            self.aru_cv.notify_all();
+        }
+        let restores = g.undo.abort(aru);
+        let r = self.pages();
+        for u in restores {
+            let old = match u.to {
+                Some(e) => g.map.insert(u.key, e, &r),
+                None => g.map.remove(u.key, &r),
+            };
+            let old = match old {
+                Ok(old) => old,
+                Err(e) => return Err(self.fail(g, e)),
+            };
+            assert_eq!(old, u.from, "undo and map disagree on {:?}", u.key);
+            if let Some(old) = old {
+                if old.is_buffered() {
+                    // The aborted ARU's own write, still in the partial.
+                    g.pending.drop_write(old.addr as usize);
+                } else if let Some(seg) = self.geo.segment_of(old.offset()) {
+                    g.usage.sub_live(seg, old.len);
+                }
+            }
+            if let Some(e) = u.to {
+                if e.is_buffered() {
+                    assert!(
+                        g.pending.write_at(e.addr as usize).is_some(),
+                        "restored {:?} names a dropped write",
+                        u.key
+                    );
+                } else if let Some(seg) = self.geo.segment_of(e.offset()) {
+                    g.usage.restore_live(seg, e.len);
+                }
+            }
+            if u.key.list == 0 {
+                g.hints.remove(&u.key.index);
+            }
+        }
+        g.pending.drop_aru_writes(aru);
+        Ok(true)
     }
 
     /// Removes every key in `[from, to)`, retiring each old version.
@@ -2921,7 +2997,9 @@ impl Engine {
             g.stats.blocks_moved += 1;
             out.moved += 1;
             out.moved_bytes += len;
-            self.after_op(&mut g)?;
+            self.after_op(&mut g);
+            // The moves so far stand; a failure after them stops the rest.
+            self.check_writable(&mut g)?;
         }
         Ok(out)
     }
@@ -3059,7 +3137,7 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::MemoryDevice;
+    use crate::device::{FaultDevice, FaultPlan, MemoryDevice};
     use crate::lld::layout::{MkfsOptions, MAX_SEGMENT_PAGES, MIN_SEGMENT_PAGES};
     use rand::seq::SliceRandom;
     use rand::SeedableRng;
@@ -3217,5 +3295,108 @@ mod tests {
             );
             assert_eq!(lld.read(l, 29_999).unwrap().unwrap(), [29_999u64 as u8]);
         }
+    }
+
+    /// A checkpoint pending after its snapshot, on a fault device (no
+    /// checkpointer thread: the test runs its phase 2).
+    /// `keys` blocks are written first, with the default options.
+    fn pending_on_fault_device(keys: u64) -> (Lld, Arc<FaultDevice<MemoryDevice>>, ListId) {
+        let dev = Arc::new(FaultDevice::new(
+            MemoryDevice::new(16 << 20),
+            FaultPlan::default(),
+        ));
+        let opts = LldOptions {
+            checkpoint_dirty_pages: Some(1),
+            checkpoint_thread: false,
+            ..Default::default()
+        };
+        let mkfs = MkfsOptions {
+            segment_bytes: 128 << 10,
+            max_block_bytes: 32 << 10,
+            reserved_segments: Some(4),
+            fs_id: 7,
+        };
+        let lld = Lld::create(dev.clone(), &mkfs, LldOptions::default()).unwrap();
+        let l = lld.create_list(None, ListHints::default()).unwrap();
+        for i in 0..keys {
+            lld.write(None, l, i, &[i as u8; 64]).unwrap();
+        }
+        lld.close().unwrap();
+        drop(lld);
+        let lld = Lld::open(dev.clone(), opts).unwrap();
+        lld.write(None, l, 1, b"one").unwrap();
+        assert!(
+            lld.checkpoint_pending(),
+            "the write's checkpoint is pending"
+        );
+        (lld, dev, l)
+    }
+
+    /// A checkpoint's phase 2 failed (its device flush) and phase 3 has
+    /// not run yet (the checkpointer thread has not got the lock back): a
+    /// group commit in that window must not return Ok (after a failed
+    /// flush the device may have dropped what it held), and the engine is
+    /// read-only from then on.
+    #[test]
+    fn a_flush_after_a_failed_checkpoint_write_fails() {
+        let (lld, dev, l) = pending_on_fault_device(0);
+        let p = lld.lock().ckpt.clone().unwrap();
+        dev.set_plan(FaultPlan {
+            fail_flush_nth: Some(1),
+            ..Default::default()
+        });
+        assert!(p.write(&*lld.dev, &lld.flight).is_err());
+        assert!(dev.fired());
+        // The next flush of the device succeeds; the group commit must
+        // still report the earlier failure.
+        let res = lld.flush();
+        assert!(
+            res.is_err(),
+            "flush returned {res:?} after a failed checkpoint"
+        );
+        assert!(matches!(
+            lld.write(None, l, 2, b"two"),
+            Err(LdError::ReadOnly(_))
+        ));
+        assert!(lld.flush().is_err(), "a later flush");
+    }
+
+    /// An operation whose own change is made, but whose aftermath fails
+    /// (here: it waits for the pending checkpoint, whose device flush
+    /// fails), reports what happened to it: Ok, and reads see it. The
+    /// failure turns the engine read-only, so the next operation and the
+    /// flush report it.
+    #[test]
+    fn a_failure_after_an_operation_is_applied_is_not_the_operations() {
+        // Enough keys for a map of two levels: a write then dirties a leaf
+        // and the root, twice the limit of 1, so the operation waits for
+        // the pending checkpoint (`after_op`).
+        let (lld, dev, l) = pending_on_fault_device(2000);
+        dev.set_plan(FaultPlan {
+            fail_flush_nth: Some(1),
+            sticky: true,
+            ..Default::default()
+        });
+        let mut at = None;
+        for i in 1..100u64 {
+            let res = lld.write(None, l, i * 1000, b"the operation");
+            let seen = lld.read(l, i * 1000).unwrap();
+            if dev.fired() {
+                assert!(res.is_ok(), "write {i}: {res:?}, yet reads see {seen:?}");
+                at = Some(i);
+                break;
+            }
+            res.unwrap();
+        }
+        let i = at.expect("no operation waited for the checkpoint");
+        assert_eq!(
+            lld.read(l, i * 1000).unwrap().as_deref(),
+            Some(&b"the operation"[..])
+        );
+        assert!(matches!(
+            lld.write(None, l, 5, b"next"),
+            Err(LdError::ReadOnly(_))
+        ));
+        assert!(lld.flush().is_err());
     }
 }

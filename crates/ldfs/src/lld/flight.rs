@@ -51,6 +51,14 @@ struct State {
     queued_bytes: usize,
     /// The writer thread is to stop once nothing is left to take.
     stopping: bool,
+    /// Submits leave the writer thread asleep: the submitter waits for its
+    /// items at once and writes them itself (`wait_written`), so waking the
+    /// thread would only add two thread switches (or a race for a core)
+    /// to a group commit. Set around a group commit's seal.
+    quiet: bool,
+    /// No writer thread: `submit` writes each item itself, at once
+    /// (`start_inline`).
+    inline: bool,
     /// The write error, handed to the first caller that drains after it.
     error: Option<DeviceError>,
     failed: Option<String>,
@@ -59,7 +67,11 @@ struct State {
 #[derive(Default)]
 pub(crate) struct Flight {
     state: Mutex<State>,
+    /// Waiters for written items and for queue space.
     cv: Condvar,
+    /// The writer thread, for new items, a stop or a failure; apart from
+    /// `cv` so a write that a waiter did itself does not wake the thread.
+    work: Condvar,
     /// The device written to (set by `start`; without it nothing is written).
     dev: OnceLock<Arc<dyn Device>>,
 }
@@ -83,7 +95,7 @@ impl Flight {
             .spawn(move || loop {
                 let mut s = flight.lock();
                 while s.taken == s.submitted && !s.stopping && s.failed.is_none() {
-                    s = flight.cv.wait(s).expect("in-flight queue poisoned");
+                    s = flight.work.wait(s).expect("in-flight queue poisoned");
                 }
                 match flight.take(&mut s) {
                     Some((ticket, item)) => {
@@ -98,6 +110,19 @@ impl Flight {
         Writer {
             flight: self.clone(),
             handle: Some(handle),
+        }
+    }
+
+    /// No thread: each item is written by the thread that submits it,
+    /// before `submit` returns, so the device sees the log's writes in one
+    /// order a seed fixes (the crash simulations replay exactly). Reads and
+    /// waits behave as with the thread.
+    pub fn start_inline(self: &Arc<Self>, dev: Arc<dyn Device>) -> Writer {
+        assert!(self.dev.set(dev).is_ok(), "log writer started twice");
+        self.lock().inline = true;
+        Writer {
+            flight: self.clone(),
+            handle: None,
         }
     }
 
@@ -132,6 +157,7 @@ impl Flight {
                     s.failed = Some(e.to_string());
                     s.error = Some(e);
                 }
+                self.work.notify_all();
             }
         }
         self.cv.notify_all();
@@ -139,7 +165,8 @@ impl Flight {
 
     /// Queues a write; returns its number (see `wait_written`). Waits while
     /// `QUEUE_BYTES` are queued already (memory stays bounded). Fails if the
-    /// writer stopped after an error.
+    /// writer stopped after an error (the item then stays readable, never
+    /// written).
     pub fn submit(&self, _w: &Writer, addr: u64, bytes: Vec<u8>) -> Result<u64, String> {
         let item = Arc::new(InFlight { addr, bytes });
         let mut s = self.lock();
@@ -149,14 +176,40 @@ impl Flight {
         {
             s = self.cv.wait(s).expect("in-flight queue poisoned");
         }
-        if let Some(f) = &s.failed {
-            return Err(f.clone());
+        if let Some(f) = s.failed.clone() {
+            // Never written, but kept readable like the items queued before
+            // the failure: the caller may already point at it (the map at
+            // a checkpoint's pages), and reads go on after a failure.
+            s.queued_bytes += item.bytes.len();
+            s.queue.push_back(item);
+            s.submitted += 1;
+            return Err(f);
         }
         s.queued_bytes += item.bytes.len();
         s.queue.push_back(item);
         s.submitted += 1;
-        self.cv.notify_all();
-        Ok(s.submitted)
+        let ticket = s.submitted;
+        if s.inline {
+            // A failed write is reported as with the thread: by the next
+            // submit, wait or `failed`.
+            if let Some((t, item)) = self.take(&mut s) {
+                drop(s);
+                self.write(t, &item);
+                return Ok(ticket);
+            }
+        }
+        if !s.quiet {
+            self.work.notify_all();
+        }
+        Ok(ticket)
+    }
+
+    /// Whether submits wake the writer thread (see `State::quiet`). Whoever
+    /// turns it on waits for what it submits, or turns it off again, before
+    /// anyone else submits: an item nobody takes is written only when a
+    /// later submit wakes the thread or someone waits for it.
+    pub fn set_quiet(&self, quiet: bool) {
+        self.lock().quiet = quiet;
     }
 
     /// The number of the newest item submitted (0: none yet).
@@ -201,14 +254,27 @@ impl Flight {
         self.lock().failed.clone()
     }
 
-    /// The bytes at `[offset, offset + len)` if a queued write holds them.
+    /// The bytes at `[offset, offset + len)` if a queued write holds them:
+    /// the newest such write's, since it is the one the device ends with.
     pub fn read(&self, offset: u64, len: usize) -> Option<Vec<u8>> {
         let s = self.lock();
-        s.queue.iter().find_map(|it| {
+        let (at, bytes) = s.queue.iter().enumerate().rev().find_map(|(at, it)| {
             let start = offset.checked_sub(it.addr)? as usize;
             let end = start.checked_add(len)?;
-            (end <= it.bytes.len()).then(|| it.bytes[start..end].to_vec())
-        })
+            (end <= it.bytes.len()).then(|| (at, it.bytes[start..end].to_vec()))
+        })?;
+        // A newer item covering only part of the range would make the
+        // answer half stale: the engine never queues one (each item goes
+        // to the log head, which a segment's reuse reaches only after the
+        // checkpoint that released it waited for every earlier item).
+        debug_assert!(
+            s.queue.iter().skip(at + 1).all(|it| {
+                let end = it.addr + it.bytes.len() as u64;
+                end <= offset || it.addr >= offset + len as u64
+            }),
+            "queued writes overlap [{offset}, +{len}) ambiguously"
+        );
+        Some(bytes)
     }
 }
 
@@ -216,7 +282,7 @@ impl Writer {
     /// Stops the thread once everything queued is written.
     pub fn stop(&mut self) {
         self.flight.lock().stopping = true;
-        self.flight.cv.notify_all();
+        self.flight.work.notify_all();
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }
@@ -236,12 +302,24 @@ mod tests {
     use std::time::Duration;
 
     /// Writes from the log writer thread wait while the gate is shut;
-    /// everyone else's go through.
+    /// everyone else's go through. Records the thread of every write.
     struct WriterStuck {
         inner: MemoryDevice,
         /// (shut, writer-thread writes waiting)
         gate: Mutex<(bool, usize)>,
         cv: Condvar,
+        writers: Mutex<Vec<Option<String>>>,
+    }
+
+    impl WriterStuck {
+        fn new(shut: bool) -> WriterStuck {
+            WriterStuck {
+                inner: MemoryDevice::new(1 << 20),
+                gate: Mutex::new((shut, 0)),
+                cv: Condvar::new(),
+                writers: Mutex::new(Vec::new()),
+            }
+        }
     }
 
     impl Device for WriterStuck {
@@ -249,6 +327,8 @@ mod tests {
             self.inner.read_at(buf, offset)
         }
         fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+            let name = std::thread::current().name().map(String::from);
+            self.writers.lock().unwrap().push(name);
             if std::thread::current().name() == Some("ldfs-log-writer") {
                 let mut g = self.gate.lock().unwrap();
                 g.1 += 1;
@@ -273,11 +353,7 @@ mod tests {
     /// and items stay readable until then.
     #[test]
     fn waiters_write_what_the_writer_thread_has_not_taken() {
-        let dev = Arc::new(WriterStuck {
-            inner: MemoryDevice::new(1 << 20),
-            gate: Mutex::new((true, 0)),
-            cv: Condvar::new(),
-        });
+        let dev = Arc::new(WriterStuck::new(true));
         let flight = Arc::new(Flight::default());
         let mut w = flight.start(dev.clone());
         // Dropped before `w` (whose drop joins the writer thread): a failed
@@ -331,5 +407,93 @@ mod tests {
         w.stop();
         dev.inner.read_at(&mut b, 0).unwrap();
         assert_eq!(b, vec![1; 4096]);
+    }
+
+    /// A quiet submit (a group commit's seal) leaves the writer thread
+    /// asleep: the submitter's own wait writes the item, on its thread.
+    /// Without `quiet` the thread would be woken and would usually race
+    /// the waiter for it.
+    #[test]
+    fn quiet_submits_are_written_by_their_waiter() {
+        let dev = Arc::new(WriterStuck::new(false));
+        let flight = Arc::new(Flight::default());
+        let mut w = flight.start(dev.clone());
+        let me = std::thread::current().name().map(String::from);
+        // Let the thread reach its first wait: before that it looks at the
+        // queue without being woken.
+        std::thread::sleep(Duration::from_millis(50));
+        for round in 0..20u64 {
+            flight.set_quiet(true);
+            let t = flight
+                .submit(&w, round * 4096, vec![round as u8; 4096])
+                .unwrap();
+            flight.set_quiet(false);
+            // Give a wrongly woken writer thread every chance to take it.
+            std::thread::sleep(Duration::from_millis(1));
+            flight.wait_written(t).unwrap();
+        }
+        let writers = dev.writers.lock().unwrap().clone();
+        assert_eq!(writers.len(), 20);
+        assert!(
+            writers.iter().all(|n| *n == me),
+            "the writer thread took quiet items: {writers:?}"
+        );
+        // A plain submit still goes to the writer thread.
+        let t = flight.submit(&w, 1 << 19, vec![9; 4096]).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        flight.wait_written(t).unwrap();
+        assert_eq!(
+            dev.writers.lock().unwrap().last().unwrap().as_deref(),
+            Some("ldfs-log-writer")
+        );
+        w.stop();
+    }
+
+    /// Two queued writes of the same device range: a read gets the newer
+    /// one (the device ends with it), not the first found.
+    #[test]
+    fn a_read_gets_the_newest_queued_write_of_a_range() {
+        // Not started: nothing is written, both items stay queued.
+        let flight = Flight::default();
+        let w = Writer {
+            flight: Arc::new(Flight::default()),
+            handle: None,
+        };
+        flight.submit(&w, 8192, vec![1; 8192]).unwrap();
+        flight.submit(&w, 8192, vec![2; 4096]).unwrap();
+        let first = |b: Vec<u8>| (b[0], b.len());
+        assert_eq!(flight.read(8192, 4096).map(first), Some((2, 4096)));
+        // Only the older one covers this: no newer item touches it.
+        assert_eq!(flight.read(12288, 4096).map(first), Some((1, 4096)));
+        assert_eq!(flight.read(4096, 4096), None);
+    }
+
+    /// Without a thread each item is written as it is submitted; after a
+    /// failed write, later items are refused but stay readable (a map
+    /// may already point at them), and waits report the failure.
+    #[test]
+    fn inline_writes_and_items_refused_after_a_failure_stay_readable() {
+        use crate::device::{FaultDevice, FaultPlan};
+        let dev = Arc::new(FaultDevice::new(
+            MemoryDevice::new(1 << 20),
+            FaultPlan {
+                fail_write_nth: Some(2),
+                sticky: true,
+                ..Default::default()
+            },
+        ));
+        let flight = Arc::new(Flight::default());
+        let w = flight.start_inline(dev.clone());
+        assert_eq!(flight.submit(&w, 0, vec![1; 4096]), Ok(1));
+        let mut b = vec![0u8; 4096];
+        dev.inner().read_at(&mut b, 0).unwrap();
+        assert_eq!(b, vec![1; 4096], "written before submit returned");
+        assert_eq!(flight.read(0, 4096), None);
+        assert_eq!(flight.submit(&w, 4096, vec![2; 4096]), Ok(2));
+        assert!(flight.failed().is_some());
+        assert!(flight.submit(&w, 8192, vec![3; 4096]).is_err());
+        assert_eq!(flight.read(4096, 1).map(|b| b[0]), Some(2));
+        assert_eq!(flight.read(8192, 1).map(|b| b[0]), Some(3));
+        assert!(flight.wait_written(3).is_err());
     }
 }
