@@ -44,9 +44,11 @@ pub struct MemFs {
 }
 
 /// A preallocated host file that stands for the device of a durable
-/// file system: each fsync writes the next page of it and flushes it.
+/// file system, written as ldfs writes its image (`FileDevice` with
+/// `direct_writes` where the host allows it): each fsync writes the next
+/// page of it and flushes it.
 pub struct FlushFile {
-    file: std::fs::File,
+    dev: ldfs::device::FileDevice,
     next: std::sync::atomic::AtomicU64,
 }
 
@@ -56,27 +58,33 @@ const FLUSH_FILE_PAGES: u64 = 16384;
 
 impl FlushFile {
     pub fn create(path: &Path) -> Result<FlushFile, String> {
-        use std::io::Write;
-        let err = |e: std::io::Error| format!("{}: {e}", path.display());
-        let mut file = std::fs::File::create(path).map_err(err)?;
+        use ldfs::device::{Device, FileDevice, FileDeviceOptions};
+        let err = |e: ldfs::device::DeviceError| format!("{}: {e}", path.display());
+        let dev = FileDevice::create(path, FLUSH_FILE_PAGES * 4096, FileDeviceOptions::default())
+            .map_err(err)?;
         let chunk = vec![0u8; 1 << 20];
-        for _ in 0..FLUSH_FILE_PAGES * 4096 / chunk.len() as u64 {
-            file.write_all(&chunk).map_err(err)?;
+        for i in 0..FLUSH_FILE_PAGES * 4096 / chunk.len() as u64 {
+            dev.write_at(&chunk, i * chunk.len() as u64).map_err(err)?;
         }
-        file.sync_all().map_err(err)?;
+        dev.flush().map_err(err)?;
+        // As `ldfs mount` does by default; buffered where refused.
+        let dev = match dev.direct_writes() {
+            Ok(dev) => dev,
+            Err(_) => FileDevice::open(path, FileDeviceOptions::default()).map_err(err)?,
+        };
         Ok(FlushFile {
-            file,
+            dev,
             next: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
     fn flush(&self) -> Result<(), Errno> {
-        use std::os::unix::fs::FileExt;
+        use ldfs::device::Device;
         let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let page = [n as u8; 4096];
-        self.file
-            .write_all_at(&page, n % FLUSH_FILE_PAGES * 4096)
-            .and_then(|()| self.file.sync_data())
+        self.dev
+            .write_at(&page, n % FLUSH_FILE_PAGES * 4096)
+            .and_then(|()| self.dev.flush())
             .map_err(|_| err(libc::EIO))
     }
 
