@@ -247,6 +247,9 @@ pub struct Fs {
     damaged: std::sync::OnceLock<String>,
     /// `Fs::repair` is running: corruption it meets is what it repairs.
     repairing: std::sync::atomic::AtomicBool,
+    /// Remounted read-only (`Fs::set_read_only`): modifying operations fail
+    /// with `ReadOnly` until it is cleared.
+    remounted_ro: std::sync::atomic::AtomicBool,
 }
 
 /// One operation's ARU (`Fs::begin`, `Tx::finish`).
@@ -359,6 +362,7 @@ impl Fs {
             opts,
             damaged: std::sync::OnceLock::new(),
             repairing: std::sync::atomic::AtomicBool::new(false),
+            remounted_ro: std::sync::atomic::AtomicBool::new(false),
         };
         fs.get_inode(&mut fs.lock(), ROOT_INO)?;
         if !fs.opts.read_only {
@@ -401,7 +405,7 @@ impl Fs {
     /// Fails with `ReadOnly` once metadata was found corrupt (a lock-free
     /// check: it runs before every modifying operation).
     fn check_writable(&self) -> FsResult<()> {
-        if self.opts.read_only {
+        if self.opts.read_only || self.remounted_ro.load(std::sync::atomic::Ordering::Acquire) {
             return Err(FsError::ReadOnly);
         }
         if self.damaged.get().is_some()
@@ -799,6 +803,28 @@ impl Fs {
 
     pub fn fsync(&self) -> FsResult<()> {
         Ok(self.ld.flush()?)
+    }
+
+    /// Remount read-only (`ro`) or writable again: from return on, every
+    /// modifying operation fails with `ReadOnly` (or works again). Returns
+    /// once the operations already under way have finished, so a
+    /// checkpoint taken next holds all of them. A file system opened
+    /// read-only (`FsOptions::read_only`) cannot be made writable.
+    pub fn set_read_only(&self, ro: bool) -> FsResult<()> {
+        if !ro && self.opts.read_only {
+            return Err(FsError::ReadOnly);
+        }
+        self.remounted_ro
+            .store(ro, std::sync::atomic::Ordering::Release);
+        // Operations hold the state lock from begin to finish.
+        drop(self.lock());
+        Ok(())
+    }
+
+    /// Whether modifying operations are refused (opened or remounted
+    /// read-only, or turned read-only by metadata corruption).
+    pub fn is_read_only(&self) -> bool {
+        self.check_writable().is_err()
     }
 
     // ---- changing ---------------------------------------------------------

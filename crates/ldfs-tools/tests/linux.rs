@@ -1,0 +1,122 @@
+//! The conventions Linux tools rely on (issue 13), each through a real
+//! mount: the mount's type and remounts, what st_blocks counts, and the
+//! other places where ldfs must behave as a kernel file system does.
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+use std::sync::Arc;
+
+use common::{fuse_usable, mkfs, Mount, Succeeds};
+
+fn err_of<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
+    r.expect_err("expected an error").raw_os_error().unwrap()
+}
+
+/// The type and options of the mount at `dir`, from /proc/self/mounts.
+fn mount_entry(dir: &Path) -> (String, String) {
+    let canon = dir.canonicalize().unwrap();
+    fs::read_to_string("/proc/self/mounts")
+        .unwrap()
+        .lines()
+        .rev()
+        .find_map(|l| {
+            let w: Vec<&str> = l.split(' ').collect();
+            (w[1] == canon.to_str().unwrap()).then(|| (w[2].to_string(), w[3].to_string()))
+        })
+        .expect("mounted")
+}
+
+/// Runs the mount helper as mount(8) does (`mount.fuse.ldfs IMAGE DIR -o
+/// OPTIONS`, found by its name).
+fn helper(t: &Path, img: &Path, dir: &Path, opts: &str) -> std::process::Output {
+    let h = t.join("mount.fuse.ldfs");
+    if !h.exists() {
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ldfs"), &h).unwrap();
+    }
+    std::process::Command::new(&h)
+        .arg(img)
+        .arg(dir)
+        .args(["-o", opts])
+        .output()
+        .unwrap()
+}
+
+/// Whether opening the image had to roll the log forward (nothing after a
+/// checkpoint that holds everything).
+fn rolled_forward(img: &Path) -> u64 {
+    let dev: Arc<dyn ldfs::device::Device> =
+        Arc::new(ldfs::device::FileDevice::open_read_only(img).unwrap());
+    let lld = ldfs::lld::Lld::open(
+        dev,
+        ldfs::lld::LldOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    lld.open_report().rolled_forward
+}
+
+/// The type is `fuse.ldfs` (mount(8) then runs mount.fuse.ldfs, not the
+/// generic fuse helper, for a remount); `remount,ro` refuses changes with
+/// EROFS and checkpoints at the switch (the image needs no roll-forward if
+/// the daemon dies right after), `remount,rw` makes it writable again.
+#[test]
+fn type_is_fuse_ldfs_and_remounts_switch_ro_and_rw() {
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("r.img");
+    mkfs(&img, "64M");
+    let mnt = t.path().join("mnt");
+    let m = Mount::new(&img, &mnt, &[]);
+    assert_eq!(mount_entry(&mnt).0, "fuse.ldfs");
+    // What mount(8) passes for `mount -o remount,ro DIR`.
+    let from_table = "nosuid,nodev,relatime,remount,user_id=0,group_id=0,default_permissions";
+    fs::write(m.path("a"), b"before").unwrap();
+    let out = helper(t.path(), &img, &mnt, &format!("ro,{from_table}"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (_, opts) = mount_entry(&mnt);
+    assert!(opts.starts_with("ro,") && opts.contains("nosuid"), "{opts}");
+    assert_eq!(err_of(fs::write(m.path("b"), b"x")), libc::EROFS);
+    assert_eq!(err_of(fs::remove_file(m.path("a"))), libc::EROFS);
+    assert_eq!(fs::read(m.path("a")).unwrap(), b"before");
+    let out = helper(t.path(), &img, &mnt, &format!("rw,{from_table}"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(mount_entry(&mnt).1.starts_with("rw,"));
+    fs::write(m.path("b"), b"after").unwrap();
+    // The switch to read-only writes a checkpoint: killed right after, the
+    // image opens without rolling anything forward.
+    common::ldfs()
+        .args(["mount", "-o", "remount,ro"])
+        .arg(&img)
+        .arg(&mnt)
+        .succeeds();
+    m.kill();
+    assert_eq!(rolled_forward(&img), 0, "no checkpoint at the remount");
+    let m = Mount::new(&img, &mnt, &["ro"]);
+    assert_eq!(fs::read(m.path("b")).unwrap(), b"after");
+    // Opened read-only, the image cannot turn writable: the remount says
+    // so and the mount stays read-only.
+    let out = helper(t.path(), &img, &mnt, "remount,rw");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("refused"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(mount_entry(&mnt).1.starts_with("ro,"));
+    assert_eq!(err_of(fs::write(m.path("c"), b"x")), libc::EROFS);
+    m.unmount();
+}
