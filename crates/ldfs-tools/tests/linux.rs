@@ -120,3 +120,47 @@ fn type_is_fuse_ldfs_and_remounts_switch_ro_and_rw() {
     assert_eq!(err_of(fs::write(m.path("c"), b"x")), libc::EROFS);
     m.unmount();
 }
+
+/// st_blocks counts what a file holds (4 KiB per stored block), not its
+/// size: `du` of a 1 GiB sparse file holding 4 KiB says 4 KiB.
+#[test]
+fn st_blocks_counts_stored_blocks_not_the_size() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("b.img");
+    mkfs(&img, "64M");
+    let m = Mount::new(&img, &t.path().join("mnt"), &[]);
+    let f = fs::File::create(m.path("sparse")).unwrap();
+    f.set_len(1 << 30).unwrap();
+    f.write_all_at(&[7u8; 4096], 512 << 20).unwrap();
+    let blocks = || fs::metadata(m.path("sparse")).unwrap().blocks();
+    assert_eq!(blocks(), 8, "1 GiB sparse file holding 4 KiB");
+    let du = std::process::Command::new("du")
+        .arg("-k")
+        .arg(m.path("sparse"))
+        .succeeds();
+    assert!(
+        String::from_utf8_lossy(&du.stdout).starts_with("4\t"),
+        "du: {}",
+        String::from_utf8_lossy(&du.stdout)
+    );
+    f.write_all_at(&[1u8; 3 * 4096], 0).unwrap();
+    assert_eq!(blocks(), 32);
+    // A punched hole holds nothing again.
+    let r = unsafe {
+        libc::fallocate(
+            std::os::unix::io::AsRawFd::as_raw_fd(&f),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            0,
+            8192,
+        )
+    };
+    assert_eq!(r, 0);
+    assert_eq!(blocks(), 16);
+    assert_eq!(fs::metadata(m.path("sparse")).unwrap().len(), 1 << 30);
+    drop(f);
+    m.unmount();
+}

@@ -250,7 +250,13 @@ pub struct Fs {
     /// Remounted read-only (`Fs::set_read_only`): modifying operations fail
     /// with `ReadOnly` until it is cleared.
     remounted_ro: std::sync::atomic::AtomicBool,
+    /// Blocks present in large files' lists (st_blocks), counted once per
+    /// version of the file: valid while its list, size, mtime and ctime are
+    /// the same (every change of its blocks sets ctime).
+    block_counts: Mutex<HashMap<u64, (BlockCountKey, u64)>>,
 }
+
+type BlockCountKey = (u64, u64, Time, Time);
 
 /// One operation's ARU (`Fs::begin`, `Tx::finish`).
 struct Tx<'a> {
@@ -363,6 +369,7 @@ impl Fs {
             damaged: std::sync::OnceLock::new(),
             repairing: std::sync::atomic::AtomicBool::new(false),
             remounted_ro: std::sync::atomic::AtomicBool::new(false),
+            block_counts: Mutex::new(HashMap::new()),
         };
         fs.get_inode(&mut fs.lock(), ROOT_INO)?;
         if !fs.opts.read_only {
@@ -476,9 +483,45 @@ impl Fs {
         Ok(i)
     }
 
+    /// 512-byte units a large file holds: 4 KiB per present block (holes
+    /// hold nothing), as `du` expects.
+    fn file_blocks(&self, i: &Inode) -> u64 {
+        let key = (i.list, i.size, i.mtime, i.ctime);
+        let mut counts = self.block_counts.lock().expect("block_counts poisoned");
+        if let Some((k, n)) = counts.get(&i.ino) {
+            if *k == key {
+                return *n;
+            }
+        }
+        let mut present = 0u64;
+        let mut from = 0;
+        loop {
+            match self.ld.indices(ListId(i.list), from, 1 << 16) {
+                Ok(idx) => {
+                    present += idx.len() as u64;
+                    match idx.last() {
+                        Some(&l) if idx.len() == 1 << 16 => from = l + 1,
+                        _ => break,
+                    }
+                }
+                Err(e) => {
+                    // stat must still answer: the size stands in.
+                    eprintln!("ldfs: counting the blocks of inode {}: {e}", i.ino);
+                    return i.size.div_ceil(512);
+                }
+            }
+        }
+        let n = present * (BLOCK_BYTES / 512);
+        if counts.len() >= INODE_CACHE_MAX {
+            counts.clear();
+        }
+        counts.insert(i.ino, (key, n));
+        n
+    }
+
     fn attr(&self, i: &Inode) -> Attr {
         let blocks = match i.kind() {
-            Kind::File if i.list != 0 => i.size.div_ceil(512),
+            Kind::File if i.list != 0 => self.file_blocks(i),
             Kind::File | Kind::Symlink => (i.inline.len() as u64).div_ceil(512),
             _ => 0,
         };
