@@ -187,6 +187,12 @@ impl Filesystem for FuseFs {
                 | InitFlags::FUSE_ASYNC_READ
                 | InitFlags::FUSE_MAX_PAGES
                 | InitFlags::FUSE_POSIX_ACL
+                // File handles (NFS, open_by_handle_at) outlive the
+                // kernel's inode cache: it looks an inode up again as "."
+                // of its node id, and ".." of a directory (Fs::lookup);
+                // a deleted one is gone (ESTALE), a reused number has a
+                // new generation.
+                | InitFlags::FUSE_EXPORT_SUPPORT
                 // ldfs clears set-user-ID/-group-ID and drops file
                 // capabilities itself (Fs::write_killing_suidgid, setattr),
                 // so the kernel need not ask for security.capability

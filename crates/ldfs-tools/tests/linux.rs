@@ -164,3 +164,126 @@ fn st_blocks_counts_stored_blocks_not_the_size() {
     drop(f);
     m.unmount();
 }
+
+/// A file handle (name_to_handle_at) as the kernel encodes it, in a
+/// buffer with room for any FUSE handle.
+#[repr(C)]
+struct Handle {
+    bytes: u32,
+    kind: i32,
+    data: [u8; 64],
+}
+
+fn handle_of(path: &Path) -> Handle {
+    let mut h = Handle {
+        bytes: 64,
+        kind: 0,
+        data: [0; 64],
+    };
+    let mut mount_id = 0;
+    let c = common::cstr(path);
+    let r = unsafe {
+        libc::name_to_handle_at(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            (&mut h as *mut Handle).cast(),
+            &mut mount_id,
+            0,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "name_to_handle_at {}: errno {}",
+        path.display(),
+        common::errno()
+    );
+    h
+}
+
+/// open_by_handle_at on the mount at `dir`: the open file, or the errno.
+fn open_handle(dir: &Path, h: &mut Handle) -> Result<fs::File, i32> {
+    use std::os::unix::io::{AsRawFd, FromRawFd};
+    let mnt = fs::File::open(dir).unwrap();
+    let fd = unsafe {
+        libc::open_by_handle_at(mnt.as_raw_fd(), (h as *mut Handle).cast(), libc::O_RDONLY)
+    };
+    if fd < 0 {
+        return Err(common::errno());
+    }
+    Ok(unsafe { fs::File::from_raw_fd(fd) })
+}
+
+/// File handles outlive the kernel's inode cache (FUSE export support):
+/// after a remount, which empties it, open_by_handle_at finds linked
+/// files and directories again; a deleted file's handle is stale.
+#[test]
+fn file_handles_survive_remounts_and_go_stale_when_deleted() {
+    use std::io::Read;
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("h.img");
+    mkfs(&img, "64M");
+    let mnt = t.path().join("mnt");
+    let m = Mount::new(&img, &mnt, &[]);
+    fs::create_dir(m.path("d")).unwrap();
+    fs::write(m.path("d/f"), b"by handle").unwrap();
+    fs::write(m.path("gone"), b"x").unwrap();
+    let mut hf = handle_of(&m.path("d/f"));
+    let mut hd = handle_of(&m.path("d"));
+    let mut hg = handle_of(&m.path("gone"));
+    m.unmount();
+    let m = Mount::new(&img, &mnt, &[]);
+    let mut text = String::new();
+    open_handle(&mnt, &mut hf)
+        .expect("a linked file by its handle after a remount")
+        .read_to_string(&mut text)
+        .unwrap();
+    assert_eq!(text, "by handle");
+    let d = open_handle(&mnt, &mut hd).expect("a directory by its handle");
+    assert!(d.metadata().unwrap().is_dir());
+    fs::remove_file(m.path("gone")).unwrap();
+    assert_eq!(open_handle(&mnt, &mut hg).unwrap_err(), libc::ESTALE);
+    drop(d);
+    m.unmount();
+}
+
+/// On a read-only mount, errors come in the kernel's order: an existing
+/// name is EEXIST, as on ext4, before the mount is EROFS.
+#[test]
+fn read_only_mounts_say_eexist_before_erofs() {
+    use std::os::unix::fs::OpenOptionsExt;
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("e.img");
+    mkfs(&img, "64M");
+    let mnt = t.path().join("mnt");
+    let m = Mount::new(&img, &mnt, &[]);
+    fs::create_dir(m.path("d")).unwrap();
+    fs::write(m.path("f"), b"x").unwrap();
+    m.unmount();
+    let m = Mount::new(&img, &mnt, &["ro"]);
+    assert_eq!(err_of(fs::create_dir(m.path("d"))), libc::EEXIST);
+    assert_eq!(err_of(fs::create_dir(m.path("f"))), libc::EEXIST);
+    let excl = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(m.path("f"));
+    assert_eq!(err_of(excl), libc::EEXIST);
+    assert_eq!(
+        err_of(std::os::unix::fs::symlink("x", m.path("f"))),
+        libc::EEXIST
+    );
+    assert_eq!(
+        err_of(fs::hard_link(m.path("f"), m.path("d"))),
+        libc::EEXIST
+    );
+    assert_eq!(err_of(fs::create_dir(m.path("new"))), libc::EROFS);
+    assert_eq!(err_of(fs::write(m.path("f"), b"y")), libc::EROFS);
+    m.unmount();
+}

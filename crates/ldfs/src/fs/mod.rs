@@ -560,6 +560,11 @@ impl Fs {
         }
         let mut st = self.lock();
         let p = self.get_inode(&mut st, parent)?;
+        // "." of any inode is itself: the kernel looks a file handle's
+        // inode up this way (FUSE export support, open_by_handle_at).
+        if name == b"." {
+            return Ok(self.attr(&p));
+        }
         if p.kind() != Kind::Dir {
             return Err(FsError::NotDir);
         }
