@@ -562,6 +562,15 @@ impl Ender {
         // Busy for a moment after our own close of the mount point (the
         // kernel finishes RELEASE asynchronously); busy for good when a
         // process holds a file or its working directory there.
+        // Bind mounts of this mount (a second `ldfs mount` of the image)
+        // share its connection: the daemon ends when all are gone.
+        for other in self.dev.map(mount_points).unwrap_or_default() {
+            if other != self.dir {
+                if let Err(e) = unmount(&other, false) {
+                    eprintln!("ldfs: unmounting {}: {e}", other.display());
+                }
+            }
+        }
         let mut tries = 0;
         let err = loop {
             match unmount(&self.dir, false) {
@@ -723,6 +732,9 @@ pub fn run(
     let opts = parse_options(&options)?;
     if opts.remount {
         return remount(&dir, &opts);
+    }
+    if let Some(on) = mounted_on(&image) {
+        return bind_mount(&on, &dir, &opts);
     }
     if !foreground {
         return spawn_daemon(&image, &dir, &options);
@@ -996,6 +1008,61 @@ fn remount(dir: &Path, opts: &MountOpts) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// A second mount of an image that is already mounted: as with a kernel
+/// file system, both show the one file system (the daemon serving `on`),
+/// here through a bind mount of `on` at `dir`; `ro` makes the new one
+/// read-only by itself. Unmounting either leaves the other.
+fn bind_mount(on: &Path, dir: &Path, opts: &MountOpts) -> Result<(), String> {
+    use std::os::unix::ffi::OsStrExt;
+    let canon = check_mountpoint(dir)?;
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|e| e.to_string());
+    let (src, dst) = (c(on)?, c(&canon)?);
+    let mount = |flags: libc::c_ulong| {
+        let r = unsafe {
+            libc::mount(
+                src.as_ptr(),
+                dst.as_ptr(),
+                std::ptr::null(),
+                flags,
+                std::ptr::null(),
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    };
+    mount(libc::MS_BIND).map_err(|e| {
+        format!(
+            "already mounted on {}; mounting it at {} too (a bind mount, as root): {e}",
+            on.display(),
+            dir.display()
+        )
+    })?;
+    if opts.read_only {
+        let flags = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY;
+        if let Err(e) = mount(flags) {
+            let _ = unmount(&canon, false);
+            return Err(format!("making {} read-only: {e}", dir.display()));
+        }
+    }
+    Ok(())
+}
+
+/// Every mount point of the FUSE connection `dev` (a mount and its bind
+/// mounts), from /proc/self/mountinfo.
+fn mount_points(dev: (u32, u32)) -> Vec<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let want = format!("{}:{}", dev.0, dev.1);
+    info.lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split(' ').collect();
+            let dir = w.get(4)?;
+            (w.get(2) == Some(&want.as_str())).then(|| PathBuf::from(unescape_mount_field(dir)))
+        })
+        .collect()
 }
 
 /// A daemon must not hold its parent's terminal or pipes: stdout goes to

@@ -287,3 +287,109 @@ fn read_only_mounts_say_eexist_before_erofs() {
     assert_eq!(err_of(fs::write(m.path("f"), b"y")), libc::EROFS);
     m.unmount();
 }
+
+/// Mounting an image that is already mounted gives the same tree at the
+/// second mount point (as a kernel file system's second mount shares its
+/// superblock), read-only there if asked; unmounting it leaves the first.
+/// The daemon's end (SIGTERM) unmounts both.
+#[test]
+fn a_second_mount_of_a_mounted_image_shows_the_same_tree() {
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("s.img");
+    mkfs(&img, "64M");
+    let (mnt, mnt2, mnt3) = (
+        t.path().join("mnt"),
+        t.path().join("mnt2"),
+        t.path().join("mnt3"),
+    );
+    let m = Mount::new(&img, &mnt, &[]);
+    fs::write(m.path("one"), b"1").unwrap();
+    for d in [&mnt2, &mnt3] {
+        fs::create_dir(d).unwrap();
+    }
+    common::ldfs().arg("mount").arg(&img).arg(&mnt2).succeeds();
+    assert_eq!(fs::read(mnt2.join("one")).unwrap(), b"1");
+    fs::write(mnt2.join("two"), b"2").unwrap();
+    assert_eq!(fs::read(m.path("two")).unwrap(), b"2");
+    let out = helper(t.path(), &img, &mnt3, "ro");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(fs::read(mnt3.join("two")).unwrap(), b"2");
+    assert_eq!(err_of(fs::write(mnt3.join("three"), b"3")), libc::EROFS);
+    let st = std::process::Command::new("umount")
+        .arg(&mnt2)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(fs::read(m.path("one")).unwrap(), b"1");
+    // SIGTERM ends the daemon, with every mount of its file system.
+    let st = m.signal(libc::SIGTERM);
+    assert!(st.success(), "{st}");
+    assert!(
+        !common::is_mounted(&mnt3),
+        "the bind mount outlived the daemon"
+    );
+}
+
+/// Device nodes work where the mount allows them: root mounting through
+/// mount(8) (the helper) gets `dev`, as for kernel file systems; `nodev`
+/// and a plain `ldfs mount` (FUSE's default) refuse to open them.
+#[test]
+fn device_nodes_open_on_dev_mounts_only() {
+    use std::io::{Read, Write};
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("n.img");
+    mkfs(&img, "64M");
+    let mnt = t.path().join("mnt");
+    let m = Mount::new(&img, &mnt, &[]);
+    let null = common::cstr(&m.path("null"));
+    let r = unsafe { libc::mknod(null.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+    assert_eq!(r, 0, "mknod: errno {}", common::errno());
+    assert_eq!(err_of(fs::File::open(m.path("null"))), libc::EACCES);
+    m.unmount();
+    let umount = || {
+        let st = std::process::Command::new("umount")
+            .arg(&mnt)
+            .status()
+            .unwrap();
+        assert!(st.success());
+    };
+    let out = helper(t.path(), &img, &mnt, "rw");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !mount_entry(&mnt).1.contains("nodev"),
+        "{:?}",
+        mount_entry(&mnt)
+    );
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(mnt.join("null"))
+        .expect("a device node on a dev mount");
+    f.write_all(b"into the void").unwrap();
+    let mut buf = Vec::new();
+    assert_eq!(f.read_to_end(&mut buf).unwrap(), 0);
+    drop(f);
+    umount();
+    let out = helper(t.path(), &img, &mnt, "rw,nodev");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(err_of(fs::File::open(mnt.join("null"))), libc::EACCES);
+    umount();
+}
