@@ -393,3 +393,45 @@ fn device_nodes_open_on_dev_mounts_only() {
     assert_eq!(err_of(fs::File::open(mnt.join("null"))), libc::EACCES);
     umount();
 }
+
+/// Timestamps never run backwards between operations: with the writeback
+/// cache the kernel stamps mtime at write and ctime at rename itself, with
+/// its coarse clock; ldfs stamps with the same clock, so a file changed
+/// after another was created never shows an earlier time.
+#[test]
+fn timestamps_never_run_backwards_between_operations() {
+    use std::os::unix::fs::MetadataExt;
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("t.img");
+    mkfs(&img, "64M");
+    let m = Mount::new(&img, &t.path().join("mnt"), &["writeback_cache"]);
+    let ns = |md: &fs::Metadata, c: bool| {
+        if c {
+            md.ctime() as i128 * 1_000_000_000 + md.ctime_nsec() as i128
+        } else {
+            md.mtime() as i128 * 1_000_000_000 + md.mtime_nsec() as i128
+        }
+    };
+    let mut back = Vec::new();
+    for i in 0..200 {
+        let (a, b) = (m.path(&format!("a{i}")), m.path(&format!("b{i}")));
+        fs::write(&a, b"").unwrap();
+        let created = ns(&fs::metadata(&a).unwrap(), false);
+        fs::write(&b, b"x").unwrap();
+        let written = ns(&fs::metadata(&b).unwrap(), false);
+        let c = m.path(&format!("c{i}"));
+        fs::rename(&b, &c).unwrap();
+        let renamed = ns(&fs::metadata(&c).unwrap(), true);
+        if written < created || renamed < created {
+            back.push((i, created, written, renamed));
+        }
+    }
+    assert!(
+        back.is_empty(),
+        "times before an earlier creation: {back:?}"
+    );
+    m.unmount();
+}

@@ -218,7 +218,22 @@ impl Default for FsOptions {
     }
 }
 
+/// The wall clock the kernel stamps inodes with (CLOCK_REALTIME_COARSE,
+/// as `current_time()`): times ldfs sets and times the kernel sets in its
+/// own cache (with the writeback cache: mtime at write, ctime at rename)
+/// then come from one clock, so a later operation never shows an earlier
+/// time than ldfs gave before (a finer clock runs up to a tick ahead).
 pub fn system_time() -> Time {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) } == 0 {
+        return Time {
+            secs: ts.tv_sec,
+            nsecs: ts.tv_nsec as u32,
+        };
+    }
     let d = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
@@ -254,6 +269,8 @@ pub struct Fs {
     /// version of the file: valid while its list, size, mtime and ctime are
     /// the same (every change of its blocks sets ctime).
     block_counts: Mutex<HashMap<u64, (BlockCountKey, u64)>>,
+    /// The latest time `now` gave.
+    last_time: Mutex<Time>,
 }
 
 type BlockCountKey = (u64, u64, Time, Time);
@@ -370,6 +387,7 @@ impl Fs {
             repairing: std::sync::atomic::AtomicBool::new(false),
             remounted_ro: std::sync::atomic::AtomicBool::new(false),
             block_counts: Mutex::new(HashMap::new()),
+            last_time: Mutex::new(Time::default()),
         };
         fs.get_inode(&mut fs.lock(), ROOT_INO)?;
         if !fs.opts.read_only {
@@ -439,8 +457,13 @@ impl Fs {
             .expect("fs state poisoned by an earlier panic")
     }
 
+    /// The time for an operation: never earlier than one given before (a
+    /// wall-clock step back does not make a newer file look older).
     fn now(&self) -> Time {
-        (self.opts.clock)()
+        let t = (self.opts.clock)();
+        let mut last = self.last_time.lock().expect("last_time poisoned");
+        *last = (*last).max(t);
+        *last
     }
 
     /// Starts an operation: takes the fs lock and opens an ARU. Nothing is
