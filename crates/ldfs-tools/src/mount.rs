@@ -174,6 +174,11 @@ pub struct MountOpts {
     /// faster small writes, but write(2) no longer sees ENOSPC (see
     /// `FuseFs::writeback_cache`).
     pub writeback_cache: bool,
+    /// When reads update atime (`noatime`, `relatime`: the default,
+    /// `strictatime`).
+    pub atime: ldfs::fs::AtimeMode,
+    /// `nodiratime`.
+    pub nodiratime: bool,
     /// Background cleaning policy; `None` turns the background cleaner off
     /// (writes still clean in the foreground when space runs low).
     pub cleaner: Option<ldfs::lld::PolicyKind>,
@@ -196,6 +201,8 @@ impl Default for MountOpts {
             cache_bytes: 64 << 20,
             commit_secs: 5,
             writeback_cache: false,
+            atime: ldfs::fs::AtimeMode::Relatime,
+            nodiratime: false,
             cleaner: Some(ldfs::lld::PolicyKind::default()),
             clean_start: None,
             clean_stop: None,
@@ -261,8 +268,21 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
             ("nosuid", None) => o.fuse.push(MountOption::NoSuid),
             ("exec", None) => o.fuse.push(MountOption::Exec),
             ("noexec", None) => o.fuse.push(MountOption::NoExec),
-            ("atime", None) => o.fuse.push(MountOption::Atime),
-            ("noatime", None) => o.fuse.push(MountOption::NoAtime),
+            // As the kernel: `atime` and `norelatime` mean the default
+            // (relatime) unless `strictatime`.
+            ("atime" | "norelatime" | "relatime", None) => {
+                o.atime = ldfs::fs::AtimeMode::Relatime;
+                if key == "atime" {
+                    o.fuse.push(MountOption::Atime);
+                }
+            }
+            ("noatime", None) => {
+                o.atime = ldfs::fs::AtimeMode::NoAtime;
+                o.fuse.push(MountOption::NoAtime);
+            }
+            ("strictatime", None) => o.atime = ldfs::fs::AtimeMode::StrictAtime,
+            ("nodiratime", None) => o.nodiratime = true,
+            ("diratime", None) => o.nodiratime = false,
             ("sync", None) => o.fuse.push(MountOption::Sync),
             ("async", None) => o.fuse.push(MountOption::Async),
             // What mount(8) and fstab pass along but is not ours to act on.
@@ -275,9 +295,8 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
                 | "users"
                 | "nofail"
                 | "_netdev"
-                | "relatime"
-                | "norelatime"
-                | "strictatime"
+                | "lazytime"
+                | "nolazytime"
                 | "default_permissions",
                 None,
             ) => {}
@@ -819,6 +838,8 @@ pub fn run(
             no_open: false,
             control: Some(control),
             writeback_cache: opts.writeback_cache,
+            atime: opts.atime,
+            nodiratime: opts.nodiratime,
         },
         &dir,
         &cfg,

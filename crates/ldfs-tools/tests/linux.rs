@@ -435,3 +435,139 @@ fn timestamps_never_run_backwards_between_operations() {
     );
     m.unmount();
 }
+
+/// Sets atime and mtime of `p` (seconds since the epoch).
+fn set_times(p: &Path, atime: i64, mtime: i64) {
+    let ts = [
+        libc::timespec {
+            tv_sec: atime,
+            tv_nsec: 0,
+        },
+        libc::timespec {
+            tv_sec: mtime,
+            tv_nsec: 0,
+        },
+    ];
+    let c = common::cstr(p);
+    assert_eq!(
+        unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), 0) },
+        0
+    );
+}
+
+/// Reads `p` so that the read reaches ldfs (the page cache is dropped
+/// first: a read it serves never reaches a FUSE daemon).
+fn read_through(p: &Path) {
+    use std::io::Read;
+    use std::os::unix::io::AsRawFd;
+    let mut f = fs::File::open(p).unwrap();
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    let mut buf = Vec::new();
+    f.read_to_end(&mut buf).unwrap();
+}
+
+/// atime as Linux keeps it, for every read that reaches ldfs: relatime by
+/// default (updated when not after mtime/ctime, or a day old), noatime,
+/// strictatime (every read), nodiratime (listing a directory does not).
+#[test]
+fn atime_follows_the_mount_mode() {
+    use std::os::unix::fs::MetadataExt;
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("a.img");
+    mkfs(&img, "64M");
+    let mnt = t.path().join("mnt");
+    let atime = |p: &Path| {
+        let md = fs::metadata(p).unwrap();
+        (md.atime(), md.atime_nsec())
+    };
+    let day_ago = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+        - 2 * 86400;
+    let m = Mount::new(&img, &mnt, &[]);
+    let f = m.path("f");
+    fs::write(&f, vec![1u8; 10000]).unwrap();
+    fs::create_dir(m.path("d")).unwrap();
+    // Relatime: an atime older than mtime is updated by a read, then left.
+    set_times(&f, day_ago, day_ago + 10);
+    // Past the clock tick of that change (ctime): an atime equal to ctime
+    // is updated again, as by the kernel.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    read_through(&f);
+    let first = atime(&f);
+    assert!(first.0 > day_ago + 86400, "relatime: no update {first:?}");
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    read_through(&f);
+    assert_eq!(atime(&f), first, "relatime: updated again");
+    set_times(&m.path("d"), day_ago, day_ago);
+    fs::read_dir(m.path("d")).unwrap().for_each(drop);
+    assert!(
+        atime(&m.path("d")).0 > day_ago + 86400,
+        "readdir: no update"
+    );
+    m.unmount();
+
+    let m = Mount::new(&img, &mnt, &["noatime"]);
+    set_times(&f, day_ago, day_ago + 10);
+    read_through(&f);
+    assert_eq!(atime(&f).0, day_ago, "noatime: updated");
+    m.unmount();
+
+    let m = Mount::new(&img, &mnt, &["strictatime,nodiratime"]);
+    read_through(&f);
+    let a1 = atime(&f);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    read_through(&f);
+    let a2 = atime(&f);
+    assert!(
+        a1.0 > day_ago + 86400 && a2 > a1,
+        "strictatime: {a1:?} {a2:?}"
+    );
+    set_times(&m.path("d"), day_ago, day_ago);
+    fs::read_dir(m.path("d")).unwrap().for_each(drop);
+    assert_eq!(atime(&m.path("d")).0, day_ago, "nodiratime: updated");
+    m.unmount();
+}
+
+/// chown(2) with owner and group both -1 (the kernel sends ldfs only a
+/// ctime): as on ext4, ctime changes and a file loses set-user-ID and
+/// group-executable set-group-ID; a directory keeps its bits.
+#[test]
+fn chown_minus_one_changes_ctime_and_clears_set_id_bits_as_linux() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("c.img");
+    mkfs(&img, "64M");
+    let m = Mount::new(&img, &t.path().join("mnt"), &[]);
+    fs::write(m.path("f"), b"x").unwrap();
+    fs::create_dir(m.path("d")).unwrap();
+    let chown_keep = |p: &Path| {
+        let c = common::cstr(p);
+        assert_eq!(unsafe { libc::chown(c.as_ptr(), u32::MAX, u32::MAX) }, 0);
+    };
+    for (name, mode, after) in [
+        ("f", 0o6755, 0o0755),
+        ("f", 0o6745, 0o2745),
+        ("d", 0o3755, 0o3755),
+    ] {
+        let p = m.path(name);
+        fs::set_permissions(&p, fs::Permissions::from_mode(mode)).unwrap();
+        let before = fs::metadata(&p).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        chown_keep(&p);
+        let md = fs::metadata(&p).unwrap();
+        assert_eq!(md.mode() & 0o7777, after, "{name} {mode:o}");
+        assert!(
+            (md.ctime(), md.ctime_nsec()) > (before.ctime(), before.ctime_nsec()),
+            "{name}: ctime unchanged"
+        );
+    }
+    m.unmount();
+}

@@ -2190,3 +2190,53 @@ fn drop_privileges(i: &mut Inode, kill_suidgid: bool) {
         }
     }
 }
+
+/// When a read that reaches ldfs updates atime (the mount's `noatime`,
+/// `relatime`, `strictatime`; Linux's rules).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AtimeMode {
+    /// Never.
+    NoAtime,
+    /// When atime is not after mtime or ctime, or is a day old (the
+    /// kernel's default).
+    #[default]
+    Relatime,
+    /// Every read.
+    StrictAtime,
+}
+
+impl Fs {
+    /// Inode `ino` was read (a file's data, a directory's entries): updates
+    /// its atime as `mode` says. Does nothing on a read-only file system.
+    pub fn accessed(&self, ino: u64, mode: AtimeMode) -> FsResult<()> {
+        if mode == AtimeMode::NoAtime || self.is_read_only() {
+            return Ok(());
+        }
+        let now = self.now();
+        let needs = |i: &Inode| match mode {
+            AtimeMode::NoAtime => false,
+            AtimeMode::StrictAtime => i.atime != now,
+            // relatime_need_update() in fs/inode.c.
+            AtimeMode::Relatime => {
+                i.mtime >= i.atime || i.ctime >= i.atime || now.secs - i.atime.secs >= 24 * 3600
+            }
+        };
+        {
+            let mut st = self.lock();
+            if !needs(&self.get_inode(&mut st, ino)?) {
+                return Ok(());
+            }
+        }
+        let mut tx = self.begin()?;
+        let r = (|| {
+            let mut i = tx.inode(ino)?;
+            if !needs(&i) {
+                return Ok(());
+            }
+            i.atime = now;
+            tx.reserve(i.encoded_len() as u64)?;
+            tx.put(&i)
+        })();
+        tx.finish(r)
+    }
+}
