@@ -266,8 +266,8 @@ pub struct Fs {
     /// with `ReadOnly` until it is cleared.
     remounted_ro: std::sync::atomic::AtomicBool,
     /// Blocks present in large files' lists (st_blocks), counted once per
-    /// version of the file: valid while its list, size, mtime and ctime are
-    /// the same (every change of its blocks sets ctime).
+    /// version of the file: dropped after a write or fallocate, and valid
+    /// only while its list, size, mtime and ctime are the same.
     block_counts: Mutex<HashMap<u64, (BlockCountKey, u64)>>,
     /// The latest time `now` gave.
     last_time: Mutex<Time>,
@@ -540,6 +540,15 @@ impl Fs {
         }
         counts.insert(i.ino, (key, n));
         n
+    }
+
+    /// The blocks of `ino` changed (after the operation): its count is
+    /// stale even if its times are not (two changes in one clock tick).
+    fn blocks_changed(&self, ino: u64) {
+        self.block_counts
+            .lock()
+            .expect("block_counts poisoned")
+            .remove(&ino);
     }
 
     fn attr(&self, i: &Inode) -> Attr {
@@ -1004,7 +1013,9 @@ impl Fs {
     ) -> FsResult<usize> {
         let mut tx = self.begin()?;
         let r = tx.write(ino, offset, data, kill_suidgid);
-        tx.finish(r)
+        let r = tx.finish(r);
+        self.blocks_changed(ino);
+        r
     }
 
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], mode: XattrMode) -> FsResult<()> {
@@ -1022,7 +1033,9 @@ impl Fs {
     pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: FallocMode) -> FsResult<()> {
         let mut tx = self.begin()?;
         let r = tx.fallocate(ino, offset, len, mode);
-        tx.finish(r)
+        let r = tx.finish(r);
+        self.blocks_changed(ino);
+        r
     }
 }
 
