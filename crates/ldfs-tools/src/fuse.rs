@@ -39,6 +39,26 @@ pub struct FuseFs {
     /// Off by default: every write(2) reaches ldfs, which refuses it with
     /// ENOSPC before anything is accepted.
     pub writeback_cache: bool,
+    /// When reads update atime (`noatime`, `relatime`, `strictatime`).
+    /// FUSE marks its inodes S_NOATIME: the kernel leaves atime to ldfs.
+    pub atime: fs::AtimeMode,
+    /// `nodiratime`: listing a directory never updates its atime.
+    pub nodiratime: bool,
+}
+
+impl FuseFs {
+    /// A read reached ldfs: atime per the mount's mode. A failure (a full
+    /// file system) does not fail the read.
+    fn accessed(&self, ino: INodeNo, dir: bool) {
+        if dir && self.nodiratime {
+            return;
+        }
+        if let Err(e) = self.fs.accessed(ino.0, self.atime) {
+            if !matches!(e, FsError::NoSpace | FsError::ReadOnly) {
+                eprintln!("ldfs: updating the atime of inode {}: {e}", ino.0);
+            }
+        }
+    }
 }
 
 /// The daemon's control interface, reached through `trusted.ldfs.<name>`
@@ -187,6 +207,12 @@ impl Filesystem for FuseFs {
                 | InitFlags::FUSE_ASYNC_READ
                 | InitFlags::FUSE_MAX_PAGES
                 | InitFlags::FUSE_POSIX_ACL
+                // File handles (NFS, open_by_handle_at) outlive the
+                // kernel's inode cache: it looks an inode up again as "."
+                // of its node id, and ".." of a directory (Fs::lookup);
+                // a deleted one is gone (ESTALE), a reused number has a
+                // new generation.
+                | InitFlags::FUSE_EXPORT_SUPPORT
                 // ldfs clears set-user-ID/-group-ID and drops file
                 // capabilities itself (Fs::write_killing_suidgid, setattr),
                 // so the kernel need not ask for security.capability
@@ -236,6 +262,33 @@ impl Filesystem for FuseFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let (mut mode, mut uid) = (mode, uid);
+        let nothing = [mode, uid, gid].iter().all(Option::is_none)
+            && size.is_none()
+            && atime.is_none()
+            && mtime.is_none();
+        if nothing {
+            // chown(path, -1, -1): the kernel sends no attribute (ctime
+            // only with the writeback cache), nor when it leaves removing
+            // set-ID bits before a write to ldfs (file_remove_privs under
+            // FUSE_HANDLE_KILLPRIV_V2). Linux changes ctime and, for a
+            // non-directory, clears set-user-ID and group-executable
+            // set-group-ID (as chown(2) does; the same owner again changes
+            // ctime alone).
+            match self.fs.getattr(ino.0) {
+                Ok(a) => {
+                    uid = Some(a.uid);
+                    if a.kind != Kind::Dir {
+                        let mut m = a.perm as u32 & !0o4000;
+                        if m & 0o010 != 0 {
+                            m &= !0o2000;
+                        }
+                        mode = Some(m);
+                    }
+                }
+                Err(e) => return reply.error(errno(&e)),
+            }
+        }
         let sa = SetAttr {
             mode,
             uid,
@@ -383,7 +436,11 @@ impl Filesystem for FuseFs {
         reply: ReplyData,
     ) {
         match self.fs.read(ino.0, offset, size) {
-            Ok(d) => reply.data(&d),
+            Ok(d) => {
+                // Before the reply: the kernel's next stat sees it.
+                self.accessed(ino, false);
+                reply.data(&d);
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -462,6 +519,9 @@ impl Filesystem for FuseFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        if offset == 0 {
+            self.accessed(ino, true);
+        }
         match self.fs.readdir(ino.0, offset as i64, 256) {
             Ok(entries) => {
                 for e in entries {
@@ -488,6 +548,9 @@ impl Filesystem for FuseFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        if offset == 0 {
+            self.accessed(ino, true);
+        }
         match self.fs.readdir(ino.0, offset as i64, 128) {
             Ok(entries) => {
                 for e in entries {

@@ -462,6 +462,14 @@ fn main() -> ExitCode {
                 }
             }
         }
+        // As for kernel file systems, device nodes work when root mounts
+        // through mount(8) or fstab unless `nodev` says otherwise (fuser
+        // and fusermount3 default to nodev).
+        let named = |w: &str| options.iter().flat_map(|o| o.split(',')).any(|o| o == w);
+        if unsafe { libc::geteuid() } == 0 && !named("nodev") && !named("dev") && !named("remount")
+        {
+            options.push("dev".into());
+        }
         return match mount::run(image.into(), dir.into(), false, options, false) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

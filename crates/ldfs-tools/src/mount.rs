@@ -30,6 +30,10 @@ use crate::fuse::{Control, FuseFs};
 /// What `ldfs stats` and `ldfs clean` reach on a mounted file system.
 struct Daemon {
     lld: Arc<Lld>,
+    fs: Arc<Fs>,
+    /// Whether the background cleaner ran before a remount read-only
+    /// stopped it (restarted by the remount read-write).
+    cleaner_before_ro: std::sync::Mutex<Option<bool>>,
     /// Set by `ldfs clean --stop`: a running `clean` ends after its pass.
     cancel: AtomicBool,
     /// What the last `clean` command did (read back by `ldfs clean`).
@@ -54,6 +58,12 @@ impl Control for Daemon {
         let text = String::from_utf8_lossy(value);
         match name {
             "checkpoint" => self.lld.checkpoint_now().map_err(|e| e.to_string()),
+            // `mount -o remount,ro|rw` (see `remount`).
+            "readonly" => match text.trim() {
+                "1" => self.remount_ro(),
+                "0" => self.remount_rw(),
+                other => Err(format!("readonly: 1 or 0, not {other:?}")),
+            },
             "clean" => {
                 let req = crate::CleanRequest::parse(&text)?;
                 self.cancel.store(false, Ordering::Relaxed);
@@ -97,10 +107,67 @@ impl Control for Daemon {
     }
 }
 
+impl Daemon {
+    /// Refuses changes from now on, stops the background cleaner and
+    /// writes a checkpoint holding everything accepted before: the image is
+    /// then as an unmount leaves it (systemd remounts read-only at
+    /// shutdown, before it may cut power).
+    fn remount_ro(&self) -> Result<(), String> {
+        self.fs.set_read_only(true).map_err(|e| e.to_string())?;
+        {
+            let mut before = self
+                .cleaner_before_ro
+                .lock()
+                .expect("cleaner_before_ro poisoned");
+            if before.is_none() {
+                *before = Some(self.lld.background_cleaner_running());
+            }
+        }
+        self.lld
+            .set_background_cleaner(false)
+            .map_err(|e| e.to_string())?;
+        self.fs.fsync().map_err(|e| e.to_string())?;
+        // An operation that passed its writable check just before the
+        // switch may still hold an ARU open for a moment.
+        let mut tries = 0;
+        loop {
+            match self.lld.checkpoint_now() {
+                Ok(()) => return Ok(()),
+                Err(ldfs::ld::LdError::InvalidArgument(_)) if tries < 100 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => return Err(format!("checkpoint at the remount read-only: {e}")),
+            }
+        }
+    }
+
+    fn remount_rw(&self) -> Result<(), String> {
+        self.fs.set_read_only(false).map_err(|_| {
+            "mounted read-only from the start (the image was opened read-only): unmount it and mount it rw".to_string()
+        })?;
+        let before = self
+            .cleaner_before_ro
+            .lock()
+            .expect("cleaner_before_ro poisoned")
+            .take();
+        if before == Some(true) {
+            self.lld
+                .set_background_cleaner(true)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+}
+
 /// Parsed `-o` options.
 #[derive(Clone, Debug)]
 pub struct MountOpts {
     pub read_only: bool,
+    /// `ro` or `rw` was given (a remount without either keeps the mode).
+    pub ro_given: bool,
+    /// `remount`: change the options of the mount at DIR (see `remount`).
+    pub remount: bool,
     pub allow_other: bool,
     pub cache_bytes: usize,
     pub commit_secs: u64,
@@ -113,6 +180,11 @@ pub struct MountOpts {
     /// allows it): an fsync's device flush then has no page cache to write
     /// back (see `FileDevice::direct_writes`).
     pub direct_writes: Toggle,
+    /// When reads update atime (`noatime`, `relatime`: the default,
+    /// `strictatime`).
+    pub atime: ldfs::fs::AtimeMode,
+    /// `nodiratime`.
+    pub nodiratime: bool,
     /// Background cleaning policy; `None` turns the background cleaner off
     /// (writes still clean in the foreground when space runs low).
     pub cleaner: Option<ldfs::lld::PolicyKind>,
@@ -140,11 +212,15 @@ impl Default for MountOpts {
     fn default() -> Self {
         MountOpts {
             read_only: false,
+            ro_given: false,
+            remount: false,
             allow_other: false,
             cache_bytes: 64 << 20,
             commit_secs: 5,
             writeback_cache: false,
             direct_writes: Toggle::Auto,
+            atime: ldfs::fs::AtimeMode::Relatime,
+            nodiratime: false,
             cleaner: Some(ldfs::lld::PolicyKind::default()),
             clean_start: None,
             clean_stop: None,
@@ -167,8 +243,9 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
             None => (item, None),
         };
         match (key, val) {
-            ("ro", None) => o.read_only = true,
-            ("rw", None) => o.read_only = false,
+            ("ro", None) => (o.read_only, o.ro_given) = (true, true),
+            ("rw", None) => (o.read_only, o.ro_given) = (false, true),
+            ("remount", None) => o.remount = true,
             ("allow_other", None) => o.allow_other = true,
             ("writeback_cache", None) => o.writeback_cache = true,
             ("no_writeback_cache", None) => o.writeback_cache = false,
@@ -213,16 +290,41 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
             ("nosuid", None) => o.fuse.push(MountOption::NoSuid),
             ("exec", None) => o.fuse.push(MountOption::Exec),
             ("noexec", None) => o.fuse.push(MountOption::NoExec),
-            ("atime", None) => o.fuse.push(MountOption::Atime),
-            ("noatime", None) => o.fuse.push(MountOption::NoAtime),
+            // As the kernel: `atime` and `norelatime` mean the default
+            // (relatime) unless `strictatime`.
+            ("atime" | "norelatime" | "relatime", None) => {
+                o.atime = ldfs::fs::AtimeMode::Relatime;
+                if key == "atime" {
+                    o.fuse.push(MountOption::Atime);
+                }
+            }
+            ("noatime", None) => {
+                o.atime = ldfs::fs::AtimeMode::NoAtime;
+                o.fuse.push(MountOption::NoAtime);
+            }
+            ("strictatime", None) => o.atime = ldfs::fs::AtimeMode::StrictAtime,
+            ("nodiratime", None) => o.nodiratime = true,
+            ("diratime", None) => o.nodiratime = false,
             ("sync", None) => o.fuse.push(MountOption::Sync),
             ("async", None) => o.fuse.push(MountOption::Async),
             // What mount(8) and fstab pass along but is not ours to act on.
             (
-                "defaults" | "auto" | "noauto" | "user" | "nouser" | "users" | "nofail" | "_netdev"
-                | "relatime" | "norelatime" | "strictatime",
+                "defaults"
+                | "auto"
+                | "noauto"
+                | "user"
+                | "nouser"
+                | "users"
+                | "nofail"
+                | "_netdev"
+                | "lazytime"
+                | "nolazytime"
+                | "default_permissions",
                 None,
             ) => {}
+            // What a remount through mount(8) passes back from the mount
+            // table: set by the daemon at mount, not changeable.
+            ("user_id" | "group_id" | "fsname" | "subtype", Some(_)) => {}
             (k, _) if k.starts_with("x-") => {}
             _ => return Err(format!("unknown mount option '{item}'")),
         }
@@ -538,6 +640,15 @@ impl Ender {
         // Busy for a moment after our own close of the mount point (the
         // kernel finishes RELEASE asynchronously); busy for good when a
         // process holds a file or its working directory there.
+        // Bind mounts of this mount (a second `ldfs mount` of the image)
+        // share its connection: the daemon ends when all are gone.
+        for other in self.dev.map(mount_points).unwrap_or_default() {
+            if other != self.dir {
+                if let Err(e) = unmount(&other, false) {
+                    eprintln!("ldfs: unmounting {}: {e}", other.display());
+                }
+            }
+        }
         let mut tries = 0;
         let err = loop {
             match unmount(&self.dir, false) {
@@ -697,6 +808,12 @@ pub fn run(
     daemon_child: bool,
 ) -> Result<(), String> {
     let opts = parse_options(&options)?;
+    if opts.remount {
+        return remount(&dir, &opts);
+    }
+    if let Some(on) = mounted_on(&image) {
+        return bind_mount(&on, &dir, &opts);
+    }
     if !foreground {
         return spawn_daemon(&image, &dir, &options);
     }
@@ -776,7 +893,11 @@ pub fn run(
     let mut cfg = Config::default();
     cfg.mount_options = vec![
         MountOption::FSName(source.clone()),
-        MountOption::Subtype("ldfs".into()),
+        // The type is `fuse.ldfs` (so mount(8) runs mount.fuse.ldfs for a
+        // remount): as a kernel option when root mounts with mount(2)
+        // itself (fuser's Subtype only reaches fusermount3, which also
+        // takes it this way).
+        MountOption::CUSTOM("subtype=ldfs".into()),
         MountOption::DefaultPermissions,
         if opts.read_only {
             MountOption::RO
@@ -791,6 +912,8 @@ pub fn run(
     cfg.n_threads = Some(crate::FUSE_THREADS);
     let control: Arc<dyn Control> = Arc::new(Daemon {
         lld: lld.clone(),
+        fs: fs.clone(),
+        cleaner_before_ro: std::sync::Mutex::new(None),
         cancel: AtomicBool::new(false),
         last_clean: std::sync::Mutex::new("no clean since mount\n".into()),
     });
@@ -800,6 +923,8 @@ pub fn run(
             no_open: false,
             control: Some(control),
             writeback_cache: opts.writeback_cache,
+            atime: opts.atime,
+            nodiratime: opts.nodiratime,
         },
         &dir,
         &cfg,
@@ -907,6 +1032,172 @@ pub(crate) fn dual_meta_path(
         (true, Some(dir)) => dir.join(p),
         _ => p,
     })
+}
+
+/// `mount -o remount,ro|rw DIR` (mount(8) runs `mount.fuse.ldfs IMAGE DIR
+/// -o remount,...`): the FUSE kernel module never tells a daemon about a
+/// remount, so this tells it first, through its control attribute, and
+/// then remounts with mount(2). Read-only: the daemon refuses changes and
+/// writes a checkpoint, then the kernel's mount turns read-only (EROFS);
+/// should that fail (a file open for writing: EBUSY), the daemon is made
+/// writable again. Read-write: the mount turns writable, then the daemon.
+/// Per-mount flags not named in the options (nosuid, nodev, noatime, ...)
+/// stay as they are.
+fn remount(dir: &Path, opts: &MountOpts) -> Result<(), String> {
+    use std::os::unix::ffi::OsStrExt;
+    let canon = dir
+        .canonicalize()
+        .map_err(|e| format!("remount: {}: {e}", dir.display()))?;
+    match top_mount(&canon) {
+        Some(m) if m.kind == "fuse.ldfs" => {}
+        _ => return Err(format!("remount: no ldfs mount at {}", dir.display())),
+    }
+    let c = std::ffi::CString::new(canon.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+    let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut sv) } != 0 {
+        return Err(format!(
+            "remount: {}: {}",
+            dir.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    let mut flags = libc::MS_REMOUNT;
+    for (st, ms) in [
+        (libc::ST_NOSUID, libc::MS_NOSUID),
+        (libc::ST_NODEV, libc::MS_NODEV),
+        (libc::ST_NOEXEC, libc::MS_NOEXEC),
+        (libc::ST_SYNCHRONOUS, libc::MS_SYNCHRONOUS),
+        (libc::ST_NOATIME, libc::MS_NOATIME),
+        (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
+        (libc::ST_RELATIME, libc::MS_RELATIME),
+    ] {
+        if sv.f_flag & st != 0 {
+            flags |= ms;
+        }
+    }
+    for o in &opts.fuse {
+        match o {
+            MountOption::Dev => flags &= !libc::MS_NODEV,
+            MountOption::NoDev => flags |= libc::MS_NODEV,
+            MountOption::Suid => flags &= !libc::MS_NOSUID,
+            MountOption::NoSuid => flags |= libc::MS_NOSUID,
+            MountOption::Exec => flags &= !libc::MS_NOEXEC,
+            MountOption::NoExec => flags |= libc::MS_NOEXEC,
+            MountOption::Atime => flags &= !libc::MS_NOATIME,
+            MountOption::NoAtime => flags |= libc::MS_NOATIME,
+            MountOption::Sync => flags |= libc::MS_SYNCHRONOUS,
+            MountOption::Async => flags &= !libc::MS_SYNCHRONOUS,
+            _ => {}
+        }
+    }
+    let ro = if opts.ro_given {
+        opts.read_only
+    } else {
+        sv.f_flag & libc::ST_RDONLY != 0
+    };
+    let tell = |v: &[u8]| -> Result<(), String> {
+        let r = unsafe {
+            libc::setxattr(
+                c.as_ptr(),
+                c"trusted.ldfs.readonly".as_ptr(),
+                v.as_ptr().cast(),
+                v.len(),
+                0,
+            )
+        };
+        if r != 0 {
+            return Err(format!(
+                "the daemon of {} refused (see its log): {}",
+                dir.display(),
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(())
+    };
+    let sys = |flags: libc::c_ulong| -> std::io::Result<()> {
+        let r = unsafe {
+            libc::mount(
+                std::ptr::null(),
+                c.as_ptr(),
+                std::ptr::null(),
+                flags,
+                std::ptr::null(),
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    };
+    if ro {
+        tell(b"1")?;
+        if let Err(e) = sys(flags | libc::MS_RDONLY) {
+            let _ = tell(b"0");
+            return Err(format!("remounting {} read-only: {e}", dir.display()));
+        }
+    } else {
+        sys(flags).map_err(|e| format!("remounting {} read-write: {e}", dir.display()))?;
+        if let Err(e) = tell(b"0") {
+            let _ = sys(flags | libc::MS_RDONLY);
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// A second mount of an image that is already mounted: as with a kernel
+/// file system, both show the one file system (the daemon serving `on`),
+/// here through a bind mount of `on` at `dir`; `ro` makes the new one
+/// read-only by itself. Unmounting either leaves the other.
+fn bind_mount(on: &Path, dir: &Path, opts: &MountOpts) -> Result<(), String> {
+    use std::os::unix::ffi::OsStrExt;
+    let canon = check_mountpoint(dir)?;
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|e| e.to_string());
+    let (src, dst) = (c(on)?, c(&canon)?);
+    let mount = |flags: libc::c_ulong| {
+        let r = unsafe {
+            libc::mount(
+                src.as_ptr(),
+                dst.as_ptr(),
+                std::ptr::null(),
+                flags,
+                std::ptr::null(),
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    };
+    mount(libc::MS_BIND).map_err(|e| {
+        format!(
+            "already mounted on {}; mounting it at {} too (a bind mount, as root): {e}",
+            on.display(),
+            dir.display()
+        )
+    })?;
+    if opts.read_only {
+        let flags = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY;
+        if let Err(e) = mount(flags) {
+            let _ = unmount(&canon, false);
+            return Err(format!("making {} read-only: {e}", dir.display()));
+        }
+    }
+    Ok(())
+}
+
+/// Every mount point of the FUSE connection `dev` (a mount and its bind
+/// mounts), from /proc/self/mountinfo.
+fn mount_points(dev: (u32, u32)) -> Vec<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let want = format!("{}:{}", dev.0, dev.1);
+    info.lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split(' ').collect();
+            let dir = w.get(4)?;
+            (w.get(2) == Some(&want.as_str())).then(|| PathBuf::from(unescape_mount_field(dir)))
+        })
+        .collect()
 }
 
 /// A daemon must not hold its parent's terminal or pipes: stdout goes to

@@ -218,7 +218,22 @@ impl Default for FsOptions {
     }
 }
 
+/// The wall clock the kernel stamps inodes with (CLOCK_REALTIME_COARSE,
+/// as `current_time()`): times ldfs sets and times the kernel sets in its
+/// own cache (with the writeback cache: mtime at write, ctime at rename)
+/// then come from one clock, so a later operation never shows an earlier
+/// time than ldfs gave before (a finer clock runs up to a tick ahead).
 pub fn system_time() -> Time {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) } == 0 {
+        return Time {
+            secs: ts.tv_sec,
+            nsecs: ts.tv_nsec as u32,
+        };
+    }
     let d = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
@@ -247,7 +262,18 @@ pub struct Fs {
     damaged: std::sync::OnceLock<String>,
     /// `Fs::repair` is running: corruption it meets is what it repairs.
     repairing: std::sync::atomic::AtomicBool,
+    /// Remounted read-only (`Fs::set_read_only`): modifying operations fail
+    /// with `ReadOnly` until it is cleared.
+    remounted_ro: std::sync::atomic::AtomicBool,
+    /// Blocks present in large files' lists (st_blocks), counted once per
+    /// version of the file: dropped after a write or fallocate, and valid
+    /// only while its list, size, mtime and ctime are the same.
+    block_counts: Mutex<HashMap<u64, (BlockCountKey, u64)>>,
+    /// The latest time `now` gave.
+    last_time: Mutex<Time>,
 }
+
+type BlockCountKey = (u64, u64, Time, Time);
 
 /// One operation's ARU (`Fs::begin`, `Tx::finish`).
 struct Tx<'a> {
@@ -365,6 +391,9 @@ impl Fs {
             opts,
             damaged: std::sync::OnceLock::new(),
             repairing: std::sync::atomic::AtomicBool::new(false),
+            remounted_ro: std::sync::atomic::AtomicBool::new(false),
+            block_counts: Mutex::new(HashMap::new()),
+            last_time: Mutex::new(Time::default()),
         };
         fs.get_inode(&mut fs.lock(), ROOT_INO)?;
         if !fs.opts.read_only {
@@ -407,7 +436,7 @@ impl Fs {
     /// Fails with `ReadOnly` once metadata was found corrupt (a lock-free
     /// check: it runs before every modifying operation).
     fn check_writable(&self) -> FsResult<()> {
-        if self.opts.read_only {
+        if self.opts.read_only || self.remounted_ro.load(std::sync::atomic::Ordering::Acquire) {
             return Err(FsError::ReadOnly);
         }
         if self.damaged.get().is_some()
@@ -434,8 +463,13 @@ impl Fs {
             .expect("fs state poisoned by an earlier panic")
     }
 
+    /// The time for an operation: never earlier than one given before (a
+    /// wall-clock step back does not make a newer file look older).
     fn now(&self) -> Time {
-        (self.opts.clock)()
+        let t = (self.opts.clock)();
+        let mut last = self.last_time.lock().expect("last_time poisoned");
+        *last = (*last).max(t);
+        *last
     }
 
     /// Starts an operation: takes the fs lock and opens an ARU. Nothing is
@@ -478,9 +512,54 @@ impl Fs {
         Ok(i)
     }
 
+    /// 512-byte units a large file holds: 4 KiB per present block (holes
+    /// hold nothing), as `du` expects.
+    fn file_blocks(&self, i: &Inode) -> u64 {
+        let key = (i.list, i.size, i.mtime, i.ctime);
+        let mut counts = self.block_counts.lock().expect("block_counts poisoned");
+        if let Some((k, n)) = counts.get(&i.ino) {
+            if *k == key {
+                return *n;
+            }
+        }
+        let mut present = 0u64;
+        let mut from = 0;
+        loop {
+            match self.ld.indices(ListId(i.list), from, 1 << 16) {
+                Ok(idx) => {
+                    present += idx.len() as u64;
+                    match idx.last() {
+                        Some(&l) if idx.len() == 1 << 16 => from = l + 1,
+                        _ => break,
+                    }
+                }
+                Err(e) => {
+                    // stat must still answer: the size stands in.
+                    eprintln!("ldfs: counting the blocks of inode {}: {e}", i.ino);
+                    return i.size.div_ceil(512);
+                }
+            }
+        }
+        let n = present * (BLOCK_BYTES / 512);
+        if counts.len() >= INODE_CACHE_MAX {
+            counts.clear();
+        }
+        counts.insert(i.ino, (key, n));
+        n
+    }
+
+    /// The blocks of `ino` changed (after the operation): its count is
+    /// stale even if its times are not (two changes in one clock tick).
+    fn blocks_changed(&self, ino: u64) {
+        self.block_counts
+            .lock()
+            .expect("block_counts poisoned")
+            .remove(&ino);
+    }
+
     fn attr(&self, i: &Inode) -> Attr {
         let blocks = match i.kind() {
-            Kind::File if i.list != 0 => i.size.div_ceil(512),
+            Kind::File if i.list != 0 => self.file_blocks(i),
             Kind::File | Kind::Symlink => (i.inline.len() as u64).div_ceil(512),
             _ => 0,
         };
@@ -519,6 +598,11 @@ impl Fs {
         }
         let mut st = self.lock();
         let p = self.get_inode(&mut st, parent)?;
+        // "." of any inode is itself: the kernel looks a file handle's
+        // inode up this way (FUSE export support, open_by_handle_at).
+        if name == b"." {
+            return Ok(self.attr(&p));
+        }
         if p.kind() != Kind::Dir {
             return Err(FsError::NotDir);
         }
@@ -807,6 +891,28 @@ impl Fs {
         Ok(self.ld.flush()?)
     }
 
+    /// Remount read-only (`ro`) or writable again: from return on, every
+    /// modifying operation fails with `ReadOnly` (or works again). Returns
+    /// once the operations already under way have finished, so a
+    /// checkpoint taken next holds all of them. A file system opened
+    /// read-only (`FsOptions::read_only`) cannot be made writable.
+    pub fn set_read_only(&self, ro: bool) -> FsResult<()> {
+        if !ro && self.opts.read_only {
+            return Err(FsError::ReadOnly);
+        }
+        self.remounted_ro
+            .store(ro, std::sync::atomic::Ordering::Release);
+        // Operations hold the state lock from begin to finish.
+        drop(self.lock());
+        Ok(())
+    }
+
+    /// Whether modifying operations are refused (opened or remounted
+    /// read-only, or turned read-only by metadata corruption).
+    pub fn is_read_only(&self) -> bool {
+        self.check_writable().is_err()
+    }
+
     // ---- changing ---------------------------------------------------------
 
     pub fn setattr(&self, ino: u64, sa: &SetAttr) -> FsResult<Attr> {
@@ -913,7 +1019,9 @@ impl Fs {
     ) -> FsResult<usize> {
         let mut tx = self.begin()?;
         let r = tx.write(ino, offset, data, kill_suidgid);
-        tx.finish(r)
+        let r = tx.finish(r);
+        self.blocks_changed(ino);
+        r
     }
 
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], mode: XattrMode) -> FsResult<()> {
@@ -931,7 +1039,9 @@ impl Fs {
     pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: FallocMode) -> FsResult<()> {
         let mut tx = self.begin()?;
         let r = tx.fallocate(ino, offset, len, mode);
-        tx.finish(r)
+        let r = tx.finish(r);
+        self.blocks_changed(ino);
+        r
     }
 }
 
@@ -2138,5 +2248,55 @@ fn drop_privileges(i: &mut Inode, kill_suidgid: bool) {
         if i.mode & 0o010 != 0 {
             i.mode &= !0o2000;
         }
+    }
+}
+
+/// When a read that reaches ldfs updates atime (the mount's `noatime`,
+/// `relatime`, `strictatime`; Linux's rules).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AtimeMode {
+    /// Never.
+    NoAtime,
+    /// When atime is not after mtime or ctime, or is a day old (the
+    /// kernel's default).
+    #[default]
+    Relatime,
+    /// Every read.
+    StrictAtime,
+}
+
+impl Fs {
+    /// Inode `ino` was read (a file's data, a directory's entries): updates
+    /// its atime as `mode` says. Does nothing on a read-only file system.
+    pub fn accessed(&self, ino: u64, mode: AtimeMode) -> FsResult<()> {
+        if mode == AtimeMode::NoAtime || self.is_read_only() {
+            return Ok(());
+        }
+        let now = self.now();
+        let needs = |i: &Inode| match mode {
+            AtimeMode::NoAtime => false,
+            AtimeMode::StrictAtime => i.atime != now,
+            // relatime_need_update() in fs/inode.c.
+            AtimeMode::Relatime => {
+                i.mtime >= i.atime || i.ctime >= i.atime || now.secs - i.atime.secs >= 24 * 3600
+            }
+        };
+        {
+            let mut st = self.lock();
+            if !needs(&self.get_inode(&mut st, ino)?) {
+                return Ok(());
+            }
+        }
+        let mut tx = self.begin()?;
+        let r = (|| {
+            let mut i = tx.inode(ino)?;
+            if !needs(&i) {
+                return Ok(());
+            }
+            i.atime = now;
+            tx.reserve(i.encoded_len() as u64)?;
+            tx.put(&i)
+        })();
+        tx.finish(r)
     }
 }

@@ -1,0 +1,579 @@
+//! The conventions Linux tools rely on (issue 13), each through a real
+//! mount: the mount's type and remounts, what st_blocks counts, and the
+//! other places where ldfs must behave as a kernel file system does.
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+use std::sync::Arc;
+
+use common::{fuse_usable, mkfs, Mount, Succeeds};
+
+fn err_of<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
+    r.expect_err("expected an error").raw_os_error().unwrap()
+}
+
+/// The type and options of the mount at `dir`, from /proc/self/mounts.
+fn mount_entry(dir: &Path) -> (String, String) {
+    let canon = dir.canonicalize().unwrap();
+    fs::read_to_string("/proc/self/mounts")
+        .unwrap()
+        .lines()
+        .rev()
+        .find_map(|l| {
+            let w: Vec<&str> = l.split(' ').collect();
+            (w[1] == canon.to_str().unwrap()).then(|| (w[2].to_string(), w[3].to_string()))
+        })
+        .expect("mounted")
+}
+
+/// Runs the mount helper as mount(8) does (`mount.fuse.ldfs IMAGE DIR -o
+/// OPTIONS`, found by its name).
+fn helper(t: &Path, img: &Path, dir: &Path, opts: &str) -> std::process::Output {
+    let h = t.join("mount.fuse.ldfs");
+    if !h.exists() {
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ldfs"), &h).unwrap();
+    }
+    std::process::Command::new(&h)
+        .arg(img)
+        .arg(dir)
+        .args(["-o", opts])
+        .output()
+        .unwrap()
+}
+
+/// Whether opening the image had to roll the log forward (nothing after a
+/// checkpoint that holds everything).
+fn rolled_forward(img: &Path) -> u64 {
+    let dev: Arc<dyn ldfs::device::Device> =
+        Arc::new(ldfs::device::FileDevice::open_read_only(img).unwrap());
+    let lld = ldfs::lld::Lld::open(
+        dev,
+        ldfs::lld::LldOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    lld.open_report().rolled_forward
+}
+
+/// The type is `fuse.ldfs` (mount(8) then runs mount.fuse.ldfs, not the
+/// generic fuse helper, for a remount); `remount,ro` refuses changes with
+/// EROFS and checkpoints at the switch (the image needs no roll-forward if
+/// the daemon dies right after), `remount,rw` makes it writable again.
+#[test]
+fn type_is_fuse_ldfs_and_remounts_switch_ro_and_rw() {
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("r.img");
+    mkfs(&img, "64M");
+    let mnt = t.path().join("mnt");
+    let m = Mount::new(&img, &mnt, &[]);
+    assert_eq!(mount_entry(&mnt).0, "fuse.ldfs");
+    // What mount(8) passes for `mount -o remount,ro DIR`.
+    let from_table = "nosuid,nodev,relatime,remount,user_id=0,group_id=0,default_permissions";
+    fs::write(m.path("a"), b"before").unwrap();
+    let out = helper(t.path(), &img, &mnt, &format!("ro,{from_table}"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (_, opts) = mount_entry(&mnt);
+    assert!(opts.starts_with("ro,") && opts.contains("nosuid"), "{opts}");
+    assert_eq!(err_of(fs::write(m.path("b"), b"x")), libc::EROFS);
+    assert_eq!(err_of(fs::remove_file(m.path("a"))), libc::EROFS);
+    assert_eq!(fs::read(m.path("a")).unwrap(), b"before");
+    let out = helper(t.path(), &img, &mnt, &format!("rw,{from_table}"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(mount_entry(&mnt).1.starts_with("rw,"));
+    fs::write(m.path("b"), b"after").unwrap();
+    // The switch to read-only writes a checkpoint: killed right after, the
+    // image opens without rolling anything forward.
+    common::ldfs()
+        .args(["mount", "-o", "remount,ro"])
+        .arg(&img)
+        .arg(&mnt)
+        .succeeds();
+    m.kill();
+    assert_eq!(rolled_forward(&img), 0, "no checkpoint at the remount");
+    let m = Mount::new(&img, &mnt, &["ro"]);
+    assert_eq!(fs::read(m.path("b")).unwrap(), b"after");
+    // Opened read-only, the image cannot turn writable: the remount says
+    // so and the mount stays read-only.
+    let out = helper(t.path(), &img, &mnt, "remount,rw");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("refused"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(mount_entry(&mnt).1.starts_with("ro,"));
+    assert_eq!(err_of(fs::write(m.path("c"), b"x")), libc::EROFS);
+    m.unmount();
+}
+
+/// st_blocks counts what a file holds (4 KiB per stored block), not its
+/// size: `du` of a 1 GiB sparse file holding 4 KiB says 4 KiB.
+#[test]
+fn st_blocks_counts_stored_blocks_not_the_size() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("b.img");
+    mkfs(&img, "64M");
+    let m = Mount::new(&img, &t.path().join("mnt"), &[]);
+    let f = fs::File::create(m.path("sparse")).unwrap();
+    f.set_len(1 << 30).unwrap();
+    f.write_all_at(&[7u8; 4096], 512 << 20).unwrap();
+    let blocks = || fs::metadata(m.path("sparse")).unwrap().blocks();
+    assert_eq!(blocks(), 8, "1 GiB sparse file holding 4 KiB");
+    let du = std::process::Command::new("du")
+        .arg("-k")
+        .arg(m.path("sparse"))
+        .succeeds();
+    assert!(
+        String::from_utf8_lossy(&du.stdout).starts_with("4\t"),
+        "du: {}",
+        String::from_utf8_lossy(&du.stdout)
+    );
+    f.write_all_at(&[1u8; 3 * 4096], 0).unwrap();
+    assert_eq!(blocks(), 32);
+    // A punched hole holds nothing again.
+    let r = unsafe {
+        libc::fallocate(
+            std::os::unix::io::AsRawFd::as_raw_fd(&f),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            0,
+            8192,
+        )
+    };
+    assert_eq!(r, 0);
+    assert_eq!(blocks(), 16);
+    assert_eq!(fs::metadata(m.path("sparse")).unwrap().len(), 1 << 30);
+    drop(f);
+    m.unmount();
+}
+
+/// A file handle (name_to_handle_at) as the kernel encodes it, in a
+/// buffer with room for any FUSE handle.
+#[repr(C)]
+struct Handle {
+    bytes: u32,
+    kind: i32,
+    data: [u8; 64],
+}
+
+fn handle_of(path: &Path) -> Handle {
+    let mut h = Handle {
+        bytes: 64,
+        kind: 0,
+        data: [0; 64],
+    };
+    let mut mount_id = 0;
+    let c = common::cstr(path);
+    let r = unsafe {
+        libc::name_to_handle_at(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            (&mut h as *mut Handle).cast(),
+            &mut mount_id,
+            0,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "name_to_handle_at {}: errno {}",
+        path.display(),
+        common::errno()
+    );
+    h
+}
+
+/// open_by_handle_at on the mount at `dir`: the open file, or the errno.
+fn open_handle(dir: &Path, h: &mut Handle) -> Result<fs::File, i32> {
+    use std::os::unix::io::{AsRawFd, FromRawFd};
+    let mnt = fs::File::open(dir).unwrap();
+    let fd = unsafe {
+        libc::open_by_handle_at(mnt.as_raw_fd(), (h as *mut Handle).cast(), libc::O_RDONLY)
+    };
+    if fd < 0 {
+        return Err(common::errno());
+    }
+    Ok(unsafe { fs::File::from_raw_fd(fd) })
+}
+
+/// File handles outlive the kernel's inode cache (FUSE export support):
+/// after a remount, which empties it, open_by_handle_at finds linked
+/// files and directories again; a deleted file's handle is stale (ldfs
+/// no longer has the inode; a kernel that still caches it may open it,
+/// as ext4 opens an unlinked file that is still open).
+#[test]
+fn file_handles_survive_remounts_and_go_stale_when_deleted() {
+    use std::io::Read;
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("h.img");
+    mkfs(&img, "64M");
+    let mnt = t.path().join("mnt");
+    let m = Mount::new(&img, &mnt, &[]);
+    fs::create_dir(m.path("d")).unwrap();
+    fs::write(m.path("d/f"), b"by handle").unwrap();
+    fs::write(m.path("gone"), b"x").unwrap();
+    let mut hf = handle_of(&m.path("d/f"));
+    let mut hd = handle_of(&m.path("d"));
+    let mut hg = handle_of(&m.path("gone"));
+    m.unmount();
+    let m = Mount::new(&img, &mnt, &[]);
+    let mut text = String::new();
+    open_handle(&mnt, &mut hf)
+        .expect("a linked file by its handle after a remount")
+        .read_to_string(&mut text)
+        .unwrap();
+    assert_eq!(text, "by handle");
+    let d = open_handle(&mnt, &mut hd).expect("a directory by its handle");
+    assert!(d.metadata().unwrap().is_dir());
+    fs::remove_file(m.path("gone")).unwrap();
+    drop(d);
+    // Remounted, so the kernel's inode cache cannot still hold it: ldfs
+    // answers for the deleted inode.
+    m.unmount();
+    let m = Mount::new(&img, &mnt, &[]);
+    assert_eq!(open_handle(&mnt, &mut hg).unwrap_err(), libc::ESTALE);
+    m.unmount();
+}
+
+/// On a read-only mount, errors come in the kernel's order: an existing
+/// name is EEXIST, as on ext4, before the mount is EROFS.
+#[test]
+fn read_only_mounts_say_eexist_before_erofs() {
+    use std::os::unix::fs::OpenOptionsExt;
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("e.img");
+    mkfs(&img, "64M");
+    let mnt = t.path().join("mnt");
+    let m = Mount::new(&img, &mnt, &[]);
+    fs::create_dir(m.path("d")).unwrap();
+    fs::write(m.path("f"), b"x").unwrap();
+    m.unmount();
+    let m = Mount::new(&img, &mnt, &["ro"]);
+    assert_eq!(err_of(fs::create_dir(m.path("d"))), libc::EEXIST);
+    assert_eq!(err_of(fs::create_dir(m.path("f"))), libc::EEXIST);
+    let excl = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(m.path("f"));
+    assert_eq!(err_of(excl), libc::EEXIST);
+    assert_eq!(
+        err_of(std::os::unix::fs::symlink("x", m.path("f"))),
+        libc::EEXIST
+    );
+    assert_eq!(
+        err_of(fs::hard_link(m.path("f"), m.path("d"))),
+        libc::EEXIST
+    );
+    assert_eq!(err_of(fs::create_dir(m.path("new"))), libc::EROFS);
+    assert_eq!(err_of(fs::write(m.path("f"), b"y")), libc::EROFS);
+    m.unmount();
+}
+
+/// Mounting an image that is already mounted gives the same tree at the
+/// second mount point (as a kernel file system's second mount shares its
+/// superblock), read-only there if asked; unmounting it leaves the first.
+/// The daemon's end (SIGTERM) unmounts both.
+#[test]
+fn a_second_mount_of_a_mounted_image_shows_the_same_tree() {
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("s.img");
+    mkfs(&img, "64M");
+    let (mnt, mnt2, mnt3) = (
+        t.path().join("mnt"),
+        t.path().join("mnt2"),
+        t.path().join("mnt3"),
+    );
+    let m = Mount::new(&img, &mnt, &[]);
+    fs::write(m.path("one"), b"1").unwrap();
+    for d in [&mnt2, &mnt3] {
+        fs::create_dir(d).unwrap();
+    }
+    common::ldfs().arg("mount").arg(&img).arg(&mnt2).succeeds();
+    assert_eq!(fs::read(mnt2.join("one")).unwrap(), b"1");
+    fs::write(mnt2.join("two"), b"2").unwrap();
+    assert_eq!(fs::read(m.path("two")).unwrap(), b"2");
+    let out = helper(t.path(), &img, &mnt3, "ro");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(fs::read(mnt3.join("two")).unwrap(), b"2");
+    assert_eq!(err_of(fs::write(mnt3.join("three"), b"3")), libc::EROFS);
+    let st = std::process::Command::new("umount")
+        .arg(&mnt2)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(fs::read(m.path("one")).unwrap(), b"1");
+    // SIGTERM ends the daemon, with every mount of its file system.
+    let st = m.signal(libc::SIGTERM);
+    assert!(st.success(), "{st}");
+    assert!(
+        !common::is_mounted(&mnt3),
+        "the bind mount outlived the daemon"
+    );
+}
+
+/// Device nodes work where the mount allows them: root mounting through
+/// mount(8) (the helper) gets `dev`, as for kernel file systems; `nodev`
+/// and a plain `ldfs mount` (FUSE's default) refuse to open them.
+#[test]
+fn device_nodes_open_on_dev_mounts_only() {
+    use std::io::{Read, Write};
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("n.img");
+    mkfs(&img, "64M");
+    let mnt = t.path().join("mnt");
+    let m = Mount::new(&img, &mnt, &[]);
+    let null = common::cstr(&m.path("null"));
+    let r = unsafe { libc::mknod(null.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+    assert_eq!(r, 0, "mknod: errno {}", common::errno());
+    assert_eq!(err_of(fs::File::open(m.path("null"))), libc::EACCES);
+    m.unmount();
+    let umount = || {
+        let st = std::process::Command::new("umount")
+            .arg(&mnt)
+            .status()
+            .unwrap();
+        assert!(st.success());
+    };
+    let out = helper(t.path(), &img, &mnt, "rw");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !mount_entry(&mnt).1.contains("nodev"),
+        "{:?}",
+        mount_entry(&mnt)
+    );
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(mnt.join("null"))
+        .expect("a device node on a dev mount");
+    f.write_all(b"into the void").unwrap();
+    let mut buf = Vec::new();
+    assert_eq!(f.read_to_end(&mut buf).unwrap(), 0);
+    drop(f);
+    umount();
+    let out = helper(t.path(), &img, &mnt, "rw,nodev");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(err_of(fs::File::open(mnt.join("null"))), libc::EACCES);
+    umount();
+}
+
+/// Timestamps never run backwards between operations: with the writeback
+/// cache the kernel stamps mtime at write and ctime at rename itself, with
+/// its coarse clock; ldfs stamps with the same clock, so a file changed
+/// after another was created never shows an earlier time.
+#[test]
+fn timestamps_never_run_backwards_between_operations() {
+    use std::os::unix::fs::MetadataExt;
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("t.img");
+    mkfs(&img, "64M");
+    let m = Mount::new(&img, &t.path().join("mnt"), &["writeback_cache"]);
+    let ns = |md: &fs::Metadata, c: bool| {
+        if c {
+            md.ctime() as i128 * 1_000_000_000 + md.ctime_nsec() as i128
+        } else {
+            md.mtime() as i128 * 1_000_000_000 + md.mtime_nsec() as i128
+        }
+    };
+    let mut back = Vec::new();
+    for i in 0..200 {
+        let (a, b) = (m.path(&format!("a{i}")), m.path(&format!("b{i}")));
+        fs::write(&a, b"").unwrap();
+        let created = ns(&fs::metadata(&a).unwrap(), false);
+        fs::write(&b, b"x").unwrap();
+        let written = ns(&fs::metadata(&b).unwrap(), false);
+        let c = m.path(&format!("c{i}"));
+        fs::rename(&b, &c).unwrap();
+        let renamed = ns(&fs::metadata(&c).unwrap(), true);
+        if written < created || renamed < created {
+            back.push((i, created, written, renamed));
+        }
+    }
+    assert!(
+        back.is_empty(),
+        "times before an earlier creation: {back:?}"
+    );
+    m.unmount();
+}
+
+/// Sets atime and mtime of `p` (seconds since the epoch).
+fn set_times(p: &Path, atime: i64, mtime: i64) {
+    let ts = [
+        libc::timespec {
+            tv_sec: atime,
+            tv_nsec: 0,
+        },
+        libc::timespec {
+            tv_sec: mtime,
+            tv_nsec: 0,
+        },
+    ];
+    let c = common::cstr(p);
+    assert_eq!(
+        unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), 0) },
+        0
+    );
+}
+
+/// Reads `p` so that the read reaches ldfs (the page cache is dropped
+/// first: a read it serves never reaches a FUSE daemon).
+fn read_through(p: &Path) {
+    use std::io::Read;
+    use std::os::unix::io::AsRawFd;
+    let mut f = fs::File::open(p).unwrap();
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    let mut buf = Vec::new();
+    f.read_to_end(&mut buf).unwrap();
+}
+
+/// atime as Linux keeps it, for every read that reaches ldfs: relatime by
+/// default (updated when not after mtime/ctime, or a day old), noatime,
+/// strictatime (every read), nodiratime (listing a directory does not).
+#[test]
+fn atime_follows_the_mount_mode() {
+    use std::os::unix::fs::MetadataExt;
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("a.img");
+    mkfs(&img, "64M");
+    let mnt = t.path().join("mnt");
+    let atime = |p: &Path| {
+        let md = fs::metadata(p).unwrap();
+        (md.atime(), md.atime_nsec())
+    };
+    let day_ago = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+        - 2 * 86400;
+    let m = Mount::new(&img, &mnt, &[]);
+    let f = m.path("f");
+    fs::write(&f, vec![1u8; 10000]).unwrap();
+    fs::create_dir(m.path("d")).unwrap();
+    // Relatime: an atime older than mtime is updated by a read, then left.
+    set_times(&f, day_ago, day_ago + 10);
+    // Past the clock tick of that change (ctime): an atime equal to ctime
+    // is updated again, as by the kernel.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    read_through(&f);
+    let first = atime(&f);
+    assert!(first.0 > day_ago + 86400, "relatime: no update {first:?}");
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    read_through(&f);
+    assert_eq!(atime(&f), first, "relatime: updated again");
+    set_times(&m.path("d"), day_ago, day_ago);
+    fs::read_dir(m.path("d")).unwrap().for_each(drop);
+    assert!(
+        atime(&m.path("d")).0 > day_ago + 86400,
+        "readdir: no update"
+    );
+    m.unmount();
+
+    let m = Mount::new(&img, &mnt, &["noatime"]);
+    set_times(&f, day_ago, day_ago + 10);
+    read_through(&f);
+    assert_eq!(atime(&f).0, day_ago, "noatime: updated");
+    m.unmount();
+
+    let m = Mount::new(&img, &mnt, &["strictatime,nodiratime"]);
+    read_through(&f);
+    let a1 = atime(&f);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    read_through(&f);
+    let a2 = atime(&f);
+    assert!(
+        a1.0 > day_ago + 86400 && a2 > a1,
+        "strictatime: {a1:?} {a2:?}"
+    );
+    set_times(&m.path("d"), day_ago, day_ago);
+    fs::read_dir(m.path("d")).unwrap().for_each(drop);
+    assert_eq!(atime(&m.path("d")).0, day_ago, "nodiratime: updated");
+    m.unmount();
+}
+
+/// chown(2) with owner and group both -1 (the kernel sends ldfs only a
+/// ctime): as on ext4, ctime changes and a file loses set-user-ID and
+/// group-executable set-group-ID; a directory keeps its bits.
+#[test]
+fn chown_minus_one_changes_ctime_and_clears_set_id_bits_as_linux() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("c.img");
+    mkfs(&img, "64M");
+    let m = Mount::new(&img, &t.path().join("mnt"), &[]);
+    fs::write(m.path("f"), b"x").unwrap();
+    fs::create_dir(m.path("d")).unwrap();
+    let chown_keep = |p: &Path| {
+        let c = common::cstr(p);
+        assert_eq!(unsafe { libc::chown(c.as_ptr(), u32::MAX, u32::MAX) }, 0);
+    };
+    for (name, mode, after) in [
+        ("f", 0o6755, 0o0755),
+        ("f", 0o6745, 0o2745),
+        ("d", 0o3755, 0o3755),
+    ] {
+        let p = m.path(name);
+        fs::set_permissions(&p, fs::Permissions::from_mode(mode)).unwrap();
+        let before = fs::metadata(&p).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        chown_keep(&p);
+        let md = fs::metadata(&p).unwrap();
+        assert_eq!(md.mode() & 0o7777, after, "{name} {mode:o}");
+        assert!(
+            (md.ctime(), md.ctime_nsec()) > (before.ctime(), before.ctime_nsec()),
+            "{name}: ctime unchanged"
+        );
+    }
+    m.unmount();
+}
