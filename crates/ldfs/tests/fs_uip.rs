@@ -7,178 +7,22 @@
 //! disks: uip on a VLD on a simulated HP 97560 against lld in memory, and
 //! lld on a VLD, each surviving a power-down and reopen.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ldfs::device::sim::{DiskParams, PaperDisk, SimDisk};
 use ldfs::device::vld::{Recovery, Vld, VldOptions};
 use ldfs::device::MemoryDevice;
-use ldfs::fs::{Ctx, Fs, FsError, FsOptions, RenameFlags, ROOT_INO};
+use ldfs::fs::{Fs, FsError, FsOptions, ROOT_INO};
 use ldfs::ld::LogicalDisk;
 use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::{Lld, LldOptions};
 use ldfs::uip::{Uip, UipOptions};
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-const CTX: Ctx = Ctx { uid: 0, gid: 0 };
-const NAMES: [&[u8]; 6] = [b"a", b"b", b"c", b"d", b"e", b"f"];
+mod common;
 
-type Tree = BTreeMap<String, String>;
-
-/// The whole tree: path -> kind, size and a content hash.
-fn snapshot(fs: &Fs) -> Tree {
-    let mut out = Tree::new();
-    let mut stack = vec![(ROOT_INO, String::new())];
-    while let Some((d, path)) = stack.pop() {
-        let mut off = 0;
-        loop {
-            let ents = fs.readdir(d, off, 64).unwrap();
-            if ents.is_empty() {
-                break;
-            }
-            for e in &ents {
-                off = e.next;
-                if e.name == b"." || e.name == b".." {
-                    continue;
-                }
-                let p = format!("{path}/{}", String::from_utf8_lossy(&e.name));
-                let a = fs.getattr(e.ino).unwrap();
-                let desc = match a.kind {
-                    ldfs::fs::inode::Kind::Dir => {
-                        stack.push((e.ino, p.clone()));
-                        format!("dir nlink {}", a.nlink)
-                    }
-                    ldfs::fs::inode::Kind::File => {
-                        let data = fs.read(e.ino, 0, a.size as u32 + 1).unwrap();
-                        assert_eq!(data.len() as u64, a.size);
-                        let h = data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
-                            (h ^ x as u64).wrapping_mul(0x100_0000_01b3)
-                        });
-                        format!("file nlink {} size {} {h:x}", a.nlink, a.size)
-                    }
-                    k => format!("{k:?}"),
-                };
-                out.insert(p, desc);
-            }
-        }
-    }
-    out
-}
-
-fn ok_or_expected<T>(r: Result<T, FsError>) -> Option<T> {
-    match r {
-        Ok(v) => Some(v),
-        Err(
-            FsError::NotFound
-            | FsError::Exists
-            | FsError::NotDir
-            | FsError::IsDir
-            | FsError::NotEmpty
-            | FsError::Invalid(_)
-            | FsError::NoSpace,
-        ) => None,
-        Err(e) => panic!("unexpected error {e:?}"),
-    }
-}
-
-fn dir_of(fs: &Fs, rng: &mut ChaCha8Rng) -> u64 {
-    match rng.gen_range(0..3) {
-        0 => ROOT_INO,
-        _ => {
-            let n = NAMES[rng.gen_range(0..NAMES.len())];
-            match fs.lookup(ROOT_INO, n) {
-                Ok(a) if a.kind == ldfs::fs::inode::Kind::Dir => a.ino,
-                _ => ROOT_INO,
-            }
-        }
-    }
-}
-
-/// One random operation; returns whether it was an fsync.
-fn op(fs: &Fs, rng: &mut ChaCha8Rng, log: &mut Vec<String>, states: &mut Vec<Tree>) -> bool {
-    let d = dir_of(fs, rng);
-    let name = NAMES[rng.gen_range(0..NAMES.len())];
-    log.push(format!("dir {d} name {}", String::from_utf8_lossy(name)));
-    match rng.gen_range(0..100) {
-        0..=29 => {
-            let ino = match fs.lookup(d, name) {
-                Ok(a) => Some(a.ino),
-                Err(_) => {
-                    // Creating is an operation of its own: the tree after
-                    // it is a state a crash may leave.
-                    let a = ok_or_expected(fs.mknod(CTX, d, name, 0o100644, 0)).map(|a| a.ino);
-                    states.push(snapshot(fs));
-                    a
-                }
-            };
-            if let Some(ino) = ino {
-                let len = match rng.gen_range(0..3) {
-                    0 => rng.gen_range(1..500),
-                    1 => rng.gen_range(1..9000),
-                    _ => rng.gen_range(1..100_000),
-                };
-                let off = rng.gen_range(0..50_000);
-                let fill: u8 = rng.gen();
-                log.push(format!("  write ino {ino} off {off} len {len}"));
-                ok_or_expected(fs.write(ino, off, &vec![fill; len]));
-            }
-        }
-        30..=39 => {
-            ok_or_expected(fs.mkdir(CTX, d, name, 0o755));
-        }
-        40..=49 => {
-            ok_or_expected(fs.unlink(d, name));
-        }
-        50..=54 => {
-            ok_or_expected(fs.rmdir(d, name));
-        }
-        55..=69 => {
-            let d2 = dir_of(fs, rng);
-            let n2 = NAMES[rng.gen_range(0..NAMES.len())];
-            let flags = RenameFlags {
-                noreplace: rng.gen_bool(0.2),
-                exchange: rng.gen_bool(0.2),
-            };
-            if !(flags.noreplace && flags.exchange) {
-                log.push(format!(
-                    "  rename to {d2}/{} {flags:?} -> {:?}",
-                    String::from_utf8_lossy(n2),
-                    fs.rename(d, name, d2, n2, flags)
-                ));
-            }
-        }
-        70..=77 => {
-            if let Ok(a) = fs.lookup(d, name) {
-                let d2 = dir_of(fs, rng);
-                let n2 = NAMES[rng.gen_range(0..NAMES.len())];
-                if a.kind != ldfs::fs::inode::Kind::Dir {
-                    ok_or_expected(fs.link(a.ino, d2, n2));
-                }
-            }
-        }
-        78..=87 => {
-            if let Ok(a) = fs.lookup(d, name) {
-                if a.kind == ldfs::fs::inode::Kind::File {
-                    let sa = ldfs::fs::SetAttr {
-                        size: Some(rng.gen_range(0..60_000)),
-                        ..Default::default()
-                    };
-                    log.push(format!("  truncate {} to {:?}", a.ino, sa.size));
-                    ok_or_expected(fs.setattr(a.ino, &sa));
-                }
-            }
-        }
-        88..=91 => {
-            ok_or_expected(fs.symlink(CTX, d, name, b"target"));
-        }
-        _ => {
-            fs.fsync().unwrap();
-            return true;
-        }
-    }
-    false
-}
+use common::{op, snapshot, CTX};
 
 fn seed() -> u64 {
     std::env::var("LDFS_SEED")

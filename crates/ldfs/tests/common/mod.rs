@@ -1,5 +1,6 @@
 //! The random fs workload the crash simulations share (fs_crash on one
-//! log, dual_crash on the dual layout): operations, and the tree they leave.
+//! log, dual_crash on the dual layout) and the differential of uip against
+//! lld (fs_uip): operations, and the tree they leave.
 
 #![allow(dead_code)]
 
