@@ -7,7 +7,7 @@
 //! crash and a remount of what was flushed. The same with inode records near
 //! their largest size (a thousand extended attributes) on a full file system.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -31,62 +31,34 @@ fn mkfs_options() -> MkfsOptions {
     }
 }
 
-type Tree = BTreeMap<String, String>;
+mod common;
+
+use common::{hash, walk, Tree};
 
 /// The whole tree: path -> kind, links, `..`, size, a content hash and the
 /// extended attributes' count and total size.
 fn snapshot(fs: &Fs) -> Tree {
-    let hash = |data: &[u8]| {
-        data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
-            (h ^ x as u64).wrapping_mul(0x100_0000_01b3)
-        })
-    };
-    let mut out = Tree::new();
-    let mut stack = vec![(ROOT_INO, String::new())];
-    while let Some((d, path)) = stack.pop() {
-        let mut off = 0;
-        loop {
-            let ents = fs.readdir(d, off, 64).unwrap();
-            if ents.is_empty() {
-                break;
+    walk(fs, |ino, a| {
+        let names = fs.listxattr(ino).unwrap();
+        let xattrs: usize = names
+            .iter()
+            .map(|n| n.len() + fs.getxattr(ino, n).unwrap().len())
+            .sum();
+        let what = match a.kind {
+            Kind::Dir => format!("dir .. {}", fs.lookup(ino, b"..").unwrap().ino),
+            Kind::File => {
+                let data = fs.read(ino, 0, a.size as u32 + 1).unwrap();
+                format!("file size {} {:x}", a.size, hash(&data))
             }
-            for e in &ents {
-                off = e.next;
-                if e.name == b"." || e.name == b".." {
-                    continue;
-                }
-                let p = format!("{path}/{}", String::from_utf8_lossy(&e.name));
-                let a = fs.getattr(e.ino).unwrap();
-                let names = fs.listxattr(e.ino).unwrap();
-                let xattrs: usize = names
-                    .iter()
-                    .map(|n| n.len() + fs.getxattr(e.ino, n).unwrap().len())
-                    .sum();
-                let what = match a.kind {
-                    Kind::Dir => {
-                        stack.push((e.ino, p.clone()));
-                        format!("dir .. {}", fs.lookup(e.ino, b"..").unwrap().ino)
-                    }
-                    Kind::File => {
-                        let data = fs.read(e.ino, 0, a.size as u32 + 1).unwrap();
-                        format!("file size {} {:x}", a.size, hash(&data))
-                    }
-                    Kind::Symlink => format!("symlink {:x}", hash(&fs.readlink(e.ino).unwrap())),
-                    k => format!("{k:?}"),
-                };
-                out.insert(
-                    p,
-                    format!(
-                        "ino {} nlink {} {what} xattrs {}/{xattrs}",
-                        e.ino,
-                        a.nlink,
-                        names.len()
-                    ),
-                );
-            }
-        }
-    }
-    out
+            Kind::Symlink => format!("symlink {:x}", hash(&fs.readlink(ino).unwrap())),
+            k => format!("{k:?}"),
+        };
+        format!(
+            "ino {ino} nlink {} {what} xattrs {}/{xattrs}",
+            a.nlink,
+            names.len()
+        )
+    })
 }
 
 fn check_clean(fs: &Fs, when: &str) {

@@ -6,7 +6,8 @@
 
 use std::collections::BTreeMap;
 
-use ldfs::fs::{Ctx, Fs, FsError, RenameFlags, ROOT_INO};
+use ldfs::fs::inode::Kind;
+use ldfs::fs::{Attr, Ctx, Fs, FsError, RenameFlags, ROOT_INO};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
@@ -15,9 +16,9 @@ pub const NAMES: [&[u8]; 6] = [b"a", b"b", b"c", b"d", b"e", b"f"];
 
 pub type Tree = BTreeMap<String, String>;
 
-/// The whole tree: path -> kind, size and a hash of each 4 KiB block of a
-/// file, `X` for a block that fails to read (see `same_but_unreadable`).
-pub fn snapshot(fs: &Fs) -> Tree {
+/// Every name below the root, depth first: path -> what `describe` says of
+/// the entry's inode (given its number and attributes).
+pub fn walk(fs: &Fs, mut describe: impl FnMut(u64, &Attr) -> String) -> Tree {
     let mut out = Tree::new();
     let mut stack = vec![(ROOT_INO, String::new())];
     while let Some((d, path)) = stack.pop() {
@@ -34,43 +35,47 @@ pub fn snapshot(fs: &Fs) -> Tree {
                 }
                 let p = format!("{path}/{}", String::from_utf8_lossy(&e.name));
                 let a = fs.getattr(e.ino).unwrap();
-                let desc = match a.kind {
-                    ldfs::fs::inode::Kind::Dir => {
-                        stack.push((e.ino, p.clone()));
-                        format!("dir nlink {}", a.nlink)
-                    }
-                    ldfs::fs::inode::Kind::File => {
-                        let mut blocks = Vec::new();
-                        let mut at = 0;
-                        while at < a.size {
-                            let n = (a.size - at).min(4096) as u32;
-                            match fs.read(e.ino, at, n) {
-                                Ok(data) => {
-                                    assert_eq!(data.len() as u32, n);
-                                    blocks.push(format!("{:x}", hash(&data)));
-                                }
-                                Err(_) => blocks.push("X".into()),
-                            }
-                            at += n as u64;
-                        }
-                        format!(
-                            "file ino {} nlink {} size {} [{}]",
-                            e.ino,
-                            a.nlink,
-                            a.size,
-                            blocks.join(",")
-                        )
-                    }
-                    k => format!("{k:?}"),
-                };
-                out.insert(p, desc);
+                if a.kind == Kind::Dir {
+                    stack.push((e.ino, p.clone()));
+                }
+                out.insert(p, describe(e.ino, &a));
             }
         }
     }
     out
 }
 
-fn hash(data: &[u8]) -> u64 {
+/// The whole tree: path -> kind, size and a hash of each 4 KiB block of a
+/// file, `X` for a block that fails to read (see `same_but_unreadable`).
+pub fn snapshot(fs: &Fs) -> Tree {
+    walk(fs, |ino, a| match a.kind {
+        Kind::Dir => format!("dir nlink {}", a.nlink),
+        Kind::File => {
+            let mut blocks = Vec::new();
+            let mut at = 0;
+            while at < a.size {
+                let n = (a.size - at).min(4096) as u32;
+                match fs.read(ino, at, n) {
+                    Ok(data) => {
+                        assert_eq!(data.len() as u32, n);
+                        blocks.push(format!("{:x}", hash(&data)));
+                    }
+                    Err(_) => blocks.push("X".into()),
+                }
+                at += n as u64;
+            }
+            format!(
+                "file ino {ino} nlink {} size {} [{}]",
+                a.nlink,
+                a.size,
+                blocks.join(",")
+            )
+        }
+        k => format!("{k:?}"),
+    })
+}
+
+pub fn hash(data: &[u8]) -> u64 {
     data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
         (h ^ x as u64).wrapping_mul(0x100_0000_01b3)
     })
