@@ -620,12 +620,25 @@ impl Vld {
             }
             return self.write_map(g, idx, entries);
         }
+        self.log_version(g, idx, ptrs, entries)?;
+        Ok(())
+    }
+
+    /// Write map sector `idx` with `entries` and pointers `ptrs` as the new
+    /// root, replacing (and freeing) its previous version.
+    fn log_version(
+        &self,
+        g: &mut Inner,
+        idx: u32,
+        ptrs: Vec<Ptr>,
+        entries: [Option<u32>; ENTRIES],
+    ) -> Result<Ptr, DeviceError> {
         let (at, _) = self.place(g, 1, None).ok_or_else(|| no_space(0))?;
         g.seq += 1;
         let m = MapSector {
             seq: g.seq,
             index: idx,
-            ptrs: ptrs.clone(),
+            ptrs,
             entries,
         };
         self.disk.media_write(at, &m.encode(self.opts.disk_id))?;
@@ -635,14 +648,17 @@ impl Vld {
             lba: at,
             seq: m.seq,
         };
-        g.live.insert(new.seq, idx);
-        g.nodes[idx as usize] = Some(Node { at: new, ptrs });
-        g.root = Some(new);
-        if let Some(o) = old {
+        let node = Node {
+            at: new,
+            ptrs: m.ptrs,
+        };
+        if let Some(o) = g.nodes[idx as usize].replace(node) {
             g.live.remove(&o.at.seq);
             self.mark(g, o.at.lba, 1, false);
         }
-        Ok(())
+        g.live.insert(new.seq, idx);
+        g.root = Some(new);
+        Ok(new)
     }
 
     /// Orphans (live versions that only `old` reaches besides the root) are
@@ -682,27 +698,9 @@ impl Vld {
         }
         let idx = g.live[&c.seq];
         let entries = self.entries_of(g, idx);
-        let (at, _) = self.place(g, 1, None).ok_or_else(|| no_space(0))?;
-        g.seq += 1;
-        let m = MapSector {
-            seq: g.seq,
-            index: idx,
-            ptrs: ptrs.clone(),
-            entries,
-        };
-        self.disk.media_write(at, &m.encode(self.opts.disk_id))?;
-        g.stats.map_writes += 1;
+        // `c` is the live version of `idx`: log_version frees it.
+        self.log_version(g, idx, ptrs, entries)?;
         g.stats.absorbs += 1;
-        self.mark(g, at, 1, true);
-        let new = Ptr {
-            lba: at,
-            seq: m.seq,
-        };
-        g.live.remove(&c.seq);
-        self.mark(g, c.lba, 1, false);
-        g.live.insert(new.seq, idx);
-        g.nodes[idx as usize] = Some(Node { at: new, ptrs });
-        g.root = Some(new);
         Ok(true)
     }
 
@@ -718,29 +716,7 @@ impl Vld {
         let mut prev: Option<Ptr> = None;
         for (_, idx) in order {
             let entries = self.entries_of(g, idx);
-            let (at, _) = self.place(g, 1, None).ok_or_else(|| no_space(0))?;
-            g.seq += 1;
-            let ptrs: Vec<Ptr> = prev.into_iter().collect();
-            let m = MapSector {
-                seq: g.seq,
-                index: idx,
-                ptrs: ptrs.clone(),
-                entries,
-            };
-            self.disk.media_write(at, &m.encode(self.opts.disk_id))?;
-            g.stats.map_writes += 1;
-            self.mark(g, at, 1, true);
-            let new = Ptr {
-                lba: at,
-                seq: m.seq,
-            };
-            if let Some(o) = g.nodes[idx as usize].replace(Node { at: new, ptrs }) {
-                g.live.remove(&o.at.seq);
-                self.mark(g, o.at.lba, 1, false);
-            }
-            g.live.insert(new.seq, idx);
-            g.root = Some(new);
-            prev = Some(new);
+            prev = Some(self.log_version(g, idx, prev.into_iter().collect(), entries)?);
         }
         Ok(())
     }
