@@ -184,6 +184,24 @@ fn every_failure_point(name: &str, image: &[u8], inos: &Inos, op: Op) -> u64 {
     panic!("{name}: still reading after 500 reads");
 }
 
+/// Files PREFIX0 .. PREFIX{n-1} in the root, each holding `data`.
+fn numbered_files(fs: &Fs, prefix: &str, n: usize, data: &[u8]) -> Inos {
+    let mut inos = Inos::new();
+    for k in 0..n {
+        // Inos is keyed by &'static str, as the tests' literal names are.
+        let name: &'static str = Box::leak(format!("{prefix}{k}").into_boxed_str());
+        let ino = fs
+            .mknod(CTX, ROOT_INO, name.as_bytes(), 0o100644, 0)
+            .unwrap()
+            .ino;
+        if !data.is_empty() {
+            fs.write(ino, 0, data).unwrap();
+        }
+        inos.insert(name, ino);
+    }
+    inos
+}
+
 fn lookup(fs: &Fs, dir: u64, name: &str) -> u64 {
     fs.lookup(dir, name.as_bytes()).unwrap().ino
 }
@@ -472,16 +490,7 @@ fn holes_can_be_punched_and_files_deleted_on_a_full_file_system() {
 #[test]
 fn growing_files_on_a_full_file_system_gets_enospc_and_deletes_still_work() {
     let (image, inos) = build(12 << 20, |fs, lld| {
-        let mut inos = Inos::new();
-        for k in 0..40usize {
-            let name: &'static str = Box::leak(format!("small{k}").into_boxed_str());
-            let ino = fs
-                .mknod(CTX, ROOT_INO, name.as_bytes(), 0o100644, 0)
-                .unwrap()
-                .ino;
-            fs.write(ino, 0, &[7; 2000]).unwrap();
-            inos.insert(name, ino);
-        }
+        let mut inos = numbered_files(fs, "small", 40, &[7; 2000]);
         let big = fs.mknod(CTX, ROOT_INO, b"big", 0o100644, 0).unwrap().ino;
         fill(fs, lld, big);
         inos.insert("big", big);
@@ -533,16 +542,7 @@ fn growing_files_on_a_full_file_system_gets_enospc_and_deletes_still_work() {
 #[test]
 fn a_failed_check_keeps_the_inode_cache() {
     let (image, inos) = build(12 << 20, |fs, _| {
-        let mut inos = Inos::new();
-        for k in 0..20usize {
-            let name: &'static str = Box::leak(format!("f{k}").into_boxed_str());
-            let ino = fs
-                .mknod(CTX, ROOT_INO, name.as_bytes(), 0o100644, 0)
-                .unwrap()
-                .ino;
-            inos.insert(name, ino);
-        }
-        inos
+        numbered_files(fs, "f", 20, &[])
     });
     let m = mount(&image);
     for &ino in inos.values() {
