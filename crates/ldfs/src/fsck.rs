@@ -163,21 +163,8 @@ fn op_err(e: impl std::fmt::Display) -> FsckError {
 
 /// Checks the whole image on `dev`, reading only.
 pub fn check(dev: Arc<dyn Device>, opts: &FsckOptions) -> Result<Findings, FsckError> {
-    let mut out = Findings::default();
-    let (geo, sb) = verify::check_superblocks(&*dev).map_err(op_err)?;
-    let Some(geo) = geo else {
-        let why: Vec<String> = sb.iter().map(|p| p.text.clone()).collect();
-        return Err(FsckError::NotLdfs(why.join("; ")));
-    };
-    out.engine = sb;
-    let lld = match Lld::open(
-        dev.clone(),
-        LldOptions {
-            read_only: true,
-            map_budget_bytes: opts.map_budget_bytes,
-            ..Default::default()
-        },
-    ) {
+    let (geo, mut out) = superblocks(&*dev)?;
+    let lld = match Lld::open(dev.clone(), read_only(opts)) {
         Ok(l) => Arc::new(l),
         Err(LdError::Corrupt(c)) => {
             out.engine_unopenable = Some(format!("the log cannot be opened: {c}"));
@@ -187,29 +174,12 @@ pub fn check(dev: Arc<dyn Device>, opts: &FsckOptions) -> Result<Findings, FsckE
     };
     out.engine
         .extend(verify::check_checkpoints(&*dev, &geo, lld.open_report()).map_err(op_err)?);
-    let progress = opts.progress.clone();
-    let report = |phase: &str, done: u64, total: u64| {
-        if let Some(p) = &progress {
-            p(phase, done, total)
-        }
-    };
+    let report = progress(opts);
     // The tree check reads metadata blocks at random while the log check
     // streams the log (or its summaries): run side by side, the total is
     // about the longer of the two. The log check takes the engine's lock
     // per segment only.
-    let check_tree = || -> Result<Result<crate::fs::check::Report, String>, FsckError> {
-        let ld: Arc<dyn LogicalDisk> = lld.clone();
-        match Fs::mount(
-            ld,
-            FsOptions {
-                read_only: true,
-                ..Default::default()
-            },
-        ) {
-            Ok(fs) => Ok(Ok(fs.check_with(Some(&report)).map_err(op_err)?)),
-            Err(e) => Ok(Err(format!("the file system cannot be mounted: {e}"))),
-        }
-    };
+    let check_tree = || check_tree(lld.clone(), &report);
     let log_opts = LogCheckOptions {
         data: opts.data_checksums,
         progress: Some(&report),
@@ -221,26 +191,85 @@ pub fn check(dev: Arc<dyn Device>, opts: &FsckOptions) -> Result<Findings, FsckE
         let t = t.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
         (log, t)
     });
-    let log = log.map_err(op_err)?;
-    out.map_entries = log.map_entries;
-    out.partials = log.partials;
-    out.blocks_checked = log.blocks_checked;
-    out.engine.extend(log.problems);
-    if out.has(|d| *d == EngineDamage::Map) {
-        // What the tree check saw through a damaged map is noise.
-        out.fs_unchecked = Some("the file tree was not checked: the map is damaged".into());
-        return Ok(out);
-    }
-    match tree? {
-        Ok(r) => {
-            out.inodes = r.inodes;
-            out.directories = r.directories;
-            out.files = r.files;
-            out.fs = r.findings;
-        }
-        Err(why) => out.fs_unchecked = Some(why),
+    if out.take_log(log.map_err(op_err)?) {
+        out.take_tree(tree?);
     }
     Ok(out)
+}
+
+/// Both superblocks checked; the geometry, and findings holding what the
+/// check found. Not an ldfs image at all is an error.
+fn superblocks(dev: &dyn Device) -> Result<(crate::lld::layout::Geometry, Findings), FsckError> {
+    let (geo, sb) = verify::check_superblocks(dev).map_err(op_err)?;
+    let Some(geo) = geo else {
+        let why: Vec<String> = sb.iter().map(|p| p.text.clone()).collect();
+        return Err(FsckError::NotLdfs(why.join("; ")));
+    };
+    let out = Findings {
+        engine: sb,
+        ..Findings::default()
+    };
+    Ok((geo, out))
+}
+
+fn read_only(opts: &FsckOptions) -> LldOptions {
+    LldOptions {
+        read_only: true,
+        map_budget_bytes: opts.map_budget_bytes,
+        ..Default::default()
+    }
+}
+
+fn progress(opts: &FsckOptions) -> impl Fn(&str, u64, u64) + Sync + '_ {
+    move |phase: &str, done: u64, total: u64| {
+        if let Some(p) = &opts.progress {
+            p(phase, done, total)
+        }
+    }
+}
+
+/// The file tree checked read-only through `ld`; Err(why) when it cannot
+/// be mounted.
+fn check_tree(
+    ld: Arc<dyn LogicalDisk>,
+    report: &(dyn Fn(&str, u64, u64) + Sync),
+) -> Result<Result<crate::fs::check::Report, String>, FsckError> {
+    let fs_opts = FsOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    match Fs::mount(ld, fs_opts) {
+        Ok(fs) => Ok(Ok(fs.check_with(Some(report)).map_err(op_err)?)),
+        Err(e) => Ok(Err(format!("the file system cannot be mounted: {e}"))),
+    }
+}
+
+impl Findings {
+    /// Takes the log check's results; false when the map is damaged, so
+    /// the tree is not to be checked (or what was seen through it is noise).
+    fn take_log(&mut self, log: verify::LogCheck) -> bool {
+        self.map_entries = log.map_entries;
+        self.partials = log.partials;
+        self.blocks_checked = log.blocks_checked;
+        self.engine.extend(log.problems);
+        if self.has(|d| *d == EngineDamage::Map) {
+            self.fs_unchecked = Some("the file tree was not checked: the map is damaged".into());
+            return false;
+        }
+        true
+    }
+
+    fn take_tree(&mut self, tree: Result<crate::fs::check::Report, String>) {
+        match tree {
+            Ok(r) => {
+                self.inodes = r.inodes;
+                self.directories = r.directories;
+                self.files = r.files;
+                self.fs = r.findings;
+            }
+            Err(why) => self.fs_unchecked = Some(why),
+        }
+    }
 }
 
 /// Checks a dual file system (metadata log on `meta`, file data on
@@ -252,22 +281,8 @@ pub fn check_dual(
     data: Arc<dyn Device>,
     opts: &FsckOptions,
 ) -> Result<Findings, FsckError> {
-    let mut out = Findings::default();
-    let (geo, sb) = verify::check_superblocks(&*meta).map_err(op_err)?;
-    let Some(geo) = geo else {
-        let why: Vec<String> = sb.iter().map(|p| p.text.clone()).collect();
-        return Err(FsckError::NotLdfs(why.join("; ")));
-    };
-    out.engine = sb;
-    let dual = match crate::dual::Dual::open(
-        meta.clone(),
-        data,
-        LldOptions {
-            read_only: true,
-            map_budget_bytes: opts.map_budget_bytes,
-            ..Default::default()
-        },
-    ) {
+    let (geo, mut out) = superblocks(&*meta)?;
+    let dual = match crate::dual::Dual::open(meta.clone(), data, read_only(opts)) {
         Ok(d) => Arc::new(d),
         Err(LdError::Corrupt(c)) => {
             out.engine_unopenable = Some(format!("the dual file system cannot be opened: {c}"));
@@ -278,12 +293,7 @@ pub fn check_dual(
     out.engine.extend(
         verify::check_checkpoints(&*meta, &geo, dual.meta().open_report()).map_err(op_err)?,
     );
-    let progress = opts.progress.clone();
-    let report = |phase: &str, done: u64, total: u64| {
-        if let Some(p) = &progress {
-            p(phase, done, total)
-        }
-    };
+    let report = progress(opts);
     let log = dual
         .meta()
         .check_log_with(&LogCheckOptions {
@@ -292,31 +302,10 @@ pub fn check_dual(
             bulk: None,
         })
         .map_err(op_err)?;
-    out.map_entries = log.map_entries;
-    out.partials = log.partials;
-    out.blocks_checked = log.blocks_checked;
-    out.engine.extend(log.problems);
-    if out.has(|d| *d == EngineDamage::Map) {
-        out.fs_unchecked = Some("the file tree was not checked: the map is damaged".into());
+    if !out.take_log(log) {
         return Ok(out);
     }
-    let ld: Arc<dyn LogicalDisk> = dual.clone();
-    match Fs::mount(
-        ld,
-        FsOptions {
-            read_only: true,
-            ..Default::default()
-        },
-    ) {
-        Ok(fs) => {
-            let r = fs.check_with(Some(&report)).map_err(op_err)?;
-            out.inodes = r.inodes;
-            out.directories = r.directories;
-            out.files = r.files;
-            out.fs = r.findings;
-        }
-        Err(e) => out.fs_unchecked = Some(format!("the file system cannot be mounted: {e}")),
-    }
+    out.take_tree(check_tree(dual.clone(), &report)?);
     out.data_blocks = dual
         .check_blocks_with(opts.data_checksums)
         .map_err(op_err)?;

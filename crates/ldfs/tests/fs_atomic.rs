@@ -541,9 +541,7 @@ fn growing_files_on_a_full_file_system_gets_enospc_and_deletes_still_work() {
 /// without a device read (with every read failing, getattr still works).
 #[test]
 fn a_failed_check_keeps_the_inode_cache() {
-    let (image, inos) = build(12 << 20, |fs, _| {
-        numbered_files(fs, "f", 20, &[])
-    });
+    let (image, inos) = build(12 << 20, |fs, _| numbered_files(fs, "f", 20, &[]));
     let m = mount(&image);
     for &ino in inos.values() {
         m.fs.getattr(ino).unwrap();
