@@ -482,6 +482,9 @@ impl Fs {
     fn begin(&self) -> FsResult<Tx<'_>> {
         self.check_writable()?;
         let st = self.lock();
+        // Again under the lock: `set_read_only` takes the lock after its
+        // store, so no operation begins after it returns.
+        self.check_writable()?;
         let aru = self.ld.begin_aru()?;
         let inos = (st.next_ino, st.ino_reserved);
         Ok(Tx {
