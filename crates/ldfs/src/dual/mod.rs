@@ -99,7 +99,7 @@ pub fn mkfs(
 ) -> LdResult<DataGeometry> {
     let mut lopts = opts.lld;
     if lopts.fs_id == 0 {
-        lopts.fs_id = fresh_fs_id();
+        lopts.fs_id = crate::lld::mkfs::random_fs_id();
     }
     let geo = DataGeometry::plan(data.size_bytes(), opts.group_blocks, lopts.fs_id)?;
     let label = DataLabel {
@@ -140,16 +140,6 @@ pub fn mkfs(
     Ok(geo)
 }
 
-fn fresh_fs_id() -> u64 {
-    use std::time::{SystemTime, UNIX_EPOCH};
-    let t = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    // Never 0 (0 asks for a fresh id).
-    crc32c::crc32c(&t.to_le_bytes()) as u64 | (t << 32) | 1
-}
-
 /// Reads the data device's label, falling back to its copy in the last
 /// block.
 pub fn read_label(data: &dyn Device) -> LdResult<DataLabel> {
@@ -169,11 +159,11 @@ pub fn read_label(data: &dyn Device) -> LdResult<DataLabel> {
     Err(first_err.expect("two attempts"))
 }
 
-/// Whether `data` starts with a dual data label (mount tells the layouts
-/// apart by it).
+/// Whether `data` holds a dual data label, either copy (mount and fsck
+/// tell the layouts apart by it: a damaged first label must not make a
+/// data device pass for a log).
 pub fn is_data_device(data: &dyn Device) -> bool {
-    let mut b = [0u8; 8];
-    data.read_at(&mut b, 0).is_ok() && &b == format::LABEL_MAGIC
+    read_label(data).is_ok()
 }
 
 /// Tracks the data device's writes so the metadata device can wait for

@@ -272,6 +272,18 @@ fn a_mismatched_pair_is_refused() {
     assert!(p.meta.snapshot() == before);
 }
 
+/// A damaged first label leaves the data device a data device (its copy
+/// in the last block says so), and it still opens; a log is never one.
+#[test]
+fn a_data_device_with_a_damaged_first_label_is_still_recognised() {
+    let p = Pair::new(256);
+    assert!(is_data_device(&*p.data));
+    assert!(!is_data_device(&*p.meta));
+    p.data.write_at(&[0xff; 16], 0).unwrap();
+    assert!(is_data_device(&*p.data));
+    p.open().close().unwrap();
+}
+
 #[test]
 fn a_full_data_device_refuses_reservations_first() {
     let p = Pair::new(256);

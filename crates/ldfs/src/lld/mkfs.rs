@@ -47,7 +47,8 @@ pub fn mkfs(dev: &dyn Device, opts: &MkfsOptions) -> LdResult<Geometry> {
     Ok(g)
 }
 
-fn random_fs_id() -> u64 {
+/// A random nonzero file-system id (0 asks for a fresh one).
+pub(crate) fn random_fs_id() -> u64 {
     use rand::RngCore;
     loop {
         let id = rand::rngs::OsRng.next_u64();
