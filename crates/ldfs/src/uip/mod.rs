@@ -208,9 +208,9 @@ impl Uip {
         for (u, d) in found {
             seq = seq.max(d.seq);
             let n = units_for(d.len, geo.unit_bytes);
-            let fits = d.len as usize <= opts.max_block_bytes
-                && d.len > 0
-                && (u % geo.units_per_group) + n <= geo.units_per_group;
+            // Bounded by the group, not by `opts.max_block_bytes`: that is
+            // a runtime limit on new writes, not recorded on the device.
+            let fits = d.len > 0 && (u % geo.units_per_group) + n <= geo.units_per_group;
             let Some(list) = lists.get_mut(&d.list) else {
                 continue; // its list was deleted and the crash kept the block
             };

@@ -37,6 +37,27 @@ fn blocks_survive_a_reopen_and_rewrites_stay_home() {
     assert_eq!(l2, ListId(2));
 }
 
+/// `max_block_bytes` limits new writes only: reopening with a smaller
+/// limit keeps the larger blocks already on the device (and their units).
+#[test]
+fn a_smaller_block_limit_at_open_keeps_larger_blocks() {
+    let d = dev(8);
+    let u = Uip::create(d.clone(), UipOptions::default()).unwrap();
+    let l = u.create_list(None, ListHints::default()).unwrap();
+    u.write(None, l, 1, &[5u8; 32 << 10]).unwrap();
+    let used = u.space().live_bytes;
+    u.flush().unwrap();
+    drop(u);
+    let small = UipOptions {
+        max_block_bytes: 4096,
+        ..UipOptions::default()
+    };
+    let u = Uip::open(d.clone(), small).unwrap();
+    assert_eq!(u.read(l, 1).unwrap().unwrap(), vec![5u8; 32 << 10]);
+    assert_eq!(u.space().live_bytes, used);
+    assert!(u.write(None, l, 2, &[6u8; 8192]).is_err());
+}
+
 #[test]
 fn deletes_free_units_and_lists_go_away() {
     let d = dev(8);

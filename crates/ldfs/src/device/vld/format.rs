@@ -130,6 +130,7 @@ impl MapSector {
         b[28..30].copy_from_slice(&(self.ptrs.len() as u16).to_le_bytes());
         for (i, p) in self.ptrs.iter().enumerate() {
             let o = PTRS_AT + i * 16;
+            assert!(p.lba <= u64::from(u32::MAX), "map pointer past u32");
             b[o..o + 4].copy_from_slice(&(p.lba as u32).to_le_bytes());
             b[o + 8..o + 16].copy_from_slice(&p.seq.to_le_bytes());
         }
