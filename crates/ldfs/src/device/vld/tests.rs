@@ -136,7 +136,18 @@ fn compactor_empties_tracks_and_writes_fill_them() {
     let mut after = vec![0u8; before.len()];
     v.read_at(&mut after, 0).unwrap();
     assert!(before == after);
-    v.write_at(&[7u8; 4096], 0).unwrap();
+    // Writes now fill one emptied track (eq. 10) rather than the free
+    // sectors scattered nearest the head: five 4 KiB blocks and their map
+    // sectors (45 of 72 sectors, below the 75% threshold) all land there.
+    let n = u64::from(disk.params().sectors_per_track);
+    let ft = v.lock().fill_track.expect("compaction leaves a track to fill");
+    assert!((ft * n..(ft + 1) * n).all(|x| !v.lock().used[x as usize]));
+    for k in 0..5u64 {
+        let b = r.gen_range(0..blocks);
+        v.write_at(&pattern(k, 4096), b * 4096).unwrap();
+        let at = v.physical_of(b * 8).unwrap();
+        assert_eq!(at / n, ft, "block {k} of the fill went to sector {at}");
+    }
     v.check().unwrap();
 }
 
