@@ -419,8 +419,23 @@ mod tests {
         let flight = Arc::new(Flight::default());
         let mut w = flight.start(dev.clone());
         let me = std::thread::current().name().map(String::from);
-        // Let the thread reach its first wait: before that it looks at the
-        // queue without being woken.
+        // Until the writer thread has taken a plain item (polled, not
+        // waited for: the wait would write it here) the count is `n`.
+        let taken_by_thread = |n: usize| {
+            let until = std::time::Instant::now() + Duration::from_secs(60);
+            while dev.writers.lock().unwrap().len() < n {
+                assert!(
+                    std::time::Instant::now() < until,
+                    "the writer thread never ran"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        // Let the thread reach its wait: before that it looks at the queue
+        // without being woken. It has after writing a plain item of its own.
+        let t = flight.submit(&w, 1 << 18, vec![8; 4096]).unwrap();
+        taken_by_thread(1);
+        flight.wait_written(t).unwrap();
         std::thread::sleep(Duration::from_millis(50));
         for round in 0..20u64 {
             flight.set_quiet(true);
@@ -433,14 +448,14 @@ mod tests {
             flight.wait_written(t).unwrap();
         }
         let writers = dev.writers.lock().unwrap().clone();
-        assert_eq!(writers.len(), 20);
+        assert_eq!(writers.len(), 21);
         assert!(
-            writers.iter().all(|n| *n == me),
+            writers[1..].iter().all(|n| *n == me),
             "the writer thread took quiet items: {writers:?}"
         );
         // A plain submit still goes to the writer thread.
         let t = flight.submit(&w, 1 << 19, vec![9; 4096]).unwrap();
-        std::thread::sleep(Duration::from_millis(50));
+        taken_by_thread(22);
         flight.wait_written(t).unwrap();
         assert_eq!(
             dev.writers.lock().unwrap().last().unwrap().as_deref(),

@@ -140,7 +140,10 @@ fn compactor_empties_tracks_and_writes_fill_them() {
     // sectors scattered nearest the head: five 4 KiB blocks and their map
     // sectors (45 of 72 sectors, below the 75% threshold) all land there.
     let n = u64::from(disk.params().sectors_per_track);
-    let ft = v.lock().fill_track.expect("compaction leaves a track to fill");
+    let ft = v
+        .lock()
+        .fill_track
+        .expect("compaction leaves a track to fill");
     assert!((ft * n..(ft + 1) * n).all(|x| !v.lock().used[x as usize]));
     for k in 0..5u64 {
         let b = r.gen_range(0..blocks);
