@@ -14,14 +14,16 @@ use std::sync::Arc;
 
 use ldfs::device::{CrashDevice, CrashOptions, Device};
 use ldfs::dual::{Dual, DualMkfsOptions};
-use ldfs::fs::{Fs, FsOptions, SetAttr, XattrMode, ROOT_INO};
+use ldfs::fs::{Fs, SetAttr, XattrMode, ROOT_INO};
 use ldfs::ld::LogicalDisk;
 use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::LldOptions;
 
 mod common;
 
-use common::{op, same_but_overwritten_unreadable, snapshot, CTX};
+use common::{
+    base_seed, env_u64, op, replay_fs_opts, same_but_overwritten_unreadable, snapshot, CTX, START,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -35,6 +37,10 @@ fn lld_opts() -> LldOptions {
         // Small partials: the log reaches its device between fsyncs, where
         // the data-before-metadata order matters.
         partial_bytes: 4 << 10,
+        // One order of writes per seed, so a printed seed replays exactly
+        // (as in fs_crash).
+        checkpoint_thread: false,
+        log_writer_thread: false,
         ..Default::default()
     }
 }
@@ -58,7 +64,7 @@ fn fresh() -> (Arc<CrashDevice>, Arc<CrashDevice>) {
     let data = Arc::new(CrashDevice::new(DATA_BYTES));
     ldfs::dual::mkfs(meta.clone(), &*data, &mkfs_opts()).unwrap();
     let d = Dual::open(meta.clone(), data.clone(), lld_opts()).unwrap();
-    Fs::format(&d, CTX).unwrap();
+    Fs::format_at(&d, CTX, START).unwrap();
     d.close().unwrap();
     (meta, data)
 }
@@ -66,7 +72,7 @@ fn fresh() -> (Arc<CrashDevice>, Arc<CrashDevice>) {
 fn mount(meta: &Arc<CrashDevice>, data: &Arc<CrashDevice>) -> (Arc<Dual>, Fs) {
     let d = Arc::new(Dual::open(meta.clone(), data.clone(), lld_opts()).unwrap());
     let ld: Arc<dyn LogicalDisk> = d.clone();
-    let fs = Fs::mount(ld, FsOptions::default()).unwrap();
+    let fs = Fs::mount(ld, replay_fs_opts()).unwrap();
     (d, fs)
 }
 
@@ -81,10 +87,7 @@ fn unmount(d: Arc<Dual>, fs: Fs, crash: bool) {
 }
 
 fn cycles() -> u64 {
-    std::env::var("LDFS_DUAL_CRASH_CYCLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(120)
+    env_u64("LDFS_DUAL_CRASH_CYCLES", 120)
 }
 
 fn crash_opts(rng: &mut ChaCha8Rng) -> CrashOptions {
@@ -96,10 +99,7 @@ fn crash_opts(rng: &mut ChaCha8Rng) -> CrashOptions {
 
 #[test]
 fn dual_fs_survives_crashes_of_either_device() {
-    let seed: u64 = std::env::var("LDFS_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2026);
+    let seed = base_seed();
     let replay = format!("replay: LDFS_SEED={seed} cargo test --release -p ldfs --test dual_crash");
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let (mut meta, mut data) = fresh();

@@ -8,15 +8,14 @@
 use std::sync::Arc;
 
 use ldfs::device::{CrashDevice, CrashOptions};
-use ldfs::fs::inode::Time;
-use ldfs::fs::{Fs, FsOptions};
+use ldfs::fs::Fs;
 use ldfs::ld::LogicalDisk;
 use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::{Lld, LldOptions};
 
 mod common;
 
-use common::{op, snapshot, Tree, CTX};
+use common::{base_seed, env_u64, op, replay_fs_opts as fs_opts, snapshot, Tree, CTX, START};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -36,35 +35,7 @@ fn lld_opts() -> LldOptions {
 }
 
 fn cycles() -> u64 {
-    std::env::var("LDFS_FS_CRASH_CYCLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(300)
-}
-
-const START: Time = Time {
-    secs: 1_700_000_000,
-    nsecs: 0,
-};
-
-/// A clock that advances a microsecond a call from a fixed start: the same
-/// seed gives the same inode records, so the same images.
-fn fs_opts() -> FsOptions {
-    let tick = std::sync::atomic::AtomicU32::new(0);
-    FsOptions {
-        clock: Box::new(move || Time {
-            secs: START.secs,
-            nsecs: tick.fetch_add(1000, std::sync::atomic::Ordering::Relaxed) % 1_000_000_000,
-        }),
-        ..Default::default()
-    }
-}
-
-fn base_seed() -> u64 {
-    std::env::var("LDFS_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2026)
+    env_u64("LDFS_FS_CRASH_CYCLES", 300)
 }
 
 #[test]

@@ -6,8 +6,8 @@
 
 use std::collections::BTreeMap;
 
-use ldfs::fs::inode::Kind;
-use ldfs::fs::{Attr, Ctx, Fs, FsError, RenameFlags, ROOT_INO};
+use ldfs::fs::inode::{Kind, Time};
+use ldfs::fs::{Attr, Ctx, Fs, FsError, FsOptions, RenameFlags, ROOT_INO};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
@@ -15,6 +15,41 @@ pub const CTX: Ctx = Ctx { uid: 0, gid: 0 };
 pub const NAMES: [&[u8]; 6] = [b"a", b"b", b"c", b"d", b"e", b"f"];
 
 pub type Tree = BTreeMap<String, String>;
+
+/// A number from the environment (cycle counts, seeds), else `default`.
+pub fn env_u64(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{name} must be a number, not {v:?}")),
+        Err(_) => default,
+    }
+}
+
+/// The base seed of a randomized test: `LDFS_SEED`, else 2026.
+pub fn base_seed() -> u64 {
+    env_u64("LDFS_SEED", 2026)
+}
+
+/// Where the replay clock starts (`Fs::format_at` takes it too).
+pub const START: Time = Time {
+    secs: 1_700_000_000,
+    nsecs: 0,
+};
+
+/// Mount options whose clock advances a microsecond a call from `START`:
+/// the same seed gives the same inode records, so the same images (with
+/// the engine's own threads off, a printed seed replays exactly).
+pub fn replay_fs_opts() -> FsOptions {
+    let tick = std::sync::atomic::AtomicU32::new(0);
+    FsOptions {
+        clock: Box::new(move || Time {
+            secs: START.secs,
+            nsecs: tick.fetch_add(1000, std::sync::atomic::Ordering::Relaxed) % 1_000_000_000,
+        }),
+        ..Default::default()
+    }
+}
 
 /// Every name below the root, depth first: path -> what `describe` says of
 /// the entry's inode (given its number and attributes).
