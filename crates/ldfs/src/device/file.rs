@@ -235,16 +235,15 @@ impl FileDevice {
         let len = buf.len() as u64;
         let err = |e| io_error(DeviceOp::Write, offset, len, e);
         let (start, end) = widen(offset, len);
-        let mut bounce = AlignedBuf::new((end - start) as usize).map_err(err)?;
-        let aligned = start == offset && end == offset + len;
         // A poisoned lock only means another writer panicked; the file is
         // still consistent, so carry on.
-        let _guard_shared;
-        let _guard_exclusive;
-        if aligned {
-            _guard_shared = self.write_lock.read().unwrap_or_else(|p| p.into_inner());
-        } else {
-            _guard_exclusive = self.write_lock.write().unwrap_or_else(|p| p.into_inner());
+        if start == offset && end == offset + len {
+            let _shared = self.write_lock.read().unwrap_or_else(|p| p.into_inner());
+            return write_aligned(&self.file, buf, offset).map_err(err);
+        }
+        let mut bounce = AlignedBuf::new((end - start) as usize).map_err(err)?;
+        let _exclusive = self.write_lock.write().unwrap_or_else(|p| p.into_inner());
+        {
             let b = bounce.as_mut_slice();
             let block = DIRECT_ALIGN as usize;
             // Only the first and last aligned blocks hold bytes we must keep.
@@ -266,6 +265,18 @@ impl FileDevice {
             .write_all_at(bounce.as_slice(), start)
             .map_err(err)
     }
+}
+
+/// Writes `buf` (aligned offset and length) through an O_DIRECT file:
+/// straight from `buf` when its memory is aligned too, else through an
+/// aligned copy (which costs far less than the transfer).
+fn write_aligned(file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
+    if (buf.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN as usize) {
+        return file.write_all_at(buf, offset);
+    }
+    let mut bounce = AlignedBuf::new(buf.len())?;
+    bounce.as_mut_slice().copy_from_slice(buf);
+    file.write_all_at(bounce.as_slice(), offset)
 }
 
 /// The smallest `DIRECT_ALIGN`-aligned range holding `[offset, offset+len)`.
@@ -357,15 +368,8 @@ impl Device for FileDevice {
             if offset.is_multiple_of(DIRECT_ALIGN)
                 && (buf.len() as u64).is_multiple_of(DIRECT_ALIGN)
             {
-                let err = |e| io_error(DeviceOp::Write, offset, buf.len() as u64, e);
-                if (buf.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN as usize) {
-                    return w.write_all_at(buf, offset).map_err(err);
-                }
-                // O_DIRECT wants an aligned buffer too; the copy costs far
-                // less than the transfer.
-                let mut bounce = AlignedBuf::new(buf.len()).map_err(err)?;
-                bounce.as_mut_slice().copy_from_slice(buf);
-                return w.write_all_at(bounce.as_slice(), offset).map_err(err);
+                return write_aligned(w, buf, offset)
+                    .map_err(|e| io_error(DeviceOp::Write, offset, buf.len() as u64, e));
             }
         }
         self.file
