@@ -2285,8 +2285,14 @@ impl Fs {
             }
         };
         {
+            // Every read that reaches ldfs asks: look at the cached inode
+            // in place rather than cloning it (inline data, xattrs).
             let mut st = self.lock();
-            if !needs(&self.get_inode(&mut st, ino)?) {
+            let need = match st.inodes.get(&ino) {
+                Some(i) => needs(i),
+                None => needs(&self.get_inode(&mut st, ino)?),
+            };
+            if !need {
                 return Ok(());
             }
         }
