@@ -127,10 +127,7 @@ fn is_mounted(mnt: &Path) -> bool {
     let Ok(canon) = mnt.canonicalize() else {
         return false;
     };
-    let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();
-    mounts
-        .lines()
-        .any(|l| l.split(' ').nth(1) == canon.to_str())
+    crate::mount::mounts().iter().any(|m| m.dir == canon)
 }
 
 impl Drop for Target {

@@ -138,11 +138,7 @@ impl Drop for Mounted {
         // The daemon writes its final checkpoint and exits on its own.
         let canon = self.mnt.canonicalize().unwrap_or(self.mnt.clone());
         for _ in 0..200 {
-            let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();
-            if !mounts
-                .lines()
-                .any(|l| l.split(' ').nth(1) == canon.to_str())
-            {
+            if !crate::mount::mounts().iter().any(|m| m.dir == canon) {
                 break;
             }
             std::thread::sleep(Duration::from_millis(50));

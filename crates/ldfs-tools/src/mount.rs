@@ -447,18 +447,35 @@ pub(crate) fn lock_image(image: &Path, exclusive: bool, who: &str) -> Result<Fil
 /// absolute path).
 pub(crate) fn mounted_on(image: &Path) -> Option<PathBuf> {
     use std::os::unix::fs::MetadataExt;
-    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
     let want = std::fs::metadata(image).ok()?;
-    mounts.lines().find_map(|l| {
-        let mut f = l.split(' ');
-        let (src, dir, kind) = (f.next()?, f.next()?, f.next()?);
-        if kind != "fuse.ldfs" && kind != "fuse" {
+    mounts().into_iter().find_map(|m| {
+        if m.kind != "fuse.ldfs" && m.kind != "fuse" {
             return None;
         }
-        let src = std::fs::metadata(unescape_mount_field(src)).ok()?;
-        (src.dev() == want.dev() && src.ino() == want.ino())
-            .then(|| PathBuf::from(unescape_mount_field(dir)))
+        let src = std::fs::metadata(&m.source).ok()?;
+        (src.dev() == want.dev() && src.ino() == want.ino()).then_some(m.dir)
     })
+}
+
+/// Every mount of this process's namespace, in the order they were made,
+/// from /proc/self/mountinfo (the one parser of the mount table).
+pub(crate) fn mounts() -> Vec<MountEntry> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    // "36 35 0:52 / /mnt/x rw,nosuid shared:1 - fuse.ldfs /img rw,...":
+    // optional fields end at "-".
+    info.lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split(' ').collect();
+            let (maj, min) = w.get(2)?.split_once(':')?;
+            let dash = w.iter().position(|&x| x == "-")?;
+            Some(MountEntry {
+                dev: (maj.parse().ok()?, min.parse().ok()?),
+                dir: PathBuf::from(unescape_mount_field(w.get(4)?)),
+                kind: w.get(dash + 1)?.to_string(),
+                source: unescape_mount_field(w.get(dash + 2)?),
+            })
+        })
+        .collect()
 }
 
 /// /proc/self/mounts and mountinfo write space, tab, newline and backslash
@@ -563,33 +580,21 @@ fn check_mountpoint(dir: &Path) -> Result<PathBuf, String> {
 }
 
 /// The topmost mount at `dir` (absolute) in /proc/self/mountinfo.
-fn top_mount(dir: &Path) -> Option<TopMount> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    // "36 35 0:52 / /mnt/x rw,nosuid shared:1 - fuse.ldfs /img rw,...":
-    // later lines are mounted later, so the last one at `dir` is on top.
-    info.lines().rev().find_map(|l| {
-        let w: Vec<&str> = l.split(' ').collect();
-        if Path::new(&unescape_mount_field(w.get(4)?)) != dir {
-            return None;
-        }
-        let (maj, min) = w.get(2)?.split_once(':')?;
-        let dash = w.iter().position(|&x| x == "-")?;
-        Some(TopMount {
-            dev: (maj.parse().ok()?, min.parse().ok()?),
-            kind: w.get(dash + 1)?.to_string(),
-            source: unescape_mount_field(w.get(dash + 2)?),
-        })
-    })
+fn top_mount(dir: &Path) -> Option<MountEntry> {
+    // Later lines are mounted later, so the last one at `dir` is on top.
+    mounts().into_iter().rev().find(|m| m.dir == dir)
 }
 
 /// A mount as /proc/self/mountinfo lists it.
-struct TopMount {
+pub(crate) struct MountEntry {
     /// Its device (major, minor).
-    dev: (u32, u32),
+    pub dev: (u32, u32),
+    /// Its mount point, absolute.
+    pub dir: PathBuf,
     /// Its file-system type (`fuse.ldfs`).
-    kind: String,
+    pub kind: String,
     /// Its source (an ldfs mount's is its image's absolute path).
-    source: String,
+    pub source: String,
 }
 
 /// Ends the mount when a signal comes, also when it is busy (a file held
@@ -746,10 +751,7 @@ fn unmount(dir: &Path, lazy: bool) -> std::io::Result<()> {
 /// (systemd mounts it at boot; containers often do not).
 fn abort_connection(dev: (u32, u32)) -> std::io::Result<()> {
     let conns = Path::new("/sys/fs/fuse/connections");
-    let mounted = std::fs::read_to_string("/proc/self/mounts")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.split(' ').nth(2) == Some("fusectl"));
+    let mounted = mounts().iter().any(|m| m.kind == "fusectl");
     if !mounted {
         let r = unsafe {
             libc::mount(
@@ -1189,14 +1191,10 @@ fn bind_mount(on: &Path, dir: &Path, opts: &MountOpts) -> Result<(), String> {
 /// Every mount point of the FUSE connection `dev` (a mount and its bind
 /// mounts), from /proc/self/mountinfo.
 fn mount_points(dev: (u32, u32)) -> Vec<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let want = format!("{}:{}", dev.0, dev.1);
-    info.lines()
-        .filter_map(|l| {
-            let w: Vec<&str> = l.split(' ').collect();
-            let dir = w.get(4)?;
-            (w.get(2) == Some(&want.as_str())).then(|| PathBuf::from(unescape_mount_field(dir)))
-        })
+    mounts()
+        .into_iter()
+        .filter(|m| m.dev == dev)
+        .map(|m| m.dir)
         .collect()
 }
 
