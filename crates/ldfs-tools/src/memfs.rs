@@ -60,18 +60,16 @@ impl FlushFile {
     pub fn create(path: &Path) -> Result<FlushFile, String> {
         use ldfs::device::{Device, FileDevice, FileDeviceOptions};
         let err = |e: ldfs::device::DeviceError| format!("{}: {e}", path.display());
-        let dev = FileDevice::create(path, FLUSH_FILE_PAGES * 4096, FileDeviceOptions::default())
-            .map_err(err)?;
+        let mut dev =
+            FileDevice::create(path, FLUSH_FILE_PAGES * 4096, FileDeviceOptions::default())
+                .map_err(err)?;
         let chunk = vec![0u8; 1 << 20];
         for i in 0..FLUSH_FILE_PAGES * 4096 / chunk.len() as u64 {
             dev.write_at(&chunk, i * chunk.len() as u64).map_err(err)?;
         }
         dev.flush().map_err(err)?;
         // As `ldfs mount` does by default; buffered where refused.
-        let dev = match dev.direct_writes() {
-            Ok(dev) => dev,
-            Err(_) => FileDevice::open(path, FileDeviceOptions::default()).map_err(err)?,
-        };
+        let _ = dev.direct_writes();
         Ok(FlushFile {
             dev,
             next: std::sync::atomic::AtomicU64::new(0),

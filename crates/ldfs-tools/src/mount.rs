@@ -540,22 +540,19 @@ fn is_mount_daemon(cmd: &str) -> bool {
 
 /// Applies the `direct_writes` option: asked for, a refusal is an error;
 /// by default it falls back to buffered writes with one line saying why.
-fn with_direct_writes(dev: FileDevice, image: &Path, t: Toggle) -> Result<FileDevice, String> {
+fn with_direct_writes(mut dev: FileDevice, image: &Path, t: Toggle) -> Result<FileDevice, String> {
     if t == Toggle::Off {
         return Ok(dev);
     }
-    // `direct_writes` consumes the device; reopening is cheap and keeps the
-    // fallback simple.
     match dev.direct_writes() {
-        Ok(dev) => Ok(dev),
+        Ok(()) => Ok(dev),
         Err(e) if t == Toggle::On => Err(format!("{}: direct_writes: {e}", image.display())),
         Err(e) => {
             eprintln!(
                 "ldfs: {}: writes stay buffered (no O_DIRECT: {e})",
                 image.display()
             );
-            FileDevice::open(image, FileDeviceOptions::default())
-                .map_err(|e| format!("{}: {e}", image.display()))
+            Ok(dev)
         }
     }
 }

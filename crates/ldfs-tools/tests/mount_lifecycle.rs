@@ -396,3 +396,42 @@ fn a_signal_ends_a_mount_waiting_for_the_lock() {
     holder.kill().unwrap();
     holder.wait().unwrap();
 }
+
+/// When O_DIRECT cannot be had (here: an image whose size is not a
+/// multiple of 4096 bytes; elsewhere a host file system refusing it),
+/// `-o direct_writes` is a clear error and mounts nothing; by default
+/// (auto) the mount falls back to buffered writes and works, data intact
+/// across a remount.
+#[test]
+fn direct_writes_refused_when_asked_falls_back_by_default() {
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("odd.img");
+    let mnt = t.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    mkfs(&img, "64M");
+    let f = OpenOptions::new().write(true).open(&img).unwrap();
+    f.set_len(f.metadata().unwrap().len() + 512).unwrap();
+    drop(f);
+    let out = ldfs()
+        .args(["mount", "-o", "direct_writes"])
+        .arg(&img)
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        fusermount_u(&mnt);
+        panic!("mounted with direct_writes on an image of odd size");
+    }
+    assert!(err.contains("direct_writes"), "unclear error: {err}");
+    assert!(!is_mounted(&mnt));
+    let m = Mount::new(&img, &mnt, &[]);
+    fs::write(m.path("f"), content(1, 1, 100_000)).unwrap();
+    m.unmount();
+    let m = Mount::new(&img, &mnt, &[]);
+    assert!(fs::read(m.path("f")).unwrap() == content(1, 1, 100_000));
+    m.unmount();
+}

@@ -37,7 +37,7 @@ const DIRECT_ALIGN: u64 = 4096;
 #[derive(Clone, Debug, Default)]
 pub struct FileDeviceOptions {
     /// Open with `O_DIRECT`, bypassing the page cache. Not every file system
-    /// supports it (tmpfs fails with `EINVAL`).
+    /// supports it (tmpfs before Linux 6.6 fails with `EINVAL`).
     pub direct: bool,
 }
 
@@ -179,12 +179,12 @@ impl FileDevice {
 
     /// Sends the device's aligned writes through a second descriptor opened
     /// with `O_DIRECT` (see the module comment); reads stay buffered. Fails
-    /// when the file system refuses `O_DIRECT` (tmpfs: `EINVAL`) or the
-    /// device size is not a multiple of [`DIRECT_ALIGN`]. A device already in
-    /// direct mode is returned as it is.
-    pub fn direct_writes(mut self) -> Result<FileDevice, DeviceError> {
+    /// when the file system refuses `O_DIRECT` (older tmpfs: `EINVAL`) or the
+    /// device size is not a multiple of [`DIRECT_ALIGN`]; the device then
+    /// stays as it was (buffered). A device in direct mode is left as it is.
+    pub fn direct_writes(&mut self) -> Result<(), DeviceError> {
         if self.direct {
-            return Ok(self);
+            return Ok(());
         }
         check_direct_size(self.size)?;
         let file = OpenOptions::new()
@@ -193,7 +193,7 @@ impl FileDevice {
             .open(&self.path)
             .map_err(open_error)?;
         self.direct_writer = Some(file);
-        Ok(self)
+        Ok(())
     }
 
     /// Whether aligned writes go through `O_DIRECT` ([`FileDevice::direct_writes`]).
@@ -640,9 +640,9 @@ mod tests {
     fn direct_writes_stay_coherent_with_buffered_reads() {
         let dir = scratch_dir();
         let path = dir.path().join("dev");
-        let dev = FileDevice::create(&path, 64 * 1024, FileDeviceOptions::default()).unwrap();
-        let dev = match dev.direct_writes() {
-            Ok(dev) => dev,
+        let mut dev = FileDevice::create(&path, 64 * 1024, FileDeviceOptions::default()).unwrap();
+        match dev.direct_writes() {
+            Ok(()) => {}
             Err(DeviceError::Io { source, .. }) if source.raw_os_error() == Some(libc::EINVAL) => {
                 println!("skipped: O_DIRECT unsupported under {}", path.display());
                 return;
