@@ -58,6 +58,35 @@ macro_rules! on_every_layout {
     };
 }
 
+/// st_blocks counts the 4 KiB blocks a file holds after every write, also
+/// when the count is kept up by the writes rather than counted afresh
+/// (a stat between writes): random writes against a model of the blocks.
+fn st_blocks_follow_writes(fs: Fs) {
+    use rand::{Rng, SeedableRng};
+    let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap().ino;
+    let mut held = std::collections::BTreeSet::new();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    for k in 0..300 {
+        let off = rng.gen_range(0..16u64 << 20);
+        let len = rng.gen_range(1..20_000u64);
+        fs.write(f, off, &vec![k as u8; len as usize]).unwrap();
+        held.extend(off / 4096..=(off + len - 1) / 4096);
+        let a = fs.getattr(f).unwrap();
+        assert_eq!(
+            a.blocks,
+            held.len() as u64 * 8,
+            "after write {k} at {off}+{len}"
+        );
+    }
+}
+
+on_every_layout!(
+    st_blocks_follow_writes,
+    st_blocks_follow_writes_on_one_log,
+    st_blocks_follow_writes_on_dual,
+    st_blocks_follow_writes_on_uip
+);
+
 on_every_layout!(
     link_count_limit_is_emlink,
     link_count_limit_is_emlink_on_one_log,

@@ -518,12 +518,8 @@ impl Fs {
     /// 512-byte units a large file holds: 4 KiB per present block (holes
     /// hold nothing), as `du` expects.
     fn file_blocks(&self, i: &Inode) -> u64 {
-        let key = (i.list, i.size, i.mtime, i.ctime);
-        let mut counts = self.block_counts.lock().expect("block_counts poisoned");
-        if let Some((k, n)) = counts.get(&i.ino) {
-            if *k == key {
-                return *n;
-            }
+        if let Some(n) = self.counted_blocks(i) {
+            return n;
         }
         let mut present = 0u64;
         let mut from = 0;
@@ -544,11 +540,26 @@ impl Fs {
             }
         }
         let n = present * (BLOCK_BYTES / 512);
+        self.count_blocks(i, n);
+        n
+    }
+
+    /// `file_blocks`' count for `i` if it is known and `i` is as it was
+    /// counted. Callers hold the state lock (so does every change).
+    fn counted_blocks(&self, i: &Inode) -> Option<u64> {
+        let counts = self.block_counts.lock().expect("block_counts poisoned");
+        match counts.get(&i.ino) {
+            Some((k, n)) if *k == (i.list, i.size, i.mtime, i.ctime) => Some(*n),
+            _ => None,
+        }
+    }
+
+    fn count_blocks(&self, i: &Inode, n: u64) {
+        let mut counts = self.block_counts.lock().expect("block_counts poisoned");
         if counts.len() >= INODE_CACHE_MAX {
             counts.clear();
         }
-        counts.insert(i.ino, (key, n));
-        n
+        counts.insert(i.ino, ((i.list, i.size, i.mtime, i.ctime), n));
     }
 
     /// The blocks of `ino` changed (after the operation): its count is
@@ -1022,9 +1033,9 @@ impl Fs {
     ) -> FsResult<usize> {
         let mut tx = self.begin()?;
         let r = tx.write(ino, offset, data, kill_suidgid);
-        let r = tx.finish(r);
-        self.blocks_changed(ino);
-        r
+        // The write keeps its file's block count exact (or an abort drops
+        // it): a stat after every write would rescan the whole file.
+        tx.finish(r)
     }
 
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], mode: XattrMode) -> FsResult<()> {
@@ -1186,6 +1197,7 @@ impl Tx<'_> {
         // failed check writes none, so EEXIST keeps the cache warm).
         for ino in std::mem::take(&mut self.put_inos) {
             self.st.inodes.remove(&ino);
+            self.fs.blocks_changed(ino);
         }
         (self.st.next_ino, self.st.ino_reserved) = self.inos;
     }
@@ -1873,6 +1885,7 @@ impl Tx<'_> {
         if data.is_empty() {
             return Ok(0);
         }
+        let counted = self.fs.counted_blocks(&i);
         let end = offset
             .checked_add(data.len() as u64)
             .filter(|&e| e <= MAX_FILE_BYTES)
@@ -1941,6 +1954,17 @@ impl Tx<'_> {
             self.spill(&mut i, &inline, first > 0)?;
         }
         let list = ListId(i.list);
+        // A counted file stays counted: the blocks this write adds are those
+        // of first..=last not there before (one range lookup, not a scan).
+        let counted = match counted {
+            Some(n) => {
+                let span = last - first + 1;
+                let there = self.ld().indices(list, first, span as usize)?;
+                let there = there.iter().filter(|&&x| x <= last).count() as u64;
+                Some(n + (span - there) * (BLOCK_BYTES / 512))
+            }
+            _ => None,
+        };
         for b in first..=last {
             if let Some((_, block)) = edges.iter().find(|e| e.0 == b) {
                 self.ld().write(Some(self.aru), list, b, block)?;
@@ -1955,6 +1979,9 @@ impl Tx<'_> {
             }
         }
         self.put(&i)?;
+        if let Some(n) = counted {
+            self.fs.count_blocks(&i, n);
+        }
         Ok(data.len())
     }
 
