@@ -92,6 +92,7 @@ fn errno(e: &FsError) -> Errno {
         FsError::FileTooBig => libc::EFBIG,
         FsError::NoAttr => libc::ENODATA,
         FsError::Range => libc::ERANGE,
+        FsError::ValueTooBig => libc::E2BIG,
         FsError::NotSupported => libc::EOPNOTSUPP,
         FsError::Perm => libc::EPERM,
         FsError::NoOffset => libc::ENXIO,

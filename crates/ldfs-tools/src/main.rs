@@ -1267,6 +1267,7 @@ fn inode_report(
         "xattrs": i.xattrs.iter().map(|(n, v)| serde_json::json!({
             "name": String::from_utf8_lossy(n),
             "bytes": v.len(),
+            "list": v.list(),
         })).collect::<Vec<_>>(),
         "blocks": blocks,
     }))

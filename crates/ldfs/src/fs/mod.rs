@@ -41,7 +41,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::ld::{AruId, LdError, ListHints, ListId, ListKind, LogicalDisk, Temperature};
-use inode::{Inode, Kind, Time, INLINE_MAX, XATTR_MAX, XATTR_NAME_MAX};
+use inode::{
+    Inode, Kind, Time, XattrValue, INLINE_MAX, XATTR_CHUNK, XATTR_INLINE_VALUE_MAX, XATTR_MAX,
+    XATTR_NAME_MAX, XATTR_VALUE_MAX,
+};
 
 pub const ROOT_INO: u64 = 1;
 pub const BLOCK_BYTES: u64 = 4096;
@@ -81,6 +84,8 @@ pub enum FsError {
     NoAttr,
     #[error("attribute value too large")]
     Range,
+    #[error("attribute value longer than 65536 bytes")]
+    ValueTooBig,
     #[error("operation not supported")]
     NotSupported,
     #[error("operation not permitted")]
@@ -781,11 +786,37 @@ impl Fs {
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> FsResult<Vec<u8>> {
         let mut st = self.lock();
         let i = self.get_inode(&mut st, ino)?;
-        i.xattrs
+        let v = i
+            .xattrs
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.clone())
-            .ok_or(FsError::NoAttr)
+            .ok_or(FsError::NoAttr)?;
+        // Under the lock: a concurrent change may delete the value's list.
+        self.xattr_value(ino, &v)
+    }
+
+    /// The bytes of a value, read from its list if it has one.
+    fn xattr_value(&self, ino: u64, v: &XattrValue) -> FsResult<Vec<u8>> {
+        let (list, len) = match v {
+            XattrValue::Inline(v) => return Ok(v.clone()),
+            XattrValue::List { list, len } => (ListId(*list), *len as usize),
+        };
+        let mut out = Vec::with_capacity(len);
+        for k in 0..len.div_ceil(XATTR_CHUNK) as u64 {
+            let want = XATTR_CHUNK.min(len - out.len());
+            match self.ld.read(list, k)? {
+                Some(b) if b.len() == want => out.extend_from_slice(&b),
+                got => {
+                    return Err(FsError::Io(format!(
+                        "inode {ino}: xattr list {}: block {k} holds {:?} bytes, not {want}",
+                        list.0,
+                        got.map(|b| b.len())
+                    )))
+                }
+            }
+        }
+        Ok(out)
     }
 
     pub fn listxattr(&self, ino: u64) -> FsResult<Vec<Vec<u8>>> {
@@ -1482,10 +1513,66 @@ impl Tx<'_> {
         Ok(())
     }
 
-    /// Deletes a destroyed inode's list of blocks (or entries).
+    /// Deletes a destroyed inode's list of blocks (or entries), and the
+    /// lists of its long attribute values.
     fn delete_blocks(&mut self, i: &Inode) -> FsResult<()> {
         if i.list != 0 {
             self.ld().delete_list(Some(self.aru), ListId(i.list))?;
+        }
+        for (_, v) in &i.xattrs {
+            self.drop_xattr_value(v)?;
+        }
+        Ok(())
+    }
+
+    /// Stores an attribute value: in the record up to
+    /// `XATTR_INLINE_VALUE_MAX` bytes, else in a new list of its own.
+    fn store_xattr_value(&mut self, value: &[u8]) -> FsResult<XattrValue> {
+        if value.len() <= XATTR_INLINE_VALUE_MAX {
+            return Ok(XattrValue::Inline(value.to_vec()));
+        }
+        let list = self.ld().create_list(
+            Some(self.aru),
+            ListHints {
+                kind: ListKind::Metadata,
+                near: Some(INODE_LIST),
+                ..Default::default()
+            },
+        )?;
+        for (k, chunk) in value.chunks(XATTR_CHUNK).enumerate() {
+            self.ld().write(Some(self.aru), list, k as u64, chunk)?;
+        }
+        Ok(XattrValue::List {
+            list: list.0,
+            len: value.len() as u32,
+        })
+    }
+
+    /// Deletes the list of a value that is no longer named.
+    fn drop_xattr_value(&mut self, v: &XattrValue) -> FsResult<()> {
+        if let Some(l) = v.list() {
+            self.ld().delete_list(Some(self.aru), ListId(l))?;
+        }
+        Ok(())
+    }
+
+    /// What a write, truncation or chown does to privileges (Linux's
+    /// `file_remove_privs`): the file capability always goes; set-user-ID,
+    /// and set-group-ID when the group may execute, go if `kill_suidgid`
+    /// (never a directory's: there they mean something else).
+    fn drop_privileges(&mut self, i: &mut Inode, kill_suidgid: bool) -> FsResult<()> {
+        if let Ok(k) = i
+            .xattrs
+            .binary_search_by(|(n, _)| n.as_slice().cmp(b"security.capability"))
+        {
+            let (_, v) = i.xattrs.remove(k);
+            self.drop_xattr_value(&v)?;
+        }
+        if kill_suidgid && i.kind() != Kind::Dir {
+            i.mode &= !0o4000;
+            if i.mode & 0o010 != 0 {
+                i.mode &= !0o2000;
+            }
         }
         Ok(())
     }
@@ -1736,7 +1823,7 @@ impl Tx<'_> {
                 return Err(FsError::FileTooBig);
             }
             resize = self.plan_resize(&mut i, size)?;
-            drop_privileges(&mut i, sa.kill_suidgid);
+            self.drop_privileges(&mut i, sa.kill_suidgid)?;
             stamp(&mut i, now, true, true);
         }
         if let Some(mode) = sa.mode {
@@ -1754,7 +1841,7 @@ impl Tx<'_> {
             // chown clears set-user-ID, and set-group-ID when the group
             // can execute (POSIX chown(2)), and the file capability.
             if changes {
-                drop_privileges(&mut i, true);
+                self.drop_privileges(&mut i, true)?;
             }
             stamp(&mut i, now, false, true);
         }
@@ -1881,7 +1968,7 @@ impl Tx<'_> {
             }
             i.inline[offset as usize..end as usize].copy_from_slice(data);
             i.size = i.size.max(end);
-            drop_privileges(&mut i, kill_suidgid);
+            self.drop_privileges(&mut i, kill_suidgid)?;
             stamp(&mut i, now, true, true);
             self.reserve(i.encoded_len() as u64)?;
             self.put(&i)?;
@@ -1929,7 +2016,7 @@ impl Tx<'_> {
             .sum();
         let edge_bytes: u64 = edges.iter().map(|e| e.1.len() as u64).sum();
         i.size = i.size.max(end);
-        drop_privileges(&mut i, kill_suidgid);
+        self.drop_privileges(&mut i, kill_suidgid)?;
         stamp(&mut i, now, true, true);
         self.reserve(
             spill_bytes + edge_bytes + (data.len() as u64 - covered) + i.encoded_len() as u64,
@@ -1959,6 +2046,9 @@ impl Tx<'_> {
         if name.is_empty() || name.len() > XATTR_NAME_MAX {
             return Err(FsError::Range);
         }
+        if value.len() > XATTR_VALUE_MAX {
+            return Err(FsError::ValueTooBig);
+        }
         let mut i = self.inode(ino)?;
         let pos = i.xattrs.binary_search_by(|(n, _)| n.as_slice().cmp(name));
         match (pos, mode) {
@@ -1966,15 +2056,27 @@ impl Tx<'_> {
             (Err(_), XattrMode::Replace) => return Err(FsError::NoAttr),
             _ => {}
         }
-        let old = pos.map_or(0, |k| i.xattrs[k].0.len() + i.xattrs[k].1.len());
-        if i.xattr_bytes() - old + name.len() + value.len() > XATTR_MAX
+        let in_record = |v: &[u8]| {
+            if v.len() <= XATTR_INLINE_VALUE_MAX {
+                v.len()
+            } else {
+                8
+            }
+        };
+        let old = pos.map_or(0, |k| i.xattrs[k].0.len() + i.xattrs[k].1.record_bytes());
+        if i.xattr_bytes() - old + name.len() + in_record(value) > XATTR_MAX
             || (pos.is_err() && i.xattrs.len() >= inode::XATTR_COUNT_MAX)
         {
             return Err(FsError::NoSpace);
         }
+        self.reserve((i.encoded_len() + name.len() + value.len()) as u64)?;
+        let v = self.store_xattr_value(value)?;
         match pos {
-            Ok(k) => i.xattrs[k].1 = value.to_vec(),
-            Err(k) => i.xattrs.insert(k, (name.to_vec(), value.to_vec())),
+            Ok(k) => {
+                let was = std::mem::replace(&mut i.xattrs[k].1, v);
+                self.drop_xattr_value(&was)?;
+            }
+            Err(k) => i.xattrs.insert(k, (name.to_vec(), v)),
         }
         if name == b"system.posix_acl_access" {
             // The ACL's owner/group/other entries are the mode bits.
@@ -1983,7 +2085,6 @@ impl Tx<'_> {
             }
         }
         stamp(&mut i, self.fs.now(), false, true);
-        self.reserve(i.encoded_len() as u64)?;
         self.put(&i)
     }
 
@@ -1993,9 +2094,10 @@ impl Tx<'_> {
             .xattrs
             .binary_search_by(|(n, _)| n.as_slice().cmp(name))
             .map_err(|_| FsError::NoAttr)?;
-        i.xattrs.remove(k);
+        let (_, v) = i.xattrs.remove(k);
         stamp(&mut i, self.fs.now(), false, true);
         self.reserve_freeing(i.encoded_len() as u64)?;
+        self.drop_xattr_value(&v)?;
         self.put(&i)
     }
 
@@ -2233,21 +2335,6 @@ fn empty_root(list: ListId, ctx: Ctx, now: Time) -> Inode {
         ctime: now,
         inline: Vec::new(),
         xattrs: Vec::new(),
-    }
-}
-
-/// What a write, truncation or chown does to privileges (Linux's
-/// `file_remove_privs`): the file capability always goes; set-user-ID, and
-/// set-group-ID when the group may execute, go if `kill_suidgid` (never a
-/// directory's: there they mean something else).
-fn drop_privileges(i: &mut Inode, kill_suidgid: bool) {
-    i.xattrs
-        .retain(|(n, _)| n.as_slice() != b"security.capability");
-    if kill_suidgid && i.kind() != Kind::Dir {
-        i.mode &= !0o4000;
-        if i.mode & 0o010 != 0 {
-            i.mode &= !0o2000;
-        }
     }
 }
 
