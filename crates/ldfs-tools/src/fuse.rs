@@ -160,10 +160,13 @@ fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
-fn ctx(req: &Request) -> Ctx {
+/// The caller, creating with `umask` (FUSE_DONT_MASK: ldfs applies it,
+/// unless the directory's default ACL takes its place).
+fn ctx(req: &Request, umask: u32) -> Ctx {
     Ctx {
         uid: req.uid(),
         gid: req.gid(),
+        umask,
     }
 }
 
@@ -207,7 +210,12 @@ impl Filesystem for FuseFs {
                 | InitFlags::FUSE_PARALLEL_DIROPS
                 | InitFlags::FUSE_ASYNC_READ
                 | InitFlags::FUSE_MAX_PAGES
+                // The kernel enforces ACLs; ldfs keeps them (the mode
+                // follows the access ACL, chmod rewrites it, new inodes
+                // inherit default ACLs: fs::acl) and applies the umask
+                // itself, as a default ACL replaces it (FUSE_DONT_MASK).
                 | InitFlags::FUSE_POSIX_ACL
+                | InitFlags::FUSE_DONT_MASK
                 // File handles (NFS, open_by_handle_at) outlive the
                 // kernel's inode cache: it looks an inode up again as "."
                 // of its node id, and ".." of a directory (Fs::lookup);
@@ -321,14 +329,19 @@ impl Filesystem for FuseFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
         self.entry(
             reply,
-            self.fs
-                .mknod(ctx(req), parent.0, name.as_bytes(), mode, rdev as u64),
+            self.fs.mknod(
+                ctx(req, umask),
+                parent.0,
+                name.as_bytes(),
+                mode,
+                rdev as u64,
+            ),
         );
     }
 
@@ -338,12 +351,13 @@ impl Filesystem for FuseFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
         self.entry(
             reply,
-            self.fs.mkdir(ctx(req), parent.0, name.as_bytes(), mode),
+            self.fs
+                .mkdir(ctx(req, umask), parent.0, name.as_bytes(), mode),
         );
     }
 
@@ -366,7 +380,7 @@ impl Filesystem for FuseFs {
         self.entry(
             reply,
             self.fs.symlink(
-                ctx(req),
+                ctx(req, 0),
                 parent.0,
                 link_name.as_bytes(),
                 target.as_os_str().as_bytes(),
@@ -697,12 +711,15 @@ impl Filesystem for FuseFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         _flags: i32,
         reply: ReplyCreate,
     ) {
         let mode = (mode & 0o7777) | Kind::File.mode_bits();
-        match self.fs.mknod(ctx(req), parent.0, name.as_bytes(), mode, 0) {
+        match self
+            .fs
+            .mknod(ctx(req, umask), parent.0, name.as_bytes(), mode, 0)
+        {
             Ok(a) => {
                 self.fs.pin(a.ino, 1);
                 reply.created(

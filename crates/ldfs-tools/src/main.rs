@@ -899,6 +899,7 @@ fn cmd_mkfs(
     let ctx = ldfs::fs::Ctx {
         uid: unsafe { libc::getuid() },
         gid: unsafe { libc::getgid() },
+        umask: 0,
     };
     ldfs::fs::Fs::format(&lld, ctx)?;
     lld.close()?;
@@ -950,6 +951,7 @@ fn mkfs_dual(
     let ctx = ldfs::fs::Ctx {
         uid: unsafe { libc::getuid() },
         gid: unsafe { libc::getgid() },
+        umask: 0,
     };
     ldfs::fs::Fs::format(&d, ctx)?;
     d.close()?;

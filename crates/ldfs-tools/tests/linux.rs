@@ -681,3 +681,95 @@ fn xattr_values_up_to_64_kib() {
     assert_eq!(list_xattrs(&f), ["user.mid"]);
     m.unmount();
 }
+
+/// Whether `tool` runs here; if not, says so loudly (the comparisons
+/// below need it).
+fn have(tool: &str) -> bool {
+    let ok = std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("\n*** SKIPPING: {tool} is not installed (apt-get install acl) ***\n");
+    }
+    ok
+}
+
+/// Runs `script` with `sh` in a new directory `name` under the mount and
+/// in one on a kernel file system (the test's temporary directory: ext4 or
+/// tmpfs), both open to every user; their outputs must be equal.
+fn same_as_the_kernel(m: &Mount, name: &str, script: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let reference = tempfile::tempdir().unwrap();
+    let mut outs = Vec::new();
+    for dir in [m.path(name), reference.path().join(name)] {
+        fs::create_dir(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+        fs::set_permissions(dir.parent().unwrap(), fs::Permissions::from_mode(0o755)).unwrap();
+        let out = std::process::Command::new("sh")
+            .args(["-c", script])
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        outs.push(
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        );
+    }
+    let kind = std::process::Command::new("stat")
+        .args(["-f", "-c", "%T"])
+        .arg(reference.path())
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    assert!(
+        outs[0] == outs[1],
+        "{name}: ldfs and {kind} differ\n--- ldfs:\n{}\n--- {kind}:\n{}",
+        outs[0],
+        outs[1]
+    );
+    outs.swap_remove(0)
+}
+
+/// Prints each path's mode and owners, its ACL and its extended
+/// attributes (what `ls -l` shows as `+`).
+const SHOW: &str = r#"show() { for p in "$@"; do echo "== $p $(stat -c '%A %u %g' $p)"; getfacl -cpn $p 2>&1; getfattr -m - -d --absolute-names $p 2>/dev/null | grep -v '^#' | sort; done; }
+"#;
+
+/// POSIX ACLs as on ext4/tmpfs: an ACL equal to the mode bits is not
+/// stored (the mode changes instead: no `+` in ls -l), the mode follows the
+/// mask, chmod rewrites the mask, default ACLs are inherited by new files
+/// (masked by the create mode, the umask ignored) and directories (which
+/// get both ACLs), and the umask applies where there is none.
+#[test]
+fn posix_acls_as_linux_keeps_them() {
+    if !fuse_usable() || !have("setfacl") || !have("getfattr") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("acl.img");
+    mkfs(&img, "64M");
+    let m = Mount::new(&img, &t.path().join("mnt"), &[]);
+    let script = SHOW.to_string()
+        + r#"umask 022
+touch f; setfacl -m u::rwx f; show f
+touch g; setfacl -m u:1000:rw g; show g
+chmod 640 g; show g
+setfacl -m m::rwx g; show g
+chmod 600 g; show g
+setfacl -b g; show g
+mkdir d; setfacl -d -m u:1000:rwx d; setfacl -d -m g::r-x d; show d
+touch d/nf; mkdir d/sub; mkdir -m 700 d/sub700; (umask 077; touch d/masked; mkdir d/mdir)
+mkfifo d/p; ln -s nf d/sym
+show d/nf d/sub d/sub700 d/masked d/mdir d/p
+chmod 750 d/sub; show d/sub
+mkdir e; setfacl -d -m u::rwx,g::r-x,o::r-x e; (umask 077; touch e/x; mkdir e/y); show e e/x e/y
+(umask 077; touch plain; mkdir plaind); show plain plaind
+"#;
+    let out = same_as_the_kernel(&m, "acl", &script);
+    // Not just equal: what the comparison stands for.
+    assert!(out.contains("== f -rwxr--r-- 0 0\n"), "{out}");
+    assert!(list_xattrs(&m.path("acl/f")).is_empty());
+    assert!(out.contains("== d/nf -rw-rw-r-- 0 0\n"), "{out}");
+    m.unmount();
+}

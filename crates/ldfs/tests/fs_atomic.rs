@@ -20,7 +20,11 @@ use ldfs::ld::{AruId, LdError, LdResult, ListHints, ListId, LogicalDisk, SpaceSt
 use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::{Lld, LldOptions};
 
-const CTX: Ctx = Ctx { uid: 0, gid: 0 };
+const CTX: Ctx = Ctx {
+    uid: 0,
+    gid: 0,
+    umask: 0,
+};
 
 fn mkfs_options() -> MkfsOptions {
     MkfsOptions {

@@ -13,7 +13,11 @@ use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::{Lld, LldOptions};
 use ldfs::uip::{Uip, UipOptions};
 
-const CTX: Ctx = Ctx { uid: 0, gid: 0 };
+const CTX: Ctx = Ctx {
+    uid: 0,
+    gid: 0,
+    umask: 0,
+};
 
 /// A fresh file system on one log (`dual` false) or on the dual layout:
 /// metadata on a log, file data on a device of its own.

@@ -254,7 +254,15 @@ impl Fs {
                         ..Default::default()
                     },
                 )?;
-                let root = super::empty_root(list, Ctx { uid: 0, gid: 0 }, super::system_time());
+                let root = super::empty_root(
+                    list,
+                    Ctx {
+                        uid: 0,
+                        gid: 0,
+                        umask: 0,
+                    },
+                    super::system_time(),
+                );
                 ld.write(Some(aru), INODE_LIST, ROOT_INO, &root.encode())?;
                 fixed.push("root directory record rewritten (a new, empty root)".into());
             }
@@ -711,7 +719,16 @@ impl Fs {
             Err(FsError::NotFound) => {}
             Err(e) => return Err(e),
         }
-        let a = self.mkdir(Ctx { uid: 0, gid: 0 }, ROOT_INO, LOST_FOUND, 0o700)?;
+        let a = self.mkdir(
+            Ctx {
+                uid: 0,
+                gid: 0,
+                umask: 0,
+            },
+            ROOT_INO,
+            LOST_FOUND,
+            0o700,
+        )?;
         Ok(a.ino)
     }
 

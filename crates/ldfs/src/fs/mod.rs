@@ -33,6 +33,7 @@
 //!
 //! errno exists only in the FUSE adapter; this layer returns `FsError`.
 
+pub mod acl;
 pub mod check;
 pub mod dir;
 pub mod inode;
@@ -121,6 +122,9 @@ impl From<LdError> for FsError {
 pub struct Ctx {
     pub uid: u32,
     pub gid: u32,
+    /// The caller's umask: it limits a new inode's mode unless the
+    /// directory has a default ACL, which does instead (as on Linux).
+    pub umask: u32,
 }
 
 /// What `getattr` reports.
@@ -1445,9 +1449,35 @@ impl Tx<'_> {
         // The number the inode gets; taken (and the record written) below.
         let ino = self.st.next_ino;
         self.plan_add(&mut plan, &p, name, ino, kind)?;
+        // The directory's default ACL becomes the new inode's access ACL
+        // (limited by the create mode, and limiting it) and a new
+        // directory's default ACL; without one, the umask limits the mode
+        // (`posix_acl_create`).
+        let mut mode = mode;
+        let mut xattrs = Vec::new();
+        let default = match p
+            .xattrs
+            .binary_search_by(|(n, _)| n.as_slice().cmp(acl::DEFAULT))
+        {
+            Ok(k) if kind != Kind::Symlink => Some(self.fs.xattr_value(parent, &p.xattrs[k].1)?)
+                .filter(|d| d.len() <= XATTR_INLINE_VALUE_MAX),
+            _ => None,
+        };
+        match default.as_deref().and_then(acl::Acl::parse) {
+            Some(mut a) => {
+                if a.create_masq(&mut mode) {
+                    xattrs.push((acl::ACCESS.to_vec(), XattrValue::Inline(a.encode())));
+                }
+                if kind == Kind::Dir {
+                    let d = default.expect("parsed above");
+                    xattrs.push((acl::DEFAULT.to_vec(), XattrValue::Inline(d)));
+                }
+            }
+            None if kind != Kind::Symlink => mode &= !(ctx.umask & 0o777),
+            None => {}
+        }
         // BSD semantics for setgid directories: the group comes from the
         // directory, and subdirectories inherit the bit.
-        let mut mode = mode;
         let gid = if p.mode & 0o2000 != 0 {
             if kind == Kind::Dir {
                 mode |= 0o2000;
@@ -1483,7 +1513,7 @@ impl Tx<'_> {
                 mtime: now,
                 ctime: now,
                 inline: target.to_vec(),
-                xattrs: Vec::new(),
+                xattrs,
             },
         );
         self.reserve(plan.bytes() + self.alloc_bytes())?;
@@ -1828,6 +1858,20 @@ impl Tx<'_> {
         }
         if let Some(mode) = sa.mode {
             i.mode = (i.mode & 0o170000) | (mode & 0o7777);
+            // chmod rewrites the access ACL's owner, group class and other
+            // entries (`posix_acl_chmod`).
+            if let Ok(k) = i
+                .xattrs
+                .binary_search_by(|(n, _)| n.as_slice().cmp(acl::ACCESS))
+            {
+                let old = self.fs.xattr_value(ino, &i.xattrs[k].1)?;
+                if let Some(mut a) = acl::Acl::parse(&old) {
+                    a.chmod(mode);
+                    let v = self.store_xattr_value(&a.encode())?;
+                    let was = std::mem::replace(&mut i.xattrs[k].1, v);
+                    self.drop_xattr_value(&was)?;
+                }
+            }
             stamp(&mut i, now, false, true);
         }
         if sa.uid.is_some() || sa.gid.is_some() {
@@ -2070,19 +2114,38 @@ impl Tx<'_> {
             return Err(FsError::NoSpace);
         }
         self.reserve((i.encoded_len() + name.len() + value.len()) as u64)?;
-        let v = self.store_xattr_value(value)?;
-        match pos {
-            Ok(k) => {
+        // An access ACL sets the mode bits (`posix_acl_update_mode`); one
+        // that says no more than they do is not kept (no `+` in ls -l).
+        let mut keep = true;
+        if name == acl::ACCESS || name == acl::DEFAULT {
+            // Linux takes ACLs of at most a page through FUSE; so they
+            // always live in the record, where creates copy them from.
+            if value.len() > XATTR_INLINE_VALUE_MAX {
+                return Err(FsError::ValueTooBig);
+            }
+            let (bits, extended) = acl::Acl::parse(value)
+                .and_then(|a| a.mode())
+                .ok_or_else(|| FsError::Invalid("not a POSIX ACL".into()))?;
+            if name == acl::ACCESS {
+                i.mode = (i.mode & !0o777) | bits;
+                keep = extended;
+            }
+        }
+        match (pos, keep) {
+            (Ok(k), true) => {
+                let v = self.store_xattr_value(value)?;
                 let was = std::mem::replace(&mut i.xattrs[k].1, v);
                 self.drop_xattr_value(&was)?;
             }
-            Err(k) => i.xattrs.insert(k, (name.to_vec(), v)),
-        }
-        if name == b"system.posix_acl_access" {
-            // The ACL's owner/group/other entries are the mode bits.
-            if let Some(bits) = acl_mode_bits(value) {
-                i.mode = (i.mode & !0o777) | bits;
+            (Err(k), true) => {
+                let v = self.store_xattr_value(value)?;
+                i.xattrs.insert(k, (name.to_vec(), v));
             }
+            (Ok(k), false) => {
+                let (_, was) = i.xattrs.remove(k);
+                self.drop_xattr_value(&was)?;
+            }
+            (Err(_), false) => {}
         }
         stamp(&mut i, self.fs.now(), false, true);
         self.put(&i)
@@ -2293,27 +2356,6 @@ fn push_entry(entries: &mut Vec<dir::Entry>, name: &[u8], ino: u64, kind: Kind) 
         kind: kind.code(),
     });
     Ok(())
-}
-
-/// The mode bits an access ACL implies (its USER_OBJ, GROUP_OBJ or MASK,
-/// and OTHER entries), if it parses.
-fn acl_mode_bits(v: &[u8]) -> Option<u32> {
-    if v.len() < 4 || !(v.len() - 4).is_multiple_of(8) || v[..4] != [2, 0, 0, 0] {
-        return None;
-    }
-    let (mut user, mut group, mut mask, mut other) = (None, None, None, None);
-    for e in v[4..].chunks(8) {
-        let tag = u16::from_le_bytes([e[0], e[1]]);
-        let perm = u16::from_le_bytes([e[2], e[3]]) as u32 & 7;
-        match tag {
-            0x01 => user = Some(perm),
-            0x04 => group = Some(perm),
-            0x10 => mask = Some(perm),
-            0x20 => other = Some(perm),
-            _ => {}
-        }
-    }
-    Some((user? << 6) | (mask.or(group)? << 3) | other?)
 }
 
 /// A new, empty root directory whose buckets live in `list` (mkfs, and
