@@ -16,7 +16,7 @@ use fuser::{
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use ldfs::fs::inode::{Kind, Time};
-use ldfs::fs::{self, Attr, Ctx, Fs, FsError, SetAttr, TimeSet, XattrMode};
+use ldfs::fs::{self, Attr, Ctx, Fs, FsError, Kill, SetAttr, TimeSet, XattrMode};
 
 /// How long the kernel may cache attributes and entries. Every change goes
 /// through this process, and the kernel invalidates what it changes itself.
@@ -47,6 +47,20 @@ pub struct FuseFs {
 }
 
 impl FuseFs {
+    /// The set-ID bits a change of `ino` by `req` clears (the kernel's
+    /// `setattr_should_drop_suidgid`; chown always clears some): both if
+    /// the file's set-group-ID goes without group execute, which happens
+    /// when an `unprivileged` caller (without CAP_FSETID) is not in the
+    /// file's group.
+    fn kill(&self, req: &Request, ino: INodeNo, unprivileged: bool) -> Kill {
+        match self.fs.getattr(ino.0) {
+            Ok(a) if a.perm & 0o2010 == 0o2000 && unprivileged && !in_group(req, a.gid) => {
+                Kill::SuidAndSgid
+            }
+            _ => Kill::SuidAndExecSgid,
+        }
+    }
+
     /// A read reached ldfs: atime per the mount's mode. A failure (a full
     /// file system) does not fail the read.
     fn accessed(&self, ino: INodeNo, dir: bool) {
@@ -76,6 +90,20 @@ fn control_name(ino: INodeNo, name: &OsStr) -> Option<&str> {
         return None;
     }
     name.to_str()?.strip_prefix(CONTROL_PREFIX)
+}
+
+/// Whether the process behind `req` is in group `gid`: its file-system
+/// group, or one of its supplementary groups (FUSE passes only the first;
+/// the rest are in /proc, read only for the rare set-group-ID file).
+fn in_group(req: &Request, gid: u32) -> bool {
+    if req.gid() == gid {
+        return true;
+    }
+    let status = std::fs::read_to_string(format!("/proc/{}/status", req.pid())).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
 }
 
 fn errno(e: &FsError) -> Errno {
@@ -271,7 +299,7 @@ impl Filesystem for FuseFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let (mut mode, mut uid) = (mode, uid);
+        let mut uid = uid;
         let nothing = [mode, uid, gid].iter().all(Option::is_none)
             && size.is_none()
             && atime.is_none()
@@ -279,25 +307,25 @@ impl Filesystem for FuseFs {
         if nothing {
             // chown(path, -1, -1): the kernel sends no attribute (ctime
             // only with the writeback cache), nor when it leaves removing
-            // set-ID bits before a write to ldfs (file_remove_privs under
-            // FUSE_HANDLE_KILLPRIV_V2). Linux changes ctime and, for a
-            // non-directory, clears set-user-ID and group-executable
-            // set-group-ID (as chown(2) does; the same owner again changes
-            // ctime alone).
+            // set-ID bits to ldfs (file_remove_privs under
+            // FUSE_HANDLE_KILLPRIV_V2: fallocate, and writes with the
+            // writeback cache). Linux changes ctime and clears the set-ID
+            // bits as chown(2) does: a chown to the same owner.
             match self.fs.getattr(ino.0) {
-                Ok(a) => {
-                    uid = Some(a.uid);
-                    if a.kind != Kind::Dir {
-                        let mut m = a.perm as u32 & !0o4000;
-                        if m & 0o010 != 0 {
-                            m &= !0o2000;
-                        }
-                        mode = Some(m);
-                    }
-                }
+                Ok(a) => uid = Some(a.uid),
                 Err(e) => return reply.error(errno(&e)),
             }
         }
+        // Under FUSE_HANDLE_KILLPRIV_V2 a truncation by a caller without
+        // CAP_FSETID clears set-ID bits here (fuser does not pass
+        // FATTR_KILL_SUIDGID on; non-root stands for it), and so does a
+        // chown by anyone.
+        let unprivileged = req.uid() != 0;
+        let kill = if uid.is_some() || gid.is_some() || (size.is_some() && unprivileged) {
+            self.kill(req, ino, unprivileged)
+        } else {
+            Kill::Nothing
+        };
         let sa = SetAttr {
             mode,
             uid,
@@ -305,10 +333,7 @@ impl Filesystem for FuseFs {
             size,
             atime: atime.map(time_set),
             mtime: mtime.map(time_set),
-            // Under FUSE_HANDLE_KILLPRIV_V2 a truncation by a caller
-            // without CAP_FSETID clears set-user-ID/-group-ID here (fuser
-            // does not pass FATTR_KILL_SUIDGID on; non-root stands for it).
-            kill_suidgid: size.is_some() && req.uid() != 0,
+            kill,
         };
         match self.fs.setattr(ino.0, &sa) {
             Ok(a) => reply.attr(&TTL, &file_attr(&a)),
@@ -462,7 +487,7 @@ impl Filesystem for FuseFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -472,7 +497,12 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        // The kernel sets the flag for a writer without CAP_FSETID.
+        let kill = if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            self.kill(req, ino, true)
+        } else {
+            Kill::Nothing
+        };
         match self.fs.write_killing_suidgid(ino.0, offset, data, kill) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(&e)),

@@ -153,6 +153,21 @@ pub enum TimeSet {
     At(Time),
 }
 
+/// The set-ID bits a write, truncation or chown clears: the kernel's
+/// `setattr_should_drop_suidgid`, worked out by the mount, which knows the
+/// caller's credentials. Only a regular file's bits are cleared.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kill {
+    /// None (a write or truncation by a caller with CAP_FSETID).
+    #[default]
+    Nothing,
+    /// Set-user-ID, and set-group-ID where the group may execute (without
+    /// it the bit marks mandatory locking, and stays).
+    SuidAndExecSgid,
+    /// Both (a caller neither in the file's group nor with CAP_FSETID).
+    SuidAndSgid,
+}
+
 /// A setattr request: `None` leaves a field alone.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SetAttr {
@@ -160,9 +175,9 @@ pub struct SetAttr {
     pub uid: Option<u32>,
     pub gid: Option<u32>,
     pub size: Option<u64>,
-    /// Clear set-user-ID, and set-group-ID if group-executable, as a
-    /// truncation by a caller without CAP_FSETID does (the mount tells).
-    pub kill_suidgid: bool,
+    /// The set-ID bits a truncation clears (`Kill::Nothing` for a caller
+    /// with CAP_FSETID), and a chown beyond the least it always clears.
+    pub kill: Kill,
     pub atime: Option<TimeSet>,
     pub mtime: Option<TimeSet>,
 }
@@ -1039,21 +1054,20 @@ impl Fs {
     /// says whether it also clears set-user-ID and set-group-ID (a writer
     /// without CAP_FSETID): see `write_killing_suidgid`.
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> FsResult<usize> {
-        self.write_killing_suidgid(ino, offset, data, false)
+        self.write_killing_suidgid(ino, offset, data, Kill::Nothing)
     }
 
-    /// `write`, also clearing set-user-ID, and set-group-ID if the group may
-    /// execute, when `kill_suidgid` (FUSE_WRITE_KILL_SUIDGID: the file
-    /// system owns privilege killing under FUSE_HANDLE_KILLPRIV_V2).
+    /// `write`, also clearing the set-ID bits `kill` says (the file system
+    /// owns privilege killing under FUSE_HANDLE_KILLPRIV_V2).
     pub fn write_killing_suidgid(
         &self,
         ino: u64,
         offset: u64,
         data: &[u8],
-        kill_suidgid: bool,
+        kill: Kill,
     ) -> FsResult<usize> {
         let mut tx = self.begin()?;
-        let r = tx.write(ino, offset, data, kill_suidgid);
+        let r = tx.write(ino, offset, data, kill);
         let r = tx.finish(r);
         self.blocks_changed(ino);
         r
@@ -1587,10 +1601,10 @@ impl Tx<'_> {
     }
 
     /// What a write, truncation or chown does to privileges (Linux's
-    /// `file_remove_privs`): the file capability always goes; set-user-ID,
-    /// and set-group-ID when the group may execute, go if `kill_suidgid`
-    /// (never a directory's: there they mean something else).
-    fn drop_privileges(&mut self, i: &mut Inode, kill_suidgid: bool) -> FsResult<()> {
+    /// `file_remove_privs`): the file capability always goes; the set-ID
+    /// bits `kill` says go (never a directory's: there they mean something
+    /// else).
+    fn drop_privileges(&mut self, i: &mut Inode, kill: Kill) -> FsResult<()> {
         if let Ok(k) = i
             .xattrs
             .binary_search_by(|(n, _)| n.as_slice().cmp(b"security.capability"))
@@ -1598,9 +1612,9 @@ impl Tx<'_> {
             let (_, v) = i.xattrs.remove(k);
             self.drop_xattr_value(&v)?;
         }
-        if kill_suidgid && i.kind() != Kind::Dir {
+        if kill != Kill::Nothing && i.kind() != Kind::Dir {
             i.mode &= !0o4000;
-            if i.mode & 0o010 != 0 {
+            if i.mode & 0o010 != 0 || kill == Kill::SuidAndSgid {
                 i.mode &= !0o2000;
             }
         }
@@ -1853,7 +1867,7 @@ impl Tx<'_> {
                 return Err(FsError::FileTooBig);
             }
             resize = self.plan_resize(&mut i, size)?;
-            self.drop_privileges(&mut i, sa.kill_suidgid)?;
+            self.drop_privileges(&mut i, sa.kill)?;
             stamp(&mut i, now, true, true);
         }
         if let Some(mode) = sa.mode {
@@ -1875,7 +1889,6 @@ impl Tx<'_> {
             stamp(&mut i, now, false, true);
         }
         if sa.uid.is_some() || sa.gid.is_some() {
-            let changes = sa.uid.is_some_and(|u| u != i.uid) || sa.gid.is_some_and(|g| g != i.gid);
             if let Some(u) = sa.uid {
                 i.uid = u;
             }
@@ -1883,10 +1896,9 @@ impl Tx<'_> {
                 i.gid = g;
             }
             // chown clears set-user-ID, and set-group-ID when the group
-            // can execute (POSIX chown(2)), and the file capability.
-            if changes {
-                self.drop_privileges(&mut i, true)?;
-            }
+            // can execute or `kill` says so, and the file capability, even
+            // to the same owner (Linux's chown_common).
+            self.drop_privileges(&mut i, sa.kill.max(Kill::SuidAndExecSgid))?;
             stamp(&mut i, now, false, true);
         }
         if let Some(t) = sa.atime {
@@ -1991,7 +2003,7 @@ impl Tx<'_> {
         Ok(())
     }
 
-    fn write(&mut self, ino: u64, offset: u64, data: &[u8], kill_suidgid: bool) -> FsResult<usize> {
+    fn write(&mut self, ino: u64, offset: u64, data: &[u8], kill: Kill) -> FsResult<usize> {
         let mut i = self.inode(ino)?;
         match i.kind() {
             Kind::File => {}
@@ -2012,7 +2024,7 @@ impl Tx<'_> {
             }
             i.inline[offset as usize..end as usize].copy_from_slice(data);
             i.size = i.size.max(end);
-            self.drop_privileges(&mut i, kill_suidgid)?;
+            self.drop_privileges(&mut i, kill)?;
             stamp(&mut i, now, true, true);
             self.reserve(i.encoded_len() as u64)?;
             self.put(&i)?;
@@ -2060,7 +2072,7 @@ impl Tx<'_> {
             .sum();
         let edge_bytes: u64 = edges.iter().map(|e| e.1.len() as u64).sum();
         i.size = i.size.max(end);
-        self.drop_privileges(&mut i, kill_suidgid)?;
+        self.drop_privileges(&mut i, kill)?;
         stamp(&mut i, now, true, true);
         self.reserve(
             spill_bytes + edge_bytes + (data.len() as u64 - covered) + i.encoded_len() as u64,
