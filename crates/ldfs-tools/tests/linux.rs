@@ -846,3 +846,65 @@ show sd/sub2 sd/f2 sd/x3
         m.unmount();
     }
 }
+
+/// The README says what FUSE makes impossible, and it holds: under
+/// `strictatime` a read the page cache serves leaves atime alone, and
+/// FIEMAP finds no extents to report.
+#[test]
+fn readme_says_what_fuse_makes_impossible_and_it_holds() {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::io::AsRawFd;
+    let readme =
+        fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let section = readme
+        .split("**What FUSE makes impossible.**")
+        .nth(1)
+        .expect("README: no paragraph on what FUSE makes impossible");
+    let section = section.split("\n\n").next().unwrap();
+    for claim in [
+        "page cache",
+        "atime",
+        "supplementary groups",
+        "remount",
+        "swap",
+        "FIEMAP",
+    ] {
+        assert!(
+            section.contains(claim),
+            "README's paragraph does not mention {claim}"
+        );
+    }
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("i.img");
+    mkfs(&img, "64M");
+    let m = Mount::new(&img, &t.path().join("mnt"), &["strictatime"]);
+    let f = m.path("f");
+    fs::write(&f, vec![5u8; 8192]).unwrap();
+    read_through(&f);
+    let atime = || {
+        let md = fs::metadata(&f).unwrap();
+        (md.atime(), md.atime_nsec())
+    };
+    // Past the kernel's attribute cache (TTL), so the atime is ldfs's.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let before = atime();
+    let mut buf = Vec::new();
+    fs::File::open(&f).unwrap().read_to_end(&mut buf).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    assert_eq!(atime(), before, "a read from the page cache reached ldfs");
+    read_through(&f);
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    assert!(atime() > before, "a read through to ldfs left atime alone");
+    // FS_IOC_FIEMAP with room for the header only (struct fiemap).
+    let mut fiemap = [0u64; 4];
+    fiemap[1] = u64::MAX; // fm_length
+    let file = fs::File::open(&f).unwrap();
+    let r = unsafe { libc::ioctl(file.as_raw_fd(), 0xC020_660B, fiemap.as_mut_ptr()) };
+    assert!(r < 0 || fiemap[2] >> 32 == 0, "FIEMAP mapped extents");
+    drop(file);
+    m.unmount();
+}
