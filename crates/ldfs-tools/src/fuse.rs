@@ -664,7 +664,7 @@ impl Filesystem for FuseFs {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -687,7 +687,19 @@ impl Filesystem for FuseFs {
             libc::XATTR_REPLACE => XattrMode::Replace,
             _ => return reply.error(Errno::from_i32(libc::EINVAL)),
         };
-        empty(reply, self.fs.setxattr(ino.0, name.as_bytes(), value, mode));
+        // Without FUSE_SETXATTR_EXT (which fuser cannot parse) the kernel
+        // cannot say FUSE_SETXATTR_ACL_KILL_SGID: ldfs works it out.
+        let kill_sgid = name.as_bytes() == fs::acl::ACCESS
+            && req.uid() != 0
+            && self
+                .fs
+                .getattr(ino.0)
+                .is_ok_and(|a| a.perm & 0o2000 != 0 && !in_group(req, a.gid));
+        empty(
+            reply,
+            self.fs
+                .setxattr_killing_sgid(ino.0, name.as_bytes(), value, mode, kill_sgid),
+        );
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {

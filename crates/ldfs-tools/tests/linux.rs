@@ -779,7 +779,8 @@ mkdir e; setfacl -d -m u::rwx,g::r-x,o::r-x e; (umask 077; touch e/x; mkdir e/y)
 /// a write, truncation or fallocate by an unprivileged writer (uid 1000,
 /// in the file's group, in none, or in it as a supplementary group) or by
 /// root, and chown by either, even to the same owner; set-group-ID
-/// without group execute stays for members and root only. Then setgid
+/// without group execute stays for members and root only; an access ACL
+/// set by a non-member clears set-group-ID (`posix_acl_update_mode`). Then setgid
 /// directories: new inodes take the group, subdirectories the bit, also
 /// with a default ACL, and a non-member's set-group-ID create loses it.
 #[test]
@@ -819,6 +820,15 @@ for mode in 6767 2767 6777; do
   mk $mode 0; $W2 chown 1000 f; r="$r chown-same:$(stat -c %a f)"
   echo "supplementary $mode 0:$r"
 done
+for g in 0 1000; do
+  for mode in 2775 2765; do
+    r=""
+    mk $mode $g; $W setfacl -m u:1001:r f; r="$r named:$(stat -c %a f)"
+    mk $mode $g; $W setfacl -m u::rwx,g::r-x,o::r-x f; r="$r equal:$(stat -c %a f)"
+    mk $mode $g; setfacl -m u:1001:r f; r="$r root:$(stat -c %a f)"
+    echo "acl $mode $g:$r"
+  done
+done
 mkdir sd; chgrp 1000 sd; chmod 2777 sd
 $W mkdir sd/sub; $W touch sd/f; $W mkdir -m 755 sd/m755; touch sd/rootf; mkdir sd/rootd
 $W sh -c 'umask 0; install -m 2775 /dev/null sd/x; mkdir -m 2755 sd/y'
@@ -843,6 +853,7 @@ show sd/sub2 sd/f2 sd/x3
         assert!(out.contains("6767 0: w:767 "), "{out}");
         assert!(out.contains("6767 1000: w:2767 "), "{out}");
         assert!(out.contains("rootchown-same:777 "), "{out}");
+        assert!(out.contains("acl 2775 0: named:775 "), "{out}");
         m.unmount();
     }
 }

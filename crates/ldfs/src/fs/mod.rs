@@ -1074,8 +1074,22 @@ impl Fs {
     }
 
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], mode: XattrMode) -> FsResult<()> {
+        self.setxattr_killing_sgid(ino, name, value, mode, false)
+    }
+
+    /// `setxattr`; an access ACL set by a caller neither in the inode's
+    /// group nor with CAP_FSETID (`kill_sgid`, the mount tells) also
+    /// clears set-group-ID, as Linux's `posix_acl_update_mode` does.
+    pub fn setxattr_killing_sgid(
+        &self,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        mode: XattrMode,
+        kill_sgid: bool,
+    ) -> FsResult<()> {
         let mut tx = self.begin()?;
-        let r = tx.setxattr(ino, name, value, mode);
+        let r = tx.setxattr(ino, name, value, mode, kill_sgid);
         tx.finish(r)
     }
 
@@ -2098,7 +2112,14 @@ impl Tx<'_> {
         Ok(data.len())
     }
 
-    fn setxattr(&mut self, ino: u64, name: &[u8], value: &[u8], mode: XattrMode) -> FsResult<()> {
+    fn setxattr(
+        &mut self,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        mode: XattrMode,
+        kill_sgid: bool,
+    ) -> FsResult<()> {
         if name.is_empty() || name.len() > XATTR_NAME_MAX {
             return Err(FsError::Range);
         }
@@ -2140,6 +2161,9 @@ impl Tx<'_> {
                 .ok_or_else(|| FsError::Invalid("not a POSIX ACL".into()))?;
             if name == acl::ACCESS {
                 i.mode = (i.mode & !0o777) | bits;
+                if kill_sgid {
+                    i.mode &= !0o2000;
+                }
                 keep = extended;
             }
         }
