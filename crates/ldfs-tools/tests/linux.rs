@@ -740,16 +740,17 @@ const SHOW: &str = r#"show() { for p in "$@"; do echo "== $p $(stat -c '%A %u %g
 /// stored (the mode changes instead: no `+` in ls -l), the mode follows the
 /// mask, chmod rewrites the mask, default ACLs are inherited by new files
 /// (masked by the create mode, the umask ignored) and directories (which
-/// get both ACLs), and the umask applies where there is none.
+/// get both ACLs), and the umask applies where there is none; the kernel
+/// enforces them (a named user reads until chmod narrows the mask).
 #[test]
 fn posix_acls_as_linux_keeps_them() {
-    if !fuse_usable() || !have("setfacl") || !have("getfattr") {
+    if !fuse_usable() || !have("setfacl") || !have("getfattr") || !have("setpriv") {
         return;
     }
     let t = tempfile::tempdir().unwrap();
     let img = t.path().join("acl.img");
     mkfs(&img, "64M");
-    let m = Mount::new(&img, &t.path().join("mnt"), &[]);
+    let m = Mount::new(&img, &t.path().join("mnt"), &["allow_other"]);
     let script = SHOW.to_string()
         + r#"umask 022
 touch f; setfacl -m u::rwx f; show f
@@ -765,12 +766,17 @@ show d/nf d/sub d/sub700 d/masked d/mdir d/p
 chmod 750 d/sub; show d/sub
 mkdir e; setfacl -d -m u::rwx,g::r-x,o::r-x e; (umask 077; touch e/x; mkdir e/y); show e e/x e/y
 (umask 077; touch plain; mkdir plaind); show plain plaind
+R="setpriv --reuid=1001 --regid=1001 --clear-groups"
+echo secret > s; chmod 600 s; $R cat s 2>&1
+setfacl -m u:1001:r s; $R cat s 2>&1; setpriv --reuid=1002 --regid=1002 --clear-groups cat s 2>&1
+chmod 600 s; $R cat s 2>&1; chmod 640 s; $R cat s 2>&1
 "#;
     let out = same_as_the_kernel(&m, "acl", &script);
     // Not just equal: what the comparison stands for.
     assert!(out.contains("== f -rwxr--r-- 0 0\n"), "{out}");
     assert!(list_xattrs(&m.path("acl/f")).is_empty());
     assert!(out.contains("== d/nf -rw-rw-r-- 0 0\n"), "{out}");
+    assert!(out.contains("secret\n"), "{out}");
     m.unmount();
 }
 
