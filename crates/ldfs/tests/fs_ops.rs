@@ -444,3 +444,49 @@ fn dual_data_device_fills_and_empties_cleanly() {
         assert_eq!(dual.check_blocks().unwrap(), Vec::<String>::new());
     }
 }
+
+/// The check knows a long value's list: one that went missing is found
+/// (and the repair drops that attribute, keeping the others); the lists
+/// of live values are not reported as leaked.
+#[test]
+fn a_long_xattr_values_missing_list_is_found_and_repaired() {
+    use ldfs::fs::check::Finding;
+    use ldfs::fs::inode::XattrValue;
+    let fs = fresh(false);
+    let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap();
+    fs.setxattr(f.ino, b"user.gone", &[1u8; 50_000], XattrMode::Create)
+        .unwrap();
+    fs.setxattr(f.ino, b"user.kept", &[2u8; 60_000], XattrMode::Create)
+        .unwrap();
+    fs.setxattr(f.ino, b"user.small", b"s", XattrMode::Create)
+        .unwrap();
+    let report = fs.check().unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    let record = fs.inode_record(f.ino).unwrap();
+    let list = match &record.xattrs[0] {
+        (n, XattrValue::List { list, .. }) if n == b"user.gone" => *list,
+        other => panic!("user.gone is not in a list: {other:?}"),
+    };
+    fs.logical_disk()
+        .delete_list(None, ldfs::ld::ListId(list))
+        .unwrap();
+    let report = fs.check().unwrap();
+    assert_eq!(
+        report.findings,
+        [Finding::MissingList { ino: f.ino, list }],
+        "{:?}",
+        report.problems
+    );
+    let fixed = fs.repair().unwrap();
+    assert!(
+        fixed.after.problems.is_empty(),
+        "{:?}",
+        fixed.after.problems
+    );
+    assert!(matches!(
+        fs.getxattr(f.ino, b"user.gone"),
+        Err(FsError::NoAttr)
+    ));
+    assert_eq!(fs.getxattr(f.ino, b"user.kept").unwrap(), vec![2u8; 60_000]);
+    assert_eq!(fs.getxattr(f.ino, b"user.small").unwrap(), b"s");
+}
