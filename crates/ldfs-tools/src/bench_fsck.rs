@@ -207,7 +207,11 @@ fn build(b: &FsckBench, path: &std::path::Path) -> R<()> {
         Arc::new(FileDevice::create(path, size, FileDeviceOptions { direct: false }).map_err(e)?);
     let lld =
         Arc::new(Lld::create(dev, &MkfsOptions::default(), LldOptions::default()).map_err(e)?);
-    let ctx = Ctx { uid: 0, gid: 0 };
+    let ctx = Ctx {
+        uid: 0,
+        gid: 0,
+        umask: 0,
+    };
     Fs::format(&*lld, ctx).map_err(e)?;
     let ld: Arc<dyn LogicalDisk> = lld.clone();
     let fs = Fs::mount(ld, FsOptions::default()).map_err(e)?;

@@ -16,7 +16,7 @@ use fuser::{
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use ldfs::fs::inode::{Kind, Time};
-use ldfs::fs::{self, Attr, Ctx, Fs, FsError, SetAttr, TimeSet, XattrMode};
+use ldfs::fs::{self, Attr, Ctx, Fs, FsError, Kill, SetAttr, TimeSet, XattrMode};
 
 /// How long the kernel may cache attributes and entries. Every change goes
 /// through this process, and the kernel invalidates what it changes itself.
@@ -47,6 +47,20 @@ pub struct FuseFs {
 }
 
 impl FuseFs {
+    /// The set-ID bits a change of `ino` by `req` clears (the kernel's
+    /// `setattr_should_drop_suidgid`; chown always clears some): both if
+    /// the file's set-group-ID goes without group execute, which happens
+    /// when an `unprivileged` caller (without CAP_FSETID) is not in the
+    /// file's group.
+    fn kill(&self, req: &Request, ino: INodeNo, unprivileged: bool) -> Kill {
+        match self.fs.getattr(ino.0) {
+            Ok(a) if a.perm & 0o2010 == 0o2000 && unprivileged && !in_group(req, a.gid) => {
+                Kill::SuidAndSgid
+            }
+            _ => Kill::SuidAndExecSgid,
+        }
+    }
+
     /// A read reached ldfs: atime per the mount's mode. A failure (a full
     /// file system) does not fail the read.
     fn accessed(&self, ino: INodeNo, dir: bool) {
@@ -78,6 +92,20 @@ fn control_name(ino: INodeNo, name: &OsStr) -> Option<&str> {
     name.to_str()?.strip_prefix(CONTROL_PREFIX)
 }
 
+/// Whether the process behind `req` is in group `gid`: its file-system
+/// group, or one of its supplementary groups (FUSE passes only the first;
+/// the rest are in /proc, read only for the rare set-group-ID file).
+fn in_group(req: &Request, gid: u32) -> bool {
+    if req.gid() == gid {
+        return true;
+    }
+    let status = std::fs::read_to_string(format!("/proc/{}/status", req.pid())).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
+}
+
 fn errno(e: &FsError) -> Errno {
     Errno::from_i32(match e {
         FsError::NotFound => libc::ENOENT,
@@ -92,6 +120,7 @@ fn errno(e: &FsError) -> Errno {
         FsError::FileTooBig => libc::EFBIG,
         FsError::NoAttr => libc::ENODATA,
         FsError::Range => libc::ERANGE,
+        FsError::ValueTooBig => libc::E2BIG,
         FsError::NotSupported => libc::EOPNOTSUPP,
         FsError::Perm => libc::EPERM,
         FsError::NoOffset => libc::ENXIO,
@@ -159,10 +188,13 @@ fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
-fn ctx(req: &Request) -> Ctx {
+/// The caller, creating with `umask` (FUSE_DONT_MASK: ldfs applies it,
+/// unless the directory's default ACL takes its place).
+fn ctx(req: &Request, umask: u32) -> Ctx {
     Ctx {
         uid: req.uid(),
         gid: req.gid(),
+        umask,
     }
 }
 
@@ -206,7 +238,12 @@ impl Filesystem for FuseFs {
                 | InitFlags::FUSE_PARALLEL_DIROPS
                 | InitFlags::FUSE_ASYNC_READ
                 | InitFlags::FUSE_MAX_PAGES
+                // The kernel enforces ACLs; ldfs keeps them (the mode
+                // follows the access ACL, chmod rewrites it, new inodes
+                // inherit default ACLs: fs::acl) and applies the umask
+                // itself, as a default ACL replaces it (FUSE_DONT_MASK).
                 | InitFlags::FUSE_POSIX_ACL
+                | InitFlags::FUSE_DONT_MASK
                 // File handles (NFS, open_by_handle_at) outlive the
                 // kernel's inode cache: it looks an inode up again as "."
                 // of its node id, and ".." of a directory (Fs::lookup);
@@ -262,7 +299,7 @@ impl Filesystem for FuseFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let (mut mode, mut uid) = (mode, uid);
+        let mut uid = uid;
         let nothing = [mode, uid, gid].iter().all(Option::is_none)
             && size.is_none()
             && atime.is_none()
@@ -270,25 +307,25 @@ impl Filesystem for FuseFs {
         if nothing {
             // chown(path, -1, -1): the kernel sends no attribute (ctime
             // only with the writeback cache), nor when it leaves removing
-            // set-ID bits before a write to ldfs (file_remove_privs under
-            // FUSE_HANDLE_KILLPRIV_V2). Linux changes ctime and, for a
-            // non-directory, clears set-user-ID and group-executable
-            // set-group-ID (as chown(2) does; the same owner again changes
-            // ctime alone).
+            // set-ID bits to ldfs (file_remove_privs under
+            // FUSE_HANDLE_KILLPRIV_V2: fallocate, and writes with the
+            // writeback cache). Linux changes ctime and clears the set-ID
+            // bits as chown(2) does: a chown to the same owner.
             match self.fs.getattr(ino.0) {
-                Ok(a) => {
-                    uid = Some(a.uid);
-                    if a.kind != Kind::Dir {
-                        let mut m = a.perm as u32 & !0o4000;
-                        if m & 0o010 != 0 {
-                            m &= !0o2000;
-                        }
-                        mode = Some(m);
-                    }
-                }
+                Ok(a) => uid = Some(a.uid),
                 Err(e) => return reply.error(errno(&e)),
             }
         }
+        // Under FUSE_HANDLE_KILLPRIV_V2 a truncation by a caller without
+        // CAP_FSETID clears set-ID bits here (fuser does not pass
+        // FATTR_KILL_SUIDGID on; non-root stands for it), and so does a
+        // chown by anyone.
+        let unprivileged = req.uid() != 0;
+        let kill = if uid.is_some() || gid.is_some() || (size.is_some() && unprivileged) {
+            self.kill(req, ino, unprivileged)
+        } else {
+            Kill::Nothing
+        };
         let sa = SetAttr {
             mode,
             uid,
@@ -296,10 +333,7 @@ impl Filesystem for FuseFs {
             size,
             atime: atime.map(time_set),
             mtime: mtime.map(time_set),
-            // Under FUSE_HANDLE_KILLPRIV_V2 a truncation by a caller
-            // without CAP_FSETID clears set-user-ID/-group-ID here (fuser
-            // does not pass FATTR_KILL_SUIDGID on; non-root stands for it).
-            kill_suidgid: size.is_some() && req.uid() != 0,
+            kill,
         };
         match self.fs.setattr(ino.0, &sa) {
             Ok(a) => reply.attr(&TTL, &file_attr(&a)),
@@ -320,14 +354,19 @@ impl Filesystem for FuseFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
         self.entry(
             reply,
-            self.fs
-                .mknod(ctx(req), parent.0, name.as_bytes(), mode, rdev as u64),
+            self.fs.mknod(
+                ctx(req, umask),
+                parent.0,
+                name.as_bytes(),
+                mode,
+                rdev as u64,
+            ),
         );
     }
 
@@ -337,12 +376,13 @@ impl Filesystem for FuseFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
         self.entry(
             reply,
-            self.fs.mkdir(ctx(req), parent.0, name.as_bytes(), mode),
+            self.fs
+                .mkdir(ctx(req, umask), parent.0, name.as_bytes(), mode),
         );
     }
 
@@ -365,7 +405,7 @@ impl Filesystem for FuseFs {
         self.entry(
             reply,
             self.fs.symlink(
-                ctx(req),
+                ctx(req, 0),
                 parent.0,
                 link_name.as_bytes(),
                 target.as_os_str().as_bytes(),
@@ -447,7 +487,7 @@ impl Filesystem for FuseFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -457,7 +497,12 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        // The kernel sets the flag for a writer without CAP_FSETID.
+        let kill = if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            self.kill(req, ino, true)
+        } else {
+            Kill::Nothing
+        };
         match self.fs.write_killing_suidgid(ino.0, offset, data, kill) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(&e)),
@@ -619,7 +664,7 @@ impl Filesystem for FuseFs {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -642,7 +687,19 @@ impl Filesystem for FuseFs {
             libc::XATTR_REPLACE => XattrMode::Replace,
             _ => return reply.error(Errno::from_i32(libc::EINVAL)),
         };
-        empty(reply, self.fs.setxattr(ino.0, name.as_bytes(), value, mode));
+        // Without FUSE_SETXATTR_EXT (which fuser cannot parse) the kernel
+        // cannot say FUSE_SETXATTR_ACL_KILL_SGID: ldfs works it out.
+        let kill_sgid = name.as_bytes() == fs::acl::ACCESS
+            && req.uid() != 0
+            && self
+                .fs
+                .getattr(ino.0)
+                .is_ok_and(|a| a.perm & 0o2000 != 0 && !in_group(req, a.gid));
+        empty(
+            reply,
+            self.fs
+                .setxattr_killing_sgid(ino.0, name.as_bytes(), value, mode, kill_sgid),
+        );
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -696,12 +753,15 @@ impl Filesystem for FuseFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         _flags: i32,
         reply: ReplyCreate,
     ) {
         let mode = (mode & 0o7777) | Kind::File.mode_bits();
-        match self.fs.mknod(ctx(req), parent.0, name.as_bytes(), mode, 0) {
+        match self
+            .fs
+            .mknod(ctx(req, umask), parent.0, name.as_bytes(), mode, 0)
+        {
             Ok(a) => {
                 self.fs.pin(a.ino, 1);
                 reply.created(

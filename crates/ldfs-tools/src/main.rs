@@ -899,6 +899,7 @@ fn cmd_mkfs(
     let ctx = ldfs::fs::Ctx {
         uid: unsafe { libc::getuid() },
         gid: unsafe { libc::getgid() },
+        umask: 0,
     };
     ldfs::fs::Fs::format(&lld, ctx)?;
     lld.close()?;
@@ -950,6 +951,7 @@ fn mkfs_dual(
     let ctx = ldfs::fs::Ctx {
         uid: unsafe { libc::getuid() },
         gid: unsafe { libc::getgid() },
+        umask: 0,
     };
     ldfs::fs::Fs::format(&d, ctx)?;
     d.close()?;
@@ -1267,6 +1269,7 @@ fn inode_report(
         "xattrs": i.xattrs.iter().map(|(n, v)| serde_json::json!({
             "name": String::from_utf8_lossy(n),
             "bytes": v.len(),
+            "list": v.list(),
         })).collect::<Vec<_>>(),
         "blocks": blocks,
     }))

@@ -188,7 +188,11 @@ fn inspect_an_inode_by_path_and_as_json() {
         let lld = Arc::new(Lld::open(dev, LldOptions::default()).unwrap());
         let ld: Arc<dyn LogicalDisk> = lld.clone();
         let fs = Fs::mount(ld, FsOptions::default()).unwrap();
-        let ctx = Ctx { uid: 0, gid: 0 };
+        let ctx = Ctx {
+            uid: 0,
+            gid: 0,
+            umask: 0,
+        };
         let d = fs.mkdir(ctx, ROOT_INO, b"src", 0o755).unwrap().ino;
         let f = fs.mknod(ctx, d, b"main.c", 0o100640, 0).unwrap().ino;
         fs.write(f, 0, &vec![7u8; 10_000]).unwrap();

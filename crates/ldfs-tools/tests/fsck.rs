@@ -24,7 +24,11 @@ use ldfs::lld::{Lld, LldOptions, SegmentId};
 
 /// The inode list (docs/FORMAT.md, "File system").
 const INODE_LIST: ListId = ListId(2);
-const CTX: Ctx = Ctx { uid: 0, gid: 0 };
+const CTX: Ctx = Ctx {
+    uid: 0,
+    gid: 0,
+    umask: 0,
+};
 
 /// Runs `ldfs fsck ARGS IMAGE`; returns (exit code, stdout + stderr).
 fn fsck(args: &[&str], img: &Path) -> (i32, String) {

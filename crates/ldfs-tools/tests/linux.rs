@@ -577,3 +577,351 @@ fn chown_minus_one_changes_ctime_and_clears_set_id_bits_as_linux() {
     }
     m.unmount();
 }
+
+/// setxattr(2) of `name` on `p`: Ok, or the errno.
+fn set_xattr(p: &Path, name: &str, value: &[u8], flags: i32) -> Result<(), i32> {
+    let (c, n) = (common::cstr(p), std::ffi::CString::new(name).unwrap());
+    let r = unsafe {
+        libc::setxattr(
+            c.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            flags,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(common::errno())
+    }
+}
+
+/// getxattr(2) of `name` on `p` (asking for its size first): the value,
+/// or the errno.
+fn get_xattr(p: &Path, name: &str) -> Result<Vec<u8>, i32> {
+    let (c, n) = (common::cstr(p), std::ffi::CString::new(name).unwrap());
+    let size = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) };
+    if size < 0 {
+        return Err(common::errno());
+    }
+    let mut buf = vec![0u8; size as usize];
+    let got = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if got < 0 {
+        return Err(common::errno());
+    }
+    buf.truncate(got as usize);
+    Ok(buf)
+}
+
+/// listxattr(2) of `p`: the names.
+fn list_xattrs(p: &Path) -> Vec<String> {
+    let c = common::cstr(p);
+    let mut buf = vec![0u8; 1 << 16];
+    let n = unsafe { libc::listxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(n >= 0, "listxattr: errno {}", common::errno());
+    buf[..n as usize]
+        .split(|&b| b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8(s.to_vec()).unwrap())
+        .collect()
+}
+
+/// Extended attribute values up to XATTR_SIZE_MAX (65536 bytes) through
+/// the mount: set, read back, listed, replaced, removed, still there after
+/// a remount; one byte more is E2BIG, as on every Linux file system.
+#[test]
+fn xattr_values_up_to_64_kib() {
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("x.img");
+    mkfs(&img, "64M");
+    let mnt = t.path().join("mnt");
+    let m = Mount::new(&img, &mnt, &[]);
+    let f = m.path("f");
+    fs::write(&f, b"x").unwrap();
+    let value =
+        |len: usize, seed: u8| -> Vec<u8> { (0..len).map(|k| (k % 253) as u8 ^ seed).collect() };
+    set_xattr(&f, "user.max", &value(65536, 1), libc::XATTR_CREATE).expect("a 64 KiB value");
+    set_xattr(&f, "user.mid", &value(40_000, 2), 0).expect("a 40000-byte value");
+    assert_eq!(get_xattr(&f, "user.max").unwrap(), value(65536, 1));
+    assert_eq!(get_xattr(&f, "user.mid").unwrap(), value(40_000, 2));
+    assert_eq!(
+        set_xattr(&f, "user.over", &value(65537, 3), 0),
+        Err(libc::E2BIG)
+    );
+    set_xattr(&f, "user.mid", &value(65000, 4), libc::XATTR_REPLACE).unwrap();
+    assert_eq!(get_xattr(&f, "user.mid").unwrap(), value(65000, 4));
+    let mut names = list_xattrs(&f);
+    names.sort();
+    assert_eq!(names, ["user.max", "user.mid"]);
+    // The setfattr/getfattr tools agree (hex, as getfattr -e hex prints).
+    let out = std::process::Command::new("getfattr")
+        .args(["--only-values", "-n", "user.max"])
+        .arg(&f)
+        .output();
+    if let Ok(out) = out {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.stdout, value(65536, 1));
+    }
+    m.unmount();
+    let m = Mount::new(&img, &mnt, &[]);
+    assert_eq!(get_xattr(&f, "user.max").unwrap(), value(65536, 1));
+    assert_eq!(get_xattr(&f, "user.mid").unwrap(), value(65000, 4));
+    let c = common::cstr(&f);
+    let n = std::ffi::CString::new("user.max").unwrap();
+    assert_eq!(unsafe { libc::removexattr(c.as_ptr(), n.as_ptr()) }, 0);
+    assert_eq!(get_xattr(&f, "user.max"), Err(libc::ENODATA));
+    assert_eq!(list_xattrs(&f), ["user.mid"]);
+    m.unmount();
+}
+
+/// Whether `tool` runs here; if not, says so loudly (the comparisons
+/// below need it).
+fn have(tool: &str) -> bool {
+    let ok = std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("\n*** SKIPPING: {tool} is not installed (apt-get install acl) ***\n");
+    }
+    ok
+}
+
+/// Runs `script` with `sh` in a new directory `name` under the mount and
+/// in one on a kernel file system (the test's temporary directory: ext4 or
+/// tmpfs), both open to every user; their outputs must be equal.
+fn same_as_the_kernel(m: &Mount, name: &str, script: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let reference = tempfile::tempdir().unwrap();
+    let mut outs = Vec::new();
+    for dir in [m.path(name), reference.path().join(name)] {
+        fs::create_dir(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+        fs::set_permissions(dir.parent().unwrap(), fs::Permissions::from_mode(0o755)).unwrap();
+        let out = std::process::Command::new("sh")
+            .args(["-c", script])
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        outs.push(
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        );
+    }
+    let kind = std::process::Command::new("stat")
+        .args(["-f", "-c", "%T"])
+        .arg(reference.path())
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    assert!(
+        outs[0] == outs[1],
+        "{name}: ldfs and {kind} differ\n--- ldfs:\n{}\n--- {kind}:\n{}",
+        outs[0],
+        outs[1]
+    );
+    outs.swap_remove(0)
+}
+
+/// Prints each path's mode and owners, its ACL and its extended
+/// attributes (what `ls -l` shows as `+`).
+const SHOW: &str = r#"show() { for p in "$@"; do echo "== $p $(stat -c '%A %u %g' $p)"; getfacl -cpn $p 2>&1; getfattr -m - -d --absolute-names $p 2>/dev/null | grep -v '^#' | sort; done; }
+"#;
+
+/// POSIX ACLs as on ext4/tmpfs: an ACL equal to the mode bits is not
+/// stored (the mode changes instead: no `+` in ls -l), the mode follows the
+/// mask, chmod rewrites the mask, default ACLs are inherited by new files
+/// (masked by the create mode, the umask ignored) and directories (which
+/// get both ACLs), and the umask applies where there is none; the kernel
+/// enforces them (a named user reads until chmod narrows the mask).
+#[test]
+fn posix_acls_as_linux_keeps_them() {
+    if !fuse_usable() || !have("setfacl") || !have("getfattr") || !have("setpriv") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("acl.img");
+    mkfs(&img, "64M");
+    let m = Mount::new(&img, &t.path().join("mnt"), &["allow_other"]);
+    let script = SHOW.to_string()
+        + r#"umask 022
+touch f; setfacl -m u::rwx f; show f
+touch g; setfacl -m u:1000:rw g; show g
+chmod 640 g; show g
+setfacl -m m::rwx g; show g
+chmod 600 g; show g
+setfacl -b g; show g
+mkdir d; setfacl -d -m u:1000:rwx d; setfacl -d -m g::r-x d; show d
+touch d/nf; mkdir d/sub; mkdir -m 700 d/sub700; (umask 077; touch d/masked; mkdir d/mdir)
+mkfifo d/p; ln -s nf d/sym
+show d/nf d/sub d/sub700 d/masked d/mdir d/p
+chmod 750 d/sub; show d/sub
+mkdir e; setfacl -d -m u::rwx,g::r-x,o::r-x e; (umask 077; touch e/x; mkdir e/y); show e e/x e/y
+(umask 077; touch plain; mkdir plaind); show plain plaind
+R="setpriv --reuid=1001 --regid=1001 --clear-groups"
+echo secret > s; chmod 600 s; $R cat s 2>&1
+setfacl -m u:1001:r s; $R cat s 2>&1; setpriv --reuid=1002 --regid=1002 --clear-groups cat s 2>&1
+chmod 600 s; $R cat s 2>&1; chmod 640 s; $R cat s 2>&1
+"#;
+    let out = same_as_the_kernel(&m, "acl", &script);
+    // Not just equal: what the comparison stands for.
+    assert!(out.contains("== f -rwxr--r-- 0 0\n"), "{out}");
+    assert!(list_xattrs(&m.path("acl/f")).is_empty());
+    assert!(out.contains("== d/nf -rw-rw-r-- 0 0\n"), "{out}");
+    assert!(out.contains("secret\n"), "{out}");
+    m.unmount();
+}
+
+/// Set-user-ID and set-group-ID as the kernel clears them, each case run
+/// on the mount (with and without the writeback cache) and on ext4/tmpfs:
+/// a write, truncation or fallocate by an unprivileged writer (uid 1000,
+/// in the file's group, in none, or in it as a supplementary group) or by
+/// root, and chown by either, even to the same owner; set-group-ID
+/// without group execute stays for members and root only; an access ACL
+/// set by a non-member clears set-group-ID (`posix_acl_update_mode`). Then setgid
+/// directories: new inodes take the group, subdirectories the bit, also
+/// with a default ACL, and a non-member's set-group-ID create loses it.
+#[test]
+fn set_id_bits_cleared_and_inherited_as_the_kernel_does() {
+    if !fuse_usable() || !have("setpriv") || !have("setfacl") || !have("fallocate") {
+        return;
+    }
+    let script = SHOW.to_string()
+        + r#"W="setpriv --reuid=1000 --regid=1000 --clear-groups"
+W2="setpriv --reuid=1000 --regid=1000 --groups=0"
+mk() { rm -f f; touch f; chown 1000:$2 f; chmod $1 f; }
+for mode in 6777 6767 4777 2777 2767 2757; do
+  for grp in 1000 0; do
+    r=""
+    mk $mode $grp; $W sh -c 'echo x >> f'; r="$r w:$(stat -c %a f)"
+    mk $mode $grp; $W sh -c 'dd if=/dev/zero of=f bs=1 count=1 seek=10 conv=notrunc 2>/dev/null'; r="$r dd:$(stat -c %a f)"
+    mk $mode $grp; $W truncate -s 100 f; r="$r t:$(stat -c %a f)"
+    mk $mode $grp; $W truncate -s 0 f; r="$r t0:$(stat -c %a f)"
+    mk $mode $grp; $W fallocate -l 8192 f; r="$r fa:$(stat -c %a f)"
+    mk $mode $grp; $W fallocate -n -l 8192 f; r="$r fak:$(stat -c %a f)"
+    mk $mode $grp; echo x >> f; r="$r rootw:$(stat -c %a f)"
+    mk $mode $grp; truncate -s 100 f; r="$r roott:$(stat -c %a f)"
+    mk $mode $grp; chown 1000 f; r="$r rootchown-same:$(stat -c %a f)"
+    mk $mode $grp; chown 1001 f; r="$r rootchown:$(stat -c %a f)"
+    mk $mode $grp; chgrp 1000 f; r="$r rootchgrp:$(stat -c %a f)"
+    mk $mode $grp; $W chown 1000 f; r="$r chown-same:$(stat -c %a f)"
+    mk $mode $grp; $W chgrp 1000 f; r="$r chgrp:$(stat -c %a f)"
+    mk $mode $grp; $W chmod $mode f 2>&1; r="$r chmod:$(stat -c %a f)"
+    echo "$mode $grp:$r"
+  done
+done
+for mode in 6767 2767 6777; do
+  r=""
+  mk $mode 0; $W2 sh -c 'echo x >> f'; r="$r w:$(stat -c %a f)"
+  mk $mode 0; $W2 truncate -s 100 f; r="$r t:$(stat -c %a f)"
+  mk $mode 0; $W2 fallocate -l 8192 f; r="$r fa:$(stat -c %a f)"
+  mk $mode 0; $W2 chown 1000 f; r="$r chown-same:$(stat -c %a f)"
+  echo "supplementary $mode 0:$r"
+done
+for g in 0 1000; do
+  for mode in 2775 2765; do
+    r=""
+    mk $mode $g; $W setfacl -m u:1001:r f; r="$r named:$(stat -c %a f)"
+    mk $mode $g; $W setfacl -m u::rwx,g::r-x,o::r-x f; r="$r equal:$(stat -c %a f)"
+    mk $mode $g; setfacl -m u:1001:r f; r="$r root:$(stat -c %a f)"
+    echo "acl $mode $g:$r"
+  done
+done
+mkdir sd; chgrp 1000 sd; chmod 2777 sd
+$W mkdir sd/sub; $W touch sd/f; $W mkdir -m 755 sd/m755; touch sd/rootf; mkdir sd/rootd
+$W sh -c 'umask 0; install -m 2775 /dev/null sd/x; mkdir -m 2755 sd/y'
+mkdir od; chmod 2777 od
+$W sh -c 'umask 0; install -m 2775 /dev/null od/x; install -m 2765 /dev/null od/x2; mkdir -m 2755 od/y'
+show sd/sub sd/f sd/m755 sd/rootf sd/rootd sd/x sd/y od/x od/x2 od/y
+setfacl -d -m u:1000:rwx,g::rwx sd; $W mkdir sd/sub2; $W touch sd/f2
+$W sh -c 'umask 0; install -m 2775 /dev/null sd/x3'
+show sd/sub2 sd/f2 sd/x3
+"#;
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("sid.img");
+    mkfs(&img, "64M");
+    let mnt = t.path().join("mnt");
+    for (k, opts) in [["allow_other"], ["allow_other,writeback_cache"]]
+        .iter()
+        .enumerate()
+    {
+        let m = Mount::new(&img, &mnt, opts);
+        let out = same_as_the_kernel(&m, &format!("sid{k}"), &script);
+        // Not just equal: what the comparison stands for.
+        assert!(out.contains("6767 0: w:767 "), "{out}");
+        assert!(out.contains("6767 1000: w:2767 "), "{out}");
+        assert!(out.contains("rootchown-same:777 "), "{out}");
+        assert!(out.contains("acl 2775 0: named:775 "), "{out}");
+        m.unmount();
+    }
+}
+
+/// The README says what FUSE makes impossible, and it holds: under
+/// `strictatime` a read the page cache serves leaves atime alone, and
+/// FIEMAP finds no extents to report.
+#[test]
+fn readme_says_what_fuse_makes_impossible_and_it_holds() {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::io::AsRawFd;
+    let readme =
+        fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let section = readme
+        .split("**What FUSE makes impossible.**")
+        .nth(1)
+        .expect("README: no paragraph on what FUSE makes impossible");
+    let section = section.split("\n\n").next().unwrap();
+    for claim in [
+        "page cache",
+        "atime",
+        "supplementary groups",
+        "remount",
+        "swap",
+        "FIEMAP",
+    ] {
+        assert!(
+            section.contains(claim),
+            "README's paragraph does not mention {claim}"
+        );
+    }
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("i.img");
+    mkfs(&img, "64M");
+    let m = Mount::new(&img, &t.path().join("mnt"), &["strictatime"]);
+    let f = m.path("f");
+    fs::write(&f, vec![5u8; 8192]).unwrap();
+    read_through(&f);
+    let atime = || {
+        let md = fs::metadata(&f).unwrap();
+        (md.atime(), md.atime_nsec())
+    };
+    // Past the kernel's attribute cache (TTL), so the atime is ldfs's.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let before = atime();
+    let mut buf = Vec::new();
+    fs::File::open(&f).unwrap().read_to_end(&mut buf).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    assert_eq!(atime(), before, "a read from the page cache reached ldfs");
+    read_through(&f);
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    assert!(atime() > before, "a read through to ldfs left atime alone");
+    // FS_IOC_FIEMAP with room for the header only (struct fiemap).
+    let mut fiemap = [0u64; 4];
+    fiemap[1] = u64::MAX; // fm_length
+    let file = fs::File::open(&f).unwrap();
+    let r = unsafe { libc::ioctl(file.as_raw_fd(), 0xC020_660B, fiemap.as_mut_ptr()) };
+    assert!(r < 0 || fiemap[2] >> 32 == 0, "FIEMAP mapped extents");
+    drop(file);
+    m.unmount();
+}

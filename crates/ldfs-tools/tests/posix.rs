@@ -611,7 +611,8 @@ fn deleted_inodes_are_reclaimed() {
 /// ldfs owns privilege killing (FUSE_HANDLE_KILLPRIV_V2, which spares the
 /// kernel a security.capability lookup before every write): a write or a
 /// truncation by a user without CAP_FSETID clears set-user-ID and
-/// set-group-ID (the latter only when group-executable); root keeps them;
+/// set-group-ID (the latter only when group-executable or the writer is
+/// not in the file's group); root keeps them;
 /// any write drops a file capability.
 #[test]
 fn writes_and_truncation_clear_set_id_bits_and_capabilities() {
@@ -645,9 +646,23 @@ fn writes_and_truncation_clear_set_id_bits_and_capabilities() {
     fs::set_permissions(m.path("w"), fs::Permissions::from_mode(0o6777)).unwrap();
     as_nobody("printf more >> w");
     assert_eq!(mode_after("w"), 0o0777, "write by nobody");
+    // Set-group-ID without group execute stays for a writer in the file's
+    // group only (the kernel's setattr_should_drop_sgid, as on ext4).
     fs::set_permissions(m.path("w"), fs::Permissions::from_mode(0o6767)).unwrap();
     as_nobody("printf more >> w");
-    assert_eq!(mode_after("w"), 0o2767, "sgid without group exec stays");
+    assert_eq!(
+        mode_after("w"),
+        0o0767,
+        "sgid, no group exec, writer not in the group"
+    );
+    std::os::unix::fs::chown(m.path("w"), None, Some(65534)).unwrap();
+    fs::set_permissions(m.path("w"), fs::Permissions::from_mode(0o6767)).unwrap();
+    as_nobody("printf more >> w");
+    assert_eq!(
+        mode_after("w"),
+        0o2767,
+        "sgid, no group exec, writer in the group"
+    );
     fs::set_permissions(m.path("w"), fs::Permissions::from_mode(0o6777)).unwrap();
     as_nobody("truncate -s 1 w");
     assert_eq!(mode_after("w"), 0o0777, "truncate by nobody");

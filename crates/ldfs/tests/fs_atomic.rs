@@ -20,7 +20,11 @@ use ldfs::ld::{AruId, LdError, LdResult, ListHints, ListId, LogicalDisk, SpaceSt
 use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::{Lld, LldOptions};
 
-const CTX: Ctx = Ctx { uid: 0, gid: 0 };
+const CTX: Ctx = Ctx {
+    uid: 0,
+    gid: 0,
+    umask: 0,
+};
 
 fn mkfs_options() -> MkfsOptions {
     MkfsOptions {
@@ -307,6 +311,21 @@ fn others() -> Vec<(&'static str, Op)> {
             fs.setxattr(i["f"], b"user.new", b"value", XattrMode::Create)
         }),
         ("removexattr", |fs, i| fs.removexattr(i["f"], b"user.k")),
+        ("setxattr of a 64 KiB value", |fs, i| {
+            fs.setxattr(i["f"], b"user.max", &[3; 65536], XattrMode::Create)
+        }),
+        ("replacing a long value", |fs, i| {
+            fs.setxattr(i["small"], b"user.long", &[4; 50_000], XattrMode::Replace)
+        }),
+        ("replacing a long value by a short one", |fs, i| {
+            fs.setxattr(i["small"], b"user.long", b"short", XattrMode::Replace)
+        }),
+        ("removing a long value", |fs, i| {
+            fs.removexattr(i["small"], b"user.long")
+        }),
+        ("unlink of a file with a long value", |fs, i| {
+            fs.unlink(i["a"], b"small")
+        }),
         ("punching a hole", |fs, i| {
             let punch = FallocMode {
                 keep_size: true,
@@ -331,6 +350,8 @@ fn every_other_operation_failing_at_any_read_changes_nothing() {
         fs.setxattr(f, b"user.k", b"v", XattrMode::Create).unwrap();
         let small = fs.mknod(CTX, a, b"small", 0o100644, 0).unwrap().ino;
         fs.write(small, 0, &[6u8; 1000]).unwrap();
+        fs.setxattr(small, b"user.long", &[5; 65536], XattrMode::Create)
+            .unwrap();
         fs.mkdir(CTX, b, b"e", 0o755).unwrap();
         Inos::from([("a", a), ("b", b), ("f", f), ("small", small)])
     });

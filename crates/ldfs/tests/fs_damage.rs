@@ -15,7 +15,11 @@ use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::types::Key;
 use ldfs::lld::{Lld, LldOptions};
 
-const CTX: Ctx = Ctx { uid: 0, gid: 0 };
+const CTX: Ctx = Ctx {
+    uid: 0,
+    gid: 0,
+    umask: 0,
+};
 const INODE_LIST: u64 = 2;
 
 struct Image {

@@ -13,7 +13,11 @@ use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::{Lld, LldOptions};
 use ldfs::uip::{Uip, UipOptions};
 
-const CTX: Ctx = Ctx { uid: 0, gid: 0 };
+const CTX: Ctx = Ctx {
+    uid: 0,
+    gid: 0,
+    umask: 0,
+};
 
 /// A fresh file system on one log (`dual` false) or on the dual layout:
 /// metadata on a log, file data on a device of its own.
@@ -140,11 +144,145 @@ fn size_name_and_xattr_limits(fs: Fs) {
     let big = vec![7u8; 30_000];
     fs.setxattr(f.ino, b"user.big", &big, XattrMode::Any)
         .unwrap();
-    assert!(matches!(
-        fs.setxattr(f.ino, b"user.big2", &big, XattrMode::Any),
-        Err(FsError::NoSpace)
-    ));
+    fs.setxattr(f.ino, b"user.big2", &big, XattrMode::Any)
+        .unwrap();
     assert_eq!(fs.getxattr(f.ino, b"user.big").unwrap(), big);
+    // Values of up to 4 KiB live in the inode record, which holds 32 KiB
+    // of names and such values: past that, ENOSPC (as ext4's block).
+    let mut k = 0;
+    let full = loop {
+        let r = fs.setxattr(
+            f.ino,
+            format!("user.i{k}").as_bytes(),
+            &[1u8; 4096],
+            XattrMode::Create,
+        );
+        if r.is_err() {
+            break r;
+        }
+        k += 1;
+    };
+    assert!(
+        matches!(full, Err(FsError::NoSpace)) && k == 7,
+        "{k}: {full:?}"
+    );
+    let report = fs.check().unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+}
+
+on_every_layout!(
+    xattr_values_up_to_64_kib,
+    xattr_values_up_to_64_kib_on_one_log,
+    xattr_values_up_to_64_kib_on_dual,
+    xattr_values_up_to_64_kib_on_uip
+);
+/// Values up to Linux's XATTR_SIZE_MAX (65536 bytes) are set, read,
+/// listed, replaced (by longer, shorter and inline ones) and removed; one
+/// byte more is E2BIG. Their lists go with them: the check finds none left.
+fn xattr_values_up_to_64_kib(fs: Fs) {
+    let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap();
+    let value =
+        |len: usize, seed: u8| -> Vec<u8> { (0..len).map(|k| (k % 251) as u8 ^ seed).collect() };
+    let max = value(65536, 1);
+    fs.setxattr(f.ino, b"user.max", &max, XattrMode::Create)
+        .unwrap();
+    assert_eq!(fs.getxattr(f.ino, b"user.max").unwrap(), max);
+    assert!(matches!(
+        fs.setxattr(f.ino, b"user.over", &value(65537, 2), XattrMode::Any),
+        Err(FsError::ValueTooBig)
+    ));
+    assert!(matches!(
+        fs.setxattr(f.ino, b"user.max", &value(65537, 2), XattrMode::Replace),
+        Err(FsError::ValueTooBig)
+    ));
+    // Twenty of them on one inode.
+    for k in 0..20u8 {
+        let name = format!("user.v{k:02}");
+        fs.setxattr(
+            f.ino,
+            name.as_bytes(),
+            &value(40_000 + k as usize, k),
+            XattrMode::Create,
+        )
+        .unwrap();
+    }
+    let names = fs.listxattr(f.ino).unwrap();
+    assert_eq!(names.len(), 21);
+    assert!(names.contains(&b"user.max".to_vec()));
+    for k in 0..20u8 {
+        let name = format!("user.v{k:02}");
+        assert_eq!(
+            fs.getxattr(f.ino, name.as_bytes()).unwrap(),
+            value(40_000 + k as usize, k),
+            "{name}"
+        );
+    }
+    // Replaced by a shorter long value, an inline one, and a long one again.
+    for (len, seed) in [(5000, 3), (10, 4), (65536, 5), (4097, 6), (4096, 7)] {
+        fs.setxattr(f.ino, b"user.max", &value(len, seed), XattrMode::Replace)
+            .unwrap();
+        assert_eq!(fs.getxattr(f.ino, b"user.max").unwrap(), value(len, seed));
+    }
+    for k in 0..10u8 {
+        fs.removexattr(f.ino, format!("user.v{k:02}").as_bytes())
+            .unwrap();
+    }
+    assert!(matches!(
+        fs.getxattr(f.ino, b"user.v00"),
+        Err(FsError::NoAttr)
+    ));
+    assert_eq!(fs.listxattr(f.ino).unwrap().len(), 11);
+    let report = fs.check().unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    // Unlinking the file deletes the lists of the values it still has.
+    fs.unlink(ROOT_INO, b"f").unwrap();
+    let report = fs.check().unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+}
+
+/// A 64 KiB value survives a clean remount (what the log holds) and one
+/// after the engine is dropped without a checkpoint (rolled forward).
+#[test]
+fn xattr_values_up_to_64_kib_survive_remounts() {
+    let dev = Arc::new(MemoryDevice::new(256 << 20));
+    let value: Vec<u8> = (0..65536u32).map(|k| (k * 7 % 256) as u8).collect();
+    let ino = {
+        let lld = Arc::new(
+            Lld::create(dev.clone(), &MkfsOptions::default(), LldOptions::default()).unwrap(),
+        );
+        Fs::format(&*lld, CTX).unwrap();
+        let ld: Arc<dyn LogicalDisk> = lld.clone();
+        let fs = Fs::mount(ld, FsOptions::default()).unwrap();
+        let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap();
+        fs.setxattr(f.ino, b"user.a", &value, XattrMode::Create)
+            .unwrap();
+        drop(fs);
+        match Arc::try_unwrap(lld) {
+            Ok(l) => l.close().unwrap(),
+            Err(_) => panic!("engine still shared"),
+        }
+        f.ino
+    };
+    {
+        let lld = Arc::new(Lld::open(dev.clone(), LldOptions::default()).unwrap());
+        let ld: Arc<dyn LogicalDisk> = lld.clone();
+        let fs = Fs::mount(ld, FsOptions::default()).unwrap();
+        assert_eq!(fs.getxattr(ino, b"user.a").unwrap(), value);
+        fs.setxattr(ino, b"user.b", &value[1..], XattrMode::Create)
+            .unwrap();
+        fs.fsync().unwrap();
+        drop(fs);
+        match Arc::try_unwrap(lld) {
+            Ok(l) => l.abandon(),
+            Err(_) => panic!("engine still shared"),
+        }
+    }
+    let ld: Arc<dyn LogicalDisk> = Arc::new(Lld::open(dev, LldOptions::default()).unwrap());
+    let fs = Fs::mount(ld, FsOptions::default()).unwrap();
+    assert_eq!(fs.getxattr(ino, b"user.a").unwrap(), value);
+    assert_eq!(fs.getxattr(ino, b"user.b").unwrap(), value[1..]);
+    let report = fs.check().unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
 }
 
 on_every_layout!(
@@ -334,4 +472,50 @@ fn dual_data_device_fills_and_empties_cleanly() {
         assert!(report.problems.is_empty(), "{:?}", report.problems);
         assert_eq!(dual.check_blocks().unwrap(), Vec::<String>::new());
     }
+}
+
+/// The check knows a long value's list: one that went missing is found
+/// (and the repair drops that attribute, keeping the others); the lists
+/// of live values are not reported as leaked.
+#[test]
+fn a_long_xattr_values_missing_list_is_found_and_repaired() {
+    use ldfs::fs::check::Finding;
+    use ldfs::fs::inode::XattrValue;
+    let fs = fresh(false);
+    let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap();
+    fs.setxattr(f.ino, b"user.gone", &[1u8; 50_000], XattrMode::Create)
+        .unwrap();
+    fs.setxattr(f.ino, b"user.kept", &[2u8; 60_000], XattrMode::Create)
+        .unwrap();
+    fs.setxattr(f.ino, b"user.small", b"s", XattrMode::Create)
+        .unwrap();
+    let report = fs.check().unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    let record = fs.inode_record(f.ino).unwrap();
+    let list = match &record.xattrs[0] {
+        (n, XattrValue::List { list, .. }) if n == b"user.gone" => *list,
+        other => panic!("user.gone is not in a list: {other:?}"),
+    };
+    fs.logical_disk()
+        .delete_list(None, ldfs::ld::ListId(list))
+        .unwrap();
+    let report = fs.check().unwrap();
+    assert_eq!(
+        report.findings,
+        [Finding::MissingList { ino: f.ino, list }],
+        "{:?}",
+        report.problems
+    );
+    let fixed = fs.repair().unwrap();
+    assert!(
+        fixed.after.problems.is_empty(),
+        "{:?}",
+        fixed.after.problems
+    );
+    assert!(matches!(
+        fs.getxattr(f.ino, b"user.gone"),
+        Err(FsError::NoAttr)
+    ));
+    assert_eq!(fs.getxattr(f.ino, b"user.kept").unwrap(), vec![2u8; 60_000]);
+    assert_eq!(fs.getxattr(f.ino, b"user.small").unwrap(), b"s");
 }

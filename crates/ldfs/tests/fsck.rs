@@ -16,7 +16,11 @@ use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::verify::EngineDamage;
 use ldfs::lld::{Lld, LldOptions};
 
-const CTX: Ctx = Ctx { uid: 0, gid: 0 };
+const CTX: Ctx = Ctx {
+    uid: 0,
+    gid: 0,
+    umask: 0,
+};
 
 fn mkfs_opts() -> MkfsOptions {
     MkfsOptions {

@@ -19,7 +19,11 @@ use ldfs::uip::{Uip, UipOptions};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-const CTX: Ctx = Ctx { uid: 0, gid: 0 };
+const CTX: Ctx = Ctx {
+    uid: 0,
+    gid: 0,
+    umask: 0,
+};
 
 /// Mean simulated latency (µs) of a synchronous random 4 KiB update of a
 /// file filling `utilization` of the device.

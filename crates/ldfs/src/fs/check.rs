@@ -254,7 +254,15 @@ impl Fs {
                         ..Default::default()
                     },
                 )?;
-                let root = super::empty_root(list, Ctx { uid: 0, gid: 0 }, super::system_time());
+                let root = super::empty_root(
+                    list,
+                    Ctx {
+                        uid: 0,
+                        gid: 0,
+                        umask: 0,
+                    },
+                    super::system_time(),
+                );
                 ld.write(Some(aru), INODE_LIST, ROOT_INO, &root.encode())?;
                 fixed.push("root directory record rewritten (a new, empty root)".into());
             }
@@ -532,9 +540,25 @@ impl Fs {
                 Err(LoadError::Device(why)) => r.push(Finding::Unfixable(why)),
             }
         }
+        // Every long attribute value's list exists.
+        let mut held: Vec<(u64, u64)> = inodes
+            .values()
+            .flat_map(|i| {
+                i.xattrs
+                    .iter()
+                    .filter_map(|(_, v)| Some((i.ino, v.list()?)))
+            })
+            .collect();
+        held.sort_unstable();
+        for &(ino, list) in &held {
+            if !existing.contains(&list) {
+                r.push(Finding::MissingList { ino, list });
+            }
+        }
         // Every list is named by an inode record (or is one of the file
         // system's own).
         let mut named: HashSet<u64> = inodes.values().map(|i| i.list).collect();
+        named.extend(held.iter().map(|&(_, l)| l));
         named.extend([META_LIST.0, INODE_LIST.0, ORPHAN_LIST.0]);
         let mut leaked: Vec<u64> = existing.difference(&named).copied().collect();
         leaked.sort_unstable();
@@ -695,7 +719,16 @@ impl Fs {
             Err(FsError::NotFound) => {}
             Err(e) => return Err(e),
         }
-        let a = self.mkdir(Ctx { uid: 0, gid: 0 }, ROOT_INO, LOST_FOUND, 0o700)?;
+        let a = self.mkdir(
+            Ctx {
+                uid: 0,
+                gid: 0,
+                umask: 0,
+            },
+            ROOT_INO,
+            LOST_FOUND,
+            0o700,
+        )?;
         Ok(a.ino)
     }
 
@@ -839,6 +872,12 @@ impl Fs {
             Finding::Nlink { ino, expected, .. } => {
                 let mut i = tx.inode(*ino)?;
                 i.nlink = *expected;
+                tx.put(&i)
+            }
+            Finding::MissingList { ino, list } if tx.inode(*ino)?.list != *list => {
+                // A long attribute value's list: the attribute goes.
+                let mut i = tx.inode(*ino)?;
+                i.xattrs.retain(|(_, v)| v.list() != Some(*list));
                 tx.put(&i)
             }
             Finding::MissingList { ino, .. } => {

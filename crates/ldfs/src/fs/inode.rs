@@ -1,7 +1,8 @@
 //! Inode records: one block per inode in the inode list, at index = inode
 //! number (docs/FORMAT.md, "Inode record"). Small files and symlink targets
-//! live inline in the record; extended attributes too. Decoding bounds every
-//! length before use and never panics.
+//! live inline in the record; extended attributes too, but for values over
+//! 4 KiB, which live in a list of their own (named by the record). Decoding
+//! bounds every length before use and never panics.
 
 use crate::ld::{CorruptReason, Corruption};
 
@@ -9,8 +10,18 @@ pub const INODE_MAGIC: u16 = 0x4e49; // "IN"
 pub const INODE_VERSION: u8 = 1;
 /// Files up to this size keep their data in the inode record.
 pub const INLINE_MAX: usize = 2048;
-/// Total bytes of extended attribute names and values per inode.
+/// Bytes of extended attribute names and inline values per inode (a value
+/// kept in a list of its own counts its list's 8 bytes).
 pub const XATTR_MAX: usize = 32 * 1024;
+/// Largest value kept in the record; a longer one gets a list of its own.
+pub const XATTR_INLINE_VALUE_MAX: usize = 4096;
+/// Largest value of an extended attribute (Linux's XATTR_SIZE_MAX).
+pub const XATTR_VALUE_MAX: usize = 64 * 1024;
+/// Bytes per block of a value kept in a list of its own (fits in any LD
+/// the fs mounts: those take at least `RECORD_MAX`).
+pub const XATTR_CHUNK: usize = 32 * 1024;
+/// The value length's top bit in the record: the value lives in a list.
+const XATTR_IN_LIST: u32 = 1 << 31;
 pub const XATTR_NAME_MAX: usize = 255;
 /// Extended attributes per inode.
 pub const XATTR_COUNT_MAX: usize = 1024;
@@ -101,7 +112,43 @@ pub struct Inode {
     /// Data of a small file, or a symlink's target.
     pub inline: Vec<u8>,
     /// Extended attributes, sorted by name.
-    pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    pub xattrs: Vec<(Vec<u8>, XattrValue)>,
+}
+
+/// Where an extended attribute's value is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum XattrValue {
+    /// In the inode record.
+    Inline(Vec<u8>),
+    /// In list `list`, `XATTR_CHUNK` bytes per block from index 0; `len`
+    /// bytes in all (more than `XATTR_INLINE_VALUE_MAX`).
+    List { list: u64, len: u32 },
+}
+
+impl XattrValue {
+    pub fn len(&self) -> usize {
+        match self {
+            XattrValue::Inline(v) => v.len(),
+            XattrValue::List { len, .. } => *len as usize,
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Bytes it takes in the record (after the name).
+    pub fn record_bytes(&self) -> usize {
+        match self {
+            XattrValue::Inline(v) => v.len(),
+            XattrValue::List { .. } => 8,
+        }
+    }
+    /// The list holding it, if it has one.
+    pub fn list(&self) -> Option<u64> {
+        match self {
+            XattrValue::Inline(_) => None,
+            XattrValue::List { list, .. } => Some(*list),
+        }
+    }
 }
 
 impl Inode {
@@ -109,8 +156,12 @@ impl Inode {
         Kind::from_mode(self.mode).expect("inode mode checked at decode and create")
     }
 
+    /// Bytes of names and values in the record (what `XATTR_MAX` bounds).
     pub fn xattr_bytes(&self) -> usize {
-        self.xattrs.iter().map(|(n, v)| n.len() + v.len()).sum()
+        self.xattrs
+            .iter()
+            .map(|(n, v)| n.len() + v.record_bytes())
+            .sum()
     }
 
     /// Length of `encode()`'s record, without encoding it (what a write of
@@ -121,7 +172,7 @@ impl Inode {
             + self
                 .xattrs
                 .iter()
-                .map(|(n, v)| 5 + n.len() + v.len())
+                .map(|(n, v)| 5 + n.len() + v.record_bytes())
                 .sum::<usize>()
     }
 
@@ -155,9 +206,18 @@ impl Inode {
         b.extend_from_slice(&self.inline);
         for (n, v) in &self.xattrs {
             b.push(n.len() as u8);
-            b.extend_from_slice(&(v.len() as u32).to_le_bytes());
-            b.extend_from_slice(n);
-            b.extend_from_slice(v);
+            match v {
+                XattrValue::Inline(v) => {
+                    b.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                    b.extend_from_slice(n);
+                    b.extend_from_slice(v);
+                }
+                XattrValue::List { list, len } => {
+                    b.extend_from_slice(&(len | XATTR_IN_LIST).to_le_bytes());
+                    b.extend_from_slice(n);
+                    b.extend_from_slice(&list.to_le_bytes());
+                }
+            }
         }
         debug_assert_eq!(b.len(), self.encoded_len());
         b
@@ -232,13 +292,29 @@ impl Inode {
         let mut total = 0;
         for _ in 0..xattr_count {
             let nl = r.u8().ok_or_else(short)? as usize;
-            let vl = r.u32().ok_or_else(short)? as usize;
-            total += nl + vl;
-            if nl == 0 || total > XATTR_MAX {
-                return Err(bad(format!("xattr of {nl}+{vl} bytes")));
+            let vl = r.u32().ok_or_else(short)?;
+            let in_list = vl & XATTR_IN_LIST != 0;
+            let len = (vl & !XATTR_IN_LIST) as usize;
+            total += nl + if in_list { 8 } else { len };
+            if nl == 0
+                || total > XATTR_MAX
+                || (in_list && !(XATTR_INLINE_VALUE_MAX < len && len <= XATTR_VALUE_MAX))
+            {
+                return Err(bad(format!("xattr of {nl}+{len} bytes")));
             }
             let n = r.take(nl).ok_or_else(short)?.to_vec();
-            let val = r.take(vl).ok_or_else(short)?.to_vec();
+            let val = if in_list {
+                let list = r.u64().ok_or_else(short)?;
+                if list == 0 {
+                    return Err(bad("xattr in list 0".into()));
+                }
+                XattrValue::List {
+                    list,
+                    len: len as u32,
+                }
+            } else {
+                XattrValue::Inline(r.take(len).ok_or_else(short)?.to_vec())
+            };
             if let Some((prev, _)) = xattrs.last() {
                 if *prev >= n {
                     return Err(bad("xattrs out of order".into()));
@@ -322,8 +398,15 @@ mod tests {
             ctime: Time { secs: 7, nsecs: 0 },
             inline: b"hello".to_vec(),
             xattrs: vec![
-                (b"user.a".to_vec(), b"1".to_vec()),
-                (b"user.b".to_vec(), vec![]),
+                (b"user.a".to_vec(), XattrValue::Inline(b"1".to_vec())),
+                (b"user.b".to_vec(), XattrValue::Inline(vec![])),
+                (
+                    b"user.c".to_vec(),
+                    XattrValue::List {
+                        list: 77,
+                        len: 65536,
+                    },
+                ),
             ],
         }
     }
@@ -335,7 +418,10 @@ mod tests {
         assert_eq!(i.encode().len(), i.encoded_len());
         let mut big = sample();
         big.xattrs = (0..1024)
-            .map(|k| (format!("user.{k:04}").into_bytes(), vec![1; 22]))
+            .map(|k| {
+                let v = XattrValue::Inline(vec![1; 22]);
+                (format!("user.{k:04}").into_bytes(), v)
+            })
             .collect();
         assert_eq!(big.encode().len(), big.encoded_len());
     }

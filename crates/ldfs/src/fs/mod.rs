@@ -33,6 +33,7 @@
 //!
 //! errno exists only in the FUSE adapter; this layer returns `FsError`.
 
+pub mod acl;
 pub mod check;
 pub mod dir;
 pub mod inode;
@@ -41,7 +42,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::ld::{AruId, LdError, ListHints, ListId, ListKind, LogicalDisk, Temperature};
-use inode::{Inode, Kind, Time, INLINE_MAX, XATTR_MAX, XATTR_NAME_MAX};
+use inode::{
+    Inode, Kind, Time, XattrValue, INLINE_MAX, XATTR_CHUNK, XATTR_INLINE_VALUE_MAX, XATTR_MAX,
+    XATTR_NAME_MAX, XATTR_VALUE_MAX,
+};
 
 pub const ROOT_INO: u64 = 1;
 pub const BLOCK_BYTES: u64 = 4096;
@@ -81,6 +85,8 @@ pub enum FsError {
     NoAttr,
     #[error("attribute value too large")]
     Range,
+    #[error("attribute value longer than 65536 bytes")]
+    ValueTooBig,
     #[error("operation not supported")]
     NotSupported,
     #[error("operation not permitted")]
@@ -116,6 +122,9 @@ impl From<LdError> for FsError {
 pub struct Ctx {
     pub uid: u32,
     pub gid: u32,
+    /// The caller's umask: it limits a new inode's mode unless the
+    /// directory has a default ACL, which does instead (as on Linux).
+    pub umask: u32,
 }
 
 /// What `getattr` reports.
@@ -144,6 +153,21 @@ pub enum TimeSet {
     At(Time),
 }
 
+/// The set-ID bits a write, truncation or chown clears: the kernel's
+/// `setattr_should_drop_suidgid`, worked out by the mount, which knows the
+/// caller's credentials. Only a regular file's bits are cleared.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kill {
+    /// None (a write or truncation by a caller with CAP_FSETID).
+    #[default]
+    Nothing,
+    /// Set-user-ID, and set-group-ID where the group may execute (without
+    /// it the bit marks mandatory locking, and stays).
+    SuidAndExecSgid,
+    /// Both (a caller neither in the file's group nor with CAP_FSETID).
+    SuidAndSgid,
+}
+
 /// A setattr request: `None` leaves a field alone.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SetAttr {
@@ -151,9 +175,9 @@ pub struct SetAttr {
     pub uid: Option<u32>,
     pub gid: Option<u32>,
     pub size: Option<u64>,
-    /// Clear set-user-ID, and set-group-ID if group-executable, as a
-    /// truncation by a caller without CAP_FSETID does (the mount tells).
-    pub kill_suidgid: bool,
+    /// The set-ID bits a truncation clears (`Kill::Nothing` for a caller
+    /// with CAP_FSETID), and a chown beyond the least it always clears.
+    pub kill: Kill,
     pub atime: Option<TimeSet>,
     pub mtime: Option<TimeSet>,
 }
@@ -795,11 +819,37 @@ impl Fs {
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> FsResult<Vec<u8>> {
         let mut st = self.lock();
         let i = self.get_inode(&mut st, ino)?;
-        i.xattrs
+        let v = i
+            .xattrs
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.clone())
-            .ok_or(FsError::NoAttr)
+            .ok_or(FsError::NoAttr)?;
+        // Under the lock: a concurrent change may delete the value's list.
+        self.xattr_value(ino, &v)
+    }
+
+    /// The bytes of a value, read from its list if it has one.
+    fn xattr_value(&self, ino: u64, v: &XattrValue) -> FsResult<Vec<u8>> {
+        let (list, len) = match v {
+            XattrValue::Inline(v) => return Ok(v.clone()),
+            XattrValue::List { list, len } => (ListId(*list), *len as usize),
+        };
+        let mut out = Vec::with_capacity(len);
+        for k in 0..len.div_ceil(XATTR_CHUNK) as u64 {
+            let want = XATTR_CHUNK.min(len - out.len());
+            match self.ld.read(list, k)? {
+                Some(b) if b.len() == want => out.extend_from_slice(&b),
+                got => {
+                    return Err(FsError::Io(format!(
+                        "inode {ino}: xattr list {}: block {k} holds {:?} bytes, not {want}",
+                        list.0,
+                        got.map(|b| b.len())
+                    )))
+                }
+            }
+        }
+        Ok(out)
     }
 
     pub fn listxattr(&self, ino: u64) -> FsResult<Vec<Vec<u8>>> {
@@ -1018,29 +1068,42 @@ impl Fs {
     /// says whether it also clears set-user-ID and set-group-ID (a writer
     /// without CAP_FSETID): see `write_killing_suidgid`.
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> FsResult<usize> {
-        self.write_killing_suidgid(ino, offset, data, false)
+        self.write_killing_suidgid(ino, offset, data, Kill::Nothing)
     }
 
-    /// `write`, also clearing set-user-ID, and set-group-ID if the group may
-    /// execute, when `kill_suidgid` (FUSE_WRITE_KILL_SUIDGID: the file
-    /// system owns privilege killing under FUSE_HANDLE_KILLPRIV_V2).
+    /// `write`, also clearing the set-ID bits `kill` says (the file system
+    /// owns privilege killing under FUSE_HANDLE_KILLPRIV_V2).
     pub fn write_killing_suidgid(
         &self,
         ino: u64,
         offset: u64,
         data: &[u8],
-        kill_suidgid: bool,
+        kill: Kill,
     ) -> FsResult<usize> {
         let mut tx = self.begin()?;
-        let r = tx.write(ino, offset, data, kill_suidgid);
+        let r = tx.write(ino, offset, data, kill);
         // The write keeps its file's block count exact (or an abort drops
         // it): a stat after every write would rescan the whole file.
         tx.finish(r)
     }
 
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], mode: XattrMode) -> FsResult<()> {
+        self.setxattr_killing_sgid(ino, name, value, mode, false)
+    }
+
+    /// `setxattr`; an access ACL set by a caller neither in the inode's
+    /// group nor with CAP_FSETID (`kill_sgid`, the mount tells) also
+    /// clears set-group-ID, as Linux's `posix_acl_update_mode` does.
+    pub fn setxattr_killing_sgid(
+        &self,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        mode: XattrMode,
+        kill_sgid: bool,
+    ) -> FsResult<()> {
         let mut tx = self.begin()?;
-        let r = tx.setxattr(ino, name, value, mode);
+        let r = tx.setxattr(ino, name, value, mode, kill_sgid);
         tx.finish(r)
     }
 
@@ -1429,9 +1492,35 @@ impl Tx<'_> {
         // The number the inode gets; taken (and the record written) below.
         let ino = self.st.next_ino;
         self.plan_add(&mut plan, &p, name, ino, kind)?;
+        // The directory's default ACL becomes the new inode's access ACL
+        // (limited by the create mode, and limiting it) and a new
+        // directory's default ACL; without one, the umask limits the mode
+        // (`posix_acl_create`).
+        let mut mode = mode;
+        let mut xattrs = Vec::new();
+        let default = match p
+            .xattrs
+            .binary_search_by(|(n, _)| n.as_slice().cmp(acl::DEFAULT))
+        {
+            Ok(k) if kind != Kind::Symlink => Some(self.fs.xattr_value(parent, &p.xattrs[k].1)?)
+                .filter(|d| d.len() <= XATTR_INLINE_VALUE_MAX),
+            _ => None,
+        };
+        match default.as_deref().and_then(acl::Acl::parse) {
+            Some(mut a) => {
+                if a.create_masq(&mut mode) {
+                    xattrs.push((acl::ACCESS.to_vec(), XattrValue::Inline(a.encode())));
+                }
+                if kind == Kind::Dir {
+                    let d = default.expect("parsed above");
+                    xattrs.push((acl::DEFAULT.to_vec(), XattrValue::Inline(d)));
+                }
+            }
+            None if kind != Kind::Symlink => mode &= !(ctx.umask & 0o777),
+            None => {}
+        }
         // BSD semantics for setgid directories: the group comes from the
         // directory, and subdirectories inherit the bit.
-        let mut mode = mode;
         let gid = if p.mode & 0o2000 != 0 {
             if kind == Kind::Dir {
                 mode |= 0o2000;
@@ -1467,7 +1556,7 @@ impl Tx<'_> {
                 mtime: now,
                 ctime: now,
                 inline: target.to_vec(),
-                xattrs: Vec::new(),
+                xattrs,
             },
         );
         self.reserve(plan.bytes() + self.alloc_bytes())?;
@@ -1497,10 +1586,66 @@ impl Tx<'_> {
         Ok(())
     }
 
-    /// Deletes a destroyed inode's list of blocks (or entries).
+    /// Deletes a destroyed inode's list of blocks (or entries), and the
+    /// lists of its long attribute values.
     fn delete_blocks(&mut self, i: &Inode) -> FsResult<()> {
         if i.list != 0 {
             self.ld().delete_list(Some(self.aru), ListId(i.list))?;
+        }
+        for (_, v) in &i.xattrs {
+            self.drop_xattr_value(v)?;
+        }
+        Ok(())
+    }
+
+    /// Stores an attribute value: in the record up to
+    /// `XATTR_INLINE_VALUE_MAX` bytes, else in a new list of its own.
+    fn store_xattr_value(&mut self, value: &[u8]) -> FsResult<XattrValue> {
+        if value.len() <= XATTR_INLINE_VALUE_MAX {
+            return Ok(XattrValue::Inline(value.to_vec()));
+        }
+        let list = self.ld().create_list(
+            Some(self.aru),
+            ListHints {
+                kind: ListKind::Metadata,
+                near: Some(INODE_LIST),
+                ..Default::default()
+            },
+        )?;
+        for (k, chunk) in value.chunks(XATTR_CHUNK).enumerate() {
+            self.ld().write(Some(self.aru), list, k as u64, chunk)?;
+        }
+        Ok(XattrValue::List {
+            list: list.0,
+            len: value.len() as u32,
+        })
+    }
+
+    /// Deletes the list of a value that is no longer named.
+    fn drop_xattr_value(&mut self, v: &XattrValue) -> FsResult<()> {
+        if let Some(l) = v.list() {
+            self.ld().delete_list(Some(self.aru), ListId(l))?;
+        }
+        Ok(())
+    }
+
+    /// What a write, truncation or chown does to privileges (Linux's
+    /// `file_remove_privs`): the file capability always goes; the set-ID
+    /// bits `kill` says go (never a directory's: there they mean something
+    /// else).
+    fn drop_privileges(&mut self, i: &mut Inode, kill: Kill) -> FsResult<()> {
+        if let Ok(k) = i
+            .xattrs
+            .binary_search_by(|(n, _)| n.as_slice().cmp(b"security.capability"))
+        {
+            let (_, v) = i.xattrs.remove(k);
+            self.drop_xattr_value(&v)?;
+        }
+        if kill != Kill::Nothing && i.kind() != Kind::Dir {
+            i.mode &= !0o4000;
+            if i.mode & 0o010 != 0 || kill == Kill::SuidAndSgid {
+                i.mode &= !0o2000;
+            }
         }
         Ok(())
     }
@@ -1751,15 +1896,28 @@ impl Tx<'_> {
                 return Err(FsError::FileTooBig);
             }
             resize = self.plan_resize(&mut i, size)?;
-            drop_privileges(&mut i, sa.kill_suidgid);
+            self.drop_privileges(&mut i, sa.kill)?;
             stamp(&mut i, now, true, true);
         }
         if let Some(mode) = sa.mode {
             i.mode = (i.mode & 0o170000) | (mode & 0o7777);
+            // chmod rewrites the access ACL's owner, group class and other
+            // entries (`posix_acl_chmod`).
+            if let Ok(k) = i
+                .xattrs
+                .binary_search_by(|(n, _)| n.as_slice().cmp(acl::ACCESS))
+            {
+                let old = self.fs.xattr_value(ino, &i.xattrs[k].1)?;
+                if let Some(mut a) = acl::Acl::parse(&old) {
+                    a.chmod(mode);
+                    let v = self.store_xattr_value(&a.encode())?;
+                    let was = std::mem::replace(&mut i.xattrs[k].1, v);
+                    self.drop_xattr_value(&was)?;
+                }
+            }
             stamp(&mut i, now, false, true);
         }
         if sa.uid.is_some() || sa.gid.is_some() {
-            let changes = sa.uid.is_some_and(|u| u != i.uid) || sa.gid.is_some_and(|g| g != i.gid);
             if let Some(u) = sa.uid {
                 i.uid = u;
             }
@@ -1767,10 +1925,9 @@ impl Tx<'_> {
                 i.gid = g;
             }
             // chown clears set-user-ID, and set-group-ID when the group
-            // can execute (POSIX chown(2)), and the file capability.
-            if changes {
-                drop_privileges(&mut i, true);
-            }
+            // can execute or `kill` says so, and the file capability, even
+            // to the same owner (Linux's chown_common).
+            self.drop_privileges(&mut i, sa.kill.max(Kill::SuidAndExecSgid))?;
             stamp(&mut i, now, false, true);
         }
         if let Some(t) = sa.atime {
@@ -1875,7 +2032,7 @@ impl Tx<'_> {
         Ok(())
     }
 
-    fn write(&mut self, ino: u64, offset: u64, data: &[u8], kill_suidgid: bool) -> FsResult<usize> {
+    fn write(&mut self, ino: u64, offset: u64, data: &[u8], kill: Kill) -> FsResult<usize> {
         let mut i = self.inode(ino)?;
         match i.kind() {
             Kind::File => {}
@@ -1897,7 +2054,7 @@ impl Tx<'_> {
             }
             i.inline[offset as usize..end as usize].copy_from_slice(data);
             i.size = i.size.max(end);
-            drop_privileges(&mut i, kill_suidgid);
+            self.drop_privileges(&mut i, kill)?;
             stamp(&mut i, now, true, true);
             self.reserve(i.encoded_len() as u64)?;
             self.put(&i)?;
@@ -1945,7 +2102,7 @@ impl Tx<'_> {
             .sum();
         let edge_bytes: u64 = edges.iter().map(|e| e.1.len() as u64).sum();
         i.size = i.size.max(end);
-        drop_privileges(&mut i, kill_suidgid);
+        self.drop_privileges(&mut i, kill)?;
         stamp(&mut i, now, true, true);
         self.reserve(
             spill_bytes + edge_bytes + (data.len() as u64 - covered) + i.encoded_len() as u64,
@@ -1985,9 +2142,19 @@ impl Tx<'_> {
         Ok(data.len())
     }
 
-    fn setxattr(&mut self, ino: u64, name: &[u8], value: &[u8], mode: XattrMode) -> FsResult<()> {
+    fn setxattr(
+        &mut self,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        mode: XattrMode,
+        kill_sgid: bool,
+    ) -> FsResult<()> {
         if name.is_empty() || name.len() > XATTR_NAME_MAX {
             return Err(FsError::Range);
+        }
+        if value.len() > XATTR_VALUE_MAX {
+            return Err(FsError::ValueTooBig);
         }
         let mut i = self.inode(ino)?;
         let pos = i.xattrs.binary_search_by(|(n, _)| n.as_slice().cmp(name));
@@ -1996,24 +2163,57 @@ impl Tx<'_> {
             (Err(_), XattrMode::Replace) => return Err(FsError::NoAttr),
             _ => {}
         }
-        let old = pos.map_or(0, |k| i.xattrs[k].0.len() + i.xattrs[k].1.len());
-        if i.xattr_bytes() - old + name.len() + value.len() > XATTR_MAX
+        let in_record = |v: &[u8]| {
+            if v.len() <= XATTR_INLINE_VALUE_MAX {
+                v.len()
+            } else {
+                8
+            }
+        };
+        let old = pos.map_or(0, |k| i.xattrs[k].0.len() + i.xattrs[k].1.record_bytes());
+        if i.xattr_bytes() - old + name.len() + in_record(value) > XATTR_MAX
             || (pos.is_err() && i.xattrs.len() >= inode::XATTR_COUNT_MAX)
         {
             return Err(FsError::NoSpace);
         }
-        match pos {
-            Ok(k) => i.xattrs[k].1 = value.to_vec(),
-            Err(k) => i.xattrs.insert(k, (name.to_vec(), value.to_vec())),
-        }
-        if name == b"system.posix_acl_access" {
-            // The ACL's owner/group/other entries are the mode bits.
-            if let Some(bits) = acl_mode_bits(value) {
+        self.reserve((i.encoded_len() + name.len() + value.len()) as u64)?;
+        // An access ACL sets the mode bits (`posix_acl_update_mode`); one
+        // that says no more than they do is not kept (no `+` in ls -l).
+        let mut keep = true;
+        if name == acl::ACCESS || name == acl::DEFAULT {
+            // Linux takes ACLs of at most a page through FUSE; so they
+            // always live in the record, where creates copy them from.
+            if value.len() > XATTR_INLINE_VALUE_MAX {
+                return Err(FsError::ValueTooBig);
+            }
+            let (bits, extended) = acl::Acl::parse(value)
+                .and_then(|a| a.mode())
+                .ok_or_else(|| FsError::Invalid("not a POSIX ACL".into()))?;
+            if name == acl::ACCESS {
                 i.mode = (i.mode & !0o777) | bits;
+                if kill_sgid {
+                    i.mode &= !0o2000;
+                }
+                keep = extended;
             }
         }
+        match (pos, keep) {
+            (Ok(k), true) => {
+                let v = self.store_xattr_value(value)?;
+                let was = std::mem::replace(&mut i.xattrs[k].1, v);
+                self.drop_xattr_value(&was)?;
+            }
+            (Err(k), true) => {
+                let v = self.store_xattr_value(value)?;
+                i.xattrs.insert(k, (name.to_vec(), v));
+            }
+            (Ok(k), false) => {
+                let (_, was) = i.xattrs.remove(k);
+                self.drop_xattr_value(&was)?;
+            }
+            (Err(_), false) => {}
+        }
         stamp(&mut i, self.fs.now(), false, true);
-        self.reserve(i.encoded_len() as u64)?;
         self.put(&i)
     }
 
@@ -2023,9 +2223,10 @@ impl Tx<'_> {
             .xattrs
             .binary_search_by(|(n, _)| n.as_slice().cmp(name))
             .map_err(|_| FsError::NoAttr)?;
-        i.xattrs.remove(k);
+        let (_, v) = i.xattrs.remove(k);
         stamp(&mut i, self.fs.now(), false, true);
         self.reserve_freeing(i.encoded_len() as u64)?;
+        self.drop_xattr_value(&v)?;
         self.put(&i)
     }
 
@@ -2223,27 +2424,6 @@ fn push_entry(entries: &mut Vec<dir::Entry>, name: &[u8], ino: u64, kind: Kind) 
     Ok(())
 }
 
-/// The mode bits an access ACL implies (its USER_OBJ, GROUP_OBJ or MASK,
-/// and OTHER entries), if it parses.
-fn acl_mode_bits(v: &[u8]) -> Option<u32> {
-    if v.len() < 4 || !(v.len() - 4).is_multiple_of(8) || v[..4] != [2, 0, 0, 0] {
-        return None;
-    }
-    let (mut user, mut group, mut mask, mut other) = (None, None, None, None);
-    for e in v[4..].chunks(8) {
-        let tag = u16::from_le_bytes([e[0], e[1]]);
-        let perm = u16::from_le_bytes([e[2], e[3]]) as u32 & 7;
-        match tag {
-            0x01 => user = Some(perm),
-            0x04 => group = Some(perm),
-            0x10 => mask = Some(perm),
-            0x20 => other = Some(perm),
-            _ => {}
-        }
-    }
-    Some((user? << 6) | (mask.or(group)? << 3) | other?)
-}
-
 /// A new, empty root directory whose buckets live in `list` (mkfs, and
 /// fsck when the root's record is lost).
 fn empty_root(list: ListId, ctx: Ctx, now: Time) -> Inode {
@@ -2263,21 +2443,6 @@ fn empty_root(list: ListId, ctx: Ctx, now: Time) -> Inode {
         ctime: now,
         inline: Vec::new(),
         xattrs: Vec::new(),
-    }
-}
-
-/// What a write, truncation or chown does to privileges (Linux's
-/// `file_remove_privs`): the file capability always goes; set-user-ID, and
-/// set-group-ID when the group may execute, go if `kill_suidgid` (never a
-/// directory's: there they mean something else).
-fn drop_privileges(i: &mut Inode, kill_suidgid: bool) {
-    i.xattrs
-        .retain(|(n, _)| n.as_slice() != b"security.capability");
-    if kill_suidgid && i.kind() != Kind::Dir {
-        i.mode &= !0o4000;
-        if i.mode & 0o010 != 0 {
-            i.mode &= !0o2000;
-        }
     }
 }
 

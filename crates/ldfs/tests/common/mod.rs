@@ -11,7 +11,11 @@ use ldfs::fs::{Attr, Ctx, Fs, FsError, FsOptions, RenameFlags, ROOT_INO};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
-pub const CTX: Ctx = Ctx { uid: 0, gid: 0 };
+pub const CTX: Ctx = Ctx {
+    uid: 0,
+    gid: 0,
+    umask: 0,
+};
 pub const NAMES: [&[u8]; 6] = [b"a", b"b", b"c", b"d", b"e", b"f"];
 
 pub type Tree = BTreeMap<String, String>;
