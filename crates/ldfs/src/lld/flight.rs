@@ -174,6 +174,13 @@ impl Flight {
             && !s.queue.is_empty()
             && s.queued_bytes + item.bytes.len() > QUEUE_BYTES
         {
+            if s.taken < s.submitted {
+                // Only writes free space. Items nobody has taken (quiet
+                // ones whose submitter has not waited for them yet) are the
+                // thread's now: this submit would wake it only after the
+                // space came, so without this both would wait for good.
+                self.work.notify_all();
+            }
             s = self.cv.wait(s).expect("in-flight queue poisoned");
         }
         if let Some(f) = s.failed.clone() {
