@@ -482,6 +482,10 @@ impl Fs {
     fn begin(&self) -> FsResult<Tx<'_>> {
         self.check_writable()?;
         let st = self.lock();
+        // Again under the lock: `set_read_only` waits for the lock after
+        // setting its flag, so an operation that passed the check above
+        // just before the switch but got the lock after it must see it.
+        self.check_writable()?;
         let aru = self.ld.begin_aru()?;
         let inos = (st.next_ino, st.ino_reserved);
         Ok(Tx {
