@@ -1359,3 +1359,142 @@ fn an_operation_failing_on_a_map_page_read_leaves_nothing_in_the_log() {
         );
     }
 }
+
+/// Calls of one kind (writes, or flushes) made by the thread named
+/// `thread` wait at a gate while it is shut and, once through, fail if
+/// `fail` is set; everyone else's calls go straight through.
+struct ThreadGate {
+    inner: MemoryDevice,
+    thread: &'static str,
+    writes: bool,
+    /// (shut, calls waiting)
+    gate: Mutex<(bool, usize)>,
+    cv: Condvar,
+    fail: std::sync::atomic::AtomicBool,
+}
+
+impl ThreadGate {
+    fn new(thread: &'static str, writes: bool) -> ThreadGate {
+        ThreadGate {
+            inner: MemoryDevice::new(16 << 20),
+            thread,
+            writes,
+            gate: Mutex::new((false, 0)),
+            cv: Condvar::new(),
+            fail: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    fn shut(&self, shut: bool) {
+        self.gate.lock().unwrap().0 = shut;
+        self.cv.notify_all();
+    }
+
+    fn await_blocked(&self, limit: Duration) -> bool {
+        let g = self.gate.lock().unwrap();
+        let (g, _) = self.cv.wait_timeout_while(g, limit, |g| g.1 == 0).unwrap();
+        g.1 > 0
+    }
+
+    /// The gate for a call of the gated kind; an error if it must fail.
+    fn pass(&self, op: ldfs::device::DeviceOp, offset: u64) -> Result<(), DeviceError> {
+        if std::thread::current().name() != Some(self.thread) {
+            return Ok(());
+        }
+        let mut g = self.gate.lock().unwrap();
+        g.1 += 1;
+        self.cv.notify_all();
+        while g.0 {
+            g = self.cv.wait(g).unwrap();
+        }
+        g.1 -= 1;
+        if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(DeviceError::Injected { op, n: 0, offset });
+        }
+        Ok(())
+    }
+}
+
+impl Device for ThreadGate {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+        if self.writes {
+            self.pass(ldfs::device::DeviceOp::Write, offset)?;
+        }
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> Result<(), DeviceError> {
+        if !self.writes {
+            self.pass(ldfs::device::DeviceOp::Flush, 0)?;
+        }
+        self.inner.flush()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+}
+
+struct OpenGate(Arc<ThreadGate>);
+
+impl Drop for OpenGate {
+    fn drop(&mut self) {
+        self.0.shut(false);
+    }
+}
+
+/// Review probe (group commit, writes completing out of order): the log
+/// writer thread holds a plain partial segment at the device when a group
+/// commit's leader seals the next one and writes it itself. The flush
+/// waits for the thread's partial too, and when that write fails the
+/// flush fails (it covers it), the engine turns read-only, and reads still
+/// find every block of both partials.
+#[test]
+fn a_group_commit_fails_when_the_writer_threads_earlier_partial_fails() {
+    let dev = Arc::new(ThreadGate::new("ldfs-log-writer", true));
+    let opts = LldOptions {
+        // A 4 KiB write fills a partial: the write seals it (a plain
+        // submit, for the writer thread).
+        partial_bytes: 4096,
+        ..LldOptions::default()
+    };
+    let lld = Arc::new(Lld::create(dev.clone(), &small_mkfs(), opts).unwrap());
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    lld.write(None, l, 0, &data(0, 4096)).unwrap();
+    lld.flush().unwrap();
+    let _open = OpenGate(dev.clone());
+    dev.fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    dev.shut(true);
+    lld.write(None, l, 1, &data(1, 4096)).unwrap();
+    assert!(
+        dev.await_blocked(Duration::from_secs(10)),
+        "the log writer thread took nothing"
+    );
+    // Smaller than a partial: the flush's leader seals it (quietly) and
+    // writes it on its own thread.
+    lld.write(None, l, 2, b"small").unwrap();
+    let flusher = {
+        let lld = lld.clone();
+        std::thread::spawn(move || lld.flush())
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !flusher.is_finished(),
+        "the flush returned while a partial it covers was still being written"
+    );
+    dev.shut(false);
+    let res = flusher.join().unwrap();
+    assert!(
+        res.is_err(),
+        "flush returned {res:?} though a partial it covers failed"
+    );
+    assert!(matches!(
+        lld.write(None, l, 3, b"more"),
+        Err(LdError::ReadOnly(_))
+    ));
+    assert!(lld.flush().is_err(), "a later flush");
+    assert_eq!(lld.read(l, 0).unwrap().unwrap(), data(0, 4096));
+    assert_eq!(lld.read(l, 1).unwrap().unwrap(), data(1, 4096));
+    assert_eq!(lld.read(l, 2).unwrap().unwrap(), b"small");
+}
