@@ -645,3 +645,54 @@ fn a_refused_remount_ro_fails_no_write() {
     drop(f);
     m.unmount();
 }
+
+/// Review probe: a signal that ends `mount -o remount,ro` (Ctrl-C, a
+/// shutdown's SIGTERM) between its two steps — the daemon told to refuse
+/// changes, then the kernel's remount — must not leave the mount
+/// read-write in the kernel with a daemon refusing every change. Signals
+/// land at delays swept across the helper's run.
+#[test]
+fn a_remount_ro_ended_by_a_signal_leaves_kernel_and_daemon_agreeing() {
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("s.img");
+    mkfs(&img, "64M");
+    let mnt = t.path().join("mnt");
+    let m = Mount::new(&img, &mnt, &[]);
+    let h = t.path().join("mount.fuse.ldfs");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ldfs"), &h).unwrap();
+    let mut midway = 0;
+    for attempt in 0..60u64 {
+        let mut child = std::process::Command::new(&h)
+            .arg(&img)
+            .arg(&mnt)
+            .args(["-o", "remount,ro"])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_micros(attempt * 400));
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let status = child.wait().unwrap();
+        if mount_entry(&mnt).1.starts_with("rw,") {
+            let r = fs::write(m.path("probe"), attempt.to_le_bytes());
+            assert!(
+                r.is_ok(),
+                "attempt {attempt} ({status}): the kernel's mount is rw, the daemon refuses: {r:?}"
+            );
+            if !status.success() {
+                midway += 1;
+            }
+        } else {
+            let out = helper(t.path(), &img, &mnt, "remount,rw");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    println!("{midway} helpers ended by the signal with the mount rw");
+    m.unmount();
+}
