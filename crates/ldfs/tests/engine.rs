@@ -1542,3 +1542,142 @@ fn a_group_commit_overlapping_a_failing_checkpoint_flush_fails() {
         "a group commit returned {res:?} while a checkpoint flush covering its write failed"
     );
 }
+
+/// Records which pages whole-page writes (aligned to 4 KiB in offset and
+/// length) and other writes touch.
+struct PageKinds {
+    inner: MemoryDevice,
+    /// (pages of aligned writes, pages of unaligned writes)
+    seen: Mutex<(
+        std::collections::BTreeSet<u64>,
+        std::collections::BTreeSet<u64>,
+    )>,
+}
+
+impl PageKinds {
+    fn new(bytes: u64) -> PageKinds {
+        PageKinds {
+            inner: MemoryDevice::new(bytes),
+            seen: Mutex::new(Default::default()),
+        }
+    }
+
+    /// Pages both kinds of write touched.
+    fn mixed(&self) -> Vec<u64> {
+        let s = self.seen.lock().unwrap();
+        println!("{} pages written whole, {} in part", s.0.len(), s.1.len());
+        assert!(!s.0.is_empty(), "no whole-page write: nothing was checked");
+        s.0.intersection(&s.1).copied().collect()
+    }
+}
+
+impl Device for PageKinds {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+        if !buf.is_empty() {
+            let whole = offset % 4096 == 0 && buf.len() % 4096 == 0;
+            let mut s = self.seen.lock().unwrap();
+            let set = if whole { &mut s.0 } else { &mut s.1 };
+            set.extend(offset / 4096..=(offset + buf.len() as u64 - 1) / 4096);
+        }
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> Result<(), DeviceError> {
+        self.inner.flush()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+}
+
+/// Review probe for `FileDevice::direct_writes`, which sends whole-page
+/// writes through `O_DIRECT` and the rest through the page cache: no page
+/// of an image (log, checkpoint slots, superblocks; a dual pair's data
+/// device) is ever written both ways, so a buffered write can never race
+/// a direct write of the same page (a dirty cached page written back
+/// after a direct write would undo it). Runs mkfs, a file system
+/// workload with checkpoints and the cleaner, and a close.
+#[test]
+fn no_page_is_written_both_whole_and_in_part() {
+    use ldfs::fs::{Ctx, Fs, FsOptions};
+    let ctx = Ctx { uid: 0, gid: 0 };
+    let mkfs = MkfsOptions {
+        segment_bytes: 256 << 10,
+        max_block_bytes: 64 << 10,
+        reserved_segments: Some(8),
+        fs_id: 78,
+    };
+    let opts = LldOptions {
+        checkpoint_dirty_pages: Some(4),
+        ..LldOptions::default()
+    };
+    let workload = |fs: &Fs| {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let mut inos = Vec::new();
+        for i in 0..200u64 {
+            let name = format!("f{}", i % 40);
+            let a = match fs.lookup(ldfs::fs::ROOT_INO, name.as_bytes()) {
+                Ok(a) => a,
+                Err(_) => fs
+                    .mknod(ctx, ldfs::fs::ROOT_INO, name.as_bytes(), 0o100644, 0)
+                    .unwrap(),
+            };
+            inos.push(a.ino);
+            let len = rng.gen_range(1..40_000usize);
+            let off = rng.gen_range(0..200_000u64);
+            fs.write(a.ino, off, &data(i, len)).unwrap();
+            if i % 17 == 0 {
+                fs.unlink(ldfs::fs::ROOT_INO, name.as_bytes()).unwrap();
+            }
+            if i % 23 == 0 {
+                fs.fsync().unwrap();
+            }
+        }
+    };
+    // One log.
+    let dev = Arc::new(PageKinds::new(32 << 20));
+    let lld = Lld::create(dev.clone(), &mkfs, opts.clone()).unwrap();
+    Fs::format(&lld, ctx).unwrap();
+    lld.close().unwrap();
+    drop(lld);
+    let lld = Arc::new(Lld::open(dev.clone(), opts.clone()).unwrap());
+    let fs = Fs::mount(lld.clone(), FsOptions::default()).unwrap();
+    workload(&fs);
+    drop(fs);
+    lld.clean_now(
+        ldfs::lld::PolicyKind::default(),
+        Some(4),
+        0.9,
+        &std::sync::atomic::AtomicBool::new(false),
+    )
+    .unwrap();
+    lld.close().unwrap();
+    assert_eq!(
+        dev.mixed(),
+        Vec::<u64>::new(),
+        "one log: pages written both ways"
+    );
+    // A dual pair.
+    let meta = Arc::new(PageKinds::new(32 << 20));
+    let data_dev = Arc::new(PageKinds::new(32 << 20));
+    ldfs::dual::mkfs(
+        meta.clone(),
+        &*data_dev,
+        &ldfs::dual::DualMkfsOptions {
+            lld: mkfs,
+            group_blocks: 256,
+            meta_path: String::new(),
+        },
+    )
+    .unwrap();
+    let d = Arc::new(ldfs::dual::Dual::open(meta.clone(), data_dev.clone(), opts).unwrap());
+    Fs::format(&*d, ctx).unwrap();
+    let fs = Fs::mount(d.clone(), FsOptions::default()).unwrap();
+    workload(&fs);
+    drop(fs);
+    d.close().unwrap();
+    assert_eq!(meta.mixed(), Vec::<u64>::new(), "dual metadata device");
+    assert_eq!(data_dev.mixed(), Vec::<u64>::new(), "dual data device");
+}
