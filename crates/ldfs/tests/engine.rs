@@ -1577,7 +1577,7 @@ impl Device for PageKinds {
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
         if !buf.is_empty() {
-            let whole = offset % 4096 == 0 && buf.len() % 4096 == 0;
+            let whole = offset.is_multiple_of(4096) && buf.len().is_multiple_of(4096);
             let mut s = self.seen.lock().unwrap();
             let set = if whole { &mut s.0 } else { &mut s.1 };
             set.extend(offset / 4096..=(offset + buf.len() as u64 - 1) / 4096);
