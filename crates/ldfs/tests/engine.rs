@@ -1885,3 +1885,64 @@ fn full_device_delete_after_map_page_moves(seed: u64, p: u32) -> Result<(), Stri
     assert!(lld.check_usage().unwrap().is_empty());
     Ok(())
 }
+
+/// Review probe (read-only transitions and waiters): threads writing and
+/// flushing, with checkpoints racing, when the device's writes start
+/// failing for good. Every call returns (no group commit follower, queue
+/// space waiter or checkpoint waiter is left asleep), flushes fail from
+/// then on, and the engine is read-only.
+#[test]
+fn a_device_failing_under_concurrent_group_commits_leaves_no_waiter_hung() {
+    let dev = Arc::new(FaultDevice::new(
+        MemoryDevice::new(32 << 20),
+        FaultPlan::default(),
+    ));
+    let opts = LldOptions {
+        checkpoint_dirty_pages: Some(2),
+        partial_bytes: 16 << 10,
+        ..LldOptions::default()
+    };
+    let lld = Arc::new(Lld::create(dev.clone(), &small_mkfs(), opts).unwrap());
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    let (tx, rx) = mpsc::channel();
+    for t in 0..6u64 {
+        let (lld, tx) = (lld.clone(), tx.clone());
+        std::thread::spawn(move || {
+            let mut flush_failed = false;
+            let t0 = Instant::now();
+            // Until the device fails (or, if it never does, for a while).
+            for i in 0.. {
+                if t0.elapsed() > Duration::from_secs(10) {
+                    break;
+                }
+                let key = t * 10_000 + i % 50;
+                if lld.write(None, l, key, &data(key + i, 3000)).is_err() {
+                    break;
+                }
+                if lld.flush().is_err() {
+                    flush_failed = true;
+                    break;
+                }
+            }
+            let _ = tx.send((t, flush_failed || lld.flush().is_err()));
+        });
+    }
+    drop(tx);
+    std::thread::sleep(Duration::from_millis(30));
+    dev.set_plan(FaultPlan {
+        fail_write_nth: Some(1),
+        sticky: true,
+        ..Default::default()
+    });
+    for _ in 0..6 {
+        let (t, failed) = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a thread hung after the device failed");
+        assert!(failed, "thread {t}: a flush after the failure returned Ok");
+    }
+    assert!(dev.fired(), "the device never failed");
+    assert!(matches!(
+        lld.write(None, l, 1, b"x"),
+        Err(LdError::ReadOnly(_))
+    ));
+}
