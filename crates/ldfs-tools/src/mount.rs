@@ -1128,6 +1128,12 @@ fn remount(dir: &Path, opts: &MountOpts) -> Result<(), String> {
         }
         Ok(())
     };
+    // The daemon's mode and the kernel's change in two steps: a signal
+    // between them (Ctrl-C, a shutdown's SIGTERM) would leave the kernel's
+    // mount rw with a daemon refusing every change. Held until the helper
+    // exits, so both steps (or the step back) are done; SIGKILL still ends
+    // it if the daemon never answers.
+    block_signals();
     if ro {
         tell(b"1")?;
         if let Err(e) = sys(flags | libc::MS_RDONLY) {

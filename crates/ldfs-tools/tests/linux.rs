@@ -925,3 +925,122 @@ fn readme_says_what_fuse_makes_impossible_and_it_holds() {
     drop(file);
     m.unmount();
 }
+
+/// Review probe: `mount -o remount,ro` that the kernel refuses (EBUSY: a
+/// file is open for writing) must leave writers alone, as on ext4. The
+/// helper tells the daemon to refuse changes first and the kernel second
+/// (a read-only mount takes no setxattr), then takes the daemon's switch
+/// back; writes that reach the daemon in between fail with EROFS although
+/// the mount stayed read-write all along.
+#[test]
+#[ignore = "review probe: fails on current code (writes get EROFS while a refused remount,ro is under way)"]
+fn a_refused_remount_ro_fails_no_write() {
+    use std::os::unix::fs::FileExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("w.img");
+    mkfs(&img, "64M");
+    let mnt = t.path().join("mnt");
+    let m = Mount::new(&img, &mnt, &[]);
+    let f = Arc::new(
+        fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .open(m.path("busy"))
+            .unwrap(),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (f, stop) = (f.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut failed = Vec::new();
+            let mut n = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                if let Err(e) = f.write_all_at(&[n as u8; 4096], (n % 64) * 4096) {
+                    failed.push(e.raw_os_error());
+                }
+                n += 1;
+            }
+            (n, failed)
+        })
+    };
+    let mut refused = 0;
+    for _ in 0..5 {
+        let out = helper(t.path(), &img, &mnt, "remount,ro");
+        if !out.status.success() {
+            refused += 1;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    stop.store(true, Ordering::SeqCst);
+    let (writes, failed) = writer.join().unwrap();
+    assert!(
+        mount_entry(&mnt).1.starts_with("rw,"),
+        "remounted read-only"
+    );
+    assert_eq!(refused, 5, "the kernel let a file open for writing stay");
+    assert!(
+        failed.is_empty(),
+        "{} of {writes} writes failed during refused remounts (errnos {:?}; EROFS is {})",
+        failed.len(),
+        &failed[..failed.len().min(5)],
+        libc::EROFS
+    );
+    drop(f);
+    m.unmount();
+}
+
+/// Review probe: a signal that ends `mount -o remount,ro` (Ctrl-C, a
+/// shutdown's SIGTERM) between its two steps — the daemon told to refuse
+/// changes, then the kernel's remount — must not leave the mount
+/// read-write in the kernel with a daemon refusing every change. Signals
+/// land at delays swept across the helper's run.
+#[test]
+fn a_remount_ro_ended_by_a_signal_leaves_kernel_and_daemon_agreeing() {
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("s.img");
+    mkfs(&img, "64M");
+    let mnt = t.path().join("mnt");
+    let m = Mount::new(&img, &mnt, &[]);
+    let h = t.path().join("mount.fuse.ldfs");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ldfs"), &h).unwrap();
+    let mut midway = 0;
+    for attempt in 0..60u64 {
+        let mut child = std::process::Command::new(&h)
+            .arg(&img)
+            .arg(&mnt)
+            .args(["-o", "remount,ro"])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_micros(attempt * 400));
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let status = child.wait().unwrap();
+        if mount_entry(&mnt).1.starts_with("rw,") {
+            let r = fs::write(m.path("probe"), attempt.to_le_bytes());
+            assert!(
+                r.is_ok(),
+                "attempt {attempt} ({status}): the kernel's mount is rw, the daemon refuses: {r:?}"
+            );
+            if !status.success() {
+                midway += 1;
+            }
+        } else {
+            let out = helper(t.path(), &img, &mnt, "remount,rw");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    println!("{midway} helpers ended by the signal with the mount rw");
+    m.unmount();
+}

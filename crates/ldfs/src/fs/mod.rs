@@ -506,8 +506,9 @@ impl Fs {
     fn begin(&self) -> FsResult<Tx<'_>> {
         self.check_writable()?;
         let st = self.lock();
-        // Again under the lock: `set_read_only` takes the lock after its
-        // store, so no operation begins after it returns.
+        // Again under the lock: `set_read_only` waits for the lock after
+        // setting its flag, so an operation that passed the check above
+        // just before the switch but got the lock after it must see it.
         self.check_writable()?;
         let aru = self.ld.begin_aru()?;
         let inos = (st.next_ino, st.ino_reserved);
@@ -2499,5 +2500,89 @@ impl Fs {
             tx.put(&i)
         })();
         tx.finish(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::MemoryDevice;
+    use crate::lld::layout::MkfsOptions;
+    use crate::lld::{Lld, LldOptions};
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    fn fresh() -> Arc<Fs> {
+        let dev = Arc::new(MemoryDevice::new(32 << 20));
+        let mkfs = MkfsOptions {
+            segment_bytes: 512 << 10,
+            max_block_bytes: 64 << 10,
+            reserved_segments: Some(4),
+            fs_id: 5,
+        };
+        let lld = Lld::create(dev, &mkfs, LldOptions::default()).unwrap();
+        Fs::format(
+            &lld,
+            Ctx {
+                uid: 0,
+                gid: 0,
+                umask: 0,
+            },
+        )
+        .unwrap();
+        Arc::new(Fs::mount(Arc::new(lld), FsOptions::default()).unwrap())
+    }
+
+    /// Review probe: `set_read_only(true)` stores the flag, then waits for
+    /// the state lock so the operations under way finish first; an
+    /// operation that passed its writable check before the store but
+    /// takes the lock only after `set_read_only` returned must still be
+    /// refused (the remount's checkpoint, taken next, would miss it). Here
+    /// the operation waits at the lock (the test holds it) when the flag
+    /// is stored: the state it is in between its check and its lock.
+    #[test]
+    fn an_operation_that_gets_the_lock_after_a_remount_read_only_is_refused() {
+        let fs = fresh();
+        let held = fs.lock();
+        let op = {
+            let fs = fs.clone();
+            std::thread::spawn(move || {
+                fs.mkdir(
+                    Ctx {
+                        uid: 0,
+                        gid: 0,
+                        umask: 0,
+                    },
+                    ROOT_INO,
+                    b"late",
+                    0o755,
+                )
+            })
+        };
+        // Time for the operation to pass its check and wait at the lock.
+        std::thread::sleep(Duration::from_millis(200));
+        fs.remounted_ro.store(true, Ordering::Release);
+        drop(held);
+        let res = op.join().unwrap();
+        assert!(
+            matches!(res, Err(FsError::ReadOnly)),
+            "an operation locked after the switch to read-only ran: {res:?}"
+        );
+        assert!(matches!(
+            fs.lookup(ROOT_INO, b"late"),
+            Err(FsError::NotFound)
+        ));
+        fs.set_read_only(false).unwrap();
+        fs.mkdir(
+            Ctx {
+                uid: 0,
+                gid: 0,
+                umask: 0,
+            },
+            ROOT_INO,
+            b"late",
+            0o755,
+        )
+        .unwrap();
     }
 }

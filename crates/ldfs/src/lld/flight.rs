@@ -174,6 +174,13 @@ impl Flight {
             && !s.queue.is_empty()
             && s.queued_bytes + item.bytes.len() > QUEUE_BYTES
         {
+            if s.taken < s.submitted {
+                // Only writes free space. Items nobody has taken (quiet
+                // ones whose submitter has not waited for them yet) are the
+                // thread's now: this submit would wake it only after the
+                // space came, so without this both would wait for good.
+                self.work.notify_all();
+            }
             s = self.cv.wait(s).expect("in-flight queue poisoned");
         }
         if let Some(f) = s.failed.clone() {
@@ -309,16 +316,38 @@ mod tests {
         gate: Mutex<(bool, usize)>,
         cv: Condvar,
         writers: Mutex<Vec<Option<String>>>,
+        /// Writer-thread writes fail (after the gate) instead of writing.
+        fail_thread: std::sync::atomic::AtomicBool,
     }
 
     impl WriterStuck {
         fn new(shut: bool) -> WriterStuck {
+            WriterStuck::with_bytes(shut, 1 << 20)
+        }
+
+        fn with_bytes(shut: bool, bytes: u64) -> WriterStuck {
             WriterStuck {
-                inner: MemoryDevice::new(1 << 20),
+                inner: MemoryDevice::new(bytes),
                 gate: Mutex::new((shut, 0)),
                 cv: Condvar::new(),
                 writers: Mutex::new(Vec::new()),
+                fail_thread: std::sync::atomic::AtomicBool::new(false),
             }
+        }
+
+        fn open_gate(&self) {
+            self.gate.lock().unwrap().0 = false;
+            self.cv.notify_all();
+        }
+
+        /// Waits until a writer-thread write reached the gate.
+        fn await_thread_write(&self) {
+            let g = self.gate.lock().unwrap();
+            let (g, _) = self
+                .cv
+                .wait_timeout_while(g, Duration::from_secs(10), |g| g.1 == 0)
+                .unwrap();
+            assert!(g.1 > 0, "the writer thread took nothing");
         }
     }
 
@@ -335,6 +364,13 @@ mod tests {
                 self.cv.notify_all();
                 while g.0 {
                     g = self.cv.wait(g).unwrap();
+                }
+                if self.fail_thread.load(std::sync::atomic::Ordering::SeqCst) {
+                    return Err(DeviceError::Injected {
+                        op: crate::device::DeviceOp::Write,
+                        n: 0,
+                        offset,
+                    });
                 }
             }
             self.inner.write_at(buf, offset)
@@ -510,5 +546,116 @@ mod tests {
         assert_eq!(flight.read(4096, 1).map(|b| b[0]), Some(2));
         assert_eq!(flight.read(8192, 1).map(|b| b[0]), Some(3));
         assert!(flight.wait_written(3).is_err());
+    }
+
+    /// Review probe (lost wakeup): a quiet item whose submitter has not
+    /// waited for it yet (`set_quiet` allows that: "an item nobody takes is
+    /// written when a later submit wakes the thread") fills the queue; a
+    /// plain submit then waits for queue space, which only that item's
+    /// write frees. The plain submit must wake the writer thread before it
+    /// waits, or the two wait for each other for good. `stop` also writes
+    /// what nobody took.
+    #[test]
+    fn a_submit_waiting_for_queue_space_wakes_the_thread_for_untaken_items() {
+        let dev = Arc::new(WriterStuck::with_bytes(false, 8 << 20));
+        let flight = Arc::new(Flight::default());
+        let mut w = flight.start(dev.clone());
+        // Let the thread reach its first wait (see the test above).
+        std::thread::sleep(Duration::from_millis(50));
+        flight.set_quiet(true);
+        let big = QUEUE_BYTES - (1 << 20);
+        assert_eq!(flight.submit(&w, 0, vec![1; big]), Ok(1));
+        flight.set_quiet(false);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let plain = {
+            let flight = flight.clone();
+            // `submit` only wants a writer to show; this one stops another
+            // flight when dropped.
+            let w = Writer {
+                flight: Arc::new(Flight::default()),
+                handle: None,
+            };
+            std::thread::spawn(move || {
+                let t = flight.submit(&w, 4 << 20, vec![2; 2 << 20]);
+                let _ = tx.send(t);
+            })
+        };
+        let got = rx.recv_timeout(Duration::from_secs(10));
+        // Unstick a plain submit left waiting (the stop takes item 1).
+        w.stop();
+        plain.join().unwrap();
+        assert_eq!(
+            got.ok(),
+            Some(Ok(2)),
+            "a plain submit waited for queue space that only an untaken quiet item held"
+        );
+        let mut b = vec![0u8; 4096];
+        dev.inner.read_at(&mut b, 0).unwrap();
+        assert_eq!(b, vec![1; 4096]);
+        dev.inner.read_at(&mut b, 4 << 20).unwrap();
+        assert_eq!(b, vec![2; 4096]);
+        // A quiet item nobody waits for is written when the writer stops.
+        let flight = Arc::new(Flight::default());
+        let mut w = flight.start(dev.clone());
+        std::thread::sleep(Duration::from_millis(50));
+        flight.set_quiet(true);
+        flight.submit(&w, 8192, vec![3; 4096]).unwrap();
+        flight.set_quiet(false);
+        w.stop();
+        dev.inner.read_at(&mut b, 8192).unwrap();
+        assert_eq!(b, vec![3; 4096], "stop left a quiet item unwritten");
+    }
+
+    /// Writes complete out of order (a waiter writes the items after the
+    /// one the writer thread holds): when the thread's earlier item then
+    /// fails, the waiter reports the failure, never Ok, and every item,
+    /// written or not, stays readable.
+    #[test]
+    fn a_waiter_that_wrote_later_items_reports_an_earlier_items_failure() {
+        let dev = Arc::new(WriterStuck::new(true));
+        dev.fail_thread
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let flight = Arc::new(Flight::default());
+        let mut w = flight.start(dev.clone());
+        struct Open(Arc<WriterStuck>);
+        impl Drop for Open {
+            fn drop(&mut self) {
+                self.0.open_gate();
+            }
+        }
+        let _open = Open(dev.clone());
+        flight.submit(&w, 0, vec![1; 4096]).unwrap();
+        dev.await_thread_write();
+        flight.set_quiet(true);
+        let t = flight.submit(&w, 4096, vec![2; 4096]).unwrap();
+        flight.set_quiet(false);
+        let waiter = {
+            let flight = flight.clone();
+            std::thread::spawn(move || flight.wait_written(t))
+        };
+        // The waiter writes item 2 itself, then waits for item 1.
+        let t0 = std::time::Instant::now();
+        let mut b = vec![0u8; 4096];
+        loop {
+            dev.inner.read_at(&mut b, 4096).unwrap();
+            if b == vec![2; 4096] {
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "item 2 unwritten");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!waiter.is_finished(), "returned before item 1 was written");
+        dev.open_gate();
+        let res = waiter.join().unwrap();
+        assert!(
+            matches!(res, Err(Ok(DeviceError::Injected { .. }))),
+            "{res:?}"
+        );
+        assert!(flight.failed().is_some());
+        assert!(flight.wait_written(t).is_err(), "a later wait");
+        assert_eq!(flight.read(0, 4096), Some(vec![1; 4096]));
+        assert_eq!(flight.read(4096, 4096), Some(vec![2; 4096]));
+        w.stop();
     }
 }
