@@ -50,6 +50,11 @@ impl Control for Daemon {
                 .expect("last_clean poisoned")
                 .clone()
                 .into_bytes()),
+            // `mount -o remount,ro|rw` (see `remount`): queries, not
+            // commands, because the kernel refuses setxattr on a read-only
+            // mount, and the helper must reach the daemon while it is one.
+            "remount-ro" => self.remount_ro().map(|()| Vec::new()),
+            "remount-rw" => self.remount_rw().map(|()| Vec::new()),
             other => Err(format!("unknown query {other}")),
         }
     }
@@ -58,12 +63,6 @@ impl Control for Daemon {
         let text = String::from_utf8_lossy(value);
         match name {
             "checkpoint" => self.lld.checkpoint_now().map_err(|e| e.to_string()),
-            // `mount -o remount,ro|rw` (see `remount`).
-            "readonly" => match text.trim() {
-                "1" => self.remount_ro(),
-                "0" => self.remount_rw(),
-                other => Err(format!("readonly: 1 or 0, not {other:?}")),
-            },
             "clean" => {
                 let req = crate::CleanRequest::parse(&text)?;
                 self.cancel.store(false, Ordering::Relaxed);
@@ -1035,11 +1034,14 @@ pub(crate) fn dual_meta_path(
 
 /// `mount -o remount,ro|rw DIR` (mount(8) runs `mount.fuse.ldfs IMAGE DIR
 /// -o remount,...`): the FUSE kernel module never tells a daemon about a
-/// remount, so this tells it first, through its control attribute, and
-/// then remounts with mount(2). Read-only: the daemon refuses changes and
-/// writes a checkpoint, then the kernel's mount turns read-only (EROFS);
-/// should that fail (a file open for writing: EBUSY), the daemon is made
-/// writable again. Read-write: the mount turns writable, then the daemon.
+/// remount, so this helper remounts with mount(2) and tells the daemon
+/// through its control attributes, in the order that never refuses a write
+/// the kernel accepts. Read-only: the kernel's mount first (EROFS from then
+/// on; a file open for writing makes it fail with EBUSY, and then nothing
+/// changed), then the daemon refuses changes, stops its cleaner and writes
+/// a checkpoint. Read-write: the daemon first (no write reaches it while
+/// the kernel's mount is read-only), then the kernel's mount, the daemon
+/// made read-only again should that fail.
 /// Per-mount flags not named in the options (nosuid, nodev, noatime, ...)
 /// stay as they are.
 fn remount(dir: &Path, opts: &MountOpts) -> Result<(), String> {
@@ -1094,17 +1096,10 @@ fn remount(dir: &Path, opts: &MountOpts) -> Result<(), String> {
     } else {
         sv.f_flag & libc::ST_RDONLY != 0
     };
-    let tell = |v: &[u8]| -> Result<(), String> {
-        let r = unsafe {
-            libc::setxattr(
-                c.as_ptr(),
-                c"trusted.ldfs.readonly".as_ptr(),
-                v.as_ptr().cast(),
-                v.len(),
-                0,
-            )
-        };
-        if r != 0 {
+    // A getxattr: it reaches the daemon also through a read-only mount.
+    let tell = |query: &std::ffi::CStr| -> Result<(), String> {
+        let r = unsafe { libc::getxattr(c.as_ptr(), query.as_ptr(), std::ptr::null_mut(), 0) };
+        if r < 0 {
             return Err(format!(
                 "the daemon of {} refused (see its log): {}",
                 dir.display(),
@@ -1135,16 +1130,14 @@ fn remount(dir: &Path, opts: &MountOpts) -> Result<(), String> {
     // it if the daemon never answers.
     block_signals();
     if ro {
-        tell(b"1")?;
-        if let Err(e) = sys(flags | libc::MS_RDONLY) {
-            let _ = tell(b"0");
-            return Err(format!("remounting {} read-only: {e}", dir.display()));
-        }
+        sys(flags | libc::MS_RDONLY)
+            .map_err(|e| format!("remounting {} read-only: {e}", dir.display()))?;
+        tell(c"trusted.ldfs.remount-ro")?;
     } else {
-        sys(flags).map_err(|e| format!("remounting {} read-write: {e}", dir.display()))?;
-        if let Err(e) = tell(b"0") {
-            let _ = sys(flags | libc::MS_RDONLY);
-            return Err(e);
+        tell(c"trusted.ldfs.remount-rw")?;
+        if let Err(e) = sys(flags) {
+            let _ = tell(c"trusted.ldfs.remount-ro");
+            return Err(format!("remounting {} read-write: {e}", dir.display()));
         }
     }
     Ok(())
