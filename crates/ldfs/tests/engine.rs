@@ -1508,7 +1508,7 @@ fn a_group_commit_fails_when_the_writer_threads_earlier_partial_fails() {
     assert_eq!(lld.read(l, 2).unwrap().unwrap(), b"small");
 }
 
-/// Review probe (the race `flush_as_leader`'s comment leaves open): a
+/// (Found by review: the race `flush_as_leader`'s comment left open.) A
 /// checkpoint's device flush, on the checkpointer thread, fails while a
 /// group commit's own flush succeeds, the failure reported only after the
 /// group commit looked. A device whose flush fails may have dropped the
@@ -1517,7 +1517,6 @@ fn a_group_commit_fails_when_the_writer_threads_earlier_partial_fails() {
 /// back (Linux reports a writeback error to one fsync of a file
 /// description only), so the group commit must not return Ok.
 #[test]
-#[ignore = "review probe: fails on current code (a group commit overlapping a failing checkpoint flush returns Ok; documented in flush_as_leader)"]
 fn a_group_commit_overlapping_a_failing_checkpoint_flush_fails() {
     let dev = Arc::new(ThreadGate::new("ldfs-checkpointer", false));
     let opts = LldOptions {

@@ -370,6 +370,9 @@ fn list_range(list: u64) -> (Key, Key) {
 impl Engine {
     /// Opens a formatted device: see [`Lld::open`].
     fn open(dev: Arc<dyn Device>, opts: LldOptions) -> LdResult<Engine> {
+        // Flushes on the checkpointer thread and group commits' own report
+        // failures in the order they began (see `flushes`).
+        let dev: Arc<dyn Device> = Arc::new(super::flushes::OrderedFlushes::new(dev));
         let (geo, _sb_errors) = mkfs::read_superblock(&*dev)?;
         let recovered = recovery::recover(&*dev, &geo, &opts)?;
         let stats = EngineStats {
@@ -2416,8 +2419,8 @@ impl Engine {
     /// if no device write or flush has failed before its own flush ended:
     /// after a failed flush (a checkpoint's, say) the device may have
     /// dropped writes it held, and a later flush that succeeds does not
-    /// bring them back. (A failure racing this flush on another thread,
-    /// not yet recorded when it ends, is reported by the next one.)
+    /// bring them back. (A flush on another thread begun before this one
+    /// and failing after it is caught by the device: `flushes`.)
     fn flush_as_leader(&self) -> LdResult<()> {
         let (written, ticket) = {
             let mut g = self.lock();

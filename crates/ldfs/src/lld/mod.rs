@@ -24,6 +24,7 @@ pub mod cleaner;
 mod codec;
 pub mod engine;
 mod flight;
+mod flushes;
 pub mod layout;
 pub mod map;
 pub mod mkfs;

@@ -1,0 +1,178 @@
+//! Device flushes in the order they began. A flush that fails may have
+//! dropped writes the device held, whoever issued them, and a later flush
+//! that succeeds does not bring them back (Linux reports a writeback error
+//! to one fsync per open file description). So the engine's device reports
+//! a flush as successful only once it and every flush begun before it have
+//! ended without error: a group commit overlapping a checkpoint's failing
+//! flush (on the checkpointer thread) fails too, and so does every flush
+//! after a failed one (the engine has turned read-only by then anyway).
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use crate::device::{Device, DeviceError, DeviceOp};
+
+pub(crate) struct OrderedFlushes {
+    inner: Arc<dyn Device>,
+    state: Mutex<State>,
+    done: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    /// Number of the next flush to begin.
+    next: u64,
+    /// Flushes begun and not yet ended.
+    running: BTreeSet<u64>,
+    /// The first flush that failed, if any did.
+    failed: Option<u64>,
+}
+
+impl OrderedFlushes {
+    pub(crate) fn new(inner: Arc<dyn Device>) -> OrderedFlushes {
+        OrderedFlushes {
+            inner,
+            state: Mutex::new(State::default()),
+            done: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().expect("flush order poisoned")
+    }
+}
+
+impl Device for OrderedFlushes {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        self.inner.read_at(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+        self.inner.write_at(buf, offset)
+    }
+
+    fn flush(&self) -> Result<(), DeviceError> {
+        let me = {
+            let mut s = self.lock();
+            let me = s.next;
+            s.next += 1;
+            s.running.insert(me);
+            me
+        };
+        let res = self.inner.flush();
+        let mut s = self.lock();
+        s.running.remove(&me);
+        if res.is_err() && s.failed.is_none_or(|f| f > me) {
+            s.failed = Some(me);
+        }
+        self.done.notify_all();
+        res?;
+        while s.running.first().is_some_and(|&f| f < me) {
+            s = self.done.wait(s).expect("flush order poisoned");
+        }
+        match s.failed {
+            Some(f) if f < me => Err(DeviceError::Io {
+                op: DeviceOp::Flush,
+                offset: 0,
+                len: 0,
+                source: std::io::Error::other(format!(
+                    "an earlier flush (#{f}, begun before this one, #{me}) failed: \
+                     the device may have dropped writes this flush was to make durable"
+                )),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+
+    fn will_need(&self, ranges: &[(u64, u64)]) {
+        self.inner.will_need(ranges)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::MemoryDevice;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    /// Its first flush blocks until released and then fails.
+    struct SlowFail {
+        inner: MemoryDevice,
+        first: AtomicBool,
+        release: Mutex<bool>,
+        cv: Condvar,
+    }
+
+    impl Device for SlowFail {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+            self.inner.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+            self.inner.write_at(buf, offset)
+        }
+        fn flush(&self) -> Result<(), DeviceError> {
+            if self.first.swap(false, Ordering::SeqCst) {
+                let mut r = self.release.lock().unwrap();
+                while !*r {
+                    r = self.cv.wait(r).unwrap();
+                }
+                return Err(DeviceError::Injected {
+                    op: DeviceOp::Flush,
+                    n: 1,
+                    offset: 0,
+                });
+            }
+            Ok(())
+        }
+        fn size_bytes(&self) -> u64 {
+            self.inner.size_bytes()
+        }
+    }
+
+    /// A flush that succeeds while one begun before it is still under way
+    /// waits for it, and fails with it.
+    #[test]
+    fn a_flush_fails_when_an_earlier_one_fails_after_it() {
+        let slow = Arc::new(SlowFail {
+            inner: MemoryDevice::new(1 << 20),
+            first: AtomicBool::new(true),
+            release: Mutex::new(false),
+            cv: Condvar::new(),
+        });
+        let dev = Arc::new(OrderedFlushes::new(slow.clone()));
+        let first = {
+            let dev = dev.clone();
+            std::thread::spawn(move || dev.flush())
+        };
+        while dev.lock().running.is_empty() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let second = {
+            let dev = dev.clone();
+            std::thread::spawn(move || dev.flush())
+        };
+        // The second flush has ended on the device; it must not return yet.
+        while dev.lock().next < 2 || dev.lock().running.len() > 1 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(
+            !second.is_finished(),
+            "returned before the earlier flush ended"
+        );
+        *slow.release.lock().unwrap() = true;
+        slow.cv.notify_all();
+        assert!(first.join().unwrap().is_err());
+        assert!(
+            second.join().unwrap().is_err(),
+            "the later flush reported Ok"
+        );
+        // Nor can any later flush bring the dropped writes back.
+        assert!(dev.flush().is_err());
+    }
+}
