@@ -1108,21 +1108,7 @@ fn remount(dir: &Path, opts: &MountOpts) -> Result<(), String> {
         }
         Ok(())
     };
-    let sys = |flags: libc::c_ulong| -> std::io::Result<()> {
-        let r = unsafe {
-            libc::mount(
-                std::ptr::null(),
-                c.as_ptr(),
-                std::ptr::null(),
-                flags,
-                std::ptr::null(),
-            )
-        };
-        if r != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
-    };
+    let sys = |flags: libc::c_ulong| sys_mount(None, &c, flags);
     // The daemon's mode and the kernel's change in two steps: a signal
     // between them (Ctrl-C, a shutdown's SIGTERM) would leave the kernel's
     // mount rw with a daemon refusing every change. Held until the helper
@@ -1143,6 +1129,21 @@ fn remount(dir: &Path, opts: &MountOpts) -> Result<(), String> {
     Ok(())
 }
 
+/// mount(2) with no file-system type or data: a remount (`src` None) or a
+/// bind mount of `src` at `dst`.
+fn sys_mount(
+    src: Option<&std::ffi::CStr>,
+    dst: &std::ffi::CStr,
+    flags: libc::c_ulong,
+) -> std::io::Result<()> {
+    let src = src.map_or(std::ptr::null(), |s| s.as_ptr());
+    let r = unsafe { libc::mount(src, dst.as_ptr(), std::ptr::null(), flags, std::ptr::null()) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// A second mount of an image that is already mounted: as with a kernel
 /// file system, both show the one file system (the daemon serving `on`),
 /// here through a bind mount of `on` at `dir`; `ro` makes the new one
@@ -1152,21 +1153,7 @@ fn bind_mount(on: &Path, dir: &Path, opts: &MountOpts) -> Result<(), String> {
     let canon = check_mountpoint(dir)?;
     let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|e| e.to_string());
     let (src, dst) = (c(on)?, c(&canon)?);
-    let mount = |flags: libc::c_ulong| {
-        let r = unsafe {
-            libc::mount(
-                src.as_ptr(),
-                dst.as_ptr(),
-                std::ptr::null(),
-                flags,
-                std::ptr::null(),
-            )
-        };
-        if r != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
-    };
+    let mount = |flags: libc::c_ulong| sys_mount(Some(&src), &dst, flags);
     mount(libc::MS_BIND).map_err(|e| {
         format!(
             "already mounted on {}; mounting it at {} too (a bind mount, as root): {e}",
