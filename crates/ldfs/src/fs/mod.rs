@@ -2512,6 +2512,12 @@ mod tests {
     use std::sync::atomic::Ordering;
     use std::time::Duration;
 
+    const ROOT: Ctx = Ctx {
+        uid: 0,
+        gid: 0,
+        umask: 0,
+    };
+
     fn fresh() -> Arc<Fs> {
         let dev = Arc::new(MemoryDevice::new(32 << 20));
         let mkfs = MkfsOptions {
@@ -2521,15 +2527,7 @@ mod tests {
             fs_id: 5,
         };
         let lld = Lld::create(dev, &mkfs, LldOptions::default()).unwrap();
-        Fs::format(
-            &lld,
-            Ctx {
-                uid: 0,
-                gid: 0,
-                umask: 0,
-            },
-        )
-        .unwrap();
+        Fs::format(&lld, ROOT).unwrap();
         Arc::new(Fs::mount(Arc::new(lld), FsOptions::default()).unwrap())
     }
 
@@ -2546,18 +2544,7 @@ mod tests {
         let held = fs.lock();
         let op = {
             let fs = fs.clone();
-            std::thread::spawn(move || {
-                fs.mkdir(
-                    Ctx {
-                        uid: 0,
-                        gid: 0,
-                        umask: 0,
-                    },
-                    ROOT_INO,
-                    b"late",
-                    0o755,
-                )
-            })
+            std::thread::spawn(move || fs.mkdir(ROOT, ROOT_INO, b"late", 0o755))
         };
         // Time for the operation to pass its check and wait at the lock.
         std::thread::sleep(Duration::from_millis(200));
@@ -2573,16 +2560,6 @@ mod tests {
             Err(FsError::NotFound)
         ));
         fs.set_read_only(false).unwrap();
-        fs.mkdir(
-            Ctx {
-                uid: 0,
-                gid: 0,
-                umask: 0,
-            },
-            ROOT_INO,
-            b"late",
-            0o755,
-        )
-        .unwrap();
+        fs.mkdir(ROOT, ROOT_INO, b"late", 0o755).unwrap();
     }
 }
