@@ -299,29 +299,24 @@ impl Filesystem for FuseFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let mut uid = uid;
+        // chown(path, -1, -1): the kernel sends no attribute (ctime only
+        // with the writeback cache), nor when it leaves removing set-ID bits
+        // to ldfs (file_remove_privs under FUSE_HANDLE_KILLPRIV_V2:
+        // fallocate, and writes with the writeback cache). Linux changes
+        // ctime and clears the set-ID bits as chown(2) does: a chown to the
+        // same owner (`SetAttr::chown`, within the operation, so no race
+        // with a concurrent chmod or chown).
         let nothing = [mode, uid, gid].iter().all(Option::is_none)
             && size.is_none()
             && atime.is_none()
             && mtime.is_none();
-        if nothing {
-            // chown(path, -1, -1): the kernel sends no attribute (ctime
-            // only with the writeback cache), nor when it leaves removing
-            // set-ID bits to ldfs (file_remove_privs under
-            // FUSE_HANDLE_KILLPRIV_V2: fallocate, and writes with the
-            // writeback cache). Linux changes ctime and clears the set-ID
-            // bits as chown(2) does: a chown to the same owner.
-            match self.fs.getattr(ino.0) {
-                Ok(a) => uid = Some(a.uid),
-                Err(e) => return reply.error(errno(&e)),
-            }
-        }
         // Under FUSE_HANDLE_KILLPRIV_V2 a truncation by a caller without
         // CAP_FSETID clears set-ID bits here (fuser does not pass
         // FATTR_KILL_SUIDGID on; non-root stands for it), and so does a
         // chown by anyone.
         let unprivileged = req.uid() != 0;
-        let kill = if uid.is_some() || gid.is_some() || (size.is_some() && unprivileged) {
+        let kill = if nothing || uid.is_some() || gid.is_some() || (size.is_some() && unprivileged)
+        {
             self.kill(req, ino, unprivileged)
         } else {
             Kill::Nothing
@@ -334,6 +329,7 @@ impl Filesystem for FuseFs {
             atime: atime.map(time_set),
             mtime: mtime.map(time_set),
             kill,
+            chown: nothing,
         };
         match self.fs.setattr(ino.0, &sa) {
             Ok(a) => reply.attr(&TTL, &file_attr(&a)),

@@ -990,8 +990,10 @@ pub fn run(
         })
     };
     if daemon_child {
-        println!("ready");
-        let _ = std::io::stdout().flush();
+        // The parent may be gone (killed while waiting): a broken pipe here
+        // must not end a daemon that is already serving the mount.
+        let mut out = std::io::stdout();
+        let _ = writeln!(out, "ready").and_then(|()| out.flush());
         detach_output(&image);
     }
     let served = session.run();

@@ -180,6 +180,9 @@ pub struct SetAttr {
     pub kill: Kill,
     pub atime: Option<TimeSet>,
     pub mtime: Option<TimeSet>,
+    /// A chown that keeps both owner and group (chown(path, -1, -1)): ctime
+    /// and the set-ID bits change as for any chown, within the operation.
+    pub chown: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -1918,7 +1921,7 @@ impl Tx<'_> {
             }
             stamp(&mut i, now, false, true);
         }
-        if sa.uid.is_some() || sa.gid.is_some() {
+        if sa.uid.is_some() || sa.gid.is_some() || sa.chown {
             if let Some(u) = sa.uid {
                 i.uid = u;
             }
