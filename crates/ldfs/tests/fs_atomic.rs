@@ -831,3 +831,59 @@ fn unlinking_a_file_of_200000_blocks_on_a_full_file_system_failing_at_any_step()
     }
     panic!("the unlink still fails at its 10th change");
 }
+
+/// Long values (lists of their own) that go with something else: with an
+/// inode a rename replaces, and as a file capability that a write, a
+/// truncation or a chown drops. Each commits whole or not at all, list
+/// included, at any failing read (the check finds no list leaked or
+/// missing).
+#[test]
+fn long_values_dropped_by_other_operations_at_any_failing_read() {
+    let (image, inos) = build(8 << 20, |fs, _| {
+        let a = fs.mkdir(CTX, ROOT_INO, b"a", 0o755).unwrap().ino;
+        let f = fs.mknod(CTX, a, b"f", 0o100644, 0).unwrap().ino;
+        fs.write(f, 0, &vec![7u8; 10_000]).unwrap();
+        fs.setxattr(f, b"security.capability", &[1; 40_000], XattrMode::Create)
+            .unwrap();
+        fs.setxattr(f, b"user.long", &[2; 5000], XattrMode::Create)
+            .unwrap();
+        let small = fs.mknod(CTX, a, b"small", 0o100644, 0).unwrap().ino;
+        fs.write(small, 0, &[6u8; 1000]).unwrap();
+        fs.setxattr(small, b"user.long", &[5; 65536], XattrMode::Create)
+            .unwrap();
+        fs.setxattr(small, b"security.capability", &[3; 4097], XattrMode::Create)
+            .unwrap();
+        Inos::from([("a", a), ("f", f), ("small", small)])
+    });
+    let ops: Vec<(&str, Op)> = vec![
+        ("rename over a file with long values", |fs, i| {
+            fs.rename(i["a"], b"f", i["a"], b"small", PLAIN)
+        }),
+        ("write dropping a long capability", |fs, i| {
+            fs.write(i["f"], 100, &[9; 100]).map(drop)
+        }),
+        (
+            "write to an inline file dropping a long capability",
+            |fs, i| fs.write(i["small"], 10, &[9; 10]).map(drop),
+        ),
+        ("truncation dropping a long capability", |fs, i| {
+            let sa = SetAttr {
+                size: Some(5000),
+                ..SetAttr::default()
+            };
+            fs.setattr(i["f"], &sa).map(drop)
+        }),
+        ("chown dropping a long capability", |fs, i| {
+            let sa = SetAttr {
+                uid: Some(7),
+                ..SetAttr::default()
+            };
+            fs.setattr(i["small"], &sa).map(drop)
+        }),
+    ];
+    let mut total = 0;
+    for (name, op) in ops {
+        total += every_failure_point(name, &image, &inos, op);
+    }
+    assert!(total >= 5, "only {total} runs failed: the faults missed");
+}
