@@ -887,3 +887,55 @@ fn long_values_dropped_by_other_operations_at_any_failing_read() {
     }
     assert!(total >= 5, "only {total} runs failed: the faults missed");
 }
+
+/// A write and a truncation drop the file capability before they reserve
+/// (a long one: its list is deleted in the operation's ARU); refused on a
+/// full file system, each takes the delete back: the capability reads
+/// whole, while mounted and after a crash, and the check is clean.
+#[test]
+fn operations_refused_on_a_full_file_system_keep_the_long_capability_they_would_drop() {
+    let cap: Vec<u8> = (0..40_000u32).map(|k| (k % 253) as u8).collect();
+    let (image, inos) = build(12 << 20, |fs, lld| {
+        let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap().ino;
+        fs.write(f, 0, &[1; 100]).unwrap();
+        let cap: Vec<u8> = (0..40_000u32).map(|k| (k % 253) as u8).collect();
+        fs.setxattr(f, b"security.capability", &cap, XattrMode::Create)
+            .unwrap();
+        let big = fs.mknod(CTX, ROOT_INO, b"big", 0o100644, 0).unwrap().ino;
+        fill(fs, lld, big);
+        Inos::from([("f", f)])
+    });
+    let f = inos["f"];
+    let m = mount(&image);
+    let before = snapshot(&m.fs);
+    let ops: [(&str, Op); 2] = [
+        ("a write out of the inode", |fs, i| {
+            fs.write(i["f"], 0, &[9; 8192]).map(drop)
+        }),
+        ("a truncation growing the file", |fs, i| {
+            let sa = SetAttr {
+                size: Some(1 << 20),
+                ..SetAttr::default()
+            };
+            fs.setattr(i["f"], &sa).map(drop)
+        }),
+    ];
+    for (name, op) in ops {
+        assert!(
+            matches!(op(&m.fs, &inos), Err(FsError::NoSpace)),
+            "{name}: not refused"
+        );
+        assert_eq!(
+            m.fs.getxattr(f, b"security.capability").unwrap(),
+            cap,
+            "{name}"
+        );
+        assert_eq!(snapshot(&m.fs), before, "{name}");
+        check_clean(&m.fs, name);
+    }
+    let durable = crash(m);
+    let m = mount(&durable);
+    assert_eq!(m.fs.getxattr(f, b"security.capability").unwrap(), cap);
+    assert_eq!(snapshot(&m.fs), before);
+    check_clean(&m.fs, "after a crash");
+}
