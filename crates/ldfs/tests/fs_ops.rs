@@ -730,3 +730,61 @@ fn a_list_named_by_a_long_value_and_a_directory_is_found_by_the_check() {
         "inode {f}'s value and directory {d} both name list {list}; the check finds nothing"
     );
 }
+
+/// ACLs Linux refuses (`posix_acl_valid`: each of the owner, owning group
+/// and other entries once, in tag order, a mask exactly when there are
+/// named entries, permissions within rwx) are Invalid, as there: what is
+/// stored is an ACL the kernel can read back.
+#[test]
+fn posix_acls_linux_refuses_are_invalid() {
+    use ldfs::fs::acl::ACCESS;
+    let acl = |entries: &[(u16, u16, u32)]| -> Vec<u8> {
+        let mut v = 2u32.to_le_bytes().to_vec();
+        for &(tag, perm, id) in entries {
+            v.extend_from_slice(&tag.to_le_bytes());
+            v.extend_from_slice(&perm.to_le_bytes());
+            v.extend_from_slice(&id.to_le_bytes());
+        }
+        v
+    };
+    let fs = fresh(false);
+    let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap().ino;
+    let valid = acl(&[(1, 6, 0), (2, 7, 5), (4, 4, 0), (0x10, 7, 0), (0x20, 4, 0)]);
+    fs.setxattr(f, ACCESS, &valid, XattrMode::Any).unwrap();
+    // (what, entries as (tag, permissions, id))
+    type Case = (&'static str, &'static [(u16, u16, u32)]);
+    let refused: [Case; 7] = [
+        (
+            "owner twice",
+            &[(1, 6, 0), (1, 7, 0), (4, 4, 0), (0x20, 4, 0)],
+        ),
+        (
+            "a named user without a mask",
+            &[(1, 6, 0), (2, 7, 5), (4, 4, 0), (0x20, 4, 0)],
+        ),
+        (
+            "a mask without the owning group",
+            &[(1, 6, 0), (0x10, 7, 0), (0x20, 4, 0)],
+        ),
+        (
+            "other before the owning group",
+            &[(1, 6, 0), (0x20, 4, 0), (4, 4, 0)],
+        ),
+        (
+            "permissions past rwx",
+            &[(1, 0o16, 0), (4, 4, 0), (0x20, 4, 0)],
+        ),
+        (
+            "other twice",
+            &[(1, 6, 0), (4, 4, 0), (0x20, 4, 0), (0x20, 0, 0)],
+        ),
+        ("no other", &[(1, 6, 0), (4, 4, 0)]),
+    ];
+    for (what, entries) in refused {
+        match fs.setxattr(f, ACCESS, &acl(entries), XattrMode::Any) {
+            Err(FsError::Invalid(_)) => {}
+            r => panic!("{what}: {r:?}"),
+        }
+        assert_eq!(fs.getxattr(f, ACCESS).unwrap(), valid, "{what}");
+    }
+}
