@@ -749,6 +749,10 @@ fn posix_acls_linux_refuses_are_invalid() {
     };
     let fs = fresh(false);
     let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap().ino;
+    // A mask without named entries is valid (setfacl -m m::rx makes one).
+    let masked = acl(&[(1, 6, 0), (4, 4, 0), (0x10, 0, 0), (0x20, 4, 0)]);
+    fs.setxattr(f, ACCESS, &masked, XattrMode::Any).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().perm & 0o777, 0o604);
     let valid = acl(&[(1, 6, 0), (2, 7, 5), (4, 4, 0), (0x10, 7, 0), (0x20, 4, 0)]);
     fs.setxattr(f, ACCESS, &valid, XattrMode::Any).unwrap();
     // (what, entries as (tag, permissions, id))
