@@ -792,3 +792,43 @@ fn posix_acls_linux_refuses_are_invalid() {
         assert_eq!(fs.getxattr(f, ACCESS).unwrap(), valid, "{what}");
     }
 }
+
+on_every_layout!(
+    an_inode_with_the_most_long_values,
+    an_inode_with_the_most_long_values_on_one_log,
+    an_inode_with_the_most_long_values_on_dual,
+    an_inode_with_the_most_long_values_on_uip
+);
+/// An inode holding as many long values as it may (1024, each in a list
+/// of its own): its record stays within bounds, one more is refused, the
+/// values read back, and an unlink deletes all 1024 lists in one ARU.
+fn an_inode_with_the_most_long_values(fs: Fs) {
+    let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap().ino;
+    let value = |k: usize| vec![(k % 251) as u8; 4097 + k % 7];
+    for k in 0..ldfs::fs::inode::XATTR_COUNT_MAX {
+        fs.setxattr(
+            f,
+            format!("user.{k:04}").as_bytes(),
+            &value(k),
+            XattrMode::Create,
+        )
+        .unwrap_or_else(|e| panic!("value {k}: {e}"));
+    }
+    assert!(matches!(
+        fs.setxattr(f, b"user.more", &value(0), XattrMode::Create),
+        Err(FsError::NoSpace)
+    ));
+    let r = fs.inode_record(f).unwrap();
+    assert!(r.encoded_len() <= 112 + 4096 + 32768 + 5 * 1024);
+    for k in [0, 511, 1023] {
+        assert_eq!(
+            fs.getxattr(f, format!("user.{k:04}").as_bytes()).unwrap(),
+            value(k)
+        );
+    }
+    let report = fs.check().unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    fs.unlink(ROOT_INO, b"f").unwrap();
+    let report = fs.check().unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+}
