@@ -677,15 +677,18 @@ fn posix_acl_values_from_users_are_taken_or_invalid_never_a_panic() {
 }
 
 /// A long value's list that lost a block (damage) leaves the value
-/// unreadable (EIO); the check should say so, as it does for a list that
-/// is gone, so that a repair can drop the attribute.
+/// unreadable (EIO); the check says so, as it does for a list that is
+/// gone, and the repair drops that attribute with its list, keeping the
+/// others.
 #[test]
-#[ignore = "review probe: the check reads no long value's list, so one short of a block passes as clean while getxattr fails"]
 fn a_long_xattr_values_list_short_of_a_block_is_found_by_the_check() {
+    use ldfs::fs::check::Finding;
     use ldfs::fs::inode::XattrValue;
     let fs = fresh(false);
     let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap();
     fs.setxattr(f.ino, b"user.v", &[3u8; 40_000], XattrMode::Create)
+        .unwrap();
+    fs.setxattr(f.ino, b"user.w", &[4u8; 40_000], XattrMode::Create)
         .unwrap();
     let list = match &fs.inode_record(f.ino).unwrap().xattrs[0] {
         (_, XattrValue::List { list, .. }) => *list,
@@ -697,9 +700,38 @@ fn a_long_xattr_values_list_short_of_a_block_is_found_by_the_check() {
     assert!(matches!(fs.getxattr(f.ino, b"user.v"), Err(FsError::Io(_))));
     let report = fs.check().unwrap();
     assert!(
-        !report.problems.is_empty(),
-        "list {list} of inode {} lost block 1, and the check finds nothing",
-        f.ino
+        matches!(
+            report.findings.as_slice(),
+            [Finding::BadValueList { ino, list: l, .. }] if *ino == f.ino && *l == list
+        ),
+        "list {list} of inode {} lost block 1: {:?}",
+        f.ino,
+        report.problems
+    );
+    let fixed = fs.repair().unwrap();
+    assert!(
+        fixed.after.problems.is_empty(),
+        "{:?}",
+        fixed.after.problems
+    );
+    assert!(matches!(
+        fs.getxattr(f.ino, b"user.v"),
+        Err(FsError::NoAttr)
+    ));
+    assert_eq!(fs.getxattr(f.ino, b"user.w").unwrap(), vec![4u8; 40_000]);
+    // A block of the wrong length is found too.
+    let list = match &fs.inode_record(f.ino).unwrap().xattrs[0] {
+        (_, XattrValue::List { list, .. }) => *list,
+        other => panic!("user.w is not in a list: {other:?}"),
+    };
+    fs.logical_disk()
+        .write(None, ldfs::ld::ListId(list), 1, &[4u8; 100])
+        .unwrap();
+    let report = fs.check().unwrap();
+    assert!(
+        matches!(report.findings.as_slice(), [Finding::BadValueList { .. }]),
+        "{:?}",
+        report.problems
     );
 }
 
