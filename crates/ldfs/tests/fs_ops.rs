@@ -519,3 +519,348 @@ fn a_long_xattr_values_missing_list_is_found_and_repaired() {
     assert_eq!(fs.getxattr(f.ino, b"user.kept").unwrap(), vec![2u8; 60_000]);
     assert_eq!(fs.getxattr(f.ino, b"user.small").unwrap(), b"s");
 }
+
+/// An inode unlinked while open whose long value's list is gone (a list
+/// lost to damage; the check reports it) is still destroyed by the next
+/// mount: the list it would delete is already gone. Otherwise the mount
+/// fails, and with it fsck's repair, which mounts the same way.
+#[test]
+fn an_orphan_whose_long_xattr_list_is_missing_does_not_stop_the_mount() {
+    use ldfs::fs::inode::XattrValue;
+    let dev = Arc::new(MemoryDevice::new(64 << 20));
+    let (ino, list) = {
+        let lld = Arc::new(
+            Lld::create(dev.clone(), &MkfsOptions::default(), LldOptions::default()).unwrap(),
+        );
+        Fs::format(&*lld, CTX).unwrap();
+        let ld: Arc<dyn LogicalDisk> = lld.clone();
+        let fs = Fs::mount(ld, FsOptions::default()).unwrap();
+        let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap().ino;
+        fs.setxattr(f, b"user.long", &[7u8; 40_000], XattrMode::Create)
+            .unwrap();
+        fs.open(f).unwrap();
+        fs.unlink(ROOT_INO, b"f").unwrap();
+        let list = match &fs.inode_record(f).unwrap().xattrs[0] {
+            (_, XattrValue::List { list, .. }) => *list,
+            other => panic!("user.long is not in a list: {other:?}"),
+        };
+        fs.logical_disk()
+            .delete_list(None, ldfs::ld::ListId(list))
+            .unwrap();
+        fs.fsync().unwrap();
+        drop(fs);
+        match Arc::try_unwrap(lld) {
+            // As a crash with the file still open leaves it.
+            Ok(l) => l.abandon(),
+            Err(_) => panic!("engine still shared"),
+        }
+        (f, list)
+    };
+    let ld: Arc<dyn LogicalDisk> = Arc::new(Lld::open(dev, LldOptions::default()).unwrap());
+    let fs = Fs::mount(ld, FsOptions::default())
+        .unwrap_or_else(|e| panic!("orphan {ino} (its list {list} gone) stops the mount: {e}"));
+    assert!(matches!(fs.inode_record(ino), Err(FsError::NotFound)));
+    let report = fs.check().unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+}
+
+/// ACL attribute values from a user, well formed or not: each is taken or
+/// refused with Invalid, never a panic. Whatever was taken keeps the
+/// upkeep's invariant: a stored access ACL says the mode's permission
+/// bits, after its own setting, after a chmod, and on inodes created under
+/// a default ACL (`LDFS_SEED` replays).
+#[test]
+fn posix_acl_values_from_users_are_taken_or_invalid_never_a_panic() {
+    use ldfs::fs::acl::{Acl, ACCESS, DEFAULT};
+    use ldfs::fs::SetAttr;
+    use rand::{Rng, SeedableRng};
+    let seed = std::env::var("LDFS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2026u64);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let fs = fresh(false);
+    let d = fs.mkdir(CTX, ROOT_INO, b"d", 0o755).unwrap().ino;
+    let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap().ino;
+    // The access ACL stored on `ino`, if any, says its mode bits.
+    let agrees = |ino: u64, when: &str| {
+        let mode = fs.getattr(ino).unwrap().perm as u32 & 0o777;
+        match fs.getxattr(ino, ACCESS) {
+            Ok(v) => {
+                let (bits, extended) = Acl::parse(&v)
+                    .and_then(|a| a.mode())
+                    .unwrap_or_else(|| panic!("seed {seed} {when}: stored ACL {v:?} unparsable"));
+                assert_eq!(bits, mode, "seed {seed} {when}: ACL {v:?} vs mode {mode:o}");
+                assert!(
+                    extended,
+                    "seed {seed} {when}: a minimal ACL {v:?} was stored"
+                );
+            }
+            Err(FsError::NoAttr) => {}
+            Err(e) => panic!("seed {seed} {when}: {e}"),
+        }
+    };
+    let tags = [0x01u16, 0x02, 0x04, 0x08, 0x10, 0x20];
+    let mut taken = 0;
+    for round in 0..3000 {
+        let mut v: Vec<u8> = Vec::new();
+        match rng.gen_range(0..4) {
+            // Any bytes.
+            0 => v.extend((0..rng.gen_range(0..40)).map(|_| rng.gen::<u8>())),
+            // Entries with known tags, some ACLs: each class once, in order.
+            _ => {
+                v.extend_from_slice(&2u32.to_le_bytes());
+                for (k, &tag) in tags.iter().enumerate() {
+                    let times = match (k, rng.gen_range(0..10)) {
+                        (_, 0) => 0,
+                        (1 | 3, n) => n % 3,
+                        (_, 9) => 2,
+                        _ => 1,
+                    };
+                    for _ in 0..times {
+                        let tag = if rng.gen_range(0..50) == 0 {
+                            rng.gen()
+                        } else {
+                            tag
+                        };
+                        let perm: u16 = if rng.gen_range(0..20) == 0 {
+                            rng.gen()
+                        } else {
+                            rng.gen_range(0..8)
+                        };
+                        v.extend_from_slice(&tag.to_le_bytes());
+                        v.extend_from_slice(&perm.to_le_bytes());
+                        v.extend_from_slice(&rng.gen_range(0u32..4).to_le_bytes());
+                    }
+                }
+                if rng.gen_range(0..10) == 0 {
+                    v.truncate(rng.gen_range(0..v.len() + 1));
+                }
+            }
+        }
+        let (ino, name) = if rng.gen_bool(0.5) {
+            (f, ACCESS)
+        } else {
+            (d, DEFAULT)
+        };
+        let when = format!("round {round} {} {v:?}", String::from_utf8_lossy(name));
+        match fs.setxattr(ino, name, &v, XattrMode::Any) {
+            Ok(()) => taken += 1,
+            Err(FsError::Invalid(_)) => {}
+            Err(e) => panic!("seed {seed} {when}: {e:?}"),
+        }
+        agrees(f, &when);
+        let sa = SetAttr {
+            mode: Some(rng.gen_range(0..0o1000)),
+            ..SetAttr::default()
+        };
+        fs.setattr(f, &sa).unwrap();
+        agrees(f, &format!("{when}, chmod {:o}", sa.mode.unwrap()));
+        let name = format!("n{round}");
+        let mode = rng.gen_range(0..0o1000);
+        let c = if rng.gen_bool(0.5) {
+            fs.mknod(CTX, d, name.as_bytes(), 0o100000 | mode, 0)
+        } else {
+            fs.mkdir(CTX, d, name.as_bytes(), mode)
+        }
+        .unwrap_or_else(|e| panic!("seed {seed} {when}: create: {e}"));
+        agrees(c.ino, &format!("{when}, created {mode:o}"));
+        if c.kind == ldfs::fs::inode::Kind::Dir {
+            fs.rmdir(d, name.as_bytes()).unwrap();
+        } else {
+            fs.unlink(d, name.as_bytes()).unwrap();
+        }
+    }
+    assert!(taken >= 100, "seed {seed}: only {taken} ACLs taken");
+    let report = fs.check().unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+}
+
+/// A long value's list that lost a block (damage) leaves the value
+/// unreadable (EIO); the check says so, as it does for a list that is
+/// gone, and the repair drops that attribute with its list, keeping the
+/// others.
+#[test]
+fn a_long_xattr_values_list_short_of_a_block_is_found_by_the_check() {
+    use ldfs::fs::check::Finding;
+    use ldfs::fs::inode::XattrValue;
+    let fs = fresh(false);
+    let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap();
+    fs.setxattr(f.ino, b"user.v", &[3u8; 40_000], XattrMode::Create)
+        .unwrap();
+    fs.setxattr(f.ino, b"user.w", &[4u8; 40_000], XattrMode::Create)
+        .unwrap();
+    let list = match &fs.inode_record(f.ino).unwrap().xattrs[0] {
+        (_, XattrValue::List { list, .. }) => *list,
+        other => panic!("user.v is not in a list: {other:?}"),
+    };
+    fs.logical_disk()
+        .delete(None, ldfs::ld::ListId(list), 1)
+        .unwrap();
+    assert!(matches!(fs.getxattr(f.ino, b"user.v"), Err(FsError::Io(_))));
+    let report = fs.check().unwrap();
+    assert!(
+        matches!(
+            report.findings.as_slice(),
+            [Finding::BadValueList { ino, list: l, .. }] if *ino == f.ino && *l == list
+        ),
+        "list {list} of inode {} lost block 1: {:?}",
+        f.ino,
+        report.problems
+    );
+    let fixed = fs.repair().unwrap();
+    assert!(
+        fixed.after.problems.is_empty(),
+        "{:?}",
+        fixed.after.problems
+    );
+    assert!(matches!(
+        fs.getxattr(f.ino, b"user.v"),
+        Err(FsError::NoAttr)
+    ));
+    assert_eq!(fs.getxattr(f.ino, b"user.w").unwrap(), vec![4u8; 40_000]);
+    // A block of the wrong length is found too.
+    let list = match &fs.inode_record(f.ino).unwrap().xattrs[0] {
+        (_, XattrValue::List { list, .. }) => *list,
+        other => panic!("user.w is not in a list: {other:?}"),
+    };
+    fs.logical_disk()
+        .write(None, ldfs::ld::ListId(list), 1, &[4u8; 100])
+        .unwrap();
+    let report = fs.check().unwrap();
+    assert!(
+        matches!(report.findings.as_slice(), [Finding::BadValueList { .. }]),
+        "{:?}",
+        report.problems
+    );
+}
+
+/// A record whose long value names a list that is another inode's (a
+/// directory's buckets here; a record damaged or written by a bug): the
+/// check should say so before a removexattr deletes the directory's
+/// entries with "its" list.
+#[test]
+#[ignore = "review probe: the check takes a list named twice (by a long value and a directory) as fine; removexattr then deletes the directory's buckets"]
+fn a_list_named_by_a_long_value_and_a_directory_is_found_by_the_check() {
+    use ldfs::fs::inode::XattrValue;
+    let fs = fresh(false);
+    let d = fs.mkdir(CTX, ROOT_INO, b"d", 0o755).unwrap().ino;
+    fs.mknod(CTX, d, b"x", 0o100644, 0).unwrap();
+    let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap().ino;
+    let mut r = fs.inode_record(f).unwrap();
+    let list = fs.inode_record(d).unwrap().list;
+    r.xattrs
+        .push((b"user.v".to_vec(), XattrValue::List { list, len: 5000 }));
+    // The inode list (2, docs/FORMAT.md), written past the fs's cache: the
+    // check reads the records from the LD.
+    fs.logical_disk()
+        .write(None, ldfs::ld::ListId(2), f, &r.encode())
+        .unwrap();
+    let report = fs.check().unwrap();
+    assert!(
+        !report.problems.is_empty(),
+        "inode {f}'s value and directory {d} both name list {list}; the check finds nothing"
+    );
+}
+
+/// ACLs Linux refuses (`posix_acl_valid`: each of the owner, owning group
+/// and other entries once, in tag order, a mask exactly when there are
+/// named entries, permissions within rwx) are Invalid, as there: what is
+/// stored is an ACL the kernel can read back.
+#[test]
+fn posix_acls_linux_refuses_are_invalid() {
+    use ldfs::fs::acl::ACCESS;
+    let acl = |entries: &[(u16, u16, u32)]| -> Vec<u8> {
+        let mut v = 2u32.to_le_bytes().to_vec();
+        for &(tag, perm, id) in entries {
+            v.extend_from_slice(&tag.to_le_bytes());
+            v.extend_from_slice(&perm.to_le_bytes());
+            v.extend_from_slice(&id.to_le_bytes());
+        }
+        v
+    };
+    let fs = fresh(false);
+    let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap().ino;
+    // A mask without named entries is valid (setfacl -m m::rx makes one).
+    let masked = acl(&[(1, 6, 0), (4, 4, 0), (0x10, 0, 0), (0x20, 4, 0)]);
+    fs.setxattr(f, ACCESS, &masked, XattrMode::Any).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().perm & 0o777, 0o604);
+    let valid = acl(&[(1, 6, 0), (2, 7, 5), (4, 4, 0), (0x10, 7, 0), (0x20, 4, 0)]);
+    fs.setxattr(f, ACCESS, &valid, XattrMode::Any).unwrap();
+    // (what, entries as (tag, permissions, id))
+    type Case = (&'static str, &'static [(u16, u16, u32)]);
+    let refused: [Case; 7] = [
+        (
+            "owner twice",
+            &[(1, 6, 0), (1, 7, 0), (4, 4, 0), (0x20, 4, 0)],
+        ),
+        (
+            "a named user without a mask",
+            &[(1, 6, 0), (2, 7, 5), (4, 4, 0), (0x20, 4, 0)],
+        ),
+        (
+            "a mask without the owning group",
+            &[(1, 6, 0), (0x10, 7, 0), (0x20, 4, 0)],
+        ),
+        (
+            "other before the owning group",
+            &[(1, 6, 0), (0x20, 4, 0), (4, 4, 0)],
+        ),
+        (
+            "permissions past rwx",
+            &[(1, 0o16, 0), (4, 4, 0), (0x20, 4, 0)],
+        ),
+        (
+            "other twice",
+            &[(1, 6, 0), (4, 4, 0), (0x20, 4, 0), (0x20, 0, 0)],
+        ),
+        ("no other", &[(1, 6, 0), (4, 4, 0)]),
+    ];
+    for (what, entries) in refused {
+        match fs.setxattr(f, ACCESS, &acl(entries), XattrMode::Any) {
+            Err(FsError::Invalid(_)) => {}
+            r => panic!("{what}: {r:?}"),
+        }
+        assert_eq!(fs.getxattr(f, ACCESS).unwrap(), valid, "{what}");
+    }
+}
+
+on_every_layout!(
+    an_inode_with_the_most_long_values,
+    an_inode_with_the_most_long_values_on_one_log,
+    an_inode_with_the_most_long_values_on_dual,
+    an_inode_with_the_most_long_values_on_uip
+);
+/// An inode holding as many long values as it may (1024, each in a list
+/// of its own): its record stays within bounds, one more is refused, the
+/// values read back, and an unlink deletes all 1024 lists in one ARU.
+fn an_inode_with_the_most_long_values(fs: Fs) {
+    let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap().ino;
+    let value = |k: usize| vec![(k % 251) as u8; 4097 + k % 7];
+    for k in 0..ldfs::fs::inode::XATTR_COUNT_MAX {
+        fs.setxattr(
+            f,
+            format!("user.{k:04}").as_bytes(),
+            &value(k),
+            XattrMode::Create,
+        )
+        .unwrap_or_else(|e| panic!("value {k}: {e}"));
+    }
+    assert!(matches!(
+        fs.setxattr(f, b"user.more", &value(0), XattrMode::Create),
+        Err(FsError::NoSpace)
+    ));
+    let r = fs.inode_record(f).unwrap();
+    assert!(r.encoded_len() <= 112 + 4096 + 32768 + 5 * 1024);
+    for k in [0, 511, 1023] {
+        assert_eq!(
+            fs.getxattr(f, format!("user.{k:04}").as_bytes()).unwrap(),
+            value(k)
+        );
+    }
+    let report = fs.check().unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    fs.unlink(ROOT_INO, b"f").unwrap();
+    let report = fs.check().unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+}

@@ -31,12 +31,13 @@ struct Entry {
 pub struct Acl(Vec<Entry>);
 
 impl Acl {
-    /// Parses an ACL attribute value; `None` if it is not one.
+    /// Parses an ACL attribute value; `None` if it is not one, or not one
+    /// Linux takes (`posix_acl_valid`): the kernel could not read it back.
     pub fn parse(v: &[u8]) -> Option<Acl> {
         if v.len() < 4 || !(v.len() - 4).is_multiple_of(8) || v[..4] != VERSION.to_le_bytes() {
             return None;
         }
-        let entries = v[4..]
+        let entries: Vec<Entry> = v[4..]
             .chunks(8)
             .map(|e| Entry {
                 tag: u16::from_le_bytes([e[0], e[1]]),
@@ -44,6 +45,34 @@ impl Acl {
                 id: u32::from_le_bytes([e[4], e[5], e[6], e[7]]),
             })
             .collect();
+        // Owner, named users, owning group, named groups, mask, other:
+        // each class in that order, the three of the mode bits once, a
+        // mask at most once, and one if there are named entries.
+        let rank = |tag| match tag {
+            USER_OBJ => Some(0),
+            USER => Some(1),
+            GROUP_OBJ => Some(2),
+            GROUP => Some(3),
+            MASK => Some(4),
+            OTHER => Some(5),
+            _ => None,
+        };
+        let mut last = None;
+        let (mut named, mut mask) = (false, false);
+        for e in &entries {
+            let r = rank(e.tag)?;
+            let once = matches!(e.tag, USER_OBJ | GROUP_OBJ | MASK | OTHER);
+            if e.perm & !7 != 0 || last > Some(r) || (once && last == Some(r)) {
+                return None;
+            }
+            named |= matches!(e.tag, USER | GROUP);
+            mask |= e.tag == MASK;
+            last = Some(r);
+        }
+        let has = |tag| entries.iter().any(|e| e.tag == tag);
+        if !(has(USER_OBJ) && has(GROUP_OBJ) && has(OTHER)) || (named && !mask) {
+            return None;
+        }
         Some(Acl(entries))
     }
 

@@ -4,7 +4,8 @@
 //! link count are right; every inode's link count equals the entries naming
 //! it; every inode is reachable from the root or recorded as an orphan;
 //! every list an inode names exists, and every list is named by an inode
-//! (or is one of the file system's own); every bucket decodes.
+//! (or is one of the file system's own); every long attribute value's list
+//! holds it whole; every bucket decodes.
 //!
 //! `check` reads only and returns typed [`Finding`]s (and their text).
 //! `repair` acts on them through the normal write paths, one ARU per fix,
@@ -16,14 +17,15 @@
 //! unreachable inodes reattached under `/lost+found`, lists no inode
 //! names deleted when empty and otherwise reattached as regular files
 //! `/lost+found/#list-N` holding their blocks, missing lists replaced by
-//! empty ones), then, once the structure is sound, the counts (`..`, entry
+//! empty ones, attributes whose long value's list is missing or damaged
+//! dropped), then, once the structure is sound, the counts (`..`, entry
 //! counts, link counts). The number of rounds is bounded. `repair_base`
 //! comes first when a mount fails: the file-system record and the root.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
-use super::inode::{Inode, Kind};
+use super::inode::{Inode, Kind, XATTR_CHUNK};
 use super::{
     dir, encode_fs_record, Ctx, Fs, FsError, FsResult, BLOCK_BYTES, INODE_LIST, INO_BATCH,
     MAX_FILE_BYTES, META_LIST, ORPHAN_LIST, ROOT_INO,
@@ -75,6 +77,9 @@ pub enum Finding {
     LeakedList { list: u64, blocks: bool },
     /// An inode names a list that does not exist.
     MissingList { ino: u64, list: u64 },
+    /// A long attribute value's list that does not hold the value: a block
+    /// missing, damaged or of the wrong length (the value is unreadable).
+    BadValueList { ino: u64, list: u64, why: String },
     /// Something a repair cannot fix (device errors, an undecodable root
     /// left after `repair_base`).
     Unfixable(String),
@@ -145,6 +150,10 @@ impl fmt::Display for Finding {
             Finding::MissingList { ino, list } => {
                 write!(f, "inode {ino} names list {list}, which does not exist")
             }
+            Finding::BadValueList { ino, list, why } => write!(
+                f,
+                "inode {ino}: the list {list} of a long attribute value {why}"
+            ),
             Finding::Unfixable(s) => f.write_str(s),
         }
     }
@@ -163,6 +172,7 @@ impl Finding {
                 | Finding::BadInode { .. }
                 | Finding::LeakedList { .. }
                 | Finding::MissingList { .. }
+                | Finding::BadValueList { .. }
         )
     }
 }
@@ -540,25 +550,57 @@ impl Fs {
                 Err(LoadError::Device(why)) => r.push(Finding::Unfixable(why)),
             }
         }
-        // Every long attribute value's list exists.
-        let mut held: Vec<(u64, u64)> = inodes
+        // Every long attribute value's list exists and holds the value:
+        // block k holds bytes XATTR_CHUNK·k .., every block full but the
+        // last, and nothing after it (what getxattr reads).
+        let mut held: Vec<(u64, u64, usize)> = inodes
             .values()
             .flat_map(|i| {
                 i.xattrs
                     .iter()
-                    .filter_map(|(_, v)| Some((i.ino, v.list()?)))
+                    .filter_map(|(_, v)| Some((i.ino, v.list()?, v.len())))
             })
             .collect();
         held.sort_unstable();
-        for &(ino, list) in &held {
+        for &(ino, list, len) in &held {
             if !existing.contains(&list) {
                 r.push(Finding::MissingList { ino, list });
+                continue;
+            }
+            let blocks = len.div_ceil(XATTR_CHUNK) as u64;
+            let mut why = None;
+            match ld.indices(ListId(list), 0, blocks as usize + 1) {
+                Ok(idx) if idx != (0..blocks).collect::<Vec<_>>() => {
+                    why = Some(format!("has blocks {idx:?}, not 0..{blocks}"));
+                }
+                Ok(_) => {
+                    for k in 0..blocks {
+                        let want = XATTR_CHUNK.min(len - k as usize * XATTR_CHUNK);
+                        why = match ld.read(ListId(list), k) {
+                            Ok(Some(b)) if b.len() == want => continue,
+                            Ok(Some(b)) => {
+                                Some(format!("holds {} bytes in block {k}, not {want}", b.len()))
+                            }
+                            Ok(None) => Some(format!("lost block {k}")),
+                            Err(LdError::Corrupt(c)) => Some(format!("block {k}: {c}")),
+                            Err(e) => {
+                                r.push(Finding::Unfixable(format!("list {list} block {k}: {e}")));
+                                None
+                            }
+                        };
+                        break;
+                    }
+                }
+                Err(e) => r.push(Finding::Unfixable(format!("list {list}: {e}"))),
+            }
+            if let Some(why) = why {
+                r.push(Finding::BadValueList { ino, list, why });
             }
         }
         // Every list is named by an inode record (or is one of the file
         // system's own).
         let mut named: HashSet<u64> = inodes.values().map(|i| i.list).collect();
-        named.extend(held.iter().map(|&(_, l)| l));
+        named.extend(held.iter().map(|&(_, l, _)| l));
         named.extend([META_LIST.0, INODE_LIST.0, ORPHAN_LIST.0]);
         let mut leaked: Vec<u64> = existing.difference(&named).copied().collect();
         leaked.sort_unstable();
@@ -879,6 +921,14 @@ impl Fs {
                 let mut i = tx.inode(*ino)?;
                 i.xattrs.retain(|(_, v)| v.list() != Some(*list));
                 tx.put(&i)
+            }
+            Finding::BadValueList { ino, list, .. } => {
+                // The value is lost: the attribute goes, with its list.
+                let mut i = tx.inode(*ino)?;
+                i.xattrs.retain(|(_, v)| v.list() != Some(*list));
+                tx.put(&i)?;
+                tx.ld().delete_list(Some(tx.aru), ListId(*list))?;
+                Ok(())
             }
             Finding::MissingList { ino, .. } => {
                 let mut i = tx.inode(*ino)?;

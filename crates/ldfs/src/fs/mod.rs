@@ -1591,13 +1591,17 @@ impl Tx<'_> {
     }
 
     /// Deletes a destroyed inode's list of blocks (or entries), and the
-    /// lists of its long attribute values.
+    /// lists of its long attribute values. A list already gone (lost to
+    /// damage; the check reports it) is as deleting it leaves it: the inode
+    /// still goes, or an orphan's missing list would fail every mount, and
+    /// fsck's repair, which mounts the same way.
     fn delete_blocks(&mut self, i: &Inode) -> FsResult<()> {
-        if i.list != 0 {
-            self.ld().delete_list(Some(self.aru), ListId(i.list))?;
-        }
-        for (_, v) in &i.xattrs {
-            self.drop_xattr_value(v)?;
+        let lists = i.xattrs.iter().filter_map(|(_, v)| v.list());
+        for l in (i.list != 0).then_some(i.list).into_iter().chain(lists) {
+            match self.ld().delete_list(Some(self.aru), ListId(l)) {
+                Ok(()) | Err(LdError::NoSuchList(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         Ok(())
     }
