@@ -12,7 +12,11 @@ use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::{Lld, LldOptions, PAGE_BYTES};
 use libfuzzer_sys::fuzz_target;
 
-const CTX: Ctx = Ctx { uid: 0, gid: 0 };
+const CTX: Ctx = Ctx {
+    uid: 0,
+    gid: 0,
+    umask: 0,
+};
 
 fn lld_opts() -> LldOptions {
     LldOptions {
