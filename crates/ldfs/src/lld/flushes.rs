@@ -175,4 +175,85 @@ mod tests {
         // Nor can any later flush bring the dropped writes back.
         assert!(dev.flush().is_err());
     }
+
+    /// Blocks the flushes of the thread named `gated` until released, and
+    /// fails every flush of other threads while `fail` is set.
+    struct GateOne {
+        inner: MemoryDevice,
+        gated: &'static str,
+        fail: AtomicBool,
+        gate: Mutex<(bool, u32)>,
+        cv: Condvar,
+    }
+
+    impl Device for GateOne {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+            self.inner.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+            self.inner.write_at(buf, offset)
+        }
+        fn flush(&self) -> Result<(), DeviceError> {
+            if std::thread::current().name() == Some(self.gated) {
+                let mut g = self.gate.lock().unwrap();
+                g.1 += 1;
+                self.cv.notify_all();
+                while g.0 {
+                    g = self.cv.wait(g).unwrap();
+                }
+                return Ok(());
+            }
+            if self.fail.load(Ordering::SeqCst) {
+                return Err(DeviceError::Injected {
+                    op: DeviceOp::Flush,
+                    n: 1,
+                    offset: 0,
+                });
+            }
+            Ok(())
+        }
+        fn size_bytes(&self) -> u64 {
+            self.inner.size_bytes()
+        }
+    }
+
+    /// Review probe: a flush begun *after* a slow one fails while the slow
+    /// one is still under way (a checkpoint's flush failing while a group
+    /// commit's, begun first, waits at the device). Linux reports a
+    /// writeback error to one fsync only: the failing one may have taken
+    /// the error of the slow one's writes, so the slow one must not return
+    /// Ok either (the engine's own check misses the failure while the
+    /// checkpointer thread has not yet marked its phase 2 done).
+    #[test]
+    fn a_flush_fails_when_a_later_one_failed_before_it_ended() {
+        let dev = Arc::new(GateOne {
+            inner: MemoryDevice::new(1 << 20),
+            gated: "probe-slow-flush",
+            fail: AtomicBool::new(true),
+            gate: Mutex::new((true, 0)),
+            cv: Condvar::new(),
+        });
+        let ordered = Arc::new(OrderedFlushes::new(dev.clone()));
+        let slow = {
+            let ordered = ordered.clone();
+            std::thread::Builder::new()
+                .name("probe-slow-flush".into())
+                .spawn(move || ordered.flush())
+                .unwrap()
+        };
+        {
+            let mut g = dev.gate.lock().unwrap();
+            while g.1 == 0 {
+                g = dev.cv.wait(g).unwrap();
+            }
+        }
+        assert!(ordered.flush().is_err(), "the injected failure");
+        dev.gate.lock().unwrap().0 = false;
+        dev.cv.notify_all();
+        let res = slow.join().unwrap();
+        assert!(
+            res.is_err(),
+            "a flush that ended after another one failed returned {res:?}"
+        );
+    }
 }
