@@ -3,8 +3,9 @@
 //! that succeeds does not bring them back (Linux reports a writeback error
 //! to one fsync per open file description). So the engine's device reports
 //! a flush as successful only once it and every flush begun before it have
-//! ended without error: a group commit overlapping a checkpoint's failing
-//! flush (on the checkpointer thread) fails too, and so does every flush
+//! ended without error, and no other flush failed before it ended: a group
+//! commit overlapping a checkpoint's failing flush (on the checkpointer
+//! thread, begun before or after it) fails too, and so does every flush
 //! after a failed one (the engine has turned read-only by then anyway).
 
 use std::collections::BTreeSet;
@@ -70,17 +71,20 @@ impl Device for OrderedFlushes {
         while s.running.first().is_some_and(|&f| f < me) {
             s = self.done.wait(s).expect("flush order poisoned");
         }
+        // Any failure seen by now counts, a later-begun flush's too: it
+        // ended before this one did, and the device reports a writeback
+        // error to one flush only, maybe that one for this one's writes.
         match s.failed {
-            Some(f) if f < me => Err(DeviceError::Io {
+            Some(f) => Err(DeviceError::Io {
                 op: DeviceOp::Flush,
                 offset: 0,
                 len: 0,
                 source: std::io::Error::other(format!(
-                    "an earlier flush (#{f}, begun before this one, #{me}) failed: \
+                    "another flush (#{f}, this one #{me}) failed before this one ended: \
                      the device may have dropped writes this flush was to make durable"
                 )),
             }),
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 
