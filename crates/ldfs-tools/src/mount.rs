@@ -1120,7 +1120,15 @@ fn remount(dir: &Path, opts: &MountOpts) -> Result<(), String> {
     if ro {
         sys(flags | libc::MS_RDONLY)
             .map_err(|e| format!("remounting {} read-only: {e}", dir.display()))?;
-        tell(c"trusted.ldfs.remount-ro")?;
+        // Not undone: the kernel's mount stays read-only (a daemon refuses
+        // when its checkpoint failed, and then it is read-only anyway), but
+        // the message must not read as if nothing had changed.
+        tell(c"trusted.ldfs.remount-ro").map_err(|e| {
+            format!(
+                "{e}; the mount is read-only now, but the daemon did not switch \
+                 (its cleaner may still run, no checkpoint was written)"
+            )
+        })?;
     } else {
         tell(c"trusted.ldfs.remount-rw")?;
         if let Err(e) = sys(flags) {

@@ -1888,3 +1888,45 @@ fn a_device_failing_under_concurrent_group_commits_leaves_no_waiter_hung() {
         Err(LdError::ReadOnly(_))
     ));
 }
+
+/// Review probe (dual layout, outside `OrderedFlushes`): the data device's
+/// flush (`DataSync::sync`) fails once; the dual flush reports it, but the
+/// next flush flushes the data device again, succeeds and makes the log
+/// durable, pointers to data blocks the failed flush may have dropped
+/// included (Linux reports a writeback error to one fsync only). Like the
+/// engine's device, the data device's flush failure must stay reported.
+#[test]
+fn a_dual_flush_after_a_failed_data_flush_fails() {
+    use ldfs::dual::{Dual, DualMkfsOptions};
+    let meta = Arc::new(MemoryDevice::new(32 << 20));
+    let data = Arc::new(FaultDevice::new(
+        MemoryDevice::new(16 << 20),
+        FaultPlan::default(),
+    ));
+    let mkfs = DualMkfsOptions {
+        lld: MkfsOptions {
+            segment_bytes: 256 << 10,
+            max_block_bytes: 64 << 10,
+            reserved_segments: Some(8),
+            fs_id: 78,
+        },
+        group_blocks: 256,
+        meta_path: String::new(),
+    };
+    ldfs::dual::mkfs(meta.clone(), &*data, &mkfs).unwrap();
+    let d = Dual::open(meta, data.clone(), LldOptions::default()).unwrap();
+    let l = d.create_list(None, ListHints::default()).unwrap();
+    d.flush().unwrap();
+    d.write(None, l, 0, &[7u8; 4096]).unwrap();
+    data.set_plan(FaultPlan {
+        fail_flush_nth: Some(1),
+        ..Default::default()
+    });
+    assert!(d.flush().is_err(), "the injected data flush failure");
+    assert!(data.fired());
+    let res = d.flush();
+    assert!(
+        res.is_err(),
+        "a flush after a failed data-device flush returned {res:?}"
+    );
+}

@@ -44,7 +44,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::device::{Device, DeviceError};
+use crate::device::{Device, DeviceError, DeviceOp};
 use crate::ld::{
     AruId, CorruptReason, Corruption, LdError, LdResult, ListHints, ListId, ListKind, LogicalDisk,
     SpaceStats, Temperature,
@@ -172,8 +172,9 @@ struct DataSync {
     dev: Arc<dyn Device>,
     /// Data writes completed so far.
     written: std::sync::atomic::AtomicU64,
-    /// `written` as of the last completed flush.
-    flushed: Mutex<u64>,
+    /// `written` as of the last completed flush, and whether a flush has
+    /// failed.
+    flushed: Mutex<(u64, bool)>,
 }
 
 impl DataSync {
@@ -185,12 +186,28 @@ impl DataSync {
     }
 
     /// Flushes the data device if a write completed since the last flush.
+    /// Fails for good once a flush has failed: the device may have dropped
+    /// data writes then, and a later flush that succeeds does not bring
+    /// them back (as `lld::flushes` does for the log device).
     fn sync(&self) -> Result<(), DeviceError> {
         let w = self.written.load(std::sync::atomic::Ordering::SeqCst);
         let mut f = self.flushed.lock().expect("data sync lock poisoned");
-        if *f < w {
-            self.dev.flush()?;
-            *f = w;
+        if f.1 {
+            return Err(DeviceError::Io {
+                op: DeviceOp::Flush,
+                offset: 0,
+                len: 0,
+                source: std::io::Error::other(
+                    "an earlier flush of the data device failed: it may have dropped data writes",
+                ),
+            });
+        }
+        if f.0 < w {
+            if let Err(e) = self.dev.flush() {
+                f.1 = true;
+                return Err(e);
+            }
+            f.0 = w;
         }
         Ok(())
     }
@@ -317,7 +334,7 @@ impl Dual {
         let sync = Arc::new(DataSync {
             dev: data,
             written: Default::default(),
-            flushed: Mutex::new(0),
+            flushed: Mutex::new((0, false)),
         });
         let ordered: Arc<dyn Device> = Arc::new(OrderedMeta {
             inner: meta,

@@ -3,8 +3,9 @@
 //! that succeeds does not bring them back (Linux reports a writeback error
 //! to one fsync per open file description). So the engine's device reports
 //! a flush as successful only once it and every flush begun before it have
-//! ended without error: a group commit overlapping a checkpoint's failing
-//! flush (on the checkpointer thread) fails too, and so does every flush
+//! ended without error, and no other flush failed before it ended: a group
+//! commit overlapping a checkpoint's failing flush (on the checkpointer
+//! thread, begun before or after it) fails too, and so does every flush
 //! after a failed one (the engine has turned read-only by then anyway).
 
 use std::collections::BTreeSet;
@@ -70,17 +71,20 @@ impl Device for OrderedFlushes {
         while s.running.first().is_some_and(|&f| f < me) {
             s = self.done.wait(s).expect("flush order poisoned");
         }
+        // Any failure seen by now counts, a later-begun flush's too: it
+        // ended before this one did, and the device reports a writeback
+        // error to one flush only, maybe that one for this one's writes.
         match s.failed {
-            Some(f) if f < me => Err(DeviceError::Io {
+            Some(f) => Err(DeviceError::Io {
                 op: DeviceOp::Flush,
                 offset: 0,
                 len: 0,
                 source: std::io::Error::other(format!(
-                    "an earlier flush (#{f}, begun before this one, #{me}) failed: \
+                    "another flush (#{f}, this one #{me}) failed before this one ended: \
                      the device may have dropped writes this flush was to make durable"
                 )),
             }),
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 
@@ -174,5 +178,86 @@ mod tests {
         );
         // Nor can any later flush bring the dropped writes back.
         assert!(dev.flush().is_err());
+    }
+
+    /// Blocks the flushes of the thread named `gated` until released, and
+    /// fails every flush of other threads while `fail` is set.
+    struct GateOne {
+        inner: MemoryDevice,
+        gated: &'static str,
+        fail: AtomicBool,
+        gate: Mutex<(bool, u32)>,
+        cv: Condvar,
+    }
+
+    impl Device for GateOne {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+            self.inner.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+            self.inner.write_at(buf, offset)
+        }
+        fn flush(&self) -> Result<(), DeviceError> {
+            if std::thread::current().name() == Some(self.gated) {
+                let mut g = self.gate.lock().unwrap();
+                g.1 += 1;
+                self.cv.notify_all();
+                while g.0 {
+                    g = self.cv.wait(g).unwrap();
+                }
+                return Ok(());
+            }
+            if self.fail.load(Ordering::SeqCst) {
+                return Err(DeviceError::Injected {
+                    op: DeviceOp::Flush,
+                    n: 1,
+                    offset: 0,
+                });
+            }
+            Ok(())
+        }
+        fn size_bytes(&self) -> u64 {
+            self.inner.size_bytes()
+        }
+    }
+
+    /// Review probe: a flush begun *after* a slow one fails while the slow
+    /// one is still under way (a checkpoint's flush failing while a group
+    /// commit's, begun first, waits at the device). Linux reports a
+    /// writeback error to one fsync only: the failing one may have taken
+    /// the error of the slow one's writes, so the slow one must not return
+    /// Ok either (the engine's own check misses the failure while the
+    /// checkpointer thread has not yet marked its phase 2 done).
+    #[test]
+    fn a_flush_fails_when_a_later_one_failed_before_it_ended() {
+        let dev = Arc::new(GateOne {
+            inner: MemoryDevice::new(1 << 20),
+            gated: "probe-slow-flush",
+            fail: AtomicBool::new(true),
+            gate: Mutex::new((true, 0)),
+            cv: Condvar::new(),
+        });
+        let ordered = Arc::new(OrderedFlushes::new(dev.clone()));
+        let slow = {
+            let ordered = ordered.clone();
+            std::thread::Builder::new()
+                .name("probe-slow-flush".into())
+                .spawn(move || ordered.flush())
+                .unwrap()
+        };
+        {
+            let mut g = dev.gate.lock().unwrap();
+            while g.1 == 0 {
+                g = dev.cv.wait(g).unwrap();
+            }
+        }
+        assert!(ordered.flush().is_err(), "the injected failure");
+        dev.gate.lock().unwrap().0 = false;
+        dev.cv.notify_all();
+        let res = slow.join().unwrap();
+        assert!(
+            res.is_err(),
+            "a flush that ended after another one failed returned {res:?}"
+        );
     }
 }
