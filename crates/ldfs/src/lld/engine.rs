@@ -1944,6 +1944,14 @@ impl LogicalDisk for Engine {
             2,
             Some(list_range(list.0)),
         )?;
+        // Both records in one partial segment: outside an ARU, roll-forward
+        // applies each as it finds it, and a crash between two partials
+        // would leave the list's entry without its blocks.
+        self.make_room(&mut g, recs, 0)?;
+        let key = Key {
+            list: 0,
+            index: list.0,
+        };
         self.log_record(
             &mut g,
             Record::DeleteList {
@@ -1951,15 +1959,11 @@ impl LogicalDisk for Engine {
                 list: list.0,
             },
         )?;
+        self.log_record(&mut g, Record::Delete { aru: aru_id, key })?;
         // Logged already: as in `delete`, a map that cannot follow stops
         // every later write.
         self.remove_keys(&mut g, aru_id, list_range(list.0))
             .map_err(|e| self.fail(&mut g, e))?;
-        let key = Key {
-            list: 0,
-            index: list.0,
-        };
-        self.log_record(&mut g, Record::Delete { aru: aru_id, key })?;
         let r = self.pages();
         let old = g.map.remove(key, &r).map_err(|e| self.fail(&mut g, e))?;
         if let Some(old) = old {
