@@ -448,8 +448,9 @@ fn the_background_cleaner_works_while_idle() {
     assert!(!lld.background_cleaner_running());
 }
 
-/// (A review probe of a floor for cleaner moves, 8d96706, since reverted:
-/// it starved the cleaner.) On a device filled to its capacity by user
+/// Review probe (`Class::Clean`, 8d96706): the cleaner's moves now leave
+/// the checkpoint's half of the reserve plus the pages of the checkpoint
+/// after them and the margin. On a device filled to its capacity by user
 /// writes, with no cleaning until writers find no room (watermarks 0), the
 /// cleaner gets only what user writes leave above that floor; overwriting
 /// every other block (segments half dead) and then deleting and writing
