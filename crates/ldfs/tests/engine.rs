@@ -1741,7 +1741,6 @@ fn concurrent_group_commits_keep_every_acknowledged_block_across_crashes() {
 /// by the 40,000 writes are finished at seeded points (no threads), which
 /// replays such layouts exactly (seeds 4 and 52 of 60 fail at 1 in 5000).
 #[test]
-#[ignore = "review probe: fails on current code (a delete on a full device gets NoSpace after moved map pages were checkpointed)"]
 fn a_full_device_takes_deletes_after_moved_map_pages_in_every_layout() {
     let mut bad = Vec::new();
     for seed in [4u64, 52] {

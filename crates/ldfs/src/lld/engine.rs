@@ -185,11 +185,15 @@ struct AruState {
 
 /// Space class of an operation: user writes keep the whole reserve free;
 /// deletes, ARU ends and list creation may dip into half of it, so that
-/// freeing space is always possible on a full device.
+/// freeing space is always possible on a full device; the cleaner's moves
+/// dip into that half too, but pay for the checkpoint that follows them out
+/// of it, so that after it deletes still find their room (a move frees
+/// nothing until its victim is emptied and a checkpoint releases it).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Class {
     User,
     Meta,
+    Clean,
 }
 
 pub(crate) struct Inner {
@@ -586,7 +590,7 @@ impl Engine {
             None,
             WRITE_RECORD_BYTES,
             stored.len(),
-            Class::Meta,
+            Class::Clean,
             1,
             None,
         )?;
@@ -1023,6 +1027,7 @@ impl Engine {
         match class {
             Class::User => upper + meta,
             Class::Meta => meta,
+            Class::Clean => meta + checkpoint.min(self.checkpoint_share) + margin_pages(&self.geo),
         }
     }
 
@@ -1813,7 +1818,7 @@ impl Engine {
             // A freeing operation gives back more than it takes.
             let slack = match class {
                 Class::User => 0,
-                Class::Meta => self.geo.segment_bytes().max(with_overhead),
+                Class::Meta | Class::Clean => self.geo.segment_bytes().max(with_overhead),
             };
             let capacity = self.capacity_bytes() + slack;
             if footprint.saturating_add(with_overhead) > capacity {
@@ -2913,7 +2918,7 @@ impl Engine {
         let room = self.log_after(&g, 0, 0);
         let headroom = room.left
             - self.reserved_by_others(&g, 0)
-            - self.floor_after(&g, Class::Meta, room.page, 0);
+            - self.floor_after(&g, Class::Clean, room.page, 0);
         let view = SpaceView {
             clean: g.usage.clean_count(),
             meta_headroom_bytes: headroom * PAGE_BYTES as i64,
@@ -2977,7 +2982,7 @@ impl Engine {
                 None,
                 WRITE_RECORD_BYTES,
                 m.stored.len(),
-                Class::Meta,
+                Class::Clean,
                 1,
                 None,
             ) {
@@ -3036,7 +3041,7 @@ impl Engine {
     fn map_page_fits(&self, g: &Inner) -> bool {
         let room = self.log_after(g, 0, 0);
         room.left - self.reserved_by_others(g, 0)
-            >= self.floor_after(g, Class::Meta, room.page, g.map.change_bound())
+            >= self.floor_after(g, Class::Clean, room.page, g.map.change_bound())
     }
 
     /// Checkpoints (releasing emptied segments) once no ARU that logged
