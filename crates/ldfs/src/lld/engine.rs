@@ -1025,7 +1025,11 @@ impl Engine {
         let (lower, upper) = reserve_halves(&self.geo);
         let meta = lower + (checkpoint - self.checkpoint_share).max(0);
         match class {
-            Class::User => upper + meta,
+            // The checkpoint's pages on top too: once it is written the
+            // upper half must still be whole, or the cleaner (which leaves
+            // the lower half, that checkpoint and the margin) has nothing
+            // left to move a victim with when writes stop at this floor.
+            Class::User => upper + meta + checkpoint.min(self.checkpoint_share),
             Class::Meta => meta,
             Class::Clean => meta + checkpoint.min(self.checkpoint_share) + margin_pages(&self.geo),
         }
