@@ -3316,6 +3316,55 @@ mod tests {
     /// A checkpoint pending after its snapshot, on a fault device (no
     /// checkpointer thread: the test runs its phase 2).
     /// `keys` blocks are written first, with the default options.
+    /// A list deleted outside an ARU comes back whole or not at all after a
+    /// crash, also when its two records (its blocks, its entry in list 0)
+    /// meet the open partial's summary limit: filler deletes (records of
+    /// the entry's size) fill the summary until the pair no longer fits
+    /// but its first record does; the crash keeps every device write.
+    /// Found by the long crash run (LDFS_SEED=846086490 at 8d96706).
+    #[test]
+    fn a_list_deleted_at_a_partials_limit_survives_a_crash_whole() {
+        use crate::device::{CrashDevice, CrashOptions};
+        let dev = Arc::new(CrashDevice::new(16 << 20));
+        let opts = LldOptions {
+            checkpoint_thread: false,
+            log_writer_thread: false,
+            partial_bytes: 4 << 20,
+            ..Default::default()
+        };
+        let mkfs = MkfsOptions {
+            segment_bytes: 512 << 10,
+            max_block_bytes: 32 << 10,
+            reserved_segments: Some(4),
+            fs_id: 7,
+        };
+        let lld = Lld::create(dev.clone(), &mkfs, opts).unwrap();
+        let filler = lld.create_list(None, ListHints::default()).unwrap();
+        let l = lld.create_list(None, ListHints::default()).unwrap();
+        lld.write(None, l, 0, b"block").unwrap();
+        let first = Record::DeleteList { aru: 0, list: l.0 }.encoded_len();
+        let entry = Record::Delete {
+            aru: 0,
+            key: Key::MIN,
+        }
+        .encoded_len();
+        while lld.lock().pending.summary_has_room(first + entry) {
+            lld.delete(None, filler, 1_000_000).unwrap();
+        }
+        assert!(lld.lock().pending.summary_has_room(first));
+        lld.delete_list(None, l).unwrap();
+        let keep_all = CrashOptions {
+            keep_probability: 1.0,
+            tear_probability: 0.0,
+        };
+        let img = dev.crash_image(1, &keep_all);
+        let after =
+            Lld::open(Arc::new(MemoryDevice::from_vec(img)), LldOptions::default()).unwrap();
+        let listed = after.lists(0, 100).unwrap().contains(&l);
+        let block = after.read(l, 0).ok().flatten();
+        assert_eq!(listed, block.is_some(), "listed {listed}, block {block:?}");
+    }
+
     fn pending_on_fault_device(keys: u64) -> (Lld, Arc<FaultDevice<MemoryDevice>>, ListId) {
         let dev = Arc::new(FaultDevice::new(
             MemoryDevice::new(16 << 20),
