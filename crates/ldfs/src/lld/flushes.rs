@@ -104,58 +104,13 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
 
-    /// Its first flush blocks until released and then fails.
-    struct SlowFail {
-        inner: MemoryDevice,
-        first: AtomicBool,
-        release: Mutex<bool>,
-        cv: Condvar,
-    }
-
-    impl Device for SlowFail {
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
-            self.inner.read_at(buf, offset)
-        }
-        fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
-            self.inner.write_at(buf, offset)
-        }
-        fn flush(&self) -> Result<(), DeviceError> {
-            if self.first.swap(false, Ordering::SeqCst) {
-                let mut r = self.release.lock().unwrap();
-                while !*r {
-                    r = self.cv.wait(r).unwrap();
-                }
-                return Err(DeviceError::Injected {
-                    op: DeviceOp::Flush,
-                    n: 1,
-                    offset: 0,
-                });
-            }
-            Ok(())
-        }
-        fn size_bytes(&self) -> u64 {
-            self.inner.size_bytes()
-        }
-    }
-
     /// A flush that succeeds while one begun before it is still under way
     /// waits for it, and fails with it.
     #[test]
     fn a_flush_fails_when_an_earlier_one_fails_after_it() {
-        let slow = Arc::new(SlowFail {
-            inner: MemoryDevice::new(1 << 20),
-            first: AtomicBool::new(true),
-            release: Mutex::new(false),
-            cv: Condvar::new(),
-        });
-        let dev = Arc::new(OrderedFlushes::new(slow.clone()));
-        let first = {
-            let dev = dev.clone();
-            std::thread::spawn(move || dev.flush())
-        };
-        while dev.lock().running.is_empty() {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        let gate = Arc::new(GateOne::new("probe-first-flush", true, false));
+        let dev = Arc::new(OrderedFlushes::new(gate.clone()));
+        let first = gate.spawn_gated(&dev);
         let second = {
             let dev = dev.clone();
             std::thread::spawn(move || dev.flush())
@@ -169,8 +124,7 @@ mod tests {
             !second.is_finished(),
             "returned before the earlier flush ended"
         );
-        *slow.release.lock().unwrap() = true;
-        slow.cv.notify_all();
+        gate.release();
         assert!(first.join().unwrap().is_err());
         assert!(
             second.join().unwrap().is_err(),
@@ -180,14 +134,52 @@ mod tests {
         assert!(dev.flush().is_err());
     }
 
-    /// Blocks the flushes of the thread named `gated` until released, and
-    /// fails every flush of other threads while `fail` is set.
+    /// Blocks the flushes of the thread named `gated` until released (then
+    /// fails them if `gated_fails`), and fails every flush of other threads
+    /// while `fail` is set.
     struct GateOne {
         inner: MemoryDevice,
         gated: &'static str,
+        gated_fails: bool,
         fail: AtomicBool,
         gate: Mutex<(bool, u32)>,
         cv: Condvar,
+    }
+
+    impl GateOne {
+        fn new(gated: &'static str, gated_fails: bool, others_fail: bool) -> GateOne {
+            GateOne {
+                inner: MemoryDevice::new(1 << 20),
+                gated,
+                gated_fails,
+                fail: AtomicBool::new(others_fail),
+                gate: Mutex::new((true, 0)),
+                cv: Condvar::new(),
+            }
+        }
+
+        /// A flush of `dev` on the gated thread, returned once it waits at
+        /// the gate.
+        fn spawn_gated(
+            &self,
+            dev: &Arc<OrderedFlushes>,
+        ) -> std::thread::JoinHandle<Result<(), DeviceError>> {
+            let dev = dev.clone();
+            let h = std::thread::Builder::new()
+                .name(self.gated.into())
+                .spawn(move || dev.flush())
+                .unwrap();
+            let mut g = self.gate.lock().unwrap();
+            while g.1 == 0 {
+                g = self.cv.wait(g).unwrap();
+            }
+            h
+        }
+
+        fn release(&self) {
+            self.gate.lock().unwrap().0 = false;
+            self.cv.notify_all();
+        }
     }
 
     impl Device for GateOne {
@@ -205,16 +197,17 @@ mod tests {
                 while g.0 {
                     g = self.cv.wait(g).unwrap();
                 }
+                if !self.gated_fails {
+                    return Ok(());
+                }
+            } else if !self.fail.load(Ordering::SeqCst) {
                 return Ok(());
             }
-            if self.fail.load(Ordering::SeqCst) {
-                return Err(DeviceError::Injected {
-                    op: DeviceOp::Flush,
-                    n: 1,
-                    offset: 0,
-                });
-            }
-            Ok(())
+            Err(DeviceError::Injected {
+                op: DeviceOp::Flush,
+                n: 1,
+                offset: 0,
+            })
         }
         fn size_bytes(&self) -> u64 {
             self.inner.size_bytes()
@@ -230,30 +223,11 @@ mod tests {
     /// checkpointer thread has not yet marked its phase 2 done).
     #[test]
     fn a_flush_fails_when_a_later_one_failed_before_it_ended() {
-        let dev = Arc::new(GateOne {
-            inner: MemoryDevice::new(1 << 20),
-            gated: "probe-slow-flush",
-            fail: AtomicBool::new(true),
-            gate: Mutex::new((true, 0)),
-            cv: Condvar::new(),
-        });
-        let ordered = Arc::new(OrderedFlushes::new(dev.clone()));
-        let slow = {
-            let ordered = ordered.clone();
-            std::thread::Builder::new()
-                .name("probe-slow-flush".into())
-                .spawn(move || ordered.flush())
-                .unwrap()
-        };
-        {
-            let mut g = dev.gate.lock().unwrap();
-            while g.1 == 0 {
-                g = dev.cv.wait(g).unwrap();
-            }
-        }
+        let gate = Arc::new(GateOne::new("probe-slow-flush", false, true));
+        let ordered = Arc::new(OrderedFlushes::new(gate.clone()));
+        let slow = gate.spawn_gated(&ordered);
         assert!(ordered.flush().is_err(), "the injected failure");
-        dev.gate.lock().unwrap().0 = false;
-        dev.cv.notify_all();
+        gate.release();
         let res = slow.join().unwrap();
         assert!(
             res.is_err(),
