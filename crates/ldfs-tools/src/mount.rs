@@ -412,11 +412,14 @@ pub(crate) fn lock_image(image: &Path, exclusive: bool, who: &str) -> Result<Fil
         }
         let holder = lock_holder(&f);
         let holder_text = match &holder {
+            // An exiting process has no command line left (its memory is
+            // gone before its files, and so its lock, are released).
+            Some((pid, cmd)) if cmd.is_empty() => format!("process {pid} (exiting)"),
             Some((pid, cmd)) => format!("process {pid} ({cmd})"),
             None => "another process".to_string(),
         };
         if let Some((_, cmd)) = &holder {
-            if !is_mount_daemon(cmd) {
+            if !worth_waiting_for(cmd) {
                 return Err(LockError::InUse {
                     image: image.to_path_buf(),
                     holder: holder_text,
@@ -502,7 +505,8 @@ fn unescape_mount_field(s: &str) -> String {
 }
 
 /// The process holding a lock on `f`'s file (from /proc/locks) and its
-/// command line, if it can be seen from here.
+/// command line (empty while the process exits), if it can be seen from
+/// here.
 fn lock_holder(f: &File) -> Option<(u32, String)> {
     use std::os::unix::fs::MetadataExt;
     let meta = f.metadata().ok()?;
@@ -526,6 +530,14 @@ fn lock_holder(f: &File) -> Option<(u32, String)> {
         .map(|a| String::from_utf8_lossy(a).into_owned())
         .collect();
     Some((pid, cmd.join(" ")))
+}
+
+/// Whether a lock holder with this command line may be an ldfs daemon
+/// about to let go: a mount daemon, or a process already exiting (the
+/// kernel drops a process's memory, and with it its command line, before
+/// its files and their locks; seen in CI right after an unmount).
+fn worth_waiting_for(cmd: &str) -> bool {
+    cmd.is_empty() || is_mount_daemon(cmd)
 }
 
 /// Whether a command line is an ldfs mount daemon's (`ldfs mount ...`, or
@@ -1300,6 +1312,7 @@ mod tests {
             "",
         ] {
             assert!(!is_mount_daemon(other), "{other}");
+            assert_eq!(worth_waiting_for(other), other.is_empty(), "{other}");
         }
     }
 
