@@ -216,7 +216,7 @@ struct FsArgs {
     /// Rounds, targets interleaved in each; medians are printed.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
-    /// Seconds of each syncwrite run, 1 and 8 threads (5; quick: 1).
+    /// Seconds of each syncwrite run: 1 thread, 8 on one file, 8 on a file each (5; quick: 1).
     #[arg(long)]
     sync_secs: Option<f64>,
     /// Files synccreate makes with 1 thread; 8 threads make as many in
