@@ -50,7 +50,7 @@ enum Cmd {
         /// Largest block the engine accepts.
         #[arg(long, default_value = "64K", value_parser = parse_size)]
         max_block: u64,
-        /// Segments kept back for checkpoints and the cleaner (default: 1/16, 4..=64).
+        /// Segments kept back for checkpoints and the cleaner (default: 1/16, 4..=64; at least 4).
         #[arg(long)]
         reserved_segments: Option<u32>,
         /// With --size: write the whole image file (zeros) instead of leaving

@@ -529,16 +529,21 @@ fn full_device_cleans(seed: u64, reserved: u32) {
     verify(&lld, &model, &ids, "after a full device was cleaned");
 }
 
-/// Review probe: the same with a reserve of two segments (mkfs accepts
-/// one): writers get NoSpace after some passes, before `Class::Clean` as
-/// well as after it — the cleaner's share (half the reserve less the
-/// checkpoint and the margin) cannot empty a victim there.
+/// The review probe's reserve of two segments (mkfs accepted one): writers
+/// got NoSpace after some passes, the cleaner's half of the reserve (less
+/// the checkpoint and the margin) could not empty a victim. mkfs now
+/// refuses fewer than four, and four cleans (the test above).
 #[test]
-#[ignore = "review probe: fails on current code (NoSpace overwriting a 90% full device with reserved_segments 2; also before 8d96706)"]
-fn a_full_device_with_a_two_segment_reserve_still_cleans() {
-    with_seed(
-        "a_full_device_with_a_two_segment_reserve_still_cleans",
-        2,
-        |seed| full_device_cleans(seed, 2),
-    );
+fn mkfs_refuses_a_reserve_too_small_to_clean_a_full_device() {
+    for reserved in [1u32, 2, 3] {
+        let dev = Arc::new(MemoryDevice::new(8 << 20));
+        let e = Lld::create(
+            dev,
+            &mkfs(128 << 10, 16 << 10, reserved),
+            opts(PolicyKind::Greedy),
+        )
+        .err()
+        .unwrap_or_else(|| panic!("mkfs accepted {reserved} reserved segments"));
+        assert!(e.to_string().contains("at least 4"), "{reserved}: {e}");
+    }
 }

@@ -80,6 +80,11 @@ pub enum Finding {
     /// A long attribute value's list that does not hold the value: a block
     /// missing, damaged or of the wrong length (the value is unreadable).
     BadValueList { ino: u64, list: u64, why: String },
+    /// A long attribute value's list that another inode also holds, as its
+    /// own list or a value's (a damaged record): the value cannot be the
+    /// list's contents, and deleting "its" list with the attribute would
+    /// destroy the other's.
+    SharedValueList { ino: u64, list: u64, with: u64 },
     /// Something a repair cannot fix (device errors, an undecodable root
     /// left after `repair_base`).
     Unfixable(String),
@@ -154,6 +159,10 @@ impl fmt::Display for Finding {
                 f,
                 "inode {ino}: the list {list} of a long attribute value {why}"
             ),
+            Finding::SharedValueList { ino, list, with } => write!(
+                f,
+                "inode {ino}: a long attribute value names list {list}, which inode {with} holds"
+            ),
             Finding::Unfixable(s) => f.write_str(s),
         }
     }
@@ -173,6 +182,7 @@ impl Finding {
                 | Finding::LeakedList { .. }
                 | Finding::MissingList { .. }
                 | Finding::BadValueList { .. }
+                | Finding::SharedValueList { .. }
         )
     }
 }
@@ -562,7 +572,14 @@ impl Fs {
             })
             .collect();
         held.sort_unstable();
+        // Who holds each list first: inodes their own, then values in order.
+        let mut holder: HashMap<u64, u64> = inodes.values().map(|i| (i.list, i.ino)).collect();
         for &(ino, list, len) in &held {
+            if let Some(&with) = holder.get(&list) {
+                r.push(Finding::SharedValueList { ino, list, with });
+                continue;
+            }
+            holder.insert(list, ino);
             if !existing.contains(&list) {
                 r.push(Finding::MissingList { ino, list });
                 continue;
@@ -918,6 +935,12 @@ impl Fs {
             }
             Finding::MissingList { ino, list } if tx.inode(*ino)?.list != *list => {
                 // A long attribute value's list: the attribute goes.
+                let mut i = tx.inode(*ino)?;
+                i.xattrs.retain(|(_, v)| v.list() != Some(*list));
+                tx.put(&i)
+            }
+            Finding::SharedValueList { ino, list, .. } => {
+                // The value is lost; the list stays with its other holder.
                 let mut i = tx.inode(*ino)?;
                 i.xattrs.retain(|(_, v)| v.list() != Some(*list));
                 tx.put(&i)

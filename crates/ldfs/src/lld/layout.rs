@@ -40,6 +40,13 @@ const SB_CRC: usize = PAGE_BYTES - 4;
 
 /// Limits on geometry; every value read from a superblock is checked against them.
 pub const MIN_SEGMENT_PAGES: u32 = 8;
+/// The fewest reserved segments mkfs accepts: half the reserve holds the
+/// next checkpoint's map pages, the other half is the cleaner's room to
+/// empty a victim (DESIGN, space accounting). With two, a full device
+/// reaches a state where the cleaner's half cannot take a victim's live
+/// blocks and writers get NoSpace while dead space waits (a review probe,
+/// tests/cleaner.rs). Images written before this limit still open.
+pub const MIN_RESERVED_SEGMENTS: u32 = 4;
 pub const MAX_SEGMENT_PAGES: u32 = 16384; // 64 MiB
 pub const MAX_SEGMENTS: u32 = 1 << 24;
 pub const MAX_BLOCK_BYTES_LIMIT: u32 = 1 << 20;
@@ -68,7 +75,8 @@ pub struct Geometry {
 pub struct MkfsOptions {
     pub segment_bytes: u64,
     pub max_block_bytes: u32,
-    /// `None` chooses 1/16 of the segments, clamped to 4..=64.
+    /// `None` chooses 1/16 of the segments, clamped to 4..=64; at least
+    /// [`MIN_RESERVED_SEGMENTS`].
     pub reserved_segments: Option<u32>,
     pub fs_id: u64,
 }
@@ -128,7 +136,12 @@ impl Geometry {
         let segment_count = (room / segment_pages as u64).min(rough as u64) as u32;
         let reserved = opts
             .reserved_segments
-            .unwrap_or_else(|| (segment_count / 16).clamp(4, 64));
+            .unwrap_or_else(|| (segment_count / 16).clamp(MIN_RESERVED_SEGMENTS, 64));
+        if reserved < MIN_RESERVED_SEGMENTS {
+            return Err(invalid(format!(
+                "{reserved} reserved segments: at least {MIN_RESERVED_SEGMENTS} are needed (half for the next checkpoint, half for the cleaner to empty a segment on a full device)"
+            )));
+        }
         if segment_count < reserved + 4 {
             return Err(invalid(format!(
                 "device of {size_bytes} bytes holds {segment_count} segments of {} bytes; at least {} are needed",
