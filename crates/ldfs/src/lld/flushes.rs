@@ -234,4 +234,132 @@ mod tests {
             "a flush that ended after another one failed returned {res:?}"
         );
     }
+
+    /// Flushes of threads named in `gates` wait there until released, then
+    /// end with the result the gate names; other threads' flushes succeed.
+    struct NamedGates {
+        inner: MemoryDevice,
+        /// (thread name, fails, shut, waiting)
+        gates: Mutex<Vec<(&'static str, bool, bool, bool)>>,
+        cv: Condvar,
+    }
+
+    impl NamedGates {
+        fn new(gates: &[(&'static str, bool)]) -> NamedGates {
+            NamedGates {
+                inner: MemoryDevice::new(1 << 20),
+                gates: Mutex::new(gates.iter().map(|&(n, f)| (n, f, true, false)).collect()),
+                cv: Condvar::new(),
+            }
+        }
+
+        /// A flush of `dev` on thread `name`, returned once it waits at
+        /// its gate (so flushes spawned one after another begin in order).
+        fn spawn(
+            &self,
+            dev: &Arc<OrderedFlushes>,
+            name: &'static str,
+        ) -> std::thread::JoinHandle<Result<(), DeviceError>> {
+            let dev = dev.clone();
+            let h = std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || dev.flush())
+                .unwrap();
+            let mut g = self.gates.lock().unwrap();
+            while !g.iter().any(|e| e.0 == name && e.3) {
+                g = self.cv.wait(g).unwrap();
+            }
+            h
+        }
+
+        fn release(&self, name: &str) {
+            for e in self.gates.lock().unwrap().iter_mut() {
+                if e.0 == name {
+                    e.2 = false;
+                }
+            }
+            self.cv.notify_all();
+        }
+
+        /// Releases every gate (a failed assertion leaves no thread stuck).
+        fn release_all(&self) {
+            for e in self.gates.lock().unwrap().iter_mut() {
+                e.2 = false;
+            }
+            self.cv.notify_all();
+        }
+    }
+
+    impl Device for NamedGates {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+            self.inner.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+            self.inner.write_at(buf, offset)
+        }
+        fn flush(&self) -> Result<(), DeviceError> {
+            let me = std::thread::current().name().map(String::from);
+            let mut g = self.gates.lock().unwrap();
+            let Some(i) = g.iter().position(|e| Some(e.0) == me.as_deref()) else {
+                return Ok(());
+            };
+            g[i].3 = true;
+            self.cv.notify_all();
+            while g[i].2 {
+                g = self.cv.wait(g).unwrap();
+            }
+            if !g[i].1 {
+                return Ok(());
+            }
+            Err(DeviceError::Injected {
+                op: DeviceOp::Flush,
+                n: 1,
+                offset: 0,
+            })
+        }
+        fn size_bytes(&self) -> u64 {
+            self.inner.size_bytes()
+        }
+    }
+
+    /// Review probe: flush A begins, then flush B (a checkpoint's, say),
+    /// both on one file. A's writeback fails and B's error check comes
+    /// first: B takes the error (Linux reports a writeback error to one
+    /// fsync of a file description), A's own check finds none and A's
+    /// device flush returns Ok — while B has not returned yet (its check
+    /// came first, its return need not). A must not report Ok before B
+    /// has ended: it waits for every flush under way when its own ended,
+    /// not only for those begun before it, and fails with B. Here A's
+    /// device flush succeeds at once and B's fails once released; no
+    /// randomness (no seed).
+    #[test]
+    #[ignore = "review probe: fails on current code: a flush returns Ok while a later-begun flush, under way when it ended, fails after it (it may have taken this one's writeback error)"]
+    fn a_flush_fails_when_a_later_one_under_way_when_it_ended_fails() {
+        let gates = Arc::new(NamedGates::new(&[("probe-a", false), ("probe-b", true)]));
+        struct Open(Arc<NamedGates>);
+        impl Drop for Open {
+            fn drop(&mut self) {
+                self.0.release_all();
+            }
+        }
+        let _open = Open(gates.clone());
+        let dev = Arc::new(OrderedFlushes::new(gates.clone()));
+        let a = gates.spawn(&dev, "probe-a");
+        let b = gates.spawn(&dev, "probe-b");
+        gates.release("probe-a");
+        // A returns before B ends only if it does not wait for B.
+        let t0 = std::time::Instant::now();
+        while !a.is_finished() && t0.elapsed() < Duration::from_millis(500) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let early = a.is_finished();
+        gates.release("probe-b");
+        assert!(b.join().unwrap().is_err(), "the injected failure");
+        let res = a.join().unwrap();
+        assert!(
+            res.is_err(),
+            "flush A returned {res:?} (before B ended: {early}) though B, under way when A's \
+             device flush ended, failed (B may have taken A's writeback error)"
+        );
+    }
 }
