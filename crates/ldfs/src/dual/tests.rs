@@ -543,7 +543,6 @@ impl Device for HeldFlush {
 /// block is released once. No randomness (no seed); B is given 200 ms to
 /// note its count.
 #[test]
-#[ignore = "review probe: fails on current code: two concurrent Dual::flush calls each drain the freed blocks they counted, so the second panics (or releases blocks its flush did not cover)"]
 fn concurrent_flushes_release_each_freed_block_once() {
     let p = Pair::new(256);
     let held = Arc::new(HeldFlush {
