@@ -547,3 +547,74 @@ fn mkfs_refuses_a_reserve_too_small_to_clean_a_full_device() {
         assert!(e.to_string().contains("at least 4"), "{reserved}: {e}");
     }
 }
+
+/// Review probe: small blocks (200..1200 bytes) at random keys, so a
+/// victim's live blocks lie in many map leaves and moving them dirties
+/// about a leaf each. A device filled to 90% of its capacity and
+/// overwritten (same sizes, so the footprint stays) must take every
+/// overwrite: writers wait for the cleaner, never NoSpace, while the data
+/// fits. Fails for seeds 1-5 and 7: the pass's cost estimate (live bytes,
+/// records, two pages) leaves out the map pages its moves dirty (the
+/// checkpoint that releases a victim rewrites about a leaf per moved
+/// block), and the passes take the log down to the cleaner's floor (one
+/// clean segment left, nothing releasable); there greedy picks victims
+/// holding one live map page (4 KiB live each), which `map_page_fits` (a
+/// change's pages beyond the floor) no longer lets it move, and every
+/// pass moves nothing (seed 7: NoSpace after 1,408 overwrites, the cleaner
+/// having moved 20 MB for 1 MB written; after 23,503 overwrites before
+/// `Class::Clean` raised the cleaner's floor).
+#[test]
+#[ignore = "review probe: fails on current code: NoSpace overwriting a device 90% full of small blocks at random keys (the cleaner's cost leaves out the map pages its moves dirty; also before Class::Clean, later)"]
+fn small_blocks_at_random_keys_on_a_full_device_still_clean() {
+    with_seed(
+        "small_blocks_at_random_keys_on_a_full_device_still_clean",
+        7,
+        small_random_blocks_full_device,
+    );
+}
+
+fn small_random_blocks_full_device(seed: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let dev = Arc::new(MemoryDevice::new(8 << 20));
+    let lld = Lld::create(dev, &mkfs(128 << 10, 16 << 10, 4), opts(PolicyKind::Greedy)).unwrap();
+    let lists: Vec<ListId> = (0..4)
+        .map(|_| lld.create_list(None, ListHints::default()).unwrap())
+        .collect();
+    let mut model = Model::new();
+    let cap = lld.space().capacity_bytes;
+    let mut keys = Vec::new();
+    while lld.space().available_bytes > cap / 10 {
+        let l = lists[rng.gen_range(0..lists.len())];
+        let i = rng.gen_range(0..1u64 << 40);
+        let len = rng.gen_range(200..1200);
+        let s: u64 = rng.gen();
+        lld.write(None, l, i, &bytes(s, len))
+            .unwrap_or_else(|e| panic!("seed {seed}: fill: {e}"));
+        if model.insert((l.0, i), (s, len)).is_none() {
+            keys.push((l.0, i));
+        }
+    }
+    let fill = lld.space();
+    let mut written = 0u64;
+    let mut n = 0u64;
+    while written < 3 * (8 << 20) {
+        let (l, i) = keys[rng.gen_range(0..keys.len())];
+        let len = model[&(l, i)].1;
+        let s: u64 = rng.gen();
+        if let Err(e) = lld.write(None, ListId(l), i, &bytes(s, len)) {
+            panic!(
+                "seed {seed}: overwrite {n} ({written} bytes) of {} blocks: {e}; \
+                 filled to {fill:?}, now {:?}, clean/releasable {:?}, {:?}, map {:?}",
+                keys.len(),
+                lld.space(),
+                lld.clean_segment_counts(),
+                lld.cleaner_stats(),
+                lld.map_figures()
+            );
+        }
+        model.insert((l, i), (s, len));
+        written += len as u64;
+        n += 1;
+    }
+    verify(&lld, &model, &lists, "after overwrites");
+}

@@ -28,9 +28,10 @@
 //!   what the ended ARUs made it: no block referenced and free, none
 //!   leaked. An aborted ARU never wrote its bitmaps.
 //! - *Frees wait for durability.* A block freed by an ARU stays allocated
-//!   in memory until a flush after the ARU ended returned (the freeing
-//!   metadata is durable), so no new data overwrites a block a crash could
-//!   still give back to its old file.
+//!   in memory until a flush begun after the ARU ended returned (the
+//!   freeing metadata is durable), so no new data overwrites a block a
+//!   crash could still give back to its old file; flushes running at once
+//!   each release only blocks freed before they began, and each block once.
 //! - *Overwrites go in place.* A block rewritten by an open ARU keeps its
 //!   old content in memory until the ARU ends; an abort writes it back. A
 //!   crash between the data write and the commit of the new pointer
@@ -271,8 +272,13 @@ struct State {
     /// Data blocks reserved by open ARUs and not yet used.
     reserved: u64,
     arus: HashMap<u64, AruState>,
-    /// Blocks freed by ended ARUs, reusable after the next flush.
+    /// Blocks freed by ended ARUs, reusable after the next flush, in the
+    /// order their ARUs ended.
     freed: Vec<u64>,
+    /// Blocks of `freed` made reusable so far (the number of its first
+    /// entry): flushes run at once, and each releases only what was freed
+    /// before it began, less what another one released meanwhile.
+    freed_released: u64,
     /// Engine list -> (is a data list, its near hint).
     kinds: HashMap<u64, (bool, Option<ListId>)>,
     /// Engine list -> the group its blocks were last taken from.
@@ -411,6 +417,7 @@ impl Dual {
             reserved: 0,
             arus: HashMap::new(),
             freed: Vec::new(),
+            freed_released: 0,
             kinds: HashMap::new(),
             list_group: HashMap::new(),
         })
@@ -1138,14 +1145,23 @@ impl LogicalDisk for Dual {
         // Overwrites in place may have changed no pointer: the data device
         // is flushed whether or not the log has anything to write.
         self.sync.sync()?;
-        let n = self.lock().freed.len();
+        // The frees of ARUs ended by now: the log flush below covers them.
+        let upto = {
+            let st = self.lock();
+            st.freed_released + st.freed.len() as u64
+        };
         self.meta.flush()?;
         let mut st = self.lock();
         let st = &mut *st;
+        // A flush running beside this one may have released some of them
+        // already; what was freed after this one began is not its to
+        // release (its log flush may not cover those ARUs' ends).
+        let n = upto.saturating_sub(st.freed_released) as usize;
         for b in st.freed.drain(..n) {
             set_bit(&mut st.inuse, b, false);
             st.group_free[self.geo.group_of(b) as usize] += 1;
         }
+        st.freed_released += n as u64;
         Ok(())
     }
 

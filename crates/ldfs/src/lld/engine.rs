@@ -2432,8 +2432,9 @@ impl Engine {
     /// if no device write or flush has failed before its own flush ended:
     /// after a failed flush (a checkpoint's, say) the device may have
     /// dropped writes it held, and a later flush that succeeds does not
-    /// bring them back. (A flush on another thread begun before this one
-    /// and failing after it is caught by the device: `flushes`.)
+    /// bring them back. (A flush on another thread under way when this
+    /// one's device flush returned and failing after it is caught by the
+    /// device: `flushes`.)
     fn flush_as_leader(&self) -> LdResult<()> {
         let (written, ticket) = {
             let mut g = self.lock();

@@ -2,11 +2,13 @@
 //! dropped writes the device held, whoever issued them, and a later flush
 //! that succeeds does not bring them back (Linux reports a writeback error
 //! to one fsync per open file description). So the engine's device reports
-//! a flush as successful only once it and every flush begun before it have
-//! ended without error, and no other flush failed before it ended: a group
+//! a flush as successful only once it and every flush under way when its
+//! own device flush returned (begun before it or after it) have ended
+//! without error, and no other flush failed before it ended: a group
 //! commit overlapping a checkpoint's failing flush (on the checkpointer
-//! thread, begun before or after it) fails too, and so does every flush
-//! after a failed one (the engine has turned read-only by then anyway).
+//! thread, begun before or after it, and returning before or after it)
+//! fails too, and so does every flush after a failed one (the engine has
+//! turned read-only by then anyway).
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -68,12 +70,16 @@ impl Device for OrderedFlushes {
         }
         self.done.notify_all();
         res?;
-        while s.running.first().is_some_and(|&f| f < me) {
+        // Every flush under way now, begun before this one or after it,
+        // must end first: one begun later may have taken this one's
+        // writeback error (the device reports it to one flush only) with
+        // its check before this one's, and still be on its way back. Those
+        // begun from now on came after this one's check: they cannot have.
+        let horizon = s.next;
+        while s.running.first().is_some_and(|&f| f < horizon) {
             s = self.done.wait(s).expect("flush order poisoned");
         }
-        // Any failure seen by now counts, a later-begun flush's too: it
-        // ended before this one did, and the device reports a writeback
-        // error to one flush only, maybe that one for this one's writes.
+        // Any failure seen by now counts, a later-begun flush's too.
         match s.failed {
             Some(f) => Err(DeviceError::Io {
                 op: DeviceOp::Flush,
@@ -232,6 +238,133 @@ mod tests {
         assert!(
             res.is_err(),
             "a flush that ended after another one failed returned {res:?}"
+        );
+    }
+
+    /// Flushes of threads named in `gates` wait there until released, then
+    /// end with the result the gate names; other threads' flushes succeed.
+    struct NamedGates {
+        inner: MemoryDevice,
+        /// (thread name, fails, shut, waiting)
+        gates: Mutex<Vec<(&'static str, bool, bool, bool)>>,
+        cv: Condvar,
+    }
+
+    impl NamedGates {
+        fn new(gates: &[(&'static str, bool)]) -> NamedGates {
+            NamedGates {
+                inner: MemoryDevice::new(1 << 20),
+                gates: Mutex::new(gates.iter().map(|&(n, f)| (n, f, true, false)).collect()),
+                cv: Condvar::new(),
+            }
+        }
+
+        /// A flush of `dev` on thread `name`, returned once it waits at
+        /// its gate (so flushes spawned one after another begin in order).
+        fn spawn(
+            &self,
+            dev: &Arc<OrderedFlushes>,
+            name: &'static str,
+        ) -> std::thread::JoinHandle<Result<(), DeviceError>> {
+            let dev = dev.clone();
+            let h = std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || dev.flush())
+                .unwrap();
+            let mut g = self.gates.lock().unwrap();
+            while !g.iter().any(|e| e.0 == name && e.3) {
+                g = self.cv.wait(g).unwrap();
+            }
+            h
+        }
+
+        fn release(&self, name: &str) {
+            for e in self.gates.lock().unwrap().iter_mut() {
+                if e.0 == name {
+                    e.2 = false;
+                }
+            }
+            self.cv.notify_all();
+        }
+
+        /// Releases every gate (a failed assertion leaves no thread stuck).
+        fn release_all(&self) {
+            for e in self.gates.lock().unwrap().iter_mut() {
+                e.2 = false;
+            }
+            self.cv.notify_all();
+        }
+    }
+
+    impl Device for NamedGates {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+            self.inner.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+            self.inner.write_at(buf, offset)
+        }
+        fn flush(&self) -> Result<(), DeviceError> {
+            let me = std::thread::current().name().map(String::from);
+            let mut g = self.gates.lock().unwrap();
+            let Some(i) = g.iter().position(|e| Some(e.0) == me.as_deref()) else {
+                return Ok(());
+            };
+            g[i].3 = true;
+            self.cv.notify_all();
+            while g[i].2 {
+                g = self.cv.wait(g).unwrap();
+            }
+            if !g[i].1 {
+                return Ok(());
+            }
+            Err(DeviceError::Injected {
+                op: DeviceOp::Flush,
+                n: 1,
+                offset: 0,
+            })
+        }
+        fn size_bytes(&self) -> u64 {
+            self.inner.size_bytes()
+        }
+    }
+
+    /// Review probe: flush A begins, then flush B (a checkpoint's, say),
+    /// both on one file. A's writeback fails and B's error check comes
+    /// first: B takes the error (Linux reports a writeback error to one
+    /// fsync of a file description), A's own check finds none and A's
+    /// device flush returns Ok — while B has not returned yet (its check
+    /// came first, its return need not). A must not report Ok before B
+    /// has ended: it waits for every flush under way when its own ended,
+    /// not only for those begun before it, and fails with B. Here A's
+    /// device flush succeeds at once and B's fails once released; no
+    /// randomness (no seed).
+    #[test]
+    fn a_flush_fails_when_a_later_one_under_way_when_it_ended_fails() {
+        let gates = Arc::new(NamedGates::new(&[("probe-a", false), ("probe-b", true)]));
+        struct Open(Arc<NamedGates>);
+        impl Drop for Open {
+            fn drop(&mut self) {
+                self.0.release_all();
+            }
+        }
+        let _open = Open(gates.clone());
+        let dev = Arc::new(OrderedFlushes::new(gates.clone()));
+        let a = gates.spawn(&dev, "probe-a");
+        let b = gates.spawn(&dev, "probe-b");
+        gates.release("probe-a");
+        // A returns before B ends only if it does not wait for B.
+        let t0 = std::time::Instant::now();
+        while !a.is_finished() && t0.elapsed() < Duration::from_millis(500) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let early = a.is_finished();
+        gates.release("probe-b");
+        assert!(b.join().unwrap().is_err(), "the injected failure");
+        let res = a.join().unwrap();
+        assert!(
+            res.is_err(),
+            "flush A returned {res:?} (before B ended: {early}) though B, under way when A's \
+             device flush ended, failed (B may have taken A's writeback error)"
         );
     }
 }
