@@ -31,6 +31,13 @@
 //!   in memory until a flush after the ARU ended returned (the freeing
 //!   metadata is durable), so no new data overwrites a block a crash could
 //!   still give back to its old file.
+//! - *Directories are tied to groups.* A metadata list (as far as the data
+//!   device goes, a directory) is tied, when it is created and in the same
+//!   ARU, to the emptiest group (DualFS section 3.1); the tie is block `id`
+//!   of the layout list. A data list created `near` it takes its first
+//!   block there, and each later block right after the block of the index
+//!   before, so a directory's files share a group and a file's blocks stay
+//!   together as it grows.
 //! - *Overwrites go in place.* A block rewritten by an open ARU keeps its
 //!   old content in memory until the ARU ends; an abort writes it back. A
 //!   crash between the data write and the commit of the new pointer
@@ -277,6 +284,16 @@ struct State {
     kinds: HashMap<u64, (bool, Option<ListId>)>,
     /// Engine list -> the group its blocks were last taken from.
     list_group: HashMap<u64, u32>,
+    /// Engine list -> the group it is tied to (a cache of the ties in the
+    /// layout list).
+    ties: HashMap<u64, u32>,
+    /// The group tied last: ties among equally empty groups go round from
+    /// there.
+    tie_last: u32,
+    /// Per group, where a list new to the group starts looking for a free
+    /// block: just after the block allocated there last, so files made one
+    /// after another lie one after another rather than in old holes.
+    group_next: Vec<u64>,
 }
 
 fn bit(v: &[u64], b: u64) -> bool {
@@ -413,6 +430,11 @@ impl Dual {
             freed: Vec::new(),
             kinds: HashMap::new(),
             list_group: HashMap::new(),
+            ties: HashMap::new(),
+            tie_last: geo.groups - 1,
+            group_next: (0..geo.groups)
+                .map(|g| g as u64 * geo.group_blocks as u64)
+                .collect(),
         })
     }
 
@@ -438,6 +460,21 @@ impl Dual {
             freed_pending: st.freed.len() as u64,
             reserved: st.reserved,
         }
+    }
+
+    /// The data block holding user list `list`'s block `index`, if that
+    /// is a data list and the block exists (inspect, tests).
+    pub fn data_block(&self, list: ListId, index: u64) -> LdResult<Option<u64>> {
+        let eng = self.eng(list)?;
+        if !self.is_data(eng)? {
+            return Ok(None);
+        }
+        Ok(self.pointer(eng, index)?.map(|p| p.block))
+    }
+
+    /// The group user list `list` is tied to, if it has a tie.
+    pub fn tie(&self, list: ListId) -> LdResult<Option<u32>> {
+        self.tie_of(self.eng(list)?)
     }
 
     /// Flushes, then closes the engine (a final checkpoint).
@@ -529,6 +566,22 @@ impl Dual {
         Ok(buf)
     }
 
+    /// The group engine list `list` is tied to, if it has a tie.
+    fn tie_of(&self, list: ListId) -> LdResult<Option<u32>> {
+        if list.0 <= OWN_LISTS {
+            return Ok(None);
+        }
+        if let Some(&g) = self.lock().ties.get(&list.0) {
+            return Ok(Some(g));
+        }
+        let Some(b) = self.meta.read(INFO_LIST, list.0)? else {
+            return Ok(None);
+        };
+        let g = format::decode_tie(&b, self.geo.groups, list.0)?;
+        self.lock().ties.insert(list.0, g);
+        Ok(Some(g))
+    }
+
     /// Takes a free block for (`eng`, `index`) in `aru`: next to the
     /// block of the index before, else in the list's group, else near the
     /// `near` list's, else in the emptiest group.
@@ -537,19 +590,31 @@ impl Dual {
             Some(i) => self.pointer(eng, i)?,
             None => None,
         };
+        let (near, placed) = {
+            let st = self.lock();
+            (
+                st.kinds.get(&eng.0).and_then(|k| k.1),
+                st.list_group.contains_key(&eng.0),
+            )
+        };
+        // The directory's tie, unless the list already has a group.
+        let tied = match (prev, placed, near) {
+            (None, false, Some(n)) => self.tie_of(n)?,
+            _ => None,
+        };
         let mut st = self.lock();
         let st = &mut *st;
         let goal = match prev {
             Some(p) => p.block + 1,
             None => {
-                let near = st.kinds.get(&eng.0).and_then(|k| k.1);
                 let g = st
                     .list_group
                     .get(&eng.0)
-                    .or_else(|| near.and_then(|n| st.list_group.get(&n.0)))
                     .copied()
+                    .or(tied)
+                    .or_else(|| near.and_then(|n| st.list_group.get(&n.0).copied()))
                     .unwrap_or_else(|| emptiest(&st.group_free));
-                g as u64 * self.geo.group_blocks as u64
+                st.group_next[g as usize]
             }
         };
         let a = st.arus.get_mut(&aru.0).ok_or(LdError::NoSuchAru(aru))?;
@@ -571,6 +636,12 @@ impl Dual {
         let g = self.geo.group_of(b);
         st.group_free[g as usize] -= 1;
         st.list_group.insert(eng.0, g);
+        let lo = g as u64 * self.geo.group_blocks as u64;
+        st.group_next[g as usize] = if b + 1 < lo + self.geo.group_len(g) {
+            b + 1
+        } else {
+            lo
+        };
         a.changes.insert(b, Change::Alloc);
         Ok(b)
     }
@@ -758,7 +829,46 @@ impl Dual {
                 }
             }
         }
+        drop(st);
+        for (list, why) in self.bad_ties()? {
+            problems.push(format!(
+                "group tie of list {}: {why}",
+                list.saturating_sub(OWN_LISTS)
+            ));
+        }
         Ok(problems)
+    }
+
+    /// Ties that do not decode, or name a list that does not exist or is
+    /// a data list: (engine list, why).
+    fn bad_ties(&self) -> LdResult<Vec<(u64, String)>> {
+        let mut bad = Vec::new();
+        let mut from = OWN_LISTS + 1;
+        loop {
+            let idx = self.meta.indices(INFO_LIST, from, 1024)?;
+            let Some(&last) = idx.last() else { break };
+            for i in idx {
+                let Some(b) = self.meta.read(INFO_LIST, i)? else {
+                    continue;
+                };
+                if let Err(e) = format::decode_tie(&b, self.geo.groups, i) {
+                    bad.push((i, e.to_string()));
+                    continue;
+                }
+                match self.meta.list_hints(ListId(i))? {
+                    None => bad.push((i, "the list does not exist".into())),
+                    Some(h) if h.kind == ListKind::Data => {
+                        bad.push((i, "the list is a data list".into()))
+                    }
+                    Some(_) => {}
+                }
+            }
+            if last == u64::MAX {
+                break;
+            }
+            from = last + 1;
+        }
+        Ok(bad)
     }
 
     /// Writes the bitmap and descriptor of each group `a` touched, as the
@@ -792,7 +902,8 @@ impl Dual {
     fn bitmap_bytes(&self, bytes: u64) -> u64 {
         let group_bytes = self.geo.group_blocks as u64 * DATA_BLOCK_BYTES;
         let groups = bytes / group_bytes + 2;
-        groups * (self.geo.group_blocks as u64 / 8 + format::DESC_BYTES as u64 + 256)
+        // And a few records for group ties (a list created or deleted).
+        groups * (self.geo.group_blocks as u64 / 8 + format::DESC_BYTES as u64 + 256) + 256
     }
 
     fn reserve_data(&self, aru: AruId, bytes: u64, must: bool) -> LdResult<u64> {
@@ -848,6 +959,21 @@ fn check_crc(buf: &[u8], p: &Pointer, offset: u64) -> LdResult<()> {
     Ok(())
 }
 
+/// The group a new directory is tied to: the emptiest (DualFS 3.1); among
+/// equally empty ones, the next after the last tie, so directories made one
+/// after another on a fresh device spread over the groups rather than all
+/// taking the first (ext2's find_group_dir spreads them for that reason).
+fn tie_group(st: &mut State) -> u32 {
+    let n = st.group_free.len() as u32;
+    let most = st.group_free.iter().copied().max().unwrap_or(0);
+    let g = (1..=n)
+        .map(|k| (st.tie_last + k) % n)
+        .find(|&g| st.group_free[g as usize] == most)
+        .unwrap_or(0);
+    st.tie_last = g;
+    g
+}
+
 fn emptiest(group_free: &[u32]) -> u32 {
     let mut best = 0;
     for (g, &f) in group_free.iter().enumerate() {
@@ -899,20 +1025,38 @@ impl LogicalDisk for Dual {
 
     fn create_list(&self, aru: Option<AruId>, hints: ListHints) -> LdResult<ListId> {
         let near = hints.near.map(|n| self.eng(n)).transpose()?;
-        let id = self
-            .meta
-            .create_list(aru, ListHints { near, ..hints })
-            .map_err(Self::user_err)?;
-        self.lock()
-            .kinds
-            .insert(id.0, (hints.kind == ListKind::Data, near));
-        Ok(ListId(id.0 - OWN_LISTS))
+        let h = ListHints { near, ..hints };
+        if hints.kind == ListKind::Data {
+            let id = self.meta.create_list(aru, h).map_err(Self::user_err)?;
+            self.lock().kinds.insert(id.0, (true, near));
+            return Ok(ListId(id.0 - OWN_LISTS));
+        }
+        // A metadata list may be a directory: tied to a group now, in the
+        // same ARU, so the tie recovers with the list (module doc).
+        self.in_aru(aru, |a| {
+            let id = self.meta.create_list(Some(a), h).map_err(Self::user_err)?;
+            let mut st = self.lock();
+            let g = tie_group(&mut st);
+            self.meta
+                .write(Some(a), INFO_LIST, id.0, &format::encode_tie(g))?;
+            st.kinds.insert(id.0, (false, near));
+            st.ties.insert(id.0, g);
+            Ok(ListId(id.0 - OWN_LISTS))
+        })
     }
 
     fn delete_list(&self, aru: Option<AruId>, list: ListId) -> LdResult<()> {
         let eng = self.eng(list)?;
         if !self.is_data(eng)? {
-            return self.meta.delete_list(aru, eng).map_err(Self::user_err);
+            // With its tie, if it has one (lists made before ties had none).
+            return self.in_aru(aru, |a| {
+                self.meta
+                    .delete_list(Some(a), eng)
+                    .map_err(Self::user_err)?;
+                self.meta.delete(Some(a), INFO_LIST, eng.0)?;
+                self.lock().ties.remove(&eng.0);
+                Ok(())
+            });
         }
         self.in_aru(aru, |a| {
             self.delete_data(a, eng, 0..u64::MAX)?;
@@ -1101,8 +1245,9 @@ impl LogicalDisk for Dual {
                 }
             }
             st.reserved -= a.reserved;
-            // A list created by the aborted ARU is gone again.
+            // A list created by the aborted ARU is gone again, and its tie.
             st.kinds.clear();
+            st.ties.clear();
             a
         };
         // Blocks overwritten in place get their old content back, so the
