@@ -96,3 +96,96 @@ fn dual_pair_mounts_and_refuses_a_wrong_meta() {
     assert_eq!(fs::read(m.path("big")).unwrap(), big);
     m.unmount();
 }
+
+/// `ldfs fsck -y DATA` repairs a dual pair: a data block named by a file
+/// but free in its group's bitmap, and a block allocated but named by
+/// nothing (made through the library in a pair `ldfs mkfs --meta` made);
+/// `-n` finds both (exit 4) and changes nothing, `-y` repairs (exit 1),
+/// `-n` is then clean and the files read back.
+#[test]
+fn fsck_repairs_a_dual_pair() {
+    use ldfs::device::{FileDevice, FileDeviceOptions};
+    use ldfs::dual::{Dual, BITMAP_LIST, DESC_LIST};
+    use ldfs::fs::{Ctx, Fs, FsOptions, ROOT_INO};
+    use ldfs::ld::{ListId, LogicalDisk};
+    use std::sync::Arc;
+    let t = tempfile::tempdir().unwrap();
+    let (data, meta) = (t.path().join("data.img"), t.path().join("meta.img"));
+    mkfs_dual(&data, &meta, "128M");
+    let open = || {
+        let m = Arc::new(FileDevice::open(&meta, FileDeviceOptions::default()).unwrap());
+        let d = Arc::new(FileDevice::open(&data, FileDeviceOptions::default()).unwrap());
+        Arc::new(Dual::open(m, d, ldfs::lld::LldOptions::default()).unwrap())
+    };
+    let ctx = Ctx {
+        uid: 0,
+        gid: 0,
+        umask: 0,
+    };
+    let bytes: Vec<u8> = (0..40_000u32).map(|i| (i % 253) as u8).collect();
+    let dual = open();
+    let ld: Arc<dyn LogicalDisk> = dual.clone();
+    let fs = Fs::mount(ld, FsOptions::default()).unwrap();
+    let f = fs.mknod(ctx, ROOT_INO, b"f", 0o100644, 0).unwrap().ino;
+    fs.write(f, 0, &bytes).unwrap();
+    let list = ListId(fs.inode_record(f).unwrap().list);
+    let named = dual.data_block(list, 3).unwrap().unwrap();
+    drop(fs);
+    // The bitmap of its group: block `named` free, the group's last block
+    // allocated; a descriptor to match.
+    let g = named / 32768;
+    let mut bm = dual.meta().read(BITMAP_LIST, g).unwrap().unwrap();
+    let lo = g * 32768;
+    let len = dual.stats().geo.group_len(g as u32) as u32;
+    let leaked = lo + len as u64 - 1;
+    bm[((named - lo) / 8) as usize] &= !(1 << ((named - lo) % 8));
+    bm[((leaked - lo) / 8) as usize] |= 1 << ((leaked - lo) % 8);
+    let used: u32 = bm.iter().map(|b| b.count_ones()).sum();
+    dual.meta().write(None, BITMAP_LIST, g, &bm).unwrap();
+    dual.meta()
+        .write(
+            None,
+            DESC_LIST,
+            g,
+            &ldfs::dual::format::encode_desc(g as u32, len - used),
+        )
+        .unwrap();
+    dual.close().unwrap();
+    drop(dual);
+
+    let fsck = |extra: &str| {
+        let out = ldfs().arg("fsck").arg(extra).arg(&data).output().unwrap();
+        (
+            out.status.code().unwrap(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let before = (fs::read(&data).unwrap(), fs::read(&meta).unwrap());
+    let (code, text) = fsck("-n");
+    assert_eq!(code, 4, "{text}");
+    assert!(
+        text.contains(&format!("data block {named} is free in the bitmap")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "data block {leaked} is allocated but named by nothing"
+        )),
+        "{text}"
+    );
+    assert!(
+        before == (fs::read(&data).unwrap(), fs::read(&meta).unwrap()),
+        "-n wrote"
+    );
+    let (code, text) = fsck("-y");
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains(&format!("FIXED: group {g}: bitmap and descriptor rewritten (1 named blocks that were free now allocated, 1 allocated blocks named by nothing freed)")), "{text}");
+    let (code, text) = fsck("-n");
+    assert_eq!(code, 0, "{text}");
+    let dual = open();
+    let ld: Arc<dyn LogicalDisk> = dual.clone();
+    let fs = Fs::mount(ld, FsOptions::default()).unwrap();
+    assert_eq!(fs.read(f, 0, 50_000).unwrap(), bytes);
+    drop(fs);
+    dual.close().unwrap();
+}

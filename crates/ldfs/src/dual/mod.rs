@@ -333,6 +333,8 @@ pub struct Dual {
     /// (and by an abort writing old bytes back): a read never pairs one
     /// version's checksum with another's bytes.
     io: std::sync::RwLock<()>,
+    /// What `open_for_fsck` found wrong with the bitmaps and descriptors.
+    load_problems: Vec<String>,
 }
 
 impl Dual {
@@ -340,6 +342,25 @@ impl Dual {
     /// system id of the data device's label; it is checked before the
     /// engine writes anything.
     pub fn open(meta: Arc<dyn Device>, data: Arc<dyn Device>, opts: LldOptions) -> LdResult<Dual> {
+        Self::open_with(meta, data, opts, false)
+    }
+
+    /// `open` for fsck: bitmaps and descriptors that disagree do not fail
+    /// it; `check_blocks` names them and `repair_blocks` rewrites them.
+    pub fn open_for_fsck(
+        meta: Arc<dyn Device>,
+        data: Arc<dyn Device>,
+        opts: LldOptions,
+    ) -> LdResult<Dual> {
+        Self::open_with(meta, data, opts, true)
+    }
+
+    fn open_with(
+        meta: Arc<dyn Device>,
+        data: Arc<dyn Device>,
+        opts: LldOptions,
+        tolerant: bool,
+    ) -> LdResult<Dual> {
         let label = read_label(&*data)?;
         let (mgeo, _) = crate::lld::mkfs::read_superblock(&*meta)?;
         if mgeo.fs_id != label.geo.fs_id {
@@ -358,8 +379,10 @@ impl Dual {
             data: sync.clone(),
         });
         let lld = Lld::open(ordered, opts)?;
-        match Self::load(&lld, &label) {
+        let mut problems = Vec::new();
+        match Self::load(&lld, &label, tolerant.then_some(&mut problems)) {
             Ok(st) => Ok(Dual {
+                load_problems: problems,
                 meta: Arc::new(lld),
                 sync,
                 geo: label.geo,
@@ -374,7 +397,17 @@ impl Dual {
         }
     }
 
-    fn load(lld: &Lld, label: &DataLabel) -> LdResult<State> {
+    /// Builds the allocation state from the bitmaps in the log. Strict
+    /// (`problems` None), a bitmap of the wrong length, a bit past its
+    /// group's end or a descriptor disagreeing with its bitmap fails the
+    /// open; otherwise each is noted in `problems` and the bitmap taken as
+    /// far as it goes (fsck: the check names them, the repair rewrites
+    /// them).
+    fn load(
+        lld: &Lld,
+        label: &DataLabel,
+        mut problems: Option<&mut Vec<String>>,
+    ) -> LdResult<State> {
         let info = lld
             .read(INFO_LIST, 0)?
             .ok_or_else(|| LdError::InvalidArgument("no dual layout record in the log".into()))?;
@@ -392,31 +425,58 @@ impl Dual {
         for g in 0..geo.groups {
             let len = geo.group_len(g);
             let words = &mut committed[g as usize * gw..(g as usize + 1) * gw];
-            if let Some(b) = lld.read(BITMAP_LIST, g as u64)? {
+            let mut note = |e: LdError| match problems.as_deref_mut() {
+                Some(p) => {
+                    p.push(e.to_string());
+                    Ok(())
+                }
+                None => Err(e),
+            };
+            // fsck: a block failing its checksum is noted (the log's check
+            // names it too) and taken as absent.
+            let stored = match lld.read(BITMAP_LIST, g as u64) {
+                Ok(b) => b,
+                Err(LdError::Corrupt(c)) => {
+                    note(LdError::Corrupt(c))?;
+                    None
+                }
+                Err(e) => return Err(e),
+            };
+            if let Some(b) = stored {
                 if b.len() != gw * 8 {
-                    return Err(bad_bitmap(
+                    note(bad_bitmap(
                         g,
                         format!("{} bytes, expected {}", b.len(), gw * 8),
-                    ));
+                    ))?;
                 }
                 for (w, c) in words.iter_mut().zip(b.chunks_exact(8)) {
                     *w = u64::from_le_bytes(c.try_into().unwrap());
                 }
                 for i in len..geo.group_blocks as u64 {
                     if bit(words, i) {
-                        return Err(bad_bitmap(g, format!("bit {i} set past the group's end")));
+                        note(bad_bitmap(g, format!("bit {i} set past the group's end")))?;
+                        set_bit(words, i, false);
                     }
                 }
             }
             let used: u64 = words.iter().map(|w| w.count_ones() as u64).sum();
             let free = (len - used) as u32;
-            if let Some(d) = lld.read(DESC_LIST, g as u64)? {
-                let said = format::decode_desc(&d, g)?;
-                if said != free {
-                    return Err(bad_bitmap(
+            let desc = match lld.read(DESC_LIST, g as u64) {
+                Ok(d) => d,
+                Err(LdError::Corrupt(c)) => {
+                    note(LdError::Corrupt(c))?;
+                    None
+                }
+                Err(e) => return Err(e),
+            };
+            if let Some(d) = desc {
+                match format::decode_desc(&d, g) {
+                    Ok(said) if said != free => note(bad_bitmap(
                         g,
                         format!("descriptor says {said} free, bitmap {free}"),
-                    ));
+                    ))?,
+                    Ok(_) => {}
+                    Err(e) => note(e)?,
                 }
             }
             group_free.push(free);
@@ -758,7 +818,7 @@ impl Dual {
     /// `check_blocks`, and with `data` also every named block's bytes
     /// against its checksum.
     pub fn check_blocks_with(&self, data: bool) -> LdResult<Vec<String>> {
-        let mut problems = Vec::new();
+        let mut problems = self.load_problems.clone();
         let mut named = vec![0u64; self.lock().committed.len()];
         let mut from = OWN_LISTS + 1;
         loop {
@@ -837,6 +897,186 @@ impl Dual {
             ));
         }
         Ok(problems)
+    }
+
+    /// fsck's repair of the data blocks; nothing else may run meanwhile
+    /// (no ARU open). Returns what it fixed, one line each.
+    ///
+    /// A pointer that does not decode, or (with `data`) whose block fails
+    /// its checksum, is deleted: the file keeps a hole there, as the log's
+    /// repair does with a block failing its checksum. A block named twice
+    /// stays with the first pointer (by list and index); a later one whose
+    /// checksum the bytes match gets a copy in a free block, one they do not
+    /// match is deleted. Then each group's bitmap and descriptor are
+    /// rewritten from the blocks still named wherever they differ: a named
+    /// block free in the bitmap becomes allocated, an allocated block named
+    /// by nothing (leaked) free. Last, ties naming no metadata list are
+    /// deleted. Each change is an ARU of its own, pointers before bitmaps:
+    /// a crash in between leaves only leaked blocks, which a second run
+    /// frees.
+    pub fn repair_blocks(&self, data: bool) -> LdResult<Vec<String>> {
+        const SHOWN: usize = 64;
+        let mut fixed = Vec::new();
+        let mut named = vec![0u64; self.lock().committed.len()];
+        // (engine list, index, why) to delete; (engine list, index,
+        // pointer) to give a copy.
+        let mut drop_ptrs: Vec<(ListId, u64, String)> = Vec::new();
+        let mut copies: Vec<(ListId, u64, Pointer)> = Vec::new();
+        let mut from = OWN_LISTS + 1;
+        loop {
+            let lists = self.meta.lists(from, 1024)?;
+            let Some(last) = lists.last() else { break };
+            from = last.0 + 1;
+            for l in lists {
+                if !self.is_data(l)? {
+                    continue;
+                }
+                let mut i = 0;
+                loop {
+                    let chunk = self.meta.read_range(l, i..u64::MAX, DELETE_CHUNK)?;
+                    let Some(&(last, _)) = chunk.last() else {
+                        break;
+                    };
+                    for (idx, b) in chunk.iter() {
+                        let p = match Pointer::decode(b, self.geo.blocks) {
+                            Ok(p) => p,
+                            Err(e) => {
+                                drop_ptrs.push((l, *idx, e.to_string()));
+                                continue;
+                            }
+                        };
+                        let twice = bit(&named, p.block);
+                        if data || twice {
+                            match self.read_block(&p) {
+                                Ok(_) => {}
+                                Err(LdError::Corrupt(c)) => {
+                                    drop_ptrs.push((l, *idx, c.to_string()));
+                                    continue;
+                                }
+                                Err(e) => return Err(e),
+                            }
+                        }
+                        if twice {
+                            copies.push((l, *idx, p));
+                        } else {
+                            set_bit(&mut named, p.block, true);
+                        }
+                    }
+                    if chunk.len() < DELETE_CHUNK || last == u64::MAX {
+                        break;
+                    }
+                    i = last + 1;
+                }
+            }
+        }
+        for (l, idx, p) in copies {
+            let free = scan(&named, p.block, self.geo.blocks).or_else(|| scan(&named, 0, p.block));
+            let Some(nb) = free else {
+                drop_ptrs.push((l, idx, "named twice, and no free block for a copy".into()));
+                continue;
+            };
+            let mut buf = self.read_block(&p)?;
+            buf.resize(DATA_BLOCK_BYTES as usize, 0);
+            self.sync.write(&buf, self.geo.offset(nb))?;
+            let q = Pointer { block: nb, ..p };
+            let a = self.meta.begin_aru()?;
+            self.meta.write(Some(a), l, idx, &q.encode())?;
+            self.meta.end_aru(a)?;
+            set_bit(&mut named, nb, true);
+            fixed.push(format!(
+                "list {} block {idx}: data block {} was named twice; this pointer now names a copy in block {nb}",
+                l.0 - OWN_LISTS,
+                p.block
+            ));
+        }
+        let dropped = drop_ptrs.len();
+        for (k, chunk) in drop_ptrs.chunks(1024).enumerate() {
+            let a = self.meta.begin_aru()?;
+            for (j, (l, idx, why)) in chunk.iter().enumerate() {
+                self.meta.delete(Some(a), *l, *idx)?;
+                if k * 1024 + j < SHOWN {
+                    fixed.push(format!(
+                        "list {} block {idx}: pointer deleted (its bytes are lost: {why})",
+                        l.0 - OWN_LISTS
+                    ));
+                }
+            }
+            self.meta.end_aru(a)?;
+        }
+        if dropped > SHOWN {
+            fixed.push(format!("... and {} more pointers deleted", dropped - SHOWN));
+        }
+        // The bitmaps, from what is still named.
+        let gw = self.geo.group_blocks as usize / 64;
+        for g in 0..self.geo.groups {
+            let want = &named[g as usize * gw..(g as usize + 1) * gw];
+            let want_bytes: Vec<u8> = want.iter().flat_map(|w| w.to_le_bytes()).collect();
+            let used: u64 = want.iter().map(|w| w.count_ones() as u64).sum();
+            let free = (self.geo.group_len(g) - used) as u32;
+            let stored = self.meta.read(BITMAP_LIST, g as u64)?;
+            let desc_ok = match self.meta.read(DESC_LIST, g as u64)? {
+                None => true,
+                Some(d) => format::decode_desc(&d, g).ok() == Some(free),
+            };
+            let bitmap_ok = match &stored {
+                Some(b) => *b == want_bytes,
+                None => used == 0,
+            };
+            if bitmap_ok && desc_ok {
+                continue;
+            }
+            let mut had = vec![0u64; gw];
+            if let Some(b) = &stored {
+                for (w, c) in had.iter_mut().zip(b.chunks_exact(8)) {
+                    *w = u64::from_le_bytes(c.try_into().unwrap());
+                }
+            }
+            let marked: u32 = want
+                .iter()
+                .zip(&had)
+                .map(|(w, h)| (w & !h).count_ones())
+                .sum();
+            let freed: u32 = want
+                .iter()
+                .zip(&had)
+                .map(|(w, h)| (h & !w).count_ones())
+                .sum();
+            let a = self.meta.begin_aru()?;
+            self.meta
+                .write(Some(a), BITMAP_LIST, g as u64, &want_bytes)?;
+            self.meta
+                .write(Some(a), DESC_LIST, g as u64, &format::encode_desc(g, free))?;
+            self.meta.end_aru(a)?;
+            fixed.push(format!(
+                "group {g}: bitmap and descriptor rewritten ({marked} named blocks that were free now allocated, {freed} allocated blocks named by nothing freed)"
+            ));
+        }
+        {
+            let mut st = self.lock();
+            let st = &mut *st;
+            assert!(st.arus.is_empty(), "repair_blocks with an ARU open");
+            st.group_free = (0..self.geo.groups)
+                .map(|g| {
+                    let w = &named[g as usize * gw..(g as usize + 1) * gw];
+                    (self.geo.group_len(g) - w.iter().map(|w| w.count_ones() as u64).sum::<u64>())
+                        as u32
+                })
+                .collect();
+            st.committed = named.clone();
+            st.inuse = named;
+            st.freed.clear();
+            st.list_group.clear();
+        }
+        for (list, why) in self.bad_ties()? {
+            self.meta.delete(None, INFO_LIST, list)?;
+            fixed.push(format!(
+                "group tie of list {} deleted ({why})",
+                list.saturating_sub(OWN_LISTS)
+            ));
+        }
+        self.lock().ties.clear();
+        self.flush()?;
+        Ok(fixed)
     }
 
     /// Ties that do not decode, or name a list that does not exist or is
@@ -934,6 +1174,51 @@ impl Dual {
             st.reserved -= n;
         }
     }
+}
+
+/// fsck: the hints to give engine list `eng` of a dual pair whose entry
+/// in list 0 was lost (the engine's repair rewrites it): a data list if it
+/// holds blocks and every one is a pointer whose data block on `data`
+/// matches its checksum, else a metadata list (a file misread as one
+/// keeps its blocks; its bytes merely stay in the log). Dual's own lists
+/// are metadata.
+pub fn infer_list_hints(
+    meta: &Lld,
+    data: &dyn Device,
+    geo: &DataGeometry,
+    eng: u64,
+) -> LdResult<ListHints> {
+    let metadata = ListHints {
+        kind: ListKind::Metadata,
+        ..Default::default()
+    };
+    if eng <= OWN_LISTS {
+        return Ok(metadata);
+    }
+    let mut i = 0;
+    let mut any = false;
+    loop {
+        let chunk = meta.read_range(ListId(eng), i..u64::MAX, DELETE_CHUNK)?;
+        let Some(&(last, _)) = chunk.last() else {
+            break;
+        };
+        for (_, b) in &chunk {
+            let Ok(p) = Pointer::decode(b, geo.blocks) else {
+                return Ok(metadata);
+            };
+            let mut buf = vec![0u8; p.len as usize];
+            data.read_at(&mut buf, geo.offset(p.block))?;
+            if crc32c::crc32c(&buf) != p.crc {
+                return Ok(metadata);
+            }
+            any = true;
+        }
+        if chunk.len() < DELETE_CHUNK || last == u64::MAX {
+            break;
+        }
+        i = last + 1;
+    }
+    Ok(if any { ListHints::default() } else { metadata })
 }
 
 fn bad_bitmap(g: u32, why: String) -> LdError {
