@@ -44,6 +44,15 @@ fn dual_pair_mounts_and_refuses_a_wrong_meta() {
     let m = Mount::new(&data, &mnt, &[]);
     assert_eq!(fs::read(m.path("big")).unwrap(), big);
     assert_eq!(fs::read(m.path("d/small")).unwrap(), b"small");
+    // `ldfs stats` shows the data device: its groups and bitmap, beside
+    // the log's segments.
+    let out = ldfs().arg("stats").arg(&mnt).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("segments:"), "{text}");
+    assert!(text.contains("data device (dual):"), "{text}");
+    assert!(text.contains("bitmap: 733 blocks allocated"), "{text}");
+    assert!(text.contains("group 0: "), "{text}");
     m.unmount();
 
     // fsck finds META as mount does: clean, then a damaged data block.
@@ -75,6 +84,37 @@ fn dual_pair_mounts_and_refuses_a_wrong_meta() {
     assert!(text.contains("groups of 32768 blocks"), "{text}");
     assert!(text.contains("group 0:"), "{text}");
     assert!(text.contains("metadata log:\nsuperblock"), "{text}");
+    assert!(text.contains("bitmap: 733 blocks allocated"), "{text}");
+    assert!(fs::read(&data).unwrap() == before);
+    // ... and as JSON: the log's report with a `dual` member.
+    let out = ldfs()
+        .arg("inspect")
+        .arg("--json")
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let d = &v["dual"];
+    let groups = d["groups"].as_array().unwrap();
+    assert_eq!(
+        groups.len() as u64,
+        d["blocks"].as_u64().unwrap().div_ceil(32768)
+    );
+    let free: u64 = groups.iter().map(|g| g["free"].as_u64().unwrap()).sum();
+    assert_eq!(free, d["free_blocks"].as_u64().unwrap());
+    assert_eq!(d["bitmap"]["allocated"].as_u64().unwrap(), 733);
+    assert_eq!(
+        free + 733,
+        d["blocks"].as_u64().unwrap(),
+        "every block free or allocated"
+    );
+    assert!(v["checkpoints"].as_array().is_some_and(|c| c.len() == 2));
+    assert!(v["superblock"]["segment_count"].as_u64().unwrap() > 0);
     assert!(fs::read(&data).unwrap() == before);
 
     // Another pair's metadata: refused, and the images are untouched.

@@ -319,6 +319,8 @@ pub struct DualStats {
     pub freed_pending: u64,
     /// Data blocks reserved by open ARUs.
     pub reserved: u64,
+    /// Blocks allocated as the ended ARUs left the bitmaps.
+    pub allocated: u64,
 }
 
 /// The dual Logical Disk.
@@ -519,6 +521,7 @@ impl Dual {
             group_free: st.group_free.clone(),
             freed_pending: st.freed.len() as u64,
             reserved: st.reserved,
+            allocated: st.committed.iter().map(|w| w.count_ones() as u64).sum(),
         }
     }
 
