@@ -77,8 +77,12 @@ fn drop_caches() {
 /// ENOSPC at write(2)) costs is measured in the same run. `memfs-sync` is
 /// memfs writing and flushing one page of a host file per fsync: the least
 /// any FUSE file system that keeps data on a device pays for an fsync.
-pub const TARGETS: [&str; 10] = [
+/// `ldfs-dual` is the DualFS layout (issue 14): file data on one image,
+/// the metadata log on a second one beside it (`bench-ldfs-dual-meta.img`,
+/// a tenth of the first, at least 64 MiB).
+pub const TARGETS: [&str; 11] = [
     "ldfs",
+    "ldfs-dual",
     "ext4",
     "xfs",
     "btrfs",
@@ -243,7 +247,7 @@ fn check_target(name: &str) -> R<()> {
         return Err("needs root (mount, loop devices, drop_caches)".into());
     }
     match name {
-        "ldfs" | "memfs" | "ldfs-wb" | "memfs-wb" | "memfs-sync" => {
+        "ldfs" | "ldfs-dual" | "memfs" | "ldfs-wb" | "memfs-wb" | "memfs-sync" => {
             need(&["fusermount3"], &["fuse3"])
         }
         "ext4" => need(&["mkfs.ext4", "losetup"], &["e2fsprogs", "mount"]),
@@ -300,10 +304,16 @@ fn image_path(b: &FsBench, name: &str) -> PathBuf {
     b.dir.join(format!("bench-{name}.img"))
 }
 
+/// The metadata image of a dual target (`ldfs-dual`).
+fn meta_image_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("bench-{name}-meta.img"))
+}
+
 /// Deletes a target's image and its (unmounted, empty) mount point.
 fn remove_target_files(b: &FsBench, name: &str) {
     let base = b.dir.join(format!("bench-{name}"));
     let _ = fs::remove_file(image_path(b, name));
+    let _ = fs::remove_file(meta_image_path(&b.dir, name));
     let _ = fs::remove_dir(base.join("mnt"));
     let _ = fs::remove_dir(base);
 }
@@ -345,6 +355,24 @@ fn setup(name: &str, b: &FsBench) -> R<Target> {
             run(Command::new(&exe)
                 .arg("mount")
                 .args(["-o", opts])
+                .arg(&img)
+                .arg(&mnt))?;
+            wait_mounted(&mnt)?;
+            Ok(t)
+        }
+        "ldfs-dual" => {
+            // Data preallocated as for ldfs; the metadata image beside it.
+            run(Command::new(&exe)
+                .arg("mkfs")
+                .arg("--preallocate")
+                .args(["--size", &b.image_bytes.to_string()])
+                .arg("--meta")
+                .arg(meta_image_path(&b.dir, name))
+                .arg(&img))?;
+            let t = fuse_target(name, &mnt, None);
+            run(Command::new(&exe)
+                .arg("mount")
+                .args(["-o", "allow_other"])
                 .arg(&img)
                 .arg(&mnt))?;
             wait_mounted(&mnt)?;

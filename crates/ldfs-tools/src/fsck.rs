@@ -216,7 +216,7 @@ fn run(a: &FsckArgs) -> Result<u8, String> {
         }
     );
     let code = out.exit_code();
-    if code == 4 && !out.repaired && !dual {
+    if code == 4 && !out.repaired {
         println!(
             "{}: errors left; run fsck.ldfs -y to repair",
             image.display()
@@ -227,8 +227,8 @@ fn run(a: &FsckArgs) -> Result<u8, String> {
 }
 
 /// fsck of a dual file system: its metadata device is found as a mount
-/// finds it and locked too. Checks only (a repair is not written yet: it
-/// says so and repairs nothing).
+/// finds it and locked too (exclusively to repair; a metadata device in
+/// use is only checked).
 fn check_dual(
     a: &FsckArgs,
     data: &Arc<dyn Device>,
@@ -237,37 +237,30 @@ fn check_dual(
 ) -> Result<fsck::Outcome, FsckError> {
     let meta_path = crate::mount::dual_meta_path(&**data, &a.image, a.meta.as_deref())
         .map_err(FsckError::Device)?;
-    let _lock = crate::mount::lock_image(&meta_path, false, "fsck.ldfs")
+    let _lock = crate::mount::lock_image(&meta_path, repair, "fsck.ldfs")
         .map_err(|e| FsckError::Device(e.to_string()))?;
     let meta: Arc<dyn Device> = Arc::new(
-        FileDevice::open_read_only(&meta_path)
-            .map_err(|e| FsckError::Device(format!("{}: {e}", meta_path.display())))?,
+        if repair {
+            FileDevice::open(&meta_path, FileDeviceOptions::default())
+        } else {
+            FileDevice::open_read_only(&meta_path)
+        }
+        .map_err(|e| FsckError::Device(format!("{}: {e}", meta_path.display())))?,
     );
     println!(
         "fsck.ldfs: dual file system, metadata on {}",
         meta_path.display()
     );
-    let found = fsck::check_dual(
+    fsck::run_dual(
         meta,
         data.clone(),
         &FsckOptions {
+            repair,
             data_checksums: !a.no_data,
             progress,
             ..Default::default()
         },
-    )?;
-    let mut notes = Vec::new();
-    if repair && !found.is_clean() {
-        notes.push(
-            "repair of a dual file system is not implemented yet: nothing was changed".into(),
-        );
-    }
-    Ok(fsck::Outcome {
-        remaining: found.lines(),
-        found,
-        notes,
-        ..Default::default()
-    })
+    )
 }
 
 /// A progress line on stderr, rewritten in place at most 5 times a second:

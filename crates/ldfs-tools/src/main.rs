@@ -515,12 +515,17 @@ fn main() -> ExitCode {
             path,
             json,
         } => {
-            let dual_meta = inspect_dual(&image, json || inode.is_some() || path.is_some());
-            if let Err(e) = dual_meta {
+            let dual = inspect_dual(
+                &image,
+                json,
+                segment,
+                all_segments,
+                inode.is_some() || path.is_some(),
+            );
+            if let Err(e) = dual {
                 Err(e)
-            } else if let Ok(Some(meta)) = dual_meta {
-                // The metadata device is an ordinary log.
-                cmd_inspect(meta, segment, all_segments)
+            } else if let Ok(true) = dual {
+                Ok(())
             } else if json {
                 cmd_inspect_json(&image, segment, inode, path.as_deref())
             } else {
@@ -967,26 +972,30 @@ fn mkfs_dual(
     Ok(())
 }
 
-/// On a dual data device: prints the pair (label, groups and their free
-/// blocks) and returns the metadata device's path for the log's own
-/// report. `None` for an ordinary image.
+/// On a dual data device: prints the pair (devices, groups and their free
+/// blocks, the bitmap's summary), then the metadata log's own report (its
+/// segments), as text or as one JSON object (the log's, with a `dual`
+/// member). False for an ordinary image.
 fn inspect_dual(
     image: &std::path::Path,
+    json: bool,
+    segment: Option<u32>,
+    all_segments: bool,
     unsupported: bool,
-) -> Result<Option<PathBuf>, Box<dyn std::error::Error>> {
+) -> Result<bool, Box<dyn std::error::Error>> {
     let data: std::sync::Arc<dyn Device> = std::sync::Arc::new(FileDevice::open_read_only(image)?);
     if !ldfs::dual::is_data_device(&*data) {
-        return Ok(None);
+        return Ok(false);
     }
     if unsupported {
-        return Err(
-            "inspect --json, --inode and --path do not work on a dual file system yet".into(),
-        );
+        return Err("inspect --inode and --path do not work on a dual file system yet".into());
     }
     let meta_path = mount::dual_meta_path(&*data, image, None)?;
     let meta: std::sync::Arc<dyn Device> =
         std::sync::Arc::new(FileDevice::open_read_only(&meta_path)?);
-    let d = ldfs::dual::Dual::open(
+    // As fsck opens it: bitmaps that disagree with their descriptors are
+    // shown as they are, not refused.
+    let d = ldfs::dual::Dual::open_for_fsck(
         meta,
         data,
         ldfs::lld::LldOptions {
@@ -995,7 +1004,16 @@ fn inspect_dual(
         },
     )?;
     let s = d.stats();
-    let free: u64 = s.group_free.iter().map(|&f| f as u64).sum();
+    drop(d);
+    if json {
+        let mut v = inspect_json_value(&meta_path, segment, None, None)?;
+        let mut dj = dual_json(&s);
+        dj["data_device"] = serde_json::json!(image.display().to_string());
+        dj["metadata_device"] = serde_json::json!(meta_path.display().to_string());
+        v["dual"] = dj;
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(true);
+    }
     println!("dual file system {:016x}", s.geo.fs_id);
     println!(
         "  data device: {} ({} blocks of 4 KiB)",
@@ -1003,18 +1021,58 @@ fn inspect_dual(
         s.geo.blocks
     );
     println!("  metadata device: {}", meta_path.display());
-    println!(
-        "  {} groups of {} blocks; {} blocks free ({:.1}%)",
+    print!("{}", dual_text(&s));
+    println!("metadata log:");
+    cmd_inspect(meta_path, segment, all_segments)?;
+    Ok(true)
+}
+
+/// The data device of a dual file system as `inspect` and `stats` show
+/// it: the groups with their free blocks, and the bitmap's summary.
+pub(crate) fn dual_text(s: &ldfs::dual::DualStats) -> String {
+    let free: u64 = s.group_free.iter().map(|&f| f as u64).sum();
+    let empty = (0..s.geo.groups)
+        .filter(|&g| s.group_free[g as usize] as u64 == s.geo.group_len(g))
+        .count();
+    let full = s.group_free.iter().filter(|&&f| f == 0).count();
+    let mut t = format!(
+        "  {} groups of {} blocks; {} blocks free ({:.1}%)\n  bitmap: {} blocks allocated, {} freed and reusable after the next commit, {} reserved by operations under way; {} groups empty, {} full\n",
         s.geo.groups,
         s.geo.group_blocks,
         free,
-        free as f64 * 100.0 / s.geo.blocks.max(1) as f64
+        free as f64 * 100.0 / s.geo.blocks.max(1) as f64,
+        s.allocated,
+        s.freed_pending,
+        s.reserved,
+        empty,
+        full
     );
     for (g, f) in s.group_free.iter().enumerate() {
-        println!("  group {g}: {f} of {} free", s.geo.group_len(g as u32));
+        t += &format!("  group {g}: {f} of {} free\n", s.geo.group_len(g as u32));
     }
-    println!("metadata log:");
-    Ok(Some(meta_path))
+    t
+}
+
+/// `dual_text` as JSON.
+pub(crate) fn dual_json(s: &ldfs::dual::DualStats) -> serde_json::Value {
+    let free: u64 = s.group_free.iter().map(|&f| f as u64).sum();
+    serde_json::json!({
+        "fs_id": format!("{:016x}", s.geo.fs_id),
+        "block_bytes": ldfs::dual::format::DATA_BLOCK_BYTES,
+        "blocks": s.geo.blocks,
+        "group_blocks": s.geo.group_blocks,
+        "free_blocks": free,
+        "bitmap": {
+            "allocated": s.allocated,
+            "freed_pending": s.freed_pending,
+            "reserved": s.reserved,
+        },
+        "groups": s.group_free.iter().enumerate().map(|(g, &f)| serde_json::json!({
+            "group": g,
+            "blocks": s.geo.group_len(g as u32),
+            "free": f,
+        })).collect::<Vec<_>>(),
+    })
 }
 
 fn cmd_inspect(image: PathBuf, segment: Option<u32>, all: bool) -> CmdResult {
@@ -1330,6 +1388,18 @@ fn cmd_inspect_json(
     inode: Option<u64>,
     path: Option<&str>,
 ) -> CmdResult {
+    let v = inspect_json_value(image, segment, inode, path)?;
+    println!("{}", serde_json::to_string_pretty(&v)?);
+    Ok(())
+}
+
+/// What `inspect --json` prints for a log.
+fn inspect_json_value(
+    image: &std::path::Path,
+    segment: Option<u32>,
+    inode: Option<u64>,
+    path: Option<&str>,
+) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
     let dev = FileDevice::open_read_only(image)?;
     let (g, sb_errs) = read_superblock(&dev)?;
     let slots = read_checkpoints(&dev, &g)?;
@@ -1398,8 +1468,7 @@ fn cmd_inspect_json(
     if let Some(t) = inode_target(inode, path) {
         v["inode"] = inode_report(image, t)?;
     }
-    println!("{}", serde_json::to_string_pretty(&v)?);
-    Ok(())
+    Ok(v)
 }
 
 /// What `ldfs clean` asks for, as the daemon receives it

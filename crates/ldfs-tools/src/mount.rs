@@ -30,6 +30,8 @@ use crate::fuse::{Control, FuseFs};
 /// What `ldfs stats` and `ldfs clean` reach on a mounted file system.
 struct Daemon {
     lld: Arc<Lld>,
+    /// A dual file system's LD (its data device in `ldfs stats`).
+    dual: Option<Arc<Dual>>,
     fs: Arc<Fs>,
     /// Whether the background cleaner ran before a remount read-only
     /// stopped it (restarted by the remount read-write).
@@ -43,7 +45,14 @@ struct Daemon {
 impl Control for Daemon {
     fn get(&self, name: &str) -> Result<Vec<u8>, String> {
         match name {
-            "stats" => Ok(crate::stats_text(&self.lld).into_bytes()),
+            "stats" => {
+                let mut t = crate::stats_text(&self.lld);
+                if let Some(d) = &self.dual {
+                    t += "data device (dual):\n";
+                    t += &crate::dual_text(&d.stats());
+                }
+                Ok(t.into_bytes())
+            }
             "clean" => Ok(self
                 .last_clean
                 .lock()
@@ -922,6 +931,7 @@ pub fn run(
     cfg.n_threads = Some(crate::FUSE_THREADS);
     let control: Arc<dyn Control> = Arc::new(Daemon {
         lld: lld.clone(),
+        dual: dual.clone(),
         fs: fs.clone(),
         cleaner_before_ro: std::sync::Mutex::new(None),
         cancel: AtomicBool::new(false),

@@ -44,6 +44,15 @@ fn dual_pair_mounts_and_refuses_a_wrong_meta() {
     let m = Mount::new(&data, &mnt, &[]);
     assert_eq!(fs::read(m.path("big")).unwrap(), big);
     assert_eq!(fs::read(m.path("d/small")).unwrap(), b"small");
+    // `ldfs stats` shows the data device: its groups and bitmap, beside
+    // the log's segments.
+    let out = ldfs().arg("stats").arg(&mnt).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("segments:"), "{text}");
+    assert!(text.contains("data device (dual):"), "{text}");
+    assert!(text.contains("bitmap: 733 blocks allocated"), "{text}");
+    assert!(text.contains("group 0: "), "{text}");
     m.unmount();
 
     // fsck finds META as mount does: clean, then a damaged data block.
@@ -75,6 +84,37 @@ fn dual_pair_mounts_and_refuses_a_wrong_meta() {
     assert!(text.contains("groups of 32768 blocks"), "{text}");
     assert!(text.contains("group 0:"), "{text}");
     assert!(text.contains("metadata log:\nsuperblock"), "{text}");
+    assert!(text.contains("bitmap: 733 blocks allocated"), "{text}");
+    assert!(fs::read(&data).unwrap() == before);
+    // ... and as JSON: the log's report with a `dual` member.
+    let out = ldfs()
+        .arg("inspect")
+        .arg("--json")
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let d = &v["dual"];
+    let groups = d["groups"].as_array().unwrap();
+    assert_eq!(
+        groups.len() as u64,
+        d["blocks"].as_u64().unwrap().div_ceil(32768)
+    );
+    let free: u64 = groups.iter().map(|g| g["free"].as_u64().unwrap()).sum();
+    assert_eq!(free, d["free_blocks"].as_u64().unwrap());
+    assert_eq!(d["bitmap"]["allocated"].as_u64().unwrap(), 733);
+    assert_eq!(
+        free + 733,
+        d["blocks"].as_u64().unwrap(),
+        "every block free or allocated"
+    );
+    assert!(v["checkpoints"].as_array().is_some_and(|c| c.len() == 2));
+    assert!(v["superblock"]["segment_count"].as_u64().unwrap() > 0);
     assert!(fs::read(&data).unwrap() == before);
 
     // Another pair's metadata: refused, and the images are untouched.
@@ -95,4 +135,97 @@ fn dual_pair_mounts_and_refuses_a_wrong_meta() {
     let m = Mount::new(&data, &mnt, &[&opt]);
     assert_eq!(fs::read(m.path("big")).unwrap(), big);
     m.unmount();
+}
+
+/// `ldfs fsck -y DATA` repairs a dual pair: a data block named by a file
+/// but free in its group's bitmap, and a block allocated but named by
+/// nothing (made through the library in a pair `ldfs mkfs --meta` made);
+/// `-n` finds both (exit 4) and changes nothing, `-y` repairs (exit 1),
+/// `-n` is then clean and the files read back.
+#[test]
+fn fsck_repairs_a_dual_pair() {
+    use ldfs::device::{FileDevice, FileDeviceOptions};
+    use ldfs::dual::{Dual, BITMAP_LIST, DESC_LIST};
+    use ldfs::fs::{Ctx, Fs, FsOptions, ROOT_INO};
+    use ldfs::ld::{ListId, LogicalDisk};
+    use std::sync::Arc;
+    let t = tempfile::tempdir().unwrap();
+    let (data, meta) = (t.path().join("data.img"), t.path().join("meta.img"));
+    mkfs_dual(&data, &meta, "128M");
+    let open = || {
+        let m = Arc::new(FileDevice::open(&meta, FileDeviceOptions::default()).unwrap());
+        let d = Arc::new(FileDevice::open(&data, FileDeviceOptions::default()).unwrap());
+        Arc::new(Dual::open(m, d, ldfs::lld::LldOptions::default()).unwrap())
+    };
+    let ctx = Ctx {
+        uid: 0,
+        gid: 0,
+        umask: 0,
+    };
+    let bytes: Vec<u8> = (0..40_000u32).map(|i| (i % 253) as u8).collect();
+    let dual = open();
+    let ld: Arc<dyn LogicalDisk> = dual.clone();
+    let fs = Fs::mount(ld, FsOptions::default()).unwrap();
+    let f = fs.mknod(ctx, ROOT_INO, b"f", 0o100644, 0).unwrap().ino;
+    fs.write(f, 0, &bytes).unwrap();
+    let list = ListId(fs.inode_record(f).unwrap().list);
+    let named = dual.data_block(list, 3).unwrap().unwrap();
+    drop(fs);
+    // The bitmap of its group: block `named` free, the group's last block
+    // allocated; a descriptor to match.
+    let g = named / 32768;
+    let mut bm = dual.meta().read(BITMAP_LIST, g).unwrap().unwrap();
+    let lo = g * 32768;
+    let len = dual.stats().geo.group_len(g as u32) as u32;
+    let leaked = lo + len as u64 - 1;
+    bm[((named - lo) / 8) as usize] &= !(1 << ((named - lo) % 8));
+    bm[((leaked - lo) / 8) as usize] |= 1 << ((leaked - lo) % 8);
+    let used: u32 = bm.iter().map(|b| b.count_ones()).sum();
+    dual.meta().write(None, BITMAP_LIST, g, &bm).unwrap();
+    dual.meta()
+        .write(
+            None,
+            DESC_LIST,
+            g,
+            &ldfs::dual::format::encode_desc(g as u32, len - used),
+        )
+        .unwrap();
+    dual.close().unwrap();
+    drop(dual);
+
+    let fsck = |extra: &str| {
+        let out = ldfs().arg("fsck").arg(extra).arg(&data).output().unwrap();
+        (
+            out.status.code().unwrap(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let before = (fs::read(&data).unwrap(), fs::read(&meta).unwrap());
+    let (code, text) = fsck("-n");
+    assert_eq!(code, 4, "{text}");
+    assert!(
+        text.contains(&format!("data block {named} is free in the bitmap")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "data block {leaked} is allocated but named by nothing"
+        )),
+        "{text}"
+    );
+    assert!(
+        before == (fs::read(&data).unwrap(), fs::read(&meta).unwrap()),
+        "-n wrote"
+    );
+    let (code, text) = fsck("-y");
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains(&format!("FIXED: group {g}: bitmap and descriptor rewritten (1 named blocks that were free now allocated, 1 allocated blocks named by nothing freed)")), "{text}");
+    let (code, text) = fsck("-n");
+    assert_eq!(code, 0, "{text}");
+    let dual = open();
+    let ld: Arc<dyn LogicalDisk> = dual.clone();
+    let fs = Fs::mount(ld, FsOptions::default()).unwrap();
+    assert_eq!(fs.read(f, 0, 50_000).unwrap(), bytes);
+    drop(fs);
+    dual.close().unwrap();
 }

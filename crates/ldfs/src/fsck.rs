@@ -24,9 +24,10 @@
 use std::sync::Arc;
 
 use crate::device::Device;
+use crate::dual::{self, Dual};
 use crate::fs::check::Finding;
 use crate::fs::{Fs, FsOptions};
-use crate::ld::{LdError, ListId, LogicalDisk};
+use crate::ld::{LdError, ListHints, ListId, ListKind, LogicalDisk};
 use crate::lld::verify::{self, EngineDamage, EngineProblem, LogCheckOptions};
 use crate::lld::{Lld, LldOptions};
 
@@ -273,16 +274,21 @@ impl Findings {
 }
 
 /// Checks a dual file system (metadata log on `meta`, file data on
-/// `data`), reading only: the engine's superblocks, checkpoints and log,
-/// the file tree through the dual LD, and the data blocks against the
-/// bitmaps and (with `data_checksums`) their checksums. No repair yet.
+/// `data`), reading only: both copies of the data label, the engine's
+/// superblocks, checkpoints and log, the file tree through the dual LD,
+/// and the data blocks against the bitmaps (and descriptors, and group
+/// ties) and, with `data_checksums`, their checksums.
 pub fn check_dual(
     meta: Arc<dyn Device>,
     data: Arc<dyn Device>,
     opts: &FsckOptions,
 ) -> Result<Findings, FsckError> {
     let (geo, mut out) = superblocks(&*meta)?;
-    let dual = match crate::dual::Dual::open(meta.clone(), data, read_only(opts)) {
+    out.data_blocks = bad_labels(&*data)?
+        .into_iter()
+        .map(|(copy, why)| format!("data label copy {copy}: {why}"))
+        .collect();
+    let dual = match Dual::open_for_fsck(meta.clone(), data, read_only(opts)) {
         Ok(d) => Arc::new(d),
         Err(LdError::Corrupt(c)) => {
             out.engine_unopenable = Some(format!("the dual file system cannot be opened: {c}"));
@@ -306,10 +312,137 @@ pub fn check_dual(
         return Ok(out);
     }
     out.take_tree(check_tree(dual.clone(), &report)?);
-    out.data_blocks = dual
-        .check_blocks_with(opts.data_checksums)
-        .map_err(op_err)?;
+    out.data_blocks.extend(
+        dual.check_blocks_with(opts.data_checksums)
+            .map_err(op_err)?,
+    );
     Ok(out)
+}
+
+/// The copies of the data label that do not decode or differ from the one
+/// that does: (copy, why). Not a dual data device at all is an error.
+fn bad_labels(data: &dyn Device) -> Result<Vec<(usize, String)>, FsckError> {
+    let label = dual::read_label(data).map_err(|e| FsckError::NotLdfs(e.to_string()))?;
+    let good = label.encode().map_err(op_err)?;
+    let mut bad = Vec::new();
+    for (copy, off) in label.geo.label_offsets().into_iter().enumerate() {
+        let mut b = vec![0u8; good.len()];
+        data.read_at(&mut b, off).map_err(op_err)?;
+        match dual::format::DataLabel::decode(&b, off) {
+            Err(e) => bad.push((copy, e.to_string())),
+            Ok(l) if l != label => bad.push((copy, "differs from the other copy".into())),
+            Ok(_) => {}
+        }
+    }
+    Ok(bad)
+}
+
+/// Checks a dual pair and, if `opts.repair`, repairs it and checks again.
+pub fn run_dual(
+    meta: Arc<dyn Device>,
+    data: Arc<dyn Device>,
+    opts: &FsckOptions,
+) -> Result<Outcome, FsckError> {
+    let found = check_dual(meta.clone(), data.clone(), opts)?;
+    let mut out = Outcome {
+        remaining: found.lines(),
+        ..Default::default()
+    };
+    if found.is_clean() || !opts.repair {
+        out.found = found;
+        return Ok(out);
+    }
+    out.repaired = true;
+    repair_dual(
+        meta.clone(),
+        data.clone(),
+        opts,
+        &found,
+        &mut out.fixed,
+        &mut out.notes,
+    )?;
+    let after = check_dual(meta, data, opts)?;
+    out.remaining = after.lines();
+    out.found = found;
+    Ok(out)
+}
+
+/// A dual pair's repair: a bad label copy rewritten from the good one;
+/// the log's repair on the metadata device (a lost list entry rewritten
+/// as a data list only if every block it holds is a pointer whose data
+/// matches it, `dual::infer_list_hints`); the dual layout's own lists and
+/// layout record, and the file system's own lists, recreated if missing;
+/// then, through the dual LD, the data blocks (`Dual::repair_blocks`:
+/// bad pointers deleted, doubly named blocks copied, bitmaps and
+/// descriptors rewritten from the pointers, bad ties deleted) and the tree.
+fn repair_dual(
+    meta: Arc<dyn Device>,
+    data: Arc<dyn Device>,
+    opts: &FsckOptions,
+    found: &Findings,
+    fixed: &mut Vec<String>,
+    notes: &mut Vec<String>,
+) -> Result<(), FsckError> {
+    let label = dual::read_label(&*data).map_err(|e| FsckError::NotLdfs(e.to_string()))?;
+    let bad = bad_labels(&*data)?;
+    if !bad.is_empty() {
+        let good = label.encode().map_err(op_err)?;
+        let offsets = label.geo.label_offsets();
+        for (copy, _) in bad {
+            data.write_at(&good, offsets[copy]).map_err(op_err)?;
+            fixed.push(format!("data label copy {copy} rewritten from the other"));
+        }
+        data.flush().map_err(op_err)?;
+    }
+    let geo = label.geo;
+    let hints_for = |lld: &Lld, l: u64| dual::infer_list_hints(lld, &*data, &geo, l);
+    let Some(lld) = repair_engine(meta.clone(), opts, found, fixed, notes, &hints_for)? else {
+        return Ok(());
+    };
+    let metadata = ListHints {
+        kind: ListKind::Metadata,
+        ..Default::default()
+    };
+    // The layout's lists (1..=3) and the file system's (user 1..=3, engine
+    // 4..=6): all metadata lists.
+    let own: Vec<(u64, ListHints)> = (1..=6)
+        .filter(|&l| matches!(lld.list_hints(ListId(l)), Ok(None)))
+        .map(|l| (l, metadata))
+        .collect();
+    if !own.is_empty() {
+        lld.repair_lists_with(&own).map_err(op_err)?;
+        let ids: Vec<u64> = own.iter().map(|o| o.0).collect();
+        fixed.push(format!("engine lists {ids:?} recreated"));
+    }
+    let info_ok = matches!(
+        lld.read(dual::INFO_LIST, 0),
+        Ok(Some(b)) if dual::format::decode_info(&b).ok() == Some(geo)
+    );
+    if !info_ok {
+        lld.write(None, dual::INFO_LIST, 0, &dual::format::encode_info(&geo))
+            .map_err(op_err)?;
+        fixed.push("dual layout record rewritten from the data label".into());
+    }
+    lld.close().map_err(op_err)?;
+    drop(lld);
+    let d = match Dual::open_for_fsck(
+        meta,
+        data,
+        LldOptions {
+            map_budget_bytes: opts.map_budget_bytes,
+            ..Default::default()
+        },
+    ) {
+        Ok(d) => Arc::new(d),
+        Err(e) => {
+            notes.push(format!("cannot open the dual pair for repair: {e}"));
+            return Ok(());
+        }
+    };
+    fixed.extend(d.repair_blocks(opts.data_checksums).map_err(op_err)?);
+    repair_tree(d.clone(), fixed, notes)?;
+    d.close().map_err(op_err)?;
+    Ok(())
 }
 
 /// Checks `dev` and, if `opts.repair`, repairs it and checks again.
@@ -338,6 +471,39 @@ fn repair(
     fixed: &mut Vec<String>,
     notes: &mut Vec<String>,
 ) -> Result<(), FsckError> {
+    let default_hints = |_: &Lld, _: u64| Ok::<_, LdError>(ListHints::default());
+    let Some(lld) = repair_engine(dev, opts, found, fixed, notes, &default_hints)? else {
+        return Ok(());
+    };
+    let ld: Arc<dyn LogicalDisk> = lld.clone();
+    // The file system's own lists, record and root come first.
+    let own: Vec<u64> = (1..=3)
+        .filter(|&l| matches!(lld.list_hints(ListId(l)), Ok(None)))
+        .collect();
+    if !own.is_empty() {
+        lld.repair_lists(&own).map_err(op_err)?;
+        fixed.push(format!("file-system lists {own:?} recreated"));
+    }
+    repair_tree(ld, fixed, notes)?;
+    lld.close().map_err(op_err)?;
+    Ok(())
+}
+
+/// The hints to write for a list whose entry in list 0 is rewritten.
+type HintsFor<'a> = &'a dyn Fn(&Lld, u64) -> Result<ListHints, LdError>;
+
+/// The log's repair, up to the usage table: superblock copies, the map
+/// (rebuilt if damaged), list entries (with `hints_for`), blocks failing
+/// their checksum, blocks whose summary is damaged. The engine, open for
+/// writing, or None if it cannot be opened (noted).
+fn repair_engine(
+    dev: Arc<dyn Device>,
+    opts: &FsckOptions,
+    found: &Findings,
+    fixed: &mut Vec<String>,
+    notes: &mut Vec<String>,
+    hints_for: HintsFor<'_>,
+) -> Result<Option<Arc<Lld>>, FsckError> {
     let (geo, _) = verify::check_superblocks(&*dev).map_err(op_err)?;
     let geo = geo.ok_or_else(|| FsckError::NotLdfs("no valid superblock".into()))?;
     for p in &found.engine {
@@ -361,7 +527,7 @@ fn repair(
             // Nothing more can be done through the engine; the final check
             // reports what is left.
             notes.push(format!("cannot open the log for repair: {c}"));
-            return Ok(());
+            return Ok(None);
         }
         Err(e) => return Err(op_err(e)),
     };
@@ -399,7 +565,12 @@ fn repair(
         })
         .collect();
     if !lists.is_empty() || log.damaged.contains(&EngineDamage::NextList) {
-        lld.repair_lists(&lists).map_err(op_err)?;
+        let with = lists
+            .iter()
+            .map(|&l| Ok((l, hints_for(lld.as_ref(), l)?)))
+            .collect::<Result<Vec<_>, LdError>>()
+            .map_err(op_err)?;
+        lld.repair_lists_with(&with).map_err(op_err)?;
         for l in &lists {
             fixed.push(format!("list {l}: its entry in list 0 rewritten"));
         }
@@ -477,15 +648,16 @@ fn repair(
     if n > 0 {
         fixed.push(format!("segment usage table: {n} segments corrected"));
     }
-    let ld: Arc<dyn LogicalDisk> = lld.clone();
-    // The file system's own lists, record and root come first.
-    let own: Vec<u64> = (1..=3)
-        .filter(|&l| matches!(lld.list_hints(ListId(l)), Ok(None)))
-        .collect();
-    if !own.is_empty() {
-        lld.repair_lists(&own).map_err(op_err)?;
-        fixed.push(format!("file-system lists {own:?} recreated"));
-    }
+    Ok(Some(lld))
+}
+
+/// The tree's repair through `ld`: the file-system record and root
+/// recreated if a mount fails, then `Fs::repair`.
+fn repair_tree(
+    ld: Arc<dyn LogicalDisk>,
+    fixed: &mut Vec<String>,
+    notes: &mut Vec<String>,
+) -> Result<(), FsckError> {
     let mut mounted = Fs::mount(ld.clone(), FsOptions::default());
     if mounted.is_err() {
         match Fs::repair_base(&*ld) {
@@ -504,6 +676,5 @@ fn repair(
         }
         Err(e) => notes.push(format!("cannot mount the file system for repair: {e}")),
     }
-    lld.close().map_err(op_err)?;
     Ok(())
 }

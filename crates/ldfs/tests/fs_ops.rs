@@ -872,3 +872,83 @@ fn an_inode_with_the_most_long_values(fs: Fs) {
     let report = fs.check().unwrap();
     assert!(report.problems.is_empty(), "{:?}", report.problems);
 }
+
+/// DualFS 3.1 on the dual layout: a new directory is tied to the emptiest
+/// group and the files made in it take their blocks there (the fs gives a
+/// file's list its directory's as `near`), so files of two directories
+/// written in turns land in two groups, one per directory; each file's
+/// blocks lie in a row (a file grown after others were written in the
+/// directory continues in a second run); the ties survive a remount.
+#[test]
+fn dual_directories_keep_their_files_in_their_group() {
+    let meta = Arc::new(MemoryDevice::new(64 << 20));
+    let data = Arc::new(MemoryDevice::new(16 << 20));
+    let mk = DualMkfsOptions {
+        group_blocks: 256,
+        ..Default::default()
+    };
+    ldfs::dual::mkfs(meta.clone(), &*data, &mk).unwrap();
+    let dual = Arc::new(Dual::open(meta.clone(), data.clone(), LldOptions::default()).unwrap());
+    Fs::format(&*dual, CTX).unwrap();
+    let ld: Arc<dyn LogicalDisk> = dual.clone();
+    let fs = Fs::mount(ld, FsOptions::default()).unwrap();
+    let dirs =
+        [b"a".as_slice(), b"b".as_slice()].map(|n| fs.mkdir(CTX, ROOT_INO, n, 0o755).unwrap().ino);
+    let chunk = |k: usize| vec![k as u8; 40 << 10];
+    let mut files = [Vec::new(), Vec::new()];
+    for k in 0..3 {
+        for (d, &dir) in dirs.iter().enumerate() {
+            let f = fs
+                .mknod(CTX, dir, format!("f{k}").as_bytes(), 0o100644, 0)
+                .unwrap()
+                .ino;
+            fs.write(f, 0, &chunk(k)).unwrap();
+            files[d].push(f);
+        }
+    }
+    // The first file of each directory grows after the others were written.
+    for fl in &files {
+        fs.write(fl[0], 40 << 10, &chunk(9)).unwrap();
+    }
+    let geo = dual.stats().geo;
+    let blocks_of = |dual: &Dual, fs: &Fs, ino: u64| -> Vec<u64> {
+        let list = ldfs::ld::ListId(fs.inode_record(ino).unwrap().list);
+        (0..)
+            .map_while(|i| dual.data_block(list, i).unwrap())
+            .collect()
+    };
+    let mut groups = Vec::new();
+    for (d, fl) in files.iter().enumerate() {
+        let mut gs = std::collections::BTreeSet::new();
+        for (k, &f) in fl.iter().enumerate() {
+            let b = blocks_of(&dual, &fs, f);
+            assert_eq!(b.len(), if k == 0 { 20 } else { 10 });
+            gs.extend(b.iter().map(|&x| geo.group_of(x)));
+            let runs = 1 + b.windows(2).filter(|w| w[1] != w[0] + 1).count();
+            assert!(
+                runs <= if k == 0 { 2 } else { 1 },
+                "dir {d} file {k}: {b:?}"
+            );
+        }
+        assert_eq!(gs.len(), 1, "dir {d}'s files span groups {gs:?}");
+        let g = *gs.first().unwrap();
+        let dlist = ldfs::ld::ListId(fs.inode_record(dirs[d]).unwrap().list);
+        assert_eq!(dual.tie(dlist).unwrap(), Some(g));
+        groups.push(g);
+    }
+    assert_ne!(groups[0], groups[1], "two new directories share a group");
+    fs.fsync().unwrap();
+    drop(fs);
+    dual.close().unwrap();
+    drop(dual);
+    // After a remount a new file in `b` still goes to b's group.
+    let dual = Arc::new(Dual::open(meta, data, LldOptions::default()).unwrap());
+    let ld: Arc<dyn LogicalDisk> = dual.clone();
+    let fs = Fs::mount(ld, FsOptions::default()).unwrap();
+    let f = fs.mknod(CTX, dirs[1], b"late", 0o100644, 0).unwrap().ino;
+    fs.write(f, 0, &chunk(7)).unwrap();
+    let b = blocks_of(&dual, &fs, f);
+    assert!(b.iter().all(|&x| geo.group_of(x) == groups[1]), "{b:?}");
+    assert_eq!(dual.check_blocks().unwrap(), Vec::<String>::new());
+    assert!(fs.check().unwrap().problems.is_empty());
+}

@@ -17,6 +17,8 @@ pub const MAX_META_PATH: usize = 1024;
 pub const POINTER_BYTES: usize = 16;
 /// Bytes of a group descriptor.
 pub const DESC_BYTES: usize = 8;
+/// Bytes of a directory's group tie.
+pub const TIE_BYTES: usize = 4;
 
 /// Where the data device's groups lie; identical in the label and in the
 /// metadata log's layout record (mount compares them).
@@ -344,6 +346,39 @@ pub fn decode_desc(b: &[u8], group: u32) -> LdResult<u32> {
     Ok(u32::from_le_bytes(b[4..].try_into().unwrap()))
 }
 
+/// A list's group tie (block `list` of the layout list, `list` being the
+/// engine's id): the data-block group a directory was tied to when it was
+/// created (DualFS section 3.1), where the files made in it take their
+/// blocks.
+pub fn encode_tie(group: u32) -> [u8; TIE_BYTES] {
+    group.to_le_bytes()
+}
+
+/// Decodes and bounds a tie read from the log (`groups`: the device's).
+pub fn decode_tie(b: &[u8], groups: u32, list: u64) -> LdResult<u32> {
+    const WHAT: &str = "group tie";
+    if b.len() != TIE_BYTES {
+        return Err(corrupt(
+            WHAT,
+            list,
+            CorruptReason::Inconsistent(format!("{} bytes, expected {TIE_BYTES}", b.len())),
+        ));
+    }
+    let g = u32::from_le_bytes(b.try_into().unwrap());
+    if g >= groups {
+        return Err(corrupt(
+            WHAT,
+            list,
+            CorruptReason::OutOfBounds {
+                field: "group",
+                value: g as u64,
+                limit: groups as u64,
+            },
+        ));
+    }
+    Ok(g)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -385,5 +420,8 @@ mod tests {
         assert!(Pointer::decode(&[0; 3], 8).is_err());
         assert_eq!(decode_desc(&encode_desc(3, 100), 3).unwrap(), 100);
         assert!(decode_desc(&encode_desc(3, 100), 4).is_err());
+        assert_eq!(decode_tie(&encode_tie(5), 6, 9).unwrap(), 5);
+        assert!(decode_tie(&encode_tie(6), 6, 9).is_err());
+        assert!(decode_tie(&[0; 3], 6, 9).is_err());
     }
 }

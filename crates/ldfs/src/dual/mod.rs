@@ -32,6 +32,13 @@
 //!   freeing metadata is durable), so no new data overwrites a block a
 //!   crash could still give back to its old file; flushes running at once
 //!   each release only blocks freed before they began, and each block once.
+//! - *Directories are tied to groups.* A metadata list (as far as the data
+//!   device goes, a directory) is tied, when it is created and in the same
+//!   ARU, to the emptiest group (DualFS section 3.1); the tie is block `id`
+//!   of the layout list. A data list created `near` it takes its first
+//!   block there, and each later block right after the block of the index
+//!   before, so a directory's files share a group and a file's blocks stay
+//!   together as it grows.
 //! - *Overwrites go in place.* A block rewritten by an open ARU keeps its
 //!   old content in memory until the ARU ends; an abort writes it back. A
 //!   crash between the data write and the commit of the new pointer
@@ -283,6 +290,16 @@ struct State {
     kinds: HashMap<u64, (bool, Option<ListId>)>,
     /// Engine list -> the group its blocks were last taken from.
     list_group: HashMap<u64, u32>,
+    /// Engine list -> the group it is tied to (a cache of the ties in the
+    /// layout list).
+    ties: HashMap<u64, u32>,
+    /// The group tied last: ties among equally empty groups go round from
+    /// there.
+    tie_last: u32,
+    /// Per group, where a list new to the group starts looking for a free
+    /// block: just after the block allocated there last, so files made one
+    /// after another lie one after another rather than in old holes.
+    group_next: Vec<u64>,
 }
 
 fn bit(v: &[u64], b: u64) -> bool {
@@ -308,6 +325,8 @@ pub struct DualStats {
     pub freed_pending: u64,
     /// Data blocks reserved by open ARUs.
     pub reserved: u64,
+    /// Blocks allocated as the ended ARUs left the bitmaps.
+    pub allocated: u64,
 }
 
 /// The dual Logical Disk.
@@ -322,6 +341,8 @@ pub struct Dual {
     /// (and by an abort writing old bytes back): a read never pairs one
     /// version's checksum with another's bytes.
     io: std::sync::RwLock<()>,
+    /// What `open_for_fsck` found wrong with the bitmaps and descriptors.
+    load_problems: Vec<String>,
 }
 
 impl Dual {
@@ -329,6 +350,25 @@ impl Dual {
     /// system id of the data device's label; it is checked before the
     /// engine writes anything.
     pub fn open(meta: Arc<dyn Device>, data: Arc<dyn Device>, opts: LldOptions) -> LdResult<Dual> {
+        Self::open_with(meta, data, opts, false)
+    }
+
+    /// `open` for fsck: bitmaps and descriptors that disagree do not fail
+    /// it; `check_blocks` names them and `repair_blocks` rewrites them.
+    pub fn open_for_fsck(
+        meta: Arc<dyn Device>,
+        data: Arc<dyn Device>,
+        opts: LldOptions,
+    ) -> LdResult<Dual> {
+        Self::open_with(meta, data, opts, true)
+    }
+
+    fn open_with(
+        meta: Arc<dyn Device>,
+        data: Arc<dyn Device>,
+        opts: LldOptions,
+        tolerant: bool,
+    ) -> LdResult<Dual> {
         let label = read_label(&*data)?;
         let (mgeo, _) = crate::lld::mkfs::read_superblock(&*meta)?;
         if mgeo.fs_id != label.geo.fs_id {
@@ -347,8 +387,10 @@ impl Dual {
             data: sync.clone(),
         });
         let lld = Lld::open(ordered, opts)?;
-        match Self::load(&lld, &label) {
+        let mut problems = Vec::new();
+        match Self::load(&lld, &label, tolerant.then_some(&mut problems)) {
             Ok(st) => Ok(Dual {
+                load_problems: problems,
                 meta: Arc::new(lld),
                 sync,
                 geo: label.geo,
@@ -363,7 +405,17 @@ impl Dual {
         }
     }
 
-    fn load(lld: &Lld, label: &DataLabel) -> LdResult<State> {
+    /// Builds the allocation state from the bitmaps in the log. Strict
+    /// (`problems` None), a bitmap of the wrong length, a bit past its
+    /// group's end or a descriptor disagreeing with its bitmap fails the
+    /// open; otherwise each is noted in `problems` and the bitmap taken as
+    /// far as it goes (fsck: the check names them, the repair rewrites
+    /// them).
+    fn load(
+        lld: &Lld,
+        label: &DataLabel,
+        mut problems: Option<&mut Vec<String>>,
+    ) -> LdResult<State> {
         let info = lld
             .read(INFO_LIST, 0)?
             .ok_or_else(|| LdError::InvalidArgument("no dual layout record in the log".into()))?;
@@ -381,31 +433,58 @@ impl Dual {
         for g in 0..geo.groups {
             let len = geo.group_len(g);
             let words = &mut committed[g as usize * gw..(g as usize + 1) * gw];
-            if let Some(b) = lld.read(BITMAP_LIST, g as u64)? {
+            let mut note = |e: LdError| match problems.as_deref_mut() {
+                Some(p) => {
+                    p.push(e.to_string());
+                    Ok(())
+                }
+                None => Err(e),
+            };
+            // fsck: a block failing its checksum is noted (the log's check
+            // names it too) and taken as absent.
+            let stored = match lld.read(BITMAP_LIST, g as u64) {
+                Ok(b) => b,
+                Err(LdError::Corrupt(c)) => {
+                    note(LdError::Corrupt(c))?;
+                    None
+                }
+                Err(e) => return Err(e),
+            };
+            if let Some(b) = stored {
                 if b.len() != gw * 8 {
-                    return Err(bad_bitmap(
+                    note(bad_bitmap(
                         g,
                         format!("{} bytes, expected {}", b.len(), gw * 8),
-                    ));
+                    ))?;
                 }
                 for (w, c) in words.iter_mut().zip(b.chunks_exact(8)) {
                     *w = u64::from_le_bytes(c.try_into().unwrap());
                 }
                 for i in len..geo.group_blocks as u64 {
                     if bit(words, i) {
-                        return Err(bad_bitmap(g, format!("bit {i} set past the group's end")));
+                        note(bad_bitmap(g, format!("bit {i} set past the group's end")))?;
+                        set_bit(words, i, false);
                     }
                 }
             }
             let used: u64 = words.iter().map(|w| w.count_ones() as u64).sum();
             let free = (len - used) as u32;
-            if let Some(d) = lld.read(DESC_LIST, g as u64)? {
-                let said = format::decode_desc(&d, g)?;
-                if said != free {
-                    return Err(bad_bitmap(
+            let desc = match lld.read(DESC_LIST, g as u64) {
+                Ok(d) => d,
+                Err(LdError::Corrupt(c)) => {
+                    note(LdError::Corrupt(c))?;
+                    None
+                }
+                Err(e) => return Err(e),
+            };
+            if let Some(d) = desc {
+                match format::decode_desc(&d, g) {
+                    Ok(said) if said != free => note(bad_bitmap(
                         g,
                         format!("descriptor says {said} free, bitmap {free}"),
-                    ));
+                    ))?,
+                    Ok(_) => {}
+                    Err(e) => note(e)?,
                 }
             }
             group_free.push(free);
@@ -420,6 +499,11 @@ impl Dual {
             freed_released: 0,
             kinds: HashMap::new(),
             list_group: HashMap::new(),
+            ties: HashMap::new(),
+            tie_last: geo.groups - 1,
+            group_next: (0..geo.groups)
+                .map(|g| g as u64 * geo.group_blocks as u64)
+                .collect(),
         })
     }
 
@@ -444,7 +528,23 @@ impl Dual {
             group_free: st.group_free.clone(),
             freed_pending: st.freed.len() as u64,
             reserved: st.reserved,
+            allocated: st.committed.iter().map(|w| w.count_ones() as u64).sum(),
         }
+    }
+
+    /// The data block holding user list `list`'s block `index`, if that
+    /// is a data list and the block exists (inspect, tests).
+    pub fn data_block(&self, list: ListId, index: u64) -> LdResult<Option<u64>> {
+        let eng = self.eng(list)?;
+        if !self.is_data(eng)? {
+            return Ok(None);
+        }
+        Ok(self.pointer(eng, index)?.map(|p| p.block))
+    }
+
+    /// The group user list `list` is tied to, if it has a tie.
+    pub fn tie(&self, list: ListId) -> LdResult<Option<u32>> {
+        self.tie_of(self.eng(list)?)
     }
 
     /// Flushes, then closes the engine (a final checkpoint).
@@ -536,6 +636,22 @@ impl Dual {
         Ok(buf)
     }
 
+    /// The group engine list `list` is tied to, if it has a tie.
+    fn tie_of(&self, list: ListId) -> LdResult<Option<u32>> {
+        if list.0 <= OWN_LISTS {
+            return Ok(None);
+        }
+        if let Some(&g) = self.lock().ties.get(&list.0) {
+            return Ok(Some(g));
+        }
+        let Some(b) = self.meta.read(INFO_LIST, list.0)? else {
+            return Ok(None);
+        };
+        let g = format::decode_tie(&b, self.geo.groups, list.0)?;
+        self.lock().ties.insert(list.0, g);
+        Ok(Some(g))
+    }
+
     /// Takes a free block for (`eng`, `index`) in `aru`: next to the
     /// block of the index before, else in the list's group, else near the
     /// `near` list's, else in the emptiest group.
@@ -544,19 +660,31 @@ impl Dual {
             Some(i) => self.pointer(eng, i)?,
             None => None,
         };
+        let (near, placed) = {
+            let st = self.lock();
+            (
+                st.kinds.get(&eng.0).and_then(|k| k.1),
+                st.list_group.contains_key(&eng.0),
+            )
+        };
+        // The directory's tie, unless the list already has a group.
+        let tied = match (prev, placed, near) {
+            (None, false, Some(n)) => self.tie_of(n)?,
+            _ => None,
+        };
         let mut st = self.lock();
         let st = &mut *st;
         let goal = match prev {
             Some(p) => p.block + 1,
             None => {
-                let near = st.kinds.get(&eng.0).and_then(|k| k.1);
                 let g = st
                     .list_group
                     .get(&eng.0)
-                    .or_else(|| near.and_then(|n| st.list_group.get(&n.0)))
                     .copied()
+                    .or(tied)
+                    .or_else(|| near.and_then(|n| st.list_group.get(&n.0).copied()))
                     .unwrap_or_else(|| emptiest(&st.group_free));
-                g as u64 * self.geo.group_blocks as u64
+                st.group_next[g as usize]
             }
         };
         let a = st.arus.get_mut(&aru.0).ok_or(LdError::NoSuchAru(aru))?;
@@ -578,6 +706,12 @@ impl Dual {
         let g = self.geo.group_of(b);
         st.group_free[g as usize] -= 1;
         st.list_group.insert(eng.0, g);
+        let lo = g as u64 * self.geo.group_blocks as u64;
+        st.group_next[g as usize] = if b + 1 < lo + self.geo.group_len(g) {
+            b + 1
+        } else {
+            lo
+        };
         a.changes.insert(b, Change::Alloc);
         Ok(b)
     }
@@ -694,7 +828,7 @@ impl Dual {
     /// `check_blocks`, and with `data` also every named block's bytes
     /// against its checksum.
     pub fn check_blocks_with(&self, data: bool) -> LdResult<Vec<String>> {
-        let mut problems = Vec::new();
+        let mut problems = self.load_problems.clone();
         let mut named = vec![0u64; self.lock().committed.len()];
         let mut from = OWN_LISTS + 1;
         loop {
@@ -765,7 +899,226 @@ impl Dual {
                 }
             }
         }
+        drop(st);
+        for (list, why) in self.bad_ties()? {
+            problems.push(format!(
+                "group tie of list {}: {why}",
+                list.saturating_sub(OWN_LISTS)
+            ));
+        }
         Ok(problems)
+    }
+
+    /// fsck's repair of the data blocks; nothing else may run meanwhile
+    /// (no ARU open). Returns what it fixed, one line each.
+    ///
+    /// A pointer that does not decode, or (with `data`) whose block fails
+    /// its checksum, is deleted: the file keeps a hole there, as the log's
+    /// repair does with a block failing its checksum. A block named twice
+    /// stays with the first pointer (by list and index); a later one whose
+    /// checksum the bytes match gets a copy in a free block, one they do not
+    /// match is deleted. Then each group's bitmap and descriptor are
+    /// rewritten from the blocks still named wherever they differ: a named
+    /// block free in the bitmap becomes allocated, an allocated block named
+    /// by nothing (leaked) free. Last, ties naming no metadata list are
+    /// deleted. Each change is an ARU of its own, pointers before bitmaps:
+    /// a crash in between leaves only leaked blocks, which a second run
+    /// frees.
+    pub fn repair_blocks(&self, data: bool) -> LdResult<Vec<String>> {
+        const SHOWN: usize = 64;
+        let mut fixed = Vec::new();
+        let mut named = vec![0u64; self.lock().committed.len()];
+        // (engine list, index, why) to delete; (engine list, index,
+        // pointer) to give a copy.
+        let mut drop_ptrs: Vec<(ListId, u64, String)> = Vec::new();
+        let mut copies: Vec<(ListId, u64, Pointer)> = Vec::new();
+        let mut from = OWN_LISTS + 1;
+        loop {
+            let lists = self.meta.lists(from, 1024)?;
+            let Some(last) = lists.last() else { break };
+            from = last.0 + 1;
+            for l in lists {
+                if !self.is_data(l)? {
+                    continue;
+                }
+                let mut i = 0;
+                loop {
+                    let chunk = self.meta.read_range(l, i..u64::MAX, DELETE_CHUNK)?;
+                    let Some(&(last, _)) = chunk.last() else {
+                        break;
+                    };
+                    for (idx, b) in chunk.iter() {
+                        let p = match Pointer::decode(b, self.geo.blocks) {
+                            Ok(p) => p,
+                            Err(e) => {
+                                drop_ptrs.push((l, *idx, e.to_string()));
+                                continue;
+                            }
+                        };
+                        let twice = bit(&named, p.block);
+                        if data || twice {
+                            match self.read_block(&p) {
+                                Ok(_) => {}
+                                Err(LdError::Corrupt(c)) => {
+                                    drop_ptrs.push((l, *idx, c.to_string()));
+                                    continue;
+                                }
+                                Err(e) => return Err(e),
+                            }
+                        }
+                        if twice {
+                            copies.push((l, *idx, p));
+                        } else {
+                            set_bit(&mut named, p.block, true);
+                        }
+                    }
+                    if chunk.len() < DELETE_CHUNK || last == u64::MAX {
+                        break;
+                    }
+                    i = last + 1;
+                }
+            }
+        }
+        for (l, idx, p) in copies {
+            let free = scan(&named, p.block, self.geo.blocks).or_else(|| scan(&named, 0, p.block));
+            let Some(nb) = free else {
+                drop_ptrs.push((l, idx, "named twice, and no free block for a copy".into()));
+                continue;
+            };
+            let mut buf = self.read_block(&p)?;
+            buf.resize(DATA_BLOCK_BYTES as usize, 0);
+            self.sync.write(&buf, self.geo.offset(nb))?;
+            let q = Pointer { block: nb, ..p };
+            let a = self.meta.begin_aru()?;
+            self.meta.write(Some(a), l, idx, &q.encode())?;
+            self.meta.end_aru(a)?;
+            set_bit(&mut named, nb, true);
+            fixed.push(format!(
+                "list {} block {idx}: data block {} was named twice; this pointer now names a copy in block {nb}",
+                l.0 - OWN_LISTS,
+                p.block
+            ));
+        }
+        let dropped = drop_ptrs.len();
+        for (k, chunk) in drop_ptrs.chunks(1024).enumerate() {
+            let a = self.meta.begin_aru()?;
+            for (j, (l, idx, why)) in chunk.iter().enumerate() {
+                self.meta.delete(Some(a), *l, *idx)?;
+                if k * 1024 + j < SHOWN {
+                    fixed.push(format!(
+                        "list {} block {idx}: pointer deleted (its bytes are lost: {why})",
+                        l.0 - OWN_LISTS
+                    ));
+                }
+            }
+            self.meta.end_aru(a)?;
+        }
+        if dropped > SHOWN {
+            fixed.push(format!("... and {} more pointers deleted", dropped - SHOWN));
+        }
+        // The bitmaps, from what is still named.
+        let gw = self.geo.group_blocks as usize / 64;
+        for g in 0..self.geo.groups {
+            let want = &named[g as usize * gw..(g as usize + 1) * gw];
+            let want_bytes: Vec<u8> = want.iter().flat_map(|w| w.to_le_bytes()).collect();
+            let used: u64 = want.iter().map(|w| w.count_ones() as u64).sum();
+            let free = (self.geo.group_len(g) - used) as u32;
+            let stored = self.meta.read(BITMAP_LIST, g as u64)?;
+            let desc_ok = match self.meta.read(DESC_LIST, g as u64)? {
+                None => true,
+                Some(d) => format::decode_desc(&d, g).ok() == Some(free),
+            };
+            let bitmap_ok = match &stored {
+                Some(b) => *b == want_bytes,
+                None => used == 0,
+            };
+            if bitmap_ok && desc_ok {
+                continue;
+            }
+            let mut had = vec![0u64; gw];
+            if let Some(b) = &stored {
+                for (w, c) in had.iter_mut().zip(b.chunks_exact(8)) {
+                    *w = u64::from_le_bytes(c.try_into().unwrap());
+                }
+            }
+            let marked: u32 = want
+                .iter()
+                .zip(&had)
+                .map(|(w, h)| (w & !h).count_ones())
+                .sum();
+            let freed: u32 = want
+                .iter()
+                .zip(&had)
+                .map(|(w, h)| (h & !w).count_ones())
+                .sum();
+            let a = self.meta.begin_aru()?;
+            self.meta
+                .write(Some(a), BITMAP_LIST, g as u64, &want_bytes)?;
+            self.meta
+                .write(Some(a), DESC_LIST, g as u64, &format::encode_desc(g, free))?;
+            self.meta.end_aru(a)?;
+            fixed.push(format!(
+                "group {g}: bitmap and descriptor rewritten ({marked} named blocks that were free now allocated, {freed} allocated blocks named by nothing freed)"
+            ));
+        }
+        {
+            let mut st = self.lock();
+            let st = &mut *st;
+            assert!(st.arus.is_empty(), "repair_blocks with an ARU open");
+            st.group_free = (0..self.geo.groups)
+                .map(|g| {
+                    let w = &named[g as usize * gw..(g as usize + 1) * gw];
+                    (self.geo.group_len(g) - w.iter().map(|w| w.count_ones() as u64).sum::<u64>())
+                        as u32
+                })
+                .collect();
+            st.committed = named.clone();
+            st.inuse = named;
+            st.freed.clear();
+            st.list_group.clear();
+        }
+        for (list, why) in self.bad_ties()? {
+            self.meta.delete(None, INFO_LIST, list)?;
+            fixed.push(format!(
+                "group tie of list {} deleted ({why})",
+                list.saturating_sub(OWN_LISTS)
+            ));
+        }
+        self.lock().ties.clear();
+        self.flush()?;
+        Ok(fixed)
+    }
+
+    /// Ties that do not decode, or name a list that does not exist or is
+    /// a data list: (engine list, why).
+    fn bad_ties(&self) -> LdResult<Vec<(u64, String)>> {
+        let mut bad = Vec::new();
+        let mut from = OWN_LISTS + 1;
+        loop {
+            let idx = self.meta.indices(INFO_LIST, from, 1024)?;
+            let Some(&last) = idx.last() else { break };
+            for i in idx {
+                let Some(b) = self.meta.read(INFO_LIST, i)? else {
+                    continue;
+                };
+                if let Err(e) = format::decode_tie(&b, self.geo.groups, i) {
+                    bad.push((i, e.to_string()));
+                    continue;
+                }
+                match self.meta.list_hints(ListId(i))? {
+                    None => bad.push((i, "the list does not exist".into())),
+                    Some(h) if h.kind == ListKind::Data => {
+                        bad.push((i, "the list is a data list".into()))
+                    }
+                    Some(_) => {}
+                }
+            }
+            if last == u64::MAX {
+                break;
+            }
+            from = last + 1;
+        }
+        Ok(bad)
     }
 
     /// Writes the bitmap and descriptor of each group `a` touched, as the
@@ -799,7 +1152,8 @@ impl Dual {
     fn bitmap_bytes(&self, bytes: u64) -> u64 {
         let group_bytes = self.geo.group_blocks as u64 * DATA_BLOCK_BYTES;
         let groups = bytes / group_bytes + 2;
-        groups * (self.geo.group_blocks as u64 / 8 + format::DESC_BYTES as u64 + 256)
+        // And a few records for group ties (a list created or deleted).
+        groups * (self.geo.group_blocks as u64 / 8 + format::DESC_BYTES as u64 + 256) + 256
     }
 
     fn reserve_data(&self, aru: AruId, bytes: u64, must: bool) -> LdResult<u64> {
@@ -832,6 +1186,51 @@ impl Dual {
     }
 }
 
+/// fsck: the hints to give engine list `eng` of a dual pair whose entry
+/// in list 0 was lost (the engine's repair rewrites it): a data list if it
+/// holds blocks and every one is a pointer whose data block on `data`
+/// matches its checksum, else a metadata list (a file misread as one
+/// keeps its blocks; its bytes merely stay in the log). Dual's own lists
+/// are metadata.
+pub fn infer_list_hints(
+    meta: &Lld,
+    data: &dyn Device,
+    geo: &DataGeometry,
+    eng: u64,
+) -> LdResult<ListHints> {
+    let metadata = ListHints {
+        kind: ListKind::Metadata,
+        ..Default::default()
+    };
+    if eng <= OWN_LISTS {
+        return Ok(metadata);
+    }
+    let mut i = 0;
+    let mut any = false;
+    loop {
+        let chunk = meta.read_range(ListId(eng), i..u64::MAX, DELETE_CHUNK)?;
+        let Some(&(last, _)) = chunk.last() else {
+            break;
+        };
+        for (_, b) in &chunk {
+            let Ok(p) = Pointer::decode(b, geo.blocks) else {
+                return Ok(metadata);
+            };
+            let mut buf = vec![0u8; p.len as usize];
+            data.read_at(&mut buf, geo.offset(p.block))?;
+            if crc32c::crc32c(&buf) != p.crc {
+                return Ok(metadata);
+            }
+            any = true;
+        }
+        if chunk.len() < DELETE_CHUNK || last == u64::MAX {
+            break;
+        }
+        i = last + 1;
+    }
+    Ok(if any { ListHints::default() } else { metadata })
+}
+
 fn bad_bitmap(g: u32, why: String) -> LdError {
     LdError::Corrupt(Corruption {
         what: "group bitmap",
@@ -853,6 +1252,21 @@ fn check_crc(buf: &[u8], p: &Pointer, offset: u64) -> LdResult<()> {
         }));
     }
     Ok(())
+}
+
+/// The group a new directory is tied to: the emptiest (DualFS 3.1); among
+/// equally empty ones, the next after the last tie, so directories made one
+/// after another on a fresh device spread over the groups rather than all
+/// taking the first (ext2's find_group_dir spreads them for that reason).
+fn tie_group(st: &mut State) -> u32 {
+    let n = st.group_free.len() as u32;
+    let most = st.group_free.iter().copied().max().unwrap_or(0);
+    let g = (1..=n)
+        .map(|k| (st.tie_last + k) % n)
+        .find(|&g| st.group_free[g as usize] == most)
+        .unwrap_or(0);
+    st.tie_last = g;
+    g
 }
 
 fn emptiest(group_free: &[u32]) -> u32 {
@@ -906,20 +1320,38 @@ impl LogicalDisk for Dual {
 
     fn create_list(&self, aru: Option<AruId>, hints: ListHints) -> LdResult<ListId> {
         let near = hints.near.map(|n| self.eng(n)).transpose()?;
-        let id = self
-            .meta
-            .create_list(aru, ListHints { near, ..hints })
-            .map_err(Self::user_err)?;
-        self.lock()
-            .kinds
-            .insert(id.0, (hints.kind == ListKind::Data, near));
-        Ok(ListId(id.0 - OWN_LISTS))
+        let h = ListHints { near, ..hints };
+        if hints.kind == ListKind::Data {
+            let id = self.meta.create_list(aru, h).map_err(Self::user_err)?;
+            self.lock().kinds.insert(id.0, (true, near));
+            return Ok(ListId(id.0 - OWN_LISTS));
+        }
+        // A metadata list may be a directory: tied to a group now, in the
+        // same ARU, so the tie recovers with the list (module doc).
+        self.in_aru(aru, |a| {
+            let id = self.meta.create_list(Some(a), h).map_err(Self::user_err)?;
+            let mut st = self.lock();
+            let g = tie_group(&mut st);
+            self.meta
+                .write(Some(a), INFO_LIST, id.0, &format::encode_tie(g))?;
+            st.kinds.insert(id.0, (false, near));
+            st.ties.insert(id.0, g);
+            Ok(ListId(id.0 - OWN_LISTS))
+        })
     }
 
     fn delete_list(&self, aru: Option<AruId>, list: ListId) -> LdResult<()> {
         let eng = self.eng(list)?;
         if !self.is_data(eng)? {
-            return self.meta.delete_list(aru, eng).map_err(Self::user_err);
+            // With its tie, if it has one (lists made before ties had none).
+            return self.in_aru(aru, |a| {
+                self.meta
+                    .delete_list(Some(a), eng)
+                    .map_err(Self::user_err)?;
+                self.meta.delete(Some(a), INFO_LIST, eng.0)?;
+                self.lock().ties.remove(&eng.0);
+                Ok(())
+            });
         }
         self.in_aru(aru, |a| {
             self.delete_data(a, eng, 0..u64::MAX)?;
@@ -1108,8 +1540,9 @@ impl LogicalDisk for Dual {
                 }
             }
             st.reserved -= a.reserved;
-            // A list created by the aborted ARU is gone again.
+            // A list created by the aborted ARU is gone again, and its tie.
             st.kinds.clear();
+            st.ties.clear();
             a
         };
         // Blocks overwritten in place get their old content back, so the

@@ -1555,7 +1555,14 @@ impl Tx<'_> {
                 },
                 list: 0, // a directory's is created below (a fixed-size field)
                 rdev,
-                parent: if kind == Kind::Dir { parent } else { 0 },
+                // A regular file keeps the directory it was made in: the
+                // list it gets when it outgrows its record is placed near
+                // that directory's (`spill`).
+                parent: if kind == Kind::Dir || kind == Kind::File {
+                    parent
+                } else {
+                    0
+                },
                 atime: now,
                 mtime: now,
                 ctime: now,
@@ -1840,7 +1847,7 @@ impl Tx<'_> {
         stamp(self.planned(&mut plan, parent)?, now, true, true);
         stamp(self.planned(&mut plan, newparent)?, now, true, true);
         let s = self.planned(&mut plan, src.ino)?;
-        if is_dir {
+        if is_dir || s.kind() == Kind::File {
             s.parent = newparent;
         }
         stamp(s, now, false, true);
@@ -1878,7 +1885,7 @@ impl Tx<'_> {
         }
         for (ino, newp) in [(a.ino, np.ino), (b.ino, p.ino)] {
             let i = self.planned(&mut plan, ino)?;
-            if i.kind() == Kind::Dir {
+            if matches!(i.kind(), Kind::Dir | Kind::File) {
                 i.parent = newp;
             }
             stamp(i, now, false, true);
@@ -2020,17 +2027,45 @@ impl Tx<'_> {
         Ok(())
     }
 
+    /// The list a file's new list is placed near: that of the directory
+    /// the file was made in (or last moved to), so an LD that places data
+    /// by directory can keep a directory's files together (DualFS 3.1:
+    /// files take their blocks from their directory's group). A hint
+    /// only: none if that directory is gone or its record unreadable.
+    fn near_dir(&mut self, i: &Inode) -> Option<ListId> {
+        if i.parent == 0 || i.kind() != Kind::File {
+            return None;
+        }
+        let p = match self.st.inodes.get(&i.parent) {
+            Some(p) => p.clone(),
+            None => {
+                let b = self.ld().read(INODE_LIST, i.parent).ok()??;
+                Inode::decode(i.parent, &b, i.parent).ok()?
+            }
+        };
+        (p.kind() == Kind::Dir && p.list != 0).then_some(ListId(p.list))
+    }
+
     /// Gives an inline file (its data taken out as `data`) a list of
     /// blocks, writing `data` there if `write` (not when the caller
     /// rewrites those bytes itself).
     fn spill(&mut self, i: &mut Inode, data: &[u8], write: bool) -> FsResult<()> {
-        let list = self.ld().create_list(
-            Some(self.aru),
-            ListHints {
-                kind: ListKind::Data,
-                ..Default::default()
-            },
-        )?;
+        let hints = ListHints {
+            kind: ListKind::Data,
+            near: self.near_dir(i),
+            ..Default::default()
+        };
+        let list = match self.ld().create_list(Some(self.aru), hints) {
+            // The directory's list went meanwhile (damage): no hint then.
+            Err(LdError::NoSuchList(_)) if hints.near.is_some() => self.ld().create_list(
+                Some(self.aru),
+                ListHints {
+                    near: None,
+                    ..hints
+                },
+            )?,
+            r => r?,
+        };
         if write {
             for (k, chunk) in data.chunks(BLOCK_BYTES as usize).enumerate() {
                 self.ld().write(Some(self.aru), list, k as u64, chunk)?;

@@ -612,19 +612,28 @@ impl Engine {
 
     /// fsck: (re)writes list 0's entry for each of `lists` with default
     /// hints (hints steer placement and compression of new writes only;
-    /// reads never need them), so a list whose entry was lost or damaged
-    /// exists again with every block it holds, and raises the next list id
-    /// above every list the map holds. Fails with `InvalidArgument` for
-    /// list 0.
+    /// the engine's reads never need them), so a list whose entry was lost
+    /// or damaged exists again with every block it holds, and raises the
+    /// next list id above every list the map holds. Fails with
+    /// `InvalidArgument` for list 0.
     pub fn repair_lists(&self, lists: &[u64]) -> LdResult<()> {
+        let with: Vec<(u64, ListHints)> =
+            lists.iter().map(|&l| (l, ListHints::default())).collect();
+        self.repair_lists_with(&with)
+    }
+
+    /// [`Engine::repair_lists`] with the hints to write for each list, for
+    /// a layer above that reads them back (the dual layout tells a data
+    /// list from a metadata list by its kind).
+    pub fn repair_lists_with(&self, lists: &[(u64, ListHints)]) -> LdResult<()> {
         let mut g = self.lock_writable()?;
-        for &list in lists {
+        for &(list, hints) in lists {
             if list == 0 {
                 return Err(LdError::InvalidArgument(
                     "list 0 belongs to the engine".into(),
                 ));
             }
-            let data = encode_hints(&ListHints::default());
+            let data = encode_hints(&hints);
             self.admit(
                 &mut g,
                 None,
