@@ -254,6 +254,17 @@ impl Stack {
     fn now_us(&self) -> f64 {
         self.sim.now_us()
     }
+
+    /// lld's (checkpoints, blocks moved by the cleaner) so far.
+    fn lld_counters(&self) -> Option<(u64, u64)> {
+        match self.ld.as_ref()? {
+            Ld::Lld(l) => {
+                let s = l.stats();
+                Some((s.checkpoints, s.blocks_moved))
+            }
+            Ld::Uip(_) => None,
+        }
+    }
 }
 
 /// Writes `bytes` of file `ino` from offset 0 in `chunk`-byte writes.
@@ -358,6 +369,11 @@ fn eq10(b: &VldBench) -> Vec<Eq10Row> {
 struct Updates {
     latency_us: f64,
     per_update: Breakdown,
+    /// Device requests per update (each pays the host's and the drive's
+    /// overheads).
+    requests: f64,
+    /// lld only: checkpoints and blocks the cleaner moved while measuring.
+    lld: Option<(u64, u64)>,
 }
 
 /// Section 5.3's benchmark: one file filling `utilization` of what the file
@@ -401,14 +417,21 @@ fn random_updates(
         }
     }
     st.sim.reset_stats();
+    let before = st.lld_counters();
     let t0 = st.now_us();
     for i in 0..u64::from(updates) {
         update(i)?;
     }
     let n = f64::from(updates);
-    let t = st.sim.stats().time;
+    let stats = st.sim.stats();
+    let t = stats.time;
     Ok(Updates {
         latency_us: (st.now_us() - t0) / n,
+        requests: stats.requests as f64 / n,
+        lld: match (before, st.lld_counters()) {
+            (Some(a), Some(b)) => Some((b.0 - a.0, b.1 - a.1)),
+            _ => None,
+        },
         per_update: Breakdown {
             host_us: t.host_us / n,
             scsi_us: t.scsi_us / n,
@@ -425,6 +448,8 @@ struct UpdateRow {
     utilization: f64,
     system: System,
     latency_us: Option<f64>,
+    requests: Option<f64>,
+    lld: Option<(u64, u64)>,
     error: Option<String>,
 }
 
@@ -464,6 +489,8 @@ fn figure8(b: &VldBench) -> Vec<UpdateRow> {
                     utilization: u,
                     system,
                     latency_us: r.as_ref().ok().map(|x| x.latency_us),
+                    requests: r.as_ref().ok().map(|x| x.requests),
+                    lld: r.as_ref().ok().and_then(|x| x.lld),
                     error: r.err(),
                 });
             }
@@ -886,9 +913,9 @@ pub fn run(b: &VldBench) -> R<()> {
          Mean latency per write filling an empty track until the threshold's share of \
          its sectors is left free, then switching (a head switch); equation 10 against \
          a simulation of {} tracks per point. Equation 10's optimum: {:.0}% on the HP \
-         ({} µs), {:.0}% on the Seagate ({} µs); the paper's Figure 2 has the same \
-         interior minimum, and the VLD fills emptied tracks to 75% used (a 25% \
-         threshold).\n",
+         ({} µs), {:.0}% on the Seagate ({} µs): switching too often pays the head \
+         switch, too rarely the crowded track (Section 2.3). The VLD fills emptied \
+         tracks to 75% used (the paper's choice: a 25% threshold).\n",
         b.eq10_tracks,
         hp_th * 100.0,
         fmt_value(hp_us),
@@ -1313,6 +1340,8 @@ pub fn run(b: &VldBench) -> R<()> {
         "random_updates": f8.iter().map(|r| json!({
             "disk": r.disk, "utilization": r.utilization, "system": r.system.name(),
             "host": HOST.name(), "latency_us": num(r.latency_us), "error": r.error,
+            "requests_per_update": num(r.requests),
+            "lld_checkpoints": r.lld.map(|x| x.0), "lld_blocks_moved": r.lld.map(|x| x.1),
         })).collect::<Vec<_>>(),
         "breakdown": f9.iter().map(|r| json!({
             "disk": r.disk, "host": r.host, "system": r.system.name(),
