@@ -178,13 +178,10 @@ fn json_num(x: Option<f64>) -> String {
     }
 }
 
-/// Every sample of a run, with its machine and what was skipped.
-pub fn json(r: &Results) -> String {
-    let m = &r.machine;
-    let mut j = String::from("{\n");
-    let _ = writeln!(
-        j,
-        "  \"machine\": {{\"uname\": {}, \"cpu\": {}, \"memory\": {}, \"storage\": {}, \"date\": {}, \"command\": {}, \"load_start\": {}, \"load_end\": {}}},",
+/// The machine as a JSON object (one line).
+pub(crate) fn machine_json(m: &Machine) -> String {
+    format!(
+        "{{\"uname\": {}, \"cpu\": {}, \"memory\": {}, \"storage\": {}, \"date\": {}, \"command\": {}, \"load_start\": {}, \"load_end\": {}}}",
         json_str(&m.uname),
         json_str(&m.cpu),
         json_str(&m.memory),
@@ -193,7 +190,13 @@ pub fn json(r: &Results) -> String {
         json_str(&m.command),
         json_str(&m.load_start),
         json_str(&m.load_end)
-    );
+    )
+}
+
+/// Every sample of a run, with its machine and what was skipped.
+pub fn json(r: &Results) -> String {
+    let mut j = String::from("{\n");
+    let _ = writeln!(j, "  \"machine\": {},", machine_json(&r.machine));
     let _ = writeln!(j, "  \"description\": {},", json_str(&r.description));
     let _ = writeln!(
         j,
@@ -364,7 +367,7 @@ pub fn from_json(text: &str) -> R<Results> {
     })
 }
 
-fn fmt_value(x: f64) -> String {
+pub(crate) fn fmt_value(x: f64) -> String {
     if x > 0.0 && x < 1.0 {
         // Two significant digits, however small.
         let decimals = (-x.log10()).floor() as usize + 2;
@@ -376,6 +379,32 @@ fn fmt_value(x: f64) -> String {
     } else {
         format!("{x:.2}")
     }
+}
+
+/// A Markdown table: the first `left` columns left-aligned (names), the
+/// rest right-aligned (numbers); an empty cell stays empty.
+pub(crate) fn md_table(head: &[String], left: usize, rows: &[Vec<String>]) -> String {
+    let mut md = String::from("|");
+    for h in head {
+        let _ = write!(md, " {h} |");
+    }
+    md += "\n|";
+    for i in 0..head.len() {
+        md += if i < left { "---|" } else { "---:|" };
+    }
+    md += "\n";
+    for row in rows {
+        md += "|";
+        for c in row {
+            if c.is_empty() {
+                md += " |";
+            } else {
+                let _ = write!(md, " {c} |");
+            }
+        }
+        md += "\n";
+    }
+    md
 }
 
 /// Medians as Markdown: one table per workload. With `charts`, each table
@@ -411,25 +440,19 @@ pub fn markdown(r: &Results, charts: Option<&str>) -> String {
         if let Some(dir) = charts {
             let _ = writeln!(md, "![{}]({dir}/{}.png)\n", w.key, w.key);
         }
-        let mut head = String::from("| phase | unit |");
-        let mut rule = String::from("|---|---|");
-        for t in &r.targets {
-            let _ = write!(head, " {t} |");
-            rule += "---:|";
-        }
-        let _ = writeln!(md, "{head} ldfs / ext4 | ldfs / memfs |");
-        let _ = writeln!(md, "{rule}---:|---:|");
+        let mut head = vec!["phase".to_string(), "unit".to_string()];
+        head.extend(r.targets.iter().cloned());
+        head.extend(["ldfs / ext4".to_string(), "ldfs / memfs".to_string()]);
+        let mut rows = Vec::new();
         for ((what, unit, _), s) in w.phases.iter().zip(&w.samples) {
             let meds: Vec<Option<f64>> = s.iter().map(|t| median(t)).collect();
-            let _ = write!(md, "| {what} | {unit} |");
+            let mut row = vec![what.clone(), unit.clone()];
             for (m, skipped) in meds.iter().zip(&r.skipped) {
-                match (m, skipped) {
-                    (Some(x), _) => {
-                        let _ = write!(md, " {} |", fmt_value(*x));
-                    }
-                    (None, Some(_)) => md += " skipped |",
-                    (None, None) => md += " failed |",
-                }
+                row.push(match (m, skipped) {
+                    (Some(x), _) => fmt_value(*x),
+                    (None, Some(_)) => "skipped".into(),
+                    (None, None) => "failed".into(),
+                });
             }
             let at = |name: &str| {
                 r.targets
@@ -438,15 +461,14 @@ pub fn markdown(r: &Results, charts: Option<&str>) -> String {
                     .and_then(|k| meds[k])
             };
             for other in ["ext4", "memfs"] {
-                match (at("ldfs"), at(other)) {
-                    (Some(a), Some(e)) if e > 0.0 => {
-                        let _ = write!(md, " {:.2} |", a / e);
-                    }
-                    _ => md += " |",
-                }
+                row.push(match (at("ldfs"), at(other)) {
+                    (Some(a), Some(e)) if e > 0.0 => format!("{:.2}", a / e),
+                    _ => String::new(),
+                });
             }
-            md += "\n";
+            rows.push(row);
         }
+        md += &md_table(&head, 2, &rows);
         for e in &w.errors {
             let first = e.lines().next().unwrap_or("");
             let _ = writeln!(md, "\nFailed: {first}");
@@ -523,8 +545,70 @@ pub fn write_report(r: &Results, out: &Path, note: Option<&str>) -> R<()> {
     md += "## Results\n\n";
     md += &markdown(r, drawn.then_some("bench"));
     let path = out.join("BENCHMARKS.md");
+    // Sections other benchmarks wrote into the file (`bench vld`) stay.
+    let old = fs::read_to_string(&path).unwrap_or_default();
+    for (_, text) in sections(&old) {
+        md += "\n";
+        md += text;
+        md += "\n";
+    }
     fs::write(&path, md).map_err(|e| format!("{}: {e}", path.display()))?;
     eprintln!("bench fs: wrote {}", path.display());
+    Ok(())
+}
+
+/// The first line of a section another benchmark owns in BENCHMARKS.md.
+fn section_begin(key: &str) -> String {
+    format!("<!-- begin {key}: written by `ldfs bench {key} --out`; run it again, do not edit -->")
+}
+
+fn section_end(key: &str) -> String {
+    format!("<!-- end {key} -->")
+}
+
+/// The sections of `text` as (key, text from its begin line through its
+/// end line), in order.
+fn sections(text: &str) -> Vec<(String, &str)> {
+    let mut found = Vec::new();
+    let mut rest = text;
+    let mut base = 0;
+    while let Some(at) = rest.find("<!-- begin ") {
+        let start = base + at;
+        let after = &text[start + "<!-- begin ".len()..];
+        let Some(key) = after.split(':').next().map(str::to_string) else {
+            break;
+        };
+        let end_mark = section_end(&key);
+        let Some(end) = text[start..].find(&end_mark) else {
+            break;
+        };
+        let stop = start + end + end_mark.len();
+        found.push((key, &text[start..stop]));
+        base = stop;
+        rest = &text[stop..];
+    }
+    found
+}
+
+/// Writes (or replaces) the section `key` of `out/BENCHMARKS.md`, keeping
+/// the rest of the file; `bench fs --out`, which rewrites the file, keeps
+/// it too.
+pub(crate) fn write_section(out: &Path, key: &str, body: &str) -> R<()> {
+    fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let path = out.join("BENCHMARKS.md");
+    let old = fs::read_to_string(&path).unwrap_or_else(|_| "# ldfs benchmarks\n".to_string());
+    let section = format!(
+        "{}\n{}\n{}",
+        section_begin(key),
+        body.trim_end(),
+        section_end(key)
+    );
+    let text = match sections(&old).into_iter().find(|(k, _)| k == key) {
+        Some((_, span)) => old.replacen(span, &section, 1),
+        None => format!("{}\n\n{section}\n", old.trim_end()),
+    };
+    fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    eprintln!("bench {key}: wrote its section of {}", path.display());
     Ok(())
 }
 
@@ -559,8 +643,29 @@ pub(crate) fn color(i: usize) -> RGBColor {
 /// logarithmic: the memory ceilings are orders of magnitude above the
 /// storage targets, which a linear axis would flatten to nothing.
 fn chart(r: &Results, w: &WorkloadResult, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let shown: Vec<usize> = (0..r.targets.len())
+        .filter(|&i| r.skipped[i].is_none())
+        .collect();
+    let series: Vec<(String, usize)> = shown.iter().map(|&i| (r.targets[i].clone(), i)).collect();
+    let values: Vec<Vec<Option<f64>>> = w
+        .samples
+        .iter()
+        .map(|s| shown.iter().map(|&i| median(&s[i])).collect())
+        .collect();
+    bar_chart(&w.title, &series, &w.phases, &values, path)
+}
+
+/// A bar chart: a panel per unit; in each, a group of bars per phase, one
+/// bar per series (name, color index), `values[phase][series]`; log y axes.
+pub(crate) fn bar_chart(
+    title_text: &str,
+    series: &[(String, usize)],
+    all_phases: &[(String, String, bool)],
+    values: &[Vec<Option<f64>>],
+    path: &Path,
+) -> Result<(), Box<dyn std::error::Error>> {
     let mut units: Vec<&str> = Vec::new();
-    for (_, u, _) in &w.phases {
+    for (_, u, _) in all_phases {
         if !units.contains(&u.as_str()) {
             units.push(u);
         }
@@ -571,37 +676,38 @@ fn chart(r: &Results, w: &WorkloadResult, path: &Path) -> Result<(), Box<dyn std
     root.fill(&WHITE)?;
     let (title, body) = root.split_vertically(70);
     title.draw(&Text::new(
-        w.title.clone(),
+        title_text.to_string(),
         (20, 12),
         ("sans-serif", 24).into_font().color(&BLACK),
     ))?;
-    let shown: Vec<usize> = (0..r.targets.len())
-        .filter(|&i| r.skipped[i].is_none())
-        .collect();
-    // The legend, once, under the title: the targets in bar order.
-    for (slot, &ti) in shown.iter().enumerate() {
-        let x = 20 + 110 * slot as i32;
-        title.draw(&Rectangle::new([(x, 46), (x + 14, 60)], color(ti).filled()))?;
+    // The legend, once, under the title: the series in bar order, each as
+    // wide as its name.
+    let mut x = 20;
+    for (name, ci) in series {
+        title.draw(&Rectangle::new(
+            [(x, 46), (x + 14, 60)],
+            color(*ci).filled(),
+        ))?;
         title.draw(&Text::new(
-            r.targets[ti].clone(),
+            name.clone(),
             (x + 20, 45),
             ("sans-serif", 16).into_font().color(&BLACK),
         ))?;
+        x += 40 + 9 * name.chars().count() as i32;
     }
     let panels = body.split_evenly((units.len(), 1));
     for (panel, unit) in panels.iter().zip(&units) {
         let phases: Vec<&(String, String, bool)> =
-            w.phases.iter().filter(|p| p.1 == *unit).collect();
-        let meds: Vec<Vec<Option<f64>>> = w
-            .phases
+            all_phases.iter().filter(|p| p.1 == *unit).collect();
+        let meds: Vec<&Vec<Option<f64>>> = all_phases
             .iter()
-            .zip(&w.samples)
+            .zip(values)
             .filter(|(p, _)| p.1 == *unit)
-            .map(|(_, s)| s.iter().map(|t| median(t)).collect())
+            .map(|(_, v)| v)
             .collect();
         let values: Vec<f64> = meds
             .iter()
-            .flatten()
+            .flat_map(|m| m.iter())
             .flatten()
             .copied()
             .filter(|v| *v > 0.0)
@@ -640,17 +746,17 @@ fn chart(r: &Results, w: &WorkloadResult, path: &Path) -> Result<(), Box<dyn std
                     .pos(Pos::new(HPos::Center, VPos::Top)),
             ))?;
         }
-        let width = 0.8 / shown.len().max(1) as f64;
-        for (slot, &ti) in shown.iter().enumerate() {
+        let width = 0.8 / series.len().max(1) as f64;
+        for (slot, (_, ci)) in series.iter().enumerate() {
             let bars: Vec<Rectangle<(f64, f64)>> = meds
                 .iter()
                 .enumerate()
                 .filter_map(|(p, m)| {
-                    let v = m[ti]?;
+                    let v = m[slot]?;
                     let x0 = p as f64 + 0.1 + slot as f64 * width;
                     Some(Rectangle::new(
                         [(x0, low), (x0 + width * 0.9, v.max(low))],
-                        color(ti).filled(),
+                        color(*ci).filled(),
                     ))
                 })
                 .collect();
@@ -694,6 +800,35 @@ mod tests {
             description: "test".into(),
             machine: Machine::probe(Path::new("/")),
         }
+    }
+
+    #[test]
+    fn sections_are_replaced_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("BENCHMARKS.md");
+        write_section(dir.path(), "vld", "## first\n").unwrap();
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(
+            text.starts_with("# ldfs benchmarks\n\n<!-- begin vld:"),
+            "{text}"
+        );
+        write_section(dir.path(), "other", "## other\n").unwrap();
+        write_section(dir.path(), "vld", "## second\n").unwrap();
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(
+            !text.contains("## first") && text.contains("## second"),
+            "{text}"
+        );
+        let found: Vec<String> = sections(&text).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(found, ["vld", "other"]);
+        // `bench fs --out` rewrites the file and keeps both sections.
+        let mut r = results();
+        r.workloads[0].errors.clear();
+        write_report(&r, dir.path(), None).unwrap();
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(text.contains("## Results") && text.contains("## second"));
+        assert!(text.contains("## other"), "{text}");
+        assert_eq!(sections(&text).len(), 2);
     }
 
     #[test]

@@ -8,6 +8,7 @@ mod bench_cleaner;
 mod bench_fs;
 mod bench_fsck;
 mod bench_report;
+mod bench_vld;
 mod bench_writedel;
 mod fsck;
 mod fuse;
@@ -261,8 +262,67 @@ struct FsArgs {
     note: Option<String>,
 }
 
+/// The options of `ldfs bench vld`.
+#[derive(clap::Args)]
+struct VldArgs {
+    /// Reduced sizes (under 10 minutes on 2 cores); every size below that
+    /// is not given takes its quick value.
+    #[arg(long)]
+    quick: bool,
+    /// Trials per point of equation 1's simulation (200,000; quick: 50,000).
+    #[arg(long)]
+    eq1_trials: Option<u32>,
+    /// Tracks per point of equation 10's simulation (2,000; quick: 500).
+    #[arg(long)]
+    eq10_tracks: Option<u32>,
+    /// Utilizations of the random-update benchmark (Figure 8; 0.1 to 0.9 by
+    /// 0.1; quick: 0.1 to 0.9 by 0.2).
+    #[arg(long, value_delimiter = ',', value_parser = parse_fraction)]
+    utilizations: Vec<f64>,
+    /// Measured updates per point of Figures 8-10 (400; quick: 100).
+    #[arg(long)]
+    updates: Option<u32>,
+    /// Most unmeasured updates before them, to reach a steady state
+    /// (6,000; quick: 1,500).
+    #[arg(long)]
+    warmup: Option<u64>,
+    /// MiB of Figure 7's file (the paper: 10; quick: 4).
+    #[arg(long)]
+    phase_mib: Option<u64>,
+    /// 1 KB files of LD Table 4 (the paper: 10,000; quick: 2,000).
+    #[arg(long)]
+    files: Option<usize>,
+    /// MiB of LD Table 5's file (40, the paper: 80; quick: 8).
+    #[arg(long)]
+    table5_mib: Option<u64>,
+    /// Write every figure to this JSON file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write the section of OUT/BENCHMARKS.md (kept when `bench fs --out`
+    /// rewrites the file) and its charts, OUT/bench/vld-*.png.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// A sentence added to the report.
+    #[arg(long)]
+    note: Option<String>,
+}
+
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(u) if u > 0.0 && u < 1.0 => Ok(u),
+        _ => Err(format!("'{s}' must be a fraction in (0, 1)")),
+    }
+}
+
 #[derive(Subcommand)]
 enum BenchCmd {
+    /// The virtual-log paper's experiments and the LD paper's Tables 4-5
+    /// on the simulated HP 97560 and Seagate ST19101: equations 1 and 10
+    /// against simulation (Figures 1, 2), random synchronous updates
+    /// (Figures 8-10) and large-file phases (Figure 7) for uip and lld on the
+    /// regular disk and on the virtual-log disk, small files and large files
+    /// (LD Tables 4, 5). Simulated time: nothing depends on this machine.
+    Vld(Box<VldArgs>),
     /// The engine's figures (issue 2): streaming writes vs raw O_DIRECT,
     /// map memory and checkpoint size for 10 million blocks, open time after
     /// a clean shutdown and after a crash, group commit vs bare fdatasync.
@@ -622,6 +682,49 @@ fn main() -> ExitCode {
                     clients: tpcb_clients,
                     secs: pick(tpcb_secs, quick, 60, 10),
                 },
+            })
+            .map_err(Into::into)
+        }
+        Cmd::Bench {
+            which: BenchCmd::Vld(args),
+        } => {
+            let VldArgs {
+                quick,
+                eq1_trials,
+                eq10_tracks,
+                utilizations,
+                updates,
+                warmup,
+                phase_mib,
+                files,
+                table5_mib,
+                json,
+                out,
+                note,
+            } = *args;
+            let pick = |v: Option<u64>, full: u64, small: u64| {
+                v.unwrap_or(if quick { small } else { full })
+            };
+            let utilizations = if !utilizations.is_empty() {
+                utilizations
+            } else if quick {
+                vec![0.1, 0.3, 0.5, 0.7, 0.9]
+            } else {
+                (1..10).map(|i| f64::from(i) / 10.0).collect()
+            };
+            bench_vld::run(&bench_vld::VldBench {
+                quick,
+                eq1_trials: pick(eq1_trials.map(u64::from), 200_000, 50_000) as u32,
+                eq10_tracks: pick(eq10_tracks.map(u64::from), 2000, 500) as u32,
+                utilizations,
+                updates: pick(updates.map(u64::from), 400, 100) as u32,
+                warmup: pick(warmup, 6000, 1500),
+                phase_mib: pick(phase_mib, 10, 4),
+                files: pick(files.map(|f| f as u64), 10_000, 2000) as usize,
+                table5_mib: pick(table5_mib, 40, 8),
+                json,
+                out,
+                note,
             })
             .map_err(Into::into)
         }

@@ -133,11 +133,15 @@ pub enum Scope {
     Zone,
 }
 
-/// Simulate Figure 1: sectors of the zone are free with probability `1-u`
-/// (exactly `(1-u)·n` per track, as equation 1 assumes, for `Scope::Track`);
-/// the head stops at a random sector boundary of a random track, and eager
-/// writing takes the free sector reached soonest. Returns the mean locate
-/// time in µs over `trials`.
+/// Simulate Figure 1: each track of the zone has `(1-u)·n` free sectors at
+/// random places (rounded up or down at random so that the mean is exactly
+/// `(1-u)·n`, as equation 1 assumes); the head stops at a random sector
+/// boundary of a random track, and eager writing takes the free sector
+/// reached soonest. Returns the mean locate time in µs over `trials`.
+///
+/// `Scope::Track` lays out a fresh track under the head for every trial
+/// (it looks at nothing else), so trials are independent and cheap;
+/// `Scope::Zone` lays out the whole zone afresh every 16 trials.
 pub fn simulate_locate(
     d: &DiskParams,
     utilization: f64,
@@ -148,7 +152,19 @@ pub fn simulate_locate(
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let n = d.sectors_per_track as usize;
     let tracks = d.tracks() as usize;
-    let free_per_track = (((1.0 - utilization) * n as f64).round() as usize).max(1);
+    let free_mean = (1.0 - utilization) * n as f64;
+    let draw_free = |rng: &mut ChaCha8Rng| -> usize {
+        let floor = free_mean.floor();
+        let k = floor as usize + usize::from(rng.gen_bool(free_mean - floor));
+        k.clamp(1, n)
+    };
+    let lay_out = |rng: &mut ChaCha8Rng, row: &mut [bool]| {
+        row.iter_mut().for_each(|f| *f = false);
+        let k = draw_free(rng);
+        for i in rand::seq::index::sample(rng, n, k) {
+            row[i] = true;
+        }
+    };
     // The drive only lends its geometry and timing; no media is touched.
     let disk = SimDisk::new(
         DiskParams {
@@ -160,26 +176,23 @@ pub fn simulate_locate(
     let mut free = vec![false; tracks * n];
     let mut total = 0.0;
     for trial in 0..trials {
-        // A fresh random layout every few trials keeps the cost down while
-        // averaging over layouts.
-        if trial % 16 == 0 {
+        if scope == Scope::Zone && trial % 16 == 0 {
             for tr in 0..tracks {
-                let row = &mut free[tr * n..(tr + 1) * n];
-                row.iter_mut().for_each(|f| *f = false);
-                for i in rand::seq::index::sample(&mut rng, n, free_per_track) {
-                    row[i] = true;
-                }
+                lay_out(&mut rng, &mut free[tr * n..(tr + 1) * n]);
             }
         }
         let track = rng.gen_range(0..tracks);
+        if scope == Scope::Track {
+            lay_out(&mut rng, &mut free[track * n..(track + 1) * n]);
+        }
         let pos = HeadPos {
             cylinder: (track / d.tracks_per_cylinder as usize) as u32,
             head: (track % d.tracks_per_cylinder as usize) as u32,
         };
         let clock = rng.gen_range(0..n) as f64 * d.sector_us();
-        let candidates: Box<dyn Iterator<Item = usize>> = match scope {
-            Scope::Track => Box::new(track * n..(track + 1) * n),
-            Scope::Zone => Box::new(0..tracks * n),
+        let candidates = match scope {
+            Scope::Track => track * n..(track + 1) * n,
+            Scope::Zone => 0..tracks * n,
         };
         let best = candidates
             .filter(|&lba| free[lba])
