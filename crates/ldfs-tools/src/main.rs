@@ -14,6 +14,7 @@ mod fuse;
 mod memfs;
 mod mount;
 mod sync;
+mod transport;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

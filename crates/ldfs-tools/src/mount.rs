@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use fuser::{Config, MountOption, Session, SessionACL};
@@ -26,6 +27,7 @@ use ldfs::ld::LogicalDisk;
 use ldfs::lld::{Lld, LldOptions};
 
 use crate::fuse::{Control, FuseFs};
+use crate::transport::{self, dev::Dev, uring, Transport};
 
 /// What `ldfs stats` and `ldfs clean` reach on a mounted file system.
 struct Daemon {
@@ -38,12 +40,22 @@ struct Daemon {
     cancel: AtomicBool,
     /// What the last `clean` command did (read back by `ldfs clean`).
     last_clean: std::sync::Mutex<String>,
+    /// The transport serving the mount, for `ldfs stats`.
+    transport: Arc<std::sync::Mutex<String>>,
+    /// Requests served over io_uring.
+    ring_served: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Control for Daemon {
     fn get(&self, name: &str) -> Result<Vec<u8>, String> {
         match name {
-            "stats" => Ok(crate::stats_text(&self.lld).into_bytes()),
+            "stats" => Ok((crate::stats_text(&self.lld)
+                + &format!(
+                    "transport: {}, {} requests served over io_uring\n",
+                    self.transport.lock().expect("transport poisoned"),
+                    self.ring_served.load(Ordering::Relaxed)
+                ))
+                .into_bytes()),
             "clean" => Ok(self
                 .last_clean
                 .lock()
@@ -197,6 +209,8 @@ pub struct MountOpts {
     /// A dual file system's metadata device (`meta=PATH`); default: the
     /// path its data device's label recorded at mkfs.
     pub meta: Option<PathBuf>,
+    /// How FUSE requests travel (`transport=auto|uring|dev`).
+    pub transport: Transport,
 }
 
 /// An option that is on, off, or on where it can be had (the default).
@@ -225,6 +239,7 @@ impl Default for MountOpts {
             clean_stop: None,
             fuse: Vec::new(),
             meta: None,
+            transport: Transport::default(),
         }
     }
 }
@@ -283,6 +298,7 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
                 );
             }
             ("meta", Some(v)) if !v.is_empty() => o.meta = Some(PathBuf::from(v)),
+            ("transport", Some(v)) => o.transport = v.parse()?,
             ("dev", None) => o.fuse.push(MountOption::Dev),
             ("nodev", None) => o.fuse.push(MountOption::NoDev),
             ("suid", None) => o.fuse.push(MountOption::Suid),
@@ -920,21 +936,31 @@ pub fn run(
         cfg.acl = SessionACL::All;
     }
     cfg.n_threads = Some(crate::FUSE_THREADS);
+    let transport_text = Arc::new(std::sync::Mutex::new("/dev/fuse".to_string()));
+    let ring_served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let control: Arc<dyn Control> = Arc::new(Daemon {
         lld: lld.clone(),
         fs: fs.clone(),
         cleaner_before_ro: std::sync::Mutex::new(None),
         cancel: AtomicBool::new(false),
         last_clean: std::sync::Mutex::new("no clean since mount\n".into()),
+        transport: transport_text.clone(),
+        ring_served: ring_served.clone(),
     });
+    let want_uring = transport::choose(opts.transport)?;
+    let fuse_fs = Arc::new(FuseFs {
+        fs: fs.clone(),
+        no_open: AtomicBool::new(false),
+        control: Some(control),
+        writeback_cache: opts.writeback_cache,
+        atime: opts.atime,
+        nodiratime: opts.nodiratime,
+    });
+    let start = want_uring.then(|| Arc::new(uring::Start::default()));
     let session = Session::new(
-        FuseFs {
-            fs: fs.clone(),
-            no_open: false,
-            control: Some(control),
-            writeback_cache: opts.writeback_cache,
-            atime: opts.atime,
-            nodiratime: opts.nodiratime,
+        Dev {
+            fs: fuse_fs.clone(),
+            uring: start.clone(),
         },
         &dir,
         &cfg,
@@ -951,6 +977,26 @@ pub fn run(
         dir: canon_dir,
         served: AtomicBool::new(false),
     });
+    let rings = match start {
+        Some(start) => {
+            use std::os::fd::AsFd;
+            let fd = session
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| format!("duplicating /dev/fuse: {e}"))?;
+            Some(start_uring(
+                fuse_fs.clone(),
+                start,
+                fd,
+                opts.transport,
+                transport_text.clone(),
+                ring_served.clone(),
+                ender.clone(),
+            ))
+        }
+        None => None,
+    };
+    drop(fuse_fs);
     {
         let ender = ender.clone();
         std::thread::spawn(move || {
@@ -1010,6 +1056,11 @@ pub fn run(
     }
     let served = session.run();
     ender.served.store(true, Ordering::Relaxed);
+    // The kernel ended the ring's queues with the connection: its threads
+    // finish the request they hold, if any, and end.
+    if let Some(r) = rings {
+        join_uring(r);
+    }
     stop.store(true, Ordering::Relaxed);
     let _ = committer.join();
     drop(fs);
@@ -1019,6 +1070,72 @@ pub fn run(
     };
     served.map_err(|e| format!("serving {}: {e}", dir.display()))?;
     closed.map_err(|e| format!("final checkpoint of {}: {e}", image.display()))
+}
+
+/// Starts FUSE over io_uring once the session's INIT has run (in a thread
+/// of its own: INIT comes when the session runs). If the kernel refused it
+/// or the queues cannot be registered, `transport=uring` ends the mount
+/// with the reason; `auto` stays on /dev/fuse, saying why (a REGISTER the
+/// kernel refuses switches the connection back to /dev/fuse).
+fn start_uring(
+    fs: Arc<FuseFs>,
+    start: Arc<uring::Start>,
+    fd: std::os::fd::OwnedFd,
+    asked: Transport,
+    text: Arc<std::sync::Mutex<String>>,
+    served: Arc<std::sync::atomic::AtomicUsize>,
+    ender: Arc<Ender>,
+) -> JoinHandle<Option<uring::Rings>> {
+    std::thread::spawn(move || {
+        let fail = |why: String| {
+            if asked == Transport::Uring {
+                eprintln!("ldfs: transport=uring: {why}; ending the mount");
+                // Requests wait for a ring that will not come: end the
+                // connection (the session then returns).
+                ender.force();
+            } else {
+                eprintln!("ldfs: transport /dev/fuse: {why}");
+            }
+            None
+        };
+        match start.wait(Duration::from_secs(60)) {
+            None => return fail("no INIT from the kernel within 60 s".into()),
+            Some(false) => {
+                return fail(format!(
+                    "the kernel did not offer FUSE over io_uring at INIT ({})",
+                    transport::HOW_TO_ENABLE
+                ))
+            }
+            Some(true) => {}
+        }
+        let queues = uring::queue_count();
+        let per_queue = (crate::FUSE_THREADS / queues).max(2);
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+        let payload = crate::fuse::MAX_WRITE_BYTES
+            .next_multiple_of(page)
+            .max(8192);
+        match uring::start(fs, &fd, per_queue, payload, served) {
+            Ok(r) => {
+                *text.lock().expect("transport poisoned") = r.describe();
+                Some(r)
+            }
+            Err(e) => fail(format!("registering the io_uring queues: {e}")),
+        }
+    })
+}
+
+/// Waits (at most 10 s) for the ring's threads once the session has ended.
+fn join_uring(r: JoinHandle<Option<uring::Rings>>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        if let Ok(Some(rings)) = r.join() {
+            rings.join();
+        }
+        let _ = tx.send(());
+    });
+    if rx.recv_timeout(Duration::from_secs(10)).is_err() {
+        eprintln!("ldfs: io_uring threads still busy 10 s after the session ended");
+    }
 }
 
 /// Where a dual file system's metadata device is: `meta=` if given, else
