@@ -242,3 +242,91 @@ fn transport_option_is_checked() {
         "{err}"
     );
 }
+
+/// Mounts `img` on `mnt` with `opts` through `ldfs mount -f`, its stderr
+/// kept; returns the daemon and what it said before the mount appeared.
+fn mount_saying(img: &Path, mnt: &Path, opts: &str) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    fs::create_dir_all(mnt).unwrap();
+    let mut child = ldfs()
+        .args(["mount", "-f", "-o", opts])
+        .arg(img)
+        .arg(mnt)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while !common::is_mounted(mnt) {
+        assert!(child.try_wait().unwrap().is_none(), "ldfs mount exited");
+        assert!(t.elapsed() < Duration::from_secs(20), "mount timed out");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The transport is chosen before the mount: its line is written.
+    let err = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let mut said = String::new();
+    while let Ok(l) = rx.recv_timeout(Duration::from_millis(300)) {
+        said += &l;
+        said += "\n";
+    }
+    (child, said)
+}
+
+fn end(mut child: std::process::Child, mnt: &Path) {
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let st = child.wait().unwrap();
+    assert!(st.success(), "daemon exit: {st}");
+    assert!(!common::is_mounted(mnt));
+}
+
+#[test]
+fn auto_takes_io_uring_only_when_the_kernel_offers_it_and_says_why_not() {
+    let _g = PARAM_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(_restore) = usable() else {
+        return;
+    };
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("\n*** SKIPPING: switching {PARAM} needs root ***\n");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("u.img");
+    mkfs(&img, "64M");
+    let mnt = t.path().join("mnt");
+
+    fs::write(PARAM, "N").unwrap();
+    let (child, said) = mount_saying(&img, &mnt, "transport=auto");
+    assert!(
+        said.contains("transport /dev/fuse: FUSE over io_uring is off in this kernel")
+            && said.contains("enable_uring"),
+        "auto with the parameter off said: {said:?}"
+    );
+    assert_eq!(
+        fs::read_to_string(PARAM).unwrap().trim(),
+        "N",
+        "auto changed it"
+    );
+    assert!(stats(&mnt).contains("transport: /dev/fuse"));
+    end(child, &mnt);
+
+    fs::write(PARAM, "Y").unwrap();
+    let (child, said) = mount_saying(&img, &mnt, "transport=auto");
+    assert!(
+        !said.contains("transport"),
+        "auto over io_uring said: {said:?}"
+    );
+    fs::write(mnt.join("x"), b"y").unwrap();
+    assert!(ring_served(&mnt) > 0);
+    end(child, &mnt);
+
+    // dev stays on /dev/fuse whatever the kernel offers.
+    let (child, _) = mount_saying(&img, &mnt, "transport=dev");
+    assert!(stats(&mnt).contains("transport: /dev/fuse"));
+    end(child, &mnt);
+}

@@ -945,4 +945,106 @@ mod tests {
         assert_eq!(v.len(), 32);
         assert_eq!(u32::from_le_bytes(v[20..24].try_into().unwrap()), 4);
     }
+
+    /// A file system answering a few operations, to check what `serve`
+    /// encodes.
+    struct Fake;
+
+    fn attr(ino: u64) -> FileAttr {
+        FileAttr {
+            ino: fuser::INodeNo(ino),
+            size: 5,
+            blocks: 1,
+            atime: UNIX_EPOCH + Duration::new(10, 20),
+            mtime: UNIX_EPOCH,
+            ctime: UNIX_EPOCH,
+            crtime: UNIX_EPOCH,
+            kind: FileType::RegularFile,
+            perm: 0o644,
+            nlink: 1,
+            uid: 3,
+            gid: 4,
+            rdev: 0,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    impl FuseOps for Fake {
+        fn lookup(&self, _c: &Caller, parent: u64, name: &[u8]) -> super::super::OpResult<Entry> {
+            if parent == 1 && name == b"a" {
+                Ok(Entry {
+                    attr: attr(9),
+                    generation: 2,
+                    ttl: Duration::from_secs(1),
+                })
+            } else {
+                Err(Errno::from_i32(libc::ENOENT))
+            }
+        }
+        fn getxattr(
+            &self,
+            _c: &Caller,
+            _ino: u64,
+            _name: &[u8],
+            size: u32,
+        ) -> super::super::OpResult<Xattr> {
+            Ok(if size == 0 {
+                Xattr::Size(3)
+            } else {
+                Xattr::Data(b"abc".to_vec())
+            })
+        }
+    }
+
+    #[test]
+    fn serve_encodes_replies_and_errors() {
+        let mut out = Vec::new();
+        let h = header(opcode::LOOKUP);
+        let op = decode(&h, &[], b"a\0").unwrap();
+        assert!(matches!(serve(&Fake, &h, op, &mut out), Answer::Ok));
+        assert_eq!(out.len(), ENTRY_OUT_BYTES);
+        assert_eq!(u64::from_le_bytes(out[0..8].try_into().unwrap()), 9);
+        assert_eq!(u64::from_le_bytes(out[8..16].try_into().unwrap()), 2);
+        // fuse_attr at 40: size @8, atime @24, atimensec @48, mode @60.
+        assert_eq!(u64::from_le_bytes(out[48..56].try_into().unwrap()), 5);
+        assert_eq!(u64::from_le_bytes(out[64..72].try_into().unwrap()), 10);
+        assert_eq!(u32::from_le_bytes(out[88..92].try_into().unwrap()), 20);
+        assert_eq!(
+            u32::from_le_bytes(out[100..104].try_into().unwrap()),
+            libc::S_IFREG | 0o644
+        );
+        out.clear();
+        let op = decode(&h, &[], b"b\0").unwrap();
+        assert!(matches!(
+            serve(&Fake, &h, op, &mut out),
+            Answer::Err(e) if e.code() == libc::ENOENT
+        ));
+        // GETXATTR: the size asked with size 0, else the bytes.
+        let h = header(opcode::GETXATTR);
+        let op = decode(&h, &[0; 8], b"user.x\0").unwrap();
+        out.clear();
+        assert!(matches!(serve(&Fake, &h, op, &mut out), Answer::Ok));
+        assert_eq!(out, [3, 0, 0, 0, 0, 0, 0, 0]);
+        let op = decode(&h, &[8, 0, 0, 0, 0, 0, 0, 0], b"user.x\0").unwrap();
+        out.clear();
+        assert!(matches!(serve(&Fake, &h, op, &mut out), Answer::Ok));
+        assert_eq!(out, b"abc");
+        // What Fake does not serve, and opcodes nobody serves: ENOSYS.
+        for opc in [opcode::MKDIR, 200] {
+            let h = header(opc);
+            let op = decode(&h, &[0; 8], b"d\0").unwrap();
+            assert!(matches!(
+                serve(&Fake, &h, op, &mut Vec::new()),
+                Answer::Err(e) if e.code() == libc::ENOSYS
+            ));
+        }
+        // FORGET wants no reply.
+        let h = header(opcode::FORGET);
+        let op = decode(&h, &[1, 0, 0, 0, 0, 0, 0, 0], &[]).unwrap();
+        assert!(matches!(
+            serve(&Fake, &h, op, &mut Vec::new()),
+            Answer::None
+        ));
+    }
 }
