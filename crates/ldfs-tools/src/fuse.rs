@@ -13,8 +13,7 @@ use ldfs::fs::inode::{Kind, Time};
 use ldfs::fs::{self, Attr, Ctx, Fs, FsError, Kill, SetAttr, TimeSet, XattrMode};
 
 use crate::transport::{
-    dirent_bytes, direntplus_bytes, Caller, DirEntry, DirEntryPlus, Entry, FuseOps, OpResult,
-    Opened, SetattrIn, Statfs, Xattr,
+    Caller, DirEntry, DirEntryPlus, Entry, FuseOps, OpResult, Opened, SetattrIn, Statfs, Xattr,
 };
 
 /// The largest write (and read-ahead) asked of the kernel; a ring entry's
@@ -438,7 +437,13 @@ impl FuseOps for FuseFs {
         }
     }
 
-    fn readdir(&self, ino: u64, _fh: u64, offset: u64, size: u32) -> OpResult<Vec<DirEntry>> {
+    fn readdir(
+        &self,
+        ino: u64,
+        _fh: u64,
+        offset: u64,
+        add: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> OpResult<()> {
         if offset == 0 {
             self.accessed(ino, true);
         }
@@ -446,21 +451,18 @@ impl FuseOps for FuseFs {
             .fs
             .readdir(ino, offset as i64, 256)
             .map_err(|e| errno(&e))?;
-        let mut used = 0;
-        let mut out = Vec::new();
         for e in entries {
-            used += dirent_bytes(e.name.len());
-            if used > size as usize {
-                break;
-            }
-            out.push(DirEntry {
+            let d = DirEntry {
                 ino: e.ino,
                 next: e.next as u64,
                 kind: file_type(e.kind),
                 name: e.name,
-            });
+            };
+            if !add(d) {
+                break;
+            }
         }
-        Ok(out)
+        Ok(())
     }
 
     fn readdirplus(
@@ -468,8 +470,8 @@ impl FuseOps for FuseFs {
         ino: u64,
         _fh: u64,
         offset: u64,
-        size: u32,
-    ) -> OpResult<Vec<DirEntryPlus>> {
+        add: &mut dyn FnMut(DirEntryPlus) -> bool,
+    ) -> OpResult<()> {
         if offset == 0 {
             self.accessed(ino, true);
         }
@@ -477,23 +479,13 @@ impl FuseOps for FuseFs {
             .fs
             .readdir(ino, offset as i64, 128)
             .map_err(|e| errno(&e))?;
-        let mut used = 0;
-        let mut out = Vec::new();
         for e in entries {
             let attr = match self.fs.getattr(e.ino) {
                 Ok(a) => a,
                 Err(_) => continue,
             };
-            used += direntplus_bytes(e.name.len());
-            if used > size as usize {
-                break;
-            }
-            // Every entry but . and .. gives the kernel a lookup
-            // reference (FUSE protocol, READDIRPLUS).
-            if e.name != b"." && e.name != b".." {
-                self.fs.pin(e.ino, 1);
-            }
-            out.push(DirEntryPlus {
+            let dot = e.name == b"." || e.name == b"..";
+            let d = DirEntryPlus {
                 dirent: DirEntry {
                     ino: e.ino,
                     next: e.next as u64,
@@ -505,9 +497,18 @@ impl FuseOps for FuseFs {
                     generation: attr.generation,
                     ttl: TTL,
                 },
-            });
+            };
+            if !add(d) {
+                break;
+            }
+            // Every entry but . and .. gives the kernel a lookup
+            // reference (FUSE protocol, READDIRPLUS); pinned before the
+            // reply is sent, as the kernel may FORGET it at once.
+            if !dot {
+                self.fs.pin(e.ino, 1);
+            }
         }
-        Ok(out)
+        Ok(())
     }
 
     fn fsyncdir(&self, _ino: u64, _fh: u64, _datasync: bool) -> OpResult<()> {

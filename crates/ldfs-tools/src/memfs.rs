@@ -18,8 +18,7 @@ use fuser::{
 
 use crate::transport::dev::Dev;
 use crate::transport::{
-    dirent_bytes, direntplus_bytes, uring, Caller, DirEntry, DirEntryPlus, Entry, FuseOps,
-    OpResult, Opened, SetattrIn, Statfs,
+    uring, Caller, DirEntry, DirEntryPlus, Entry, FuseOps, OpResult, Opened, SetattrIn, Statfs,
 };
 
 const TTL: Duration = Duration::from_secs(1);
@@ -442,30 +441,33 @@ impl FuseOps for MemFs {
         self.flush.as_ref().map_or(Ok(()), FlushFile::flush)
     }
 
-    fn readdir(&self, ino: u64, _fh: u64, offset: u64, size: u32) -> OpResult<Vec<DirEntry>> {
+    fn readdir(
+        &self,
+        ino: u64,
+        _fh: u64,
+        offset: u64,
+        add: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> OpResult<()> {
         let st = self.st.lock().unwrap();
         let Some(d) = st.nodes.get(&ino) else {
             return Err(err(libc::ENOENT));
         };
-        let mut used = 0;
-        let mut out = Vec::new();
         for (child, name) in by_inode(d, offset) {
-            used += dirent_bytes(name.len());
-            if used > size as usize {
-                break;
-            }
             let kind = st
                 .nodes
                 .get(child)
                 .map_or(FileType::RegularFile, |n| n.attr.kind);
-            out.push(DirEntry {
+            let e = DirEntry {
                 ino: *child,
                 next: *child,
                 kind,
                 name: name.as_bytes().to_vec(),
-            });
+            };
+            if !add(e) {
+                break;
+            }
         }
-        Ok(out)
+        Ok(())
     }
 
     fn readdirplus(
@@ -473,23 +475,17 @@ impl FuseOps for MemFs {
         ino: u64,
         _fh: u64,
         offset: u64,
-        size: u32,
-    ) -> OpResult<Vec<DirEntryPlus>> {
+        add: &mut dyn FnMut(DirEntryPlus) -> bool,
+    ) -> OpResult<()> {
         let st = self.st.lock().unwrap();
         let Some(d) = st.nodes.get(&ino) else {
             return Err(err(libc::ENOENT));
         };
-        let mut used = 0;
-        let mut out = Vec::new();
         for (child, name) in by_inode(d, offset) {
             let Some(n) = st.nodes.get(child) else {
                 continue;
             };
-            used += direntplus_bytes(name.len());
-            if used > size as usize {
-                break;
-            }
-            out.push(DirEntryPlus {
+            let e = DirEntryPlus {
                 dirent: DirEntry {
                     ino: *child,
                     next: *child,
@@ -497,9 +493,12 @@ impl FuseOps for MemFs {
                     name: name.as_bytes().to_vec(),
                 },
                 entry: entry(n.attr),
-            });
+            };
+            if !add(e) {
+                break;
+            }
         }
-        Ok(out)
+        Ok(())
     }
 
     fn statfs(&self, _ino: u64) -> OpResult<Statfs> {

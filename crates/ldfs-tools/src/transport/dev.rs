@@ -18,7 +18,7 @@ use fuser::{
 };
 
 use super::uring::Start;
-use super::{Caller, Entry, FuseOps, SetattrIn, Xattr};
+use super::{Caller, DirEntry, DirEntryPlus, Entry, FuseOps, SetattrIn, Xattr};
 
 /// The fuser side of a mount: the file system, and the io_uring start-up
 /// to tell at INIT whether the kernel granted FUSE_OVER_IO_URING.
@@ -309,17 +309,10 @@ impl<F: FuseOps> Filesystem for Dev<F> {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        // fuser's reply buffer is the request's size; it does not pass the
-        // size on, and the kernel asks for a page's worth at least.
-        match self.fs.readdir(ino.0, fh.0, offset, 4096) {
-            Ok(entries) => {
-                for e in entries {
-                    if reply.add(INodeNo(e.ino), e.next, e.kind, OsStr::from_bytes(&e.name)) {
-                        break;
-                    }
-                }
-                reply.ok();
-            }
+        let mut add =
+            |e: DirEntry| !reply.add(INodeNo(e.ino), e.next, e.kind, OsStr::from_bytes(&e.name));
+        match self.fs.readdir(ino.0, fh.0, offset, &mut add) {
+            Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
     }
@@ -332,22 +325,18 @@ impl<F: FuseOps> Filesystem for Dev<F> {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        match self.fs.readdirplus(ino.0, fh.0, offset, 4096) {
-            Ok(entries) => {
-                for e in entries {
-                    let full = reply.add(
-                        INodeNo(e.dirent.ino),
-                        e.dirent.next,
-                        OsStr::from_bytes(&e.dirent.name),
-                        &e.entry.ttl,
-                        &e.entry.attr,
-                        Generation(e.entry.generation),
-                    );
-                    // The op sized its entries to the buffer: all fit.
-                    assert!(!full, "readdirplus: an entry beyond the reply's size");
-                }
-                reply.ok();
-            }
+        let mut add = |e: DirEntryPlus| {
+            !reply.add(
+                INodeNo(e.dirent.ino),
+                e.dirent.next,
+                OsStr::from_bytes(&e.dirent.name),
+                &e.entry.ttl,
+                &e.entry.attr,
+                Generation(e.entry.generation),
+            )
+        };
+        match self.fs.readdirplus(ino.0, fh.0, offset, &mut add) {
+            Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
     }

@@ -8,7 +8,8 @@
 //! Invariants: a request is answered exactly once, on the transport it came
 //! from; an op that hands the kernel a lookup reference (an entry, a
 //! READDIRPLUS entry) takes it before its reply is sent, and only for what
-//! the reply carries (the ops are told the reply's size).
+//! the reply carries (a directory listing hands its entries to the
+//! transport one by one, which says when the reply is full).
 
 pub mod dev;
 pub mod proto;
@@ -198,19 +199,26 @@ pub trait FuseOps: Send + Sync + 'static {
     fn opendir(&self, ino: u64, flags: i32) -> OpResult<Opened> {
         nosys()
     }
-    /// Entries from `offset` that fit in `size` bytes of reply.
-    fn readdir(&self, ino: u64, fh: u64, offset: u64, size: u32) -> OpResult<Vec<DirEntry>> {
+    /// Hands the entries after `offset` to `add` until it says the reply
+    /// is full (false: that entry was not taken).
+    fn readdir(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        add: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> OpResult<()> {
         nosys()
     }
-    /// Entries from `offset` that fit in `size` bytes of reply, each but .
-    /// and .. with a lookup reference taken.
+    /// As `readdir`; an entry the reply took (all but . and ..) gives the
+    /// kernel a lookup reference, taken after `add` accepted it.
     fn readdirplus(
         &self,
         ino: u64,
         fh: u64,
         offset: u64,
-        size: u32,
-    ) -> OpResult<Vec<DirEntryPlus>> {
+        add: &mut dyn FnMut(DirEntryPlus) -> bool,
+    ) -> OpResult<()> {
         nosys()
     }
     fn releasedir(&self, ino: u64, fh: u64) -> OpResult<()> {
@@ -310,6 +318,23 @@ pub fn kernel_uring() -> Result<bool, String> {
 /// reason, but as root turns the kernel's switch on (asked for by name, and
 /// said on stderr).
 pub fn choose(t: Transport) -> Result<bool, String> {
+    let on = choose_kernel(t)?;
+    if !on {
+        return Ok(false);
+    }
+    match uring::probe() {
+        Ok(()) => Ok(true),
+        Err(e) if t == Transport::Auto => {
+            eprintln!("ldfs: transport /dev/fuse: this process cannot use io_uring ({e})");
+            Ok(false)
+        }
+        Err(e) => Err(format!(
+            "transport=uring: this process cannot use io_uring ({e})"
+        )),
+    }
+}
+
+fn choose_kernel(t: Transport) -> Result<bool, String> {
     match t {
         Transport::Dev => Ok(false),
         Transport::Auto => match kernel_uring() {

@@ -787,19 +787,30 @@ pub fn serve<F: FuseOps>(fs: &F, h: &InHeader, op: Op<'_>, out: &mut Vec<u8>) ->
         Op::Lseek { fh, offset, whence } => fs
             .lseek(ino, fh, offset as i64, whence as i32)
             .map(|x| o.u64(x as u64)),
-        Op::Readdir { fh, offset, size } => fs.readdir(ino, fh, offset, size).map(|v| {
-            for d in &v {
-                o.dirent(d);
-            }
-            assert!(o.0.len() <= size as usize, "readdir: more than asked");
-        }),
-        Op::Readdirplus { fh, offset, size } => fs.readdirplus(ino, fh, offset, size).map(|v| {
-            for d in &v {
+        Op::Readdir { fh, offset, size } => {
+            let start = o.0.len();
+            let mut add = |d: DirEntry| {
+                if o.0.len() - start + super::dirent_bytes(d.name.len()) > size as usize {
+                    return false;
+                }
+                o.dirent(&d);
+                true
+            };
+            fs.readdir(ino, fh, offset, &mut add)
+        }
+        Op::Readdirplus { fh, offset, size } => {
+            let start = o.0.len();
+            let mut add = |d: super::DirEntryPlus| {
+                let n = super::direntplus_bytes(d.dirent.name.len());
+                if o.0.len() - start + n > size as usize {
+                    return false;
+                }
                 o.entry(&d.entry);
                 o.dirent(&d.dirent);
-            }
-            assert!(o.0.len() <= size as usize, "readdirplus: more than asked");
-        }),
+                true
+            };
+            fs.readdirplus(ino, fh, offset, &mut add)
+        }
         Op::Destroy => Ok(()),
         // INIT comes over /dev/fuse, before any ring exists.
         Op::Init => Err(Errno::from_i32(libc::EIO)),
@@ -971,6 +982,27 @@ mod tests {
     }
 
     impl FuseOps for Fake {
+        fn readdir(
+            &self,
+            _ino: u64,
+            _fh: u64,
+            offset: u64,
+            add: &mut dyn FnMut(DirEntry) -> bool,
+        ) -> super::super::OpResult<()> {
+            for i in offset + 1..offset + 100 {
+                let d = DirEntry {
+                    ino: i,
+                    next: i,
+                    kind: FileType::RegularFile,
+                    name: format!("name-{i}").into_bytes(),
+                };
+                if !add(d) {
+                    break;
+                }
+            }
+            Ok(())
+        }
+
         fn lookup(&self, _c: &Caller, parent: u64, name: &[u8]) -> super::super::OpResult<Entry> {
             if parent == 1 && name == b"a" {
                 Ok(Entry {
@@ -1039,6 +1071,16 @@ mod tests {
                 Answer::Err(e) if e.code() == libc::ENOSYS
             ));
         }
+        // READDIR takes what fits in the size asked, whole entries only:
+        // 32 bytes per 6-letter name.
+        let h = header(opcode::READDIR);
+        let mut r = [0u8; 40];
+        r[16..20].copy_from_slice(&100u32.to_le_bytes());
+        let op = decode(&h, &r, &[]).unwrap();
+        out.clear();
+        assert!(matches!(serve(&Fake, &h, op, &mut out), Answer::Ok));
+        assert_eq!(out.len(), 96);
+        assert_eq!(&out[24..30], b"name-1");
         // FORGET wants no reply.
         let h = header(opcode::FORGET);
         let op = decode(&h, &[1, 0, 0, 0, 0, 0, 0, 0], &[]).unwrap();

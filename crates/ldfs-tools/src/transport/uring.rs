@@ -100,6 +100,18 @@ impl Start {
     }
 }
 
+/// Whether this process can set up a ring of 128-byte SQEs (io_uring may
+/// be disabled: `kernel.io_uring_disabled`, seccomp). Checked before
+/// asking for the transport at INIT: once the kernel grants it, requests
+/// wait for the ring's queues, so a daemon that cannot make them would
+/// leave the mount hanging.
+pub fn probe() -> Result<(), String> {
+    IoUring::<squeue::Entry128, cqueue::Entry>::builder()
+        .build(2)
+        .map(|_| ())
+        .map_err(|e| format!("io_uring_setup: {e}"))
+}
+
 /// The number of queues the kernel expects: one per possible CPU id.
 pub fn queue_count() -> usize {
     let text = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap_or_default();
@@ -369,13 +381,22 @@ impl Ent {
                         eprintln!("ldfs: io_uring: opcode {}: {}", h.opcode, m.0);
                         (h.unique, Some(Errno::from_i32(libc::EINVAL)))
                     }
-                    Ok(op) => match proto::serve(fs, &h, op, &mut self.out) {
-                        Answer::Ok => (h.unique, None),
-                        Answer::Err(e) => (h.unique, Some(e)),
+                    Ok(op) => match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        proto::serve(fs, &h, op, &mut self.out)
+                    })) {
+                        Ok(Answer::Ok) => (h.unique, None),
+                        Ok(Answer::Err(e)) => (h.unique, Some(e)),
+                        // A broken invariant (the panic is printed): the
+                        // caller gets EIO rather than waiting forever for a
+                        // reply, and the entry serves on.
+                        Err(_) => {
+                            eprintln!("ldfs: io_uring: opcode {} panicked: EIO", h.opcode);
+                            (h.unique, Some(Errno::from_i32(libc::EIO)))
+                        }
                         // Not a request with a reply: the kernel sends
                         // those over /dev/fuse only. Commit anyway (the
                         // entry must go back to the kernel).
-                        Answer::None => (h.unique, Some(Errno::from_i32(libc::ENOSYS))),
+                        Ok(Answer::None) => (h.unique, Some(Errno::from_i32(libc::ENOSYS))),
                     },
                 }
             }
