@@ -977,6 +977,21 @@ pub fn run(
         dir: canon_dir,
         served: AtomicBool::new(false),
     });
+    // A background daemon tells `ldfs mount` it serves once the transport
+    // is settled: over io_uring, only after the queues are registered (a
+    // `transport=uring` that cannot be had then fails `ldfs mount`).
+    let announce = {
+        let image = image.clone();
+        move || {
+            // The parent may be gone (killed while waiting): a broken pipe
+            // here must not end a daemon that is already serving the mount.
+            let mut out = std::io::stdout();
+            let _ = writeln!(out, "ready").and_then(|()| out.flush());
+            detach_output(&image);
+        }
+    };
+    let mut announce: Option<Box<dyn FnOnce() + Send>> =
+        daemon_child.then(|| Box::new(announce) as Box<dyn FnOnce() + Send>);
     let rings = match start {
         Some(start) => {
             use std::os::fd::AsFd;
@@ -984,15 +999,16 @@ pub fn run(
                 .as_fd()
                 .try_clone_to_owned()
                 .map_err(|e| format!("duplicating /dev/fuse: {e}"))?;
-            Some(start_uring(
-                fuse_fs.clone(),
+            let setup = RingSetup {
+                fs: fuse_fs.clone(),
                 start,
                 fd,
-                opts.transport,
-                transport_text.clone(),
-                ring_served.clone(),
-                ender.clone(),
-            ))
+                asked: opts.transport,
+                text: transport_text.clone(),
+                served: ring_served.clone(),
+                ender: ender.clone(),
+            };
+            Some(start_uring(setup, announce.take()))
         }
         None => None,
     };
@@ -1047,20 +1063,14 @@ pub fn run(
             }
         })
     };
-    if daemon_child {
-        // The parent may be gone (killed while waiting): a broken pipe here
-        // must not end a daemon that is already serving the mount.
-        let mut out = std::io::stdout();
-        let _ = writeln!(out, "ready").and_then(|()| out.flush());
-        detach_output(&image);
+    if let Some(announce) = announce {
+        announce();
     }
     let served = session.run();
     ender.served.store(true, Ordering::Relaxed);
     // The kernel ended the ring's queues with the connection: its threads
     // finish the request they hold, if any, and end.
-    if let Some(r) = rings {
-        join_uring(r);
-    }
+    let ring = rings.map_or(Ok(()), join_uring);
     stop.store(true, Ordering::Relaxed);
     let _ = committer.join();
     drop(fs);
@@ -1069,7 +1079,21 @@ pub fn run(
         None => lld.close(),
     };
     served.map_err(|e| format!("serving {}: {e}", dir.display()))?;
-    closed.map_err(|e| format!("final checkpoint of {}: {e}", image.display()))
+    closed.map_err(|e| format!("final checkpoint of {}: {e}", image.display()))?;
+    ring
+}
+
+/// What starting the ring needs.
+struct RingSetup {
+    fs: Arc<FuseFs>,
+    start: Arc<uring::Start>,
+    /// The session's /dev/fuse.
+    fd: std::os::fd::OwnedFd,
+    asked: Transport,
+    /// What `ldfs stats` says of the transport.
+    text: Arc<std::sync::Mutex<String>>,
+    served: Arc<std::sync::atomic::AtomicUsize>,
+    ender: Arc<Ender>,
 }
 
 /// Starts FUSE over io_uring once the session's INIT has run (in a thread
@@ -1077,65 +1101,92 @@ pub fn run(
 /// or the queues cannot be registered, `transport=uring` ends the mount
 /// with the reason; `auto` stays on /dev/fuse, saying why (a REGISTER the
 /// kernel refuses switches the connection back to /dev/fuse).
+/// `announce` (a background daemon's "ready") runs once that is settled,
+/// unless the mount ends.
 fn start_uring(
-    fs: Arc<FuseFs>,
-    start: Arc<uring::Start>,
-    fd: std::os::fd::OwnedFd,
-    asked: Transport,
-    text: Arc<std::sync::Mutex<String>>,
-    served: Arc<std::sync::atomic::AtomicUsize>,
-    ender: Arc<Ender>,
-) -> JoinHandle<Option<uring::Rings>> {
+    setup: RingSetup,
+    announce: Option<Box<dyn FnOnce() + Send>>,
+) -> JoinHandle<Result<Option<uring::Rings>, String>> {
     std::thread::spawn(move || {
-        let fail = |why: String| {
-            if asked == Transport::Uring {
-                eprintln!("ldfs: transport=uring: {why}; ending the mount");
-                // Requests wait for a ring that will not come: end the
-                // connection (the session then returns).
-                ender.force();
-            } else {
-                eprintln!("ldfs: transport /dev/fuse: {why}");
+        let r = start_uring_now(setup);
+        if r.is_ok() {
+            if let Some(announce) = announce {
+                announce();
             }
-            None
-        };
-        match start.wait(Duration::from_secs(60)) {
-            None => return fail("no INIT from the kernel within 60 s".into()),
-            Some(false) => {
-                return fail(format!(
-                    "the kernel did not offer FUSE over io_uring at INIT ({})",
-                    transport::HOW_TO_ENABLE
-                ))
-            }
-            Some(true) => {}
         }
-        let queues = uring::queue_count();
-        let per_queue = (crate::FUSE_THREADS / queues).max(2);
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-        let payload = crate::fuse::MAX_WRITE_BYTES
-            .next_multiple_of(page)
-            .max(8192);
-        match uring::start(fs, &fd, per_queue, payload, served) {
-            Ok(r) => {
-                *text.lock().expect("transport poisoned") = r.describe();
-                Some(r)
-            }
-            Err(e) => fail(format!("registering the io_uring queues: {e}")),
-        }
+        r
     })
 }
 
-/// Waits (at most 10 s) for the ring's threads once the session has ended.
-fn join_uring(r: JoinHandle<Option<uring::Rings>>) {
+fn start_uring_now(setup: RingSetup) -> Result<Option<uring::Rings>, String> {
+    let RingSetup {
+        fs,
+        start,
+        fd,
+        asked,
+        text,
+        served,
+        ender,
+    } = setup;
+    let fail = |why: String| {
+        if asked == Transport::Uring {
+            eprintln!("ldfs: transport=uring: {why}; ending the mount");
+            // Requests wait for a ring that will not come: end the
+            // connection (the session then returns), and the daemon
+            // with an error.
+            ender.force();
+            Err(format!("transport=uring: {why}"))
+        } else {
+            eprintln!("ldfs: transport /dev/fuse: {why}");
+            Ok(None)
+        }
+    };
+    match start.wait(Duration::from_secs(60)) {
+        None => return fail("no INIT from the kernel within 60 s".into()),
+        Some(false) => {
+            return fail(format!(
+                "the kernel did not offer FUSE over io_uring at INIT ({})",
+                transport::HOW_TO_ENABLE
+            ))
+        }
+        Some(true) => {}
+    }
+    let queues = uring::queue_count();
+    let per_queue = (crate::FUSE_THREADS / queues).max(2);
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+    let payload = crate::fuse::MAX_WRITE_BYTES
+        .next_multiple_of(page)
+        .max(8192);
+    match uring::start(fs, &fd, per_queue, payload, served) {
+        Ok(r) => {
+            *text.lock().expect("transport poisoned") = r.describe();
+            Ok(Some(r))
+        }
+        Err(e) => fail(format!("registering the io_uring queues: {e}")),
+    }
+}
+
+/// Waits (at most 10 s) for the ring's threads once the session has ended;
+/// `Err` if `transport=uring` could not be had.
+fn join_uring(r: JoinHandle<Result<Option<uring::Rings>, String>>) -> Result<(), String> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        if let Ok(Some(rings)) = r.join() {
-            rings.join();
-        }
-        let _ = tx.send(());
+        let r = match r.join() {
+            Ok(Ok(Some(rings))) => {
+                rings.join();
+                Ok(())
+            }
+            Ok(Ok(None)) => Ok(()),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err("the io_uring start-up panicked".into()),
+        };
+        let _ = tx.send(r);
     });
-    if rx.recv_timeout(Duration::from_secs(10)).is_err() {
-        eprintln!("ldfs: io_uring threads still busy 10 s after the session ended");
-    }
+    rx.recv_timeout(Duration::from_secs(10))
+        .unwrap_or_else(|_| {
+            eprintln!("ldfs: io_uring threads still busy 10 s after the session ended");
+            Ok(())
+        })
 }
 
 /// Where a dual file system's metadata device is: `meta=` if given, else

@@ -330,3 +330,43 @@ fn auto_takes_io_uring_only_when_the_kernel_offers_it_and_says_why_not() {
     assert!(stats(&mnt).contains("transport: /dev/fuse"));
     end(child, &mnt);
 }
+
+#[test]
+fn a_background_mount_says_ready_once_the_ring_serves() {
+    let _g = PARAM_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(_restore) = usable() else {
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("u.img");
+    mkfs(&img, "64M");
+    let mnt = t.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    // `ldfs mount` returns once the daemon serves: over the ring already.
+    let out = ldfs()
+        .args(["mount", "-o", "transport=uring"])
+        .arg(&img)
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "ldfs mount: {out:?}");
+    let s = stats(&mnt);
+    assert!(s.contains("transport: io_uring ("), "{s}");
+    fs::write(mnt.join("f"), b"x").unwrap();
+    let st = std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    // The daemon ends after its final checkpoint; the image reopens.
+    let t0 = std::time::Instant::now();
+    loop {
+        let m = ldfs().args(["fsck", "-n"]).arg(&img).output().unwrap();
+        if m.status.success() {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "fsck: {m:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
