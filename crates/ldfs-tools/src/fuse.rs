@@ -4,7 +4,7 @@
 //! (`transport/`): each operation here is a `FuseOps` method taking plain
 //! numbers and bytes and returning plain data, which both transports call.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -46,9 +46,41 @@ pub struct FuseFs {
     pub atime: fs::AtimeMode,
     /// `nodiratime`: listing a directory never updates its atime.
     pub nodiratime: bool,
+    /// FORGETs served so far (see `room`).
+    pub forgets: AtomicU64,
 }
 
+/// How long an operation that found no space waits for a FORGET to free
+/// some (see `FuseFs::room`).
+const FORGET_WAIT: Duration = Duration::from_millis(50);
+
 impl FuseFs {
+    /// Runs `f`, and again while it fails with NoSpace and FORGETs keep
+    /// coming within `FORGET_WAIT`. An unlinked file's space is freed only
+    /// when the kernel's FORGET of it arrives (its lookup reference pins it),
+    /// and the kernel queues that FORGET before unlink(2) returns; over
+    /// /dev/fuse it is read before later requests, but over io_uring it
+    /// still travels on /dev/fuse while the next write comes on the ring, so
+    /// `rm big; write` on a full file system would see ENOSPC the unlink
+    /// was about to cure. A real ENOSPC costs at most `FORGET_WAIT` more.
+    fn room<T>(&self, f: impl Fn() -> Result<T, FsError>) -> Result<T, FsError> {
+        loop {
+            let seen = self.forgets.load(Ordering::Acquire);
+            match f() {
+                Err(FsError::NoSpace) => {
+                    let t = std::time::Instant::now();
+                    while self.forgets.load(Ordering::Acquire) == seen {
+                        if t.elapsed() >= FORGET_WAIT {
+                            return Err(FsError::NoSpace);
+                        }
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// The set-ID bits a change of `ino` by `req` clears (the kernel's
     /// `setattr_should_drop_suidgid`; chown always clears some): both if
     /// the file's set-group-ID goes without group execute, which happens
@@ -267,6 +299,7 @@ impl FuseOps for FuseFs {
         if let Err(e) = self.fs.unpin(ino, nlookup) {
             eprintln!("ldfs: reclaiming inode {ino}: {e}");
         }
+        self.forgets.fetch_add(1, Ordering::Release);
     }
 
     fn lookup(&self, _c: &Caller, parent: u64, name: &[u8]) -> OpResult<Entry> {
@@ -314,7 +347,9 @@ impl FuseOps for FuseFs {
             kill,
             chown: nothing,
         };
-        let a = self.fs.setattr(ino, &sa).map_err(|e| errno(&e))?;
+        let a = self
+            .room(|| self.fs.setattr(ino, &sa))
+            .map_err(|e| errno(&e))?;
         Ok((file_attr(&a), TTL))
     }
 
@@ -331,10 +366,10 @@ impl FuseOps for FuseFs {
         umask: u32,
         rdev: u32,
     ) -> OpResult<Entry> {
-        self.entry(
+        self.entry(self.room(|| {
             self.fs
-                .mknod(ctx(c, umask), parent, name, mode, rdev as u64),
-        )
+                .mknod(ctx(c, umask), parent, name, mode, rdev as u64)
+        }))
     }
 
     fn mkdir(
@@ -345,7 +380,7 @@ impl FuseOps for FuseFs {
         mode: u32,
         umask: u32,
     ) -> OpResult<Entry> {
-        self.entry(self.fs.mkdir(ctx(c, umask), parent, name, mode))
+        self.entry(self.room(|| self.fs.mkdir(ctx(c, umask), parent, name, mode)))
     }
 
     fn unlink(&self, parent: u64, name: &[u8]) -> OpResult<()> {
@@ -357,7 +392,7 @@ impl FuseOps for FuseFs {
     }
 
     fn symlink(&self, c: &Caller, parent: u64, name: &[u8], target: &[u8]) -> OpResult<Entry> {
-        self.entry(self.fs.symlink(ctx(c, 0), parent, name, target))
+        self.entry(self.room(|| self.fs.symlink(ctx(c, 0), parent, name, target)))
     }
 
     fn rename(
@@ -381,7 +416,7 @@ impl FuseOps for FuseFs {
     }
 
     fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> OpResult<Entry> {
-        self.entry(self.fs.link(ino, newparent, newname))
+        self.entry(self.room(|| self.fs.link(ino, newparent, newname)))
     }
 
     fn open(&self, ino: u64, _flags: i32) -> OpResult<Opened> {
@@ -416,8 +451,7 @@ impl FuseOps for FuseFs {
             Kill::Nothing
         };
         let n = self
-            .fs
-            .write_killing_suidgid(ino, offset, data, kill)
+            .room(|| self.fs.write_killing_suidgid(ino, offset, data, kill))
             .map_err(|e| errno(&e))?;
         Ok(n as u32)
     }
@@ -557,9 +591,11 @@ impl FuseOps for FuseFs {
                 .fs
                 .getattr(ino)
                 .is_ok_and(|a| a.perm & 0o2000 != 0 && !in_group(c, a.gid));
-        self.fs
-            .setxattr_killing_sgid(ino, name, value, mode, kill_sgid)
-            .map_err(|e| errno(&e))
+        self.room(|| {
+            self.fs
+                .setxattr_killing_sgid(ino, name, value, mode, kill_sgid)
+        })
+        .map_err(|e| errno(&e))
     }
 
     fn getxattr(&self, _c: &Caller, ino: u64, name: &[u8], size: u32) -> OpResult<Xattr> {
@@ -602,7 +638,7 @@ impl FuseOps for FuseFs {
         _flags: i32,
     ) -> OpResult<(Entry, Opened)> {
         let mode = (mode & 0o7777) | Kind::File.mode_bits();
-        let e = self.entry(self.fs.mknod(ctx(c, umask), parent, name, mode, 0))?;
+        let e = self.entry(self.room(|| self.fs.mknod(ctx(c, umask), parent, name, mode, 0)))?;
         let fh = e.attr.ino.0;
         Ok((e, Opened { fh, flags: 0 }))
     }
@@ -618,8 +654,7 @@ impl FuseOps for FuseFs {
             punch_hole: mode & libc::FALLOC_FL_PUNCH_HOLE != 0,
             zero_range: mode & libc::FALLOC_FL_ZERO_RANGE != 0,
         };
-        self.fs
-            .fallocate(ino, offset, length, m)
+        self.room(|| self.fs.fallocate(ino, offset, length, m))
             .map_err(|e| errno(&e))
     }
 

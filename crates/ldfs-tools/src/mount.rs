@@ -955,6 +955,7 @@ pub fn run(
         writeback_cache: opts.writeback_cache,
         atime: opts.atime,
         nodiratime: opts.nodiratime,
+        forgets: std::sync::atomic::AtomicU64::new(0),
     });
     let start = want_uring.then(|| Arc::new(uring::Start::default()));
     let session = Session::new(
