@@ -80,9 +80,16 @@ fn drop_caches() {
 /// `ldfs-dual` is the DualFS layout (issue 14): file data on one image,
 /// the metadata log on a second one beside it (`bench-ldfs-dual-meta.img`,
 /// a tenth of the first, at least 64 MiB).
-pub const TARGETS: [&str; 11] = [
+///
+/// `ldfs-uring` and `memfs-uring` are ldfs and memfs over FUSE over
+/// io_uring (`-o transport=uring`); `ldfs` and `memfs` stay on /dev/fuse
+/// (`transport=dev`) whatever the kernel offers. The run turns the fuse
+/// module's `enable_uring` on for them if it is off, saying so, and puts it
+/// back at the end.
+pub const TARGETS: [&str; 13] = [
     "ldfs",
     "ldfs-dual",
+    "ldfs-uring",
     "ext4",
     "xfs",
     "btrfs",
@@ -92,6 +99,7 @@ pub const TARGETS: [&str; 11] = [
     "ldfs-wb",
     "memfs-wb",
     "memfs-sync",
+    "memfs-uring",
 ];
 
 /// Kernel file systems: made durable with syncfs(2); the others are FUSE
@@ -250,6 +258,10 @@ fn check_target(name: &str) -> R<()> {
         "ldfs" | "ldfs-dual" | "memfs" | "ldfs-wb" | "memfs-wb" | "memfs-sync" => {
             need(&["fusermount3"], &["fuse3"])
         }
+        "ldfs-uring" | "memfs-uring" => {
+            need(&["fusermount3"], &["fuse3"])?;
+            crate::transport::kernel_uring().map(|_| ())
+        }
         "ext4" => need(&["mkfs.ext4", "losetup"], &["e2fsprogs", "mount"]),
         "xfs" => need(&["mkfs.xfs", "losetup"], &["xfsprogs", "mount"]).and(kernel("xfs")),
         "btrfs" => need(&["mkfs.btrfs", "losetup"], &["btrfs-progs", "mount"]).and(kernel("btrfs")),
@@ -338,7 +350,7 @@ fn setup(name: &str, b: &FsBench) -> R<Target> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let inodes = ["-q", "-F", "-i", "4096"];
     match name {
-        "ldfs" | "ldfs-wb" => {
+        "ldfs" | "ldfs-wb" | "ldfs-uring" => {
             // Preallocated, as a block device would be: the host file system
             // then does not allocate (and journal) under every fsync.
             run(Command::new(&exe)
@@ -347,10 +359,10 @@ fn setup(name: &str, b: &FsBench) -> R<Target> {
                 .args(["--size", &b.image_bytes.to_string()])
                 .arg(&img))?;
             let t = fuse_target(name, &mnt, None);
-            let opts = if name == "ldfs-wb" {
-                "allow_other,writeback_cache"
-            } else {
-                "allow_other"
+            let opts = match name {
+                "ldfs-wb" => "allow_other,writeback_cache,transport=dev",
+                "ldfs-uring" => "allow_other,transport=uring",
+                _ => "allow_other,transport=dev",
             };
             run(Command::new(&exe)
                 .arg("mount")
@@ -372,7 +384,7 @@ fn setup(name: &str, b: &FsBench) -> R<Target> {
             let t = fuse_target(name, &mnt, None);
             run(Command::new(&exe)
                 .arg("mount")
-                .args(["-o", "allow_other"])
+                .args(["-o", "allow_other,transport=dev"])
                 .arg(&img)
                 .arg(&mnt))?;
             wait_mounted(&mnt)?;
@@ -406,10 +418,11 @@ fn setup(name: &str, b: &FsBench) -> R<Target> {
             wait_mounted(&mnt)?;
             Ok(t)
         }
-        "memfs" | "memfs-wb" | "memfs-sync" => {
+        "memfs" | "memfs-wb" | "memfs-sync" | "memfs-uring" => {
             let child = Command::new(&exe)
                 .arg("bench-memfs")
                 .args((name == "memfs-wb").then_some("--writeback-cache"))
+                .args((name == "memfs-uring").then_some("--uring"))
                 .args(
                     (name == "memfs-sync")
                         .then(|| [OsString::from("--flush-file"), img.clone().into()])
@@ -924,6 +937,46 @@ fn run_workload(key: &str, t: &Target, b: &FsBench, env: &bench_apps::Env) -> R<
     }
 }
 
+/// The fuse module's `enable_uring`, turned on for the `*-uring` targets
+/// (said on stderr) and put back as found when the run ends.
+struct UringSwitch(Option<String>);
+
+impl UringSwitch {
+    fn on_for(targets: &[String], skipped: &[Option<String>]) -> UringSwitch {
+        let wanted = targets
+            .iter()
+            .zip(skipped)
+            .any(|(t, s)| t.ends_with("-uring") && s.is_none());
+        if !wanted || crate::transport::kernel_uring() != Ok(false) {
+            return UringSwitch(None);
+        }
+        match fs::write(crate::transport::ENABLE_URING, "Y") {
+            Ok(()) => {
+                eprintln!(
+                    "bench fs: turned {} on for the io_uring targets (back to N at the end)",
+                    crate::transport::ENABLE_URING
+                );
+                UringSwitch(Some("N".into()))
+            }
+            Err(e) => {
+                eprintln!(
+                    "bench fs: turning {} on: {e}",
+                    crate::transport::ENABLE_URING
+                );
+                UringSwitch(None)
+            }
+        }
+    }
+}
+
+impl Drop for UringSwitch {
+    fn drop(&mut self) {
+        if let Some(was) = &self.0 {
+            let _ = fs::write(crate::transport::ENABLE_URING, was);
+        }
+    }
+}
+
 pub fn run_all(b: &FsBench) -> R<()> {
     for w in &b.workloads {
         if !WORKLOADS.contains(&w.as_str()) {
@@ -943,6 +996,7 @@ pub fn run_all(b: &FsBench) -> R<()> {
             eprintln!("bench fs: skipping target {t}: {why}");
         }
     }
+    let _uring = UringSwitch::on_for(&b.targets, &skipped);
     let env = bench_apps::Env::prepare(b)?;
     let mut results = Results {
         targets: b.targets.clone(),

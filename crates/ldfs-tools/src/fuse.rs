@@ -1,22 +1,24 @@
 //! The FUSE adapter: request -> `ldfs::fs::Fs` call -> reply, nothing else
 //! (STYLE 15). errno lives here and only here. How requests arrive (fuser's
-//! /dev/fuse session today, FUSE over io_uring later) is the session's
-//! business (`mount.rs`); this file only dispatches them.
+//! /dev/fuse session or FUSE over io_uring) is the transport's business
+//! (`transport/`): each operation here is a `FuseOps` method taking plain
+//! numbers and bytes and returning plain data, which both transports call.
 
-use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
-};
+use fuser::{Errno, FileAttr, FileType, INodeNo, InitFlags, KernelConfig, TimeOrNow, WriteFlags};
 use ldfs::fs::inode::{Kind, Time};
 use ldfs::fs::{self, Attr, Ctx, Fs, FsError, Kill, SetAttr, TimeSet, XattrMode};
+
+use crate::transport::{
+    Caller, DirEntry, DirEntryPlus, Entry, FuseOps, OpResult, Opened, SetattrIn, Statfs, Xattr,
+};
+
+/// The largest write (and read-ahead) asked of the kernel; a ring entry's
+/// payload buffer holds this much.
+pub const MAX_WRITE_BYTES: usize = 1 << 20;
 
 /// How long the kernel may cache attributes and entries. Every change goes
 /// through this process, and the kernel invalidates what it changes itself.
@@ -29,7 +31,7 @@ pub struct FuseFs {
     /// file opened. Inode lifetime then follows the kernel's lookup
     /// references (pinned on every entry reply, released by FORGET), which
     /// the kernel holds for as long as any open file needs the inode.
-    pub no_open: bool,
+    pub no_open: AtomicBool,
     /// Commands for the daemon itself (`ldfs stats`, `ldfs clean` on a
     /// mount point): extended attributes named `trusted.ldfs.*` on the root.
     pub control: Option<Arc<dyn Control>>,
@@ -44,17 +46,49 @@ pub struct FuseFs {
     pub atime: fs::AtimeMode,
     /// `nodiratime`: listing a directory never updates its atime.
     pub nodiratime: bool,
+    /// FORGETs served so far (see `room`).
+    pub forgets: AtomicU64,
 }
 
+/// How long an operation that found no space waits for a FORGET to free
+/// some (see `FuseFs::room`).
+const FORGET_WAIT: Duration = Duration::from_millis(50);
+
 impl FuseFs {
+    /// Runs `f`, and again while it fails with NoSpace and FORGETs keep
+    /// coming within `FORGET_WAIT`. An unlinked file's space is freed only
+    /// when the kernel's FORGET of it arrives (its lookup reference pins it),
+    /// and the kernel queues that FORGET before unlink(2) returns; over
+    /// /dev/fuse it is read before later requests, but over io_uring it
+    /// still travels on /dev/fuse while the next write comes on the ring, so
+    /// `rm big; write` on a full file system would see ENOSPC the unlink
+    /// was about to cure. A real ENOSPC costs at most `FORGET_WAIT` more.
+    fn room<T>(&self, f: impl Fn() -> Result<T, FsError>) -> Result<T, FsError> {
+        loop {
+            let seen = self.forgets.load(Ordering::Acquire);
+            match f() {
+                Err(FsError::NoSpace) => {
+                    let t = std::time::Instant::now();
+                    while self.forgets.load(Ordering::Acquire) == seen {
+                        if t.elapsed() >= FORGET_WAIT {
+                            return Err(FsError::NoSpace);
+                        }
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// The set-ID bits a change of `ino` by `req` clears (the kernel's
     /// `setattr_should_drop_suidgid`; chown always clears some): both if
     /// the file's set-group-ID goes without group execute, which happens
     /// when an `unprivileged` caller (without CAP_FSETID) is not in the
     /// file's group.
-    fn kill(&self, req: &Request, ino: INodeNo, unprivileged: bool) -> Kill {
-        match self.fs.getattr(ino.0) {
-            Ok(a) if a.perm & 0o2010 == 0o2000 && unprivileged && !in_group(req, a.gid) => {
+    fn kill(&self, c: &Caller, ino: u64, unprivileged: bool) -> Kill {
+        match self.fs.getattr(ino) {
+            Ok(a) if a.perm & 0o2010 == 0o2000 && unprivileged && !in_group(c, a.gid) => {
                 Kill::SuidAndSgid
             }
             _ => Kill::SuidAndExecSgid,
@@ -63,13 +97,13 @@ impl FuseFs {
 
     /// A read reached ldfs: atime per the mount's mode. A failure (a full
     /// file system) does not fail the read.
-    fn accessed(&self, ino: INodeNo, dir: bool) {
+    fn accessed(&self, ino: u64, dir: bool) {
         if dir && self.nodiratime {
             return;
         }
-        if let Err(e) = self.fs.accessed(ino.0, self.atime) {
+        if let Err(e) = self.fs.accessed(ino, self.atime) {
             if !matches!(e, FsError::NoSpace | FsError::ReadOnly) {
-                eprintln!("ldfs: updating the atime of inode {}: {e}", ino.0);
+                eprintln!("ldfs: updating the atime of inode {ino}: {e}");
             }
         }
     }
@@ -85,21 +119,21 @@ pub trait Control: Send + Sync {
 
 const CONTROL_PREFIX: &str = "trusted.ldfs.";
 
-fn control_name(ino: INodeNo, name: &OsStr) -> Option<&str> {
-    if ino.0 != fs::ROOT_INO {
+fn control_name(ino: u64, name: &[u8]) -> Option<&str> {
+    if ino != fs::ROOT_INO {
         return None;
     }
-    name.to_str()?.strip_prefix(CONTROL_PREFIX)
+    std::str::from_utf8(name).ok()?.strip_prefix(CONTROL_PREFIX)
 }
 
 /// Whether the process behind `req` is in group `gid`: its file-system
 /// group, or one of its supplementary groups (FUSE passes only the first;
 /// the rest are in /proc, read only for the rare set-group-ID file).
-fn in_group(req: &Request, gid: u32) -> bool {
-    if req.gid() == gid {
+fn in_group(c: &Caller, gid: u32) -> bool {
+    if c.gid == gid {
         return true;
     }
-    let status = std::fs::read_to_string(format!("/proc/{}/status", req.pid())).unwrap_or_default();
+    let status = std::fs::read_to_string(format!("/proc/{}/status", c.pid)).unwrap_or_default();
     status
         .lines()
         .find_map(|l| l.strip_prefix("Groups:"))
@@ -190,32 +224,11 @@ fn file_attr(a: &Attr) -> FileAttr {
 
 /// The caller, creating with `umask` (FUSE_DONT_MASK: ldfs applies it,
 /// unless the directory's default ACL takes its place).
-fn ctx(req: &Request, umask: u32) -> Ctx {
+fn ctx(c: &Caller, umask: u32) -> Ctx {
     Ctx {
-        uid: req.uid(),
-        gid: req.gid(),
+        uid: c.uid,
+        gid: c.gid,
         umask,
-    }
-}
-
-impl FuseFs {
-    /// Replies with an entry; the kernel now holds a lookup reference, so
-    /// the inode is pinned first (a FORGET may follow the reply at once).
-    fn entry(&self, reply: ReplyEntry, r: Result<Attr, FsError>) {
-        match r {
-            Ok(a) => {
-                self.fs.pin(a.ino, 1);
-                reply.entry(&TTL, &file_attr(&a), Generation(a.generation))
-            }
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-}
-
-fn empty(reply: ReplyEmpty, r: Result<(), FsError>) {
-    match r {
-        Ok(()) => reply.ok(),
-        Err(e) => reply.error(errno(&e)),
     }
 }
 
@@ -226,8 +239,26 @@ fn time_set(t: TimeOrNow) -> TimeSet {
     }
 }
 
-impl Filesystem for FuseFs {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+fn err(code: i32) -> Errno {
+    Errno::from_i32(code)
+}
+
+impl FuseFs {
+    /// An entry for the kernel, which now holds a lookup reference: the
+    /// inode is pinned first (a FORGET may follow the reply at once).
+    fn entry(&self, r: Result<Attr, FsError>) -> OpResult<Entry> {
+        let a = r.map_err(|e| errno(&e))?;
+        self.fs.pin(a.ino, 1);
+        Ok(Entry {
+            attr: file_attr(&a),
+            generation: a.generation,
+            ttl: TTL,
+        })
+    }
+}
+
+impl FuseOps for FuseFs {
+    fn init(&self, config: &mut KernelConfig) {
         // Best effort: each capability the kernel lacks is simply not used.
         if self.writeback_cache {
             let _ = config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE);
@@ -256,49 +287,31 @@ impl Filesystem for FuseFs {
                 // before every write: one round trip fewer per write(2).
                 | InitFlags::FUSE_HANDLE_KILLPRIV_V2,
         );
-        self.no_open = config
+        let no_open = config
             .add_capabilities(InitFlags::FUSE_NO_OPEN_SUPPORT | InitFlags::FUSE_NO_OPENDIR_SUPPORT)
             .is_ok();
-        let _ = config.set_max_write(1 << 20);
-        let _ = config.set_max_readahead(1 << 20);
-        Ok(())
+        self.no_open.store(no_open, Ordering::Relaxed);
+        let _ = config.set_max_write(MAX_WRITE_BYTES as u32);
+        let _ = config.set_max_readahead(MAX_WRITE_BYTES as u32);
     }
 
-    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        if let Err(e) = self.fs.unpin(ino.0, nlookup) {
-            eprintln!("ldfs: reclaiming inode {}: {e}", ino.0);
+    fn forget(&self, ino: u64, nlookup: u64) {
+        if let Err(e) = self.fs.unpin(ino, nlookup) {
+            eprintln!("ldfs: reclaiming inode {ino}: {e}");
         }
+        self.forgets.fetch_add(1, Ordering::Release);
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.entry(reply, self.fs.lookup(parent.0, name.as_bytes()));
+    fn lookup(&self, _c: &Caller, parent: u64, name: &[u8]) -> OpResult<Entry> {
+        self.entry(self.fs.lookup(parent, name))
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr(ino.0) {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
-            Err(e) => reply.error(errno(&e)),
-        }
+    fn getattr(&self, ino: u64) -> OpResult<(FileAttr, Duration)> {
+        let a = self.fs.getattr(ino).map_err(|e| errno(&e))?;
+        Ok((file_attr(&a), TTL))
     }
 
-    fn setattr(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
+    fn setattr(&self, c: &Caller, ino: u64, s: &SetattrIn) -> OpResult<(FileAttr, Duration)> {
         // chown(path, -1, -1): the kernel sends no attribute (ctime only
         // with the writeback cache), nor when it leaves removing set-ID bits
         // to ldfs (file_remove_privs under FUSE_HANDLE_KILLPRIV_V2:
@@ -306,515 +319,369 @@ impl Filesystem for FuseFs {
         // ctime and clears the set-ID bits as chown(2) does: a chown to the
         // same owner (`SetAttr::chown`, within the operation, so no race
         // with a concurrent chmod or chown).
-        let nothing = [mode, uid, gid].iter().all(Option::is_none)
-            && size.is_none()
-            && atime.is_none()
-            && mtime.is_none();
+        let nothing = [s.mode, s.uid, s.gid].iter().all(Option::is_none)
+            && s.size.is_none()
+            && s.atime.is_none()
+            && s.mtime.is_none();
         // Under FUSE_HANDLE_KILLPRIV_V2 a truncation by a caller without
         // CAP_FSETID clears set-ID bits here (fuser does not pass
         // FATTR_KILL_SUIDGID on; non-root stands for it), and so does a
         // chown by anyone.
-        let unprivileged = req.uid() != 0;
-        let kill = if nothing || uid.is_some() || gid.is_some() || (size.is_some() && unprivileged)
+        let unprivileged = c.uid != 0;
+        let kill = if nothing
+            || s.uid.is_some()
+            || s.gid.is_some()
+            || (s.size.is_some() && unprivileged)
         {
-            self.kill(req, ino, unprivileged)
+            self.kill(c, ino, unprivileged)
         } else {
             Kill::Nothing
         };
         let sa = SetAttr {
-            mode,
-            uid,
-            gid,
-            size,
-            atime: atime.map(time_set),
-            mtime: mtime.map(time_set),
+            mode: s.mode,
+            uid: s.uid,
+            gid: s.gid,
+            size: s.size,
+            atime: s.atime.map(time_set),
+            mtime: s.mtime.map(time_set),
             kill,
             chown: nothing,
         };
-        match self.fs.setattr(ino.0, &sa) {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
-            Err(e) => reply.error(errno(&e)),
-        }
+        let a = self
+            .room(|| self.fs.setattr(ino, &sa))
+            .map_err(|e| errno(&e))?;
+        Ok((file_attr(&a), TTL))
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.readlink(ino.0) {
-            Ok(t) => reply.data(&t),
-            Err(e) => reply.error(errno(&e)),
-        }
+    fn readlink(&self, ino: u64) -> OpResult<Vec<u8>> {
+        self.fs.readlink(ino).map_err(|e| errno(&e))
     }
 
     fn mknod(
         &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
+        c: &Caller,
+        parent: u64,
+        name: &[u8],
         mode: u32,
         umask: u32,
         rdev: u32,
-        reply: ReplyEntry,
-    ) {
-        self.entry(
-            reply,
-            self.fs.mknod(
-                ctx(req, umask),
-                parent.0,
-                name.as_bytes(),
-                mode,
-                rdev as u64,
-            ),
-        );
+    ) -> OpResult<Entry> {
+        self.entry(self.room(|| {
+            self.fs
+                .mknod(ctx(c, umask), parent, name, mode, rdev as u64)
+        }))
     }
 
     fn mkdir(
         &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
+        c: &Caller,
+        parent: u64,
+        name: &[u8],
         mode: u32,
         umask: u32,
-        reply: ReplyEntry,
-    ) {
-        self.entry(
-            reply,
-            self.fs
-                .mkdir(ctx(req, umask), parent.0, name.as_bytes(), mode),
-        );
+    ) -> OpResult<Entry> {
+        self.entry(self.room(|| self.fs.mkdir(ctx(c, umask), parent, name, mode)))
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, self.fs.unlink(parent.0, name.as_bytes()));
+    fn unlink(&self, parent: u64, name: &[u8]) -> OpResult<()> {
+        self.fs.unlink(parent, name).map_err(|e| errno(&e))
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, self.fs.rmdir(parent.0, name.as_bytes()));
+    fn rmdir(&self, parent: u64, name: &[u8]) -> OpResult<()> {
+        self.fs.rmdir(parent, name).map_err(|e| errno(&e))
     }
 
-    fn symlink(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        link_name: &OsStr,
-        target: &Path,
-        reply: ReplyEntry,
-    ) {
-        self.entry(
-            reply,
-            self.fs.symlink(
-                ctx(req, 0),
-                parent.0,
-                link_name.as_bytes(),
-                target.as_os_str().as_bytes(),
-            ),
-        );
+    fn symlink(&self, c: &Caller, parent: u64, name: &[u8], target: &[u8]) -> OpResult<Entry> {
+        self.entry(self.room(|| self.fs.symlink(ctx(c, 0), parent, name, target)))
     }
 
     fn rename(
         &self,
-        _req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        newparent: INodeNo,
-        newname: &OsStr,
-        flags: RenameFlags,
-        reply: ReplyEmpty,
-    ) {
-        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
-            return reply.error(Errno::from_i32(libc::EINVAL));
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: u32,
+    ) -> OpResult<()> {
+        if flags & libc::RENAME_WHITEOUT != 0 {
+            return Err(err(libc::EINVAL));
         }
         let f = fs::RenameFlags {
-            noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
-            exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
+            noreplace: flags & libc::RENAME_NOREPLACE != 0,
+            exchange: flags & libc::RENAME_EXCHANGE != 0,
         };
-        empty(
-            reply,
-            self.fs.rename(
-                parent.0,
-                name.as_bytes(),
-                newparent.0,
-                newname.as_bytes(),
-                f,
-            ),
-        );
+        self.fs
+            .rename(parent, name, newparent, newname, f)
+            .map_err(|e| errno(&e))
     }
 
-    fn link(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        newparent: INodeNo,
-        newname: &OsStr,
-        reply: ReplyEntry,
-    ) {
-        self.entry(reply, self.fs.link(ino.0, newparent.0, newname.as_bytes()));
+    fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> OpResult<Entry> {
+        self.entry(self.room(|| self.fs.link(ino, newparent, newname)))
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        if self.no_open {
-            return reply.error(Errno::from_i32(libc::ENOSYS));
+    fn open(&self, ino: u64, _flags: i32) -> OpResult<Opened> {
+        if self.no_open.load(Ordering::Relaxed) {
+            return Err(err(libc::ENOSYS));
         }
         // The kernel's lookup reference keeps the inode; nothing to count.
-        match self.fs.getattr(ino.0) {
-            Ok(_) => reply.opened(FileHandle(ino.0), FopenFlags::empty()),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.fs.getattr(ino).map_err(|e| errno(&e))?;
+        Ok(Opened { fh: ino, flags: 0 })
     }
 
-    fn read(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
-        match self.fs.read(ino.0, offset, size) {
-            Ok(d) => {
-                // Before the reply: the kernel's next stat sees it.
-                self.accessed(ino, false);
-                reply.data(&d);
-            }
-            Err(e) => reply.error(errno(&e)),
-        }
+    fn read(&self, ino: u64, _fh: u64, offset: u64, size: u32) -> OpResult<Vec<u8>> {
+        let d = self.fs.read(ino, offset, size).map_err(|e| errno(&e))?;
+        // Before the reply: the kernel's next stat sees it.
+        self.accessed(ino, false);
+        Ok(d)
     }
 
     fn write(
         &self,
-        req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
+        c: &Caller,
+        ino: u64,
+        _fh: u64,
         offset: u64,
         data: &[u8],
-        write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
+        write_flags: u32,
+    ) -> OpResult<u32> {
         // The kernel sets the flag for a writer without CAP_FSETID.
-        let kill = if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-            self.kill(req, ino, true)
+        let kill = if write_flags & WriteFlags::FUSE_WRITE_KILL_SUIDGID.bits() != 0 {
+            self.kill(c, ino, true)
         } else {
             Kill::Nothing
         };
-        match self.fs.write_killing_suidgid(ino.0, offset, data, kill) {
-            Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(errno(&e)),
+        let n = self
+            .room(|| self.fs.write_killing_suidgid(ino, offset, data, kill))
+            .map_err(|e| errno(&e))?;
+        Ok(n as u32)
+    }
+
+    fn fsync(&self, _ino: u64, _fh: u64, _datasync: bool) -> OpResult<()> {
+        self.fs.fsync().map_err(|e| errno(&e))
+    }
+
+    fn opendir(&self, ino: u64, _flags: i32) -> OpResult<Opened> {
+        if self.no_open.load(Ordering::Relaxed) {
+            return Err(err(libc::ENOSYS));
         }
-    }
-
-    fn flush(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _lock_owner: LockOwner,
-        reply: ReplyEmpty,
-    ) {
-        reply.ok();
-    }
-
-    fn release(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
-        let _ = ino;
-        reply.ok();
-    }
-
-    fn fsync(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        empty(reply, self.fs.fsync());
-    }
-
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        if self.no_open {
-            return reply.error(Errno::from_i32(libc::ENOSYS));
-        }
-        match self.fs.getattr(ino.0) {
-            Ok(a) if a.kind == Kind::Dir => reply.opened(FileHandle(ino.0), FopenFlags::empty()),
-            Ok(_) => reply.error(Errno::from_i32(libc::ENOTDIR)),
-            Err(e) => reply.error(errno(&e)),
+        match self.fs.getattr(ino) {
+            Ok(a) if a.kind == Kind::Dir => Ok(Opened { fh: ino, flags: 0 }),
+            Ok(_) => Err(err(libc::ENOTDIR)),
+            Err(e) => Err(errno(&e)),
         }
     }
 
     fn readdir(
         &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
+        ino: u64,
+        _fh: u64,
         offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
+        add: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> OpResult<()> {
         if offset == 0 {
             self.accessed(ino, true);
         }
-        match self.fs.readdir(ino.0, offset as i64, 256) {
-            Ok(entries) => {
-                for e in entries {
-                    if reply.add(
-                        INodeNo(e.ino),
-                        e.next as u64,
-                        file_type(e.kind),
-                        OsStr::from_bytes(&e.name),
-                    ) {
-                        break;
-                    }
-                }
-                reply.ok();
+        let entries = self
+            .fs
+            .readdir(ino, offset as i64, 256)
+            .map_err(|e| errno(&e))?;
+        for e in entries {
+            let d = DirEntry {
+                ino: e.ino,
+                next: e.next as u64,
+                kind: file_type(e.kind),
+                name: e.name,
+            };
+            if !add(d) {
+                break;
             }
-            Err(e) => reply.error(errno(&e)),
         }
+        Ok(())
     }
 
     fn readdirplus(
         &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
+        ino: u64,
+        _fh: u64,
         offset: u64,
-        mut reply: ReplyDirectoryPlus,
-    ) {
+        add: &mut dyn FnMut(DirEntryPlus) -> bool,
+    ) -> OpResult<()> {
         if offset == 0 {
             self.accessed(ino, true);
         }
-        match self.fs.readdir(ino.0, offset as i64, 128) {
-            Ok(entries) => {
-                for e in entries {
-                    let attr = match self.fs.getattr(e.ino) {
-                        Ok(a) => a,
-                        Err(_) => continue,
-                    };
-                    if reply.add(
-                        INodeNo(e.ino),
-                        e.next as u64,
-                        OsStr::from_bytes(&e.name),
-                        &TTL,
-                        &file_attr(&attr),
-                        Generation(attr.generation),
-                    ) {
-                        break;
-                    }
-                    // Every entry but . and .. gives the kernel a lookup
-                    // reference (FUSE protocol, READDIRPLUS).
-                    if e.name != b"." && e.name != b".." {
-                        self.fs.pin(e.ino, 1);
-                    }
-                }
-                reply.ok();
+        let entries = self
+            .fs
+            .readdir(ino, offset as i64, 128)
+            .map_err(|e| errno(&e))?;
+        for e in entries {
+            let attr = match self.fs.getattr(e.ino) {
+                Ok(a) => a,
+                Err(_) => continue,
+            };
+            let dot = e.name == b"." || e.name == b"..";
+            let d = DirEntryPlus {
+                dirent: DirEntry {
+                    ino: e.ino,
+                    next: e.next as u64,
+                    kind: file_type(e.kind),
+                    name: e.name,
+                },
+                entry: Entry {
+                    attr: file_attr(&attr),
+                    generation: attr.generation,
+                    ttl: TTL,
+                },
+            };
+            if !add(d) {
+                break;
             }
-            Err(e) => reply.error(errno(&e)),
+            // Every entry but . and .. gives the kernel a lookup
+            // reference (FUSE protocol, READDIRPLUS); pinned before the
+            // reply is sent, as the kernel may FORGET it at once.
+            if !dot {
+                self.fs.pin(e.ino, 1);
+            }
         }
+        Ok(())
     }
 
-    fn releasedir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _flags: OpenFlags,
-        reply: ReplyEmpty,
-    ) {
-        let _ = ino;
-        reply.ok();
+    fn fsyncdir(&self, _ino: u64, _fh: u64, _datasync: bool) -> OpResult<()> {
+        self.fs.fsync().map_err(|e| errno(&e))
     }
 
-    fn fsyncdir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        empty(reply, self.fs.fsync());
-    }
-
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+    fn statfs(&self, _ino: u64) -> OpResult<Statfs> {
         let s = self.fs.statfs();
-        reply.statfs(
-            s.blocks,
-            s.blocks_free,
-            s.blocks_free,
-            s.files,
-            u64::MAX / 2,
-            s.block_bytes as u32,
-            s.name_max,
-            s.block_bytes as u32,
-        );
+        Ok(Statfs {
+            blocks: s.blocks,
+            bfree: s.blocks_free,
+            bavail: s.blocks_free,
+            files: s.files,
+            ffree: u64::MAX / 2,
+            bsize: s.block_bytes as u32,
+            namelen: s.name_max,
+            frsize: s.block_bytes as u32,
+        })
     }
 
     fn setxattr(
         &self,
-        req: &Request,
-        ino: INodeNo,
-        name: &OsStr,
+        c: &Caller,
+        ino: u64,
+        name: &[u8],
         value: &[u8],
         flags: i32,
-        _position: u32,
-        reply: ReplyEmpty,
-    ) {
-        if let (Some(c), Some(cmd)) = (&self.control, control_name(ino, name)) {
-            return match c.set(cmd, value) {
-                Ok(()) => reply.ok(),
-                Err(e) => {
-                    eprintln!("ldfs: control {cmd}: {e}");
-                    reply.error(Errno::from_i32(libc::EINVAL))
-                }
-            };
+    ) -> OpResult<()> {
+        if let (Some(ctl), Some(cmd)) = (&self.control, control_name(ino, name)) {
+            return ctl.set(cmd, value).map_err(|e| {
+                eprintln!("ldfs: control {cmd}: {e}");
+                err(libc::EINVAL)
+            });
         }
         let mode = match flags {
             0 => XattrMode::Any,
             libc::XATTR_CREATE => XattrMode::Create,
             libc::XATTR_REPLACE => XattrMode::Replace,
-            _ => return reply.error(Errno::from_i32(libc::EINVAL)),
+            _ => return Err(err(libc::EINVAL)),
         };
         // Without FUSE_SETXATTR_EXT (which fuser cannot parse) the kernel
         // cannot say FUSE_SETXATTR_ACL_KILL_SGID: ldfs works it out.
-        let kill_sgid = name.as_bytes() == fs::acl::ACCESS
-            && req.uid() != 0
+        let kill_sgid = name == fs::acl::ACCESS
+            && c.uid != 0
             && self
                 .fs
-                .getattr(ino.0)
-                .is_ok_and(|a| a.perm & 0o2000 != 0 && !in_group(req, a.gid));
-        empty(
-            reply,
+                .getattr(ino)
+                .is_ok_and(|a| a.perm & 0o2000 != 0 && !in_group(c, a.gid));
+        self.room(|| {
             self.fs
-                .setxattr_killing_sgid(ino.0, name.as_bytes(), value, mode, kill_sgid),
-        );
+                .setxattr_killing_sgid(ino, name, value, mode, kill_sgid)
+        })
+        .map_err(|e| errno(&e))
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+    fn getxattr(&self, _c: &Caller, ino: u64, name: &[u8], size: u32) -> OpResult<Xattr> {
         let r = match (&self.control, control_name(ino, name)) {
-            (Some(c), Some(q)) => c.get(q).map_err(|e| {
+            (Some(ctl), Some(q)) => ctl.get(q).map_err(|e| {
                 eprintln!("ldfs: control {q}: {e}");
                 FsError::NoAttr
             }),
-            _ => self.fs.getxattr(ino.0, name.as_bytes()),
+            _ => self.fs.getxattr(ino, name),
         };
-        match r {
-            Ok(v) if size == 0 => reply.size(v.len() as u32),
-            Ok(v) if v.len() <= size as usize => reply.data(&v),
-            Ok(_) => reply.error(Errno::from_i32(libc::ERANGE)),
-            Err(e) => reply.error(errno(&e)),
+        sized(r.map_err(|e| errno(&e))?, size)
+    }
+
+    fn listxattr(&self, ino: u64, size: u32) -> OpResult<Xattr> {
+        let names = self.fs.listxattr(ino).map_err(|e| errno(&e))?;
+        let mut buf = Vec::new();
+        for n in names {
+            buf.extend_from_slice(&n);
+            buf.push(0);
         }
+        sized(buf, size)
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        match self.fs.listxattr(ino.0) {
-            Ok(names) => {
-                let mut buf = Vec::new();
-                for n in names {
-                    buf.extend_from_slice(&n);
-                    buf.push(0);
-                }
-                if size == 0 {
-                    reply.size(buf.len() as u32)
-                } else if buf.len() <= size as usize {
-                    reply.data(&buf)
-                } else {
-                    reply.error(Errno::from_i32(libc::ERANGE))
-                }
-            }
-            Err(e) => reply.error(errno(&e)),
-        }
+    fn removexattr(&self, ino: u64, name: &[u8]) -> OpResult<()> {
+        self.fs.removexattr(ino, name).map_err(|e| errno(&e))
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, self.fs.removexattr(ino.0, name.as_bytes()));
-    }
-
-    fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+    fn access(&self, _ino: u64, _mask: i32) -> OpResult<()> {
         // default_permissions: the kernel checks access itself.
-        reply.ok();
+        Ok(())
     }
 
     fn create(
         &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
+        c: &Caller,
+        parent: u64,
+        name: &[u8],
         mode: u32,
         umask: u32,
         _flags: i32,
-        reply: ReplyCreate,
-    ) {
+    ) -> OpResult<(Entry, Opened)> {
         let mode = (mode & 0o7777) | Kind::File.mode_bits();
-        match self
-            .fs
-            .mknod(ctx(req, umask), parent.0, name.as_bytes(), mode, 0)
-        {
-            Ok(a) => {
-                self.fs.pin(a.ino, 1);
-                reply.created(
-                    &TTL,
-                    &file_attr(&a),
-                    Generation(a.generation),
-                    FileHandle(a.ino),
-                    FopenFlags::empty(),
-                )
-            }
-            Err(e) => reply.error(errno(&e)),
-        }
+        let e = self.entry(self.room(|| self.fs.mknod(ctx(c, umask), parent, name, mode, 0)))?;
+        let fh = e.attr.ino.0;
+        Ok((e, Opened { fh, flags: 0 }))
     }
 
-    fn fallocate(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        length: u64,
-        mode: i32,
-        reply: ReplyEmpty,
-    ) {
+    fn fallocate(&self, ino: u64, _fh: u64, offset: u64, length: u64, mode: i32) -> OpResult<()> {
         let known =
             libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
         if mode & !known != 0 {
-            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+            return Err(err(libc::EOPNOTSUPP));
         }
         let m = fs::FallocMode {
             keep_size: mode & libc::FALLOC_FL_KEEP_SIZE != 0,
             punch_hole: mode & libc::FALLOC_FL_PUNCH_HOLE != 0,
             zero_range: mode & libc::FALLOC_FL_ZERO_RANGE != 0,
         };
-        empty(reply, self.fs.fallocate(ino.0, offset, length, m));
+        self.room(|| self.fs.fallocate(ino, offset, length, m))
+            .map_err(|e| errno(&e))
     }
 
-    fn lseek(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: i64,
-        whence: i32,
-        reply: ReplyLseek,
-    ) {
+    fn lseek(&self, ino: u64, _fh: u64, offset: i64, whence: i32) -> OpResult<i64> {
         let w = match whence {
             libc::SEEK_DATA => fs::Whence::Data,
             libc::SEEK_HOLE => fs::Whence::Hole,
-            _ => return reply.error(Errno::from_i32(libc::EINVAL)),
+            _ => return Err(err(libc::EINVAL)),
         };
         if offset < 0 {
-            return reply.error(Errno::from_i32(libc::ENXIO));
+            return Err(err(libc::ENXIO));
         }
-        match self.fs.lseek(ino.0, offset as u64, w) {
-            Ok(o) => reply.offset(o as i64),
-            Err(e) => reply.error(errno(&e)),
-        }
+        let o = self
+            .fs
+            .lseek(ino, offset as u64, w)
+            .map_err(|e| errno(&e))?;
+        Ok(o as i64)
+    }
+}
+
+/// A GETXATTR/LISTXATTR answer for a buffer of `size` (0: the size only).
+fn sized(v: Vec<u8>, size: u32) -> OpResult<Xattr> {
+    if size == 0 {
+        Ok(Xattr::Size(v.len() as u32))
+    } else if v.len() <= size as usize {
+        Ok(Xattr::Data(v))
+    } else {
+        Err(err(libc::ERANGE))
     }
 }

@@ -15,6 +15,7 @@ mod fuse;
 mod memfs;
 mod mount;
 mod sync;
+mod transport;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -139,6 +140,9 @@ enum Cmd {
         /// it on every fsync: the durable FUSE ceiling.
         #[arg(long)]
         flush_file: Option<PathBuf>,
+        /// Serve over FUSE over io_uring (as ldfs's `-o transport=uring`).
+        #[arg(long)]
+        uring: bool,
     },
     /// Clean now: move the live blocks out of segments chosen by a policy
     /// until none at or below --max-utilization is left (or --segments were
@@ -199,7 +203,9 @@ struct FsArgs {
     dir_names: Option<usize>,
     /// Targets, in order: ldfs, ext4, xfs, btrfs, fuse2fs, memfs, tmpfs;
     /// also ldfs-wb and memfs-wb (the two with the kernel's writeback cache) and
-    /// memfs-sync (memfs flushing one page of a host file per fsync).
+    /// memfs-sync (memfs flushing one page of a host file per fsync), and
+    /// ldfs-uring and memfs-uring (over FUSE over io_uring; skipped with
+    /// the reason where the kernel lacks it).
     #[arg(
         long,
         value_delimiter = ',',
@@ -614,7 +620,8 @@ fn main() -> ExitCode {
             dir,
             writeback_cache,
             flush_file,
-        } => memfs::serve(&dir, writeback_cache, flush_file.as_deref()).map_err(Into::into),
+            uring,
+        } => memfs::serve(&dir, writeback_cache, flush_file.as_deref(), uring).map_err(Into::into),
         Cmd::Stats { mountpoint } => control_get(&mountpoint, "stats").map(|t| {
             print!("{}", String::from_utf8_lossy(&t));
         }),

@@ -7,14 +7,18 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyWrite, Request, Session, TimeOrNow, WriteFlags,
+    Config, Errno, FileAttr, FileType, INodeNo, InitFlags, KernelConfig, MountOption, Session,
+    TimeOrNow,
+};
+
+use crate::transport::dev::Dev;
+use crate::transport::{
+    uring, Caller, DirEntry, DirEntryPlus, Entry, FuseOps, OpResult, Opened, SetattrIn, Statfs,
 };
 
 const TTL: Duration = Duration::from_secs(1);
@@ -33,7 +37,7 @@ struct State {
 
 pub struct MemFs {
     st: Mutex<State>,
-    no_open: bool,
+    no_open: AtomicBool,
     /// As ldfs's `-o writeback_cache`, so the ceiling is measured with the
     /// same FUSE options as the ldfs it is compared with.
     pub writeback_cache: bool,
@@ -85,13 +89,6 @@ impl FlushFile {
             .and_then(|()| self.dev.flush())
             .map_err(|_| err(libc::EIO))
     }
-
-    fn reply(flush: &Option<FlushFile>, reply: ReplyEmpty) {
-        match flush.as_ref().map_or(Ok(()), FlushFile::flush) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
-    }
 }
 
 /// A directory's entries after `offset`, in inode order, each with its
@@ -115,7 +112,7 @@ fn err(e: i32) -> Errno {
     Errno::from_i32(e)
 }
 
-fn new_attr(ino: u64, kind: FileType, perm: u16, req: &Request) -> FileAttr {
+fn new_attr(ino: u64, kind: FileType, perm: u16, c: &Caller) -> FileAttr {
     let now = SystemTime::now();
     FileAttr {
         ino: INodeNo(ino),
@@ -128,8 +125,8 @@ fn new_attr(ino: u64, kind: FileType, perm: u16, req: &Request) -> FileAttr {
         kind,
         perm,
         nlink: if kind == FileType::Directory { 2 } else { 1 },
-        uid: req.uid(),
-        gid: req.gid(),
+        uid: c.uid,
+        gid: c.gid,
         rdev: 0,
         blksize: 4096,
         flags: 0,
@@ -166,7 +163,7 @@ impl MemFs {
                 nodes: HashMap::from([(1, root)]),
                 next: 2,
             }),
-            no_open: false,
+            no_open: AtomicBool::new(false),
             writeback_cache: false,
             flush: None,
         }
@@ -174,13 +171,14 @@ impl MemFs {
 
     fn make(
         &self,
-        req: &Request,
+        c: &Caller,
         parent: u64,
-        name: &OsStr,
+        name: &[u8],
         kind: FileType,
         perm: u16,
         target: &Path,
     ) -> Result<FileAttr, Errno> {
+        let name = OsStr::from_bytes(name);
         let mut st = self.st.lock().unwrap();
         let ino = st.next;
         let p = st.nodes.get_mut(&parent).ok_or(err(libc::ENOENT))?;
@@ -192,7 +190,7 @@ impl MemFs {
             p.attr.nlink += 1;
         }
         st.next += 1;
-        let mut attr = new_attr(ino, kind, perm, req);
+        let mut attr = new_attr(ino, kind, perm, c);
         attr.size = target.as_os_str().len() as u64;
         st.nodes.insert(
             ino,
@@ -213,8 +211,16 @@ impl Default for MemFs {
     }
 }
 
-impl Filesystem for MemFs {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+fn entry(attr: FileAttr) -> Entry {
+    Entry {
+        attr,
+        generation: 0,
+        ttl: TTL,
+    }
+}
+
+impl FuseOps for MemFs {
+    fn init(&self, config: &mut KernelConfig) {
         // The same capabilities ldfs asks for (crates/ldfs-tools/src/fuse.rs).
         if self.writeback_cache {
             let _ = config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE);
@@ -229,66 +235,46 @@ impl Filesystem for MemFs {
                 // memfs keeps no set-id semantics, it is only a ceiling.
                 | InitFlags::FUSE_HANDLE_KILLPRIV_V2,
         );
-        self.no_open = config
+        let no_open = config
             .add_capabilities(InitFlags::FUSE_NO_OPEN_SUPPORT | InitFlags::FUSE_NO_OPENDIR_SUPPORT)
             .is_ok();
-        let _ = config.set_max_write(1 << 20);
-        let _ = config.set_max_readahead(1 << 20);
-        Ok(())
+        self.no_open.store(no_open, Ordering::Relaxed);
+        let _ = config.set_max_write(crate::fuse::MAX_WRITE_BYTES as u32);
+        let _ = config.set_max_readahead(crate::fuse::MAX_WRITE_BYTES as u32);
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, _c: &Caller, parent: u64, name: &[u8]) -> OpResult<Entry> {
         let st = self.st.lock().unwrap();
-        match st
-            .nodes
-            .get(&parent.0)
-            .and_then(|p| p.children.get(name))
+        st.nodes
+            .get(&parent)
+            .and_then(|p| p.children.get(OsStr::from_bytes(name)))
             .and_then(|i| st.nodes.get(i))
-        {
-            Some(n) => reply.entry(&TTL, &n.attr, Generation(0)),
-            None => reply.error(err(libc::ENOENT)),
+            .map(|n| entry(n.attr))
+            .ok_or(err(libc::ENOENT))
+    }
+
+    fn getattr(&self, ino: u64) -> OpResult<(FileAttr, Duration)> {
+        match self.st.lock().unwrap().nodes.get(&ino) {
+            Some(n) => Ok((n.attr, TTL)),
+            None => Err(err(libc::ENOENT)),
         }
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.st.lock().unwrap().nodes.get(&ino.0) {
-            Some(n) => reply.attr(&TTL, &n.attr),
-            None => reply.error(err(libc::ENOENT)),
-        }
-    }
-
-    fn setattr(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
+    fn setattr(&self, _c: &Caller, ino: u64, sa: &SetattrIn) -> OpResult<(FileAttr, Duration)> {
         let mut st = self.st.lock().unwrap();
-        let Some(n) = st.nodes.get_mut(&ino.0) else {
-            return reply.error(err(libc::ENOENT));
+        let Some(n) = st.nodes.get_mut(&ino) else {
+            return Err(err(libc::ENOENT));
         };
-        if let Some(m) = mode {
+        if let Some(m) = sa.mode {
             n.attr.perm = (m & 0o7777) as u16;
         }
-        if let Some(u) = uid {
+        if let Some(u) = sa.uid {
             n.attr.uid = u;
         }
-        if let Some(g) = gid {
+        if let Some(g) = sa.gid {
             n.attr.gid = g;
         }
-        if let Some(s) = size {
+        if let Some(s) = sa.size {
             n.data.resize(s as usize, 0);
             n.attr.size = s;
         }
@@ -296,186 +282,146 @@ impl Filesystem for MemFs {
             TimeOrNow::Now => SystemTime::now(),
             TimeOrNow::SpecificTime(t) => t,
         };
-        if let Some(a) = atime {
+        if let Some(a) = sa.atime {
             n.attr.atime = t(a);
         }
-        if let Some(m) = mtime {
+        if let Some(m) = sa.mtime {
             n.attr.mtime = t(m);
         }
-        reply.attr(&TTL, &n.attr);
+        Ok((n.attr, TTL))
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.st.lock().unwrap().nodes.get(&ino.0) {
-            Some(n) => reply.data(n.target.as_os_str().as_bytes()),
-            None => reply.error(err(libc::ENOENT)),
+    fn readlink(&self, ino: u64) -> OpResult<Vec<u8>> {
+        match self.st.lock().unwrap().nodes.get(&ino) {
+            Some(n) => Ok(n.target.as_os_str().as_bytes().to_vec()),
+            None => Err(err(libc::ENOENT)),
         }
     }
 
     fn mknod(
         &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
+        c: &Caller,
+        parent: u64,
+        name: &[u8],
         mode: u32,
         _umask: u32,
         _rdev: u32,
-        reply: ReplyEntry,
-    ) {
-        match self.make(
-            req,
-            parent.0,
-            name,
-            FileType::RegularFile,
-            (mode & 0o7777) as u16,
-            Path::new(""),
-        ) {
-            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
-            Err(e) => reply.error(e),
-        }
+    ) -> OpResult<Entry> {
+        let perm = (mode & 0o7777) as u16;
+        self.make(c, parent, name, FileType::RegularFile, perm, Path::new(""))
+            .map(entry)
     }
 
     fn mkdir(
         &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
+        c: &Caller,
+        parent: u64,
+        name: &[u8],
         mode: u32,
         _umask: u32,
-        reply: ReplyEntry,
-    ) {
-        match self.make(
-            req,
-            parent.0,
-            name,
-            FileType::Directory,
-            (mode & 0o7777) as u16,
-            Path::new(""),
-        ) {
-            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
-            Err(e) => reply.error(e),
-        }
+    ) -> OpResult<Entry> {
+        let perm = (mode & 0o7777) as u16;
+        self.make(c, parent, name, FileType::Directory, perm, Path::new(""))
+            .map(entry)
     }
 
-    fn symlink(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        link_name: &OsStr,
-        target: &Path,
-        reply: ReplyEntry,
-    ) {
-        match self.make(req, parent.0, link_name, FileType::Symlink, 0o777, target) {
-            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
-            Err(e) => reply.error(e),
-        }
+    fn symlink(&self, c: &Caller, parent: u64, name: &[u8], target: &[u8]) -> OpResult<Entry> {
+        let target = Path::new(OsStr::from_bytes(target));
+        self.make(c, parent, name, FileType::Symlink, 0o777, target)
+            .map(entry)
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, parent: u64, name: &[u8]) -> OpResult<()> {
         let mut st = self.st.lock().unwrap();
         let Some(ino) = st
             .nodes
-            .get_mut(&parent.0)
-            .and_then(|p| p.children.remove(name))
+            .get_mut(&parent)
+            .and_then(|p| p.children.remove(OsStr::from_bytes(name)))
         else {
-            return reply.error(err(libc::ENOENT));
+            return Err(err(libc::ENOENT));
         };
         st.nodes.remove(&ino);
-        reply.ok();
+        Ok(())
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, parent: u64, name: &[u8]) -> OpResult<()> {
+        let name = OsStr::from_bytes(name);
         let mut st = self.st.lock().unwrap();
-        let Some(&ino) = st.nodes.get(&parent.0).and_then(|p| p.children.get(name)) else {
-            return reply.error(err(libc::ENOENT));
+        let Some(&ino) = st.nodes.get(&parent).and_then(|p| p.children.get(name)) else {
+            return Err(err(libc::ENOENT));
         };
         if st.nodes.get(&ino).is_some_and(|n| !n.children.is_empty()) {
-            return reply.error(err(libc::ENOTEMPTY));
+            return Err(err(libc::ENOTEMPTY));
         }
         st.nodes.remove(&ino);
-        let p = st.nodes.get_mut(&parent.0).expect("parent present");
+        let p = st.nodes.get_mut(&parent).expect("parent present");
         p.children.remove(name);
         p.attr.nlink -= 1;
-        reply.ok();
+        Ok(())
     }
 
     fn rename(
         &self,
-        _req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        newparent: INodeNo,
-        newname: &OsStr,
-        _flags: RenameFlags,
-        reply: ReplyEmpty,
-    ) {
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        _flags: u32,
+    ) -> OpResult<()> {
         let mut st = self.st.lock().unwrap();
         let Some(ino) = st
             .nodes
-            .get_mut(&parent.0)
-            .and_then(|p| p.children.remove(name))
+            .get_mut(&parent)
+            .and_then(|p| p.children.remove(OsStr::from_bytes(name)))
         else {
-            return reply.error(err(libc::ENOENT));
+            return Err(err(libc::ENOENT));
         };
-        let old = st
-            .nodes
-            .get_mut(&newparent.0)
-            .and_then(|p| p.children.insert(newname.to_owned(), ino));
+        let old = st.nodes.get_mut(&newparent).and_then(|p| {
+            p.children
+                .insert(OsStr::from_bytes(newname).to_owned(), ino)
+        });
         if let Some(o) = old {
             st.nodes.remove(&o);
         }
-        reply.ok();
+        Ok(())
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        if self.no_open {
-            return reply.error(err(libc::ENOSYS));
+    fn open(&self, ino: u64, _flags: i32) -> OpResult<Opened> {
+        if self.no_open.load(Ordering::Relaxed) {
+            return Err(err(libc::ENOSYS));
         }
-        reply.opened(FileHandle(ino.0), FopenFlags::empty());
+        Ok(Opened { fh: ino, flags: 0 })
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        if self.no_open {
-            return reply.error(err(libc::ENOSYS));
+    fn opendir(&self, ino: u64, _flags: i32) -> OpResult<Opened> {
+        if self.no_open.load(Ordering::Relaxed) {
+            return Err(err(libc::ENOSYS));
         }
-        reply.opened(FileHandle(ino.0), FopenFlags::empty());
+        Ok(Opened { fh: ino, flags: 0 })
     }
 
-    fn read(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
+    fn read(&self, ino: u64, _fh: u64, offset: u64, size: u32) -> OpResult<Vec<u8>> {
         let st = self.st.lock().unwrap();
-        let Some(n) = st.nodes.get(&ino.0) else {
-            return reply.error(err(libc::ENOENT));
+        let Some(n) = st.nodes.get(&ino) else {
+            return Err(err(libc::ENOENT));
         };
         let lo = (offset as usize).min(n.data.len());
         let hi = (lo + size as usize).min(n.data.len());
-        reply.data(&n.data[lo..hi]);
+        Ok(n.data[lo..hi].to_vec())
     }
 
     fn write(
         &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
+        _c: &Caller,
+        ino: u64,
+        _fh: u64,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
+        _write_flags: u32,
+    ) -> OpResult<u32> {
         let mut st = self.st.lock().unwrap();
-        let Some(n) = st.nodes.get_mut(&ino.0) else {
-            return reply.error(err(libc::ENOENT));
+        let Some(n) = st.nodes.get_mut(&ino) else {
+            return Err(err(libc::ENOENT));
         };
         let end = offset as usize + data.len();
         if n.data.len() < end {
@@ -484,109 +430,112 @@ impl Filesystem for MemFs {
         n.data[offset as usize..end].copy_from_slice(data);
         n.attr.size = n.data.len() as u64;
         n.attr.blocks = n.attr.size.div_ceil(512);
-        reply.written(data.len() as u32);
+        Ok(data.len() as u32)
     }
 
-    fn fsync(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        FlushFile::reply(&self.flush, reply);
+    fn fsync(&self, _ino: u64, _fh: u64, _datasync: bool) -> OpResult<()> {
+        self.flush.as_ref().map_or(Ok(()), FlushFile::flush)
     }
 
-    fn fsyncdir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        FlushFile::reply(&self.flush, reply);
+    fn fsyncdir(&self, _ino: u64, _fh: u64, _datasync: bool) -> OpResult<()> {
+        self.flush.as_ref().map_or(Ok(()), FlushFile::flush)
     }
 
     fn readdir(
         &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
+        ino: u64,
+        _fh: u64,
         offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
+        add: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> OpResult<()> {
         let st = self.st.lock().unwrap();
-        let Some(d) = st.nodes.get(&ino.0) else {
-            return reply.error(err(libc::ENOENT));
+        let Some(d) = st.nodes.get(&ino) else {
+            return Err(err(libc::ENOENT));
         };
         for (child, name) in by_inode(d, offset) {
             let kind = st
                 .nodes
                 .get(child)
                 .map_or(FileType::RegularFile, |n| n.attr.kind);
-            if reply.add(INodeNo(*child), *child, kind, name) {
+            let e = DirEntry {
+                ino: *child,
+                next: *child,
+                kind,
+                name: name.as_bytes().to_vec(),
+            };
+            if !add(e) {
                 break;
             }
         }
-        reply.ok();
+        Ok(())
     }
 
     fn readdirplus(
         &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
+        ino: u64,
+        _fh: u64,
         offset: u64,
-        mut reply: ReplyDirectoryPlus,
-    ) {
+        add: &mut dyn FnMut(DirEntryPlus) -> bool,
+    ) -> OpResult<()> {
         let st = self.st.lock().unwrap();
-        let Some(d) = st.nodes.get(&ino.0) else {
-            return reply.error(err(libc::ENOENT));
+        let Some(d) = st.nodes.get(&ino) else {
+            return Err(err(libc::ENOENT));
         };
         for (child, name) in by_inode(d, offset) {
             let Some(n) = st.nodes.get(child) else {
                 continue;
             };
-            if reply.add(INodeNo(*child), *child, name, &TTL, &n.attr, Generation(0)) {
+            let e = DirEntryPlus {
+                dirent: DirEntry {
+                    ino: *child,
+                    next: *child,
+                    kind: n.attr.kind,
+                    name: name.as_bytes().to_vec(),
+                },
+                entry: entry(n.attr),
+            };
+            if !add(e) {
                 break;
             }
         }
-        reply.ok();
+        Ok(())
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        reply.statfs(1 << 30, 1 << 29, 1 << 29, 1 << 20, 1 << 19, 4096, 255, 4096);
+    fn statfs(&self, _ino: u64) -> OpResult<Statfs> {
+        Ok(Statfs {
+            blocks: 1 << 30,
+            bfree: 1 << 29,
+            bavail: 1 << 29,
+            files: 1 << 20,
+            ffree: 1 << 19,
+            bsize: 4096,
+            namelen: 255,
+            frsize: 4096,
+        })
+    }
+
+    fn access(&self, _ino: u64, _mask: i32) -> OpResult<()> {
+        Ok(())
     }
 
     fn create(
         &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
+        c: &Caller,
+        parent: u64,
+        name: &[u8],
         mode: u32,
         _umask: u32,
         _flags: i32,
-        reply: ReplyCreate,
-    ) {
-        match self.make(
-            req,
-            parent.0,
-            name,
-            FileType::RegularFile,
-            (mode & 0o7777) as u16,
-            Path::new(""),
-        ) {
-            Ok(a) => reply.created(
-                &TTL,
-                &a,
-                Generation(0),
-                FileHandle(a.ino.0),
-                FopenFlags::empty(),
-            ),
-            Err(e) => reply.error(e),
-        }
+    ) -> OpResult<(Entry, Opened)> {
+        let perm = (mode & 0o7777) as u16;
+        let a = self.make(c, parent, name, FileType::RegularFile, perm, Path::new(""))?;
+        Ok((
+            entry(a),
+            Opened {
+                fh: a.ino.0,
+                flags: 0,
+            },
+        ))
     }
 }
 
@@ -594,7 +543,12 @@ impl Filesystem for MemFs {
 /// unmounted, with ldfs's mount options and thread count (and its
 /// writeback cache when `writeback_cache`; a page written and flushed to
 /// `flush_file` per fsync when given).
-pub fn serve(dir: &Path, writeback_cache: bool, flush_file: Option<&Path>) -> Result<(), String> {
+pub fn serve(
+    dir: &Path,
+    writeback_cache: bool,
+    flush_file: Option<&Path>,
+    uring: bool,
+) -> Result<(), String> {
     let mut cfg = Config::default();
     cfg.mount_options = vec![
         MountOption::FSName("memfs".into()),
@@ -605,12 +559,55 @@ pub fn serve(dir: &Path, writeback_cache: bool, flush_file: Option<&Path>) -> Re
     // Like ldfs in the benchmark: other users (tpcb's postgres) may enter.
     cfg.acl = fuser::SessionACL::All;
     cfg.n_threads = Some(crate::FUSE_THREADS);
-    let fs = MemFs {
+    let fs = Arc::new(MemFs {
         writeback_cache,
         flush: flush_file.map(FlushFile::create).transpose()?,
         ..MemFs::new()
+    });
+    if uring {
+        crate::transport::choose(crate::transport::Transport::Uring)?;
+    }
+    let start = uring.then(|| Arc::new(uring::Start::default()));
+    let session = Session::new(
+        Dev {
+            fs: fs.clone(),
+            uring: start.clone(),
+        },
+        dir,
+        &cfg,
+    )
+    .map_err(|e| format!("mounting memfs on {}: {e}", dir.display()))?;
+    let rings = match start {
+        Some(start) => {
+            use std::os::fd::AsFd;
+            let fd = session
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| format!("duplicating /dev/fuse: {e}"))?;
+            Some(std::thread::spawn(move || {
+                match start.wait(Duration::from_secs(60)) {
+                    Some(true) => {}
+                    other => {
+                        eprintln!("memfs: io_uring not granted at INIT ({other:?}): /dev/fuse");
+                        return None;
+                    }
+                }
+                let per_queue = (crate::FUSE_THREADS / uring::queue_count()).max(2);
+                let served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+                match uring::start(fs, &fd, per_queue, crate::fuse::MAX_WRITE_BYTES, served) {
+                    Ok(r) => Some(r),
+                    Err(e) => {
+                        eprintln!("memfs: io_uring: {e}");
+                        None
+                    }
+                }
+            }))
+        }
+        None => None,
     };
-    let session = Session::new(fs, dir, &cfg)
-        .map_err(|e| format!("mounting memfs on {}: {e}", dir.display()))?;
-    session.run().map_err(|e| e.to_string())
+    let r = session.run().map_err(|e| e.to_string());
+    if let Some(Ok(Some(rings))) = rings.map(|t| t.join()) {
+        rings.join();
+    }
+    r
 }

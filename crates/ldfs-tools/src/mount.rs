@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use fuser::{Config, MountOption, Session, SessionACL};
@@ -26,6 +27,7 @@ use ldfs::ld::LogicalDisk;
 use ldfs::lld::{Lld, LldOptions};
 
 use crate::fuse::{Control, FuseFs};
+use crate::transport::{self, dev::Dev, uring, Transport};
 
 /// What `ldfs stats` and `ldfs clean` reach on a mounted file system.
 struct Daemon {
@@ -40,6 +42,10 @@ struct Daemon {
     cancel: AtomicBool,
     /// What the last `clean` command did (read back by `ldfs clean`).
     last_clean: std::sync::Mutex<String>,
+    /// The transport serving the mount, for `ldfs stats`.
+    transport: Arc<std::sync::Mutex<String>>,
+    /// Requests served over io_uring.
+    ring_served: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Control for Daemon {
@@ -47,6 +53,11 @@ impl Control for Daemon {
         match name {
             "stats" => {
                 let mut t = crate::stats_text(&self.lld);
+                t += &format!(
+                    "transport: {}, {} requests served over io_uring\n",
+                    self.transport.lock().expect("transport poisoned"),
+                    self.ring_served.load(Ordering::Relaxed)
+                );
                 if let Some(d) = &self.dual {
                     t += "data device (dual):\n";
                     t += &crate::dual_text(&d.stats());
@@ -206,6 +217,8 @@ pub struct MountOpts {
     /// A dual file system's metadata device (`meta=PATH`); default: the
     /// path its data device's label recorded at mkfs.
     pub meta: Option<PathBuf>,
+    /// How FUSE requests travel (`transport=auto|uring|dev`).
+    pub transport: Transport,
 }
 
 /// An option that is on, off, or on where it can be had (the default).
@@ -234,6 +247,7 @@ impl Default for MountOpts {
             clean_stop: None,
             fuse: Vec::new(),
             meta: None,
+            transport: Transport::default(),
         }
     }
 }
@@ -292,6 +306,7 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
                 );
             }
             ("meta", Some(v)) if !v.is_empty() => o.meta = Some(PathBuf::from(v)),
+            ("transport", Some(v)) => o.transport = v.parse()?,
             ("dev", None) => o.fuse.push(MountOption::Dev),
             ("nodev", None) => o.fuse.push(MountOption::NoDev),
             ("suid", None) => o.fuse.push(MountOption::Suid),
@@ -929,6 +944,8 @@ pub fn run(
         cfg.acl = SessionACL::All;
     }
     cfg.n_threads = Some(crate::FUSE_THREADS);
+    let transport_text = Arc::new(std::sync::Mutex::new("/dev/fuse".to_string()));
+    let ring_served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let control: Arc<dyn Control> = Arc::new(Daemon {
         lld: lld.clone(),
         dual: dual.clone(),
@@ -936,15 +953,24 @@ pub fn run(
         cleaner_before_ro: std::sync::Mutex::new(None),
         cancel: AtomicBool::new(false),
         last_clean: std::sync::Mutex::new("no clean since mount\n".into()),
+        transport: transport_text.clone(),
+        ring_served: ring_served.clone(),
     });
+    let want_uring = transport::choose(opts.transport)?;
+    let fuse_fs = Arc::new(FuseFs {
+        fs: fs.clone(),
+        no_open: AtomicBool::new(false),
+        control: Some(control),
+        writeback_cache: opts.writeback_cache,
+        atime: opts.atime,
+        nodiratime: opts.nodiratime,
+        forgets: std::sync::atomic::AtomicU64::new(0),
+    });
+    let start = want_uring.then(|| Arc::new(uring::Start::default()));
     let session = Session::new(
-        FuseFs {
-            fs: fs.clone(),
-            no_open: false,
-            control: Some(control),
-            writeback_cache: opts.writeback_cache,
-            atime: opts.atime,
-            nodiratime: opts.nodiratime,
+        Dev {
+            fs: fuse_fs.clone(),
+            uring: start.clone(),
         },
         &dir,
         &cfg,
@@ -961,6 +987,42 @@ pub fn run(
         dir: canon_dir,
         served: AtomicBool::new(false),
     });
+    // A background daemon tells `ldfs mount` it serves once the transport
+    // is settled: over io_uring, only after the queues are registered (a
+    // `transport=uring` that cannot be had then fails `ldfs mount`).
+    let announce = {
+        let image = image.clone();
+        move || {
+            // The parent may be gone (killed while waiting): a broken pipe
+            // here must not end a daemon that is already serving the mount.
+            let mut out = std::io::stdout();
+            let _ = writeln!(out, "ready").and_then(|()| out.flush());
+            detach_output(&image);
+        }
+    };
+    let mut announce: Option<Box<dyn FnOnce() + Send>> =
+        daemon_child.then(|| Box::new(announce) as Box<dyn FnOnce() + Send>);
+    let rings = match start {
+        Some(start) => {
+            use std::os::fd::AsFd;
+            let fd = session
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| format!("duplicating /dev/fuse: {e}"))?;
+            let setup = RingSetup {
+                fs: fuse_fs.clone(),
+                start,
+                fd,
+                asked: opts.transport,
+                text: transport_text.clone(),
+                served: ring_served.clone(),
+                ender: ender.clone(),
+            };
+            Some(start_uring(setup, announce.take()))
+        }
+        None => None,
+    };
+    drop(fuse_fs);
     {
         let ender = ender.clone();
         std::thread::spawn(move || {
@@ -1011,15 +1073,14 @@ pub fn run(
             }
         })
     };
-    if daemon_child {
-        // The parent may be gone (killed while waiting): a broken pipe here
-        // must not end a daemon that is already serving the mount.
-        let mut out = std::io::stdout();
-        let _ = writeln!(out, "ready").and_then(|()| out.flush());
-        detach_output(&image);
+    if let Some(announce) = announce {
+        announce();
     }
     let served = session.run();
     ender.served.store(true, Ordering::Relaxed);
+    // The kernel ended the ring's queues with the connection: its threads
+    // finish the request they hold, if any, and end.
+    let ring = rings.map_or(Ok(()), join_uring);
     stop.store(true, Ordering::Relaxed);
     let _ = committer.join();
     drop(fs);
@@ -1028,7 +1089,114 @@ pub fn run(
         None => lld.close(),
     };
     served.map_err(|e| format!("serving {}: {e}", dir.display()))?;
-    closed.map_err(|e| format!("final checkpoint of {}: {e}", image.display()))
+    closed.map_err(|e| format!("final checkpoint of {}: {e}", image.display()))?;
+    ring
+}
+
+/// What starting the ring needs.
+struct RingSetup {
+    fs: Arc<FuseFs>,
+    start: Arc<uring::Start>,
+    /// The session's /dev/fuse.
+    fd: std::os::fd::OwnedFd,
+    asked: Transport,
+    /// What `ldfs stats` says of the transport.
+    text: Arc<std::sync::Mutex<String>>,
+    served: Arc<std::sync::atomic::AtomicUsize>,
+    ender: Arc<Ender>,
+}
+
+/// Starts FUSE over io_uring once the session's INIT has run (in a thread
+/// of its own: INIT comes when the session runs). If the kernel refused it
+/// or the queues cannot be registered, `transport=uring` ends the mount
+/// with the reason; `auto` stays on /dev/fuse, saying why (a REGISTER the
+/// kernel refuses switches the connection back to /dev/fuse).
+/// `announce` (a background daemon's "ready") runs once that is settled,
+/// unless the mount ends.
+fn start_uring(
+    setup: RingSetup,
+    announce: Option<Box<dyn FnOnce() + Send>>,
+) -> JoinHandle<Result<Option<uring::Rings>, String>> {
+    std::thread::spawn(move || {
+        let r = start_uring_now(setup);
+        if r.is_ok() {
+            if let Some(announce) = announce {
+                announce();
+            }
+        }
+        r
+    })
+}
+
+fn start_uring_now(setup: RingSetup) -> Result<Option<uring::Rings>, String> {
+    let RingSetup {
+        fs,
+        start,
+        fd,
+        asked,
+        text,
+        served,
+        ender,
+    } = setup;
+    let fail = |why: String| {
+        if asked == Transport::Uring {
+            eprintln!("ldfs: transport=uring: {why}; ending the mount");
+            // Requests wait for a ring that will not come: end the
+            // connection (the session then returns), and the daemon
+            // with an error.
+            ender.force();
+            Err(format!("transport=uring: {why}"))
+        } else {
+            eprintln!("ldfs: transport /dev/fuse: {why}");
+            Ok(None)
+        }
+    };
+    match start.wait(Duration::from_secs(60)) {
+        None => return fail("no INIT from the kernel within 60 s".into()),
+        Some(false) => {
+            return fail(format!(
+                "the kernel did not offer FUSE over io_uring at INIT ({})",
+                transport::HOW_TO_ENABLE
+            ))
+        }
+        Some(true) => {}
+    }
+    let queues = uring::queue_count();
+    let per_queue = (crate::FUSE_THREADS / queues).max(2);
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+    let payload = crate::fuse::MAX_WRITE_BYTES
+        .next_multiple_of(page)
+        .max(8192);
+    match uring::start(fs, &fd, per_queue, payload, served) {
+        Ok(r) => {
+            *text.lock().expect("transport poisoned") = r.describe();
+            Ok(Some(r))
+        }
+        Err(e) => fail(format!("registering the io_uring queues: {e}")),
+    }
+}
+
+/// Waits (at most 10 s) for the ring's threads once the session has ended;
+/// `Err` if `transport=uring` could not be had.
+fn join_uring(r: JoinHandle<Result<Option<uring::Rings>, String>>) -> Result<(), String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = match r.join() {
+            Ok(Ok(Some(rings))) => {
+                rings.join();
+                Ok(())
+            }
+            Ok(Ok(None)) => Ok(()),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err("the io_uring start-up panicked".into()),
+        };
+        let _ = tx.send(r);
+    });
+    rx.recv_timeout(Duration::from_secs(10))
+        .unwrap_or_else(|_| {
+            eprintln!("ldfs: io_uring threads still busy 10 s after the session ended");
+            Ok(())
+        })
 }
 
 /// Where a dual file system's metadata device is: `meta=` if given, else

@@ -74,12 +74,20 @@ pub struct Mount {
 }
 
 impl Mount {
+    /// Mounts with `opts`; `LDFS_TEST_TRANSPORT=uring|dev|auto` adds
+    /// `transport=` to every mount that names none (TESTING.md: the FUSE
+    /// tests over io_uring).
     pub fn new(img: &Path, dir: &Path, opts: &[&str]) -> Mount {
         std::fs::create_dir_all(dir).unwrap();
         let mut cmd = ldfs();
         cmd.arg("mount").arg("-f");
         for o in opts {
             cmd.args(["-o", o]);
+        }
+        if let Ok(t) = std::env::var("LDFS_TEST_TRANSPORT") {
+            if !opts.iter().any(|o| o.contains("transport=")) {
+                cmd.args(["-o", &format!("transport={t}")]);
+            }
         }
         let child = cmd.arg(img).arg(dir).stdin(Stdio::null()).spawn().unwrap();
         let mut m = Mount {

@@ -1,0 +1,372 @@
+//! FUSE over io_uring (`-o transport=uring`) through a real mount: the
+//! operations ldfs serves travel over the ring (`ldfs stats` names the
+//! transport and counts what the ring served), and unmount and SIGTERM end
+//! the daemon cleanly. Needs root, a kernel with CONFIG_FUSE_IO_URING and
+//! /dev/fuse; skips loudly otherwise. As root with the fuse module's
+//! `enable_uring` off, `transport=uring` turns it on (as the option
+//! promises): the test puts the parameter back as it found it.
+
+mod common;
+
+use std::fs::{self, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use common::{fuse_usable, ldfs, mkfs, Mount};
+
+fn errno<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
+    r.expect_err("expected an error").raw_os_error().unwrap()
+}
+
+const PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// The tests here share the kernel parameter: one at a time.
+static PARAM_LOCK: Mutex<()> = Mutex::new(());
+
+/// Puts `enable_uring` back as it was when dropped.
+struct Restore(String);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let _ = fs::write(PARAM, self.0.trim());
+    }
+}
+
+fn usable() -> Option<Restore> {
+    if !fuse_usable() {
+        return None;
+    }
+    let Ok(was) = fs::read_to_string(PARAM) else {
+        eprintln!("\n*** SKIPPING FUSE-OVER-IO_URING TEST: {PARAM} missing (no CONFIG_FUSE_IO_URING) ***\n");
+        return None;
+    };
+    if unsafe { libc::geteuid() } != 0 && was.trim() != "Y" {
+        eprintln!("\n*** SKIPPING FUSE-OVER-IO_URING TEST: {PARAM} is off and only root may turn it on ***\n");
+        return None;
+    }
+    Some(Restore(was))
+}
+
+fn stats(mnt: &Path) -> String {
+    let out = ldfs().arg("stats").arg(mnt).output().unwrap();
+    assert!(out.status.success(), "ldfs stats: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The number of requests `ldfs stats` says the ring served.
+fn ring_served(mnt: &Path) -> u64 {
+    let s = stats(mnt);
+    let line = s
+        .lines()
+        .find(|l| l.starts_with("transport: "))
+        .unwrap_or_else(|| panic!("no transport line in stats:\n{s}"));
+    assert!(line.contains("io_uring ("), "not over io_uring: {line}");
+    line.split(", ")
+        .find_map(|x| x.strip_suffix(" requests served over io_uring"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {line}"))
+}
+
+#[test]
+fn operations_over_io_uring() {
+    let _g = PARAM_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(_restore) = usable() else {
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("u.img");
+    mkfs(&img, "256M");
+    let m = Mount::new(&img, &t.path().join("mnt"), &["transport=uring"]);
+    let p = |s: &str| m.path(s);
+    let before = ring_served(&m.dir);
+
+    // create, write, read, fsync
+    let mut f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(p("f"))
+        .unwrap();
+    f.write_all(b"hello over the ring").unwrap();
+    f.sync_all().unwrap();
+    let big: Vec<u8> = (0..3 << 20)
+        .map(|i: u32| (i * 7 + i / 4096) as u8)
+        .collect();
+    f.seek(SeekFrom::Start(4096)).unwrap();
+    f.write_all(&big).unwrap();
+    f.sync_data().unwrap();
+    drop(f);
+    let back = fs::read(p("f")).unwrap();
+    assert_eq!(&back[..19], b"hello over the ring");
+    assert_eq!(&back[4096..], &big[..]);
+    assert_eq!(fs::metadata(p("f")).unwrap().len(), 4096 + (3 << 20));
+
+    // directories, rename, link, symlink, unlink, readdir
+    fs::create_dir(p("d")).unwrap();
+    for i in 0..300 {
+        fs::write(p(&format!("d/file-with-a-longish-name-{i:04}")), [i as u8]).unwrap();
+    }
+    fs::rename(p("f"), p("d/g")).unwrap();
+    fs::hard_link(p("d/g"), p("h")).unwrap();
+    assert_eq!(fs::metadata(p("h")).unwrap().nlink(), 2);
+    std::os::unix::fs::symlink("d/g", p("s")).unwrap();
+    assert_eq!(fs::read_link(p("s")).unwrap().to_str(), Some("d/g"));
+    let mut names: Vec<String> = fs::read_dir(p("d"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 301);
+    assert_eq!(names[300], "g");
+    for i in 0..300 {
+        fs::remove_file(p(&format!("d/file-with-a-longish-name-{i:04}"))).unwrap();
+    }
+    fs::remove_file(p("h")).unwrap();
+    assert_eq!(
+        errno(fs::remove_dir(p("d"))),
+        libc::ENOTEMPTY,
+        "rmdir of a non-empty directory"
+    );
+    assert_eq!(errno(fs::metadata(p("nothing"))), libc::ENOENT);
+
+    // attributes and extended attributes
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(p("d/g"), fs::Permissions::from_mode(0o640)).unwrap();
+    assert_eq!(fs::metadata(p("d/g")).unwrap().mode() & 0o7777, 0o640);
+    let g = common::cstr(&p("d/g"));
+    let set = |name: &std::ffi::CStr, v: &[u8], flags| unsafe {
+        libc::setxattr(g.as_ptr(), name.as_ptr(), v.as_ptr().cast(), v.len(), flags)
+    };
+    assert_eq!(set(c"user.a", b"value-a", 0), 0);
+    assert_eq!(set(c"user.b", &[7u8; 10000], 0), 0);
+    assert_eq!(set(c"user.a", b"x", libc::XATTR_CREATE), -1);
+    let mut buf = vec![0u8; 20000];
+    let n = unsafe {
+        libc::getxattr(
+            g.as_ptr(),
+            c"user.b".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    assert_eq!(n, 10000);
+    assert!(buf[..10000].iter().all(|&b| b == 7));
+    let n = unsafe { libc::getxattr(g.as_ptr(), c"user.a".as_ptr(), std::ptr::null_mut(), 0) };
+    assert_eq!(n, 7, "the size of user.a");
+    let n = unsafe { libc::listxattr(g.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert_eq!(&buf[..n as usize], b"user.a\0user.b\0");
+    assert_eq!(
+        unsafe { libc::removexattr(g.as_ptr(), c"user.a".as_ptr()) },
+        0
+    );
+    let n = unsafe { libc::getxattr(g.as_ptr(), c"user.a".as_ptr(), std::ptr::null_mut(), 0) };
+    assert_eq!(n, -1);
+
+    // truncate, then statfs
+    OpenOptions::new()
+        .write(true)
+        .open(p("d/g"))
+        .unwrap()
+        .set_len(10)
+        .unwrap();
+    let mut s = String::new();
+    fs::File::open(p("d/g"))
+        .unwrap()
+        .read_to_string(&mut s)
+        .unwrap();
+    assert_eq!(s, "hello over");
+    let st = unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        assert_eq!(libc::statvfs(common::cstr(&m.dir).as_ptr(), &mut st), 0);
+        st
+    };
+    assert!(st.f_blocks > 0);
+
+    let after = ring_served(&m.dir);
+    assert!(
+        after > before + 300,
+        "only {} requests over the ring",
+        after - before
+    );
+    m.unmount();
+
+    // What was written over the ring is on the image: remount over /dev/fuse.
+    let m = Mount::new(&img, &t.path().join("mnt"), &["transport=dev"]);
+    assert_eq!(fs::read(m.path("d/g")).unwrap(), b"hello over");
+    assert_eq!(fs::read_link(m.path("s")).unwrap().to_str(), Some("d/g"));
+    assert!(stats(&m.dir).contains("transport: /dev/fuse"));
+    m.unmount();
+}
+
+#[test]
+fn sigterm_ends_an_io_uring_mount_cleanly() {
+    let _g = PARAM_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(_restore) = usable() else {
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("u.img");
+    mkfs(&img, "128M");
+    let mut m = Mount::new(&img, &t.path().join("mnt"), &["transport=uring"]);
+    assert!(ring_served(&m.dir) < u64::MAX);
+    fs::write(m.path("kept"), b"after sigterm").unwrap();
+    let st = m
+        .signal_within(libc::SIGTERM, Duration::from_secs(20))
+        .expect("the daemon did not end within 20 s of SIGTERM");
+    assert!(st.success(), "daemon exit: {st}");
+    let m = Mount::new(&img, &t.path().join("mnt"), &["transport=dev"]);
+    assert_eq!(fs::read(m.path("kept")).unwrap(), b"after sigterm");
+    m.unmount();
+}
+
+#[test]
+fn transport_option_is_checked() {
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("u.img");
+    mkfs(&img, "64M");
+    fs::create_dir(t.path().join("mnt")).unwrap();
+    let out = ldfs()
+        .args(["mount", "-f", "-o", "transport=carrier-pigeon"])
+        .arg(&img)
+        .arg(t.path().join("mnt"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("transport=carrier-pigeon: auto, uring or dev"),
+        "{err}"
+    );
+}
+
+/// Mounts `img` on `mnt` with `opts` through `ldfs mount -f`, its stderr
+/// kept; returns the daemon and what it said before the mount appeared.
+fn mount_saying(img: &Path, mnt: &Path, opts: &str) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    fs::create_dir_all(mnt).unwrap();
+    let mut child = ldfs()
+        .args(["mount", "-f", "-o", opts])
+        .arg(img)
+        .arg(mnt)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while !common::is_mounted(mnt) {
+        assert!(child.try_wait().unwrap().is_none(), "ldfs mount exited");
+        assert!(t.elapsed() < Duration::from_secs(20), "mount timed out");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The transport is chosen before the mount: its line is written.
+    let err = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let mut said = String::new();
+    while let Ok(l) = rx.recv_timeout(Duration::from_millis(300)) {
+        said += &l;
+        said += "\n";
+    }
+    (child, said)
+}
+
+fn end(mut child: std::process::Child, mnt: &Path) {
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let st = child.wait().unwrap();
+    assert!(st.success(), "daemon exit: {st}");
+    assert!(!common::is_mounted(mnt));
+}
+
+#[test]
+fn auto_takes_io_uring_only_when_the_kernel_offers_it_and_says_why_not() {
+    let _g = PARAM_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(_restore) = usable() else {
+        return;
+    };
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("\n*** SKIPPING: switching {PARAM} needs root ***\n");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("u.img");
+    mkfs(&img, "64M");
+    let mnt = t.path().join("mnt");
+
+    fs::write(PARAM, "N").unwrap();
+    let (child, said) = mount_saying(&img, &mnt, "transport=auto");
+    assert!(
+        said.contains("transport /dev/fuse: FUSE over io_uring is off in this kernel")
+            && said.contains("enable_uring"),
+        "auto with the parameter off said: {said:?}"
+    );
+    assert_eq!(
+        fs::read_to_string(PARAM).unwrap().trim(),
+        "N",
+        "auto changed it"
+    );
+    assert!(stats(&mnt).contains("transport: /dev/fuse"));
+    end(child, &mnt);
+
+    fs::write(PARAM, "Y").unwrap();
+    let (child, said) = mount_saying(&img, &mnt, "transport=auto");
+    assert!(
+        !said.contains("transport"),
+        "auto over io_uring said: {said:?}"
+    );
+    fs::write(mnt.join("x"), b"y").unwrap();
+    assert!(ring_served(&mnt) > 0);
+    end(child, &mnt);
+
+    // dev stays on /dev/fuse whatever the kernel offers.
+    let (child, _) = mount_saying(&img, &mnt, "transport=dev");
+    assert!(stats(&mnt).contains("transport: /dev/fuse"));
+    end(child, &mnt);
+}
+
+#[test]
+fn a_background_mount_says_ready_once_the_ring_serves() {
+    let _g = PARAM_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(_restore) = usable() else {
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("u.img");
+    mkfs(&img, "64M");
+    let mnt = t.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    // `ldfs mount` returns once the daemon serves: over the ring already.
+    let out = ldfs()
+        .args(["mount", "-o", "transport=uring"])
+        .arg(&img)
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "ldfs mount: {out:?}");
+    let s = stats(&mnt);
+    assert!(s.contains("transport: io_uring ("), "{s}");
+    fs::write(mnt.join("f"), b"x").unwrap();
+    let st = std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    // The daemon ends after its final checkpoint; the image reopens.
+    let t0 = std::time::Instant::now();
+    loop {
+        let m = ldfs().args(["fsck", "-n"]).arg(&img).output().unwrap();
+        if m.status.success() {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "fsck: {m:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
