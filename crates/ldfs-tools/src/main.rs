@@ -586,7 +586,7 @@ fn main() -> ExitCode {
                 json,
                 segment,
                 all_segments,
-                inode.is_some() || path.is_some(),
+                inode_target(inode, path.as_deref()),
             );
             if let Err(e) = dual {
                 Err(e)
@@ -1091,14 +1091,11 @@ fn inspect_dual(
     json: bool,
     segment: Option<u32>,
     all_segments: bool,
-    unsupported: bool,
+    target: Option<InodeTarget<'_>>,
 ) -> Result<bool, Box<dyn std::error::Error>> {
     let data: std::sync::Arc<dyn Device> = std::sync::Arc::new(FileDevice::open_read_only(image)?);
     if !ldfs::dual::is_data_device(&*data) {
         return Ok(false);
-    }
-    if unsupported {
-        return Err("inspect --inode and --path do not work on a dual file system yet".into());
     }
     let meta_path = mount::dual_meta_path(&*data, image, None)?;
     let meta: std::sync::Arc<dyn Device> =
@@ -1121,6 +1118,9 @@ fn inspect_dual(
         dj["data_device"] = serde_json::json!(image.display().to_string());
         dj["metadata_device"] = serde_json::json!(meta_path.display().to_string());
         v["dual"] = dj;
+        if let Some(t) = target {
+            v["inode"] = inode_report(image, t)?;
+        }
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(true);
     }
@@ -1134,6 +1134,9 @@ fn inspect_dual(
     print!("{}", dual_text(&s));
     println!("metadata log:");
     cmd_inspect(meta_path, segment, all_segments)?;
+    if let Some(t) = target {
+        print!("{}", inode_text(&inode_report(image, t)?));
+    }
     Ok(true)
 }
 
@@ -1353,25 +1356,78 @@ fn inode_target(inode: Option<u64>, path: Option<&str>) -> Option<InodeTarget<'_
     inode.map(InodeTarget::Ino).or(path.map(InodeTarget::Path))
 }
 
-/// One inode of an unmounted image, opened read-only: its record and, for a
-/// list, where every block lies.
+/// One inode of an unmounted image (or dual pair, named by its data
+/// device), opened read-only: its record and, for a list, where every
+/// block lies: in the log (segment, byte, length, crc), or for a dual
+/// pair's file data, the data block and its group.
 fn inode_report(
     image: &std::path::Path,
     target: InodeTarget<'_>,
 ) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
-    use ldfs::fs::{Fs, FsOptions, ROOT_INO};
     use ldfs::ld::LogicalDisk;
     let dev: std::sync::Arc<dyn Device> = std::sync::Arc::new(FileDevice::open_read_only(image)?);
-    let lld = std::sync::Arc::new(Lld::open(
-        dev,
-        LldOptions {
-            read_only: true,
-            ..Default::default()
-        },
-    )?);
+    let ro = LldOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    if ldfs::dual::is_data_device(&*dev) {
+        let meta_path = mount::dual_meta_path(&*dev, image, None)?;
+        let meta: std::sync::Arc<dyn Device> =
+            std::sync::Arc::new(FileDevice::open_read_only(&meta_path)?);
+        let d = std::sync::Arc::new(ldfs::dual::Dual::open_for_fsck(meta, dev, ro)?);
+        let ld: std::sync::Arc<dyn LogicalDisk> = d.clone();
+        let geo = d.label().geo;
+        return inode_report_on(ld, target, &|list, ix| {
+            if let Some(b) = d.data_block(list, ix)? {
+                return Ok(Some(serde_json::json!({
+                    "index": ix,
+                    "data_block": b,
+                    "group": b / geo.group_blocks as u64,
+                    "offset": geo.offset(b),
+                })));
+            }
+            let eng = d.engine_list(list)?;
+            log_block_json(d.meta(), eng, ix)
+        });
+    }
+    let lld = std::sync::Arc::new(Lld::open(dev, ro)?);
     let ld: std::sync::Arc<dyn LogicalDisk> = lld.clone();
+    inode_report_on(ld, target, &|list, ix| log_block_json(&lld, list, ix))
+}
+
+/// Where block `ix` of engine list `list` lies in the log, if it exists.
+fn log_block_json(
+    lld: &Lld,
+    list: ldfs::ld::ListId,
+    ix: u64,
+) -> Result<Option<serde_json::Value>, Box<dyn std::error::Error>> {
+    let g = *lld.geometry();
+    let Some(e) = lld.map_entry(ldfs::lld::Key::new(list, ix))? else {
+        return Ok(None);
+    };
+    Ok(Some(serde_json::json!({
+        "index": ix,
+        "segment": g.segment_of(e.offset()).map(|s| s.0),
+        "offset": e.offset(),
+        "length": e.len,
+        "crc": format!("{:08x}", e.crc),
+        "flags": e.flags,
+    })))
+}
+
+type BlockLocator<'a> = dyn Fn(ldfs::ld::ListId, u64) -> Result<Option<serde_json::Value>, Box<dyn std::error::Error>>
+    + 'a;
+
+/// `inode_report` on an opened Logical Disk; `locate` says where a block
+/// of a list lies.
+fn inode_report_on(
+    ld: std::sync::Arc<dyn ldfs::ld::LogicalDisk>,
+    target: InodeTarget<'_>,
+    locate: &BlockLocator<'_>,
+) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    use ldfs::fs::{Fs, FsOptions, ROOT_INO};
     let fs = Fs::mount(
-        ld,
+        ld.clone(),
         FsOptions {
             read_only: true,
             ..Default::default()
@@ -1393,26 +1449,17 @@ fn inode_report(
     let i = fs
         .inode_record(ino)
         .map_err(|e| format!("inode {ino}: {e}"))?;
-    let g = *lld.geometry();
     let mut blocks = Vec::new();
     if i.list != 0 {
         let list = ldfs::ld::ListId(i.list);
         let mut from = 0;
         loop {
-            let idx = lld.indices(list, from, 1024)?;
+            let idx = ld.indices(list, from, 1024)?;
             let Some(&last) = idx.last() else { break };
             for ix in idx {
-                let Some(e) = lld.map_entry(ldfs::lld::Key::new(list, ix))? else {
-                    continue;
-                };
-                blocks.push(serde_json::json!({
-                    "index": ix,
-                    "segment": g.segment_of(e.offset()).map(|s| s.0),
-                    "offset": e.offset(),
-                    "length": e.len,
-                    "crc": format!("{:08x}", e.crc),
-                    "flags": e.flags,
-                }));
+                if let Some(b) = locate(list, ix)? {
+                    blocks.push(b);
+                }
             }
             from = last + 1;
         }
@@ -1478,6 +1525,13 @@ fn inode_text(v: &serde_json::Value) -> String {
         out += &format!("  blocks of list {}:\n", v["list"]);
     }
     for b in blocks {
+        if b.get("data_block").is_some() {
+            out += &format!(
+                "    index {:>10}  data block {:>12}  group {:>6}  byte {:>14}\n",
+                b["index"], b["data_block"], b["group"], b["offset"]
+            );
+            continue;
+        }
         out += &format!(
             "    index {:>10}  segment {:>6}  byte {:>14}  length {:>6}  crc {}\n",
             b["index"],

@@ -116,6 +116,40 @@ fn dual_pair_mounts_and_refuses_a_wrong_meta() {
     assert!(v["checkpoints"].as_array().is_some_and(|c| c.len() == 2));
     assert!(v["superblock"]["segment_count"].as_u64().unwrap() > 0);
     assert!(fs::read(&data).unwrap() == before);
+    // --path: a file's data blocks on the data device, each in its group,
+    // holding the file's bytes; a directory's blocks in the metadata log.
+    let out = ldfs()
+        .args(["inspect", "--json", "--path", "/big"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let blocks = v["inode"]["blocks"].as_array().unwrap();
+    assert_eq!(blocks.len(), big.len().div_ceil(4096));
+    let b1 = &blocks[1];
+    assert_eq!(b1["index"].as_u64(), Some(1));
+    let at = b1["data_block"].as_u64().unwrap();
+    assert_eq!(b1["group"].as_u64(), Some(at / 32768));
+    let off = b1["offset"].as_u64().unwrap() as usize;
+    assert!(
+        before[off..off + 4096] == big[4096..8192],
+        "block 1 of /big is not at data block {at}"
+    );
+    let out = ldfs()
+        .args(["inspect", "--path", "/d"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("kind         Dir"), "{text}");
+    assert!(text.contains("segment"), "{text}");
+    assert!(fs::read(&data).unwrap() == before);
 
     // Another pair's metadata: refused, and the images are untouched.
     let (data2, meta2) = (t.path().join("data2.img"), t.path().join("meta2.img"));

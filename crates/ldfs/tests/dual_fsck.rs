@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use ldfs::device::{Device, MemoryDevice};
 use ldfs::dual::format::{encode_desc, Pointer};
-use ldfs::dual::{Dual, DualMkfsOptions, BITMAP_LIST, DESC_LIST};
+use ldfs::dual::{Dual, DualMkfsOptions, BITMAP_LIST, DESC_LIST, INFO_LIST};
 use ldfs::fs::{Ctx, Fs, FsOptions, ROOT_INO};
 use ldfs::fsck::{run_dual, FsckOptions, Outcome};
 use ldfs::ld::{ListId, LogicalDisk};
@@ -286,4 +286,38 @@ fn dual_fsck_repairs_a_descriptor_a_damaged_bitmap_block_and_a_label() {
     );
     assert!(p.fsck(false).found.is_clean());
     p.files_read_back(&[]);
+}
+
+/// A layout record in the log that is missing or disagrees with the data
+/// label fails a mount, is a finding of the check (not an error that stops
+/// it), and is rewritten from the label by the repair.
+#[test]
+fn dual_fsck_finds_and_rewrites_a_bad_layout_record() {
+    for missing in [false, true] {
+        let p = Pair::build();
+        let dual = p.open();
+        if missing {
+            dual.meta().delete(None, INFO_LIST, 0).unwrap();
+        } else {
+            let mut info = dual.meta().read(INFO_LIST, 0).unwrap().unwrap();
+            // groups (offset 24) off by one: a well-formed record that
+            // disagrees with the label.
+            info[24] ^= 1;
+            dual.meta().write(None, INFO_LIST, 0, &info).unwrap();
+        }
+        dual.close().unwrap();
+        drop(dual);
+        assert!(
+            Dual::open(p.meta.clone(), p.data.clone(), LldOptions::default()).is_err(),
+            "a bad layout record must fail a mount (missing: {missing})"
+        );
+        let out = p.fsck(false);
+        assert_eq!(out.exit_code(), 4, "missing {missing}: {out:?}");
+        assert!(has(&out.found.lines(), "layout record"), "{out:?}");
+        let out = p.fsck(true);
+        assert_eq!(out.exit_code(), 1, "missing {missing}: {out:?}");
+        assert!(has(&out.fixed, "layout record rewritten"), "{out:?}");
+        assert!(p.fsck(false).found.is_clean());
+        p.files_read_back(&[]);
+    }
 }

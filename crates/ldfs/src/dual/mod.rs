@@ -416,16 +416,33 @@ impl Dual {
         label: &DataLabel,
         mut problems: Option<&mut Vec<String>>,
     ) -> LdResult<State> {
-        let info = lld
-            .read(INFO_LIST, 0)?
-            .ok_or_else(|| LdError::InvalidArgument("no dual layout record in the log".into()))?;
-        let geo = format::decode_info(&info)?;
-        if geo != label.geo {
-            return Err(LdError::InvalidArgument(format!(
-                "the metadata device's layout {geo:?} differs from the data label's {:?}",
-                label.geo
-            )));
+        // The record repeats the label's geometry (written together at
+        // mkfs): a mount refuses a pair where they differ; fsck notes it and
+        // goes on with the label's, which its repair writes back.
+        let record = match lld.read(INFO_LIST, 0) {
+            Ok(Some(info)) => format::decode_info(&info).and_then(|geo| {
+                if geo == label.geo {
+                    Ok(())
+                } else {
+                    Err(LdError::InvalidArgument(format!(
+                        "the metadata device's layout record {geo:?} differs from the data label's {:?}",
+                        label.geo
+                    )))
+                }
+            }),
+            Ok(None) => Err(LdError::InvalidArgument(
+                "no dual layout record in the log".into(),
+            )),
+            Err(LdError::Corrupt(c)) => Err(LdError::Corrupt(c)),
+            Err(e) => return Err(e),
+        };
+        if let Err(e) = record {
+            match problems.as_deref_mut() {
+                Some(p) => p.push(format!("dual layout record: {e}")),
+                None => return Err(e),
+            }
         }
+        let geo = label.geo;
         let words = (geo.groups as usize) * (geo.group_blocks as usize / 64);
         let mut committed = vec![0u64; words];
         let mut group_free = Vec::with_capacity(geo.groups as usize);
@@ -540,6 +557,12 @@ impl Dual {
             return Ok(None);
         }
         Ok(self.pointer(eng, index)?.map(|p| p.block))
+    }
+
+    /// The engine list on the metadata device holding user list `list`
+    /// (its blocks, or for a data list its pointers): inspect.
+    pub fn engine_list(&self, list: ListId) -> LdResult<ListId> {
+        self.eng(list)
     }
 
     /// The group user list `list` is tied to, if it has a tie.
