@@ -242,3 +242,77 @@ fn file_data_goes_to_the_data_device() {
     data.read_at(&mut b, 0).unwrap();
     assert_eq!(&b, b"LDFSDATA");
 }
+
+/// A full data device (issue 12's item 1, on the dual layout): writes get
+/// NoSpace, sizes claim nothing unstored, holes can be punched and files
+/// deleted, the space they free is written again, and after a crash the
+/// fsynced tree is there and consistent.
+#[test]
+fn a_full_data_device_says_no_space_and_deleting_frees_it() {
+    use ldfs::fs::{FallocMode, FsError};
+    let (meta, data) = fresh();
+    let (d, fs) = mount(&meta, &data);
+    let mk = |name: &[u8]| fs.mknod(CTX, ROOT_INO, name, 0o100644, 0).unwrap().ino;
+    let (f, g, h) = (mk(b"f"), mk(b"g"), mk(b"h"));
+    let fill = |ino: u64, byte: u8| -> u64 {
+        let mut off = fs.getattr(ino).unwrap().size;
+        for len in [64 << 10, 4096] {
+            loop {
+                match fs.write(ino, off, &vec![byte; len]) {
+                    Ok(n) => off += n as u64,
+                    Err(FsError::NoSpace) => break,
+                    Err(e) => panic!("filling: {e}"),
+                }
+            }
+        }
+        assert_eq!(
+            fs.getattr(ino).unwrap().size,
+            off,
+            "size claims unstored data"
+        );
+        off
+    };
+    let size = fill(f, 0x5a);
+    assert!(
+        size > DATA_BYTES / 2,
+        "only {size} bytes fit on the data device"
+    );
+    assert!(matches!(
+        fs.write(g, 0, &[1; 64 << 10]),
+        Err(FsError::NoSpace)
+    ));
+    let punch = FallocMode {
+        keep_size: true,
+        punch_hole: true,
+        zero_range: false,
+    };
+    fs.fallocate(f, (1 << 20) + 100, 2 << 20, punch).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().size, size);
+    let got = fs.read(f, 0, 4 << 20).unwrap();
+    assert!(got[..(1 << 20) + 100].iter().all(|&b| b == 0x5a));
+    assert!(got[(1 << 20) + 100..(3 << 20) + 100]
+        .iter()
+        .all(|&b| b == 0));
+    assert!(got[(3 << 20) + 100..].iter().all(|&b| b == 0x5a));
+    fs.write(g, 0, &vec![2; 1 << 20]).unwrap();
+    fill(g, 2);
+    fs.unlink(ROOT_INO, b"f").unwrap();
+    fs.write(h, 0, &vec![3; 2 << 20]).unwrap();
+    fs.fsync().unwrap();
+    assert!(fs.check().unwrap().problems.is_empty());
+    assert_eq!(d.check_blocks().unwrap(), Vec::<String>::new());
+    let mimg = meta.crash_image(1, &CrashOptions::default());
+    let dimg = data.crash_image(2, &CrashOptions::default());
+    unmount(d, fs, true);
+    let (meta, data) = (
+        Arc::new(CrashDevice::from_image(mimg)),
+        Arc::new(CrashDevice::from_image(dimg)),
+    );
+    let (d, fs) = mount(&meta, &data);
+    assert!(fs.check().unwrap().problems.is_empty());
+    assert_eq!(d.check_blocks().unwrap(), Vec::<String>::new());
+    assert!(fs.lookup(ROOT_INO, b"f").is_err());
+    let h = fs.lookup(ROOT_INO, b"h").unwrap().ino;
+    assert_eq!(fs.read(h, 0, 2 << 20).unwrap(), vec![3; 2 << 20]);
+    unmount(d, fs, false);
+}

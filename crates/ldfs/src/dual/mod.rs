@@ -690,6 +690,7 @@ impl Dual {
                 st.list_group.contains_key(&eng.0),
             )
         };
+        self.release_frees_if_short(aru, 1)?;
         // The directory's tie, unless the list already has a group.
         let tied = match (prev, placed, near) {
             (None, false, Some(n)) => self.tie_of(n)?,
@@ -1179,8 +1180,30 @@ impl Dual {
         groups * (self.geo.group_blocks as u64 / 8 + format::DESC_BYTES as u64 + 256) + 256
     }
 
+    /// Blocks freed by ended ARUs are reusable only once their freeing is
+    /// durable. When they are what `want` more blocks (beyond the ARU's
+    /// own reservation) lack, flush now to release them, rather than fail
+    /// with NoSpace until the next commit: a punch or a delete on a full
+    /// data device makes its space writable at once (as lld's admission
+    /// checkpoints to release emptied segments).
+    fn release_frees_if_short(&self, aru: AruId, want: u64) -> LdResult<()> {
+        let short = {
+            let st = self.lock();
+            let own = st.arus.get(&aru.0).map_or(0, |a| a.reserved);
+            let free: u64 = st.group_free.iter().map(|&f| f as u64).sum();
+            want > own && free.saturating_sub(st.reserved) < want - own && !st.freed.is_empty()
+        };
+        if short {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
     fn reserve_data(&self, aru: AruId, bytes: u64, must: bool) -> LdResult<u64> {
         let want = bytes.div_ceil(DATA_BLOCK_BYTES);
+        // Reserving adds to the ARU's reservation: count none of it.
+        let own = self.lock().arus.get(&aru.0).map_or(0, |a| a.reserved);
+        self.release_frees_if_short(aru, want + own)?;
         let mut st = self.lock();
         let st = &mut *st;
         let free: u64 = st.group_free.iter().map(|&f| f as u64).sum();
