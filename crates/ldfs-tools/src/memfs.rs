@@ -596,9 +596,14 @@ pub fn serve(
                 let served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
                 match uring::start(fs, &fd, per_queue, crate::fuse::MAX_WRITE_BYTES, served) {
                     Ok(r) => Some(r),
-                    Err(e) => {
-                        eprintln!("memfs: io_uring: {e}");
-                        None
+                    Err(f) => {
+                        let now = if f.fell_back {
+                            "serving over /dev/fuse"
+                        } else {
+                            "requests wait for the ring: unmount it"
+                        };
+                        eprintln!("memfs: io_uring: {}; {now}", f.why);
+                        Some(f.rings)
                     }
                 }
             }))

@@ -1172,7 +1172,20 @@ fn start_uring_now(setup: RingSetup) -> Result<Option<uring::Rings>, String> {
             *text.lock().expect("transport poisoned") = r.describe();
             Ok(Some(r))
         }
-        Err(e) => fail(format!("registering the io_uring queues: {e}")),
+        // The kernel still waits for the ring: /dev/fuse would serve no
+        // request, so the mount ends whatever was asked.
+        Err(f) if !f.fell_back => {
+            eprintln!(
+                "ldfs: registering the io_uring queues: {}; the kernel waits for the ring: ending the mount",
+                f.why
+            );
+            ender.force();
+            Err(format!("registering the io_uring queues: {}", f.why))
+        }
+        Err(f) => fail(format!("registering the io_uring queues: {}", f.why)).map(|none| {
+            // Entries that did register end with the connection.
+            none.or(Some(f.rings))
+        }),
     }
 }
 

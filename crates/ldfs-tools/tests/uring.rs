@@ -370,3 +370,80 @@ fn a_background_mount_says_ready_once_the_ring_serves() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+#[test]
+fn auto_falls_back_to_dev_fuse_when_the_ring_cannot_be_set_up_halfway() {
+    let _g = PARAM_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(_restore) = usable() else {
+        return;
+    };
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("\n*** SKIPPING: switching {PARAM} needs root ***\n");
+        return;
+    }
+    fs::write(PARAM, "Y").unwrap();
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("u.img");
+    mkfs(&img, "64M");
+    let mnt = t.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    // 16 descriptors: the mount is made and INIT grants io_uring, but a
+    // ring entry's /dev/fuse cannot be duplicated after a few queues'.
+    let mut cmd = ldfs();
+    cmd.args(["mount", "-f", "-o", "transport=auto"])
+        .arg(&img)
+        .arg(&mnt)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            let l = libc::rlimit {
+                rlim_cur: 16,
+                rlim_max: 16,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &l) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let t0 = std::time::Instant::now();
+    while !common::is_mounted(&mnt) {
+        assert!(child.try_wait().unwrap().is_none(), "ldfs mount exited");
+        assert!(t0.elapsed() < Duration::from_secs(20), "mount timed out");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Requests are served (over /dev/fuse), not held for a ring.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = mnt.join("missing");
+    std::thread::spawn(move || {
+        let _ = tx.send(fs::symlink_metadata(&p).map_err(|e| e.raw_os_error()));
+    });
+    let r = rx.recv_timeout(Duration::from_secs(15));
+    if r.is_err() {
+        // Unblock the hung request before failing: abort the connection.
+        let c = common::cstr(&mnt);
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_FORCE | libc::MNT_DETACH) };
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("a lookup hung: the kernel still waits for the ring");
+    }
+    assert_eq!(r.unwrap().unwrap_err(), Some(libc::ENOENT));
+    fs::write(mnt.join("f"), b"over /dev/fuse").unwrap();
+    assert_eq!(fs::read(mnt.join("f")).unwrap(), b"over /dev/fuse");
+    let st = std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "daemon exit: {}: {err}", out.status);
+    assert!(
+        err.contains("transport /dev/fuse: registering the io_uring queues"),
+        "{err}"
+    );
+}

@@ -38,6 +38,9 @@ use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use super::proto::{self, Answer, InHeader, OUT_HEADER_BYTES};
 use super::{Errno, FuseOps};
 
+/// `FUSE_IO_URING_CMD_INVALID`: answered -EAGAIN until the kernel has
+/// taken INIT's reply, then -EINVAL, and changes nothing either way.
+const CMD_INVALID: u32 = 0;
 /// `FUSE_IO_URING_CMD_REGISTER`.
 const CMD_REGISTER: u32 = 1;
 /// `FUSE_IO_URING_CMD_COMMIT_AND_FETCH`.
@@ -148,22 +151,96 @@ impl Rings {
     }
 }
 
+/// Why `start` failed, and what the connection does now.
+pub struct StartFailed {
+    pub why: String,
+    /// The kernel gave the ring up (a REGISTER it refused): requests go
+    /// over /dev/fuse. If false, they wait for a ring that will not come,
+    /// and the caller must end the connection.
+    pub fell_back: bool,
+    /// The entries that did register, to join at the end (they serve if
+    /// every queue got one before the kernel gave the ring up).
+    pub rings: Rings,
+}
+
 /// Registers `per_queue` entries on every queue of the connection behind
 /// `fuse` (the session's /dev/fuse, after INIT granted io_uring), each
 /// served by a thread of its own; returns once all are registered.
 /// `served` counts the requests served over the ring.
 /// `payload_bytes`: at least the connection's largest message (max_write,
 /// max_pages pages).
+///
+/// Once INIT granted io_uring the kernel holds every request until each
+/// queue has an entry, so a start that fails part of the way (a thread,
+/// a descriptor or a ring it cannot have) must not just return: it makes
+/// the kernel give the ring up, and says whether that worked.
 pub fn start<F: FuseOps>(
     fs: Arc<F>,
     fuse: &OwnedFd,
     per_queue: usize,
     payload_bytes: usize,
     served: Arc<AtomicUsize>,
-) -> Result<Rings, String> {
+) -> Result<Rings, StartFailed> {
     let queues = queue_count();
+    let mut rings = Rings {
+        threads: Vec::new(),
+        queues,
+        per_queue,
+    };
+    // Made first, so that the descriptor it needs to refuse the ring is
+    // had whatever the entries below run out of.
+    let mut control = match Control::new(fuse) {
+        Ok(c) => c,
+        Err(why) => {
+            return Err(StartFailed {
+                why,
+                fell_back: false,
+                rings,
+            })
+        }
+    };
+    let r = control
+        .wait_initialized(Duration::from_secs(10))
+        .and_then(|()| {
+            spawn_entries(
+                fs,
+                fuse,
+                queues,
+                per_queue,
+                payload_bytes,
+                served,
+                &mut rings.threads,
+            )
+        });
+    match r {
+        Ok(()) => Ok(rings),
+        Err(why) => {
+            let fell_back = match control.refuse() {
+                Ok(()) => true,
+                Err(e) => {
+                    eprintln!("ldfs: io_uring: giving the ring up: {e}");
+                    false
+                }
+            };
+            Err(StartFailed {
+                why,
+                fell_back,
+                rings,
+            })
+        }
+    }
+}
+
+fn spawn_entries<F: FuseOps>(
+    fs: Arc<F>,
+    fuse: &OwnedFd,
+    queues: usize,
+    per_queue: usize,
+    payload_bytes: usize,
+    served: Arc<AtomicUsize>,
+    threads: &mut Vec<JoinHandle<()>>,
+) -> Result<(), String> {
     let (tx, rx) = std::sync::mpsc::channel::<Result<(), String>>();
-    let mut threads = Vec::new();
     for qid in 0..queues {
         for i in 0..per_queue {
             let fd = fuse
@@ -187,11 +264,6 @@ pub fn start<F: FuseOps>(
         }
     }
     drop(tx);
-    let rings = Rings {
-        threads,
-        queues,
-        per_queue,
-    };
     for _ in 0..queues * per_queue {
         match rx.recv_timeout(Duration::from_secs(10)) {
             Ok(Ok(())) => {}
@@ -199,10 +271,84 @@ pub fn start<F: FuseOps>(
             Err(_) => return Err("ring entries not registered within 10 s".into()),
         }
     }
-    Ok(rings)
+    Ok(())
+}
+
+/// The starting thread's own ring on the connection: it asks whether the
+/// kernel has taken INIT's reply, and gives the ring up when start fails.
+struct Control {
+    fuse: i32,
+    ring: IoUring<squeue::Entry128, cqueue::Entry>,
+}
+
+impl Control {
+    fn new(fuse: &OwnedFd) -> Result<Control, String> {
+        let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
+            .build(2)
+            .map_err(|e| format!("io_uring_setup: {e}"))?;
+        Ok(Control {
+            fuse: fuse.as_raw_fd(),
+            ring,
+        })
+    }
+
+    /// Runs one command on /dev/fuse: its result.
+    fn command(&mut self, sqe: squeue::Entry128) -> Result<i32, String> {
+        unsafe { self.ring.submission().push(&sqe) }.expect("control ring full");
+        loop {
+            if let Some(c) = self.ring.completion().next() {
+                return Ok(c.result());
+            }
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) => return Err(format!("io_uring_enter: {e}")),
+            }
+        }
+    }
+
+    /// Waits until the kernel has taken INIT's reply. Before that a
+    /// REGISTER fails with -EAGAIN, and not at once: the kernel retries it
+    /// from a worker and completes it later, so the entry's thread would
+    /// have taken it as registered and its queue would stay empty.
+    fn wait_initialized(&mut self, timeout: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let sqe = opcode::UringCmd80::new(types::Fd(self.fuse), CMD_INVALID)
+                .cmd(cmd_req(0, 0))
+                .build();
+            let r = self.command(sqe)?;
+            if r != -libc::EAGAIN {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "the kernel had not taken INIT's reply after {} s",
+                    timeout.as_secs()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Makes the kernel give the ring up: a REGISTER it refuses (no
+    /// iovecs) turns io_uring off for the connection and wakes the
+    /// requests waiting for the ring, which then go over /dev/fuse.
+    fn refuse(&mut self) -> Result<(), String> {
+        let sqe = opcode::UringCmd80::new(types::Fd(self.fuse), CMD_REGISTER)
+            .cmd(cmd_req(0, 0))
+            .build();
+        match self.command(with_len(sqe, 0))? {
+            r if r < 0 => Ok(()),
+            r => Err(format!("a REGISTER without buffers was taken ({r})")),
+        }
+    }
 }
 
 /// One ring entry: its buffers, its ring, its queue.
+///
+/// Fields drop in order: `ring` (its close cancels the entry's command)
+/// before the buffers the kernel writes requests into.
 struct Ent {
     fuse: OwnedFd,
     qid: u16,
@@ -280,7 +426,8 @@ impl Ent {
         registered: &std::sync::mpsc::Sender<Result<(), String>>,
         served: &AtomicUsize,
     ) {
-        // REGISTER: -EAGAIN until the kernel has processed INIT's reply.
+        // REGISTER: -EAGAIN until the kernel has taken INIT's reply, which
+        // start() waited for; retried here all the same if it comes at once.
         let deadline = Instant::now() + Duration::from_secs(5);
         self.register();
         let mut told = false;
@@ -300,10 +447,7 @@ impl Ent {
                     // Registered, and already a request: serve it below.
                     told = true;
                     let _ = registered.send(Ok(()));
-                    if let Err(e) = self.serve_and_commit(fs, served) {
-                        eprintln!("ldfs: io_uring queue {}: {e}", self.qid);
-                        return;
-                    }
+                    self.serve_and_commit(fs, served);
                     break;
                 }
                 Some(r) => {
@@ -345,23 +489,23 @@ impl Ent {
                 }
                 return;
             }
-            if let Err(e) = self.serve_and_commit(fs, served) {
-                eprintln!("ldfs: io_uring queue {}: {e}", self.qid);
-                return;
-            }
+            self.serve_and_commit(fs, served);
         }
     }
 
     /// Serves the request in the entry's buffers, writes the reply there
     /// and queues COMMIT_AND_FETCH (submitted by the next wait).
-    fn serve_and_commit<F: FuseOps>(&mut self, fs: &F, served: &AtomicUsize) -> Result<(), String> {
+    /// A reply too large for the payload buffer is answered EIO: the
+    /// request is committed all the same, and the entry serves on.
+    fn serve_and_commit<F: FuseOps>(&mut self, fs: &F, served: &AtomicUsize) {
         served.fetch_add(1, Ordering::Relaxed);
         let commit_id = u64::from_le_bytes(self.header[264..272].try_into().unwrap());
         let payload_sz =
             u32::from_le_bytes(self.header[PAYLOAD_SZ..PAYLOAD_SZ + 4].try_into().unwrap())
                 as usize;
         self.out.clear();
-        let (unique, error) = match InHeader::decode(&self.header[..OP_IN]) {
+        let mut opcode = 0;
+        let (unique, mut error) = match InHeader::decode(&self.header[..OP_IN]) {
             Err(m) => {
                 eprintln!("ldfs: io_uring: a malformed request header: {}", m.0);
                 (commit_id, Some(Errno::from_i32(libc::EINVAL)))
@@ -375,6 +519,7 @@ impl Ent {
                 (h.unique, Some(Errno::from_i32(libc::EINVAL)))
             }
             Ok(h) => {
+                opcode = h.opcode;
                 let op_in = &self.header[OP_IN..OP_IN + OP_IN_BYTES];
                 match proto::decode(&h, op_in, &self.payload[..payload_sz]) {
                     Err(m) => {
@@ -401,13 +546,15 @@ impl Ent {
                 }
             }
         };
-        let data_len = if error.is_some() { 0 } else { self.out.len() };
-        if data_len > self.payload.len() {
-            return Err(format!(
-                "a reply of {data_len} bytes for a buffer of {}",
+        if error.is_none() && self.out.len() > self.payload.len() {
+            eprintln!(
+                "ldfs: io_uring: opcode {opcode}: a reply of {} bytes for a buffer of {}: EIO",
+                self.out.len(),
                 self.payload.len()
-            ));
+            );
+            error = Some(Errno::from_i32(libc::EIO));
         }
+        let data_len = if error.is_some() { 0 } else { self.out.len() };
         self.payload[..data_len].copy_from_slice(&self.out[..data_len]);
         self.header[..OUT_HEADER_BYTES]
             .copy_from_slice(&proto::out_header(unique, error, data_len));
@@ -416,7 +563,6 @@ impl Ent {
             .cmd(cmd_req(unique, self.qid))
             .build();
         self.push(sqe);
-        Ok(())
     }
 }
 
@@ -454,5 +600,257 @@ mod tests {
     #[test]
     fn queue_count_is_at_least_one() {
         assert!(queue_count() >= 1);
+    }
+
+    // The tests below mount by hand (root, FUSE over io_uring built in):
+    // the test answers INIT on /dev/fuse itself, so it decides when the
+    // kernel takes that reply, and `start` serves a small file system.
+
+    use std::ffi::CString;
+    use std::os::fd::{AsRawFd, FromRawFd};
+    use std::os::unix::ffi::OsStrExt;
+    use std::sync::mpsc;
+
+    use super::super::{Caller, Entry, FileAttr, FileType, OpResult};
+
+    /// One test at a time switches the kernel's parameter.
+    static PARAM: Mutex<()> = Mutex::new(());
+
+    /// A mount whose /dev/fuse the test holds; dropping it aborts the
+    /// connection (the ring's threads then end) and detaches the mount.
+    struct RawMount {
+        dir: tempfile::TempDir,
+        fuse: OwnedFd,
+        param_was: String,
+    }
+
+    impl Drop for RawMount {
+        fn drop(&mut self) {
+            let c = CString::new(self.dir.path().as_os_str().as_bytes()).unwrap();
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_FORCE | libc::MNT_DETACH) };
+            let _ = std::fs::write(super::super::ENABLE_URING, self.param_was.trim());
+        }
+    }
+
+    fn raw_mount() -> Option<RawMount> {
+        let was = std::fs::read_to_string(super::super::ENABLE_URING);
+        if unsafe { libc::geteuid() } != 0 || was.is_err() {
+            eprintln!("\n*** SKIPPING: mounting by hand over io_uring needs root and CONFIG_FUSE_IO_URING ***\n");
+            return None;
+        }
+        std::fs::write(super::super::ENABLE_URING, "Y").unwrap();
+        let fd = unsafe { libc::open(c"/dev/fuse".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        assert!(fd >= 0, "/dev/fuse: {}", std::io::Error::last_os_error());
+        let fuse = unsafe { OwnedFd::from_raw_fd(fd) };
+        let dir = tempfile::tempdir().unwrap();
+        let target = CString::new(dir.path().as_os_str().as_bytes()).unwrap();
+        let data = CString::new(format!("fd={fd},rootmode=40000,user_id=0,group_id=0")).unwrap();
+        let r = unsafe {
+            libc::mount(
+                c"ldfs-uring-test".as_ptr(),
+                target.as_ptr(),
+                c"fuse.ldfs-uring-test".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                data.as_ptr().cast(),
+            )
+        };
+        assert_eq!(r, 0, "mount: {}", std::io::Error::last_os_error());
+        Some(RawMount {
+            dir,
+            fuse,
+            param_was: was.unwrap(),
+        })
+    }
+
+    /// The connection's largest message with the reply below (no
+    /// FUSE_MAX_PAGES: 32 pages).
+    const TEST_PAYLOAD: usize = 128 << 10;
+
+    impl RawMount {
+        /// Reads INIT from /dev/fuse: its unique.
+        fn read_init(&self) -> u64 {
+            let mut b = vec![0u8; 1 << 20];
+            let n = unsafe { libc::read(self.fuse.as_raw_fd(), b.as_mut_ptr().cast(), b.len()) };
+            assert!(n >= 40, "read INIT: {}", std::io::Error::last_os_error());
+            let h = InHeader::decode(&b[..n as usize]).unwrap();
+            assert_eq!(h.opcode, proto::opcode::INIT);
+            h.unique
+        }
+
+        /// Answers INIT granting FUSE_OVER_IO_URING.
+        fn reply_init(&self, unique: u64) {
+            // fuse_init_out: major @0, minor @4, max_readahead @8, flags
+            // @12, max_background u16 @16, congestion_threshold u16 @18,
+            // max_write @20, time_gran @24, max_pages u16 @28, flags2 @32.
+            let mut o = [0u8; 64];
+            o[0..4].copy_from_slice(&7u32.to_le_bytes());
+            o[4..8].copy_from_slice(&42u32.to_le_bytes());
+            o[12..16].copy_from_slice(&(1u32 << 30).to_le_bytes()); // FUSE_INIT_EXT
+            o[16..18].copy_from_slice(&16u16.to_le_bytes());
+            o[18..20].copy_from_slice(&12u16.to_le_bytes());
+            o[20..24].copy_from_slice(&(TEST_PAYLOAD as u32).to_le_bytes());
+            o[24..28].copy_from_slice(&1u32.to_le_bytes());
+            o[32..36].copy_from_slice(&(1u32 << (41 - 32)).to_le_bytes()); // FUSE_OVER_IO_URING
+            let mut msg = proto::out_header(unique, None, o.len()).to_vec();
+            msg.extend_from_slice(&o);
+            let n = unsafe { libc::write(self.fuse.as_raw_fd(), msg.as_ptr().cast(), msg.len()) };
+            assert_eq!(
+                n,
+                msg.len() as isize,
+                "INIT reply: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+
+        /// Runs `f` on a path of the mount in a thread on CPU 0: its result,
+        /// or None if it has not returned within 10 s (the mount hangs).
+        fn within<T: Send + 'static>(&self, rel: &str, f: fn(&Path) -> T) -> Option<T> {
+            let p = self.dir.path().join(rel);
+            let (tx, rx) = mpsc::channel();
+            std::thread::spawn(move || {
+                // On CPU 0: every request goes to queue 0.
+                unsafe {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(0, &mut set);
+                    libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set);
+                }
+                let _ = tx.send(f(&p));
+            });
+            rx.recv_timeout(Duration::from_secs(10)).ok()
+        }
+    }
+
+    use std::path::Path;
+
+    /// A file system of one entry: `big`, a symbolic link whose target
+    /// does not fit in a ring entry.
+    struct Tiny;
+
+    fn tiny_attr(ino: u64, kind: FileType) -> FileAttr {
+        let t = std::time::UNIX_EPOCH;
+        FileAttr {
+            ino: fuser::INodeNo(ino),
+            size: 0,
+            blocks: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            crtime: t,
+            kind,
+            perm: 0o755,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    impl FuseOps for Tiny {
+        fn lookup(&self, _c: &Caller, _parent: u64, name: &[u8]) -> OpResult<Entry> {
+            if name == b"big" {
+                return Ok(Entry {
+                    attr: tiny_attr(2, FileType::Symlink),
+                    generation: 1,
+                    ttl: Duration::ZERO,
+                });
+            }
+            Err(Errno::from_i32(libc::ENOENT))
+        }
+        fn getattr(&self, ino: u64) -> OpResult<(FileAttr, Duration)> {
+            let kind = if ino == 1 {
+                FileType::Directory
+            } else {
+                FileType::Symlink
+            };
+            Ok((tiny_attr(ino, kind), Duration::ZERO))
+        }
+        fn readlink(&self, _ino: u64) -> OpResult<Vec<u8>> {
+            Ok(vec![b'a'; TEST_PAYLOAD + 4096])
+        }
+    }
+
+    fn start_tiny(m: &RawMount) -> mpsc::Receiver<Result<Rings, StartFailed>> {
+        let fd = m.fuse.try_clone().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let r = start(
+                Arc::new(Tiny),
+                &fd,
+                1,
+                TEST_PAYLOAD,
+                Arc::new(AtomicUsize::new(0)),
+            );
+            let _ = tx.send(r);
+        });
+        rx
+    }
+
+    fn started(rx: mpsc::Receiver<Result<Rings, StartFailed>>) -> Rings {
+        match rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("start hangs")
+        {
+            Ok(r) => r,
+            Err(f) => panic!("start failed: {}", f.why),
+        }
+    }
+
+    /// Joins the ring's threads, which end with the connection.
+    fn joined(rings: Rings) {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            rings.join();
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("ring threads still running 10 s after the abort");
+    }
+
+    fn lookup_missing(p: &Path) -> Option<i32> {
+        std::fs::symlink_metadata(p)
+            .err()
+            .and_then(|e| e.raw_os_error())
+    }
+
+    #[test]
+    fn entries_registered_before_init_is_taken_still_serve() {
+        let _g = PARAM.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(m) = raw_mount() else { return };
+        let unique = m.read_init();
+        // The queues are registered while INIT waits for its reply (as
+        // with fuser, which answers INIT after our init() returned).
+        let rx = start_tiny(&m);
+        std::thread::sleep(Duration::from_millis(300));
+        m.reply_init(unique);
+        let rings = started(rx);
+        let r = m.within("missing", lookup_missing);
+        drop(m);
+        joined(rings);
+        assert_eq!(r, Some(Some(libc::ENOENT)), "a lookup over the ring hung");
+    }
+
+    #[test]
+    fn a_reply_too_large_for_the_entry_fails_and_the_entry_serves_on() {
+        let _g = PARAM.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(m) = raw_mount() else { return };
+        let unique = m.read_init();
+        m.reply_init(unique);
+        let rings = started(start_tiny(&m));
+        // One entry per queue: the link's reply does not fit, the caller
+        // gets an error, and the entry answers the next request.
+        let r = m.within("big", |p| {
+            std::fs::read_link(p).map_err(|e| e.raw_os_error())
+        });
+        let next = m.within("missing", lookup_missing);
+        drop(m);
+        joined(rings);
+        assert_eq!(
+            r,
+            Some(Err(Some(libc::EIO))),
+            "readlink of a too-long target"
+        );
+        assert_eq!(next, Some(Some(libc::ENOENT)), "the entry stopped serving");
     }
 }
