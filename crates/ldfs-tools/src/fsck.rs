@@ -41,7 +41,7 @@ pub struct FsckArgs {
     #[arg(short = 'f')]
     pub force: bool,
     /// Print every problem, not only the first 50.
-    #[arg(short = 'v', short_alias = 'V')]
+    #[arg(short = 'v')]
     pub verbose: bool,
     /// Check metadata only: skip the checksums of data blocks (reads the
     /// summaries, not the whole log). Blocks whose bytes are bad are then

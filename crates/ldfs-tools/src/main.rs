@@ -1764,6 +1764,21 @@ fn cmd_clean(
 mod tests {
     use super::{parse_size, CleanRequest, PolicyKind};
 
+    /// clap's own consistency checks (duplicate short options and the
+    /// like) run only in debug builds; `fsck -V` once clashed with
+    /// `--version` there and panicked. In any build: -V prints the version
+    /// and -v means verbose, for `ldfs fsck` and `fsck.ldfs` alike.
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::{CommandFactory, Parser};
+        super::Cli::command().debug_assert();
+        super::fsck::FsckArgs::command().debug_assert();
+        let e = super::fsck::FsckArgs::try_parse_from(["fsck.ldfs", "-V"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::DisplayVersion);
+        let a = super::fsck::FsckArgs::try_parse_from(["fsck.ldfs", "-v", "x.img"]).unwrap();
+        assert!(a.verbose);
+    }
+
     #[test]
     fn clean_requests_round_trip() {
         for r in [
