@@ -1167,7 +1167,18 @@ fn start_uring_now(setup: RingSetup) -> Result<Option<uring::Rings>, String> {
     let payload = crate::fuse::MAX_WRITE_BYTES
         .next_multiple_of(page)
         .max(8192);
-    match uring::start(fs, &fd, per_queue, payload, served) {
+    // Entries serve as soon as each is registered, before `start`
+    // returns: a request served then (`ldfs stats` right after the mount
+    // appears) must already see the ring named. Put back if it fails.
+    let before = std::mem::replace(
+        &mut *text.lock().expect("transport poisoned"),
+        uring::describe(queues, per_queue),
+    );
+    let r = uring::start(fs, &fd, per_queue, payload, served);
+    if r.is_err() {
+        *text.lock().expect("transport poisoned") = before;
+    }
+    match r {
         Ok(r) => {
             *text.lock().expect("transport poisoned") = r.describe();
             Ok(Some(r))

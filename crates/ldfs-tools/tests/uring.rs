@@ -447,3 +447,38 @@ fn auto_falls_back_to_dev_fuse_when_the_ring_cannot_be_set_up_halfway() {
         "{err}"
     );
 }
+
+/// What a small-file create (open O_CREAT, write 1 KiB, close) costs in
+/// round trips with the defaults (no writeback cache): LOOKUP, CREATE,
+/// GETXATTR (the kernel's file-capability check on write), WRITE, GETATTR,
+/// RELEASE. No FLUSH: ldfs answers the first one ENOSYS and the kernel
+/// sends no more. Counted by the ring (every request but FORGET travels
+/// over it), less what `ldfs stats` itself costs.
+#[test]
+fn a_small_file_create_costs_six_round_trips() {
+    let _g = PARAM_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(_restore) = usable() else {
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("r.img");
+    mkfs(&img, "256M");
+    let m = Mount::new(&img, &t.path().join("mnt"), &["transport=uring"]);
+    fs::create_dir(m.path("d")).unwrap();
+    fs::write(m.path("d/warm"), b"x").unwrap();
+    let a = ring_served(&m.dir);
+    let stats_cost = ring_served(&m.dir) - a;
+    let before = ring_served(&m.dir);
+    const N: u64 = 200;
+    for i in 0..N {
+        let mut f = fs::File::create(m.path(&format!("d/f{i}"))).unwrap();
+        f.write_all(&[7u8; 1024]).unwrap();
+    }
+    let after = ring_served(&m.dir);
+    let per = (after - before - stats_cost) as f64 / N as f64;
+    assert!(
+        per <= 6.05,
+        "{per:.2} requests per small-file create (stats costs {stats_cost})"
+    );
+    m.unmount();
+}

@@ -187,8 +187,14 @@ pub trait FuseOps: Send + Sync + 'static {
     ) -> OpResult<u32> {
         nosys()
     }
+    /// Nothing to do at close(2) for ldfs or memfs (data reaches the daemon
+    /// with each WRITE or, with the writeback cache, before the kernel sends
+    /// FLUSH; POSIX locks are the kernel's own). ENOSYS makes the kernel
+    /// stop sending FLUSH at all (`fc->no_flush`), a round trip less per
+    /// close; close(2) still returns writeback errors, which the kernel
+    /// takes before it would send FLUSH.
     fn flush(&self, ino: u64, fh: u64) -> OpResult<()> {
-        Ok(())
+        nosys()
     }
     fn release(&self, ino: u64, fh: u64) -> OpResult<()> {
         Ok(())

@@ -138,10 +138,7 @@ pub struct Rings {
 
 impl Rings {
     pub fn describe(&self) -> String {
-        format!(
-            "io_uring ({} queues, {} entries each)",
-            self.queues, self.per_queue
-        )
+        describe(self.queues, self.per_queue)
     }
 
     pub fn join(self) {
@@ -152,6 +149,11 @@ impl Rings {
 }
 
 /// Why `start` failed, and what the connection does now.
+/// How `ldfs stats` names a ring of `queues` queues of `per_queue` entries.
+pub fn describe(queues: usize, per_queue: usize) -> String {
+    format!("io_uring ({queues} queues, {per_queue} entries each)")
+}
+
 pub struct StartFailed {
     pub why: String,
     /// The kernel gave the ring up (a REGISTER it refused): requests go
