@@ -109,6 +109,10 @@ fn bench_vld_smallest_run() {
             "transfer_us",
             "locate_us",
             "other_us",
+            "reads_per_update",
+            "read_locate_us",
+            "write_locate_us",
+            "vld_used",
         ],
     );
     let phases = rows(&doc, "phases", &["disk", "system", "phase", "mb_per_s"]);
