@@ -97,8 +97,11 @@ const LD_CYLINDERS: u32 = 200;
 /// measurement (the paper's footnote 3: "taken immediately after running
 /// a compactor").
 const COMPACT_US: f64 = 20e6;
-/// The VLD's physical block in sectors (`VldOptions::default()`: 4 KiB).
-const VLD_BLOCK_SECTORS: u32 = 8;
+/// The VLD's physical block (`VldOptions::default()`, the paper's 4 KB).
+const VLD_BLOCK: u32 = 4096;
+const VLD_BLOCK_SECTORS: u32 = VLD_BLOCK / 512;
+/// The ablation of Figure 10's second table: a VLD that allocates sectors.
+const VLD_SECTOR_BLOCK: u32 = 512;
 
 /// The four file-system-on-disk combinations of the paper's Figure 5.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -198,7 +201,13 @@ struct Stack {
 }
 
 impl Stack {
-    fn new(system: System, params: DiskParams, host_us: f64, uip_unit: u32) -> R<Stack> {
+    fn new(
+        system: System,
+        params: DiskParams,
+        host_us: f64,
+        uip_unit: u32,
+        vld_block: u32,
+    ) -> R<Stack> {
         let uip = UipOptions {
             unit_bytes: uip_unit,
             ..UipOptions::default()
@@ -206,7 +215,14 @@ impl Stack {
         let sim = Arc::new(SimDisk::new(params, host_us));
         let vld = if system.on_vld() {
             Some(Arc::new(
-                Vld::create(sim.clone(), VldOptions::default()).t()?,
+                Vld::create(
+                    sim.clone(),
+                    VldOptions {
+                        block_bytes: vld_block,
+                        ..VldOptions::default()
+                    },
+                )
+                .t()?,
             ))
         } else {
             None
@@ -415,9 +431,10 @@ fn random_updates(
     updates: u32,
     warmup_cap: u64,
     compact: bool,
+    vld_block: u32,
     seed: u64,
 ) -> R<Updates> {
-    let st = Stack::new(system, params, host_us, UIP_UNIT_VL)?;
+    let st = Stack::new(system, params, host_us, UIP_UNIT_VL, vld_block)?;
     let fs = st.fs();
     let capacity = fs.statfs().blocks;
     let blocks = ((capacity as f64 * utilization) as u64).max(1);
@@ -505,6 +522,7 @@ fn figure8(b: &VldBench) -> Vec<UpdateRow> {
                     b.updates,
                     warmup_cap(b),
                     false,
+                    VLD_BLOCK,
                     seed,
                 );
                 if let Err(e) = &r {
@@ -542,8 +560,10 @@ struct BreakdownRow {
 
 /// Figures 9 and 10: the random updates at 80% on the three platforms of
 /// Figure 9, update in place against the VLD (after compacting), the time
-/// of an update split as Figure 10 splits it.
-fn figures9_10(b: &VldBench) -> Vec<BreakdownRow> {
+/// of an update split as Figure 10 splits it; then, per platform, the VLD
+/// with `vld_block`-byte blocks alone when `ablation` (Section 4.2's
+/// choice of physical block, measured).
+fn figures9_10(b: &VldBench, ablation: bool) -> Vec<BreakdownRow> {
     let mut rows = Vec::new();
     let platforms = [
         (Host::SparcStation10, PaperDisk::Hp97560),
@@ -551,7 +571,12 @@ fn figures9_10(b: &VldBench) -> Vec<BreakdownRow> {
         (Host::UltraSparc170, PaperDisk::St19101),
     ];
     for (host, disk) in platforms {
-        for system in [System::UipRegular, System::UipVld] {
+        let runs: &[(System, u32)] = if ablation {
+            &[(System::UipVld, VLD_SECTOR_BLOCK)]
+        } else {
+            &[(System::UipRegular, VLD_BLOCK), (System::UipVld, VLD_BLOCK)]
+        };
+        for &(system, vld_block) in runs {
             let r = random_updates(
                 system,
                 DiskParams::paper(disk),
@@ -560,6 +585,7 @@ fn figures9_10(b: &VldBench) -> Vec<BreakdownRow> {
                 b.updates,
                 warmup_cap(b),
                 true,
+                vld_block,
                 SEED ^ 0x9 ^ disk as u64,
             );
             if let Err(e) = &r {
@@ -613,6 +639,7 @@ fn large_file(system: System, disk: PaperDisk, mib: u64, seed: u64) -> R<Vec<f64
         DiskParams::paper(disk),
         HOST.overhead_us(),
         UIP_UNIT_VL,
+        VLD_BLOCK,
     )?;
     let bytes = mib << 20;
     let blocks = bytes / BLOCK;
@@ -721,7 +748,13 @@ fn ld_params() -> DiskParams {
 /// (sync at the end). Files per simulated second of each phase.
 fn small_files(name: &str, files: usize) -> R<[f64; 3]> {
     let ld_unit = UipOptions::default().unit_bytes;
-    let mut st = Stack::new(ld_system(name), ld_params(), HOST.overhead_us(), ld_unit)?;
+    let mut st = Stack::new(
+        ld_system(name),
+        ld_params(),
+        HOST.overhead_us(),
+        ld_unit,
+        VLD_BLOCK,
+    )?;
     let dir = st.fs().mkdir(CTX, ROOT_INO, b"d", 0o755).t()?.ino;
     let data = [0x33u8; 1024];
     let rate = |us: f64| files as f64 / (us / 1e6);
@@ -760,7 +793,13 @@ fn small_files(name: &str, files: usize) -> R<[f64; 3]> {
 fn large_file_ld(name: &str, mib: u64, seed: u64) -> R<[f64; 5]> {
     const CHUNK: u64 = 8 << 10;
     let ld_unit = UipOptions::default().unit_bytes;
-    let mut st = Stack::new(ld_system(name), ld_params(), HOST.overhead_us(), ld_unit)?;
+    let mut st = Stack::new(
+        ld_system(name),
+        ld_params(),
+        HOST.overhead_us(),
+        ld_unit,
+        VLD_BLOCK,
+    )?;
     let bytes = mib << 20;
     let chunks = bytes / CHUNK;
     let ino = st.fs().mknod(CTX, ROOT_INO, b"big", 0o100644, 0).t()?.ino;
@@ -1138,7 +1177,8 @@ pub fn run(b: &VldBench) -> R<()> {
     printed = md.len();
 
     // Figures 9 and 10.
-    let f9 = figures9_10(b);
+    let f9 = figures9_10(b, false);
+    let f9_sectors = figures9_10(b, true);
     let mut rows = Vec::new();
     let mut gaps = Vec::new();
     for pair in f9.chunks(2) {
@@ -1177,13 +1217,19 @@ pub fn run(b: &VldBench) -> R<()> {
     // block located at once), the reads alike on both disks.
     let mut kinds = Vec::new();
     let mut vld_locate = Vec::new();
-    for r in &f9 {
+    let labelled = f9.iter().map(|r| (r, r.system.name().to_string())).chain(
+        f9_sectors
+            .iter()
+            .map(|r| (r, "uip-vld, 512 B blocks".into())),
+    );
+    for (r, label) in labelled {
         let Some(u) = r.u else { continue };
         let per = |x: f64, k: f64| if k > 0.0 { x / k } else { 0.0 };
+        let sectors = label != r.system.name();
         let mut row = vec![
             r.disk.to_string(),
             r.host.to_string(),
-            r.system.name().into(),
+            label,
             format!("{:.2}", u.reads),
             fmt_value(per(u.read_locate_us, u.reads) / 1000.0),
             format!("{:.2}", u.writes),
@@ -1192,9 +1238,14 @@ pub fn run(b: &VldBench) -> R<()> {
         match u.vld_used {
             Some(used) => {
                 let d = if r.disk == "HP97560" { &hp } else { &sg };
-                let e11 = model::eq11_us(d, used, VLD_BLOCK_SECTORS);
+                let bs = if sectors { 1 } else { VLD_BLOCK_SECTORS };
+                let e11 = model::eq11_us(d, used, bs, VLD_BLOCK_SECTORS);
                 row.push(format!("{:.0}%", used * 100.0));
                 row.push(fmt_value(e11 / 1000.0));
+                if sectors {
+                    kinds.push(row);
+                    continue;
+                }
                 vld_locate.push(format!(
                     "{} with {}: {} ms per write against equation 11's {} ms at {:.0}% used",
                     r.disk,
@@ -1267,7 +1318,12 @@ pub fn run(b: &VldBench) -> R<()> {
         "\nThe same runs per kind of request: requests per update and ms locating per \
          request (the VLD's reads include its read-modify-write reads, none here: uip \
          writes whole 4 KiB units), and for the VLD its physical utilization and \
-         equation 11 there. uip reads the block an update overwrites before writing it \
+         equation 11 there for a 4 KiB write (b = B = 8 sectors; b = 1 for 512-byte \
+         blocks, where equation 11 locates 8 separate sectors). The \
+         rows \"512 B blocks\" run the same VLD allocating sectors (`VldOptions::block_bytes` \
+         512), the VLD before it took the paper's 4 KB physical block (Section 4.2); its \
+         writes are still 4 KiB (uip's units), placed as a run of 8 free sectors \
+         that may start at any sector, and each map sector takes any free sector. uip reads the block an update overwrites before writing it \
          (its ARU keeps the old contents to undo an abort, and its 4 MiB cache holds \
          few blocks of the file): a random read on either disk, which eager writing \
          does not shorten. Reads' share of the VLD's locate time: {read_share}. With \
@@ -1499,8 +1555,11 @@ pub fn run(b: &VldBench) -> R<()> {
             "lld_checkpoints": r.lld.map(|x| x.0), "lld_blocks_moved": r.lld.map(|x| x.1),
             "vld_physical_used": num(r.vld_used),
         })).collect::<Vec<_>>(),
-        "breakdown": f9.iter().map(|r| json!({
+        "breakdown": f9.iter().map(|r| (r, VLD_BLOCK)).chain(
+            f9_sectors.iter().map(|r| (r, VLD_SECTOR_BLOCK))
+        ).map(|(r, block)| json!({
             "disk": r.disk, "host": r.host, "system": r.system.name(),
+            "vld_block_bytes": (r.system == System::UipVld).then_some(block),
             "scsi_us": num(r.b.map(|x| x.scsi_us)),
             "transfer_us": num(r.b.map(|x| x.transfer_us)),
             "locate_us": num(r.b.map(|x| x.locate_us())),

@@ -37,11 +37,11 @@ pub fn eq11(n: f64, p: f64, b: f64, big_b: f64) -> f64 {
     (1.0 - p) * n / (b + p * n) * big_b
 }
 
-/// Equation 11 in µs for a drive at utilization `u`, blocks of
-/// `block_sectors` written whole (`b = B`).
-pub fn eq11_us(d: &DiskParams, utilization: f64, block_sectors: u32) -> f64 {
-    let b = f64::from(block_sectors);
-    eq11(f64::from(d.sectors_per_track), 1.0 - utilization, b, b) * d.sector_us()
+/// Equation 11 in µs for a drive at utilization `u`: a logical block of
+/// `logical_sectors` on physical blocks of `block_sectors`.
+pub fn eq11_us(d: &DiskParams, utilization: f64, block_sectors: u32, logical_sectors: u32) -> f64 {
+    let (b, big_b) = (f64::from(block_sectors), f64::from(logical_sectors));
+    eq11(f64::from(d.sectors_per_track), 1.0 - utilization, b, big_b) * d.sector_us()
 }
 
 /// Equation 4 with the probability functions (5) and (6): the expected
