@@ -716,6 +716,12 @@ const TABLE4_PAPER: [(&str, [f64; 3]); 2] = [
     ("uip", [70.0, 215.0, 784.0]),
     ("lld", [288.0, 227.0, 806.0]),
 ];
+/// LD Table 4's second column: 1,000 10-Kbyte files (files/s).
+const TABLE4_PAPER_10K: [(&str, [f64; 3]); 2] =
+    [("uip", [25.0, 100.0, 800.0]), ("lld", [134.0, 97.0, 680.0])];
+/// LD Table 4's file sizes; the larger run has a tenth as many files.
+const TABLE4_SMALL_BYTES: usize = 1024;
+const TABLE4_LARGE_BYTES: usize = 10 * 1024;
 
 /// LD Table 5 (KB/s): write seq, read seq, write random, read random, read
 /// seq again.
@@ -746,7 +752,7 @@ fn ld_params() -> DiskParams {
 /// LD 4.2's small-file benchmark: create `files` 1 KB files in one
 /// directory (sync at the end), read them from empty caches, delete them
 /// (sync at the end). Files per simulated second of each phase.
-fn small_files(name: &str, files: usize) -> R<[f64; 3]> {
+fn small_files(name: &str, files: usize, file_bytes: usize) -> R<[f64; 3]> {
     let ld_unit = UipOptions::default().unit_bytes;
     let mut st = Stack::new(
         ld_system(name),
@@ -756,7 +762,7 @@ fn small_files(name: &str, files: usize) -> R<[f64; 3]> {
         VLD_BLOCK,
     )?;
     let dir = st.fs().mkdir(CTX, ROOT_INO, b"d", 0o755).t()?.ino;
-    let data = [0x33u8; 1024];
+    let data = vec![0x33u8; file_bytes];
     let rate = |us: f64| files as f64 / (us / 1e6);
     let t = st.now_us();
     for i in 0..files {
@@ -773,7 +779,7 @@ fn small_files(name: &str, files: usize) -> R<[f64; 3]> {
     let t = st.now_us();
     for i in 0..files {
         let ino = st.fs().lookup(dir, format!("f{i}").as_bytes()).t()?.ino;
-        if st.fs().read(ino, 0, 1024).t()?.len() != 1024 {
+        if st.fs().read(ino, 0, file_bytes as u32).t()?.len() != file_bytes {
             return Err(format!("file f{i} lost its data"));
         }
     }
@@ -1449,13 +1455,20 @@ pub fn run(b: &VldBench) -> R<()> {
 
     // LD Tables 4 and 5.
     let mut t4 = Vec::new();
+    let mut t4_10k = Vec::new();
     let mut t5 = Vec::new();
+    let files_10k = (b.files / 10).max(1);
     for (name, _) in TABLE4_PAPER {
-        let r = small_files(name, b.files);
+        let r = small_files(name, b.files, TABLE4_SMALL_BYTES);
         if let Err(e) = &r {
             eprintln!("bench vld: LD table 4 {name}: {e}");
         }
         t4.push((name, r));
+        let r = small_files(name, files_10k, TABLE4_LARGE_BYTES);
+        if let Err(e) = &r {
+            eprintln!("bench vld: LD table 4 {name} (10 KB): {e}");
+        }
+        t4_10k.push((name, r));
         let r = large_file_ld(name, b.table5_mib, SEED ^ 0x5);
         if let Err(e) = &r {
             eprintln!("bench vld: LD table 5 {name}: {e}");
@@ -1473,32 +1486,40 @@ pub fn run(b: &VldBench) -> R<()> {
         "\n### LD Tables 4 and 5: MINIX (uip) and MINIX LLD (lld) on the simulated HP 97560\n\n\
          A {LD_CYLINDERS}-cylinder portion of the HP 97560 ({} MB; the LD paper used a \
          400 MB partition of an HP C3010 at 5400 rpm), SPARCstation-10 host. Table 4: \
-         {} 1 KB files created in one directory (fsync at the end), read from empty \
-         caches, deleted (fsync at the end), files per simulated second. The paper: \
+         {} 1 KB files (and {} 10 KB files) created in one directory (fsync at the \
+         end), read from empty caches, deleted (fsync at the end), files per simulated \
+         second. The paper: \
          creates 70 files/s on MINIX, 288 on MINIX LLD (4.1x); measured ratio {}. \
          Simulated time counts the disk and the host's time per request, not the CPU \
          time of the file system itself, which bounded the paper's MINIX LLD.\n",
         ld_params().size_bytes() / 1_000_000,
         b.files,
+        files_10k,
         match (creates("lld"), creates("uip")) {
             (Some(l), Some(u)) if u > 0.0 => format!("{:.1}x", l / u),
             _ => "none (runs failed)".into(),
         }
     );
     let mut rows = Vec::new();
-    for ((name, r), (_, paper)) in t4.iter().zip(TABLE4_PAPER) {
-        let mut row = vec![name.to_string()];
-        for (i, p) in paper.iter().enumerate() {
-            row.push(cell(r.as_ref().ok().map(|v| v[i])));
-            row.push(fmt_value(*p));
+    let sized = [
+        ("1 KB", &t4, TABLE4_PAPER),
+        ("10 KB", &t4_10k, TABLE4_PAPER_10K),
+    ];
+    for (size, runs, papers) in sized {
+        for ((name, r), (_, paper)) in runs.iter().zip(papers) {
+            let mut row = vec![name.to_string(), size.to_string()];
+            for (i, p) in paper.iter().enumerate() {
+                row.push(cell(r.as_ref().ok().map(|v| v[i])));
+                row.push(fmt_value(*p));
+            }
+            rows.push(row);
         }
-        rows.push(row);
     }
     md += &table(
         &[
-            "system", "create", "paper", "read", "paper", "delete", "paper",
+            "system", "file", "create", "paper", "read", "paper", "delete", "paper",
         ],
-        1,
+        2,
         &rows,
     );
     let _ = writeln!(
@@ -1577,10 +1598,13 @@ pub fn run(b: &VldBench) -> R<()> {
             "disk": r.disk, "system": r.system.name(), "phase": r.phase,
             "mb_per_s": num(r.mb_per_s),
         })).collect::<Vec<_>>(),
-        "ld_table4": t4.iter().zip(TABLE4_PAPER).map(|((name, r), (_, paper))| {
+        "ld_table4": t4.iter().zip(TABLE4_PAPER).map(|(x, p)| (x, p, b.files, TABLE4_SMALL_BYTES))
+            .chain(t4_10k.iter().zip(TABLE4_PAPER_10K)
+                .map(|(x, p)| (x, p, files_10k, TABLE4_LARGE_BYTES)))
+            .map(|((name, r), (_, paper), files, bytes)| {
             let v = r.as_ref().ok();
             json!({
-                "system": name, "files": b.files,
+                "system": name, "files": files, "file_bytes": bytes,
                 "files_per_s": num(v.map(|v| v[0])),
                 "read_files_per_s": num(v.map(|v| v[1])),
                 "delete_files_per_s": num(v.map(|v| v[2])),
