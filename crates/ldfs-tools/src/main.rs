@@ -295,7 +295,7 @@ struct VldArgs {
     /// MiB of Figure 7's file (the paper: 10; quick: 4).
     #[arg(long)]
     phase_mib: Option<u64>,
-    /// 1 KB files of LD Table 4 (the paper: 10,000; quick: 2,000).
+    /// 1 KB files of LD Table 4 (the paper: 10,000; quick: 2,000); a tenth as many 10 KB files.
     #[arg(long)]
     files: Option<usize>,
     /// MiB of LD Table 5's file (40, the paper: 80; quick: 8).

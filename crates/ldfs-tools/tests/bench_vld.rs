@@ -109,6 +109,10 @@ fn bench_vld_smallest_run() {
             "transfer_us",
             "locate_us",
             "other_us",
+            "reads_per_update",
+            "read_locate_us",
+            "write_locate_us",
+            "vld_used",
         ],
     );
     let phases = rows(&doc, "phases", &["disk", "system", "phase", "mb_per_s"]);
@@ -117,10 +121,16 @@ fn bench_vld_smallest_run() {
         2 * 4 * 6,
         "six phases, four systems, two disks"
     );
-    let t4 = rows(&doc, "ld_table4", &["system", "files_per_s"]);
+    let t4 = rows(&doc, "ld_table4", &["system", "files_per_s", "file_bytes"]);
     for system in ["uip", "lld"] {
-        let r = t4.iter().find(|r| r["system"] == system).unwrap();
-        assert!(r["files_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        // Both of LD Table 4's columns: 1 KB and 10 KB files.
+        for bytes in [1024, 10240] {
+            let r = t4
+                .iter()
+                .find(|r| r["system"] == system && r["file_bytes"] == bytes)
+                .unwrap_or_else(|| panic!("no ld_table4 row for {system}, {bytes} B"));
+            assert!(r["files_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        }
     }
     rows(&doc, "ld_table5", &["system", "phase", "kb_per_s"]);
 

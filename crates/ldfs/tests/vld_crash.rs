@@ -5,7 +5,11 @@
 //! scans. After every recovery the virtual log's invariant holds and every
 //! logical sector equals the model — except those of the request the cut
 //! interrupted, each of which is old or new. Then more writes, a clean
-//! power-down and a reopen give the model again.
+//! power-down and a reopen give the model again. The VLD's block is 4 KiB
+//! in three cycles of five, else 512 bytes or a larger block that divides
+//! the track; writes of any length at any offset, so most are merged with
+//! the old block (read-modify-write) and a cut one leaves each of its
+//! blocks wholly old or new, the bytes around it in the block unchanged.
 //! `LDFS_VLD_CYCLES` (default 600), `LDFS_SEED` replays one cycle.
 
 use std::sync::Arc;
@@ -92,8 +96,15 @@ fn cycle(seed: u64) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let p = params(&mut rng);
     let disk = Arc::new(SimDisk::new(p.clone(), 0.0));
+    let block_bytes = match rng.gen_range(0..5) {
+        0 => 512,
+        1 if p.sectors_per_track == 72 => 4608,
+        1 => 8192,
+        _ => 4096,
+    };
     let opts = VldOptions {
         seed,
+        block_bytes,
         ..VldOptions::default()
     };
     let v = Vld::create(disk.clone(), opts).unwrap();

@@ -185,6 +185,9 @@ impl<D: Device> Device for FaultDevice<D> {
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
     }
+    fn write_unit_bytes(&self) -> u64 {
+        self.inner.write_unit_bytes()
+    }
 }
 
 #[cfg(test)]

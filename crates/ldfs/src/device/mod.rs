@@ -98,6 +98,14 @@ pub trait Device: Send + Sync {
     /// device behind a page cache starts reading them in the background;
     /// one without (memory, O_DIRECT) has nothing to do. Never fails.
     fn will_need(&self, _ranges: &[(u64, u64)]) {}
+    /// A hint: the write granularity the device prefers (a power of two,
+    /// at least 512). A write of whole aligned units costs no read; a
+    /// smaller one the device merges with what is there, reading it first
+    /// (the VLD's physical block: read-modify-write). Like a drive's
+    /// physical block size under 512-byte logical sectors.
+    fn write_unit_bytes(&self) -> u64 {
+        512
+    }
 }
 
 impl<D: Device + ?Sized> Device for Arc<D> {
@@ -116,6 +124,9 @@ impl<D: Device + ?Sized> Device for Arc<D> {
     fn will_need(&self, ranges: &[(u64, u64)]) {
         (**self).will_need(ranges)
     }
+    fn write_unit_bytes(&self) -> u64 {
+        (**self).write_unit_bytes()
+    }
 }
 
 impl<D: Device + ?Sized> Device for Box<D> {
@@ -133,6 +144,9 @@ impl<D: Device + ?Sized> Device for Box<D> {
     }
     fn will_need(&self, ranges: &[(u64, u64)]) {
         (**self).will_need(ranges)
+    }
+    fn write_unit_bytes(&self) -> u64 {
+        (**self).write_unit_bytes()
     }
 }
 

@@ -113,6 +113,10 @@ struct State {
 
 pub struct Uip {
     dev: Arc<dyn Device>,
+    /// Writes are padded to this where uip owns the bytes: the device's
+    /// write unit, at most a unit (a block's extent) — so a VLD with 4 KiB
+    /// blocks under 4 KiB units never reads to merge (see `put`).
+    write_unit: usize,
     geo: Geometry,
     opts: UipOptions,
     state: Mutex<State>,
@@ -246,8 +250,15 @@ impl Uip {
             cache_order: VecDeque::new(),
             cache_bytes: 0,
         };
+        let w = dev.write_unit_bytes() as usize;
+        let write_unit = if w > SECTOR && (geo.unit_bytes as usize).is_multiple_of(w) {
+            w
+        } else {
+            SECTOR
+        };
         Ok(Uip {
             dev,
+            write_unit,
             geo,
             opts,
             state: Mutex::new(state),
@@ -341,15 +352,16 @@ impl Uip {
         Ok(Some(buf))
     }
 
-    /// Write the 512-byte sector of descriptors holding unit `u`'s, from
-    /// memory.
+    /// Write the sector (or device write unit, at most the descriptor
+    /// area's alignment) of descriptors holding unit `u`'s, from memory.
     fn write_desc(&self, s: &State, u: u32) -> LdResult<()> {
-        let per = (SECTOR / DESC_BYTES) as u32;
+        let chunk = self.write_unit.min(layout::ALIGN as usize);
+        let per = (chunk / DESC_BYTES) as u32;
         let upg = self.geo.units_per_group;
         let group_first = u - u % upg;
         let first = u - (u % upg) % per;
         let end = (first + per).min(group_first + upg);
-        let mut b = [0u8; SECTOR];
+        let mut b = vec![0u8; chunk];
         for x in first..end {
             let o = (x - first) as usize * DESC_BYTES;
             b[o..o + DESC_BYTES].copy_from_slice(&s.descs[x as usize].encode());
@@ -435,8 +447,10 @@ impl Uip {
         let ub = self.geo.unit_bytes;
         let n = units_for(data.len() as u32, ub);
         let old = s.lists[&list].blocks.get(&index).copied();
+        // Padding to the device's write unit stays inside the extent (a
+        // whole number of units, each a multiple of it).
         let mut padded = data.to_vec();
-        padded.resize(data.len().div_ceil(SECTOR) * SECTOR, 0);
+        padded.resize(data.len().div_ceil(self.write_unit) * self.write_unit, 0);
         match old {
             Some(h) if units_for(h.len, ub) == n => {
                 self.dev.write_at(&padded, self.geo.unit_offset(h.unit))?;

@@ -190,3 +190,41 @@ fn bad_arguments_and_corrupt_superblock_are_typed_errors() {
         Err(LdError::Corrupt(_))
     ));
 }
+
+#[test]
+fn on_a_vld_with_4k_units_every_write_is_whole_blocks() {
+    // The VLD merges a write smaller than its 4 KiB block with the old
+    // block, reading it first; uip pads its writes (blocks, descriptor
+    // sectors) to the device's write unit inside what it owns, so an
+    // update never costs that read.
+    use crate::device::sim::{DiskParams, PaperDisk, SimDisk};
+    use crate::device::vld::{Vld, VldOptions};
+    let mut p = DiskParams::paper(PaperDisk::Hp97560);
+    p.cylinders = 4;
+    let sim = Arc::new(SimDisk::new(p, 0.0));
+    let vld = Arc::new(Vld::create(sim.clone(), VldOptions::default()).unwrap());
+    assert_eq!(vld.write_unit_bytes(), 4096);
+    let opts = UipOptions {
+        unit_bytes: 4096,
+        units_per_group: 256,
+        ..UipOptions::default()
+    };
+    let u = Uip::create(vld.clone(), opts).unwrap();
+    let l = u.create_list(None, ListHints::default()).unwrap();
+    let before = sim.stats().sectors_read;
+    for i in 0..40u64 {
+        // Small blocks (an inode's record), whole ones, growth to a new
+        // home and back: data and descriptor writes.
+        let len = [100, 4096, 9000, 512][i as usize % 4];
+        u.write(None, l, i % 7, &vec![i as u8; len]).unwrap();
+    }
+    assert_eq!(sim.stats().sectors_read, before, "a write read to merge");
+    u.flush().unwrap();
+    drop(u);
+    let u = Uip::open(vld, opts).unwrap();
+    for k in 0..7u64 {
+        let last = (0..40u64).filter(|i| i % 7 == k).max().unwrap();
+        let len = [100, 4096, 9000, 512][last as usize % 4];
+        assert_eq!(u.read(l, k).unwrap().unwrap(), vec![last as u8; len]);
+    }
+}

@@ -73,6 +73,11 @@ pub struct SimStats {
     pub sectors_read: u64,
     pub sectors_written: u64,
     pub time: Breakdown,
+    /// The media part of `time` (seek, switch, rotation, transfer) spent
+    /// reading, and writing: a VLD's read-modify-write reads count as
+    /// reads although they serve a write request.
+    pub media_read_time: Breakdown,
+    pub media_write_time: Breakdown,
 }
 
 /// Cut the power at write number `at_write` (0-based, counting media writes):
@@ -317,7 +322,8 @@ impl SimDisk {
         if s.dead {
             return Err(power_error(DeviceOp::Read, lba, count));
         }
-        self.mechanics(&mut s, lba, count);
+        let b = self.mechanics(&mut s, lba, count);
+        s.stats.media_read_time.add(&b);
         let start = (lba * SECTOR_BYTES_SIM) as usize;
         buf.copy_from_slice(&s.bytes[start..start + buf.len()]);
         s.stats.sectors_read += count;
@@ -344,7 +350,8 @@ impl SimDisk {
                 return Err(power_error(DeviceOp::Write, lba, count));
             }
         }
-        self.mechanics(&mut s, lba, count);
+        let b = self.mechanics(&mut s, lba, count);
+        s.stats.media_write_time.add(&b);
         s.bytes[start..start + buf.len()].copy_from_slice(buf);
         s.stats.sectors_written += count;
         Ok(())
@@ -361,8 +368,10 @@ impl SimDisk {
 
     /// Move the arm and wait for and transfer `count` sectors from `lba`,
     /// advancing the clock; track by track.
-    fn mechanics(&self, s: &mut State, mut lba: u64, mut count: u64) {
+    /// Moves the head over `count` sectors from `lba`; returns the time.
+    fn mechanics(&self, s: &mut State, mut lba: u64, mut count: u64) -> Breakdown {
         let n = u64::from(self.params.sectors_per_track);
+        let mut total = Breakdown::default();
         let sector_us = self.params.sector_us();
         while count > 0 {
             let c = self.chs(lba);
@@ -388,9 +397,11 @@ impl SimDisk {
             };
             s.last.add(&b);
             s.stats.time.add(&b);
+            total.add(&b);
             lba += run;
             count -= run;
         }
+        total
     }
 
     /// Byte range to whole sectors: (first lba, sector count).

@@ -1,13 +1,16 @@
 //! The VLD's on-disk records, one 512-byte sector each (docs/FORMAT.md,
 //! "VLD"). Little-endian; a crc32c over the sector with the crc field
-//! zeroed.
+//! zeroed. Space is allocated in physical blocks of `block_sectors`
+//! sectors (8 by default: 4 KiB); a map sector is the first sector of a
+//! block of its own.
 //!
 //! ```text
 //! tail   (sector 0)   0 magic "VLDT" | 4 crc | 8 disk_id u64 | 16 root lba u64 | 24 root seq u64
-//! label  (sector 1)   0 magic "VLDL" | 4 crc | 8 disk_id u64 | 16 logical sectors u64
+//! label  (sector 1)   0 magic "VLDL" | 4 crc | 8 disk_id u64 | 16 logical blocks u64 |
+//!                     24 block_sectors u32
 //! map sector          0 magic "VLDM" | 4 crc | 8 disk_id u64 | 16 seq u64 | 24 index u32 |
 //!                     28 nptr u16 | 30 pad | 32 ptrs: 16 × (lba u32, pad u32, seq u64) |
-//!                     288 entries: 56 × u32 (physical sector + 1; 0 = unmapped)
+//!                     288 entries: 56 × u32 (physical block + 1; 0 = unmapped)
 //! ```
 
 use crate::ld::{CorruptReason, Corruption};
@@ -33,7 +36,7 @@ pub struct MapSector {
     pub seq: u64,
     pub index: u32,
     pub ptrs: Vec<Ptr>,
-    /// Physical sector of each logical sector of this map sector's range.
+    /// Physical block of each logical block of this map sector's range.
     pub entries: [Option<u32>; ENTRIES],
 }
 
@@ -104,19 +107,31 @@ pub fn decode_tail(b: &[u8], disk_id: u64) -> Result<Ptr, Corruption> {
     })
 }
 
-pub fn encode_label(disk_id: u64, logical_sectors: u64) -> [u8; SECTOR] {
+/// What the label records: the disk id and the geometry the map is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Label {
+    pub disk_id: u64,
+    pub logical_blocks: u64,
+    pub block_sectors: u32,
+}
+
+pub fn encode_label(l: Label) -> [u8; SECTOR] {
     let mut b = [0u8; SECTOR];
     b[0..4].copy_from_slice(&LABEL_MAGIC.to_le_bytes());
-    b[8..16].copy_from_slice(&disk_id.to_le_bytes());
-    b[16..24].copy_from_slice(&logical_sectors.to_le_bytes());
+    b[8..16].copy_from_slice(&l.disk_id.to_le_bytes());
+    b[16..24].copy_from_slice(&l.logical_blocks.to_le_bytes());
+    b[24..28].copy_from_slice(&l.block_sectors.to_le_bytes());
     seal(&mut b);
     b
 }
 
-/// (disk id, logical sectors)
-pub fn decode_label(b: &[u8]) -> Result<(u64, u64), Corruption> {
+pub fn decode_label(b: &[u8]) -> Result<Label, Corruption> {
     check(b, LABEL_MAGIC, None, "vld label", SECTOR as u64)?;
-    Ok((u64_at(b, 8), u64_at(b, 16)))
+    Ok(Label {
+        disk_id: u64_at(b, 8),
+        logical_blocks: u64_at(b, 16),
+        block_sectors: u32_at(b, 24),
+    })
 }
 
 impl MapSector {
@@ -142,14 +157,14 @@ impl MapSector {
         b
     }
 
-    /// Decode a map sector found at `lba`; counts are bounded by
-    /// `sectors` (physical) and `map_sectors`.
+    /// Decode a map sector found at `lba`; pointers are bounded by
+    /// `sectors` (physical), entries by `blocks` (physical), the index by
+    /// `map_sectors`.
     pub fn decode(
         b: &[u8],
         disk_id: u64,
         lba: u64,
-        sectors: u64,
-        map_sectors: u32,
+        (sectors, blocks, map_sectors): (u64, u64, u32),
     ) -> Result<MapSector, Corruption> {
         let offset = lba * SECTOR as u64;
         check(b, MAP_MAGIC, Some(disk_id), "vld map sector", offset)?;
@@ -187,7 +202,7 @@ impl MapSector {
         for (i, e) in entries.iter_mut().enumerate() {
             let v = u32_at(b, ENTRIES_AT + i * 4);
             if v != 0 {
-                *e = Some(bound("entry", u64::from(v - 1), sectors)? as u32);
+                *e = Some(bound("entry", u64::from(v - 1), blocks)? as u32);
             }
         }
         Ok(MapSector {
@@ -215,20 +230,27 @@ mod tests {
             entries,
         };
         let b = m.encode(5);
-        assert_eq!(MapSector::decode(&b, 5, 10, 1000, 4).unwrap(), m);
-        assert!(MapSector::decode(&b, 6, 10, 1000, 4).is_err());
-        assert!(MapSector::decode(&b, 5, 10, 999, 4).is_err());
-        assert!(MapSector::decode(&b, 5, 10, 1000, 3).is_err());
+        let bounds = (8000, 1000, 4);
+        assert_eq!(MapSector::decode(&b, 5, 10, bounds).unwrap(), m);
+        assert!(MapSector::decode(&b, 6, 10, bounds).is_err());
+        assert!(MapSector::decode(&b, 5, 10, (900, 1000, 4)).is_err());
+        assert!(MapSector::decode(&b, 5, 10, (8000, 999, 4)).is_err());
+        assert!(MapSector::decode(&b, 5, 10, (8000, 1000, 3)).is_err());
         for i in 0..SECTOR {
             let mut c = b;
             c[i] ^= 0x20;
-            assert!(MapSector::decode(&c, 5, 10, 1000, 4).is_err(), "byte {i}");
+            assert!(MapSector::decode(&c, 5, 10, bounds).is_err(), "byte {i}");
         }
         let t = encode_tail(5, Ptr { lba: 3, seq: 9 });
         assert_eq!(decode_tail(&t, 5).unwrap(), Ptr { lba: 3, seq: 9 });
         assert!(decode_tail(&t, 4).is_err());
-        let l = encode_label(5, 1234);
-        assert_eq!(decode_label(&l).unwrap(), (5, 1234));
+        let label = Label {
+            disk_id: 5,
+            logical_blocks: 1234,
+            block_sectors: 8,
+        };
+        let l = encode_label(label);
+        assert_eq!(decode_label(&l).unwrap(), label);
         for i in 0..SECTOR {
             let (mut c, mut d) = (t, l);
             c[i] ^= 1;

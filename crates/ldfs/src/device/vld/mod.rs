@@ -3,15 +3,30 @@
 //! sectors the head reaches soonest — and keeps a logical-to-physical map
 //! persistent as a *virtual log* of map sectors.
 //!
-//! - **Indirection.** Logical sector `l` lives at physical `map[l]`; map
-//!   sector `i` holds the entries of logical sectors `i·56 .. i·56+56`.
-//!   A write puts its data in free sectors (contiguous runs of the request's
-//!   length where there are any, the way eq. 11 says a 4 KiB block should be
-//!   placed), then writes a new version of every map sector it changed, each
-//!   to the free sector nearest the head; only then are the old data and
-//!   map sectors free. A write that returned is durable (the drive has no
-//!   write cache); a request cut by a power failure leaves each of its map
-//!   sectors old or new.
+//! - **Blocks.** Space is allocated in physical blocks of
+//!   [`VldOptions::block_bytes`] (4 KiB, as the paper's VLD, Section 4.2:
+//!   eq. 11 says locating is cheapest when the physical block is the file
+//!   system's block; per-sector allocation had to find 8 free sectors in a
+//!   row for every 4 KiB write). The block divides the track, so block `b`
+//!   is sectors `b·bs .. b·bs+bs` and never crosses a track.
+//! - **Indirection.** Logical block `l` lives at physical block `map[l]`;
+//!   map sector `i` holds the entries of logical blocks `i·56 .. i·56+56`.
+//!   Map sectors share *map blocks* (blocks holding only map sectors, a
+//!   mask of which slots are live): a map sector is one sector, and
+//!   giving each a block would use a block per write and fill the head's
+//!   track twice as fast. A write puts its data in free blocks (contiguous
+//!   runs of the request's length where there are any), then writes a new
+//!   version of every map sector it changed, each to the free sector
+//!   nearest the head (of a free block or a free slot of a map block);
+//!   only then are the old data blocks and map slots free. A write that returned is durable (the
+//!   drive has no write cache); a request cut by a power failure leaves
+//!   each of its map sectors old or new, so each block old or new.
+//! - **Sub-block writes** (uip's 512-byte descriptor and inode sectors,
+//!   its 32-byte list records) are read-modify-write inside the one
+//!   request: the drive reads the old physical block (only if mapped; an
+//!   unmapped block is zeros) and writes the merged block eagerly. The read
+//!   costs a locate, the price of the larger allocation unit (eq. 11
+//!   assumes the host writes whole blocks).
 //! - **The virtual log is a tree** (Figure 3b). Each map sector version
 //!   points back to older live versions. Invariant: every live map sector
 //!   is reachable from the newest (the root) through live versions only.
@@ -29,7 +44,8 @@
 //!   recycled sector fails its crc or sequence), then clears it. Without a
 //!   valid tail it scans every sector for map sectors and keeps the newest
 //!   of each index, then relogs them.
-//! - **Eager writing** takes the nearest run in the current or next
+//! - **Eager writing** takes the nearest run of free blocks (a block is
+//!   reached when the head reaches its first sector) in the current or next
 //!   cylinder (seeks go one way, wrapping, so the head is not trapped in a
 //!   full region). While the compactor has emptied tracks, writes fill one
 //!   of them to [`VldOptions::fill_threshold`] before switching (eq. 10);
@@ -49,10 +65,13 @@ use rand_chacha::ChaCha8Rng;
 use super::sim::SimDisk;
 use super::{check_range, Device, DeviceError, DeviceOp};
 use crate::ld::{CorruptReason, Corruption};
-use format::{MapSector, Ptr, ENTRIES, MAX_PTRS, SECTOR};
+use format::{Label, MapSector, Ptr, ENTRIES, MAX_PTRS, SECTOR};
 
-/// Sectors 0..8: the tail (0) and the label (1).
-const RESERVED: u64 = 8;
+/// Sectors 0..8: the tail (0) and the label (1); the blocks covering them
+/// are never allocated.
+const RESERVED_SECTORS: u64 = 8;
+/// Largest physical block: a map block's live slots are a `u64` mask.
+pub const MAX_BLOCK_BYTES: u32 = 32 << 10;
 
 #[derive(Clone, Copy, Debug)]
 pub struct VldOptions {
@@ -61,6 +80,9 @@ pub struct VldOptions {
     pub disk_id: u64,
     /// Seed of the compactor's random choice of tracks.
     pub seed: u64,
+    /// The allocation unit at format (open takes it from the label): a
+    /// multiple of 512 that divides the track, at most [`MAX_BLOCK_BYTES`].
+    pub block_bytes: u32,
 }
 
 impl Default for VldOptions {
@@ -69,6 +91,8 @@ impl Default for VldOptions {
             fill_threshold: 0.75,
             disk_id: 0x766c_6431,
             seed: 1,
+            // The paper's physical block (Section 4.2), the fs's block.
+            block_bytes: 4096,
         }
     }
 }
@@ -101,11 +125,15 @@ struct Node {
     ptrs: Vec<Ptr>,
 }
 
+/// All counts in blocks: `map` per logical block, `used` per physical block.
 struct Inner {
     map: Vec<Option<u32>>,
     used: Vec<bool>,
-    /// Physical sector -> logical sector it holds (data only).
+    /// Physical block -> logical block it holds (data only).
     owner: HashMap<u32, u64>,
+    /// Map blocks: physical block -> mask of its sectors holding live map
+    /// sector versions (never empty: an emptied map block is free).
+    map_slots: HashMap<u32, u64>,
     nodes: Vec<Option<Node>>,
     /// seq -> index of the live version with that seq.
     live: HashMap<u64, u32>,
@@ -120,7 +148,9 @@ struct Inner {
 pub struct Vld {
     disk: Arc<SimDisk>,
     opts: VldOptions,
-    logical_sectors: u64,
+    /// Sectors per physical block.
+    bs: u64,
+    logical_blocks: u64,
     map_sectors: u32,
     inner: Mutex<Inner>,
 }
@@ -151,44 +181,83 @@ fn corruption_error(c: Corruption) -> DeviceError {
     }
 }
 
+fn reserved_blocks(bs: u64) -> u64 {
+    RESERVED_SECTORS.div_ceil(bs)
+}
+
 impl Vld {
-    /// Logical sectors a disk of `physical` sectors offers: what is left
-    /// after the reserved sectors, one map sector per 56, and two tracks of
-    /// slack so eager writing always finds room for a run and its map
-    /// sectors.
-    pub fn logical_sectors_for(physical: u64, track: u64) -> u64 {
-        let room = physical.saturating_sub(RESERVED + 2 * track);
+    /// Logical blocks a disk of `physical` blocks (`track` per track)
+    /// offers with blocks of `bs` sectors: what is left after the reserved
+    /// blocks, one map block per 56, and two tracks of slack so eager
+    /// writing always finds room for a run and its map sectors.
+    pub fn logical_blocks_for(physical: u64, track: u64, bs: u64) -> u64 {
+        let room = physical.saturating_sub(reserved_blocks(bs) + 2 * track);
         room * ENTRIES as u64 / (ENTRIES as u64 + 1)
     }
 
-    /// Format: write the label, no map (every logical sector reads zeros).
-    pub fn create(disk: Arc<SimDisk>, opts: VldOptions) -> Result<Vld, DeviceError> {
+    fn geometry(disk: &SimDisk, bs: u64) -> (u64, u64) {
         let p = disk.params();
-        let logical = Vld::logical_sectors_for(p.sectors(), u64::from(p.sectors_per_track));
-        disk.begin_request(DeviceOp::Write)?;
-        disk.media_write(0, &[0u8; SECTOR])?;
-        disk.media_write(1, &format::encode_label(opts.disk_id, logical))?;
-        Ok(Vld::empty(disk, opts, logical))
+        let k = u64::from(p.sectors_per_track) / bs;
+        let physical = p.sectors() / bs;
+        (Vld::logical_blocks_for(physical, k, bs), physical)
     }
 
-    fn empty(disk: Arc<SimDisk>, opts: VldOptions, logical: u64) -> Vld {
-        let physical = disk.params().sectors();
+    /// Format: write the label, no map (every logical block reads zeros).
+    pub fn create(disk: Arc<SimDisk>, opts: VldOptions) -> Result<Vld, DeviceError> {
+        let n = disk.params().sectors_per_track;
+        let b = opts.block_bytes;
+        if b == 0
+            || !b.is_multiple_of(SECTOR as u32)
+            || b > MAX_BLOCK_BYTES
+            || !n.is_multiple_of(b / SECTOR as u32)
+        {
+            return Err(DeviceError::Io {
+                op: DeviceOp::Open,
+                offset: 0,
+                len: 0,
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("vld: block of {b} bytes does not divide a track of {n} sectors"),
+                ),
+            });
+        }
+        let bs = u64::from(b) / SECTOR as u64;
+        let (logical, _) = Vld::geometry(&disk, bs);
+        disk.begin_request(DeviceOp::Write)?;
+        disk.media_write(0, &[0u8; SECTOR])?;
+        let label = Label {
+            disk_id: opts.disk_id,
+            logical_blocks: logical,
+            block_sectors: bs as u32,
+        };
+        disk.media_write(1, &format::encode_label(label))?;
+        Ok(Vld::empty(disk, opts, bs, logical))
+    }
+
+    fn empty(disk: Arc<SimDisk>, opts: VldOptions, bs: u64, logical: u64) -> Vld {
+        let (_, physical) = Vld::geometry(&disk, bs);
         let map_sectors = logical.div_ceil(ENTRIES as u64) as u32;
+        let reserved = reserved_blocks(bs);
         let mut used = vec![false; physical as usize];
-        used[..RESERVED as usize].fill(true);
+        used[..reserved as usize].fill(true);
         Vld {
-            opts,
-            logical_sectors: logical,
+            opts: VldOptions {
+                block_bytes: (bs * SECTOR as u64) as u32,
+                ..opts
+            },
+            bs,
+            logical_blocks: logical,
             map_sectors,
             inner: Mutex::new(Inner {
                 map: vec![None; logical as usize],
                 used,
                 owner: HashMap::new(),
+                map_slots: HashMap::new(),
                 nodes: vec![None; map_sectors as usize],
                 live: HashMap::new(),
                 root: None,
                 seq: 0,
-                free: physical - RESERVED,
+                free: physical - reserved,
                 fill_track: None,
                 stats: VldStats::default(),
                 rng: ChaCha8Rng::seed_from_u64(opts.seed),
@@ -203,17 +272,26 @@ impl Vld {
         let mut label = [0u8; SECTOR];
         disk.begin_request(DeviceOp::Read)?;
         disk.media_read(1, &mut label)?;
-        let (disk_id, logical) = format::decode_label(&label).map_err(corruption_error)?;
-        let p = disk.params();
-        if logical != Vld::logical_sectors_for(p.sectors(), u64::from(p.sectors_per_track)) {
+        let l = format::decode_label(&label).map_err(corruption_error)?;
+        let bs = u64::from(l.block_sectors);
+        let n = u64::from(disk.params().sectors_per_track);
+        if bs == 0
+            || bs * SECTOR as u64 > u64::from(MAX_BLOCK_BYTES)
+            || n % bs != 0
+            || l.logical_blocks != Vld::geometry(&disk, bs).0
+        {
             return Err(corrupt(
                 "vld label",
                 512,
-                format!("{logical} logical sectors"),
+                format!("{} logical blocks of {bs} sectors", l.logical_blocks),
             ));
         }
-        let opts = VldOptions { disk_id, ..opts };
-        let vld = Vld::empty(disk.clone(), opts, logical);
+        let opts = VldOptions {
+            disk_id: l.disk_id,
+            ..opts
+        };
+        let disk_id = l.disk_id;
+        let vld = Vld::empty(disk.clone(), opts, bs, l.logical_blocks);
         let mut tail = [0u8; SECTOR];
         disk.media_read(0, &mut tail)?;
         let how = match format::decode_tail(&tail, disk_id) {
@@ -237,7 +315,7 @@ impl Vld {
         for (i, e) in m.entries.iter().enumerate() {
             let Some(p) = *e else { continue };
             let l = base + i as u64;
-            if l >= self.logical_sectors || g.used[p as usize] {
+            if l >= self.logical_blocks || g.used[p as usize] {
                 return Err(corrupt(
                     "vld map sector",
                     at.lba * SECTOR as u64,
@@ -249,15 +327,20 @@ impl Vld {
             g.owner.insert(p, l);
             g.free -= 1;
         }
-        if g.used[at.lba as usize] {
+        let (blk, bit) = ((at.lba / self.bs) as u32, 1u64 << (at.lba % self.bs));
+        let mask = g.map_slots.get(&blk).copied();
+        if (g.used[blk as usize] && mask.is_none()) || mask.is_some_and(|m| m & bit != 0) {
             return Err(corrupt(
                 "vld map sector",
                 at.lba * 512,
-                "sector taken twice".into(),
+                "sector taken twice, or in a data block".into(),
             ));
         }
-        g.used[at.lba as usize] = true;
-        g.free -= 1;
+        if mask.is_none() {
+            g.used[blk as usize] = true;
+            g.free -= 1;
+        }
+        *g.map_slots.entry(blk).or_insert(0) |= bit;
         g.live.insert(at.seq, m.index);
         g.nodes[m.index as usize] = Some(Node { at, ptrs: m.ptrs });
         g.seq = g.seq.max(at.seq);
@@ -267,8 +350,13 @@ impl Vld {
     fn read_map(&self, lba: u64) -> Result<Option<MapSector>, DeviceError> {
         let mut b = [0u8; SECTOR];
         self.disk.media_read(lba, &mut b)?;
+        Ok(MapSector::decode(&b, self.opts.disk_id, lba, self.bounds()).ok())
+    }
+
+    /// Decoding bounds: physical sectors, physical blocks, map sectors.
+    fn bounds(&self) -> (u64, u64, u32) {
         let sectors = self.disk.params().sectors();
-        Ok(MapSector::decode(&b, self.opts.disk_id, lba, sectors, self.map_sectors).ok())
+        (sectors, sectors / self.bs, self.map_sectors)
     }
 
     /// Traverse the tree from `root`, newest first. Returns map sectors read.
@@ -312,13 +400,11 @@ impl Vld {
             self.disk.media_read(t * n, &mut buf)?;
             for s in 0..n {
                 let lba = t * n + s;
-                if lba < RESERVED {
+                if lba < RESERVED_SECTORS {
                     continue;
                 }
                 let b = &buf[s as usize * SECTOR..(s as usize + 1) * SECTOR];
-                if let Ok(m) =
-                    MapSector::decode(b, self.opts.disk_id, lba, p.sectors(), self.map_sectors)
-                {
+                if let Ok(m) = MapSector::decode(b, self.opts.disk_id, lba, self.bounds()) {
                     let newer = best.get(&m.index).is_none_or(|(at, _)| at.seq < m.seq);
                     if newer {
                         best.insert(m.index, (Ptr { lba, seq: m.seq }, m));
@@ -348,7 +434,12 @@ impl Vld {
         self.lock().stats
     }
 
-    /// Fraction of the physical sectors in use.
+    /// Bytes of a physical (and logical) block.
+    pub fn block_bytes(&self) -> u32 {
+        self.opts.block_bytes
+    }
+
+    /// Fraction of the physical blocks in use.
     pub fn utilization(&self) -> f64 {
         let g = self.lock();
         1.0 - g.free as f64 / g.used.len() as f64
@@ -373,10 +464,10 @@ impl Vld {
     pub fn physical_of(&self, l: u64) -> Option<u64> {
         self.lock()
             .map
-            .get(l as usize)
+            .get((l / self.bs) as usize)
             .copied()
             .flatten()
-            .map(u64::from)
+            .map(|p| u64::from(p) * self.bs + l % self.bs)
     }
 
     /// Checks the virtual log's invariant: every live map sector reachable
@@ -394,30 +485,62 @@ impl Vld {
             }
         }
         let used = g.used.iter().filter(|&&u| u).count() as u64;
-        let want = RESERVED + live.len() as u64 + g.map.iter().flatten().count() as u64;
+        let want = reserved_blocks(self.bs)
+            + g.map_slots.len() as u64
+            + g.map.iter().flatten().count() as u64;
         if used != want || g.free + used != g.used.len() as u64 {
             return Err(format!(
-                "{used} sectors used, {want} accounted, {} free",
+                "{used} blocks used, {want} accounted, {} free",
                 g.free
             ));
+        }
+        for n in &live {
+            let blk = (n.at.lba / self.bs) as u32;
+            if g.map_slots
+                .get(&blk)
+                .is_none_or(|m| m & (1 << (n.at.lba % self.bs)) == 0)
+            {
+                return Err(format!("map sector at {} not in its map block", n.at.lba));
+            }
+        }
+        let slots: u32 = g.map_slots.values().map(|m| m.count_ones()).sum();
+        if slots as usize != live.len() || g.map_slots.values().any(|&m| m == 0) {
+            return Err(format!("{slots} map slots for {} map sectors", live.len()));
         }
         Ok(())
     }
 
     // ---- eager writing ----
 
-    /// The free run (start, length <= want) reached soonest: in the fill
-    /// track if one is set, else in the current and next cylinder, else the
-    /// first cylinder ahead with room. Shorter runs only if no run of
-    /// `want` exists anywhere.
-    fn place(&self, g: &mut Inner, want: u64, avoid_track: Option<u64>) -> Option<(u64, u64)> {
+    /// Blocks per track.
+    fn track_blocks(&self) -> u64 {
+        u64::from(self.disk.params().sectors_per_track) / self.bs
+    }
+
+    fn blocks_used_in(&self, g: &Inner, track: u64) -> u64 {
+        let k = self.track_blocks();
+        (track * k..(track + 1) * k)
+            .filter(|&x| g.used[x as usize])
+            .count() as u64
+    }
+
+    /// The free run of blocks (start, length <= want) reached soonest: in
+    /// the fill track if one is set, else in the current and next cylinder,
+    /// else the first cylinder ahead with room. Shorter runs only if no run
+    /// of `want` exists anywhere. For a map sector (`Want::MapSector`) the
+    /// free sector (of a free block or a map block's free slot) reached
+    /// soonest: (sector, 1).
+    fn place(&self, g: &mut Inner, want: Want, avoid_track: Option<u64>) -> Option<(u64, u64)> {
+        let (mut want, map) = match want {
+            Want::Blocks(b) => (b, false),
+            Want::MapSector => (1, true),
+        };
         let p = self.disk.params();
-        let n = u64::from(p.sectors_per_track);
         let t = u64::from(p.tracks_per_cylinder);
-        let mut want = want.min(n);
+        want = want.min(self.track_blocks());
         loop {
             if let Some(ft) = g.fill_track {
-                if let Some(best) = self.best_in(g, &[ft], want) {
+                if let Some(best) = self.best_in(g, &[ft], want, map) {
                     return Some(best);
                 }
                 g.fill_track = None;
@@ -432,7 +555,7 @@ impl Vld {
                     tracks.extend(c2 * t..(c2 + 1) * t);
                 }
                 tracks.retain(|&x| Some(x) != avoid_track);
-                if let Some(best) = self.best_in(g, &tracks, want) {
+                if let Some(best) = self.best_in(g, &tracks, want, map) {
                     return Some(best);
                 }
             }
@@ -443,23 +566,26 @@ impl Vld {
         }
     }
 
-    /// Best run of `want` free sectors within `tracks`.
-    fn best_in(&self, g: &Inner, tracks: &[u64], want: u64) -> Option<(u64, u64)> {
+    /// Best run of `want` free blocks within `tracks`: the one whose first
+    /// sector passes under the head soonest; with `map`, the free sector
+    /// for a map sector that does.
+    fn best_in(&self, g: &Inner, tracks: &[u64], want: u64, map: bool) -> Option<(u64, u64)> {
         let d = &*self.disk;
         let p = d.params();
         let n = u64::from(p.sectors_per_track);
+        let k = self.track_blocks();
         let tpc = u64::from(p.tracks_per_cylinder);
         let pos = d.head();
         let clock = d.now_us();
         let mut best: Option<(f64, u64)> = None;
-        let mut run = vec![0u64; n as usize + 1];
+        let mut run = vec![0u64; k as usize + 1];
         for &tr in tracks {
-            let base = tr * n;
-            for s in (0..n).rev() {
-                run[s as usize] = if g.used[(base + s) as usize] {
+            let base = tr * k;
+            for b in (0..k).rev() {
+                run[b as usize] = if g.used[(base + b) as usize] {
                     0
                 } else {
-                    1 + run[s as usize + 1]
+                    1 + run[b as usize + 1]
                 };
             }
             let (cyl, head) = ((tr / tpc) as u32, (tr % tpc) as u32);
@@ -471,28 +597,38 @@ impl Vld {
             let angle = d.angle_at(clock + base_cost);
             let slot0 = u64::from(d.slot(cyl, head, 0));
             // Walk the slots in the order they pass under the head: the
-            // first that starts a long enough run is this track's best.
+            // first that starts a block beginning a long enough run is this
+            // track's best.
             let start_slot = ((angle - 1e-6).ceil().max(0.0) as u64) % n;
             for i in 0..n {
                 let slot = (start_slot + i) % n;
                 let sector = (slot + n - slot0) % n;
-                if run[sector as usize] < want {
+                let blk = base + sector / self.bs;
+                let fits = if map {
+                    !g.used[blk as usize]
+                        || g.map_slots
+                            .get(&(blk as u32))
+                            .is_some_and(|m| m & (1 << (sector % self.bs)) == 0)
+                } else {
+                    sector.is_multiple_of(self.bs) && run[(sector / self.bs) as usize] >= want
+                };
+                if !fits {
                     continue;
                 }
                 let wait = d.wait_sectors(angle, slot as u32);
                 let cost = base_cost + wait * p.sector_us();
                 if best.is_none_or(|(b, _)| cost < b) {
-                    best = Some((cost, base + sector));
+                    best = Some((cost, if map { tr * n + sector } else { blk }));
                 }
                 break;
             }
         }
-        best.map(|(_, lba)| (lba, want))
+        best.map(|(_, at)| (at, want))
     }
 
-    fn mark(&self, g: &mut Inner, lba: u64, len: u64, used: bool) {
-        for x in lba..lba + len {
-            assert_ne!(g.used[x as usize], used, "sector {x}");
+    fn mark(&self, g: &mut Inner, block: u64, len: u64, used: bool) {
+        for x in block..block + len {
+            assert_ne!(g.used[x as usize], used, "block {x}");
             g.used[x as usize] = used;
         }
         if used {
@@ -503,14 +639,31 @@ impl Vld {
         self.update_fill(g);
     }
 
+    /// Take or release the map slot at sector `lba`; its block becomes a
+    /// map block with its first slot and free with its last.
+    fn map_slot(&self, g: &mut Inner, lba: u64, take: bool) {
+        let (blk, bit) = ((lba / self.bs) as u32, 1u64 << (lba % self.bs));
+        let m = g.map_slots.get(&blk).copied().unwrap_or(0);
+        assert_eq!(m & bit == 0, take, "map slot {lba}");
+        let m = m ^ bit;
+        if m == 0 {
+            g.map_slots.remove(&blk);
+            self.mark(g, u64::from(blk), 1, false);
+        } else {
+            if !take || m != bit {
+                g.map_slots.insert(blk, m);
+                return;
+            }
+            g.map_slots.insert(blk, m);
+            self.mark(g, u64::from(blk), 1, true);
+        }
+    }
+
     /// Leave the fill track once it reaches the threshold.
     fn update_fill(&self, g: &mut Inner) {
         if let Some(ft) = g.fill_track {
-            let n = u64::from(self.disk.params().sectors_per_track);
-            let used = (ft * n..(ft + 1) * n)
-                .filter(|&x| g.used[x as usize])
-                .count() as f64;
-            if used >= self.opts.fill_threshold * n as f64 {
+            let used = self.blocks_used_in(g, ft) as f64;
+            if used >= self.opts.fill_threshold * self.track_blocks() as f64 {
                 g.fill_track = self.empty_track(g);
             }
         }
@@ -522,7 +675,7 @@ impl Vld {
         let n = u64::from(p.sectors_per_track);
         let pos = self.disk.head();
         (0..p.tracks())
-            .filter(|&t| (t * n..(t + 1) * n).all(|x| !g.used[x as usize]))
+            .filter(|&t| self.blocks_used_in(g, t) == 0)
             .min_by(|&a, &b| {
                 let cost = |t: u64| {
                     let c = self.disk.chs(t * n);
@@ -533,7 +686,7 @@ impl Vld {
             })
     }
 
-    /// Write logical sectors `l0..` with `data` (whole sectors), eagerly;
+    /// Write logical blocks `l0..` with `data` (whole blocks), eagerly;
     /// commit the map; free what they replaced. Inside a request.
     fn write_logical(
         &self,
@@ -542,15 +695,17 @@ impl Vld {
         data: &[u8],
         avoid: Option<u64>,
     ) -> Result<(), DeviceError> {
-        let count = (data.len() / SECTOR) as u64;
+        let bb = self.bs as usize * SECTOR;
+        assert!(data.len().is_multiple_of(bb));
+        let count = (data.len() / bb) as u64;
         let mut pending: Vec<(u64, u32)> = Vec::with_capacity(count as usize);
         let mut done = 0;
         while done < count {
             let (at, len) = self
-                .place(g, count - done, avoid)
-                .ok_or_else(|| no_space(l0))?;
-            let bytes = &data[done as usize * SECTOR..(done + len) as usize * SECTOR];
-            self.disk.media_write(at, bytes)?;
+                .place(g, Want::Blocks(count - done), avoid)
+                .ok_or_else(|| no_space(l0 * bb as u64))?;
+            let bytes = &data[done as usize * bb..(done + len) as usize * bb];
+            self.disk.media_write(at * self.bs, bytes)?;
             g.stats.data_writes += 1;
             self.mark(g, at, len, true);
             for i in 0..len {
@@ -561,8 +716,8 @@ impl Vld {
         self.commit(g, &pending)
     }
 
-    /// Write the map sectors covering `updates` (logical -> physical), then
-    /// adopt them and free what they replaced.
+    /// Write the map sectors covering `updates` (logical -> physical
+    /// block), then adopt them and free what they replaced.
     fn commit(&self, g: &mut Inner, updates: &[(u64, u32)]) -> Result<(), DeviceError> {
         let mut by_index: Vec<u32> = updates
             .iter()
@@ -633,7 +788,9 @@ impl Vld {
         ptrs: Vec<Ptr>,
         entries: [Option<u32>; ENTRIES],
     ) -> Result<Ptr, DeviceError> {
-        let (at, _) = self.place(g, 1, None).ok_or_else(|| no_space(0))?;
+        let (lba, _) = self
+            .place(g, Want::MapSector, None)
+            .ok_or_else(|| no_space(0))?;
         g.seq += 1;
         let m = MapSector {
             seq: g.seq,
@@ -641,20 +798,17 @@ impl Vld {
             ptrs,
             entries,
         };
-        self.disk.media_write(at, &m.encode(self.opts.disk_id))?;
+        self.disk.media_write(lba, &m.encode(self.opts.disk_id))?;
         g.stats.map_writes += 1;
-        self.mark(g, at, 1, true);
-        let new = Ptr {
-            lba: at,
-            seq: m.seq,
-        };
+        self.map_slot(g, lba, true);
+        let new = Ptr { lba, seq: m.seq };
         let node = Node {
             at: new,
             ptrs: m.ptrs,
         };
         if let Some(o) = g.nodes[idx as usize].replace(node) {
             g.live.remove(&o.at.seq);
-            self.mark(g, o.at.lba, 1, false);
+            self.map_slot(g, o.at.lba, false);
         }
         g.live.insert(new.seq, idx);
         g.root = Some(new);
@@ -729,50 +883,48 @@ impl Vld {
         let start = self.disk.now_us();
         let p = self.disk.params().clone();
         let n = u64::from(p.sectors_per_track);
+        let k = self.track_blocks();
+        let bb = self.bs as usize * SECTOR;
         let mut emptied = 0;
         let mut g = self.lock();
         let mut tries = 0;
         while self.disk.now_us() - start < budget_us && tries < 4 * p.tracks() {
             tries += 1;
             let t = g.rng.gen_range(0..p.tracks());
-            let used = (t * n..(t + 1) * n).filter(|&x| g.used[x as usize]).count() as u64;
-            if used == 0 || t == 0 || used as f64 >= self.opts.fill_threshold * n as f64 {
+            let used = self.blocks_used_in(&g, t);
+            if used == 0 || t == 0 || used as f64 >= self.opts.fill_threshold * k as f64 {
                 continue;
             }
-            if g.free < used + 2 * n {
+            if g.free < used + 2 * k {
                 break;
             }
             let mut buf = vec![0u8; n as usize * SECTOR];
             self.disk.media_read(t * n, &mut buf)?;
-            // Live data sectors, by logical address, in runs.
+            // Live data blocks, by logical address, in runs.
             let mut moves: Vec<(u64, Vec<u8>)> = Vec::new();
-            let mut maps = Vec::new();
-            for s in 0..n {
-                let x = t * n + s;
+            for b in 0..k {
+                let x = t * k + b;
                 if !g.used[x as usize] {
                     continue;
                 }
-                let bytes = &buf[s as usize * SECTOR..(s as usize + 1) * SECTOR];
+                let bytes = &buf[b as usize * bb..(b as usize + 1) * bb];
                 if let Some(&l) = g.owner.get(&(x as u32)) {
                     match moves.last_mut() {
-                        Some((l0, d)) if *l0 + (d.len() / SECTOR) as u64 == l => {
+                        Some((l0, d)) if *l0 + (d.len() / bb) as u64 == l => {
                             d.extend_from_slice(bytes)
                         }
                         _ => moves.push((l, bytes.to_vec())),
                     }
-                } else if let Some(&idx) = g
-                    .live
-                    .iter()
-                    .find(|(_, &i)| {
-                        g.nodes[i as usize]
-                            .as_ref()
-                            .is_some_and(|nd| nd.at.lba == x)
-                    })
-                    .map(|(_, i)| i)
-                {
-                    maps.push(idx);
                 }
             }
+            // The map sectors in the track's map blocks.
+            let maps: Vec<u32> = g
+                .nodes
+                .iter()
+                .enumerate()
+                .filter(|(_, nd)| nd.as_ref().is_some_and(|nd| nd.at.lba / n == t))
+                .map(|(i, _)| i as u32)
+                .collect();
             for (l0, d) in moves {
                 self.write_logical(&mut g, l0, &d, Some(t))?;
             }
@@ -785,7 +937,7 @@ impl Vld {
                     self.write_map(&mut g, idx, e)?;
                 }
             }
-            if (t * n..(t + 1) * n).all(|x| !g.used[x as usize]) {
+            if self.blocks_used_in(&g, t) == 0 {
                 emptied += 1;
                 g.stats.compacted_tracks += 1;
             }
@@ -802,13 +954,22 @@ impl Vld {
     }
 }
 
-fn no_space(l: u64) -> DeviceError {
+/// What `Vld::place` looks for.
+#[derive(Clone, Copy, Debug)]
+enum Want {
+    /// A run of this many free blocks (or fewer if there is none).
+    Blocks(u64),
+    /// One free sector for a map sector.
+    MapSector,
+}
+
+fn no_space(offset: u64) -> DeviceError {
     DeviceError::Io {
         op: DeviceOp::Write,
-        offset: l * SECTOR as u64,
+        offset,
         len: SECTOR as u64,
         source: std::io::Error::other(
-            "vld: no free sector (more logical sectors than the disk holds)",
+            "vld: no free block (more logical blocks than the disk holds)",
         ),
     }
 }
@@ -869,28 +1030,7 @@ impl Device for Vld {
         }
         self.disk.begin_request(DeviceOp::Read)?;
         let g = self.lock();
-        let first = offset / SECTOR as u64;
-        let end = (offset + buf.len() as u64).div_ceil(SECTOR as u64);
-        let mut whole = vec![0u8; ((end - first) as usize) * SECTOR];
-        // Physically contiguous runs are read with one media access.
-        let mut l = first;
-        while l < end {
-            let Some(p) = g.map[l as usize] else {
-                l += 1;
-                continue;
-            };
-            let mut len = 1;
-            while l + len < end && g.map[(l + len) as usize] == Some(p + len as u32) {
-                len += 1;
-            }
-            let o = ((l - first) as usize) * SECTOR;
-            self.disk
-                .media_read(u64::from(p), &mut whole[o..o + len as usize * SECTOR])?;
-            l += len;
-        }
-        let skip = (offset - first * SECTOR as u64) as usize;
-        buf.copy_from_slice(&whole[skip..skip + buf.len()]);
-        Ok(())
+        self.read_locked(&g, buf, offset)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
@@ -898,17 +1038,26 @@ impl Device for Vld {
         if buf.is_empty() {
             return Ok(());
         }
-        let first = offset / SECTOR as u64;
-        let end = (offset + buf.len() as u64).div_ceil(SECTOR as u64);
-        let mut whole = vec![0u8; ((end - first) as usize) * SECTOR];
-        let skip = (offset - first * SECTOR as u64) as usize;
-        if skip != 0 || !buf.len().is_multiple_of(SECTOR) {
-            // Partial sectors: the drive merges with what is there (a read).
-            self.read_at(&mut whole, first * SECTOR as u64)?;
-        }
-        whole[skip..skip + buf.len()].copy_from_slice(buf);
+        let bb = u64::from(self.opts.block_bytes);
+        let first = offset / bb;
+        let end = (offset + buf.len() as u64).div_ceil(bb);
+        let mut whole = vec![0u8; ((end - first) * bb) as usize];
+        let skip = (offset - first * bb) as usize;
         self.disk.begin_request(DeviceOp::Write)?;
         let mut g = self.lock();
+        // A partly covered block at either end is merged with its old
+        // contents, read by the drive within this request (module doc).
+        let last = end - 1;
+        let head_partial = skip != 0 || (buf.len() as u64) < bb;
+        let tail_partial = !(offset + buf.len() as u64).is_multiple_of(bb);
+        if head_partial {
+            self.read_locked(&g, &mut whole[..bb as usize], first * bb)?;
+        }
+        if tail_partial && (last != first || !head_partial) {
+            let o = ((last - first) * bb) as usize;
+            self.read_locked(&g, &mut whole[o..], last * bb)?;
+        }
+        whole[skip..skip + buf.len()].copy_from_slice(buf);
         self.write_logical(&mut g, first, &whole, None)
     }
 
@@ -918,7 +1067,42 @@ impl Device for Vld {
     }
 
     fn size_bytes(&self) -> u64 {
-        self.logical_sectors * SECTOR as u64
+        self.logical_blocks * u64::from(self.opts.block_bytes)
+    }
+
+    fn write_unit_bytes(&self) -> u64 {
+        u64::from(self.opts.block_bytes)
+    }
+}
+
+impl Vld {
+    /// Read `buf` at logical byte `offset` within the current request:
+    /// only the sectors asked for, physically contiguous runs in one media
+    /// access; unmapped blocks read as zeros.
+    fn read_locked(&self, g: &Inner, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        let first = offset / SECTOR as u64;
+        let end = (offset + buf.len() as u64).div_ceil(SECTOR as u64);
+        let phys =
+            |l: u64| g.map[(l / self.bs) as usize].map(|p| u64::from(p) * self.bs + l % self.bs);
+        let mut whole = vec![0u8; ((end - first) as usize) * SECTOR];
+        let mut l = first;
+        while l < end {
+            let Some(p) = phys(l) else {
+                l += 1;
+                continue;
+            };
+            let mut len = 1;
+            while l + len < end && phys(l + len) == Some(p + len) {
+                len += 1;
+            }
+            let o = ((l - first) as usize) * SECTOR;
+            self.disk
+                .media_read(p, &mut whole[o..o + len as usize * SECTOR])?;
+            l += len;
+        }
+        let skip = (offset - first * SECTOR as u64) as usize;
+        buf.copy_from_slice(&whole[skip..skip + buf.len()]);
+        Ok(())
     }
 }
 
