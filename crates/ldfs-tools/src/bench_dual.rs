@@ -53,6 +53,8 @@ pub struct DualBench {
     pub writedel_rounds: usize,
     /// Seconds between the segments cleaned in write-del's "+cleaner".
     pub clean_every_secs: f64,
+    /// Process counts of the micro-benchmarks (the paper: 1 and 4).
+    pub procs: Vec<usize>,
     /// Runs of everything, targets interleaved; medians reported.
     pub repeat: usize,
     pub json: Option<PathBuf>,
@@ -628,37 +630,64 @@ impl Pattern {
     }
 }
 
+/// Runs `each` on every file of `files`, split over `procs` threads (the
+/// paper's 4-process runs: the job divided into roughly equal parts), and
+/// sums what it returns.
+fn split(procs: usize, files: &[PathBuf], each: &(dyn Fn(&Path) -> R<usize> + Sync)) -> R<usize> {
+    let procs = procs.max(1);
+    std::thread::scope(|s| {
+        let parts: Vec<_> = (0..procs)
+            .map(|k| {
+                s.spawn(move || -> R<usize> {
+                    let mut sum = 0;
+                    for f in files.iter().skip(k).step_by(procs) {
+                        sum += each(f)?;
+                    }
+                    Ok(sum)
+                })
+            })
+            .collect();
+        let mut sum = 0;
+        for p in parts {
+            sum += p.join().map_err(|_| "a worker panicked".to_string())??;
+        }
+        Ok(sum)
+    })
+}
+
 /// Recreates `from`'s tree under `to` (`to` must not exist), with every
-/// file's bytes or empty.
-fn copy_tree(from: &Path, to: &Path, with_data: bool) -> R<()> {
+/// file's bytes or empty: the directories first, then the files by `procs`
+/// workers.
+fn copy_tree(from: &Path, to: &Path, with_data: bool, procs: usize) -> R<()> {
     let (dirs, files) = bench_apps::walk(from)?;
     fs::create_dir(to).map_err(|e| format!("{}: {e}", to.display()))?;
     for d in &dirs {
         fs::create_dir(to.join(d)).map_err(|e| format!("{}: {e}", d.display()))?;
     }
-    for f in &files {
+    split(procs, &files, &|f| {
         if with_data {
             fs::copy(from.join(f), to.join(f)).map_err(|e| format!("{}: {e}", f.display()))?;
         } else {
             File::create(to.join(f)).map_err(|e| format!("{}: {e}", f.display()))?;
         }
-    }
+        Ok(0)
+    })?;
     Ok(())
 }
 
-/// One micro-benchmark in the mounted file system; checks what it finds.
-fn micro_work(which: &str, m: &Mnt, p: &Pattern) -> R<Vec<(String, f64)>> {
+/// One micro-benchmark in the mounted file system by `procs` workers;
+/// checks what it finds.
+fn micro_work(which: &str, procs: usize, m: &Mnt, p: &Pattern) -> R<Vec<(String, f64)>> {
     let src = m.path.join("src");
     match which {
-        "write-meta" => copy_tree(&p.root, &m.path.join("wm"), false)?,
-        "write-data-meta" => copy_tree(&p.root, &src, true)?,
+        "write-meta" => copy_tree(&p.root, &m.path.join("wm"), false, procs)?,
+        "write-data-meta" => copy_tree(&p.root, &src, true, procs)?,
         "read-meta" => {
             let (_, files) = bench_apps::walk(&src)?;
-            let mut big = 0;
-            for f in &files {
+            let big = split(procs, &files, &|f| {
                 let md = fs::symlink_metadata(src.join(f)).map_err(|e| e.to_string())?;
-                big += usize::from(md.len() > 2048);
-            }
+                Ok(usize::from(md.len() > 2048))
+            })?;
             if big != p.big || files.len() != p.files.len() {
                 return Err(format!(
                     "read-meta found {big} of {} files over 2 KB, expected {} of {}",
@@ -670,11 +699,10 @@ fn micro_work(which: &str, m: &Mnt, p: &Pattern) -> R<Vec<(String, f64)>> {
         }
         "read-data-meta" => {
             let (_, files) = bench_apps::walk(&src)?;
-            let mut matching = 0;
-            for f in &files {
+            let matching = split(procs, &files, &|f| {
                 let data = fs::read(src.join(f)).map_err(|e| e.to_string())?;
-                matching += usize::from(contains(&data, NEEDLE));
-            }
+                Ok(usize::from(contains(&data, NEEDLE)))
+            })?;
             if matching != p.matching {
                 return Err(format!(
                     "read-data-meta found {matching} files, expected {}",
@@ -682,11 +710,20 @@ fn micro_work(which: &str, m: &Mnt, p: &Pattern) -> R<Vec<(String, f64)>> {
                 ));
             }
         }
-        "read-write-meta" => copy_tree(&src, &m.path.join("rwm"), false)?,
-        "read-write-data-meta" => copy_tree(&src, &m.path.join("rwdm"), true)?,
+        "read-write-meta" => copy_tree(&src, &m.path.join("rwm"), false, procs)?,
+        "read-write-data-meta" => copy_tree(&src, &m.path.join("rwdm"), true, procs)?,
         other => unreachable!("micro-benchmark {other}"),
     }
     Ok(Vec::new())
+}
+
+/// A micro-benchmark's row: its name, and the processes if more than one.
+fn micro_label(which: &str, procs: usize) -> String {
+    if procs <= 1 {
+        which.to_string()
+    } else {
+        format!("{which}, {procs} processes")
+    }
 }
 
 // ----------------------------------------------------------------- write-del
@@ -802,6 +839,9 @@ pub fn run_bench(b: &DualBench) -> R<()> {
             ));
         }
     }
+    if b.procs.is_empty() || b.procs.contains(&0) {
+        return Err("--procs: one or more process counts, each at least 1".into());
+    }
     fs::create_dir_all(&b.dir).map_err(|e| format!("{}: {e}", b.dir.display()))?;
     let mut o = Outcome {
         machine: Machine::probe(&b.dir),
@@ -836,7 +876,7 @@ pub fn run_bench(b: &DualBench) -> R<()> {
     let tree = Tree::generate(b.writedel_files, bench_writedel::SEED);
     o.description = format!(
         "{} MiB per target on loop devices (losetup --direct-io=on, sparse image files on {}); \
-         ldfs-dual's metadata device 10% of it; micro-benchmark tree: {}; PostMark: {} files of {}-{} B in {} directories, {} transactions; \
+         ldfs-dual's metadata device 10% of it; micro-benchmark tree: {}, by {} process(es); PostMark: {} files of {}-{} B in {} directories, {} transactions; \
          write-del: a tree of {} files ({:.1} MiB) copied and 7/8 deleted, {} times, \"+cleaner\" cleaning a segment every {} s; {} run(s), medians",
         b.image_bytes >> 20,
         b.dir.display(),
@@ -846,6 +886,11 @@ pub fn run_bench(b: &DualBench) -> R<()> {
             p.bytes as f64 / (1 << 20) as f64,
             p.dirs.len()
         )),
+        b.procs
+            .iter()
+            .map(|n| n.to_string())
+            .collect::<Vec<_>>()
+            .join(" and "),
         b.postmark.files,
         b.postmark.min_bytes,
         b.postmark.max_bytes,
@@ -960,10 +1005,17 @@ fn run_experiment(
     match exp {
         "micro" => {
             let p = pattern.ok_or("no pattern tree")?;
-            for i in RUN_ORDER {
-                let which = MICRO[i];
-                let m = phase(&mut rig, &mut |m| micro_work(which, m, p))?;
-                record(which, m);
+            for (n, &procs) in b.procs.iter().enumerate() {
+                if n > 0 {
+                    // Each process count on a freshly made file system.
+                    drop(rig);
+                    rig = Rig::new(b, target, options)?;
+                }
+                for i in RUN_ORDER {
+                    let which = MICRO[i];
+                    let m = phase(&mut rig, &mut |m| micro_work(which, procs, m, p))?;
+                    record(&micro_label(which, procs), m);
+                }
             }
         }
         "postmark" => {
@@ -1155,13 +1207,25 @@ fn writedel_table(o: &Outcome) -> String {
 }
 
 /// What the figures say about the paper's claims.
-fn comparison(o: &Outcome) -> String {
+fn comparison(b: &DualBench, o: &Outcome) -> String {
     let mut s = String::new();
     let io = |exp: &str, ph: &str, c: &str| med(o, exp, ph, c, &|r| Some(r.io_s()));
     for dual in ["ldfs-dual", "ldfs-dual-1d"] {
-        let cuts: Vec<(&str, f64)> = ["read-meta", "write-meta", "read-write-meta"]
-            .into_iter()
-            .filter_map(|ph| Some((ph, 1.0 - io("micro", ph, dual)? / io("micro", ph, "ext2")?)))
+        let labels: Vec<String> = b
+            .procs
+            .iter()
+            .flat_map(|&n| {
+                ["read-meta", "write-meta", "read-write-meta"].map(|w| micro_label(w, n))
+            })
+            .collect();
+        let cuts: Vec<(&str, f64)> = labels
+            .iter()
+            .filter_map(|ph| {
+                Some((
+                    ph.as_str(),
+                    1.0 - io("micro", ph, dual)? / io("micro", ph, "ext2")?,
+                ))
+            })
             .collect();
         if let Some((ph, best)) = cuts.iter().cloned().max_by(|a, b| a.1.total_cmp(&b.1)) {
             let all: Vec<String> = cuts
@@ -1210,7 +1274,7 @@ fn markdown(b: &DualBench, o: &Outcome) -> String {
            writes are durable and the file system unmounted. `ldfs-dual`: metadata and data on two loop \
            devices; `ldfs-dual-1d`: one loop device with two partitions (metadata on the first), its I/O \
            time the whole device's; `ldfs` (one log), `ext4` (data=ordered, the paper's Ext3) and `ext2` \
-           on one loop device each. One process (the paper also ran four). Wall times are noisy on a \
+           on one loop device each. With more than one process, the directories are made by one and the files split among the processes, as the paper divides the job. Wall times are noisy on a \
            shared machine: I/O times are the comparison.\n\n";
     md += "| | |\n|---|---|\n";
     for (k, v) in [
@@ -1239,12 +1303,18 @@ fn markdown(b: &DualBench, o: &Outcome) -> String {
         md += "\n";
     }
     if o.runs.iter().any(|r| r.experiment == "micro") {
+        let rows: Vec<String> = b
+            .procs
+            .iter()
+            .flat_map(|&n| MICRO.iter().map(move |w| micro_label(w, n)))
+            .collect();
+        let rows: Vec<&str> = rows.iter().map(String::as_str).collect();
         md += "### Micro-benchmarks (DualFS 4.1, Figure 3)\n\n";
-        md += &io_table(o, "micro", &MICRO);
+        md += &io_table(o, "micro", &rows);
         md += "\nldfs-dual's I/O time per device (the 1d set-up's partitions share one disk):\n\n";
-        md += &device_table(o, "micro", &MICRO);
+        md += &device_table(o, "micro", &rows);
         md += "\nRequests (reads and writes) and MiB moved:\n\n";
-        md += &request_table(o, "micro", &MICRO);
+        md += &request_table(o, "micro", &rows);
         md += "\n";
     }
     if o.runs.iter().any(|r| r.experiment == "postmark") {
@@ -1264,13 +1334,13 @@ fn markdown(b: &DualBench, o: &Outcome) -> String {
         md += &request_table(o, "writedel", &["write-del"]);
         md += "\n";
     }
-    let c = comparison(o);
+    let c = comparison(b, o);
     if !c.is_empty() {
         md += "### Against the paper\n\n";
         md += &c;
         let _ = writeln!(
             md,
-            "\nWhat differs from the paper's set-up: its machine had 256 MB of memory and IDE disks, this one has {} and loop devices on the host's disk ({}), so the kernel file systems keep much more in their page cache and write less of what is deleted soon after (write-del, PostMark), while ldfs, under FUSE without the writeback cache, receives every write; one process only; ext4 with data=ordered stands for Ext3.",
+            "\nWhat differs from the paper's set-up: its machine had 256 MB of memory and IDE disks, this one has {} and loop devices on the host's disk ({}), so the kernel file systems keep much more in their page cache and write less of what is deleted soon after (write-del, PostMark), while ldfs, under FUSE without the writeback cache, receives every write; ext4 with data=ordered stands for Ext3.",
             m.memory, m.storage
         );
     }

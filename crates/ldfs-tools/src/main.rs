@@ -361,6 +361,9 @@ struct DualArgs {
     /// paper: 5; quick: 0.5).
     #[arg(long)]
     clean_every: Option<f64>,
+    /// Process counts of the micro-benchmarks (the paper: 1 and 4).
+    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    procs: Vec<usize>,
     /// Runs of everything, targets interleaved; medians are reported.
     #[arg(long, default_value_t = 1)]
     repeat: usize,
@@ -821,6 +824,7 @@ fn main() -> ExitCode {
                 writedel_files,
                 writedel_rounds,
                 clean_every,
+                procs,
                 repeat,
                 json,
                 out,
@@ -846,6 +850,7 @@ fn main() -> ExitCode {
                 writedel_files: pick(writedel_files, quick, 1500, 150),
                 writedel_rounds: pick(writedel_rounds, quick, 20, 3),
                 clean_every_secs: pick(clean_every, quick, 5.0, 0.5),
+                procs,
                 repeat,
                 json,
                 out,

@@ -134,6 +134,12 @@ fn bench_dual_quick_measures_io_time_per_device() {
             "write-data-meta",
             "read-write-meta",
             "read-write-data-meta",
+            "read-meta, 4 processes",
+            "read-data-meta, 4 processes",
+            "write-meta, 4 processes",
+            "write-data-meta, 4 processes",
+            "read-write-meta, 4 processes",
+            "read-write-data-meta, 4 processes",
             "PostMark",
             "write-del",
         ] {
@@ -198,6 +204,7 @@ fn bench_dual_quick_measures_io_time_per_device() {
         "{section}"
     );
     assert!(section.contains("### write-del"), "{section}");
+    assert!(section.contains("| write-meta, 4 processes |"), "{section}");
     // Everything it made is gone (images, mount points, the pattern tmpfs).
     let left: Vec<_> = std::fs::read_dir(&work)
         .unwrap()
