@@ -162,7 +162,13 @@ pub fn parse_postmark(out: &str) -> R<PostmarkOutput> {
 /// Returns: create s, transactions/s, delete s, postmark's tx/s, postmark's
 /// total s, wall clock until durable s.
 pub fn postmark(t: &Target, p: &Postmark) -> R<Vec<f64>> {
-    let dir = t.mnt.join("postmark");
+    postmark_at(&t.mnt, &|| t.durable(), p)
+}
+
+/// `postmark` in a fresh directory under `mnt` of any mounted file system,
+/// made durable with `durable`.
+pub(crate) fn postmark_at(mnt: &Path, durable: &dyn Fn() -> R<()>, p: &Postmark) -> R<Vec<f64>> {
+    let dir = mnt.join("postmark");
     fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let loc = dir.to_str().filter(|s| !s.contains(char::is_whitespace));
     let loc = loc.ok_or_else(|| format!("postmark cannot use {}", dir.display()))?;
@@ -216,7 +222,7 @@ pub fn postmark(t: &Target, p: &Postmark) -> R<Vec<f64>> {
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    t.durable()?;
+    durable()?;
     let wall = t0.elapsed().as_secs_f64();
     let text: String = lines.iter().map(|(_, l)| format!("{l}\n")).collect();
     let own = parse_postmark(&text)?;
@@ -232,7 +238,7 @@ pub fn postmark(t: &Target, p: &Postmark) -> R<Vec<f64>> {
     let deleted = at("Deleting files")?;
     let tx_secs = (transacted - created).max(1e-6);
     fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    t.durable()?;
+    durable()?;
     let own_rate = own
         .transactions_per_sec
         .map(|r| r as f64)
@@ -325,24 +331,35 @@ fn generate_c_program(dir: &Path, files: usize) -> R<()> {
     )
 }
 
-/// Mounts a tmpfs under --dir and puts the Andrew source tree on it: this
-/// repository's crates/, vendored crates from ~/.cargo/registry/src (whole
-/// crates, by name, up to --andrew-source-mib), and a generated C program.
+/// Mounts a tmpfs under --dir and puts the Andrew source tree on it
+/// (`source_tree`) with a generated C program beside it.
 fn andrew_source(b: &FsBench) -> R<TmpfsGuard> {
-    let path = b.dir.join("bench-andrew-src");
-    fs::create_dir_all(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let guard = source_tree(&b.dir.join("bench-andrew-src"), b.andrew.source_mib)?;
+    generate_c_program(&guard.path.join("tree").join("cprog"), b.andrew.c_files)?;
+    Ok(guard)
+}
+
+/// Mounts a tmpfs at `path` (so reading it costs no target I/O) and puts a
+/// real source tree in `path/tree`: this repository's crates/ and vendored
+/// crates from ~/.cargo/registry/src (whole crates, by name, up to
+/// `source_mib` MiB). Also used by `ldfs bench dual` as the DualFS
+/// micro-benchmarks' pattern tree.
+pub(crate) fn source_tree(path: &Path, source_mib: u64) -> R<TmpfsGuard> {
+    fs::create_dir_all(path).map_err(|e| format!("{}: {e}", path.display()))?;
     run(Command::new("mount")
         .args(["-t", "tmpfs", "-o"])
-        .arg(format!("size={}M", b.andrew.source_mib * 2 + 256))
+        .arg(format!("size={}M", source_mib * 2 + 256))
         .arg("tmpfs")
-        .arg(&path))?;
-    let guard = TmpfsGuard { path };
+        .arg(path))?;
+    let guard = TmpfsGuard {
+        path: path.to_path_buf(),
+    };
     let tree = guard.path.join("tree");
     let mut unlimited = u64::MAX;
     let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     copy_tree(&crates, &tree.join("ldfs-crates"), &mut unlimited)?;
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    let mut budget = b.andrew.source_mib << 20;
+    let mut budget = source_mib << 20;
     if let Ok(registries) = fs::read_dir(Path::new(&home).join(".cargo/registry/src")) {
         let mut regs: Vec<PathBuf> = registries
             .filter_map(|e| e.ok().map(|e| e.path()))
@@ -363,12 +380,11 @@ fn andrew_source(b: &FsBench) -> R<TmpfsGuard> {
             }
         }
     }
-    generate_c_program(&tree.join("cprog"), b.andrew.c_files)?;
     Ok(guard)
 }
 
 /// Directories (pre-order) and regular files of a tree, relative to it.
-fn walk(root: &Path) -> R<(Vec<PathBuf>, Vec<PathBuf>)> {
+pub(crate) fn walk(root: &Path) -> R<(Vec<PathBuf>, Vec<PathBuf>)> {
     let mut dirs = Vec::new();
     let mut files = Vec::new();
     let mut stack = vec![PathBuf::new()];

@@ -1124,6 +1124,13 @@ extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::Relaxed);
 }
 
+/// The flag SIGINT, SIGTERM and SIGHUP set from now on (other benchmarks
+/// stop on it too).
+pub(crate) fn stop_flag() -> &'static AtomicBool {
+    stop_on_signals();
+    &STOP
+}
+
 fn stop_on_signals() {
     for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         unsafe { libc::signal(s, on_signal as *const () as libc::sighandler_t) };

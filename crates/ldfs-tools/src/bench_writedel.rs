@@ -160,7 +160,7 @@ fn run(cmd: &mut Command) -> R<()> {
 }
 
 /// The number after `key` in `ldfs stats` output.
-fn stat_after(text: &str, key: &str) -> Option<f64> {
+pub(crate) fn stat_after(text: &str, key: &str) -> Option<f64> {
     let at = text.find(key)? + key.len();
     text[at..]
         .split_whitespace()

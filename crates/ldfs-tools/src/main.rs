@@ -5,6 +5,7 @@
 mod bench;
 mod bench_apps;
 mod bench_cleaner;
+mod bench_dual;
 mod bench_fs;
 mod bench_fsck;
 mod bench_report;
@@ -313,6 +314,71 @@ struct VldArgs {
     note: Option<String>,
 }
 
+/// The options of `ldfs bench dual`.
+#[derive(clap::Args)]
+struct DualArgs {
+    /// Directory for the image files (sparse; each target's at most --image-size).
+    #[arg(long, default_value = ".")]
+    dir: PathBuf,
+    /// Reduced sizes for a check end to end (about 3 minutes); every size
+    /// below that is not given takes its quick value.
+    #[arg(long)]
+    quick: bool,
+    /// Space of each target (4G, the paper's disks; quick: 640M).
+    #[arg(long, value_parser = parse_size)]
+    image_size: Option<u64>,
+    /// Targets, in order: ldfs-dual (two loop devices), ldfs-dual-1d (one
+    /// loop device, two partitions), ldfs, ext4, ext2.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "ldfs-dual,ldfs-dual-1d,ldfs,ext4,ext2"
+    )]
+    targets: Vec<String>,
+    /// Experiments: micro (4.1), postmark (4.2), writedel (4.4).
+    #[arg(long, value_delimiter = ',', default_value = "micro,postmark,writedel")]
+    experiments: Vec<String>,
+    /// MiB of vendored crates in the micro-benchmarks' source tree, besides
+    /// this repository's crates/ (80, about a Linux 2.2 tree; quick: 2).
+    #[arg(long)]
+    tree_mib: Option<u64>,
+    /// PostMark files (the paper: 150,000; quick: 500).
+    #[arg(long)]
+    postmark_files: Option<usize>,
+    /// PostMark transactions (the paper: 20,000; quick: 500).
+    #[arg(long)]
+    postmark_transactions: Option<usize>,
+    /// PostMark subdirectories (the paper: 150; quick: 10).
+    #[arg(long)]
+    postmark_subdirs: Option<usize>,
+    /// Files of write-del's tree (1,500; quick: 150).
+    #[arg(long)]
+    writedel_files: Option<usize>,
+    /// write-del's copy-and-delete rounds (the paper: 20; quick: 3).
+    #[arg(long)]
+    writedel_rounds: Option<usize>,
+    /// Seconds between the segments write-del's "+cleaner" cleans (the
+    /// paper: 5; quick: 0.5).
+    #[arg(long)]
+    clean_every: Option<f64>,
+    /// Process counts of the micro-benchmarks (the paper: 1 and 4).
+    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    procs: Vec<usize>,
+    /// Runs of everything, targets interleaved; medians are reported.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// Write every run's figures to this JSON file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write the section of OUT/BENCHMARKS.md (kept when `bench fs --out`
+    /// rewrites the file).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// A sentence added to the report.
+    #[arg(long)]
+    note: Option<String>,
+}
+
 fn parse_fraction(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(u) if u > 0.0 && u < 1.0 => Ok(u),
@@ -329,6 +395,13 @@ enum BenchCmd {
     /// regular disk and on the virtual-log disk, small files and large files
     /// (LD Tables 4, 5). Simulated time: nothing depends on this machine.
     Vld(Box<VldArgs>),
+    /// The DualFS paper's experiments (section 4) measured as it measures
+    /// them, total I/O time (the devices' busy time, io_ticks) besides wall
+    /// time: its six micro-benchmarks on a real source tree, PostMark and
+    /// write-del with and without cleaning, for ldfs-dual on two loop
+    /// devices and on one partitioned loop device, ldfs, ext4 and ext2.
+    /// Needs root (loop devices, mounts, drop_caches).
+    Dual(Box<DualArgs>),
     /// The engine's figures (issue 2): streaming writes vs raw O_DIRECT,
     /// map memory and checkpoint size for 10 million blocks, open time after
     /// a clean shutdown and after a crash, group commit vs bare fdatasync.
@@ -729,6 +802,56 @@ fn main() -> ExitCode {
                 phase_mib: pick(phase_mib, 10, 4),
                 files: pick(files.map(|f| f as u64), 10_000, 2000) as usize,
                 table5_mib: pick(table5_mib, 40, 8),
+                json,
+                out,
+                note,
+            })
+            .map_err(Into::into)
+        }
+        Cmd::Bench {
+            which: BenchCmd::Dual(args),
+        } => {
+            let DualArgs {
+                dir,
+                quick,
+                image_size,
+                targets,
+                experiments,
+                tree_mib,
+                postmark_files,
+                postmark_transactions,
+                postmark_subdirs,
+                writedel_files,
+                writedel_rounds,
+                clean_every,
+                procs,
+                repeat,
+                json,
+                out,
+                note,
+            } = *args;
+            fn pick<T>(v: Option<T>, quick: bool, full: T, small: T) -> T {
+                v.unwrap_or(if quick { small } else { full })
+            }
+            bench_dual::run_bench(&bench_dual::DualBench {
+                dir,
+                image_bytes: pick(image_size, quick, 4 << 30, 640 << 20),
+                targets,
+                experiments,
+                tree_mib: pick(tree_mib, quick, 80, 2),
+                postmark: bench_apps::Postmark {
+                    files: pick(postmark_files, quick, 150_000, 500),
+                    min_bytes: 512,
+                    max_bytes: 16 << 10,
+                    subdirs: pick(postmark_subdirs, quick, 150, 10),
+                    transactions: pick(postmark_transactions, quick, 20_000, 500),
+                    seed: 42,
+                },
+                writedel_files: pick(writedel_files, quick, 1500, 150),
+                writedel_rounds: pick(writedel_rounds, quick, 20, 3),
+                clean_every_secs: pick(clean_every, quick, 5.0, 0.5),
+                procs,
+                repeat,
                 json,
                 out,
                 note,
