@@ -1276,19 +1276,7 @@ fn markdown(b: &DualBench, o: &Outcome) -> String {
            time the whole device's; `ldfs` (one log), `ext4` (data=ordered, the paper's Ext3) and `ext2` \
            on one loop device each. With more than one process, the directories are made by one and the files split among the processes, as the paper divides the job. Wall times are noisy on a \
            shared machine: I/O times are the comparison.\n\n";
-    md += "| | |\n|---|---|\n";
-    for (k, v) in [
-        ("date", &m.date),
-        ("machine", &m.uname),
-        ("CPU", &m.cpu),
-        ("memory", &m.memory),
-        ("storage", &m.storage),
-        ("load average (1, 5, 15 min) at start", &m.load_start),
-        ("load average at end", &m.load_end),
-    ] {
-        let _ = writeln!(md, "| {k} | {} |", v.replace('|', "\\|"));
-    }
-    let _ = writeln!(md, "\nCommand:\n\n```sh\n{}\n```\n", m.command);
+    md += &crate::bench_report::machine_table(m);
     let _ = writeln!(md, "{}.\n", o.description);
     if let Some(n) = &b.note {
         let _ = writeln!(md, "{n}\n");

@@ -51,6 +51,24 @@ pub struct Results {
 }
 
 /// The machine a run was measured on.
+/// The machine a run was made on, and its command, as a report shows them.
+pub fn machine_table(m: &Machine) -> String {
+    let mut md = String::from("| | |\n|---|---|\n");
+    for (k, v) in [
+        ("date", &m.date),
+        ("machine", &m.uname),
+        ("CPU", &m.cpu),
+        ("memory", &m.memory),
+        ("storage", &m.storage),
+        ("load average (1, 5, 15 min) at start", &m.load_start),
+        ("load average at end", &m.load_end),
+    ] {
+        let _ = writeln!(md, "| {k} | {} |", v.replace('|', "\\|"));
+    }
+    let _ = writeln!(md, "\nCommand:\n\n```sh\n{}\n```\n", m.command);
+    md
+}
+
 pub struct Machine {
     pub uname: String,
     pub cpu: String,
@@ -526,19 +544,7 @@ pub fn write_report(r: &Results, out: &Path, note: Option<&str>) -> R<()> {
     let m = &r.machine;
     let mut md = String::from("# ldfs benchmarks\n\n");
     md += "Written by `ldfs bench fs --out` (see README, Benchmarks); do not edit by hand, run it again.\n\n";
-    md += "| | |\n|---|---|\n";
-    for (k, v) in [
-        ("date", &m.date),
-        ("machine", &m.uname),
-        ("CPU", &m.cpu),
-        ("memory", &m.memory),
-        ("storage", &m.storage),
-        ("load average (1, 5, 15 min) at start", &m.load_start),
-        ("load average at end", &m.load_end),
-    ] {
-        let _ = writeln!(md, "| {k} | {} |", v.replace('|', "\\|"));
-    }
-    let _ = writeln!(md, "\nCommand:\n\n```sh\n{}\n```\n", m.command);
+    md += &machine_table(m);
     if let Some(n) = note {
         let _ = writeln!(md, "{n}\n");
     }

@@ -50,6 +50,26 @@ fn usable() -> Option<Restore> {
     Some(Restore(was))
 }
 
+/// A fresh image of `size` mounted with `transport=uring`, with the
+/// parameter lock held and the parameter put back afterwards; None (the
+/// test skips) where the ring cannot be had.
+fn ring_mount(
+    size: &str,
+) -> Option<(
+    std::sync::MutexGuard<'static, ()>,
+    Restore,
+    tempfile::TempDir,
+    Mount,
+)> {
+    let g = PARAM_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let restore = usable()?;
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("u.img");
+    mkfs(&img, size);
+    let m = Mount::new(&img, &t.path().join("mnt"), &["transport=uring"]);
+    Some((g, restore, t, m))
+}
+
 fn stats(mnt: &Path) -> String {
     let out = ldfs().arg("stats").arg(mnt).output().unwrap();
     assert!(out.status.success(), "ldfs stats: {out:?}");
@@ -72,14 +92,9 @@ fn ring_served(mnt: &Path) -> u64 {
 
 #[test]
 fn operations_over_io_uring() {
-    let _g = PARAM_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(_restore) = usable() else {
+    let Some((_g, _restore, t, m)) = ring_mount("256M") else {
         return;
     };
-    let t = tempfile::tempdir().unwrap();
-    let img = t.path().join("u.img");
-    mkfs(&img, "256M");
-    let m = Mount::new(&img, &t.path().join("mnt"), &["transport=uring"]);
     let p = |s: &str| m.path(s);
     let before = ring_served(&m.dir);
 
@@ -195,7 +210,11 @@ fn operations_over_io_uring() {
     m.unmount();
 
     // What was written over the ring is on the image: remount over /dev/fuse.
-    let m = Mount::new(&img, &t.path().join("mnt"), &["transport=dev"]);
+    let m = Mount::new(
+        &t.path().join("u.img"),
+        &t.path().join("mnt"),
+        &["transport=dev"],
+    );
     assert_eq!(fs::read(m.path("d/g")).unwrap(), b"hello over");
     assert_eq!(fs::read_link(m.path("s")).unwrap().to_str(), Some("d/g"));
     assert!(stats(&m.dir).contains("transport: /dev/fuse"));
@@ -204,21 +223,20 @@ fn operations_over_io_uring() {
 
 #[test]
 fn sigterm_ends_an_io_uring_mount_cleanly() {
-    let _g = PARAM_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(_restore) = usable() else {
+    let Some((_g, _restore, t, mut m)) = ring_mount("128M") else {
         return;
     };
-    let t = tempfile::tempdir().unwrap();
-    let img = t.path().join("u.img");
-    mkfs(&img, "128M");
-    let mut m = Mount::new(&img, &t.path().join("mnt"), &["transport=uring"]);
     assert!(ring_served(&m.dir) < u64::MAX);
     fs::write(m.path("kept"), b"after sigterm").unwrap();
     let st = m
         .signal_within(libc::SIGTERM, Duration::from_secs(20))
         .expect("the daemon did not end within 20 s of SIGTERM");
     assert!(st.success(), "daemon exit: {st}");
-    let m = Mount::new(&img, &t.path().join("mnt"), &["transport=dev"]);
+    let m = Mount::new(
+        &t.path().join("u.img"),
+        &t.path().join("mnt"),
+        &["transport=dev"],
+    );
     assert_eq!(fs::read(m.path("kept")).unwrap(), b"after sigterm");
     m.unmount();
 }
@@ -456,14 +474,9 @@ fn auto_falls_back_to_dev_fuse_when_the_ring_cannot_be_set_up_halfway() {
 /// over it), less what `ldfs stats` itself costs.
 #[test]
 fn a_small_file_create_costs_six_round_trips() {
-    let _g = PARAM_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(_restore) = usable() else {
+    let Some((_g, _restore, _t, m)) = ring_mount("256M") else {
         return;
     };
-    let t = tempfile::tempdir().unwrap();
-    let img = t.path().join("r.img");
-    mkfs(&img, "256M");
-    let m = Mount::new(&img, &t.path().join("mnt"), &["transport=uring"]);
     fs::create_dir(m.path("d")).unwrap();
     fs::write(m.path("d/warm"), b"x").unwrap();
     let a = ring_served(&m.dir);
