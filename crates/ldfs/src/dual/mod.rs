@@ -178,26 +178,101 @@ pub fn is_data_device(data: &dyn Device) -> bool {
 /// them to be durable first.
 struct DataSync {
     dev: Arc<dyn Device>,
-    /// Data writes completed so far.
+    /// Data blocks written but not yet given to the device (offset ->
+    /// whole block): the fs writes a file a block at a time, and `drain`
+    /// gives adjacent blocks to the device as one request (DualFS's data
+    /// device is otherwise written 4 KiB a request). Like a disk's write
+    /// cache, below the same ordering point: `sync` drains before it
+    /// flushes, and `OrderedMeta` syncs before every metadata write.
+    pending: Mutex<BTreeMap<u64, Vec<u8>>>,
+    /// Data writes (runs) completed so far.
     written: std::sync::atomic::AtomicU64,
-    /// `written` as of the last completed flush, and whether a flush has
-    /// failed.
+    /// `written` as of the last completed flush, and whether a flush (or a
+    /// drained write) has failed.
     flushed: Mutex<(u64, bool)>,
 }
 
+/// Pending bytes past which a write drains at once (memory bound).
+const PENDING_LIMIT: usize = 4 << 20;
+/// Largest request `drain` makes.
+const RUN_LIMIT: usize = 1 << 20;
+
 impl DataSync {
+    fn new(dev: Arc<dyn Device>) -> DataSync {
+        DataSync {
+            dev,
+            pending: Mutex::new(BTreeMap::new()),
+            written: Default::default(),
+            flushed: Mutex::new((0, false)),
+        }
+    }
+
+    /// Takes whole block `buf` for `offset` (block-aligned).
     fn write(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
-        self.dev.write_at(buf, offset)?;
-        self.written
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        debug_assert!(buf.len() == DATA_BLOCK_BYTES as usize && offset % DATA_BLOCK_BYTES == 0);
+        let full = {
+            let mut p = self.pending.lock().expect("pending poisoned");
+            p.insert(offset, buf.to_vec());
+            p.len() * DATA_BLOCK_BYTES as usize >= PENDING_LIMIT
+        };
+        if full {
+            self.drain()?;
+        }
         Ok(())
     }
 
-    /// Flushes the data device if a write completed since the last flush.
-    /// Fails for good once a flush has failed: the device may have dropped
-    /// data writes then, and a later flush that succeeds does not bring
-    /// them back (as `lld::flushes` does for the log device).
+    /// Reads as the device would after every pending write: the device's
+    /// bytes with the pending blocks over them.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        self.dev.read_at(buf, offset)?;
+        let end = offset + buf.len() as u64;
+        let p = self.pending.lock().expect("pending poisoned");
+        let from = offset - offset % DATA_BLOCK_BYTES;
+        for (&o, b) in p.range(from..end) {
+            let lo = o.max(offset);
+            let hi = (o + b.len() as u64).min(end);
+            if lo < hi {
+                buf[(lo - offset) as usize..(hi - offset) as usize]
+                    .copy_from_slice(&b[(lo - o) as usize..(hi - o) as usize]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives every pending block to the device, adjacent ones as one
+    /// request. A failed write fails every later `sync` (the blocks it
+    /// held are gone from the cache), so no metadata naming them is
+    /// written after it.
+    fn drain(&self) -> Result<(), DeviceError> {
+        // Holding the map while writing keeps reads from seeing a block
+        // neither pending nor yet on the device.
+        let mut p = self.pending.lock().expect("pending poisoned");
+        let mut it = std::mem::take(&mut *p).into_iter().peekable();
+        while let Some((off, first)) = it.next() {
+            let mut run = first;
+            while let Some((o, _)) = it.peek() {
+                if *o != off + run.len() as u64 || run.len() >= RUN_LIMIT {
+                    break;
+                }
+                run.extend_from_slice(&it.next().expect("peeked").1);
+            }
+            if let Err(e) = self.dev.write_at(&run, off) {
+                self.flushed.lock().expect("data sync lock poisoned").1 = true;
+                return Err(e);
+            }
+            self.written
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    /// Drains, then flushes the data device if a write completed since the
+    /// last flush. Fails for good once a flush (or a drained write) has
+    /// failed: the device may have dropped data writes then, and a later
+    /// flush that succeeds does not bring them back (as `lld::flushes`
+    /// does for the log device).
     fn sync(&self) -> Result<(), DeviceError> {
+        let drained = self.drain();
         let w = self.written.load(std::sync::atomic::Ordering::SeqCst);
         let mut f = self.flushed.lock().expect("data sync lock poisoned");
         if f.1 {
@@ -206,10 +281,11 @@ impl DataSync {
                 offset: 0,
                 len: 0,
                 source: std::io::Error::other(
-                    "an earlier flush of the data device failed: it may have dropped data writes",
+                    "an earlier write or flush of the data device failed: it may have dropped data writes",
                 ),
             });
         }
+        drained?;
         if f.0 < w {
             if let Err(e) = self.dev.flush() {
                 f.1 = true;
@@ -377,11 +453,7 @@ impl Dual {
                 mgeo.fs_id, label.geo.fs_id
             )));
         }
-        let sync = Arc::new(DataSync {
-            dev: data,
-            written: Default::default(),
-            flushed: Mutex::new((0, false)),
-        });
+        let sync = Arc::new(DataSync::new(data));
         let ordered: Arc<dyn Device> = Arc::new(OrderedMeta {
             inner: meta,
             data: sync.clone(),
@@ -654,7 +726,7 @@ impl Dual {
     fn read_block(&self, p: &Pointer) -> LdResult<Vec<u8>> {
         let mut buf = vec![0u8; p.len as usize];
         let off = self.geo.offset(p.block);
-        self.sync.dev.read_at(&mut buf, off)?;
+        self.sync.read_at(&mut buf, off)?;
         check_crc(&buf, p, off)?;
         Ok(buf)
     }
@@ -780,7 +852,7 @@ impl Dual {
             };
             if need_undo {
                 let mut prev = vec![0u8; DATA_BLOCK_BYTES as usize];
-                self.sync.dev.read_at(&mut prev, off)?;
+                self.sync.read_at(&mut prev, off)?;
                 let mut st = self.lock();
                 let a = st.arus.get_mut(&aru.0).ok_or(LdError::NoSuchAru(aru))?;
                 a.undone.insert(old.block);
@@ -1481,7 +1553,7 @@ impl LogicalDisk for Dual {
             }
             let off = self.geo.offset(ptrs[k].1.block);
             let mut buf = vec![0u8; n * DATA_BLOCK_BYTES as usize];
-            self.sync.dev.read_at(&mut buf, off)?;
+            self.sync.read_at(&mut buf, off)?;
             for (j, (i, p)) in ptrs[k..k + n].iter().enumerate() {
                 let at = j * DATA_BLOCK_BYTES as usize;
                 let b = buf[at..at + p.len as usize].to_vec();

@@ -95,6 +95,8 @@ fn user_lists_start_at_one_and_data_goes_to_the_data_device() {
     // its blocks one after the other.
     let b0 = where_is(&d, f, 0);
     assert_eq!(where_is(&d, f, 1), b0 + 1);
+    // Data writes reach the device by the next flush (or metadata write).
+    d.flush().unwrap();
     let img = p.data.snapshot();
     let off = d.geo.offset(b0) as usize;
     assert_eq!(&img[off..off + 4096], &block(7, 4096)[..]);
@@ -246,6 +248,7 @@ fn data_checksum_catches_damage() {
     let d = p.open();
     let f = data_list(&d);
     d.write(None, f, 0, &block(1, 4096)).unwrap();
+    d.flush().unwrap();
     let off = d.geo.offset(where_is(&d, f, 0));
     p.data.write_at(&[0xff], off + 17).unwrap();
     assert!(matches!(
@@ -589,4 +592,40 @@ fn concurrent_flushes_release_each_freed_block_once() {
     d.write(None, f, 2, &block(3, 4096)).unwrap();
     d.flush().unwrap();
     assert!(d.check_blocks().unwrap().is_empty());
+}
+
+/// A file written a block at a time reaches the data device in a few large
+/// requests, not a request per block; reads before that see the blocks.
+#[test]
+fn adjacent_data_blocks_reach_the_device_as_one_request() {
+    let meta = Arc::new(MemoryDevice::new(META_BYTES));
+    let data = Arc::new(crate::device::CrashDevice::new(DATA_BYTES));
+    let mk = DualMkfsOptions {
+        group_blocks: 256,
+        ..Default::default()
+    };
+    mkfs(meta.clone(), &*data, &mk).unwrap();
+    let d = Dual::open(meta, data.clone(), opts()).unwrap();
+    let f = data_list(&d);
+    let before = data.stats().writes;
+    for i in 0..64u64 {
+        d.write(None, f, i, &block(i as u8, 4096)).unwrap();
+    }
+    for i in 0..64u64 {
+        assert_eq!(d.read(f, i).unwrap().unwrap(), block(i as u8, 4096));
+    }
+    assert_eq!(d.read_range(f, 0..64, 64).unwrap().len(), 64);
+    d.flush().unwrap();
+    let writes = data.stats().writes - before;
+    assert!(
+        writes <= 2,
+        "64 adjacent blocks took {writes} device writes"
+    );
+    let off = d.geo.offset(where_is(&d, f, 0)) as usize;
+    let mut img = vec![0u8; 64 * 4096];
+    data.read_at(&mut img, off as u64).unwrap();
+    for i in 0..64usize {
+        assert_eq!(&img[i * 4096..(i + 1) * 4096], &block(i as u8, 4096)[..]);
+    }
+    d.close().unwrap();
 }
