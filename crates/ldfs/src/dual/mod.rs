@@ -209,7 +209,7 @@ impl DataSync {
 
     /// Takes whole block `buf` for `offset` (block-aligned).
     fn write(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
-        debug_assert!(buf.len() == DATA_BLOCK_BYTES as usize && offset % DATA_BLOCK_BYTES == 0);
+        assert!(buf.len() == DATA_BLOCK_BYTES as usize && offset.is_multiple_of(DATA_BLOCK_BYTES));
         let full = {
             let mut p = self.pending.lock().expect("pending poisoned");
             p.insert(offset, buf.to_vec());
