@@ -183,8 +183,11 @@ struct DataSync {
     /// gives adjacent blocks to the device as one request (DualFS's data
     /// device is otherwise written 4 KiB a request). Like a disk's write
     /// cache, below the same ordering point: `sync` drains before it
-    /// flushes, and `OrderedMeta` syncs before every metadata write.
-    pending: Mutex<BTreeMap<u64, Vec<u8>>>,
+    /// flushes, and `OrderedMeta` syncs before every metadata write. A
+    /// read holds it shared from its device read to its look at the map,
+    /// a drain exclusively from taking blocks to their writes' end: a read
+    /// never sees a block neither pending nor yet on the device.
+    pending: std::sync::RwLock<BTreeMap<u64, Vec<u8>>>,
     /// Data writes (runs) completed so far.
     written: std::sync::atomic::AtomicU64,
     /// `written` as of the last completed flush, and whether a flush (or a
@@ -201,22 +204,45 @@ impl DataSync {
     fn new(dev: Arc<dyn Device>) -> DataSync {
         DataSync {
             dev,
-            pending: Mutex::new(BTreeMap::new()),
+            pending: Default::default(),
             written: Default::default(),
             flushed: Mutex::new((0, false)),
         }
     }
 
-    /// Takes whole block `buf` for `offset` (block-aligned).
+    fn failed(&self) -> bool {
+        self.flushed.lock().expect("data sync lock poisoned").1
+    }
+
+    fn failed_error() -> DeviceError {
+        DeviceError::Io {
+            op: DeviceOp::Flush,
+            offset: 0,
+            len: 0,
+            source: std::io::Error::other(
+                "an earlier write or flush of the data device failed: it may have dropped data writes",
+            ),
+        }
+    }
+
+    /// Takes whole block `buf` for `offset` (block-aligned). A drain this
+    /// starts that fails is not this write's error: the block is taken,
+    /// and every later `sync` fails. Once the device failed, a full cache
+    /// takes no new block (memory bound): that write fails.
     fn write(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
         assert!(buf.len() == DATA_BLOCK_BYTES as usize && offset.is_multiple_of(DATA_BLOCK_BYTES));
         let full = {
-            let mut p = self.pending.lock().expect("pending poisoned");
+            let mut p = self.pending.write().expect("pending poisoned");
+            let full =
+                |p: &BTreeMap<u64, Vec<u8>>| p.len() * DATA_BLOCK_BYTES as usize >= PENDING_LIMIT;
+            if full(&p) && !p.contains_key(&offset) && self.failed() {
+                return Err(Self::failed_error());
+            }
             p.insert(offset, buf.to_vec());
-            p.len() * DATA_BLOCK_BYTES as usize >= PENDING_LIMIT
+            full(&p)
         };
         if full {
-            self.drain()?;
+            let _ = self.drain();
         }
         Ok(())
     }
@@ -224,9 +250,9 @@ impl DataSync {
     /// Reads as the device would after every pending write: the device's
     /// bytes with the pending blocks over them.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        let p = self.pending.read().expect("pending poisoned");
         self.dev.read_at(buf, offset)?;
         let end = offset + buf.len() as u64;
-        let p = self.pending.lock().expect("pending poisoned");
         let from = offset - offset % DATA_BLOCK_BYTES;
         for (&o, b) in p.range(from..end) {
             let lo = o.max(offset);
@@ -240,13 +266,14 @@ impl DataSync {
     }
 
     /// Gives every pending block to the device, adjacent ones as one
-    /// request. A failed write fails every later `sync` (the blocks it
-    /// held are gone from the cache), so no metadata naming them is
-    /// written after it.
+    /// request. A failed write fails every later `sync`, so no metadata
+    /// naming its blocks is written after it; the blocks not written stay
+    /// pending (reads see them) and are not tried again.
     fn drain(&self) -> Result<(), DeviceError> {
-        // Holding the map while writing keeps reads from seeing a block
-        // neither pending nor yet on the device.
-        let mut p = self.pending.lock().expect("pending poisoned");
+        let mut p = self.pending.write().expect("pending poisoned");
+        if self.failed() {
+            return Err(Self::failed_error());
+        }
         let mut it = std::mem::take(&mut *p).into_iter().peekable();
         while let Some((off, first)) = it.next() {
             let mut run = first;
@@ -258,6 +285,10 @@ impl DataSync {
             }
             if let Err(e) = self.dev.write_at(&run, off) {
                 self.flushed.lock().expect("data sync lock poisoned").1 = true;
+                for (k, b) in run.chunks(DATA_BLOCK_BYTES as usize).enumerate() {
+                    p.insert(off + (k as u64) * DATA_BLOCK_BYTES, b.to_vec());
+                }
+                p.extend(it);
                 return Err(e);
             }
             self.written
@@ -276,14 +307,7 @@ impl DataSync {
         let w = self.written.load(std::sync::atomic::Ordering::SeqCst);
         let mut f = self.flushed.lock().expect("data sync lock poisoned");
         if f.1 {
-            return Err(DeviceError::Io {
-                op: DeviceOp::Flush,
-                offset: 0,
-                len: 0,
-                source: std::io::Error::other(
-                    "an earlier write or flush of the data device failed: it may have dropped data writes",
-                ),
-            });
+            return Err(Self::failed_error());
         }
         drained?;
         if f.0 < w {
