@@ -561,8 +561,11 @@ impl Ent {
         self.header[..OUT_HEADER_BYTES]
             .copy_from_slice(&proto::out_header(unique, error, data_len));
         self.header[PAYLOAD_SZ..PAYLOAD_SZ + 4].copy_from_slice(&(data_len as u32).to_le_bytes());
+        // COMMIT names the request by the commit_id the kernel put in
+        // ent_in_out (fuse-io-uring.rst; equal to the header's unique on
+        // kernels so far, but that is the kernel's to decide).
         let sqe = opcode::UringCmd80::new(types::Fd(self.fuse.as_raw_fd()), CMD_COMMIT_AND_FETCH)
-            .cmd(cmd_req(unique, self.qid))
+            .cmd(cmd_req(commit_id, self.qid))
             .build();
         self.push(sqe);
     }
