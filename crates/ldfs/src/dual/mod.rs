@@ -229,7 +229,7 @@ impl DataSync {
     /// starts that fails is not this write's error: the block is taken,
     /// and every later `sync` fails. Once the device failed, a full cache
     /// takes no new block (memory bound): that write fails.
-    fn write(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+    fn write(&self, buf: Vec<u8>, offset: u64) -> Result<(), DeviceError> {
         assert!(buf.len() == DATA_BLOCK_BYTES as usize && offset.is_multiple_of(DATA_BLOCK_BYTES));
         let full = {
             let mut p = self.pending.write().expect("pending poisoned");
@@ -238,7 +238,7 @@ impl DataSync {
             if full(&p) && !p.contains_key(&offset) && self.failed() {
                 return Err(Self::failed_error());
             }
-            p.insert(offset, buf.to_vec());
+            p.insert(offset, buf);
             full(&p)
         };
         if full {
@@ -775,6 +775,10 @@ impl Dual {
     /// block of the index before, else in the list's group, else near the
     /// `near` list's, else in the emptiest group.
     fn alloc(&self, aru: AruId, eng: ListId, index: u64) -> LdResult<u64> {
+        self.with_frees_released(|| self.alloc_once(aru, eng, index))
+    }
+
+    fn alloc_once(&self, aru: AruId, eng: ListId, index: u64) -> LdResult<u64> {
         let prev = match index.checked_sub(1) {
             Some(i) => self.pointer(eng, i)?,
             None => None,
@@ -786,7 +790,6 @@ impl Dual {
                 st.list_group.contains_key(&eng.0),
             )
         };
-        self.release_frees_if_short(aru, 1)?;
         // The directory's tie, unless the list already has a group.
         let tied = match (prev, placed, near) {
             (None, false, Some(n)) => self.tie_of(n)?,
@@ -887,13 +890,13 @@ impl Dual {
                 ..p
             };
             let _io = self.io.write().expect("io lock poisoned");
-            self.sync.write(&buf, off)?;
+            self.sync.write(buf, off)?;
             return self.meta.write(Some(aru), eng, index, &p.encode());
         }
         let b = self.alloc(aru, eng, index)?;
         let r = self
             .sync
-            .write(&buf, self.geo.offset(b))
+            .write(buf, self.geo.offset(b))
             .map_err(LdError::from)
             .and_then(|()| {
                 let p = Pointer { block: b, ..p };
@@ -1107,7 +1110,7 @@ impl Dual {
             };
             let mut buf = self.read_block(&p)?;
             buf.resize(DATA_BLOCK_BYTES as usize, 0);
-            self.sync.write(&buf, self.geo.offset(nb))?;
+            self.sync.write(buf, self.geo.offset(nb))?;
             let q = Pointer { block: nb, ..p };
             let a = self.meta.begin_aru()?;
             self.meta.write(Some(a), l, idx, &q.encode())?;
@@ -1277,29 +1280,28 @@ impl Dual {
     }
 
     /// Blocks freed by ended ARUs are reusable only once their freeing is
-    /// durable. When they are what `want` more blocks (beyond the ARU's
-    /// own reservation) lack, flush now to release them, rather than fail
-    /// with NoSpace until the next commit: a punch or a delete on a full
-    /// data device makes its space writable at once (as lld's admission
-    /// checkpoints to release emptied segments).
-    fn release_frees_if_short(&self, aru: AruId, want: u64) -> LdResult<()> {
-        let short = {
-            let st = self.lock();
-            let own = st.arus.get(&aru.0).map_or(0, |a| a.reserved);
-            let free: u64 = st.group_free.iter().map(|&f| f as u64).sum();
-            want > own && free.saturating_sub(st.reserved) < want - own && !st.freed.is_empty()
-        };
-        if short {
-            self.flush()?;
+    /// durable. When an allocation or reservation finds no space while such
+    /// blocks wait, flush (which releases them) and try once more, rather
+    /// than fail with NoSpace until the next commit: a punch or a delete on
+    /// a full data device makes its space writable at once (as lld's
+    /// admission checkpoints to release emptied segments). Costs nothing
+    /// until space runs out.
+    fn with_frees_released<T>(&self, f: impl Fn() -> LdResult<T>) -> LdResult<T> {
+        match f() {
+            Err(LdError::NoSpace { .. }) if !self.lock().freed.is_empty() => {
+                self.flush()?;
+                f()
+            }
+            r => r,
         }
-        Ok(())
     }
 
     fn reserve_data(&self, aru: AruId, bytes: u64, must: bool) -> LdResult<u64> {
+        self.with_frees_released(|| self.reserve_data_once(aru, bytes, must))
+    }
+
+    fn reserve_data_once(&self, aru: AruId, bytes: u64, must: bool) -> LdResult<u64> {
         let want = bytes.div_ceil(DATA_BLOCK_BYTES);
-        // Reserving adds to the ARU's reservation: count none of it.
-        let own = self.lock().arus.get(&aru.0).map_or(0, |a| a.reserved);
-        self.release_frees_if_short(aru, want + own)?;
         let mut st = self.lock();
         let st = &mut *st;
         let free: u64 = st.group_free.iter().map(|&f| f as u64).sum();
@@ -1690,7 +1692,7 @@ impl LogicalDisk for Dual {
         // Blocks overwritten in place get their old content back, so the
         // restored pointers' checksums match again.
         for (b, old) in a.undo {
-            self.sync.write(&old, self.geo.offset(b))?;
+            self.sync.write(old, self.geo.offset(b))?;
         }
         Ok(())
     }
