@@ -53,6 +53,41 @@ pub struct FuseFs {
 /// How long an operation that found no space waits for a FORGET to free
 /// some (see `FuseFs::room`).
 const FORGET_WAIT: Duration = Duration::from_millis(50);
+/// The longest an operation that found no space goes on retrying while
+/// FORGETs keep coming: FORGETs of unrelated inodes (a `find` elsewhere,
+/// the kernel shrinking its caches) must not hold a real ENOSPC back.
+const FORGET_WAIT_TOTAL: Duration = Duration::from_secs(1);
+
+/// Runs `f`, and again while it fails with NoSpace and FORGETs (counted
+/// by `forgets`) keep coming within `wait` of each failure, for at most
+/// `total` after the first failure.
+fn retry_while_forgets<T>(
+    forgets: &AtomicU64,
+    wait: Duration,
+    total: Duration,
+    f: impl Fn() -> Result<T, FsError>,
+) -> Result<T, FsError> {
+    let mut first: Option<std::time::Instant> = None;
+    loop {
+        let seen = forgets.load(Ordering::Acquire);
+        match f() {
+            Err(FsError::NoSpace) => {
+                let began = *first.get_or_insert_with(std::time::Instant::now);
+                let t = std::time::Instant::now();
+                while forgets.load(Ordering::Acquire) == seen {
+                    if t.elapsed() >= wait {
+                        return Err(FsError::NoSpace);
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                if began.elapsed() >= total {
+                    return Err(FsError::NoSpace);
+                }
+            }
+            r => return r,
+        }
+    }
+}
 
 impl FuseFs {
     /// Runs `f`, and again while it fails with NoSpace and FORGETs keep
@@ -62,23 +97,11 @@ impl FuseFs {
     /// /dev/fuse it is read before later requests, but over io_uring it
     /// still travels on /dev/fuse while the next write comes on the ring, so
     /// `rm big; write` on a full file system would see ENOSPC the unlink
-    /// was about to cure. A real ENOSPC costs at most `FORGET_WAIT` more.
+    /// was about to cure. A real ENOSPC costs at most `FORGET_WAIT` more
+    /// when no FORGET comes, and at most about `FORGET_WAIT_TOTAL` while
+    /// unrelated ones keep coming.
     fn room<T>(&self, f: impl Fn() -> Result<T, FsError>) -> Result<T, FsError> {
-        loop {
-            let seen = self.forgets.load(Ordering::Acquire);
-            match f() {
-                Err(FsError::NoSpace) => {
-                    let t = std::time::Instant::now();
-                    while self.forgets.load(Ordering::Acquire) == seen {
-                        if t.elapsed() >= FORGET_WAIT {
-                            return Err(FsError::NoSpace);
-                        }
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                }
-                r => return r,
-            }
-        }
+        retry_while_forgets(&self.forgets, FORGET_WAIT, FORGET_WAIT_TOTAL, f)
     }
 
     /// The set-ID bits a change of `ino` by `req` clears (the kernel's
@@ -683,5 +706,93 @@ fn sized(v: Vec<u8>, size: u32) -> OpResult<Xattr> {
         Ok(Xattr::Data(v))
     } else {
         Err(err(libc::ERANGE))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// A real ENOSPC while unrelated FORGETs keep arriving (every few ms)
+    /// must still come back, within about the total bound: the retry loop
+    /// used to go on for as long as the FORGETs did.
+    #[test]
+    fn no_space_returns_while_unrelated_forgets_keep_coming() {
+        let forgets = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let ticker = {
+            let (forgets, stop) = (forgets.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    forgets.fetch_add(1, Ordering::Release);
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            })
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let forgets = forgets.clone();
+            std::thread::spawn(move || {
+                let calls = AtomicUsize::new(0);
+                let r: Result<(), FsError> =
+                    retry_while_forgets(&forgets, FORGET_WAIT, FORGET_WAIT_TOTAL, || {
+                        calls.fetch_add(1, Ordering::Relaxed);
+                        Err(FsError::NoSpace)
+                    });
+                let _ = tx.send((r, calls.load(Ordering::Relaxed)));
+            });
+        }
+        let got = rx.recv_timeout(FORGET_WAIT_TOTAL * 5);
+        stop.store(true, Ordering::Relaxed);
+        ticker.join().unwrap();
+        let (r, calls) = got.expect("ENOSPC held back while FORGETs keep coming");
+        assert!(matches!(r, Err(FsError::NoSpace)), "{r:?}");
+        assert!(calls > 1, "retried on FORGETs: {calls} calls");
+    }
+
+    /// The case the retry is for: the FORGET that frees the space comes
+    /// after the first attempt failed; the second attempt succeeds. With
+    /// no FORGET at all, one attempt and ENOSPC after about FORGET_WAIT.
+    #[test]
+    fn a_forget_after_no_space_lets_the_retry_succeed() {
+        let forgets = Arc::new(AtomicU64::new(0));
+        let freed = Arc::new(AtomicBool::new(false));
+        let t = {
+            let (forgets, freed) = (forgets.clone(), freed.clone());
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(10));
+                freed.store(true, Ordering::Release);
+                forgets.fetch_add(1, Ordering::Release);
+            })
+        };
+        let r = retry_while_forgets(&forgets, FORGET_WAIT * 10, FORGET_WAIT_TOTAL, || {
+            if freed.load(Ordering::Acquire) {
+                Ok(7)
+            } else {
+                Err(FsError::NoSpace)
+            }
+        });
+        t.join().unwrap();
+        assert!(matches!(r, Ok(7)), "{r:?}");
+        let calls = AtomicUsize::new(0);
+        let started = std::time::Instant::now();
+        let r: Result<(), FsError> =
+            retry_while_forgets(&AtomicU64::new(0), FORGET_WAIT, FORGET_WAIT_TOTAL, || {
+                calls.fetch_add(1, Ordering::Relaxed);
+                Err(FsError::NoSpace)
+            });
+        assert!(matches!(r, Err(FsError::NoSpace)), "{r:?}");
+        assert_eq!(calls.load(Ordering::Relaxed), 1);
+        assert!(started.elapsed() < FORGET_WAIT_TOTAL);
+        // Another error is returned at once, not retried.
+        let calls = AtomicUsize::new(0);
+        let r: Result<(), FsError> =
+            retry_while_forgets(&AtomicU64::new(0), FORGET_WAIT, FORGET_WAIT_TOTAL, || {
+                calls.fetch_add(1, Ordering::Relaxed);
+                Err(FsError::ReadOnly)
+            });
+        assert!(matches!(r, Err(FsError::ReadOnly)), "{r:?}");
+        assert_eq!(calls.load(Ordering::Relaxed), 1);
     }
 }

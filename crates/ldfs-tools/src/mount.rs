@@ -1469,6 +1469,49 @@ mod tests {
         parse_options(&[s.to_string()])
     }
 
+    /// The lock of an image held by what looks like an exiting mount daemon
+    /// (flock(1) named `ldfs mount`, letting go after 0.4 s) is waited for,
+    /// never taken while held, and taken once released; one held by
+    /// anything else is refused at once.
+    #[test]
+    fn the_lock_of_an_exiting_daemon_is_waited_for_and_no_one_else_is() {
+        let t = tempfile::tempdir().unwrap();
+        let img = t.path().join("img");
+        std::fs::write(&img, b"x").unwrap();
+        let hold = |name: &str, secs: &str| {
+            let c = Command::new("bash")
+                .arg("-c")
+                .arg(format!("exec -a '{name}' flock -o \"$0\" sleep {secs}"))
+                .arg(&img)
+                .spawn()
+                .unwrap();
+            // Until flock(1) holds it.
+            let started = std::time::Instant::now();
+            while lock_holder(&File::open(&img).unwrap()).is_none() {
+                assert!(started.elapsed() < Duration::from_secs(5), "no holder");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            c
+        };
+        let mut c = hold("ldfs mount", "0.4");
+        let started = std::time::Instant::now();
+        let f = lock_image(&img, true, "test").unwrap();
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(300) && waited < Duration::from_secs(10),
+            "lock taken after {waited:?} of a 0.4 s hold"
+        );
+        c.wait().unwrap();
+        drop(f);
+        let mut c = hold("some other program", "5");
+        let started = std::time::Instant::now();
+        let r = lock_image(&img, true, "test");
+        assert!(matches!(r, Err(LockError::InUse { .. })), "{:?}", r.err());
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+
     #[test]
     fn cleaner_options() {
         let o = parse("").unwrap();
