@@ -1058,7 +1058,7 @@ impl Engine {
     /// Log pages user writes leave, beyond the reserve, for the cleaner to
     /// rewrite the block map while it empties victims (issue 12). Moving a
     /// victim's blocks dirties their map leaves, which the checkpoint that
-    /// releases it must write: up to every clean map page (`m`), fewer if a
+    /// releases it must write: up to every map page (`m`), fewer if a
     /// segment cannot hold that many blocks. Victims of one pass share those
     /// pages, so a pass gains only if it cleans enough of them to pay for
     /// the map: at live fraction `u`, `m / (1 - u)` pages of room let the
@@ -1074,7 +1074,10 @@ impl Engine {
     fn map_allowance(&self, g: &Inner) -> i64 {
         let per_victim =
             self.geo.segment_bytes() as usize / WRITE_RECORD_BYTES + g.map.internal_pages();
-        let m = checkpoint_log_pages_anywhere(&self.geo, g.map.clean_pages().min(per_victim));
+        // Every page, dirty ones too: the figure must not jump when a
+        // checkpoint cleans them (`footprint_bytes` counts it, and a full
+        // file system must stay full, not overfull, across one).
+        let m = checkpoint_log_pages_anywhere(&self.geo, g.map.total_pages().min(per_victim));
         if m == 0 {
             return 0;
         }
@@ -1879,7 +1882,7 @@ impl Engine {
             if !g.arus.contains_key(&aru.0) {
                 return Err(LdError::NoSuchAru(aru));
             }
-            let footprint = self.footprint_bytes(&g);
+            let footprint = self.footprint_bytes(&g, class);
             // A freeing operation gives back more than it takes.
             let slack = match class {
                 Class::User => 0,
@@ -1901,7 +1904,11 @@ impl Engine {
             // if its ARU dirties more than the checkpoint's share of the
             // reserve, its writes may still get NoSpace.)
             let dirty = Self::dirtied_for_recovery(&g) + g.map.change_bound();
-            let floor = self.floor_pages(class, checkpoint_log_pages_anywhere(&self.geo, dirty));
+            let mut floor =
+                self.floor_pages(class, checkpoint_log_pages_anywhere(&self.geo, dirty));
+            if class == Class::User {
+                floor += self.map_allowance(&g);
+            }
             if left - have - (pages as i64) >= floor {
                 g.arus.get_mut(&aru.0).expect("checked above").reserved += with_overhead;
                 return Ok(());
@@ -2464,7 +2471,7 @@ impl LogicalDisk for Engine {
         let capacity = self.capacity_bytes();
         SpaceStats {
             capacity_bytes: capacity,
-            available_bytes: capacity.saturating_sub(self.footprint_bytes(&g)),
+            available_bytes: capacity.saturating_sub(self.footprint_bytes(&g, Class::User)),
             live_bytes: g.usage.live_bytes_total() + g.pending.data_bytes() as u64,
         }
     }
@@ -2866,16 +2873,23 @@ impl Engine {
 
     /// What live data takes against `capacity_bytes`: live blocks and map
     /// pages, one summary record per mapped block, the open partial's data,
-    /// every ARU's unspent reservation, and the room kept for the cleaner
-    /// to rewrite the map (`map_allowance`), so that `space` tells users
-    /// what they can really still write.
-    fn footprint_bytes(&self, g: &Inner) -> u64 {
+    /// and every ARU's unspent reservation; for user writes (`class`) and
+    /// `space`, also the room kept for the cleaner to rewrite the map
+    /// (`map_allowance`), so that users are told what they can really still
+    /// write. Freeing operations leave it out, as their log floor does: the
+    /// allowance grows faster than the live data near a full device, and a
+    /// delete after a fill must not find the file system overfull.
+    fn footprint_bytes(&self, g: &Inner, class: Class) -> u64 {
         let reserved: u64 = g.arus.values().map(|a| a.reserved).sum();
+        let allowance = match class {
+            Class::User => self.map_allowance(g) as u64 * PAGE_BYTES as u64,
+            Class::Meta | Class::Clean => 0,
+        };
         g.usage.live_bytes_total()
             + g.pending.data_bytes() as u64
             + g.map.len() * WRITE_RECORD_BYTES as u64
             + reserved
-            + self.map_allowance(g) as u64 * PAGE_BYTES as u64
+            + allowance
     }
 
     /// Fails with NoSpace if writing `len` bytes at `key` would take the
@@ -2902,7 +2916,7 @@ impl Engine {
             .map
             .get(key, &r)?
             .map_or(0, |e| e.len as u64 + WRITE_RECORD_BYTES as u64);
-        let footprint = self.footprint_bytes(g);
+        let footprint = self.footprint_bytes(g, if metadata { Class::Meta } else { Class::User });
         let slack = if metadata {
             self.geo.segment_bytes()
         } else {
