@@ -949,10 +949,13 @@ mod tests {
             lld.delete(None, churn, i).unwrap();
         }
         sparse_segment(hot);
-        // Move the head on, so the hot segment is Dirty.
+        // Move the head on, so the hot segment is Dirty, and leave it
+        // sparse (a pass leaves a victim that would cost more than it
+        // frees).
         for i in 0..30 {
             lld.write(None, churn, 100 + i, &block(i, 6000)).unwrap();
         }
+        lld.delete_range(None, churn, 100..130).unwrap();
         lld.checkpoint_now().unwrap();
         let (cold_seg, hot_seg) = (seg_of(cold, 0), seg_of(hot, 0));
         assert_ne!(cold_seg, hot_seg);
