@@ -553,18 +553,19 @@ fn mkfs_refuses_a_reserve_too_small_to_clean_a_full_device() {
 /// about a leaf each. A device filled to 90% of its capacity and
 /// overwritten (same sizes, so the footprint stays) must take every
 /// overwrite: writers wait for the cleaner, never NoSpace, while the data
-/// fits. Still fails (seed 7: NoSpace after 5,677 overwrites; 1,408 before
-/// the cleaner counted map pages): every pass rewrites most of the map (70
-/// pages, more than two segments) to free segments about half full, so a
-/// pass gains only with four or more victims, and the room that takes is
-/// about what the reserve and `map_allowance` leave. The variant at 3/4
-/// of the capacity below passes.
+/// fits. Every pass rewrites most of the map (70 pages, more than two
+/// segments) to free segments about half full, so a pass gains only with
+/// four or more victims, and the room that takes is about what the reserve
+/// and `map_allowance` leave; writers retry after up to three losing
+/// passes. Passes for seeds 2, 5, 7 and 8; fails for 1, 3, 4 and 6 (seed
+/// 1: NoSpace after 22,795 overwrites, 16 MB; all of them failed within
+/// 1,500 before the cleaner counted map pages).
 #[test]
-#[ignore = "review probe: fails on current code: NoSpace overwriting a device 90% full of small blocks at random keys (every pass rewrites most of the map; see the comment)"]
+#[ignore = "review probe: fails on current code for seeds 1, 3, 4, 6: NoSpace overwriting a device 90% full of small blocks at random keys (see the comment)"]
 fn small_blocks_at_random_keys_on_a_full_device_still_clean() {
     with_seed(
         "small_blocks_at_random_keys_on_a_full_device_still_clean",
-        7,
+        1,
         |seed| small_random_blocks(seed, 10),
     );
 }

@@ -133,12 +133,19 @@ pub struct CleanReport {
     pub checkpointed: bool,
     /// The cleaner's share of the reserve ran out before the batch did.
     pub out_of_space: bool,
+    /// Every victim the policy offered would have cost more than it frees:
+    /// the pass cleaned the cheapest one alone (see `clean_pass_below`).
+    pub losing: bool,
 }
 
 impl CleanReport {
-    /// Whether the pass freed anything.
+    /// Whether the pass freed more than it spent: released something, and
+    /// was not a losing pass (which releases its victim but writes more
+    /// than a segment doing so; callers that repeat passes while they make
+    /// progress would otherwise churn for ever on a device where no pass
+    /// gains).
     pub fn progress(&self) -> bool {
-        self.released > 0
+        self.released > 0 && !self.losing
     }
 }
 
@@ -182,7 +189,15 @@ pub(crate) struct CleanerState {
     /// Checkpoints begun when `awaiting` was last added to
     /// (`Engine::relocate_map_pages`): the next one to begin moves the pages.
     awaiting_since: u64,
+    /// Losing passes in a row (`CleanReport::losing`) made for waiting
+    /// writers.
+    losing_streak: u32,
 }
+
+/// Losing passes in a row a waiting writer may still retry after: each
+/// releases its victim and leaves dead map pages that a later pass may
+/// gain from, but on a device where no pass gains they only churn.
+const LOSING_RETRIES: u32 = 3;
 
 impl CleanerState {
     pub fn new(policy: PolicyKind) -> CleanerState {
@@ -191,6 +206,7 @@ impl CleanerState {
             stats: CleanerStats::default(),
             awaiting: Vec::new(),
             awaiting_since: 0,
+            losing_streak: 0,
         }
     }
 }
@@ -382,8 +398,9 @@ impl Engine {
     /// Cleans now, pass after pass (`ldfs clean`, on an image or a mount):
     /// segments at or below `max_utilization` chosen by `policy`, until the
     /// policy finds none, `max_segments` were released, `cancel` is set, or
-    /// three passes in a row free nothing (victims whose live blocks an
-    /// open ARU holds stay until it ends).
+    /// three passes in a row gain no clean segment (victims whose live
+    /// blocks an open ARU holds stay until it ends; a compacted device
+    /// gives a segment of survivors for each victim).
     pub fn clean_now(
         &self,
         policy: PolicyKind,
@@ -407,7 +424,10 @@ impl Engine {
             sum.passes += 1;
             sum.released += rep.released as u64;
             sum.blocks_moved += rep.blocks_moved;
-            if rep.progress() {
+            // A pass that freed no more segments than its survivors took
+            // is futile too: on a compacted device (or one where no pass
+            // gains) every pass would release its victims for ever.
+            if rep.progress() && rep.clean_after > rep.clean_before {
                 futile = 0;
             } else {
                 futile += 1;
@@ -472,7 +492,17 @@ impl Engine {
         // prefer old, fuller ones): a pass must gain more than it spends.
         let step = self.options().cleaner.step_segments.max(1) as usize;
         let rep = self.clean_pass(&mut st, PolicyKind::Greedy, step, Release::Now(wait))?;
-        Ok(rep.progress())
+        if rep.progress() {
+            st.losing_streak = 0;
+            return Ok(true);
+        }
+        if rep.losing && rep.released > 0 && st.losing_streak < LOSING_RETRIES {
+            st.losing_streak += 1;
+            return Ok(true);
+        }
+        // This writer gives up; the next one may try again.
+        st.losing_streak = 0;
+        Ok(false)
     }
 
     fn clean_pass(
@@ -606,6 +636,7 @@ impl Engine {
             if let Some(i) = (0..taken.len()).min_by_key(|&i| taken[i].3) {
                 taken.swap(0, i);
                 best.0 = 1;
+                rep.losing = true;
             }
         }
         taken.truncate(best.0);
