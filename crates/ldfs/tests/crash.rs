@@ -39,6 +39,10 @@ const MAX_BLOCK: usize = 12 << 10;
 /// Cycles on one device before it is formatted afresh. The cleaner keeps a
 /// device usable forever; a fresh one now and then only varies the start.
 const CYCLES_PER_DEVICE: u64 = 1000;
+/// Cycles in a row that may refuse every write for space before the run
+/// calls the device stuck full (the mix deletes as much as it writes, so
+/// space comes back within a few cycles when the cleaner works).
+const STUCK_CYCLES: u64 = 100;
 /// Lists alive at most, so live data stays near the capacity without
 /// exceeding it for long (about 60-80% of it, and the wide list's tenth;
 /// NoSpace stays possible).
@@ -615,6 +619,8 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64, mode: Mode) -> Result<u3
     let mut lld = Some(lld);
     let mut dev = dev;
     let mut tally = Tally::default();
+    // Cycles in a row in which every write was refused for space.
+    let mut stuck = 0u64;
     for c in first_cycle..first_cycle + cycles {
         let engine = lld.take().expect("engine open");
         let mut cy = Cycle {
@@ -674,6 +680,26 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64, mode: Mode) -> Result<u3
             };
             dev.crash_image(cy.rng.gen(), &opts)
         };
+        let refused = cy.tally.no_space > tally.no_space;
+        let wrote = cy
+            .hist
+            .log
+            .iter()
+            .any(|(_, op)| matches!(op, Op::Write(..)));
+        stuck = if refused && !wrote { stuck + 1 } else { 0 };
+        if stuck >= STUCK_CYCLES {
+            let live: u64 = engine
+                .segment_usage()
+                .iter()
+                .map(|(_, u)| u.live_bytes as u64)
+                .sum();
+            return Err(format!(
+                "cycle {c}: the device stayed full: {stuck} cycles in a row refused every write, \
+                 with {live} live bytes of a capacity of {}; clean and releasable segments {:?}",
+                engine.capacity_bytes(),
+                engine.clean_segment_counts()
+            ));
+        }
         next_list = cy.next_list;
         tally = cy.tally;
         let hist = cy.hist;
@@ -764,6 +790,18 @@ fn crash_recovery_matches_model() {
             );
         }
         c += n;
+    }
+}
+
+/// The chunk of the long run (`LDFS_LONG=1`, seed 3,000,995,107) in which
+/// the device stayed full from cycle 57,098 on, at 55% of its capacity:
+/// cleaning passes spent the reserve on the map pages their moves dirtied
+/// (small blocks at scattered keys) before emptying a victim, and every
+/// later pass could afford nothing (issue 12).
+#[test]
+fn the_chunk_the_long_run_found_stuck_full_stays_writable() {
+    if let Err(e) = run_device(3_000_995_107, 57_000, CYCLES_PER_DEVICE, Mode::default()) {
+        panic!("{e}\nreplay: LDFS_SEED=3000995107 LDFS_FROM=57000 LDFS_CRASH_CYCLES=58000 cargo test --release -p ldfs --test crash");
     }
 }
 

@@ -56,7 +56,7 @@ use super::cleaner::policy::UsageSnapshot;
 use super::cleaner::{Background, CleanerOptions, CleanerState, LogClock};
 use super::flight::{Flight, Writer};
 use super::layout::Geometry;
-use super::map::{Map, MapRoot, PageReader};
+use super::map::{DirtySet, Map, MapRoot, PageReader};
 use super::mkfs;
 use super::recovery;
 use super::summary::{self, Record, SummaryHeader};
@@ -1048,7 +1048,47 @@ impl Engine {
     /// `new_pages` more map pages, with the head at `page`.
     fn floor_after(&self, g: &Inner, class: Class, page: u32, new_pages: usize) -> i64 {
         let dirty = Self::dirtied_for_recovery(g) + new_pages;
-        self.floor_pages(class, checkpoint_log_pages(&self.geo, page, dirty))
+        let floor = self.floor_pages(class, checkpoint_log_pages(&self.geo, page, dirty));
+        match class {
+            Class::User => floor + self.map_allowance(g),
+            Class::Meta | Class::Clean => floor,
+        }
+    }
+
+    /// Log pages user writes leave, beyond the reserve, for the cleaner to
+    /// rewrite the block map while it empties victims (issue 12). Moving a
+    /// victim's blocks dirties their map leaves, which the checkpoint that
+    /// releases it must write: up to every map page (`m`), fewer if a
+    /// segment cannot hold that many blocks. Victims of one pass share those
+    /// pages, so a pass gains only if it cleans enough of them to pay for
+    /// the map: at live fraction `u`, `m / (1 - u)` pages of room let the
+    /// victims' data and the map fit with the segments they free exceeding
+    /// both. What the upper half of the reserve and the checkpoint share
+    /// already give the cleaner counts towards that; at least `m` is kept.
+    /// Without it a device of small blocks at scattered keys (a page of map
+    /// per block moved) stopped at half its capacity: every pass spent the
+    /// reserve on map pages, freed less than it wrote, and the log stayed
+    /// full for good. Sprite LFS and BSD-LFS had no such map (the inode map
+    /// is small and written whole); the LD's block map is as large as its
+    /// lists are scattered.
+    fn map_allowance(&self, g: &Inner) -> i64 {
+        let per_victim =
+            self.geo.segment_bytes() as usize / WRITE_RECORD_BYTES + g.map.internal_pages();
+        // Every page, dirty ones too: the figure must not jump when a
+        // checkpoint cleans them (`footprint_bytes` counts it, and a full
+        // file system must stay full, not overfull, across one).
+        let m = checkpoint_log_pages_anywhere(&self.geo, g.map.total_pages().min(per_victim));
+        if m == 0 {
+            return 0;
+        }
+        let usable =
+            (self.geo.segment_count - self.geo.reserved_segments) as u64 * self.geo.segment_bytes();
+        let live = g.usage.live_bytes_total() as f64 / usable.max(1) as f64;
+        let u = live.min(self.opts.cleaner.max_live_percent.min(100) as f64 / 100.0);
+        let need = (m as f64 / (1.0 - u).max(0.05)).ceil() as i64;
+        let (_, upper) = reserve_halves(&self.geo);
+        let room = upper + self.checkpoint_share - margin_pages(&self.geo);
+        m.max(need - room)
     }
 
     fn reserved_by_others(&self, g: &Inner, aru: u64) -> i64 {
@@ -1082,6 +1122,21 @@ impl Engine {
                 Some((from, to)) if aru_id != 0 => undo_pages(g.map.leaves_in_range(from, to)),
                 _ => 0,
             };
+        self.admit_pages(g, aru, record_bytes, data_bytes, class, new_pages)
+    }
+
+    /// `admit` for an operation known to newly dirty at most `new_pages`
+    /// map pages.
+    fn admit_pages(
+        &self,
+        g: &mut Inner,
+        aru: Option<AruId>,
+        record_bytes: usize,
+        data_bytes: usize,
+        class: Class,
+        new_pages: usize,
+    ) -> LdResult<()> {
+        let aru_id = aru.map_or(0, |a| a.0);
         let cost = (record_bytes + data_bytes) as u64;
         // Within a reservation the ARU spends what was set aside for it.
         let reserved = g.arus.get(&aru_id).is_some_and(|a| a.reserved >= cost);
@@ -1576,7 +1631,7 @@ fn fail_state(g: &mut Inner, e: LdError) -> LdError {
 }
 
 /// Encoded size of a MapPage summary record.
-const MAP_RECORD_BYTES: usize = 26;
+pub(crate) const MAP_RECORD_BYTES: usize = 26;
 
 /// A partial segment of map pages being planned.
 struct MapPartial {
@@ -1827,7 +1882,7 @@ impl Engine {
             if !g.arus.contains_key(&aru.0) {
                 return Err(LdError::NoSuchAru(aru));
             }
-            let footprint = self.footprint_bytes(&g);
+            let footprint = self.footprint_bytes(&g, class);
             // A freeing operation gives back more than it takes.
             let slack = match class {
                 Class::User => 0,
@@ -1849,7 +1904,11 @@ impl Engine {
             // if its ARU dirties more than the checkpoint's share of the
             // reserve, its writes may still get NoSpace.)
             let dirty = Self::dirtied_for_recovery(&g) + g.map.change_bound();
-            let floor = self.floor_pages(class, checkpoint_log_pages_anywhere(&self.geo, dirty));
+            let mut floor =
+                self.floor_pages(class, checkpoint_log_pages_anywhere(&self.geo, dirty));
+            if class == Class::User {
+                floor += self.map_allowance(&g);
+            }
             if left - have - (pages as i64) >= floor {
                 g.arus.get_mut(&aru.0).expect("checked above").reserved += with_overhead;
                 return Ok(());
@@ -2412,7 +2471,7 @@ impl LogicalDisk for Engine {
         let capacity = self.capacity_bytes();
         SpaceStats {
             capacity_bytes: capacity,
-            available_bytes: capacity.saturating_sub(self.footprint_bytes(&g)),
+            available_bytes: capacity.saturating_sub(self.footprint_bytes(&g, Class::User)),
             live_bytes: g.usage.live_bytes_total() + g.pending.data_bytes() as u64,
         }
     }
@@ -2763,6 +2822,16 @@ pub(crate) struct Move {
     pub age: u64,
 }
 
+/// See `Engine::map_cost_of_moves`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MapCost {
+    pub new_pages: usize,
+    pub dirtied: usize,
+    pub limit: usize,
+    /// Pages one more move may dirty: a leaf's path.
+    pub path_pages: usize,
+}
+
 /// What `relocate_batch` did.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct BatchOutcome {
@@ -2804,13 +2873,23 @@ impl Engine {
 
     /// What live data takes against `capacity_bytes`: live blocks and map
     /// pages, one summary record per mapped block, the open partial's data,
-    /// and every ARU's unspent reservation.
-    fn footprint_bytes(&self, g: &Inner) -> u64 {
+    /// and every ARU's unspent reservation; for user writes (`class`) and
+    /// `space`, also the room kept for the cleaner to rewrite the map
+    /// (`map_allowance`), so that users are told what they can really still
+    /// write. Freeing operations leave it out, as their log floor does: the
+    /// allowance grows faster than the live data near a full device, and a
+    /// delete after a fill must not find the file system overfull.
+    fn footprint_bytes(&self, g: &Inner, class: Class) -> u64 {
         let reserved: u64 = g.arus.values().map(|a| a.reserved).sum();
+        let allowance = match class {
+            Class::User => self.map_allowance(g) as u64 * PAGE_BYTES as u64,
+            Class::Meta | Class::Clean => 0,
+        };
         g.usage.live_bytes_total()
             + g.pending.data_bytes() as u64
             + g.map.len() * WRITE_RECORD_BYTES as u64
             + reserved
+            + allowance
     }
 
     /// Fails with NoSpace if writing `len` bytes at `key` would take the
@@ -2837,7 +2916,7 @@ impl Engine {
             .map
             .get(key, &r)?
             .map_or(0, |e| e.len as u64 + WRITE_RECORD_BYTES as u64);
-        let footprint = self.footprint_bytes(g);
+        let footprint = self.footprint_bytes(g, if metadata { Class::Meta } else { Class::User });
         let slack = if metadata {
             self.geo.segment_bytes()
         } else {
@@ -2991,14 +3070,17 @@ impl Engine {
                 out.stale += 1;
                 continue;
             }
-            match self.admit(
+            // Replacing an entry in place dirties the clean pages on its
+            // leaf's path and nothing else (no split): near the floor, a
+            // move into a leaf already dirty still fits.
+            let new_pages = g.map.path_pages_to_dirty(m.key);
+            match self.admit_pages(
                 &mut g,
                 None,
                 WRITE_RECORD_BYTES,
                 m.stored.len(),
                 Class::Clean,
-                1,
-                None,
+                new_pages,
             ) {
                 Ok(()) => {}
                 Err(LdError::NoSpace { .. }) => {
@@ -3023,11 +3105,40 @@ impl Engine {
             g.stats.blocks_moved += 1;
             out.moved += 1;
             out.moved_bytes += len;
-            self.after_op(&mut g);
+            // Seal a full partial, but begin no checkpoint in the middle of
+            // a pass: one would write the leaves dirtied so far while, until
+            // it finished, the floor still kept room to dirty them again (a
+            // crash before its slot), and later moves would dirty some once
+            // more. The pass counted every page its moves dirty, and its own
+            // checkpoint follows it.
+            if g.pending.data_bytes() >= self.opts.partial_bytes {
+                if let Err(e) = self.seal(&mut g) {
+                    self.fail(&mut g, e);
+                }
+            }
             // The moves so far stand; a failure after them stops the rest.
             self.check_writable(&mut g)?;
         }
         Ok(out)
+    }
+
+    /// What moving a victim would add to the next checkpoint: the map pages
+    /// its moves (`keys`) and its live map pages (`addrs`) would newly
+    /// dirty beyond those in `seen`; with the pages dirtied since the last
+    /// checkpoint and the count at which one is taken.
+    pub(crate) fn map_cost_of_moves(
+        &self,
+        keys: &[Key],
+        addrs: &[u64],
+        seen: &mut DirtySet,
+    ) -> MapCost {
+        let g = self.lock();
+        MapCost {
+            new_pages: g.map.pages_to_dirty(keys, addrs, seen),
+            dirtied: g.map.dirtied_pages(),
+            limit: self.dirty_page_limit(),
+            path_pages: g.map.height(),
+        }
     }
 
     /// Has every live map page among `addrs` rewritten by the next

@@ -29,7 +29,7 @@
 //! `remove_range` reads everything it needs first and only then changes the
 //! tree, so a read error leaves the map as it was.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::mem::size_of;
 
 use super::codec::{get_u32, get_u64, put_u32, put_u64};
@@ -155,6 +155,10 @@ impl Page {
         }
     }
 }
+
+/// Nodes `Map::pages_to_dirty` has counted already.
+#[derive(Default)]
+pub struct DirtySet(HashSet<NodeId>);
 
 /// The persistent block-number map.
 pub struct Map {
@@ -669,6 +673,22 @@ impl Map {
         self.live_nodes
     }
 
+    /// Levels of the tree: the pages on a leaf's path.
+    pub fn height(&self) -> usize {
+        self.height as usize
+    }
+
+    /// Pages of the tree that are clean (on disk as they are): what more
+    /// changes could still dirty.
+    pub fn clean_pages(&self) -> usize {
+        self.live_nodes - self.dirty_nodes
+    }
+
+    /// Internal pages of the tree.
+    pub fn internal_pages(&self) -> usize {
+        self.internal_nodes
+    }
+
     /// Approximate bytes of memory held by the map.
     pub fn memory_bytes(&self) -> usize {
         size_of::<Map>()
@@ -793,6 +813,45 @@ impl Map {
         self.mark_dirty(id);
         self.maybe_evict();
         Ok(true)
+    }
+
+    /// Map pages that replacing the entries of `keys` and rewriting the
+    /// pages at `addrs` would newly dirty, leaving out nodes already in
+    /// `seen` (which it extends): from each key's leaf (or each page's node)
+    /// up towards the root, as far as the path is clean. What the cleaner
+    /// counts a victim's moves to cost the next checkpoint; only resident
+    /// internal nodes are read. Keys with no entry still count their leaf,
+    /// so it may overstate.
+    pub fn pages_to_dirty(&self, keys: &[Key], addrs: &[u64], seen: &mut DirtySet) -> usize {
+        if self.root == NONE {
+            return 0;
+        }
+        let mut n = 0;
+        let mut climb = |mut cur: NodeId| {
+            while cur != NONE && !self.node(cur).dirty && seen.0.insert(cur) {
+                n += 1;
+                cur = self.node(cur).parent;
+            }
+        };
+        for &key in keys {
+            let mut id = self.root;
+            while let Kind::Internal(ch) = &self.node(id).kind {
+                id = ch[ch.partition_point(|c| c.0 <= key).saturating_sub(1)].1;
+            }
+            climb(id);
+        }
+        for a in addrs {
+            if let Some(&id) = self.pages.get(a) {
+                climb(id);
+            }
+        }
+        n
+    }
+
+    /// Pages replacing the entry of an existing `key` would newly dirty:
+    /// the clean pages on its leaf's path.
+    pub fn path_pages_to_dirty(&self, key: Key) -> usize {
+        self.pages_to_dirty(&[key], &[], &mut DirtySet::default())
     }
 
     /// Calls `f` with every on-disk page currently referenced (root included).
@@ -1976,6 +2035,44 @@ mod tests {
         // Sequential inserts fill leaves: 127 keys each, and the edges.
         let n = m.leaves_in_range(key(1, 1000), key(1, 60_000));
         assert!((59_000 / 127..=59_000 / 127 + 2).contains(&n), "{n}");
+    }
+
+    #[test]
+    fn pages_to_dirty_counts_each_clean_page_on_the_paths_once() {
+        let d = Disk::new();
+        let mut m = Map::new(FS, usize::MAX);
+        let n = (LEAF_CAPACITY * 500) as u64;
+        for i in 0..n {
+            m.insert(key(7, i), seq_entry(i), &d).unwrap();
+        }
+        write(&mut m, &d);
+        assert_eq!((m.height(), m.clean_pages()), (3, 505));
+        // Two keys in one leaf: the leaf, its parent and the root.
+        let mut seen = DirtySet::default();
+        assert_eq!(m.pages_to_dirty(&[key(7, 0), key(7, 1)], &[], &mut seen), 3);
+        // A leaf under the same parent adds itself; one under another
+        // parent adds the parent too; pages already seen add nothing.
+        assert_eq!(m.pages_to_dirty(&[key(7, 200)], &[], &mut seen), 1);
+        assert_eq!(m.pages_to_dirty(&[key(7, n - 1)], &[], &mut seen), 2);
+        assert_eq!(
+            m.pages_to_dirty(&[key(7, 3), key(7, n - 2)], &[], &mut seen),
+            0
+        );
+        assert_eq!(m.path_pages_to_dirty(key(7, 5)), 3);
+        // A dirty path costs nothing more, and says so as it is dirtied.
+        m.insert(key(7, 5), seq_entry(9), &d).unwrap();
+        assert_eq!(m.path_pages_to_dirty(key(7, 6)), 0);
+        assert_eq!(m.path_pages_to_dirty(key(7, n - 1)), 2);
+        assert_eq!(m.clean_pages(), 502);
+        // A page named by its address climbs from its own node.
+        let root_addr = m.last_root.unwrap().ptr.addr;
+        let mut seen = DirtySet::default();
+        assert_eq!(
+            m.pages_to_dirty(&[], &[root_addr], &mut seen),
+            0,
+            "the root is dirty"
+        );
+        m.check();
     }
 
     #[test]

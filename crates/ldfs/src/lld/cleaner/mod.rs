@@ -41,11 +41,13 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use self::policy::PolicyKind;
-use super::engine::{Engine, Move};
+use super::engine::{Engine, Move, MAP_RECORD_BYTES};
 use super::layout::Geometry;
+use super::map::DirtySet;
 use super::summary::{self, Expect, Record};
 use super::types::{Key, SegmentId, PAGE_BYTES};
 use super::usage::SegmentState;
+use super::writer::WRITE_RECORD_BYTES;
 use crate::ld::{LdError, LdResult};
 
 /// When and how the cleaner runs.
@@ -131,12 +133,19 @@ pub struct CleanReport {
     pub checkpointed: bool,
     /// The cleaner's share of the reserve ran out before the batch did.
     pub out_of_space: bool,
+    /// Every victim the policy offered would have cost more than it frees:
+    /// the pass cleaned the cheapest one alone (see `clean_pass_below`).
+    pub losing: bool,
 }
 
 impl CleanReport {
-    /// Whether the pass freed anything.
+    /// Whether the pass freed more than it spent: released something, and
+    /// was not a losing pass (which releases its victim but writes more
+    /// than a segment doing so; callers that repeat passes while they make
+    /// progress would otherwise churn for ever on a device where no pass
+    /// gains).
     pub fn progress(&self) -> bool {
-        self.released > 0
+        self.released > 0 && !self.losing
     }
 }
 
@@ -180,7 +189,15 @@ pub(crate) struct CleanerState {
     /// Checkpoints begun when `awaiting` was last added to
     /// (`Engine::relocate_map_pages`): the next one to begin moves the pages.
     awaiting_since: u64,
+    /// Losing passes in a row (`CleanReport::losing`) made for waiting
+    /// writers.
+    losing_streak: u32,
 }
+
+/// Losing passes in a row a waiting writer may still retry after: each
+/// releases its victim and leaves dead map pages that a later pass may
+/// gain from, but on a device where no pass gains they only churn.
+const LOSING_RETRIES: u32 = 3;
 
 impl CleanerState {
     pub fn new(policy: PolicyKind) -> CleanerState {
@@ -189,6 +206,7 @@ impl CleanerState {
             stats: CleanerStats::default(),
             awaiting: Vec::new(),
             awaiting_since: 0,
+            losing_streak: 0,
         }
     }
 }
@@ -380,8 +398,9 @@ impl Engine {
     /// Cleans now, pass after pass (`ldfs clean`, on an image or a mount):
     /// segments at or below `max_utilization` chosen by `policy`, until the
     /// policy finds none, `max_segments` were released, `cancel` is set, or
-    /// three passes in a row free nothing (victims whose live blocks an
-    /// open ARU holds stay until it ends).
+    /// three passes in a row gain no clean segment (victims whose live
+    /// blocks an open ARU holds stay until it ends; a compacted device
+    /// gives a segment of survivors for each victim).
     pub fn clean_now(
         &self,
         policy: PolicyKind,
@@ -405,7 +424,10 @@ impl Engine {
             sum.passes += 1;
             sum.released += rep.released as u64;
             sum.blocks_moved += rep.blocks_moved;
-            if rep.progress() {
+            // A pass that freed no more segments than its survivors took
+            // is futile too: on a compacted device (or one where no pass
+            // gains) every pass would release its victims for ever.
+            if rep.progress() && rep.clean_after > rep.clean_before {
                 futile = 0;
             } else {
                 futile += 1;
@@ -470,7 +492,17 @@ impl Engine {
         // prefer old, fuller ones): a pass must gain more than it spends.
         let step = self.options().cleaner.step_segments.max(1) as usize;
         let rep = self.clean_pass(&mut st, PolicyKind::Greedy, step, Release::Now(wait))?;
-        Ok(rep.progress())
+        if rep.progress() {
+            st.losing_streak = 0;
+            return Ok(true);
+        }
+        if rep.losing && rep.released > 0 && st.losing_streak < LOSING_RETRIES {
+            st.losing_streak += 1;
+            return Ok(true);
+        }
+        // This writer gives up; the next one may try again.
+        st.losing_streak = 0;
+        Ok(false)
     }
 
     fn clean_pass(
@@ -510,17 +542,116 @@ impl Engine {
             ..Default::default()
         };
         // The batch must fit in what the cleaner may write before the
-        // checkpoint that frees it: estimate each victim's cost as its live
-        // bytes, a record per 512 bytes and two pages of rounding.
+        // checkpoint that frees it: each victim costs its live blocks with
+        // their records, its share of the partial segments' rounding, and
+        // the map pages its moves newly dirty, each one more page that
+        // checkpoint writes (with small blocks at scattered keys nearly a
+        // page per block; victims then share most of them). The moves begin
+        // no checkpoint of their own (`relocate_batch`), so a page is
+        // dirtied once per run of moves below. Room for one more move stays,
+        // or the pass would leave the cleaner unable to move even the next
+        // victim's smallest block (issue 12: counting live bytes alone, a
+        // pass spent the reserve on map pages before emptying any victim,
+        // and the log stayed full for good).
+        let seg_bytes = geo.segment_bytes() as i64;
+        let page_cost = (PAGE_BYTES + MAP_RECORD_BYTES) as i64;
+        let cold_before = self.cold_before();
+        let chunk_bytes = self.options().partial_bytes.max(PAGE_BYTES) as i64;
+        let chunk_bytes_est = chunk_bytes.min(seg_bytes);
+        let mut moved = 0i64;
+        // Hot and cold survivors are moved as two runs (below), each in
+        // key order: a leaf is dirtied once per run.
+        let mut seen = [DirtySet::default(), DirtySet::default()];
+        let mut new_pages = 0usize;
         let mut budget = view.meta_headroom_bytes;
+        let mut map = None;
+        let mut taken: Vec<(SegmentId, Vec<Move>, Vec<u64>, i64)> = Vec::new();
         for seg in policy.policy().select(&snap, max_victims) {
-            let live = snap.segments[seg.0 as usize].1.live_bytes as i64;
-            let cost = live + live / 8 + 2 * PAGE_BYTES as i64;
-            if cost > budget {
+            let age = snap.segments[seg.0 as usize].1.last_seq;
+            let buf = self.read_segment(seg)?;
+            let contents = scan_buffer(&geo, seg, &buf);
+            let base = geo.page_addr(seg, 0);
+            let mut found = Vec::new();
+            for chunk in contents.blocks.chunks(LOOKUP_CHUNK) {
+                for ((key, addr), e) in chunk.iter().zip(self.live_entries(chunk)?) {
+                    let Some(e) = e else { continue };
+                    let start = (addr - base) as usize;
+                    match buf.get(start..start + e.len as usize) {
+                        Some(b) => found.push(Move {
+                            key: *key,
+                            expected: e,
+                            stored: b.to_vec(),
+                            age,
+                        }),
+                        None => rep.inconsistent += 1,
+                    }
+                }
+            }
+            let keys: Vec<Key> = found.iter().map(|m| m.key).collect();
+            let group = (age < cold_before) as usize;
+            let m = self.map_cost_of_moves(&keys, &contents.map_pages, &mut seen[group]);
+            let data: i64 = found
+                .iter()
+                .map(|m| (m.stored.len() + WRITE_RECORD_BYTES) as i64)
+                .sum();
+            let pages = m.new_pages;
+            // The pass's moves share partial segments of about
+            // `chunk_bytes` (at most a segment): each may leave a page part
+            // empty and spill its summary into another page, and a segment
+            // tail too short for a partial is skipped. A victim pays for the
+            // partials its data adds.
+            let overhead = |bytes: i64| (2 * (bytes / chunk_bytes_est + 1) + 2) * PAGE_BYTES as i64;
+            let cost = data + overhead(moved + data)
+                - if taken.is_empty() { 0 } else { overhead(moved) }
+                + pages as i64 * page_cost;
+            let keep = if taken.is_empty() {
+                m.path_pages as i64 * PAGE_BYTES as i64
+            } else {
+                0
+            };
+            if cost + keep > budget {
                 break;
             }
-            budget -= cost;
+            budget -= cost + keep;
+            moved += data;
+            new_pages += m.new_pages;
+            map = Some(m);
+            taken.push((seg, found, contents.map_pages, cost));
+        }
+        // The prefix of the policy's order that frees the most net of its
+        // cost. When every prefix costs more than it frees, the one victim
+        // that costs least is still cleaned: the map pages it rewrites
+        // leave dead copies behind that later passes reclaim, while
+        // cleaning nothing would leave the log full for good. Admission
+        // keeps room for a pass that gains (`map_allowance`).
+        let mut net = 0;
+        let mut best = (0, 0);
+        for (i, (_, _, _, cost)) in taken.iter().enumerate() {
+            net += seg_bytes - cost;
+            if net > best.1 {
+                best = (i + 1, net);
+            }
+        }
+        if best.0 == 0 {
+            if let Some(i) = (0..taken.len()).min_by_key(|&i| taken[i].3) {
+                taken.swap(0, i);
+                best.0 = 1;
+                rep.losing = true;
+            }
+        }
+        taken.truncate(best.0);
+        let spent: i64 = taken.iter().map(|t| t.3).sum();
+        let mut moves: Vec<((bool, usize), Move)> = Vec::new();
+        for (v, (seg, found, map_pages, _)) in taken.into_iter().enumerate() {
+            let age = snap.segments[seg.0 as usize].1.last_seq;
             rep.victims.push(seg);
+            moves.extend(found.into_iter().map(|m| ((age < cold_before, v), m)));
+            let (pages, begun) = self.relocate_map_pages(&map_pages)?;
+            if pages > 0 {
+                st.awaiting.push(seg);
+                st.awaiting_since = begun;
+            }
+            rep.map_pages_moved += pages;
         }
         // Survivors of hot victims are written before those of cold ones,
         // not mixed with them by key: a segment of cold survivors then stays
@@ -533,47 +664,21 @@ impl Engine {
         // space ran out half way every victim would keep some live blocks
         // and none could be released: with little room to spare, empty the
         // victims one after the other (each sorted by key) — hot ones first,
-        // then cold ones, each in the policy's order. Hot victims are the
-        // emptier ones as a rule, so this order empties about as many
-        // victims before space runs out as the policy's own would.
-        let roomy = budget * 2 >= view.meta_headroom_bytes;
-        let cold_before = self.cold_before();
-        let mut moves: Vec<((bool, usize), Move)> = Vec::new();
-        for (v, &seg) in rep.victims.iter().enumerate() {
-            let age = snap.segments[seg.0 as usize].1.last_seq;
-            let order = (age < cold_before, if roomy { 0 } else { v });
-            let buf = self.read_segment(seg)?;
-            let contents = scan_buffer(&geo, seg, &buf);
-            let base = geo.page_addr(seg, 0);
-            for chunk in contents.blocks.chunks(LOOKUP_CHUNK) {
-                for ((key, addr), e) in chunk.iter().zip(self.live_entries(chunk)?) {
-                    let Some(e) = e else { continue };
-                    let start = (addr - base) as usize;
-                    match buf.get(start..start + e.len as usize) {
-                        Some(b) => moves.push((
-                            order,
-                            Move {
-                                key: *key,
-                                expected: e,
-                                stored: b.to_vec(),
-                                age,
-                            },
-                        )),
-                        None => rep.inconsistent += 1,
-                    }
-                }
+        // then cold ones, each in the policy's order. Only while no
+        // checkpoint is due in the middle of the pass, though (other
+        // threads' operations begin one past the dirty-page limit): it would
+        // write the leaves the first victim dirtied, and each later victim
+        // dirty them again.
+        let mid_pass = map.is_some_and(|m| m.dirtied + new_pages >= m.limit);
+        if (view.meta_headroom_bytes - spent) * 2 >= view.meta_headroom_bytes || mid_pass {
+            for ((_, v), _) in &mut moves {
+                *v = 0;
             }
-            let (pages, begun) = self.relocate_map_pages(&contents.map_pages)?;
-            if pages > 0 {
-                st.awaiting.push(seg);
-                st.awaiting_since = begun;
-            }
-            rep.map_pages_moved += pages;
         }
         moves.sort_by_key(|(order, m)| (*order, m.key));
         // Move in chunks of about a partial segment, so user operations
         // get the lock between them.
-        let chunk_bytes = self.options().partial_bytes.max(PAGE_BYTES);
+        let chunk_bytes = chunk_bytes as usize;
         let mut it = moves.into_iter().map(|(_, m)| m).peekable();
         while it.peek().is_some() {
             let mut batch = Vec::new();
@@ -592,7 +697,12 @@ impl Engine {
             }
         }
         let (clean, releasable) = self.clean_segment_counts();
-        let wanted = releasable > 0 || rep.map_pages_moved > 0;
+        // Any victim wants the checkpoint, even one nothing was moved out
+        // of: what it still counts live may be map pages the moves dirtied
+        // (their old copies leave only when the checkpoint writes them), so
+        // without one it is neither releasable nor worth a move, and the
+        // next pass picks it again for nothing.
+        let wanted = releasable > 0 || !rep.victims.is_empty();
         let wait = match release {
             Release::Now(wait) => Some(wait),
             // Every checkpoint rewrites the map pages the moves dirtied:
@@ -870,10 +980,13 @@ mod tests {
             lld.delete(None, churn, i).unwrap();
         }
         sparse_segment(hot);
-        // Move the head on, so the hot segment is Dirty.
+        // Move the head on, so the hot segment is Dirty, and leave it
+        // sparse (a pass leaves a victim that would cost more than it
+        // frees).
         for i in 0..30 {
             lld.write(None, churn, 100 + i, &block(i, 6000)).unwrap();
         }
+        lld.delete_range(None, churn, 100..130).unwrap();
         lld.checkpoint_now().unwrap();
         let (cold_seg, hot_seg) = (seg_of(cold, 0), seg_of(hot, 0));
         assert_ne!(cold_seg, hot_seg);
