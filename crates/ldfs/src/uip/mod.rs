@@ -9,8 +9,10 @@
 //! robin). A rewrite of the same size goes back to the same home; metadata
 //! (the block's descriptor, a list record) is written synchronously in
 //! place whenever it changes — on allocation, length change, free. Nothing
-//! is buffered: every accepted write has reached the device when the call
-//! returns, so `flush` only passes the device's flush on.
+//! is buffered beyond an open ARU's held overwrites (below): every write
+//! accepted outside an ARU, and every ARU once ended, has reached the
+//! device when the call returns, so `flush` only passes the device's flush
+//! on.
 //!
 //! What uip does NOT promise, as the update-in-place systems it stands for:
 //! - ARUs are atomic for reads and aborts, not across crashes: a crash in
@@ -18,10 +20,23 @@
 //!   fsck for the same reason). Recovery keeps the newest descriptor (by
 //!   `seq`) when a crash left two for a key or overlapping extents.
 //! - Blocks carry no checksums (descriptors and list records do).
-//! - An abort restores the values the ARU found (read back before its first
-//!   change to each key, from a small cache or the device) by writing them
-//!   in place; a later change by another ARU to the same key is overwritten
-//!   (the fs runs one operation's ARU at a time per key).
+//! - An ARU's overwrite of a block of the same size in units, the first
+//!   change the ARU makes to that key, is held in memory until the ARU
+//!   ends and then written in place; reads see it at once, an abort drops
+//!   it. So it costs no read of the old value, and its one device write
+//!   comes at the end: the write an ARU of one fs operation makes anyway
+//!   (issue 15: reading each old block back before overwriting it doubled
+//!   the disk time of small random writes, VLD paper Figure 8). A change of
+//!   another kind to a held key (a delete, a write of another size, another
+//!   ARU's change) first settles it: dropped if the same ARU's, else
+//!   written in place as its owner's change.
+//! - Any other change of an ARU is written at once; an abort restores the
+//!   values the ARU found (read back before its first change to each key,
+//!   from a small cache or the device) by writing them in place; a later
+//!   change by another ARU to the same key is overwritten (the fs runs one
+//!   operation's ARU at a time per key). An `end_aru` failing on a device
+//!   error may leave part of the ARU's held writes on the device, like a
+//!   crash.
 //! - `reserve` counts units, assuming blocks of at least half a unit;
 //!   smaller blocks each take a whole unit.
 //!
@@ -31,7 +46,7 @@
 
 pub mod layout;
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -92,6 +107,9 @@ enum Undo {
 struct Aru {
     undo: Vec<Undo>,
     touched: HashSet<(u64, u64)>,
+    /// Keys whose overwrite this ARU holds in `State::held` (some may have
+    /// been settled since).
+    held: BTreeSet<(u64, u64)>,
     reserved_units: u64,
 }
 
@@ -109,6 +127,8 @@ struct State {
     cache: HashMap<(u64, u64), Vec<u8>>,
     cache_order: VecDeque<(u64, u64)>,
     cache_bytes: usize,
+    /// Overwrites held until their ARU ends: key -> (ARU, bytes).
+    held: HashMap<(u64, u64), (u64, Vec<u8>)>,
 }
 
 pub struct Uip {
@@ -249,6 +269,7 @@ impl Uip {
             cache: HashMap::new(),
             cache_order: VecDeque::new(),
             cache_bytes: 0,
+            held: HashMap::new(),
         };
         let w = dev.write_unit_bytes() as usize;
         let write_unit = if w > SECTOR && (geo.unit_bytes as usize).is_multiple_of(w) {
@@ -334,6 +355,15 @@ impl Uip {
     }
 
     fn read_locked(&self, s: &mut State, list: u64, index: u64) -> LdResult<Option<Vec<u8>>> {
+        if let Some((_, d)) = s.held.get(&(list, index)) {
+            return Ok(Some(d.clone()));
+        }
+        self.read_stored(s, list, index)
+    }
+
+    /// What the device holds for `(list, index)` (through the cache),
+    /// whatever an ARU holds for it.
+    fn read_stored(&self, s: &mut State, list: u64, index: u64) -> LdResult<Option<Vec<u8>>> {
         let Some(h) = s
             .lists
             .get(&list)
@@ -434,10 +464,41 @@ impl Uip {
         if s.arus[&a.0].touched.contains(&(list, index)) {
             return Ok(());
         }
-        let old = self.read_locked(s, list, index)?;
+        let old = self.read_stored(s, list, index)?;
         let a = s.arus.get_mut(&a.0).expect("checked");
         a.touched.insert((list, index));
         a.undo.push(Undo::Block { list, index, old });
+        Ok(())
+    }
+
+    /// Before a change by `by` (an ARU or none) to `key`: the overwrite an
+    /// ARU holds for it is dropped if it is `by`'s own (the change
+    /// supersedes it; the device still has what the ARU found), else
+    /// written in place as its owner's change, with its undo.
+    fn settle(&self, s: &mut State, key: (u64, u64), by: Option<AruId>) -> LdResult<()> {
+        let Some((owner, data)) = s.held.remove(&key) else {
+            return Ok(());
+        };
+        if by.map(|a| a.0) == Some(owner) {
+            return Ok(());
+        }
+        let done = self
+            .note_undo_block(s, Some(AruId(owner)), key.0, key.1)
+            .and_then(|()| self.put(s, key.0, key.1, &data));
+        if let Err(e) = done {
+            s.held.insert(key, (owner, data));
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Settles every held overwrite of `list` (see `settle`).
+    fn settle_list(&self, s: &mut State, list: u64, by: Option<AruId>) -> LdResult<()> {
+        let mut keys: Vec<(u64, u64)> = s.held.keys().filter(|k| k.0 == list).copied().collect();
+        keys.sort_unstable();
+        for k in keys {
+            self.settle(s, k, by)?;
+        }
         Ok(())
     }
 
@@ -523,6 +584,9 @@ impl Uip {
 
     /// Remove `(list, index)`. No undo.
     fn remove(&self, s: &mut State, list: u64, index: u64) -> LdResult<()> {
+        // (Only an abort removes a key another ARU may hold: that hold
+        // goes with the block.)
+        s.held.remove(&(list, index));
         let h = s.lists.get_mut(&list).and_then(|l| l.blocks.remove(&index));
         self.cache_put(s, (list, index), None);
         if let Some(h) = h {
@@ -622,6 +686,7 @@ impl LogicalDisk for Uip {
         let mut s = self.lock();
         Self::check_aru(&s, aru)?;
         Self::check_list(&s, list)?;
+        self.settle_list(&mut s, list.0, aru)?;
         if let Some(a) = aru {
             let indices: Vec<u64> = s.lists[&list.0].blocks.keys().copied().collect();
             let mut blocks = Vec::with_capacity(indices.len());
@@ -669,6 +734,17 @@ impl LogicalDisk for Uip {
                 available: avail * u64::from(ub),
             });
         }
+        self.settle(&mut s, (list.0, index), aru)?;
+        if let Some(a) = aru {
+            let key = (list.0, index);
+            let first = !s.arus[&a.0].touched.contains(&key);
+            if first && old == n {
+                // Same home, first change of this ARU: hold it (module doc).
+                s.held.insert(key, (a.0, data.to_vec()));
+                s.arus.get_mut(&a.0).expect("checked").held.insert(key);
+                return Ok(());
+            }
+        }
         self.note_undo_block(&mut s, aru, list.0, index)?;
         self.put(&mut s, list.0, index, data)?;
         self.consume(&mut s, aru, n.saturating_sub(old));
@@ -688,6 +764,7 @@ impl LogicalDisk for Uip {
         if !s.lists[&list.0].blocks.contains_key(&index) {
             return Ok(());
         }
+        self.settle(&mut s, (list.0, index), aru)?;
         self.note_undo_block(&mut s, aru, list.0, index)?;
         self.remove(&mut s, list.0, index)
     }
@@ -705,6 +782,7 @@ impl LogicalDisk for Uip {
             .map(|(&i, _)| i)
             .collect();
         for i in indices {
+            self.settle(&mut s, (list.0, i), aru)?;
             self.note_undo_block(&mut s, aru, list.0, i)?;
             self.remove(&mut s, list.0, i)?;
         }
@@ -744,12 +822,40 @@ impl LogicalDisk for Uip {
 
     fn end_aru(&self, aru: AruId) -> LdResult<()> {
         let mut s = self.lock();
+        Self::check_aru(&s, Some(aru))?;
+        // The held overwrites reach their homes, in device order.
+        let mut keys: Vec<((u64, u64), u32)> = s.arus[&aru.0]
+            .held
+            .iter()
+            .filter(|k| s.held.get(k).is_some_and(|(o, _)| *o == aru.0))
+            .map(|k| {
+                let home = s.lists.get(&k.0).and_then(|l| l.blocks.get(&k.1));
+                (
+                    *k,
+                    home.expect("a held key has its block (remove drops the hold)")
+                        .unit,
+                )
+            })
+            .collect();
+        keys.sort_unstable_by_key(|(_, u)| *u);
+        for (key, _) in keys {
+            let (_, data) = s.held.remove(&key).expect("held by this ARU");
+            if let Err(e) = self.put(&mut s, key.0, key.1, &data) {
+                s.held.insert(key, (aru.0, data));
+                return Err(e);
+            }
+        }
         self.end(&mut s, aru).map(|_| ())
     }
 
     fn abort_aru(&self, aru: AruId) -> LdResult<()> {
         let mut s = self.lock();
         let a = self.end(&mut s, aru)?;
+        for key in &a.held {
+            if s.held.get(key).is_some_and(|(o, _)| *o == aru.0) {
+                s.held.remove(key);
+            }
+        }
         for u in a.undo.into_iter().rev() {
             match u {
                 Undo::Block { list, index, old } => {
