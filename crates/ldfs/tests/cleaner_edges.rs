@@ -328,7 +328,10 @@ fn clean_now_ends_on_its_own() {
 /// the keys (list, index, len), or None if no overwrite failed. (At a
 /// fifth of the capacity left, seed 1 stayed refused for good on 545d315
 /// and on 5ee5daa, the state issue 12 describes; it no longer gets there.)
-fn stuck_device(seed: u64) -> Option<(Lld, Vec<(ldfs::ld::ListId, u64, usize)>)> {
+/// Keys written: (list, index, length).
+type Keys = Vec<(ldfs::ld::ListId, u64, usize)>;
+
+fn stuck_device(seed: u64) -> Option<(Lld, Keys)> {
     use ldfs::lld::{CleanerOptions, PolicyKind};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
