@@ -35,6 +35,48 @@ fn fill(lld: &Lld, list: ldfs::ld::ListId, mut next: u64) -> u64 {
     }
 }
 
+/// Keys written: (list, index, length).
+type Keys = Vec<(ldfs::ld::ListId, u64, usize)>;
+
+/// An engine on an 8 MiB device (`mkfs`) with four lists, greedy cleaning
+/// and a small map budget, on `opts` otherwise.
+fn small_block_engine(opts: LldOptions) -> (Lld, Vec<ldfs::ld::ListId>) {
+    let opts = LldOptions {
+        map_budget_bytes: 256 << 10,
+        cleaner: ldfs::lld::CleanerOptions {
+            policy: ldfs::lld::PolicyKind::Greedy,
+            ..opts.cleaner
+        },
+        ..opts
+    };
+    let lld = Lld::create(Arc::new(MemoryDevice::new(8 << 20)), &mkfs(), opts).unwrap();
+    let lists = (0..4)
+        .map(|_| lld.create_list(None, ListHints::default()).unwrap())
+        .collect();
+    (lld, lists)
+}
+
+/// Writes blocks of 200..1200 bytes at random keys of `lists` until a
+/// `1/stop`-th of the capacity is left.
+fn fill_random(
+    lld: &Lld,
+    lists: &[ldfs::ld::ListId],
+    rng: &mut rand_chacha::ChaCha8Rng,
+    stop: u64,
+) -> Keys {
+    use rand::Rng;
+    let cap = lld.space().capacity_bytes;
+    let mut keys = Vec::new();
+    while lld.space().available_bytes > cap / stop {
+        let l = lists[rng.gen_range(0..lists.len())];
+        let i = rng.gen_range(0..1u64 << 40);
+        let len = rng.gen_range(200..1200);
+        lld.write(None, l, i, &vec![7; len]).unwrap();
+        keys.push((l, i, len));
+    }
+    keys
+}
+
 /// A device filled to its capacity while some map leaves were dirty (a
 /// few scattered overwrites) is then checkpointed: the leaves become
 /// clean, `map_allowance` (part of the footprint) grows with them, and the
@@ -184,7 +226,6 @@ fn after_a_checkpoint_a_full_file_system_refuses_every_unlink() {
 /// capacity all the same (seeds 1-4): no harm shown.
 fn small_random_blocks_reserved(seed: u64, stop: u64, reserved: bool) {
     use ldfs::ld::ListId;
-    use ldfs::lld::{CleanerOptions, PolicyKind};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
     let bytes = |s: u64, len: usize| {
@@ -210,19 +251,7 @@ fn small_random_blocks_reserved(seed: u64, stop: u64, reserved: bool) {
         }
     };
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let dev = Arc::new(MemoryDevice::new(8 << 20));
-    let opts = LldOptions {
-        map_budget_bytes: 256 << 10,
-        cleaner: CleanerOptions {
-            policy: PolicyKind::Greedy,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let lld = Lld::create(dev, &mkfs(), opts).unwrap();
-    let lists: Vec<ListId> = (0..4)
-        .map(|_| lld.create_list(None, ListHints::default()).unwrap())
-        .collect();
+    let (lld, lists) = small_block_engine(LldOptions::default());
     let cap = lld.space().capacity_bytes;
     let mut keys = Vec::new();
     let mut lens = std::collections::HashMap::new();
@@ -275,32 +304,12 @@ fn small_blocks_at_random_keys_three_quarters_full_written_with_reservations() {
 /// here), then `clean_now` under a 20 s watchdog.
 #[test]
 fn clean_now_ends_on_its_own() {
-    use ldfs::lld::{CleanerOptions, PolicyKind};
+    use ldfs::lld::PolicyKind;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
     let mut rng = ChaCha8Rng::seed_from_u64(1);
-    let dev = Arc::new(MemoryDevice::new(8 << 20));
-    let opts = LldOptions {
-        map_budget_bytes: 256 << 10,
-        cleaner: CleanerOptions {
-            policy: PolicyKind::Greedy,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let lld = Lld::create(dev, &mkfs(), opts).unwrap();
-    let lists: Vec<_> = (0..4)
-        .map(|_| lld.create_list(None, ListHints::default()).unwrap())
-        .collect();
-    let cap = lld.space().capacity_bytes;
-    let mut keys = Vec::new();
-    while lld.space().available_bytes > cap / 2 {
-        let l = lists[rng.gen_range(0..lists.len())];
-        let i = rng.gen_range(0..1u64 << 40);
-        let len = rng.gen_range(200..1200);
-        lld.write(None, l, i, &vec![7; len]).unwrap();
-        keys.push((l, i, len));
-    }
+    let (lld, lists) = small_block_engine(LldOptions::default());
+    let keys = fill_random(&lld, &lists, &mut rng, 2);
     let mut written = 0;
     while written < 8 << 20 {
         let (l, i, len) = keys[rng.gen_range(0..keys.len())];
@@ -328,41 +337,23 @@ fn clean_now_ends_on_its_own() {
 /// the keys (list, index, len), or None if no overwrite failed. (At a
 /// fifth of the capacity left, seed 1 stayed refused for good on 545d315
 /// and on 5ee5daa, the state issue 12 describes; it no longer gets there.)
-/// Keys written: (list, index, length).
-type Keys = Vec<(ldfs::ld::ListId, u64, usize)>;
-
 fn stuck_device(seed: u64) -> Option<(Lld, Keys)> {
-    use ldfs::lld::{CleanerOptions, PolicyKind};
+    use ldfs::lld::CleanerOptions;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let dev = Arc::new(MemoryDevice::new(8 << 20));
-    let opts = LldOptions {
-        map_budget_bytes: 256 << 10,
+    let (lld, lists) = small_block_engine(LldOptions {
         checkpoint_thread: false,
         log_writer_thread: false,
         cleaner: CleanerOptions {
-            policy: PolicyKind::Greedy,
             idle_ms: 1,
             ..Default::default()
         },
         ..Default::default()
-    };
-    let lld = Lld::create(dev, &mkfs(), opts).unwrap();
-    let lists: Vec<_> = (0..4)
-        .map(|_| lld.create_list(None, ListHints::default()).unwrap())
-        .collect();
-    let cap = lld.space().capacity_bytes;
-    let mut keys = Vec::new();
+    });
     // LDFS_STUCK_STOP=n fills until 1/n of the capacity is left instead.
     let stop: u64 = std::env::var("LDFS_STUCK_STOP").map_or(20, |v| v.parse().unwrap());
-    while lld.space().available_bytes > cap / stop {
-        let l = lists[rng.gen_range(0..lists.len())];
-        let i = rng.gen_range(0..1u64 << 40);
-        let len = rng.gen_range(200..1200);
-        lld.write(None, l, i, &vec![7; len]).unwrap();
-        keys.push((l, i, len));
-    }
+    let keys = fill_random(&lld, &lists, &mut rng, stop);
     for n in 0..100_000 {
         let (l, i, len) = keys[rng.gen_range(0..keys.len())];
         match lld.write(None, l, i, &vec![9; len]) {
