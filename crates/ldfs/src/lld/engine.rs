@@ -1059,7 +1059,8 @@ impl Engine {
     /// rewrite the block map while it empties victims (issue 12). Moving a
     /// victim's blocks dirties their map leaves, which the checkpoint that
     /// releases it must write: up to every map page (`m`), fewer if a
-    /// segment cannot hold that many blocks. Victims of one pass share those
+    /// segment cannot hold that many blocks of the average size (with 4 KiB
+    /// file blocks, about a segment's worth of pages). Victims of one pass share those
     /// pages, so a pass gains only if it cleans enough of them to pay for
     /// the map: at live fraction `u`, `m / (1 - u)` pages of room let the
     /// victims' data and the map fit with the segments they free exceeding
@@ -1072,8 +1073,12 @@ impl Engine {
     /// is small and written whole); the LD's block map is as large as its
     /// lists are scattered.
     fn map_allowance(&self, g: &Inner) -> i64 {
-        let per_victim =
-            self.geo.segment_bytes() as usize / WRITE_RECORD_BYTES + g.map.internal_pages();
+        // A victim holds at most a segment's worth of blocks of the average
+        // size, each dirtying at most its own leaf.
+        let entries = g.map.len().max(1);
+        let avg_block = (g.usage.live_bytes_total() / entries) as usize;
+        let per_victim = self.geo.segment_bytes() as usize / (avg_block + WRITE_RECORD_BYTES)
+            + g.map.internal_pages();
         // Every page, dirty ones too: the figure must not jump when a
         // checkpoint cleans them (`footprint_bytes` counts it, and a full
         // file system must stay full, not overfull, across one).
