@@ -451,3 +451,177 @@ fn on_a_stuck_device_the_background_cleaner_rests() {
         "no seed reached a refused overwrite: the test tested nothing"
     );
 }
+
+/// A number from the environment, or `default`.
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name).map_or(default, |v| v.parse().expect("a number"))
+}
+
+/// `map_allowance` now takes the average block size from the live bytes,
+/// which count map pages: a checkpoint that frees map pages (leaves merged
+/// or emptied by deletes) lowers the average and may raise the allowance,
+/// part of the User footprint. Small blocks at random keys, the device
+/// filled to a twentieth of its capacity left, then rounds of scattered
+/// deletes each followed by a checkpoint: `available_bytes` must not drop
+/// across a checkpoint (nothing written).
+#[test]
+fn a_checkpoint_after_deletes_does_not_lower_available_space() {
+    use ldfs::ld::{ListHints, LogicalDisk};
+    use ldfs::lld::layout::MkfsOptions;
+    use ldfs::lld::{CleanerOptions, Lld, LldOptions, PolicyKind};
+    use rand::{Rng, SeedableRng};
+    let mut drops = Vec::new();
+    for seed in 1..=3u64 {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let mk = MkfsOptions {
+            segment_bytes: 128 << 10,
+            max_block_bytes: 16 << 10,
+            reserved_segments: Some(4),
+            fs_id: 0x9e9,
+        };
+        let opts = LldOptions {
+            map_budget_bytes: 256 << 10,
+            checkpoint_thread: false,
+            log_writer_thread: false,
+            cleaner: CleanerOptions {
+                policy: PolicyKind::Greedy,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let lld = Lld::create(Arc::new(MemoryDevice::new(8 << 20)), &mk, opts).unwrap();
+        let lists: Vec<_> = (0..4)
+            .map(|_| lld.create_list(None, ListHints::default()).unwrap())
+            .collect();
+        let cap = lld.space().capacity_bytes;
+        let mut keys = Vec::new();
+        while lld.space().available_bytes > cap / 20 {
+            let l = lists[rng.gen_range(0..lists.len())];
+            let i = rng.gen_range(0..1u64 << 40);
+            let len = rng.gen_range(200..1200);
+            lld.write(None, l, i, &vec![7; len]).unwrap();
+            keys.push((l, i));
+        }
+        lld.checkpoint_now().unwrap();
+        for round in 0..8 {
+            for _ in 0..keys.len() / 10 {
+                if keys.is_empty() {
+                    break;
+                }
+                let (l, i) = keys.swap_remove(rng.gen_range(0..keys.len()));
+                lld.delete(None, l, i).unwrap();
+            }
+            let before = lld.space();
+            let (_, total0, dirty0) = lld.map_figures();
+            lld.checkpoint_now().unwrap();
+            let after = lld.space();
+            let (_, total1, dirty1) = lld.map_figures();
+            eprintln!(
+                "seed {seed} round {round}: keys {} map pages {total0}/{dirty0} -> {total1}/{dirty1}; available {} -> {}, live {} -> {}",
+                keys.len(),
+                before.available_bytes,
+                after.available_bytes,
+                before.live_bytes,
+                after.live_bytes
+            );
+            if after.available_bytes < before.available_bytes {
+                drops.push(format!(
+                    "seed {seed} round {round}: available {} -> {} across a checkpoint",
+                    before.available_bytes, after.available_bytes
+                ));
+            }
+        }
+    }
+    assert!(drops.is_empty(), "{}", drops.join("\n"));
+}
+
+/// Mixed block sizes: the average block size (what `map_allowance` now
+/// divides a segment by) comes mostly from large cold blocks, while the
+/// victims the cleaner works on hold small hot blocks at random keys, each
+/// dirtying its own leaf (the issue 12 case). 32 MiB, large 16 KiB blocks
+/// to about 55% of the capacity, small 200..1200-byte blocks at random keys
+/// until a fifth is left, then random overwrites of the small blocks:
+/// counts the refused ones (NoSpace) and whether they stay refused. Where
+/// `space()` still says a twentieth is available, 1b04e32 refuses about
+/// 1.3% of the overwrites (seed 1: 200 in a row, for good) and the cleaner
+/// moves ~1 GB for 70 MB written; bcbc64e refuses none.
+#[test]
+fn mixed_sizes_small_overwrites_are_not_refused_for_good() {
+    use ldfs::ld::{LdError, ListHints, LogicalDisk};
+    use ldfs::lld::layout::MkfsOptions;
+    use ldfs::lld::{CleanerOptions, Lld, LldOptions, PolicyKind};
+    use rand::{Rng, SeedableRng};
+    let seed = env_u64("LDFS_SEED", 1);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mk = MkfsOptions {
+        segment_bytes: 128 << 10,
+        max_block_bytes: 16 << 10,
+        reserved_segments: Some(4),
+        fs_id: 0x9e9,
+    };
+    let opts = LldOptions {
+        map_budget_bytes: 256 << 10,
+        checkpoint_thread: false,
+        log_writer_thread: false,
+        cleaner: CleanerOptions {
+            policy: PolicyKind::Greedy,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let lld = Lld::create(Arc::new(MemoryDevice::new(32 << 20)), &mk, opts).unwrap();
+    let big = lld.create_list(None, ListHints::default()).unwrap();
+    let lists: Vec<_> = (0..4)
+        .map(|_| lld.create_list(None, ListHints::default()).unwrap())
+        .collect();
+    let cap = lld.space().capacity_bytes;
+    let mut n = 0;
+    while lld.space().available_bytes > cap * 45 / 100 {
+        lld.write(None, big, n, &vec![5; 16 << 10]).unwrap();
+        n += 1;
+    }
+    let stop = env_u64("LDFS_MIXED_STOP", 20);
+    let mut keys = Vec::new();
+    while lld.space().available_bytes > cap / stop {
+        let l = lists[rng.gen_range(0..lists.len())];
+        let i = rng.gen_range(0..1u64 << 40);
+        let len = rng.gen_range(200..1200);
+        lld.write(None, l, i, &vec![7; len]).unwrap();
+        keys.push((l, i, len));
+    }
+    let (_, total, _) = lld.map_figures();
+    eprintln!(
+        "{n} large, {} small blocks; map pages {total}; space {:?}",
+        keys.len(),
+        lld.space()
+    );
+    let (mut refused, mut in_row, mut max_row) = (0u64, 0u64, 0u64);
+    let t = std::time::Instant::now();
+    let total_ops = env_u64("LDFS_MIXED_OPS", 100_000);
+    let mut done = 0;
+    for _ in 0..total_ops {
+        let (l, i, len) = keys[rng.gen_range(0..keys.len())];
+        done += 1;
+        match lld.write(None, l, i, &vec![9; len]) {
+            Ok(()) => in_row = 0,
+            Err(LdError::NoSpace { .. }) => {
+                refused += 1;
+                in_row += 1;
+                max_row = max_row.max(in_row);
+                if in_row >= 200 {
+                    break;
+                }
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    eprintln!(
+        "seed {seed}: {done} overwrites in {:?}: {refused} refused, longest run {max_row}; clean/releasable {:?}; cleaner {:?}",
+        t.elapsed(),
+        lld.clean_segment_counts(),
+        lld.cleaner_stats()
+    );
+    // bcbc64e (the allowance from every map page): seeds 1-3 refuse none.
+    assert!(in_row < 200, "refused for good");
+    assert_eq!(refused, 0, "small overwrites refused");
+}

@@ -1059,8 +1059,7 @@ impl Engine {
     /// rewrite the block map while it empties victims (issue 12). Moving a
     /// victim's blocks dirties their map leaves, which the checkpoint that
     /// releases it must write: up to every map page (`m`), fewer if a
-    /// segment cannot hold that many blocks of the average size (with 4 KiB
-    /// file blocks, about a segment's worth of pages). Victims of one pass share those
+    /// segment cannot hold that many blocks. Victims of one pass share those
     /// pages, so a pass gains only if it cleans enough of them to pay for
     /// the map: at live fraction `u`, `m / (1 - u)` pages of room let the
     /// victims' data and the map fit with the segments they free exceeding
@@ -1073,12 +1072,14 @@ impl Engine {
     /// is small and written whole); the LD's block map is as large as its
     /// lists are scattered.
     fn map_allowance(&self, g: &Inner) -> i64 {
-        // A victim holds at most a segment's worth of blocks of the average
-        // size, each dirtying at most its own leaf.
-        let entries = g.map.len().max(1);
-        let avg_block = (g.usage.live_bytes_total() / entries) as usize;
-        let per_victim = self.geo.segment_bytes() as usize / (avg_block + WRITE_RECORD_BYTES)
-            + g.map.internal_pages();
+        // A victim holds at most a segment's worth of the smallest blocks
+        // (a record each), each dirtying at most its own leaf. (Not of the
+        // average size: with large blocks filling most of the device and
+        // small ones at scattered keys the rest, that cap fell below what a
+        // victim of small blocks dirties, and cleaning stopped gaining:
+        // review 10.)
+        let per_victim =
+            self.geo.segment_bytes() as usize / WRITE_RECORD_BYTES + g.map.internal_pages();
         // Every page, dirty ones too: the figure must not jump when a
         // checkpoint cleans them (`footprint_bytes` counts it, and a full
         // file system must stay full, not overfull, across one).
@@ -1882,6 +1883,7 @@ impl Engine {
             .saturating_add(2 * PAGE_BYTES as u64);
         let pages = with_overhead.div_ceil(PAGE_BYTES as u64);
         let mut rounds = 0u32;
+        let mut losing = 0u32;
         loop {
             let mut g = self.lock_writable()?;
             if !g.arus.contains_key(&aru.0) {
@@ -1929,7 +1931,7 @@ impl Engine {
             let seen = g.usage.clean_count();
             drop(g);
             rounds += 1;
-            if !self.clean_for_space(seen)? {
+            if !self.clean_for_space(seen, &mut losing)? {
                 return Err(e);
             }
         }
@@ -2097,6 +2099,7 @@ impl LogicalDisk for Engine {
         let crc = crc32c::crc32c(&stored);
         let key = Key::new(list, index);
         let mut rounds = 0u32;
+        let mut losing = 0u32;
         let (mut g, aru_id) = loop {
             let mut g = self.lock_writable()?;
             let aru_id = self.check_aru(&g, aru)?;
@@ -2128,7 +2131,7 @@ impl LogicalDisk for Engine {
                     let seen = g.usage.clean_count();
                     drop(g);
                     rounds += 1;
-                    if !self.clean_for_space(seen)? {
+                    if !self.clean_for_space(seen, &mut losing)? {
                         return Err(e);
                     }
                 }

@@ -36,7 +36,8 @@
 //!   change by another ARU to the same key is overwritten (the fs runs one
 //!   operation's ARU at a time per key). An `end_aru` failing on a device
 //!   error may leave part of the ARU's held writes on the device, like a
-//!   crash.
+//!   crash, and no abort can take them back: uip then refuses every change
+//!   (`LdError::ReadOnly`) and reads what the device holds.
 //! - `reserve` counts units, assuming blocks of at least half a unit;
 //!   smaller blocks each take a whole unit.
 //!
@@ -129,6 +130,8 @@ struct State {
     cache_bytes: usize,
     /// Overwrites held until their ARU ends: key -> (ARU, bytes).
     held: HashMap<(u64, u64), (u64, Vec<u8>)>,
+    /// Why uip refuses changes: an `end_aru` failed half way (`end_aru`).
+    failed: Option<String>,
 }
 
 pub struct Uip {
@@ -270,6 +273,7 @@ impl Uip {
             cache_order: VecDeque::new(),
             cache_bytes: 0,
             held: HashMap::new(),
+            failed: None,
         };
         let w = dev.write_unit_bytes() as usize;
         let write_unit = if w > SECTOR && (geo.unit_bytes as usize).is_multiple_of(w) {
@@ -308,6 +312,9 @@ impl Uip {
     }
 
     fn check_aru(s: &State, aru: Option<AruId>) -> LdResult<()> {
+        if let Some(why) = &s.failed {
+            return Err(LdError::ReadOnly(why.clone()));
+        }
         match aru {
             Some(a) if !s.arus.contains_key(&a.0) => Err(LdError::NoSuchAru(a)),
             _ => Ok(()),
@@ -841,7 +848,19 @@ impl LogicalDisk for Uip {
         for (key, _) in keys {
             let (_, data) = s.held.remove(&key).expect("held by this ARU");
             if let Err(e) = self.put(&mut s, key.0, key.1, &data) {
-                s.held.insert(key, (aru.0, data));
+                // Held writes have no undo: some of this ARU's may be on the
+                // device now, and no abort can take them back. Stop changing
+                // anything (as a crash would), and read what the device
+                // holds: the ARU's other holds go, and so does the cache (a
+                // block may have landed without its descriptor).
+                s.failed = Some(format!(
+                    "uip is read-only: a device write failed while an ARU ended ({e}); \
+                     part of it may be on the device"
+                ));
+                s.held.retain(|_, (o, _)| *o != aru.0);
+                s.cache.clear();
+                s.cache_order.clear();
+                s.cache_bytes = 0;
                 return Err(e);
             }
         }
@@ -850,6 +869,7 @@ impl LogicalDisk for Uip {
 
     fn abort_aru(&self, aru: AruId) -> LdResult<()> {
         let mut s = self.lock();
+        Self::check_aru(&s, Some(aru))?;
         let a = self.end(&mut s, aru)?;
         for key in &a.held {
             if s.held.get(key).is_some_and(|(o, _)| *o == aru.0) {

@@ -376,3 +376,73 @@ fn a_held_overwrite_settles_before_other_changes_to_its_key() {
     assert_eq!(u.read(l, 0).unwrap().unwrap(), vec![0u8; 2048]);
     assert_eq!(u.read(l, 1).unwrap().unwrap(), vec![41u8; 2048]);
 }
+
+/// Fails every device write once `fail` is set.
+struct Failing {
+    inner: MemoryDevice,
+    /// Writes still allowed before every later one fails (u64::MAX: all).
+    left: std::sync::atomic::AtomicU64,
+}
+
+impl Device for Failing {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), crate::device::DeviceError> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), crate::device::DeviceError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let left = self.left.load(Relaxed);
+        if left == 0 {
+            return Err(crate::device::DeviceError::Io {
+                op: crate::device::DeviceOp::Write,
+                offset,
+                len: buf.len() as u64,
+                source: std::io::Error::other("injected"),
+            });
+        }
+        if left != u64::MAX {
+            self.left.store(left - 1, Relaxed);
+        }
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> Result<(), crate::device::DeviceError> {
+        self.inner.flush()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+}
+
+/// An `end_aru` whose second held write fails leaves its first on the
+/// device with no undo (review 10): uip refuses every change from then on,
+/// abort included, so the file system above cannot go on as if the
+/// operation had been taken back; reads give what the device holds.
+#[test]
+fn a_failed_end_turns_uip_read_only() {
+    let d = Arc::new(Failing {
+        inner: MemoryDevice::new(8 << 20),
+        left: std::sync::atomic::AtomicU64::new(u64::MAX),
+    });
+    let u = Uip::create(d.clone(), uncached()).unwrap();
+    let l = u.create_list(None, ListHints::default()).unwrap();
+    for i in 0..3 {
+        u.write(None, l, i, &[i as u8; 4096]).unwrap();
+    }
+    let a = u.begin_aru().unwrap();
+    u.write(Some(a), l, 0, &[10u8; 4096]).unwrap();
+    u.write(Some(a), l, 1, &[11u8; 4096]).unwrap();
+    // The first held block's write lands, the second fails.
+    d.left.store(1, std::sync::atomic::Ordering::Relaxed);
+    assert!(matches!(u.end_aru(a), Err(LdError::Device(_))));
+    d.left.store(u64::MAX, std::sync::atomic::Ordering::Relaxed);
+    for r in [
+        u.abort_aru(a),
+        u.write(None, l, 2, &[9u8; 4096]),
+        u.delete(None, l, 2),
+        u.create_list(None, ListHints::default()).map(|_| ()),
+    ] {
+        assert!(matches!(r, Err(LdError::ReadOnly(_))), "{r:?}");
+    }
+    assert_eq!(u.read(l, 0).unwrap().unwrap(), vec![10u8; 4096]);
+    assert_eq!(u.read(l, 1).unwrap().unwrap(), vec![1u8; 4096]);
+    assert_eq!(u.read(l, 2).unwrap().unwrap(), vec![2u8; 4096]);
+}

@@ -189,14 +189,11 @@ pub(crate) struct CleanerState {
     /// Checkpoints begun when `awaiting` was last added to
     /// (`Engine::relocate_map_pages`): the next one to begin moves the pages.
     awaiting_since: u64,
-    /// Losing passes in a row (`CleanReport::losing`) made for waiting
-    /// writers.
-    losing_streak: u32,
 }
 
-/// Losing passes in a row a waiting writer may still retry after: each
-/// releases its victim and leaves dead map pages that a later pass may
-/// gain from, but on a device where no pass gains they only churn.
+/// Losing passes a waiting writer may still retry after: each releases its
+/// victim and leaves dead map pages that a later pass may gain from, but
+/// on a device where no pass gains they only churn.
 const LOSING_RETRIES: u32 = 3;
 
 impl CleanerState {
@@ -206,7 +203,6 @@ impl CleanerState {
             stats: CleanerStats::default(),
             awaiting: Vec::new(),
             awaiting_since: 0,
-            losing_streak: 0,
         }
     }
 }
@@ -471,7 +467,13 @@ impl Engine {
     /// A write was refused for want of clean segments while its data fits:
     /// clean (waiting for a running pass first) and say whether space was
     /// freed, so the caller retries, or not, so it fails with NoSpace.
-    pub(crate) fn clean_for_space(&self, seen_clean: u32) -> LdResult<bool> {
+    ///
+    /// `losing` counts the losing passes (`CleanReport::losing`) this
+    /// writer has waited through; after `LOSING_RETRIES` of them it gets
+    /// `false` without another pass. It is the writer's own: a count shared
+    /// between writers made one that came after a successful retry give up
+    /// after a single pass (review 10).
+    pub(crate) fn clean_for_space(&self, seen_clean: u32, losing: &mut u32) -> LdResult<bool> {
         let mut st = self.cleaner.lock().expect("cleaner poisoned");
         st.stats.waits += 1;
         let (clean, releasable) = self.clean_segment_counts();
@@ -490,19 +492,17 @@ impl Engine {
         // A writer is waiting: free the most space now. Greedy takes the
         // emptiest segments whatever the configured policy (which may
         // prefer old, fuller ones): a pass must gain more than it spends.
+        if *losing >= LOSING_RETRIES {
+            return Ok(false);
+        }
         let step = self.options().cleaner.step_segments.max(1) as usize;
         let rep = self.clean_pass(&mut st, PolicyKind::Greedy, step, Release::Now(wait))?;
-        if rep.progress() {
-            st.losing_streak = 0;
+        if rep.losing && rep.released > 0 {
+            // Released something: the writer tries admission again.
+            *losing += 1;
             return Ok(true);
         }
-        if rep.losing && rep.released > 0 && st.losing_streak < LOSING_RETRIES {
-            st.losing_streak += 1;
-            return Ok(true);
-        }
-        // This writer gives up; the next one may try again.
-        st.losing_streak = 0;
-        Ok(false)
+        Ok(rep.progress())
     }
 
     fn clean_pass(
