@@ -446,3 +446,195 @@ fn a_failed_end_turns_uip_read_only() {
     assert_eq!(u.read(l, 1).unwrap().unwrap(), vec![1u8; 4096]);
     assert_eq!(u.read(l, 2).unwrap().unwrap(), vec![2u8; 4096]);
 }
+
+/// Review 10 probe: random ARUs on uip under the fs's discipline (a key,
+/// and a list's deletion, belong to at most one open ARU at a time; writes
+/// outside an ARU only to keys no ARU holds), against a model: reads see
+/// every change at once, an abort restores what its ARU found, an end keeps
+/// it, and with no ARU open a reopen from the device gives the same state.
+#[test]
+fn review10_random_arus_match_a_model() {
+    use rand::{Rng, SeedableRng};
+    use std::collections::BTreeMap as Map;
+    type K = (u64, u64);
+    let seeds: u64 = std::env::var("LDFS_UIP_SEEDS").map_or(40, |v| v.parse().unwrap());
+    for seed in 0..seeds {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let d = dev(8);
+        let opts = if seed % 2 == 0 { uncached() } else { UipOptions::default() };
+        let mut u = Uip::create(d.clone(), opts).unwrap();
+        let mut lists: Vec<ListId> = (0..3)
+            .map(|_| u.create_list(None, ListHints::default()).unwrap())
+            .collect();
+        // ARU -> lists it deleted (with the model's entries then) / created
+        let mut list_undo: Map<u64, Vec<(ListId, Vec<(K, Vec<u8>)>)>> = Map::new();
+        let mut created: Map<u64, Vec<ListId>> = Map::new();
+        let mut model: Map<K, Vec<u8>> = Map::new();
+        // open ARU -> (keys owned, undo: key -> value found)
+        let mut open: Vec<(AruId, Map<K, Option<Vec<u8>>>)> = Vec::new();
+        let owner = |open: &Vec<(AruId, Map<K, Option<Vec<u8>>>)>, k: K| {
+            open.iter().position(|(_, o)| o.contains_key(&k))
+        };
+        let mut tag = 0u8;
+        for step in 0..600 {
+            tag = tag.wrapping_add(1);
+            if lists.is_empty() {
+                lists.push(u.create_list(None, ListHints::default()).unwrap());
+            }
+            let l = lists[rng.gen_range(0..lists.len())];
+            let k = (l.0, rng.gen_range(0..6u64));
+            let len = [512usize, 1000, 1024, 1500, 2048, 3000][rng.gen_range(0..6)];
+            let choice = rng.gen_range(0..100);
+            let who = owner(&open, k);
+            // Pick an ARU for this change: the key's owner, or any (or none)
+            // if the key is free.
+            let a = match who {
+                Some(i) => Some(i),
+                None if !open.is_empty() && rng.gen_bool(0.8) => Some(rng.gen_range(0..open.len())),
+                None => None,
+            };
+            let ctx = format!("seed {seed} step {step}");
+            match choice {
+                0..=9 if open.len() < 3 => {
+                    open.push((u.begin_aru().unwrap(), Map::new()));
+                }
+                10..=19 if !open.is_empty() => {
+                    let i = rng.gen_range(0..open.len());
+                    let (id, _) = open.remove(i);
+                    u.end_aru(id).unwrap();
+                    created.remove(&id.0);
+                    list_undo.remove(&id.0);
+                }
+                20..=27 if !open.is_empty() => {
+                    let i = rng.gen_range(0..open.len());
+                    let (id, undo) = open.remove(i);
+                    u.abort_aru(id).unwrap();
+                    for (l, entries) in list_undo.remove(&id.0).unwrap_or_default().into_iter().rev() {
+                        lists.push(l);
+                        for (k, v) in entries {
+                            model.insert(k, v);
+                        }
+                    }
+                    for l in created.remove(&id.0).unwrap_or_default() {
+                        lists.retain(|&x| x != l);
+                        model.retain(|k, _| k.0 != l.0);
+                    }
+                    for (k, old) in undo {
+                        match old {
+                            Some(v) => model.insert(k, v),
+                            None => model.remove(&k),
+                        };
+                    }
+                }
+                42..=44 if lists.len() > 1 => {
+                    // delete_list: every key of it free or the ARU's own
+                    let ai = a;
+                    if (0..6).any(|i2| owner(&open, (k.0, i2)).is_some_and(|o| Some(o) != ai)) {
+                        continue;
+                    }
+                    if let Some(i) = ai {
+                        let entries: Vec<(K, Vec<u8>)> = model
+                            .range((k.0, 0)..(k.0 + 1, 0))
+                            .map(|(k, v)| (*k, v.clone()))
+                            .collect();
+                        list_undo.entry(open[i].0 .0).or_default().push((ListId(k.0), entries));
+                        // its keys stay the ARU's (as the fs would)
+                        for i2 in 0..6 {
+                            let found = model.get(&(k.0, i2)).cloned();
+                            open[i].1.entry((k.0, i2)).or_insert(found);
+                        }
+                    }
+                    u.delete_list(ai.map(|i| open[i].0), ListId(k.0)).unwrap();
+                    lists.retain(|&x| x.0 != k.0);
+                    model.retain(|kk, _| kk.0 != k.0);
+                }
+                45..=47 if lists.len() < 5 => {
+                    let aid = a.map(|i| open[i].0);
+                    let l = u.create_list(aid, ListHints::default()).unwrap();
+                    if let Some(id) = aid {
+                        created.entry(id.0).or_default().push(l);
+                        // the new list is the creating ARU's (as in the fs)
+                        let i = a.unwrap();
+                        for i2 in 0..6 {
+                            open[i].1.entry((l.0, i2)).or_insert(None);
+                        }
+                    }
+                    lists.push(l);
+                }
+                28..=37 => {
+                    // delete
+                    let aid = a.map(|i| open[i].0);
+                    if let Some(i) = a {
+                        let found = model.get(&k).cloned();
+                        open[i].1.entry(k).or_insert(found);
+                    }
+                    u.delete(aid, ListId(k.0), k.1).unwrap();
+                    model.remove(&k);
+                }
+                38..=41 => {
+                    // delete_range over the list's keys 0..6 (every key of the
+                    // list must be free or the ARU's own)
+                    let keys: Vec<K> = (0..6).map(|i| (k.0, i)).collect();
+                    let ai = a;
+                    if keys.iter().any(|&kk| {
+                        owner(&open, kk).is_some_and(|o| Some(o) != ai)
+                    }) {
+                        continue;
+                    }
+                    let (lo, hi) = (rng.gen_range(0..6u64), rng.gen_range(0..7u64));
+                    if let Some(i) = ai {
+                        for i2 in lo..hi {
+                            let kk = (k.0, i2);
+                            let found = model.get(&kk).cloned();
+                            open[i].1.entry(kk).or_insert(found);
+                        }
+                    }
+                    u.delete_range(ai.map(|i| open[i].0), ListId(k.0), lo..hi)
+                        .unwrap();
+                    for i2 in lo..hi {
+                        model.remove(&(k.0, i2));
+                    }
+                }
+                _ => {
+                    let data = vec![tag; len];
+                    let aid = a.map(|i| open[i].0);
+                    if let Some(i) = a {
+                        let found = model.get(&k).cloned();
+                        open[i].1.entry(k).or_insert(found);
+                    }
+                    u.write(aid, ListId(k.0), k.1, &data).unwrap();
+                    model.insert(k, data);
+                }
+            }
+            for &l in &lists {
+                for i in 0..6 {
+                    let got = u.read(l, i).unwrap();
+                    assert_eq!(
+                        got.as_ref().map(|v| (v.len(), v[0])),
+                        model.get(&(l.0, i)).map(|v| (v.len(), v[0])),
+                        "{ctx}: key ({}, {i})",
+                        l.0
+                    );
+                }
+                let idx = u.indices(l, 0, 100).unwrap();
+                let want: Vec<u64> = model.range((l.0, 0)..(l.0 + 1, 0)).map(|(k, _)| k.1).collect();
+                assert_eq!(idx, want, "{ctx}: indices of {}", l.0);
+            }
+            if open.is_empty() && rng.gen_bool(0.1) {
+                drop(u);
+                u = Uip::open(d.clone(), opts).unwrap();
+                for &l in &lists {
+                    for i in 0..6 {
+                        let got = u.read(l, i).unwrap();
+                        assert_eq!(
+                            got.as_ref().map(|v| (v.len(), v[0])),
+                            model.get(&(l.0, i)).map(|v| (v.len(), v[0])),
+                            "{ctx}: after reopen, key ({}, {i})",
+                            l.0
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
