@@ -447,34 +447,41 @@ fn a_failed_end_turns_uip_read_only() {
     assert_eq!(u.read(l, 2).unwrap().unwrap(), vec![2u8; 4096]);
 }
 
-/// Review 10 probe: random ARUs on uip under the fs's discipline (a key,
+/// Random ARUs on uip (review 10's model test) under the fs's discipline (a key,
 /// and a list's deletion, belong to at most one open ARU at a time; writes
 /// outside an ARU only to keys no ARU holds), against a model: reads see
 /// every change at once, an abort restores what its ARU found, an end keeps
 /// it, and with no ARU open a reopen from the device gives the same state.
 #[test]
-fn review10_random_arus_match_a_model() {
+fn random_arus_match_a_model() {
     use rand::{Rng, SeedableRng};
     use std::collections::BTreeMap as Map;
     type K = (u64, u64);
+    /// What an open ARU found for each key it changed.
+    type Found = Map<K, Option<Vec<u8>>>;
+    /// Per ARU, the lists it deleted and their entries.
+    type ListUndo = Map<u64, Vec<(ListId, Vec<(K, Vec<u8>)>)>>;
     let seeds: u64 = std::env::var("LDFS_UIP_SEEDS").map_or(40, |v| v.parse().unwrap());
     for seed in 0..seeds {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
         let d = dev(8);
-        let opts = if seed % 2 == 0 { uncached() } else { UipOptions::default() };
+        let opts = if seed % 2 == 0 {
+            uncached()
+        } else {
+            UipOptions::default()
+        };
         let mut u = Uip::create(d.clone(), opts).unwrap();
         let mut lists: Vec<ListId> = (0..3)
             .map(|_| u.create_list(None, ListHints::default()).unwrap())
             .collect();
         // ARU -> lists it deleted (with the model's entries then) / created
-        let mut list_undo: Map<u64, Vec<(ListId, Vec<(K, Vec<u8>)>)>> = Map::new();
+        let mut list_undo: ListUndo = Map::new();
         let mut created: Map<u64, Vec<ListId>> = Map::new();
         let mut model: Map<K, Vec<u8>> = Map::new();
         // open ARU -> (keys owned, undo: key -> value found)
-        let mut open: Vec<(AruId, Map<K, Option<Vec<u8>>>)> = Vec::new();
-        let owner = |open: &Vec<(AruId, Map<K, Option<Vec<u8>>>)>, k: K| {
-            open.iter().position(|(_, o)| o.contains_key(&k))
-        };
+        let mut open: Vec<(AruId, Found)> = Vec::new();
+        let owner =
+            |open: &[(AruId, Found)], k: K| open.iter().position(|(_, o)| o.contains_key(&k));
         let mut tag = 0u8;
         for step in 0..600 {
             tag = tag.wrapping_add(1);
@@ -509,7 +516,12 @@ fn review10_random_arus_match_a_model() {
                     let i = rng.gen_range(0..open.len());
                     let (id, undo) = open.remove(i);
                     u.abort_aru(id).unwrap();
-                    for (l, entries) in list_undo.remove(&id.0).unwrap_or_default().into_iter().rev() {
+                    for (l, entries) in list_undo
+                        .remove(&id.0)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .rev()
+                    {
                         lists.push(l);
                         for (k, v) in entries {
                             model.insert(k, v);
@@ -537,7 +549,10 @@ fn review10_random_arus_match_a_model() {
                             .range((k.0, 0)..(k.0 + 1, 0))
                             .map(|(k, v)| (*k, v.clone()))
                             .collect();
-                        list_undo.entry(open[i].0 .0).or_default().push((ListId(k.0), entries));
+                        list_undo
+                            .entry(open[i].0 .0)
+                            .or_default()
+                            .push((ListId(k.0), entries));
                         // its keys stay the ARU's (as the fs would)
                         for i2 in 0..6 {
                             let found = model.get(&(k.0, i2)).cloned();
@@ -576,9 +591,10 @@ fn review10_random_arus_match_a_model() {
                     // list must be free or the ARU's own)
                     let keys: Vec<K> = (0..6).map(|i| (k.0, i)).collect();
                     let ai = a;
-                    if keys.iter().any(|&kk| {
-                        owner(&open, kk).is_some_and(|o| Some(o) != ai)
-                    }) {
+                    if keys
+                        .iter()
+                        .any(|&kk| owner(&open, kk).is_some_and(|o| Some(o) != ai))
+                    {
                         continue;
                     }
                     let (lo, hi) = (rng.gen_range(0..6u64), rng.gen_range(0..7u64));
@@ -617,7 +633,10 @@ fn review10_random_arus_match_a_model() {
                     );
                 }
                 let idx = u.indices(l, 0, 100).unwrap();
-                let want: Vec<u64> = model.range((l.0, 0)..(l.0 + 1, 0)).map(|(k, _)| k.1).collect();
+                let want: Vec<u64> = model
+                    .range((l.0, 0)..(l.0 + 1, 0))
+                    .map(|(k, _)| k.1)
+                    .collect();
                 assert_eq!(idx, want, "{ctx}: indices of {}", l.0);
             }
             if open.is_empty() && rng.gen_bool(0.1) {
