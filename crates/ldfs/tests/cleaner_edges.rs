@@ -41,6 +41,11 @@ type Keys = Vec<(ldfs::ld::ListId, u64, usize)>;
 /// An engine on an 8 MiB device (`mkfs`) with four lists, greedy cleaning
 /// and a small map budget, on `opts` otherwise.
 fn small_block_engine(opts: LldOptions) -> (Lld, Vec<ldfs::ld::ListId>) {
+    engine_on(8 << 20, opts)
+}
+
+/// `small_block_engine` on a device of `bytes`.
+fn engine_on(bytes: u64, opts: LldOptions) -> (Lld, Vec<ldfs::ld::ListId>) {
     let opts = LldOptions {
         map_budget_bytes: 256 << 10,
         cleaner: ldfs::lld::CleanerOptions {
@@ -49,7 +54,7 @@ fn small_block_engine(opts: LldOptions) -> (Lld, Vec<ldfs::ld::ListId>) {
         },
         ..opts
     };
-    let lld = Lld::create(Arc::new(MemoryDevice::new(8 << 20)), &mkfs(), opts).unwrap();
+    let lld = Lld::create(Arc::new(MemoryDevice::new(bytes)), &mkfs(), opts).unwrap();
     let lists = (0..4)
         .map(|_| lld.create_list(None, ListHints::default()).unwrap())
         .collect();
@@ -466,42 +471,19 @@ fn env_u64(name: &str, default: u64) -> u64 {
 /// across a checkpoint (nothing written).
 #[test]
 fn a_checkpoint_after_deletes_does_not_lower_available_space() {
-    use ldfs::ld::{ListHints, LogicalDisk};
-    use ldfs::lld::layout::MkfsOptions;
-    use ldfs::lld::{CleanerOptions, Lld, LldOptions, PolicyKind};
     use rand::{Rng, SeedableRng};
     let mut drops = Vec::new();
     for seed in 1..=3u64 {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-        let mk = MkfsOptions {
-            segment_bytes: 128 << 10,
-            max_block_bytes: 16 << 10,
-            reserved_segments: Some(4),
-            fs_id: 0x9e9,
-        };
-        let opts = LldOptions {
-            map_budget_bytes: 256 << 10,
+        let (lld, lists) = small_block_engine(LldOptions {
             checkpoint_thread: false,
             log_writer_thread: false,
-            cleaner: CleanerOptions {
-                policy: PolicyKind::Greedy,
-                ..Default::default()
-            },
             ..Default::default()
-        };
-        let lld = Lld::create(Arc::new(MemoryDevice::new(8 << 20)), &mk, opts).unwrap();
-        let lists: Vec<_> = (0..4)
-            .map(|_| lld.create_list(None, ListHints::default()).unwrap())
+        });
+        let mut keys: Vec<_> = fill_random(&lld, &lists, &mut rng, 20)
+            .into_iter()
+            .map(|(l, i, _)| (l, i))
             .collect();
-        let cap = lld.space().capacity_bytes;
-        let mut keys = Vec::new();
-        while lld.space().available_bytes > cap / 20 {
-            let l = lists[rng.gen_range(0..lists.len())];
-            let i = rng.gen_range(0..1u64 << 40);
-            let len = rng.gen_range(200..1200);
-            lld.write(None, l, i, &vec![7; len]).unwrap();
-            keys.push((l, i));
-        }
         lld.checkpoint_now().unwrap();
         for round in 0..8 {
             for _ in 0..keys.len() / 10 {
@@ -547,33 +529,19 @@ fn a_checkpoint_after_deletes_does_not_lower_available_space() {
 /// moves ~1 GB for 70 MB written; bcbc64e refuses none.
 #[test]
 fn mixed_sizes_small_overwrites_are_not_refused_for_good() {
-    use ldfs::ld::{LdError, ListHints, LogicalDisk};
-    use ldfs::lld::layout::MkfsOptions;
-    use ldfs::lld::{CleanerOptions, Lld, LldOptions, PolicyKind};
+    use ldfs::ld::LdError;
     use rand::{Rng, SeedableRng};
     let seed = env_u64("LDFS_SEED", 1);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-    let mk = MkfsOptions {
-        segment_bytes: 128 << 10,
-        max_block_bytes: 16 << 10,
-        reserved_segments: Some(4),
-        fs_id: 0x9e9,
-    };
-    let opts = LldOptions {
-        map_budget_bytes: 256 << 10,
-        checkpoint_thread: false,
-        log_writer_thread: false,
-        cleaner: CleanerOptions {
-            policy: PolicyKind::Greedy,
+    let (lld, lists) = engine_on(
+        32 << 20,
+        LldOptions {
+            checkpoint_thread: false,
+            log_writer_thread: false,
             ..Default::default()
         },
-        ..Default::default()
-    };
-    let lld = Lld::create(Arc::new(MemoryDevice::new(32 << 20)), &mk, opts).unwrap();
+    );
     let big = lld.create_list(None, ListHints::default()).unwrap();
-    let lists: Vec<_> = (0..4)
-        .map(|_| lld.create_list(None, ListHints::default()).unwrap())
-        .collect();
     let cap = lld.space().capacity_bytes;
     let mut n = 0;
     while lld.space().available_bytes > cap * 45 / 100 {
