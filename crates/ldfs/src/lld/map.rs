@@ -834,11 +834,7 @@ impl Map {
             }
         };
         for &key in keys {
-            let mut id = self.root;
-            while let Kind::Internal(ch) = &self.node(id).kind {
-                id = ch[ch.partition_point(|c| c.0 <= key).saturating_sub(1)].1;
-            }
-            climb(id);
+            climb(self.find_leaf(key));
         }
         for a in addrs {
             if let Some(&id) = self.pages.get(a) {
@@ -851,7 +847,18 @@ impl Map {
     /// Pages replacing the entry of an existing `key` would newly dirty:
     /// the clean pages on its leaf's path.
     pub fn path_pages_to_dirty(&self, key: Key) -> usize {
-        self.pages_to_dirty(&[key], &[], &mut DirtySet::default())
+        if self.root == NONE {
+            return 0;
+        }
+        // (Every cleaner move asks: no set to allocate. A dirty node's
+        // ancestors are dirty, so the clean ones are the leaf's end.)
+        let mut n = 0;
+        let mut cur = self.find_leaf(key);
+        while cur != NONE && !self.node(cur).dirty {
+            n += 1;
+            cur = self.node(cur).parent;
+        }
+        n
     }
 
     /// Calls `f` with every on-disk page currently referenced (root included).
