@@ -701,11 +701,26 @@ impl Vld {
         let mut pending: Vec<(u64, u32)> = Vec::with_capacity(count as usize);
         let mut done = 0;
         while done < count {
-            let (at, len) = self
+            let placed = self
                 .place(g, Want::Blocks(count - done), avoid)
-                .ok_or_else(|| no_space(l0 * bb as u64))?;
-            let bytes = &data[done as usize * bb..(done + len) as usize * bb];
-            self.disk.media_write(at * self.bs, bytes)?;
+                .ok_or_else(|| no_space(l0 * bb as u64))
+                .and_then(|(at, len)| {
+                    let bytes = &data[done as usize * bb..(done + len) as usize * bb];
+                    self.disk.media_write(at * self.bs, bytes)?;
+                    Ok((at, len))
+                });
+            let (at, len) = match placed {
+                Ok(run) => run,
+                Err(e) => {
+                    // Nothing of the request is committed: the runs written
+                    // so far are free again (they leaked, and a full disk
+                    // then took no write at all until reopened: review 11).
+                    for &(_, b) in &pending {
+                        self.mark(g, u64::from(b), 1, false);
+                    }
+                    return Err(e);
+                }
+            };
             g.stats.data_writes += 1;
             self.mark(g, at, len, true);
             for i in 0..len {

@@ -315,3 +315,29 @@ fn a_cut_sub_block_write_leaves_each_block_old_or_new() {
         }
     }
 }
+
+/// A write larger than the free space of a full disk fails with nothing
+/// committed, and the runs it had written are free again: the disk checks
+/// clean and takes the next small write (review 11: they leaked, and a
+/// full disk refused every write until reopened).
+#[test]
+fn a_write_that_runs_out_of_room_frees_what_it_wrote() {
+    let disk = small(PaperDisk::Hp97560, 2);
+    let v = Vld::create(disk, VldOptions::default()).unwrap();
+    let size = v.size_bytes() as usize;
+    v.write_at(&pattern(1, size), 0).unwrap();
+    v.check().unwrap();
+    assert!(
+        v.write_at(&pattern(2, size), 0).is_err(),
+        "a whole-disk overwrite fit"
+    );
+    v.check().unwrap();
+    let mut back = vec![0u8; size];
+    v.read_at(&mut back, 0).unwrap();
+    assert!(
+        back == pattern(1, size),
+        "a failed write changed the contents"
+    );
+    v.write_at(&[7u8; 4096], 0).unwrap();
+    v.check().unwrap();
+}
