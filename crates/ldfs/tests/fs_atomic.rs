@@ -12,6 +12,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use ldfs::device::{CrashDevice, FaultDevice, FaultPlan};
+use ldfs::dual::{Dual, DualMkfsOptions};
 use ldfs::fs::inode::Kind;
 use ldfs::fs::{
     Ctx, FallocMode, Fs, FsError, FsOptions, RenameFlags, SetAttr, XattrMode, ROOT_INO,
@@ -73,63 +74,190 @@ fn check_clean(fs: &Fs, when: &str) {
 /// Names to inode numbers, as the population made them.
 type Inos = HashMap<&'static str, u64>;
 
+/// Where a test's file system lives: one log, or the dual layout's
+/// metadata log and data device (issue 14: the dual layout is tested as the
+/// single one is).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    Single,
+    Dual,
+}
+
+const LAYOUTS: [Layout; 2] = [Layout::Single, Layout::Dual];
+
+/// What is durable on a file system's devices: the one log's image, or
+/// the dual layout's metadata device's and data device's.
+struct Image {
+    layout: Layout,
+    devices: Vec<Vec<u8>>,
+}
+
+fn dual_mkfs_options() -> DualMkfsOptions {
+    DualMkfsOptions {
+        lld: mkfs_options(),
+        group_blocks: 256,
+        meta_path: String::new(),
+    }
+}
+
+/// The Logical Disk under a mount, to stop it as a crash would.
+enum Engine {
+    Lld(Arc<Lld>),
+    Dual(Arc<Dual>),
+}
+
 struct Mounted {
-    fault: Arc<FaultDevice<Arc<CrashDevice>>>,
-    crash: Arc<CrashDevice>,
-    lld: Arc<Lld>,
+    /// A fault injector over each device (the dual layout: metadata, data).
+    faults: Vec<Arc<FaultDevice<Arc<CrashDevice>>>>,
+    crashes: Vec<Arc<CrashDevice>>,
+    engine: Engine,
+    ld: Arc<dyn LogicalDisk>,
     fs: Fs,
 }
 
-fn mount(image: &[u8]) -> Mounted {
-    let crash = Arc::new(CrashDevice::from_image(image.to_vec()));
-    let fault = Arc::new(FaultDevice::new(crash.clone(), FaultPlan::default()));
-    let lld = Arc::new(Lld::open(fault.clone(), LldOptions::default()).unwrap());
-    let ld: Arc<dyn LogicalDisk> = lld.clone();
-    let fs = Fs::mount(ld, FsOptions::default()).unwrap();
+impl Mounted {
+    /// The one log's fault injector (single-layout tests).
+    fn fault(&self) -> &FaultDevice<Arc<CrashDevice>> {
+        assert_eq!(self.faults.len(), 1, "a single-layout test");
+        &self.faults[0]
+    }
+}
+
+fn mount(image: &Image) -> Mounted {
+    let crashes: Vec<Arc<CrashDevice>> = image
+        .devices
+        .iter()
+        .map(|d| Arc::new(CrashDevice::from_image(d.clone())))
+        .collect();
+    let faults: Vec<_> = crashes
+        .iter()
+        .map(|c| Arc::new(FaultDevice::new(c.clone(), FaultPlan::default())))
+        .collect();
+    let (engine, ld): (Engine, Arc<dyn LogicalDisk>) = match image.layout {
+        Layout::Single => {
+            let l = Arc::new(Lld::open(faults[0].clone(), LldOptions::default()).unwrap());
+            (Engine::Lld(l.clone()), l)
+        }
+        Layout::Dual => {
+            let d = Arc::new(
+                Dual::open(faults[0].clone(), faults[1].clone(), LldOptions::default()).unwrap(),
+            );
+            (Engine::Dual(d.clone()), d)
+        }
+    };
+    let fs = Fs::mount(ld.clone(), FsOptions::default()).unwrap();
     Mounted {
-        fault,
-        crash,
-        lld,
+        faults,
+        crashes,
+        engine,
+        ld,
         fs,
     }
 }
 
 /// Stops `m` as a crash would, after a flush: returns what is durable.
-fn crash(m: Mounted) -> Vec<u8> {
+fn crash(m: Mounted) -> Image {
     m.fs.fsync().unwrap();
-    let image = m.crash.durable_image();
+    let layout = match m.engine {
+        Engine::Lld(_) => Layout::Single,
+        Engine::Dual(_) => Layout::Dual,
+    };
+    let devices = m.crashes.iter().map(|c| c.durable_image()).collect();
     drop(m.fs);
-    match Arc::try_unwrap(m.lld) {
-        Ok(l) => l.abandon(),
-        Err(_) => panic!("engine still shared"),
+    drop(m.ld);
+    match m.engine {
+        Engine::Lld(l) => match Arc::try_unwrap(l) {
+            Ok(l) => l.abandon(),
+            Err(_) => panic!("engine still shared"),
+        },
+        Engine::Dual(d) => match Arc::try_unwrap(d) {
+            Ok(d) => d.abandon(),
+            Err(_) => panic!("dual still shared"),
+        },
     }
-    image
+    Image { layout, devices }
 }
 
-/// Formats a file system, lets `populate` fill it, closes it cleanly;
-/// returns the image and what `populate` named.
-fn build(device_bytes: u64, populate: impl Fn(&Fs, &Lld) -> Inos) -> (Vec<u8>, Inos) {
-    let crash = Arc::new(CrashDevice::new(device_bytes));
-    let lld = Arc::new(Lld::create(crash.clone(), &mkfs_options(), LldOptions::default()).unwrap());
-    Fs::format(&*lld, CTX).unwrap();
-    let ld: Arc<dyn LogicalDisk> = lld.clone();
-    let fs = Fs::mount(ld, FsOptions::default()).unwrap();
-    let inos = populate(&fs, &lld);
-    drop(fs);
-    match Arc::try_unwrap(lld) {
-        Ok(l) => l.close().unwrap(),
-        Err(_) => panic!("engine still shared"),
-    }
-    (crash.durable_image(), inos)
+/// Formats a file system of `layout` (each device `device_bytes`), lets
+/// `populate` fill it, closes it cleanly; returns the image and what
+/// `populate` named.
+fn build(
+    layout: Layout,
+    device_bytes: u64,
+    populate: impl Fn(&Fs, &dyn LogicalDisk) -> Inos,
+) -> (Image, Inos) {
+    let crashes: Vec<Arc<CrashDevice>> = match layout {
+        Layout::Single => vec![Arc::new(CrashDevice::new(device_bytes))],
+        Layout::Dual => vec![
+            Arc::new(CrashDevice::new(device_bytes)),
+            Arc::new(CrashDevice::new(device_bytes)),
+        ],
+    };
+    let inos = match layout {
+        Layout::Single => {
+            let lld = Arc::new(
+                Lld::create(crashes[0].clone(), &mkfs_options(), LldOptions::default()).unwrap(),
+            );
+            Fs::format(&*lld, CTX).unwrap();
+            let ld: Arc<dyn LogicalDisk> = lld.clone();
+            let fs = Fs::mount(ld.clone(), FsOptions::default()).unwrap();
+            let inos = populate(&fs, &*ld);
+            drop(fs);
+            drop(ld);
+            match Arc::try_unwrap(lld) {
+                Ok(l) => l.close().unwrap(),
+                Err(_) => panic!("engine still shared"),
+            }
+            inos
+        }
+        Layout::Dual => {
+            ldfs::dual::mkfs(crashes[0].clone(), &*crashes[1], &dual_mkfs_options()).unwrap();
+            let d = Arc::new(
+                Dual::open(
+                    crashes[0].clone(),
+                    crashes[1].clone(),
+                    LldOptions::default(),
+                )
+                .unwrap(),
+            );
+            Fs::format(&*d, CTX).unwrap();
+            let ld: Arc<dyn LogicalDisk> = d.clone();
+            let fs = Fs::mount(ld.clone(), FsOptions::default()).unwrap();
+            let inos = populate(&fs, &*ld);
+            drop(fs);
+            drop(ld);
+            match Arc::try_unwrap(d) {
+                Ok(d) => d.close().unwrap(),
+                Err(_) => panic!("dual still shared"),
+            }
+            inos
+        }
+    };
+    let devices = crashes.iter().map(|c| c.durable_image()).collect();
+    (Image { layout, devices }, inos)
 }
 
 type Op = fn(&Fs, &Inos) -> Result<(), FsError>;
 
-/// Runs `op` on a fresh mount of `image` with the Nth device read failing,
-/// for N = 1, 2, ... until a run meets no fault; every run must leave the
-/// tree as it was (a failure) or as `op` makes it without faults (success),
-/// while mounted and after a crash. Returns how many runs failed.
-fn every_failure_point(name: &str, image: &[u8], inos: &Inos, op: Op) -> u64 {
+/// Runs `op` on a fresh mount of `image` with the Nth read of one device
+/// failing, for N = 1, 2, ... until a run meets no fault, and so for each
+/// device (the dual layout: its metadata device, then its data device);
+/// every run must leave the tree as it was (a failure) or as `op` makes it
+/// without faults (success), while mounted and after a crash. Returns how
+/// many runs failed.
+fn every_failure_point(name: &str, image: &Image, inos: &Inos, op: Op) -> u64 {
+    (0..image.devices.len())
+        .map(|dev| {
+            let name = match image.layout {
+                Layout::Single => name.to_string(),
+                Layout::Dual => format!("{name} (dual, {} device)", ["metadata", "data"][dev]),
+            };
+            every_failure_point_of(&name, image, dev, inos, op)
+        })
+        .sum()
+}
+
+fn every_failure_point_of(name: &str, image: &Image, dev: usize, inos: &Inos, op: Op) -> u64 {
     let (before, after) = {
         let m = mount(image);
         let before = snapshot(&m.fs);
@@ -142,13 +270,14 @@ fn every_failure_point(name: &str, image: &[u8], inos: &Inos, op: Op) -> u64 {
     let mut failed = 0;
     for n in 1..=500u64 {
         let m = mount(image);
-        m.fault.set_plan(FaultPlan {
+        let fault = m.faults[dev].clone();
+        fault.set_plan(FaultPlan {
             fail_read_nth: Some(n),
             ..FaultPlan::default()
         });
         let r = op(&m.fs, inos);
-        let fired = m.fault.fired();
-        m.fault.set_plan(FaultPlan::default());
+        let fired = fault.fired();
+        fault.set_plan(FaultPlan::default());
         let want = match &r {
             Ok(()) => &after,
             Err(FsError::Io(_)) if fired => &before,
@@ -251,7 +380,13 @@ fn renames() -> Vec<(&'static str, Op)> {
 
 #[test]
 fn a_rename_failing_at_any_read_changes_nothing() {
-    let (image, inos) = build(8 << 20, |fs, _| {
+    for layout in LAYOUTS {
+        a_rename_failing_at_any_read_changes_nothing_on(layout);
+    }
+}
+
+fn a_rename_failing_at_any_read_changes_nothing_on(layout: Layout) {
+    let (image, inos) = build(layout, 8 << 20, |fs, _| {
         let mut inos = Inos::new();
         let a = fs.mkdir(CTX, ROOT_INO, b"a", 0o755).unwrap().ino;
         let b = fs.mkdir(CTX, ROOT_INO, b"b", 0o755).unwrap().ino;
@@ -271,7 +406,10 @@ fn a_rename_failing_at_any_read_changes_nothing() {
     for (name, op) in renames() {
         total += every_failure_point(name, &image, &inos, op);
     }
-    assert!(total >= 8, "only {total} runs failed: the faults missed");
+    assert!(
+        total >= 8,
+        "{layout:?}: only {total} runs failed: the faults missed"
+    );
 }
 
 fn others() -> Vec<(&'static str, Op)> {
@@ -342,7 +480,13 @@ fn others() -> Vec<(&'static str, Op)> {
 
 #[test]
 fn every_other_operation_failing_at_any_read_changes_nothing() {
-    let (image, inos) = build(8 << 20, |fs, _| {
+    for layout in LAYOUTS {
+        every_other_operation_failing_at_any_read_changes_nothing_on(layout);
+    }
+}
+
+fn every_other_operation_failing_at_any_read_changes_nothing_on(layout: Layout) {
+    let (image, inos) = build(layout, 8 << 20, |fs, _| {
         let a = fs.mkdir(CTX, ROOT_INO, b"a", 0o755).unwrap().ino;
         let b = fs.mkdir(CTX, ROOT_INO, b"b", 0o755).unwrap().ino;
         let f = fs.mknod(CTX, a, b"f", 0o100644, 0).unwrap().ino;
@@ -359,7 +503,10 @@ fn every_other_operation_failing_at_any_read_changes_nothing() {
     for (name, op) in others() {
         total += every_failure_point(name, &image, &inos, op);
     }
-    assert!(total >= 13, "only {total} runs failed: the faults missed");
+    assert!(
+        total >= 13,
+        "{layout:?}: only {total} runs failed: the faults missed"
+    );
 }
 
 /// Extended attributes filling an inode record to near its largest size:
@@ -378,7 +525,7 @@ fn fill_xattrs(fs: &Fs, ino: u64) {
 /// blocks go straight into the file's list (no reservation, so the file
 /// system ends up as full as the LD lets it be), then the size follows
 /// (down from a size set beforehand: growing a file takes space).
-fn fill(fs: &Fs, lld: &Lld, file: u64) {
+fn fill(fs: &Fs, ld: &dyn LogicalDisk, file: u64) {
     let size = fs.getattr(file).unwrap().size;
     let mut b = size.div_ceil(4096);
     if b == 0 {
@@ -392,7 +539,7 @@ fn fill(fs: &Fs, lld: &Lld, file: u64) {
     fs.setattr(file, &sa).unwrap();
     let list = ListId(fs.inode_record(file).unwrap().list);
     loop {
-        match lld.write(None, list, b, &[0x5a; 4096]) {
+        match ld.write(None, list, b, &[0x5a; 4096]) {
             Ok(()) => b += 1,
             Err(LdError::NoSpace { .. }) => break,
             Err(e) => panic!("filling: {e}"),
@@ -407,7 +554,7 @@ fn fill(fs: &Fs, lld: &Lld, file: u64) {
 
 #[test]
 fn renames_of_large_inode_records_on_a_full_file_system_commit_whole_or_not_at_all() {
-    let (image, inos) = build(12 << 20, |fs, lld| {
+    let (image, inos) = build(Layout::Single, 12 << 20, |fs, lld| {
         let p = fs.mkdir(CTX, ROOT_INO, b"p", 0o755).unwrap().ino;
         let np = fs.mkdir(CTX, ROOT_INO, b"np", 0o755).unwrap().ino;
         let a = fs.mkdir(CTX, p, b"a", 0o755).unwrap().ino;
@@ -450,13 +597,20 @@ fn renames_of_large_inode_records_on_a_full_file_system_commit_whole_or_not_at_a
 
 #[test]
 fn holes_can_be_punched_and_files_deleted_on_a_full_file_system() {
-    let (image, _) = build(12 << 20, |_, _| Inos::new());
+    for layout in LAYOUTS {
+        holes_can_be_punched_and_files_deleted_on_a_full_file_system_on(layout);
+    }
+}
+
+/// (The dual layout fills its data device.)
+fn holes_can_be_punched_and_files_deleted_on_a_full_file_system_on(layout: Layout) {
+    let (image, _) = build(layout, 12 << 20, |_, _| Inos::new());
     let m = mount(&image);
     let fs = &m.fs;
     let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap().ino;
     let g = fs.mknod(CTX, ROOT_INO, b"g", 0o100644, 0).unwrap().ino;
     let h = fs.mknod(CTX, ROOT_INO, b"h", 0o100644, 0).unwrap().ino;
-    fill(fs, &m.lld, f);
+    fill(fs, &*m.ld, f);
     assert!(matches!(fs.write(g, 0, &[1; 4096]), Err(FsError::NoSpace)));
     let size = fs.getattr(f).unwrap().size;
     let punch = FallocMode {
@@ -491,7 +645,7 @@ fn holes_can_be_punched_and_files_deleted_on_a_full_file_system() {
     // The punched space can be written again.
     fs.write(g, 0, &vec![2; 1 << 20]).unwrap();
     // Full again; deleting still works, and frees space.
-    fill(fs, &m.lld, g);
+    fill(fs, &*m.ld, g);
     fs.unlink(ROOT_INO, b"f").unwrap();
     fs.write(h, 0, &vec![3; 2 << 20]).unwrap();
     check_clean(fs, "after punching, deleting and writing");
@@ -510,7 +664,7 @@ fn holes_can_be_punched_and_files_deleted_on_a_full_file_system() {
 /// deleting still works afterwards.
 #[test]
 fn growing_files_on_a_full_file_system_gets_enospc_and_deletes_still_work() {
-    let (image, inos) = build(12 << 20, |fs, lld| {
+    let (image, inos) = build(Layout::Single, 12 << 20, |fs, lld| {
         let mut inos = numbered_files(fs, "small", 40, &[7; 2000]);
         let big = fs.mknod(CTX, ROOT_INO, b"big", 0o100644, 0).unwrap().ino;
         fill(fs, lld, big);
@@ -562,7 +716,9 @@ fn growing_files_on_a_full_file_system_gets_enospc_and_deletes_still_work() {
 /// without a device read (with every read failing, getattr still works).
 #[test]
 fn a_failed_check_keeps_the_inode_cache() {
-    let (image, inos) = build(12 << 20, |fs, _| numbered_files(fs, "f", 20, &[]));
+    let (image, inos) = build(Layout::Single, 12 << 20, |fs, _| {
+        numbered_files(fs, "f", 20, &[])
+    });
     let m = mount(&image);
     for &ino in inos.values() {
         m.fs.getattr(ino).unwrap();
@@ -571,7 +727,7 @@ fn a_failed_check_keeps_the_inode_cache() {
         m.fs.mknod(CTX, ROOT_INO, b"f3", 0o100644, 0),
         Err(FsError::Exists)
     ));
-    m.fault.set_plan(FaultPlan {
+    m.fault().set_plan(FaultPlan {
         fail_read_nth: Some(1),
         sticky: true,
         ..FaultPlan::default()
@@ -580,7 +736,10 @@ fn a_failed_check_keeps_the_inode_cache() {
         let r = m.fs.getattr(ino);
         assert!(r.is_ok(), "{name} was evicted by the failed create: {r:?}");
     }
-    assert!(!m.fault.fired(), "an inode was read from the device again");
+    assert!(
+        !m.fault().fired(),
+        "an inode was read from the device again"
+    );
 }
 
 /// The engine under a file system, failing its Nth change (write, delete,
@@ -706,7 +865,7 @@ fn a_big_removal_failing_at_any_step_keeps_the_file_and_the_engine_writable() {
             fs.fallocate(ino, 5000, 1 << 40, punch)
         }),
     ];
-    let (image, inos) = build(12 << 20, |fs, lld| {
+    let (image, inos) = build(Layout::Single, 12 << 20, |fs, lld| {
         let big = fs.mknod(CTX, ROOT_INO, b"big", 0o100644, 0).unwrap().ino;
         fill(fs, lld, big);
         Inos::from([("big", big)])
@@ -714,7 +873,7 @@ fn a_big_removal_failing_at_any_step_keeps_the_file_and_the_engine_writable() {
     let big = inos["big"];
     for (name, removal) in removals {
         for n in 1..=20u64 {
-            let crash = Arc::new(CrashDevice::from_image(image.clone()));
+            let crash = Arc::new(CrashDevice::from_image(image.devices[0].clone()));
             let lld = Arc::new(Lld::open(crash.clone(), LldOptions::default()).unwrap());
             let ld = Arc::new(FailNth {
                 inner: lld.clone(),
@@ -773,7 +932,7 @@ fn a_big_removal_failing_at_any_step_keeps_the_file_and_the_engine_writable() {
 #[test]
 fn unlinking_a_file_of_200000_blocks_on_a_full_file_system_failing_at_any_step() {
     const BLOCKS: u64 = 200_000;
-    let (image, inos) = build(64 << 20, |fs, lld| {
+    let (image, inos) = build(Layout::Single, 64 << 20, |fs, lld| {
         let many = fs.mknod(CTX, ROOT_INO, b"many", 0o100644, 0).unwrap().ino;
         fs.write(many, 0, &[1; 4096]).unwrap();
         let list = ListId(fs.inode_record(many).unwrap().list);
@@ -790,7 +949,7 @@ fn unlinking_a_file_of_200000_blocks_on_a_full_file_system_failing_at_any_step()
         Inos::from([("many", many), ("big", big)])
     });
     for n in 1..=10u64 {
-        let crash = Arc::new(CrashDevice::from_image(image.clone()));
+        let crash = Arc::new(CrashDevice::from_image(image.devices[0].clone()));
         let lld = Arc::new(Lld::open(crash, LldOptions::default()).unwrap());
         let ld = Arc::new(FailNth {
             inner: lld.clone(),
@@ -839,7 +998,7 @@ fn unlinking_a_file_of_200000_blocks_on_a_full_file_system_failing_at_any_step()
 /// missing).
 #[test]
 fn long_values_dropped_by_other_operations_at_any_failing_read() {
-    let (image, inos) = build(8 << 20, |fs, _| {
+    let (image, inos) = build(Layout::Single, 8 << 20, |fs, _| {
         let a = fs.mkdir(CTX, ROOT_INO, b"a", 0o755).unwrap().ino;
         let f = fs.mknod(CTX, a, b"f", 0o100644, 0).unwrap().ino;
         fs.write(f, 0, &vec![7u8; 10_000]).unwrap();
@@ -895,7 +1054,7 @@ fn long_values_dropped_by_other_operations_at_any_failing_read() {
 #[test]
 fn operations_refused_on_a_full_file_system_keep_the_long_capability_they_would_drop() {
     let cap: Vec<u8> = (0..40_000u32).map(|k| (k % 253) as u8).collect();
-    let (image, inos) = build(12 << 20, |fs, lld| {
+    let (image, inos) = build(Layout::Single, 12 << 20, |fs, lld| {
         let f = fs.mknod(CTX, ROOT_INO, b"f", 0o100644, 0).unwrap().ino;
         fs.write(f, 0, &[1; 100]).unwrap();
         let cap: Vec<u8> = (0..40_000u32).map(|k| (k % 253) as u8).collect();

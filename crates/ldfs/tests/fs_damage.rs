@@ -226,3 +226,67 @@ fn a_corrupt_directory_bucket_turns_the_mount_read_only() {
     // The inode below the damaged bucket is still readable by number.
     assert_eq!(fs.read(img.x, 0, 100).unwrap(), b"x's bytes");
 }
+
+/// The dual layout (issue 14): a file's data block on the data device
+/// failing its checksum (held in the pointer in the metadata log) fails
+/// only the reads that need it, the file system stays writable, and
+/// overwriting the block replaces it.
+#[test]
+fn on_the_dual_layout_a_bad_data_block_fails_only_its_reads() {
+    use ldfs::dual::{Dual, DualMkfsOptions};
+    let meta = Arc::new(MemoryDevice::new(16 << 20));
+    let data = Arc::new(MemoryDevice::new(16 << 20));
+    let opts = DualMkfsOptions {
+        lld: MkfsOptions {
+            segment_bytes: 256 << 10,
+            max_block_bytes: 64 << 10,
+            reserved_segments: None,
+            fs_id: 0x78,
+        },
+        group_blocks: 256,
+        meta_path: String::new(),
+    };
+    ldfs::dual::mkfs(meta.clone(), &*data, &opts).unwrap();
+    let open = |meta: Arc<MemoryDevice>, data: Arc<MemoryDevice>| {
+        let d = Arc::new(Dual::open(meta, data, LldOptions::default()).unwrap());
+        let ld: Arc<dyn LogicalDisk> = d.clone();
+        (d, Fs::mount(ld, FsOptions::default()).unwrap())
+    };
+    let d = Dual::open(meta.clone(), data.clone(), LldOptions::default()).unwrap();
+    Fs::format(&d, CTX).unwrap();
+    d.close().unwrap();
+    let (d, fs) = open(meta.clone(), data.clone());
+    let b = fs.mkdir(CTX, ROOT_INO, b"b", 0o755).unwrap().ino;
+    let y = fs.mknod(CTX, b, b"y", 0o100644, 0).unwrap().ino;
+    fs.write(y, 0, &[7u8; 8192]).unwrap();
+    let big = fs.mknod(CTX, b, b"big", 0o100644, 0).unwrap().ino;
+    let bytes: Vec<u8> = (0..16u8).flat_map(|k| vec![k; 4096]).collect();
+    fs.write(big, 0, &bytes).unwrap();
+    let list = ListId(fs.inode_record(big).unwrap().list);
+    let block = d
+        .data_block(list, 5)
+        .unwrap()
+        .expect("block 5 is on the data device");
+    let at = d.stats().geo.offset(block) as usize;
+    drop(fs);
+    Arc::try_unwrap(d)
+        .unwrap_or_else(|_| panic!("dual still shared"))
+        .close()
+        .unwrap();
+    // The block's bytes were written to the data device (not inline in
+    // the log): damage them there.
+    let mut data_bytes = data.snapshot();
+    assert_eq!(data_bytes[at + 100], 5, "block 5 is not at {at}");
+    data_bytes[at + 100] ^= 0x40;
+    let (_d, fs) = open(meta, Arc::new(MemoryDevice::from_vec(data_bytes)));
+    assert!(matches!(fs.read(big, 5 * 4096, 10), Err(FsError::Io(_))));
+    assert!(matches!(fs.read(big, 0, 16 * 4096), Err(FsError::Io(_))));
+    assert_eq!(fs.read(big, 4 * 4096, 4096).unwrap(), vec![4u8; 4096]);
+    assert_eq!(fs.read(big, 6 * 4096, 4096).unwrap(), vec![6u8; 4096]);
+    assert_eq!(fs.read(y, 0, 8192).unwrap(), vec![7u8; 8192]);
+    assert!(fs.damaged().is_none());
+    fs.mknod(CTX, b, b"new", 0o100644, 0).unwrap();
+    fs.write(y, 0, b"Y").unwrap();
+    fs.write(big, 5 * 4096, &[9u8; 4096]).unwrap();
+    assert_eq!(fs.read(big, 5 * 4096, 4096).unwrap(), vec![9u8; 4096]);
+}
