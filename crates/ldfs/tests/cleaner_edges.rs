@@ -335,11 +335,12 @@ fn clean_now_ends_on_its_own() {
     assert!(!sum.cancelled, "clean_now ran until cancelled: {sum}");
 }
 
-/// A device where cleaning stops gaining: small blocks at random keys
+/// A full device that refuses overwrites: small blocks at random keys
 /// filled until a fiftieth of the capacity is left, then overwritten
 /// until an overwrite gets NoSpace (every pass rewrites most of the map,
-/// and the map allowance takes what is left; seeds 1-4 all get there,
-/// with about 10 clean segments). Deterministic options. Returns the
+/// and the map allowance takes what is left: `available_bytes` is 0 with
+/// about 10 clean segments; seeds 1-4 all get there). Cleaning still
+/// gains a few segments there, but no overwrite fits. Deterministic options. Returns the
 /// engine and the keys (list, index, len), or None if no overwrite failed.
 /// (At a fifth of the capacity left, seed 1 stayed refused for good on
 /// 545d315 and on 5ee5daa, the state issue 12 describes; at a twentieth,
