@@ -703,7 +703,7 @@ impl Vld {
         while done < count {
             let placed = self
                 .place(g, Want::Blocks(count - done), avoid)
-                .ok_or_else(|| no_space(l0 * bb as u64))
+                .ok_or_else(|| no_space((l0 + done) * bb as u64, (count - done) * bb as u64))
                 .and_then(|(at, len)| {
                     let bytes = &data[done as usize * bb..(done + len) as usize * bb];
                     self.disk.media_write(at * self.bs, bytes)?;
@@ -805,7 +805,7 @@ impl Vld {
     ) -> Result<Ptr, DeviceError> {
         let (lba, _) = self
             .place(g, Want::MapSector, None)
-            .ok_or_else(|| no_space(0))?;
+            .ok_or_else(|| no_space(0, SECTOR as u64))?;
         g.seq += 1;
         let m = MapSector {
             seq: g.seq,
@@ -978,11 +978,13 @@ enum Want {
     MapSector,
 }
 
-fn no_space(offset: u64) -> DeviceError {
+/// No free space for the `len` bytes of a write at logical `offset` (a
+/// map sector's: 0 and a sector).
+fn no_space(offset: u64, len: u64) -> DeviceError {
     DeviceError::Io {
         op: DeviceOp::Write,
         offset,
-        len: SECTOR as u64,
+        len,
         source: std::io::Error::other(
             "vld: no free block (more logical blocks than the disk holds)",
         ),
