@@ -203,6 +203,9 @@ impl Vld {
     }
 
     /// Format: write the label, no map (every logical block reads zeros).
+    /// A disk that held a VLD gets a disk id past the old label's (so past
+    /// every earlier format's): the old map sectors stay on the media, and
+    /// the scan that recovers a crash adopts only sectors of this id.
     pub fn create(disk: Arc<SimDisk>, opts: VldOptions) -> Result<Vld, DeviceError> {
         let n = disk.params().sectors_per_track;
         let b = opts.block_bytes;
@@ -224,6 +227,13 @@ impl Vld {
         let bs = u64::from(b) / SECTOR as u64;
         let (logical, _) = Vld::geometry(&disk, bs);
         disk.begin_request(DeviceOp::Write)?;
+        let mut old = [0u8; SECTOR];
+        disk.media_read(1, &mut old)?;
+        let disk_id = match format::decode_label(&old) {
+            Ok(l) => opts.disk_id.max(l.disk_id.wrapping_add(1)),
+            Err(_) => opts.disk_id,
+        };
+        let opts = VldOptions { disk_id, ..opts };
         disk.media_write(0, &[0u8; SECTOR])?;
         let label = Label {
             disk_id: opts.disk_id,
