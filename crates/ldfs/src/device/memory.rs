@@ -6,6 +6,8 @@ use super::{check_range, Device, DeviceError, DeviceOp};
 
 pub struct MemoryDevice {
     bytes: Mutex<Vec<u8>>,
+    /// What `write_unit_bytes` reports (512 unless told otherwise).
+    write_unit: u64,
 }
 
 impl MemoryDevice {
@@ -18,7 +20,16 @@ impl MemoryDevice {
     pub fn from_vec(bytes: Vec<u8>) -> MemoryDevice {
         MemoryDevice {
             bytes: Mutex::new(bytes),
+            write_unit: 512,
         }
+    }
+
+    /// Reports `unit` as its preferred write unit, as a drive with larger
+    /// physical than logical sectors does (what a wrapper forwards).
+    pub fn with_write_unit(mut self, unit: u64) -> MemoryDevice {
+        assert!(unit.is_power_of_two() && unit >= 512, "write unit {unit}");
+        self.write_unit = unit;
+        self
     }
 
     /// A copy of the whole device.
@@ -50,6 +61,10 @@ impl Device for MemoryDevice {
 
     fn size_bytes(&self) -> u64 {
         self.bytes.lock().unwrap().len() as u64
+    }
+
+    fn write_unit_bytes(&self) -> u64 {
+        self.write_unit
     }
 }
 

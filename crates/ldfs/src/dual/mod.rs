@@ -345,6 +345,9 @@ impl Device for OrderedMeta {
     fn will_need(&self, ranges: &[(u64, u64)]) {
         self.inner.will_need(ranges)
     }
+    fn write_unit_bytes(&self) -> u64 {
+        self.inner.write_unit_bytes()
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

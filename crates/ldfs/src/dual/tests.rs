@@ -759,3 +759,13 @@ fn a_failed_drain_keeps_its_blocks_readable() {
     assert!(d.flush().is_err());
     d.abandon();
 }
+
+/// The metadata device's hints pass through the ordering wrapper.
+#[test]
+fn the_metadata_devices_write_unit_passes_through() {
+    let meta = OrderedMeta {
+        inner: Arc::new(MemoryDevice::new(1 << 16).with_write_unit(4096)),
+        data: Arc::new(DataSync::new(Arc::new(MemoryDevice::new(1 << 16)))),
+    };
+    assert_eq!(meta.write_unit_bytes(), 4096);
+}

@@ -101,6 +101,10 @@ impl Device for OrderedFlushes {
     fn will_need(&self, ranges: &[(u64, u64)]) {
         self.inner.will_need(ranges)
     }
+
+    fn write_unit_bytes(&self) -> u64 {
+        self.inner.write_unit_bytes()
+    }
 }
 
 #[cfg(test)]
@@ -109,6 +113,13 @@ mod tests {
     use crate::device::MemoryDevice;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
+
+    /// The device's hints pass through (uip sizes its writes by the unit).
+    #[test]
+    fn the_write_unit_is_the_devices() {
+        let dev = OrderedFlushes::new(Arc::new(MemoryDevice::new(1 << 16).with_write_unit(4096)));
+        assert_eq!(dev.write_unit_bytes(), 4096);
+    }
 
     /// A flush that succeeds while one begun before it is still under way
     /// waits for it, and fails with it.

@@ -203,6 +203,9 @@ impl Vld {
     }
 
     /// Format: write the label, no map (every logical block reads zeros).
+    /// A disk that held a VLD gets a disk id past the old label's (so past
+    /// every earlier format's): the old map sectors stay on the media, and
+    /// the scan that recovers a crash adopts only sectors of this id.
     pub fn create(disk: Arc<SimDisk>, opts: VldOptions) -> Result<Vld, DeviceError> {
         let n = disk.params().sectors_per_track;
         let b = opts.block_bytes;
@@ -224,6 +227,13 @@ impl Vld {
         let bs = u64::from(b) / SECTOR as u64;
         let (logical, _) = Vld::geometry(&disk, bs);
         disk.begin_request(DeviceOp::Write)?;
+        let mut old = [0u8; SECTOR];
+        disk.media_read(1, &mut old)?;
+        let disk_id = match format::decode_label(&old) {
+            Ok(l) => opts.disk_id.max(l.disk_id.wrapping_add(1)),
+            Err(_) => opts.disk_id,
+        };
+        let opts = VldOptions { disk_id, ..opts };
         disk.media_write(0, &[0u8; SECTOR])?;
         let label = Label {
             disk_id: opts.disk_id,
@@ -703,7 +713,7 @@ impl Vld {
         while done < count {
             let placed = self
                 .place(g, Want::Blocks(count - done), avoid)
-                .ok_or_else(|| no_space(l0 * bb as u64))
+                .ok_or_else(|| no_space((l0 + done) * bb as u64, (count - done) * bb as u64))
                 .and_then(|(at, len)| {
                     let bytes = &data[done as usize * bb..(done + len) as usize * bb];
                     self.disk.media_write(at * self.bs, bytes)?;
@@ -805,7 +815,7 @@ impl Vld {
     ) -> Result<Ptr, DeviceError> {
         let (lba, _) = self
             .place(g, Want::MapSector, None)
-            .ok_or_else(|| no_space(0))?;
+            .ok_or_else(|| no_space(0, SECTOR as u64))?;
         g.seq += 1;
         let m = MapSector {
             seq: g.seq,
@@ -978,11 +988,13 @@ enum Want {
     MapSector,
 }
 
-fn no_space(offset: u64) -> DeviceError {
+/// No free space for the `len` bytes of a write at logical `offset` (a
+/// map sector's: 0 and a sector).
+fn no_space(offset: u64, len: u64) -> DeviceError {
     DeviceError::Io {
         op: DeviceOp::Write,
         offset,
-        len: SECTOR as u64,
+        len,
         source: std::io::Error::other(
             "vld: no free block (more logical blocks than the disk holds)",
         ),
