@@ -20,11 +20,14 @@ fn seed(default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// `LDFS_SEED` alone if set, else the seeds `defaults`.
-fn seeds(defaults: std::ops::RangeInclusive<u64>) -> Vec<u64> {
-    match std::env::var("LDFS_SEED") {
+/// `with_seed` for each of the seeds `defaults`, or `LDFS_SEED` alone.
+fn with_seeds(name: &str, defaults: std::ops::RangeInclusive<u64>, f: fn(u64)) {
+    let seeds: Vec<u64> = match std::env::var("LDFS_SEED") {
         Ok(_) => vec![seed(0)],
         Err(_) => defaults.collect(),
+    };
+    for s in seeds {
+        with_seed(name, s, f);
     }
 }
 
@@ -569,13 +572,11 @@ fn mkfs_refuses_a_reserve_too_small_to_clean_a_full_device() {
 /// few victims to gain, and writers gave up after three losing passes.
 #[test]
 fn small_blocks_at_random_keys_on_a_full_device_still_clean() {
-    for seed in seeds(1..=8) {
-        with_seed(
-            "small_blocks_at_random_keys_on_a_full_device_still_clean",
-            seed,
-            |seed| small_random_blocks(seed, 10),
-        );
-    }
+    with_seeds(
+        "small_blocks_at_random_keys_on_a_full_device_still_clean",
+        1..=8,
+        |seed| small_random_blocks(seed, 10),
+    );
 }
 
 /// Small blocks at random keys on a device filled to 3/4 of its capacity and
@@ -590,13 +591,11 @@ fn small_blocks_at_random_keys_on_a_full_device_still_clean() {
 /// checkpointer thread ran late (CI, and here on one loaded core).
 #[test]
 fn small_blocks_at_random_keys_on_a_device_three_quarters_full_still_clean() {
-    for seed in seeds(1..=4) {
-        with_seed(
-            "small_blocks_at_random_keys_on_a_device_three_quarters_full_still_clean",
-            seed,
-            |seed| small_random_blocks(seed, 4),
-        );
-    }
+    with_seeds(
+        "small_blocks_at_random_keys_on_a_device_three_quarters_full_still_clean",
+        1..=4,
+        |seed| small_random_blocks(seed, 4),
+    );
 }
 
 /// Fills with small blocks at random keys until a `1/stop`-th of the

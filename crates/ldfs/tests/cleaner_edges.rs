@@ -122,11 +122,16 @@ fn a_checkpoint_alone_makes_a_full_device_refuse_freeing_reservations() {
         "filled: {written} blocks; map pages {total}, dirty {dirty}; space {:?}",
         lld.space()
     );
+    // A freeing reservation of 200 bytes, taken back at once.
+    let reserve_freeing = |when: &str| {
+        let aru = lld.begin_aru().unwrap();
+        let r = lld.reserve_freeing(aru, 200);
+        lld.abort_aru(aru).unwrap();
+        eprintln!("reserve_freeing(200) {when}: {r:?}");
+        r
+    };
     // Full: a freeing reservation still works.
-    let aru = lld.begin_aru().unwrap();
-    let before = lld.reserve_freeing(aru, 200);
-    lld.abort_aru(aru).unwrap();
-    eprintln!("reserve_freeing(200) before the checkpoint: {before:?}");
+    let before = reserve_freeing("before the checkpoint");
     before.expect("a freeing reservation on the full device before the checkpoint");
     // A checkpoint: nothing written, nothing freed.
     lld.checkpoint_now().unwrap();
@@ -135,10 +140,7 @@ fn a_checkpoint_alone_makes_a_full_device_refuse_freeing_reservations() {
         "after the checkpoint: map pages {total}, dirty {dirty}; space {:?}",
         lld.space()
     );
-    let aru = lld.begin_aru().unwrap();
-    let after = lld.reserve_freeing(aru, 200);
-    lld.abort_aru(aru).unwrap();
-    eprintln!("reserve_freeing(200) after the checkpoint: {after:?}");
+    let after = reserve_freeing("after the checkpoint");
     // And an overwrite of a block with one of the same size.
     let same = lld.write(None, big, 0, &vec![0x77; 16 << 10]);
     eprintln!("same-size overwrite after the checkpoint: {same:?}");
