@@ -645,3 +645,184 @@ fn small_random_blocks(seed: u64, stop: u64) {
     }
     verify(&lld, &model, &lists, "after overwrites");
 }
+
+/// `small_random_blocks` with `threads` writers at once (each owning every
+/// `threads`-th key), three devices' worth of same-size overwrites in all,
+/// with the engine's options changed by `tweak`. Other threads' operations
+/// (past the dirty-page limit, or admission making room) then begin
+/// checkpoints in the middle of cleaning passes, and user writes take room
+/// a checkpoint frees while a pass reads its victims. No writer may get
+/// NoSpace while the data fits; on failure the test says whether the
+/// device was refused for good (a checkpoint, `clean_now` and 200
+/// overwrites after the writers stopped). Thread interleavings do not
+/// replay: run a failing seed several times.
+fn threaded(dev_bytes: u64, seed: u64, stop: u64, threads: u64, tweak: fn(&mut LldOptions)) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let dev = Arc::new(CrashDevice::new(dev_bytes));
+    let mut o = opts(PolicyKind::Greedy);
+    tweak(&mut o);
+    let lld = Arc::new(Lld::create(dev.clone(), &mkfs(128 << 10, 16 << 10, 4), o.clone()).unwrap());
+    let lists: Vec<ListId> = (0..4)
+        .map(|_| lld.create_list(None, ListHints::default()).unwrap())
+        .collect();
+    let mut model = Model::new();
+    let cap = lld.space().capacity_bytes;
+    let mut keys = Vec::new();
+    while lld.space().available_bytes > cap / stop {
+        let l = lists[rng.gen_range(0..lists.len())];
+        let i = rng.gen_range(0..1u64 << 40);
+        let len = rng.gen_range(200..1200);
+        let s: u64 = rng.gen();
+        lld.write(None, l, i, &bytes(s, len))
+            .unwrap_or_else(|e| panic!("seed {seed}: fill: {e}"));
+        if model.insert((l.0, i), (s, len)).is_none() {
+            keys.push((l.0, i));
+        }
+    }
+    let fill = lld.space();
+    let keys = Arc::new(keys);
+    let lens: Arc<BTreeMap<(u64, u64), usize>> =
+        Arc::new(model.iter().map(|(k, v)| (*k, v.1)).collect());
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let (lld, keys, lens) = (lld.clone(), keys.clone(), lens.clone());
+            std::thread::spawn(move || {
+                let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((t + 1) * 0x9e37_79b9));
+                let mine: Vec<(u64, u64)> = keys
+                    .iter()
+                    .skip(t as usize)
+                    .step_by(threads as usize)
+                    .copied()
+                    .collect();
+                let mut out = Model::new();
+                let mut written = 0u64;
+                while written < 3 * dev_bytes / threads {
+                    let (l, i) = mine[rng.gen_range(0..mine.len())];
+                    let len = lens[&(l, i)];
+                    let s: u64 = rng.gen();
+                    match lld.write(None, ListId(l), i, &bytes(s, len)) {
+                        Ok(()) => {}
+                        Err(e @ LdError::NoSpace { .. }) => {
+                            return Err(format!(
+                                "thread {t}, {written} bytes in: {e}; clean/releasable {:?}, {:?}",
+                                lld.clean_segment_counts(),
+                                lld.cleaner_stats(),
+                            ));
+                        }
+                        Err(e) => panic!("thread {t}: {e}"),
+                    }
+                    out.insert((l, i), (s, len));
+                    written += len as u64;
+                }
+                Ok(out)
+            })
+        })
+        .collect();
+    let mut errors = Vec::new();
+    for h in handles {
+        match h.join().expect("writer thread panicked") {
+            Ok(m) => model.extend(m),
+            Err(e) => errors.push(e),
+        }
+    }
+    if !errors.is_empty() {
+        lld.checkpoint_now().unwrap();
+        let cancel = std::sync::atomic::AtomicBool::new(false);
+        let sum = lld.clean_now(PolicyKind::Greedy, Some(64), 1.0, &cancel);
+        let ok = keys[..200]
+            .iter()
+            .filter(|k| {
+                lld.write(None, ListId(k.0), k.1, &bytes(1, lens[k]))
+                    .is_ok()
+            })
+            .count();
+        panic!(
+            "seed {seed}: filled to {fill:?}; refused:\n{}\nthen: clean_now {sum:?}, \
+             {ok} of 200 overwrites taken",
+            errors.join("\n")
+        );
+    }
+    eprintln!("seed {seed}: {:?}", lld.cleaner_stats());
+    verify(&lld, &model, &lists, "after overwrites");
+    lld.flush().unwrap();
+    let crashed = dev.crash_image(
+        rng.gen(),
+        &CrashOptions {
+            keep_probability: rng.gen_range(0.0..1.0),
+            tear_probability: 0.3,
+        },
+    );
+    let lld = Arc::into_inner(lld).expect("writers gone");
+    lld.close().unwrap();
+    let lld = Lld::open(dev.clone(), o.clone()).unwrap();
+    verify(&lld, &model, &lists, "after a clean reopen");
+    drop(lld);
+    let lld = Lld::open(Arc::new(MemoryDevice::from_vec(crashed)), o).unwrap();
+    verify(&lld, &model, &lists, "after a crash (everything flushed)");
+}
+
+/// Four writers on the 90%-full device of small blocks at random keys,
+/// the engine's threads as in use (checkpointer, log writer).
+#[test]
+fn four_writers_small_random_blocks_ninety_percent_full() {
+    with_seeds(
+        "four_writers_small_random_blocks_ninety_percent_full",
+        1..=3,
+        |s| threaded(8 << 20, s, 10, 4, |_| {}),
+    );
+}
+
+/// As above at three quarters of the capacity.
+#[test]
+fn four_writers_small_random_blocks_three_quarters_full() {
+    with_seeds(
+        "four_writers_small_random_blocks_three_quarters_full",
+        1..=3,
+        |s| threaded(8 << 20, s, 4, 4, |_| {}),
+    );
+}
+
+/// Four writers at 90% with a dirty-page limit of 8 and the background
+/// cleaner: checkpoints begin inside nearly every pass, and user writes
+/// take what they release. The cleaner planned passes on room above the
+/// user floor, which writers took while it read its victims; the pass then
+/// ran out with every victim partly emptied and none released, and the log
+/// stayed full for good (review 12: 9 runs of 12 on 26eb598). Its headroom
+/// is now only what lies below the user floor.
+#[test]
+fn four_writers_with_checkpoints_inside_passes() {
+    with_seeds("four_writers_with_checkpoints_inside_passes", 1..=6, |s| {
+        threaded(8 << 20, s, 10, 4, |o| {
+            o.checkpoint_dirty_pages = Some(8);
+            o.cleaner.background = true;
+            o.cleaner.idle_ms = 1;
+        })
+    });
+}
+
+/// Only the background cleaner (idle after 1 ms), default dirty-page limit.
+#[test]
+fn four_writers_with_the_background_cleaner() {
+    with_seeds("four_writers_with_the_background_cleaner", 1..=3, |s| {
+        threaded(8 << 20, s, 10, 4, |o| {
+            o.cleaner.background = true;
+            o.cleaner.idle_ms = 1;
+        })
+    });
+}
+
+/// Default options on a 32 MiB device, 90% full: the map (about 300
+/// pages, nine segments) is larger than the dirty-page limit. A pass gains
+/// only with dozens of victims sharing the map's rewrite; at most 16 are
+/// taken, so passes that lose (the cheapest victim alone costs more than a
+/// segment) come in runs, and a writer that waits through three of them
+/// gets NoSpace although `clean_now` then frees space: open (1 run in 2).
+#[test]
+#[ignore = "open: writers give up after three losing passes on a map-dominated device"]
+fn four_writers_on_a_larger_device_default_options() {
+    with_seeds(
+        "four_writers_on_a_larger_device_default_options",
+        1..=2,
+        |s| threaded(32 << 20, s, 10, 4, |_| {}),
+    );
+}

@@ -53,7 +53,7 @@ use std::time::{Duration, Instant};
 use super::checkpoint::{self, CheckpointHeader};
 use super::checkpointer::{Checkpointer, PendingCheckpoint, Plan};
 use super::cleaner::policy::UsageSnapshot;
-use super::cleaner::{Background, CleanerOptions, CleanerState, LogClock};
+use super::cleaner::{Background, CleanerOptions, CleanerState, LogClock, SpaceWait};
 use super::flight::{Flight, Writer};
 use super::layout::Geometry;
 use super::map::{DirtySet, Map, MapRoot, PageReader};
@@ -1882,8 +1882,7 @@ impl Engine {
             .saturating_add(bytes.div_ceil(PAGE_BYTES as u64) * WRITE_RECORD_BYTES as u64)
             .saturating_add(2 * PAGE_BYTES as u64);
         let pages = with_overhead.div_ceil(PAGE_BYTES as u64);
-        let mut rounds = 0u32;
-        let mut losing = 0u32;
+        let mut wait = SpaceWait::default();
         loop {
             let mut g = self.lock_writable()?;
             if !g.arus.contains_key(&aru.0) {
@@ -1925,13 +1924,12 @@ impl Engine {
                 needed: bytes,
                 available,
             };
-            if !self.may_clean_for(&g, aru.0) || rounds >= self.wait_rounds() {
+            if !self.may_clean_for(&g, aru.0) {
                 return Err(e);
             }
             let seen = g.usage.clean_count();
             drop(g);
-            rounds += 1;
-            if !self.clean_for_space(seen, &mut losing)? {
+            if !self.clean_for_space(seen, &mut wait)? {
                 return Err(e);
             }
         }
@@ -2098,19 +2096,19 @@ impl LogicalDisk for Engine {
         };
         let crc = crc32c::crc32c(&stored);
         let key = Key::new(list, index);
-        let mut rounds = 0u32;
-        let mut losing = 0u32;
+        let mut stepped = false;
+        let mut wait = SpaceWait::default();
         let (mut g, aru_id) = loop {
             let mut g = self.lock_writable()?;
             let aru_id = self.check_aru(&g, aru)?;
             // The list may have been deleted while the lock was dropped.
             self.check_list(&mut g, list)?;
             let may_clean = self.may_clean_for(&g, aru_id);
-            if rounds == 0 && may_clean && self.cleaning_wanted(&g) {
+            if !stepped && may_clean && self.cleaning_wanted(&g) {
                 // Below the start watermark: one bounded cleaning step
                 // before this write (foreground cleaning).
                 drop(g);
-                rounds += 1;
+                stepped = true;
                 self.clean_step(false)?;
                 continue;
             }
@@ -2127,11 +2125,11 @@ impl LogicalDisk for Engine {
                 Ok(()) => break (g, aru_id),
                 // The live data fits but clean segments do not: wait for the
                 // cleaner to make them, then try again.
-                Err(e @ LdError::NoSpace { .. }) if may_clean && rounds < self.wait_rounds() => {
+                Err(e @ LdError::NoSpace { .. }) if may_clean => {
+                    stepped = true;
                     let seen = g.usage.clean_count();
                     drop(g);
-                    rounds += 1;
-                    if !self.clean_for_space(seen, &mut losing)? {
+                    if !self.clean_for_space(seen, &mut wait)? {
                         return Err(e);
                     }
                 }
@@ -2952,8 +2950,9 @@ impl Engine {
         g.usage.clean_count() < self.start_watermark() && g.op_seq >= g.clean_futile_until
     }
 
-    /// Cleaning rounds one write may wait through before giving up.
-    fn wait_rounds(&self) -> u32 {
+    /// Cleaning rounds (passes and checkpoints of its own) one write may
+    /// wait through before giving up.
+    pub(crate) fn wait_rounds(&self) -> u32 {
         2 * self.geo.segment_count + 8
     }
 
@@ -3017,8 +3016,15 @@ impl Engine {
             max_utilization: 1.0,
         };
         let room = self.log_after(&g, 0, 0);
-        let headroom = room.left
-            - self.reserved_by_others(&g, 0)
+        // Only what lies below the user floor is the cleaner's for a whole
+        // pass: room above it, freed by a checkpoint a moment before, user
+        // writes take while the pass reads its victims. Planned on it, a
+        // pass ran out of room with every victim partly emptied (its moves
+        // sorted by key), released none, and left the cleaner no headroom
+        // for another pass: the log was full for good (review 12, four
+        // writers and the background cleaner).
+        let user_floor = self.floor_after(&g, Class::User, room.page, 0);
+        let headroom = (room.left - self.reserved_by_others(&g, 0)).min(user_floor)
             - self.floor_after(&g, Class::Clean, room.page, 0);
         let view = SpaceView {
             clean: g.usage.clean_count(),

@@ -196,6 +196,21 @@ pub(crate) struct CleanerState {
 /// on a device where no pass gains they only churn.
 const LOSING_RETRIES: u32 = 3;
 
+/// How many times `wait_rounds` a writer may retry after other threads
+/// freed space that it then did not get (`clean_for_space`).
+const OTHERS_ROUNDS: u32 = 16;
+
+/// One writer's wait for space (`clean_for_space`).
+#[derive(Default)]
+pub(crate) struct SpaceWait {
+    /// Losing passes waited through.
+    losing: u32,
+    /// Passes and checkpoints of its own.
+    own: u32,
+    /// Retries after another thread freed space first.
+    others: u32,
+}
+
 impl CleanerState {
     pub fn new(policy: PolicyKind) -> CleanerState {
         CleanerState {
@@ -411,6 +426,7 @@ impl Engine {
         };
         let moved0 = self.write_totals().1;
         let mut futile = 0;
+        let mut most_clean = sum.clean_before;
         while sum.released < limit && !cancel.load(std::sync::atomic::Ordering::Relaxed) {
             let step = (limit - sum.released).min(16) as usize;
             let rep = self.clean_below(policy, step, max_utilization)?;
@@ -422,8 +438,12 @@ impl Engine {
             sum.blocks_moved += rep.blocks_moved;
             // A pass that freed no more segments than its survivors took
             // is futile too: on a compacted device (or one where no pass
-            // gains) every pass would release its victims for ever.
-            if rep.progress() && rep.clean_after > rep.clean_before {
+            // gains) every pass would release its victims for ever. So is
+            // one that only wins back what an earlier pass lost: on a full
+            // device small passes alternate, one clean segment more, then
+            // one less, for ever.
+            if rep.progress() && rep.clean_after > most_clean {
+                most_clean = rep.clean_after;
                 futile = 0;
             } else {
                 futile += 1;
@@ -468,22 +488,31 @@ impl Engine {
     /// clean (waiting for a running pass first) and say whether space was
     /// freed, so the caller retries, or not, so it fails with NoSpace.
     ///
-    /// `losing` counts the losing passes (`CleanReport::losing`) this
-    /// writer has waited through; after `LOSING_RETRIES` of them it gets
-    /// `false` without another pass. It is the writer's own: a count shared
-    /// between writers made one that came after a successful retry give up
-    /// after a single pass (review 10).
-    pub(crate) fn clean_for_space(&self, seen_clean: u32, losing: &mut u32) -> LdResult<bool> {
+    /// `wait` is the writer's own account (a count shared between writers
+    /// made one that came after a successful retry give up after a single
+    /// pass: review 10). After `LOSING_RETRIES` losing passes
+    /// (`CleanReport::losing`), or `wait_rounds` passes and checkpoints of
+    /// its own, it gets `false`. Rounds in which another thread had freed
+    /// space first count apart, against a far larger bound: with several
+    /// writers, the others may take that space before this one retries,
+    /// and counted as its own such rounds made writers give up within a
+    /// second while every pass gained (review 12, four writers).
+    pub(crate) fn clean_for_space(&self, seen_clean: u32, wait: &mut SpaceWait) -> LdResult<bool> {
         let mut st = self.cleaner.lock().expect("cleaner poisoned");
         st.stats.waits += 1;
         let (clean, releasable) = self.clean_segment_counts();
         if clean > seen_clean {
-            return Ok(true);
+            wait.others += 1;
+            return Ok(wait.others <= OTHERS_ROUNDS * self.wait_rounds());
         }
-        let wait = Duration::from_millis(self.options().cleaner.aru_wait_ms);
+        wait.own += 1;
+        if wait.own > self.wait_rounds() {
+            return Ok(false);
+        }
+        let wait_for_arus = Duration::from_millis(self.options().cleaner.aru_wait_ms);
         if releasable > 0 || !st.awaiting.is_empty() {
             // What earlier passes emptied only needs the checkpoint.
-            if self.checkpoint_when_quiet(wait)? {
+            if self.checkpoint_when_quiet(wait_for_arus)? {
                 st.awaiting.clear();
                 return Ok(true);
             }
@@ -492,14 +521,19 @@ impl Engine {
         // A writer is waiting: free the most space now. Greedy takes the
         // emptiest segments whatever the configured policy (which may
         // prefer old, fuller ones): a pass must gain more than it spends.
-        if *losing >= LOSING_RETRIES {
+        if wait.losing >= LOSING_RETRIES {
             return Ok(false);
         }
         let step = self.options().cleaner.step_segments.max(1) as usize;
-        let rep = self.clean_pass(&mut st, PolicyKind::Greedy, step, Release::Now(wait))?;
+        let rep = self.clean_pass(
+            &mut st,
+            PolicyKind::Greedy,
+            step,
+            Release::Now(wait_for_arus),
+        )?;
         if rep.losing && rep.released > 0 {
             // Released something: the writer tries admission again.
-            *losing += 1;
+            wait.losing += 1;
             return Ok(true);
         }
         Ok(rep.progress())
@@ -565,18 +599,15 @@ impl Engine {
         // once per run, a pass saw up to twice the map it rewrites, and with
         // small blocks at scattered keys, where the map is most of a pass's
         // cost, planned passes too small to gain: the three-quarters-full
-        // cleaner test failed.) Open problem (review 12): a checkpoint can
-        // still begin mid-pass, another thread's operation past the dirty
-        // limit or admission making room, and rewrite pages counted once;
-        // with several writers and the background cleaner a pass planned
-        // to most of the headroom then overran it, left every victim partly
-        // emptied, and the cleaner stayed below its floor for good. Charging
-        // every page twice again (tried) made passes too small to gain.
+        // cleaner test failed.) A checkpoint can still begin mid-pass, from
+        // another thread's operation past the dirty limit or from admission
+        // making room; with the moves sorted by key it writes the leaves
+        // dirtied so far, and later moves dirty others.
         let mut seen = DirtySet::default();
-        let mut new_pages = 0usize;
         let mut budget = view.meta_headroom_bytes;
         let mut map = None;
-        let mut taken: Vec<(SegmentId, Vec<Move>, Vec<u64>, i64)> = Vec::new();
+        let mut taken: Vec<Victim> = Vec::new();
+        let mut keep_bytes = 0;
         for seg in policy.policy().select(&snap, max_victims) {
             let age = snap.segments[seg.0 as usize].1.last_seq;
             let buf = self.read_segment(seg)?;
@@ -614,19 +645,31 @@ impl Engine {
             let cost = data + overhead(moved + data)
                 - if taken.is_empty() { 0 } else { overhead(moved) }
                 + pages as i64 * page_cost;
-            let keep = if taken.is_empty() {
-                m.path_pages as i64 * PAGE_BYTES as i64
-            } else {
-                0
-            };
+            keep_bytes = m.path_pages as i64 * PAGE_BYTES as i64;
+            let keep = if taken.is_empty() { keep_bytes } else { 0 };
             if cost + keep > budget {
                 break;
             }
             budget -= cost + keep;
+            let alone = if taken.is_empty() {
+                (cost, pages)
+            } else {
+                let m =
+                    self.map_cost_of_moves(&keys, &contents.map_pages, &mut DirtySet::default());
+                (
+                    data + overhead(data) + m.new_pages as i64 * page_cost,
+                    m.new_pages,
+                )
+            };
             moved += data;
-            new_pages += m.new_pages;
             map = Some(m);
-            taken.push((seg, found, contents.map_pages, cost));
+            taken.push(Victim {
+                seg,
+                found,
+                map_pages: contents.map_pages,
+                cost: (cost, pages),
+                alone,
+            });
         }
         // The prefix of the policy's order that frees the most net of its
         // cost. When every prefix costs more than it frees, the one victim
@@ -636,23 +679,44 @@ impl Engine {
         // keeps room for a pass that gains (`map_allowance`).
         let mut net = 0;
         let mut best = (0, 0);
-        for (i, (_, _, _, cost)) in taken.iter().enumerate() {
-            net += seg_bytes - cost;
+        for (i, v) in taken.iter().enumerate() {
+            net += seg_bytes - v.cost.0;
             if net > best.1 {
                 best = (i + 1, net);
             }
         }
         if best.0 == 0 {
-            if let Some(i) = (0..taken.len()).min_by_key(|&i| taken[i].3) {
+            // Alone, not after the others: a victim late in the policy's
+            // order was charged only the pages the earlier ones did not
+            // dirty. Losing only if even this one costs a segment or more
+            // (a victim holding just map pages or a few blocks, after one
+            // that dirties most of the map, gains; counted as losing, its
+            // pass made writers give up on a device with room: review 12).
+            let fits = |&i: &usize| taken[i].alone.0 + keep_bytes <= view.meta_headroom_bytes;
+            if let Some(i) = (0..taken.len())
+                .filter(fits)
+                .min_by_key(|&i| taken[i].alone.0)
+            {
                 taken.swap(0, i);
+                taken[0].cost = taken[0].alone;
                 best.0 = 1;
-                rep.losing = true;
+                rep.losing = taken[0].cost.0 >= seg_bytes;
             }
         }
         taken.truncate(best.0);
-        let spent: i64 = taken.iter().map(|t| t.3).sum();
+        let spent: i64 = taken.iter().map(|v| v.cost.0).sum();
+        let new_pages: usize = taken.iter().map(|v| v.cost.1).sum();
         let mut moves: Vec<((bool, usize), Move)> = Vec::new();
-        for (v, (seg, found, map_pages, _)) in taken.into_iter().enumerate() {
+        for (
+            v,
+            Victim {
+                seg,
+                found,
+                map_pages,
+                ..
+            },
+        ) in taken.into_iter().enumerate()
+        {
             let age = snap.segments[seg.0 as usize].1.last_seq;
             rep.victims.push(seg);
             moves.extend(found.into_iter().map(|m| ((age < cold_before, v), m)));
@@ -747,6 +811,17 @@ impl Engine {
         s.died_while_cleaning += rep.died_while_cleaning;
         Ok(rep)
     }
+}
+
+/// A victim a pass may take: its live blocks, its live map pages, and its
+/// cost (bytes, new map pages) in the pass, after the victims before it in
+/// the policy's order (pages they dirty are not counted again), and alone.
+struct Victim {
+    seg: SegmentId,
+    found: Vec<Move>,
+    map_pages: Vec<u64>,
+    cost: (i64, usize),
+    alone: (i64, usize),
 }
 
 /// The background cleaner thread and its stop signal.
