@@ -2854,8 +2854,9 @@ pub(crate) struct BatchOutcome {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct SpaceView {
     pub clean: u32,
-    /// Bytes the cleaner (Meta class) may still write before a checkpoint
-    /// must release something.
+    /// Bytes the cleaner (Clean class) may count on writing before a
+    /// checkpoint must release something: down to its floor from the user
+    /// floor, or from where the log is if lower (`cleaner_view`).
     pub meta_headroom_bytes: i64,
 }
 

@@ -426,7 +426,8 @@ impl Engine {
         };
         let moved0 = self.write_totals().1;
         let mut futile = 0;
-        let mut most_clean = sum.clean_before;
+        // Clean segments the passes gained, net of those used meanwhile.
+        let (mut gained, mut most_gained) = (0i64, 0i64);
         while sum.released < limit && !cancel.load(std::sync::atomic::Ordering::Relaxed) {
             let step = (limit - sum.released).min(16) as usize;
             let rep = self.clean_below(policy, step, max_utilization)?;
@@ -441,9 +442,11 @@ impl Engine {
             // gains) every pass would release its victims for ever. So is
             // one that only wins back what an earlier pass lost: on a full
             // device small passes alternate, one clean segment more, then
-            // one less, for ever.
-            if rep.progress() && rep.clean_after > most_clean {
-                most_clean = rep.clean_after;
+            // one less, for ever. (Counted per pass, so writes between
+            // passes on a mount do not make gaining passes look futile.)
+            gained += rep.clean_after as i64 - rep.clean_before as i64;
+            if rep.progress() && gained > most_gained {
+                most_gained = gained;
                 futile = 0;
             } else {
                 futile += 1;
@@ -692,7 +695,9 @@ impl Engine {
             // (a victim holding just map pages or a few blocks, after one
             // that dirties most of the map, gains; counted as losing, its
             // pass made writers give up on a device with room: review 12).
-            let fits = |&i: &usize| taken[i].alone.0 + keep_bytes <= view.meta_headroom_bytes;
+            // (The first victim fitted with its path kept, as planned.)
+            let fits =
+                |&i: &usize| i == 0 || taken[i].alone.0 + keep_bytes <= view.meta_headroom_bytes;
             if let Some(i) = (0..taken.len())
                 .filter(fits)
                 .min_by_key(|&i| taken[i].alone.0)
