@@ -553,15 +553,7 @@ fn mixed_sizes_small_overwrites_are_not_refused_for_good() {
         lld.write(None, big, n, &vec![5; 16 << 10]).unwrap();
         n += 1;
     }
-    let stop = env_u64("LDFS_MIXED_STOP", 20);
-    let mut keys = Vec::new();
-    while lld.space().available_bytes > cap / stop {
-        let l = lists[rng.gen_range(0..lists.len())];
-        let i = rng.gen_range(0..1u64 << 40);
-        let len = rng.gen_range(200..1200);
-        lld.write(None, l, i, &vec![7; len]).unwrap();
-        keys.push((l, i, len));
-    }
+    let keys = fill_random(&lld, &lists, &mut rng, env_u64("LDFS_MIXED_STOP", 20));
     let (_, total, _) = lld.map_figures();
     eprintln!(
         "{n} large, {} small blocks; map pages {total}; space {:?}",

@@ -2857,7 +2857,7 @@ pub(crate) struct SpaceView {
     /// Bytes the cleaner (Clean class) may count on writing before a
     /// checkpoint must release something: down to its floor from the user
     /// floor, or from where the log is if lower (`cleaner_view`).
-    pub meta_headroom_bytes: i64,
+    pub headroom_bytes: i64,
 }
 
 // ---- space limits and the cleaner's primitives -----------------------------
@@ -3029,7 +3029,7 @@ impl Engine {
             - self.floor_after(&g, Class::Clean, room.page, 0);
         let view = SpaceView {
             clean: g.usage.clean_count(),
-            meta_headroom_bytes: headroom * PAGE_BYTES as i64,
+            headroom_bytes: headroom * PAGE_BYTES as i64,
         };
         (snap, view)
     }

@@ -454,6 +454,23 @@ fn a_failed_end_turns_uip_read_only() {
 /// it, and with no ARU open a reopen from the device gives the same state.
 #[test]
 fn random_arus_match_a_model() {
+    /// Keys 0..6 of `l` read as the model holds them (length, first byte).
+    fn same_keys(
+        u: &Uip,
+        l: ListId,
+        model: &std::collections::BTreeMap<(u64, u64), Vec<u8>>,
+        ctx: &str,
+    ) {
+        for i in 0..6 {
+            let got = u.read(l, i).unwrap();
+            assert_eq!(
+                got.as_ref().map(|v| (v.len(), v[0])),
+                model.get(&(l.0, i)).map(|v| (v.len(), v[0])),
+                "{ctx}: key ({}, {i})",
+                l.0
+            );
+        }
+    }
     use rand::{Rng, SeedableRng};
     use std::collections::BTreeMap as Map;
     type K = (u64, u64);
@@ -623,15 +640,7 @@ fn random_arus_match_a_model() {
                 }
             }
             for &l in &lists {
-                for i in 0..6 {
-                    let got = u.read(l, i).unwrap();
-                    assert_eq!(
-                        got.as_ref().map(|v| (v.len(), v[0])),
-                        model.get(&(l.0, i)).map(|v| (v.len(), v[0])),
-                        "{ctx}: key ({}, {i})",
-                        l.0
-                    );
-                }
+                same_keys(&u, l, &model, &ctx);
                 let idx = u.indices(l, 0, 100).unwrap();
                 let want: Vec<u64> = model
                     .range((l.0, 0)..(l.0 + 1, 0))
@@ -643,15 +652,7 @@ fn random_arus_match_a_model() {
                 drop(u);
                 u = Uip::open(d.clone(), opts).unwrap();
                 for &l in &lists {
-                    for i in 0..6 {
-                        let got = u.read(l, i).unwrap();
-                        assert_eq!(
-                            got.as_ref().map(|v| (v.len(), v[0])),
-                            model.get(&(l.0, i)).map(|v| (v.len(), v[0])),
-                            "{ctx}: after reopen, key ({}, {i})",
-                            l.0
-                        );
-                    }
+                    same_keys(&u, l, &model, &format!("{ctx}: after reopen"));
                 }
             }
         }

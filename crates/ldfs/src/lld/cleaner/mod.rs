@@ -607,10 +607,15 @@ impl Engine {
         // making room; with the moves sorted by key it writes the leaves
         // dirtied so far, and later moves dirty others.
         let mut seen = DirtySet::default();
-        let mut budget = view.meta_headroom_bytes;
+        let mut budget = view.headroom_bytes;
         let mut map = None;
         let mut taken: Vec<Victim> = Vec::new();
         let mut keep_bytes = 0;
+        // The pass's moves share partial segments of about `chunk_bytes`
+        // (at most a segment): each may leave a page part empty and spill
+        // its summary into another page, and a segment tail too short for a
+        // partial is skipped. A victim pays for the partials its data adds.
+        let overhead = |bytes: i64| (2 * (bytes / chunk_bytes_est + 1) + 2) * PAGE_BYTES as i64;
         for seg in policy.policy().select(&snap, max_victims) {
             let age = snap.segments[seg.0 as usize].1.last_seq;
             let buf = self.read_segment(seg)?;
@@ -639,12 +644,6 @@ impl Engine {
                 .map(|m| (m.stored.len() + WRITE_RECORD_BYTES) as i64)
                 .sum();
             let pages = m.new_pages;
-            // The pass's moves share partial segments of about
-            // `chunk_bytes` (at most a segment): each may leave a page part
-            // empty and spill its summary into another page, and a segment
-            // tail too short for a partial is skipped. A victim pays for the
-            // partials its data adds.
-            let overhead = |bytes: i64| (2 * (bytes / chunk_bytes_est + 1) + 2) * PAGE_BYTES as i64;
             let cost = data + overhead(moved + data)
                 - if taken.is_empty() { 0 } else { overhead(moved) }
                 + pages as i64 * page_cost;
@@ -654,24 +653,14 @@ impl Engine {
                 break;
             }
             budget -= cost + keep;
-            let alone = if taken.is_empty() {
-                (cost, pages)
-            } else {
-                let m =
-                    self.map_cost_of_moves(&keys, &contents.map_pages, &mut DirtySet::default());
-                (
-                    data + overhead(data) + m.new_pages as i64 * page_cost,
-                    m.new_pages,
-                )
-            };
             moved += data;
             map = Some(m);
             taken.push(Victim {
                 seg,
                 found,
                 map_pages: contents.map_pages,
+                data,
                 cost: (cost, pages),
-                alone,
             });
         }
         // The prefix of the policy's order that frees the most net of its
@@ -695,15 +684,22 @@ impl Engine {
             // (a victim holding just map pages or a few blocks, after one
             // that dirties most of the map, gains; counted as losing, its
             // pass made writers give up on a device with room: review 12).
-            // (The first victim fitted with its path kept, as planned.)
-            let fits =
-                |&i: &usize| i == 0 || taken[i].alone.0 + keep_bytes <= view.meta_headroom_bytes;
+            // (The first one's cost is its cost alone, and it fitted with
+            // its path kept, as planned.)
+            for v in taken.iter_mut().skip(1) {
+                let keys: Vec<Key> = v.found.iter().map(|m| m.key).collect();
+                let m = self.map_cost_of_moves(&keys, &v.map_pages, &mut DirtySet::default());
+                v.cost = (
+                    v.data + overhead(v.data) + m.new_pages as i64 * page_cost,
+                    m.new_pages,
+                );
+            }
+            let fits = |&i: &usize| i == 0 || taken[i].cost.0 + keep_bytes <= view.headroom_bytes;
             if let Some(i) = (0..taken.len())
                 .filter(fits)
-                .min_by_key(|&i| taken[i].alone.0)
+                .min_by_key(|&i| taken[i].cost.0)
             {
                 taken.swap(0, i);
-                taken[0].cost = taken[0].alone;
                 best.0 = 1;
                 rep.losing = taken[0].cost.0 >= seg_bytes;
             }
@@ -749,7 +745,7 @@ impl Engine {
         // write the leaves the first victim dirtied, and each later victim
         // dirty them again.
         let mid_pass = map.is_some_and(|m| m.dirtied + new_pages >= m.limit);
-        if (view.meta_headroom_bytes - spent) * 2 >= view.meta_headroom_bytes || mid_pass {
+        if (view.headroom_bytes - spent) * 2 >= view.headroom_bytes || mid_pass {
             for ((_, v), _) in &mut moves {
                 *v = 0;
             }
@@ -818,15 +814,16 @@ impl Engine {
     }
 }
 
-/// A victim a pass may take: its live blocks, its live map pages, and its
-/// cost (bytes, new map pages) in the pass, after the victims before it in
-/// the policy's order (pages they dirty are not counted again), and alone.
+/// A victim a pass may take: its live blocks, its live map pages, the
+/// bytes its moves write, and its cost (bytes, new map pages) in the pass:
+/// after the victims before it in the policy's order (pages they dirty are
+/// not counted again), or alone when it is cleaned alone.
 struct Victim {
     seg: SegmentId,
     found: Vec<Move>,
     map_pages: Vec<u64>,
+    data: i64,
     cost: (i64, usize),
-    alone: (i64, usize),
 }
 
 /// The background cleaner thread and its stop signal.
