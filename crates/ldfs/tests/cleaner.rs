@@ -823,3 +823,68 @@ fn four_writers_on_a_larger_device_default_options() {
         |s| threaded(32 << 20, s, 10, 4, |_| {}),
     );
 }
+
+/// Deletes alone on a device 90% full of small blocks at random keys: half
+/// the keys deleted one by one (no reservation), then the survivors
+/// overwritten at the same sizes. Deletes may dip below the cleaner's
+/// floor (they must work on a full device), and with scattered keys each
+/// costs about a map page at the next checkpoint; the log then sank below
+/// the room a cleaning pass needs, and every write was refused for good,
+/// after `checkpoint_now`, `clean_now` and a reopen too, with half the
+/// device dead (review 14, F1).
+fn deletes_alone(seed: u64, o: LldOptions) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let dev = Arc::new(MemoryDevice::new(8 << 20));
+    let lld = Lld::create(dev.clone(), &mkfs(128 << 10, 16 << 10, 4), o.clone()).unwrap();
+    let (lists, mut model, mut keys) = fill_small_random(&lld, &mut rng, seed, 10);
+    let fill = lld.space();
+    // Delete a random half.
+    for _ in 0..keys.len() / 2 {
+        let (l, i) = keys.swap_remove(rng.gen_range(0..keys.len()));
+        lld.delete(None, ListId(l), i)
+            .unwrap_or_else(|e| panic!("seed {seed}: delete: {e} at {:?}", lld.space()));
+        model.remove(&(l, i));
+    }
+    let after = lld.space();
+    // Overwrite the survivors, a device's worth: half the data is dead, so
+    // every one must be taken.
+    let mut written = 0u64;
+    let mut n = 0;
+    while written < 8 << 20 {
+        let (l, i) = keys[rng.gen_range(0..keys.len())];
+        let len = model[&(l, i)].1;
+        let s: u64 = rng.gen();
+        if let Err(e) = lld.write(None, ListId(l), i, &bytes(s, len)) {
+            panic!(
+                "seed {seed}: overwrite {n} after deleting half: {e}; filled {fill:?}, \
+                 after deletes {after:?}, now {:?}, clean/releasable {:?}, {:?}",
+                lld.space(),
+                lld.clean_segment_counts(),
+                lld.cleaner_stats()
+            );
+        }
+        model.insert((l, i), (s, len));
+        written += len as u64;
+        n += 1;
+    }
+    verify(&lld, &model, &lists, "after overwrites");
+    lld.close().unwrap();
+    let lld = Lld::open(dev, o).unwrap();
+    verify(&lld, &model, &lists, "after reopen");
+}
+
+#[test]
+fn deletes_alone_on_a_full_device_leave_the_cleaner_room() {
+    with_seeds(
+        "deletes_alone_on_a_full_device_leave_the_cleaner_room",
+        1..=4,
+        |s| deletes_alone(s, opts(PolicyKind::Greedy)),
+    );
+}
+
+#[test]
+fn deletes_alone_with_default_options() {
+    with_seeds("deletes_alone_with_default_options", 1..=4, |s| {
+        deletes_alone(s, LldOptions::default())
+    });
+}

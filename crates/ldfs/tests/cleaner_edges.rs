@@ -590,3 +590,106 @@ fn mixed_sizes_small_overwrites_are_not_refused_for_good() {
     assert!(in_row < 200, "refused for good");
     assert_eq!(refused, 0, "small overwrites refused");
 }
+
+/// The file system's side of review 14's F1 (deletes alone leave the
+/// cleaner no room): 39,000 small files (inline in their inode records) in
+/// 16 directories fill a 64 MiB file system to NoSpace, a random half is
+/// unlinked, and then new files, a third of what was freed, must all be
+/// written. Every unlink dirties scattered map leaves (the directory's
+/// bucket, the inode record); admitted down to the freeing floor without
+/// letting the cleaner make room first, the unlinks sank the log below the
+/// room a cleaning pass needs, and unlink itself got NoSpace after a few
+/// thousand (seed 7). Seeded (`LDFS_SEED`).
+#[test]
+fn a_full_file_system_with_half_its_small_files_unlinked_takes_new_files() {
+    use ldfs::fs::{Ctx, Fs, FsError, FsOptions, ROOT_INO};
+    use rand::{Rng, SeedableRng};
+    const CTX: Ctx = Ctx {
+        uid: 0,
+        gid: 0,
+        umask: 0,
+    };
+    let seed = env_u64("LDFS_SEED", 7);
+    eprintln!("replay: LDFS_SEED={seed}");
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let dev = Arc::new(MemoryDevice::new(64 << 20));
+    let mk = MkfsOptions {
+        segment_bytes: 256 << 10,
+        max_block_bytes: 64 << 10,
+        ..mkfs()
+    };
+    let lld = Arc::new(Lld::create(dev.clone(), &mk, LldOptions::default()).unwrap());
+    Fs::format(&*lld, CTX).unwrap();
+    let ld: Arc<dyn LogicalDisk> = lld.clone();
+    let fs = Fs::mount(ld, FsOptions::default()).unwrap();
+    let dirs: Vec<u64> = (0..16)
+        .map(|d| {
+            fs.mkdir(CTX, ROOT_INO, format!("d{d}").as_bytes(), 0o755)
+                .unwrap()
+                .ino
+        })
+        .collect();
+    let mut files: Vec<(u64, String, usize)> = Vec::new();
+    let mut n = 0u64;
+    'fill: loop {
+        let dir = dirs[rng.gen_range(0..dirs.len())];
+        let name = format!("f{n}");
+        n += 1;
+        let len = rng.gen_range(100..1500);
+        let ino = match fs.mknod(CTX, dir, name.as_bytes(), 0o100644, 0) {
+            Ok(a) => a.ino,
+            Err(FsError::NoSpace) => break 'fill,
+            Err(e) => panic!("seed {seed}: create: {e:?}"),
+        };
+        match fs.write(ino, 0, &vec![n as u8; len]) {
+            Ok(_) => files.push((dir, name, len)),
+            Err(FsError::NoSpace) => {
+                fs.unlink(dir, name.as_bytes()).unwrap();
+                break 'fill;
+            }
+            Err(e) => panic!("seed {seed}: write: {e:?}"),
+        }
+    }
+    let filled = lld.space();
+    eprintln!("filled: {} files, {filled:?}", files.len());
+    let mut freed = 0;
+    for _ in 0..files.len() / 2 {
+        let (dir, name, len) = files.swap_remove(rng.gen_range(0..files.len()));
+        fs.unlink(dir, name.as_bytes())
+            .unwrap_or_else(|e| panic!("seed {seed}: unlink: {e:?} at {:?}", lld.space()));
+        freed += len;
+    }
+    let after = lld.space();
+    let mut written = 0;
+    while written < freed / 3 {
+        let dir = dirs[rng.gen_range(0..dirs.len())];
+        let name = format!("n{n}");
+        n += 1;
+        let len = rng.gen_range(100..1500);
+        let r = fs
+            .mknod(CTX, dir, name.as_bytes(), 0o100644, 0)
+            .and_then(|a| fs.write(a.ino, 0, &vec![n as u8; len]));
+        if let Err(e) = r {
+            panic!(
+                "seed {seed}: new file after {written} of {} bytes: {e:?}; filled {filled:?} \
+                 ({} files), after unlinks {after:?}, now {:?}, clean/releasable {:?}, {:?}",
+                freed / 3,
+                files.len() * 2,
+                lld.space(),
+                lld.clean_segment_counts(),
+                lld.cleaner_stats()
+            );
+        }
+        written += len;
+    }
+    drop(fs);
+    let lld = Arc::into_inner(lld).expect("file system gone");
+    lld.close().unwrap();
+    let lld = Arc::new(Lld::open(dev, LldOptions::default()).unwrap());
+    let ld: Arc<dyn LogicalDisk> = lld.clone();
+    let fs = Fs::mount(ld, FsOptions::default()).unwrap();
+    for (dir, name, len) in &files {
+        let a = fs.lookup(*dir, name.as_bytes()).unwrap();
+        assert_eq!(a.size, *len as u64, "seed {seed}: {name}");
+    }
+}

@@ -1105,6 +1105,63 @@ impl Engine {
             .sum()
     }
 
+    /// Whether a Meta-class operation of `aru` that leaves `left` pages
+    /// with the head at `page` should let the cleaner make room first: it
+    /// may clean (its ARU has logged nothing), cleaning was not found
+    /// futile lately, and the operation would take the log below the user
+    /// floor. Below that floor the cleaner lacks the room a pass needs to
+    /// gain (`map_allowance`); a freeing operation may still go on down to
+    /// its own floor, but only once cleaning cannot help.
+    fn meta_wants_cleaning(
+        &self,
+        g: &Inner,
+        aru: u64,
+        left: i64,
+        page: u32,
+        new_pages: usize,
+    ) -> bool {
+        self.may_clean_for(g, aru)
+            && g.op_seq >= g.clean_futile_until
+            && left < self.floor_after(g, Class::User, page, new_pages)
+    }
+
+    /// Lets the cleaner make room before a Meta-class operation (a delete,
+    /// a list's creation or deletion) of `changes` map changes that writes
+    /// `record_bytes` of records and `data_bytes` of data, while the
+    /// operation would otherwise take the log below the user floor
+    /// (`meta_wants_cleaning`). Deletes at scattered keys cost about a map
+    /// page each at the next checkpoint and free whole segments only
+    /// through the cleaner: admitted down to their own floor, they sank the
+    /// log below the room a cleaning pass needs, and every later write was
+    /// refused for good with half the device dead (review 14, F1). When
+    /// cleaning cannot free anything the operation goes on (freeing must
+    /// work on a full device) and the next 64 operations do not ask again.
+    fn clean_before_meta(
+        &self,
+        aru: Option<AruId>,
+        record_bytes: usize,
+        data_bytes: usize,
+        changes: usize,
+    ) -> LdResult<()> {
+        let mut wait = SpaceWait::default();
+        loop {
+            let g = self.lock_writable()?;
+            let aru_id = self.check_aru(&g, aru)?;
+            let room = self.log_after(&g, record_bytes, data_bytes);
+            let left = room.left - self.reserved_by_others(&g, aru_id);
+            let new_pages = changes * g.map.change_bound();
+            if !self.meta_wants_cleaning(&g, aru_id, left, room.page, new_pages) {
+                return Ok(());
+            }
+            let seen = g.usage.clean_count();
+            drop(g);
+            if !self.clean_for_space(seen, &mut wait)? {
+                self.note_futile(64);
+                return Ok(());
+            }
+        }
+    }
+
     /// Admission control: accept the operation only if its space exists now,
     /// and with it the room for the checkpoint that must follow (the map
     /// pages dirtied since the last one, and those of `changes` more map
@@ -1915,7 +1972,12 @@ impl Engine {
             if class == Class::User {
                 floor += self.map_allowance(&g);
             }
-            if left - have - (pages as i64) >= floor {
+            let after = left - have - (pages as i64);
+            // A freeing reservation lets the cleaner make room first while
+            // it would take the log below the user floor (`clean_before_meta`).
+            let clean_first = class == Class::Meta
+                && self.meta_wants_cleaning(&g, aru.0, after, 0, g.map.change_bound());
+            if after >= floor && !clean_first {
                 g.arus.get_mut(&aru.0).expect("checked above").reserved += with_overhead;
                 return Ok(());
             }
@@ -1930,6 +1992,12 @@ impl Engine {
             let seen = g.usage.clean_count();
             drop(g);
             if !self.clean_for_space(seen, &mut wait)? {
+                if clean_first && after >= floor {
+                    // Cleaning cannot help; the reservation fits its own
+                    // floor: take it there (next time round).
+                    self.note_futile(64);
+                    continue;
+                }
                 return Err(e);
             }
         }
@@ -1967,6 +2035,7 @@ impl LogicalDisk for Engine {
     }
 
     fn create_list(&self, aru: Option<AruId>, hints: ListHints) -> LdResult<ListId> {
+        self.clean_before_meta(aru, WRITE_RECORD_BYTES, encode_hints(&hints).len(), 1)?;
         let mut g = self.lock_writable()?;
         let aru_id = self.check_aru(&g, aru)?;
         if let Some(near) = hints.near {
@@ -2003,19 +2072,23 @@ impl LogicalDisk for Engine {
     }
 
     fn delete_list(&self, aru: Option<AruId>, list: ListId) -> LdResult<()> {
+        let recs = |aru_id| {
+            Record::DeleteList {
+                aru: aru_id,
+                list: list.0,
+            }
+            .encoded_len()
+                + Record::Delete {
+                    aru: aru_id,
+                    key: Key::MIN,
+                }
+                .encoded_len()
+        };
+        self.clean_before_meta(aru, recs(aru.map_or(0, |a| a.0)), 0, 2)?;
         let mut g = self.lock_writable()?;
         let aru_id = self.check_aru(&g, aru)?;
         self.check_list(&mut g, list)?;
-        let recs = Record::DeleteList {
-            aru: aru_id,
-            list: list.0,
-        }
-        .encoded_len()
-            + Record::Delete {
-                aru: aru_id,
-                key: Key::MIN,
-            }
-            .encoded_len();
+        let recs = recs(aru_id);
         // The list's blocks (a range) and its entry in list 0.
         self.admit(
             &mut g,
@@ -2254,6 +2327,11 @@ impl LogicalDisk for Engine {
     }
 
     fn delete(&self, aru: Option<AruId>, list: ListId, index: u64) -> LdResult<()> {
+        let rec = Record::Delete {
+            aru: aru.map_or(0, |a| a.0),
+            key: Key::new(list, index),
+        };
+        self.clean_before_meta(aru, rec.encoded_len(), 0, 1)?;
         let mut g = self.lock_writable()?;
         let aru_id = self.check_aru(&g, aru)?;
         self.check_list(&mut g, list)?;
@@ -2275,18 +2353,22 @@ impl LogicalDisk for Engine {
     }
 
     fn delete_range(&self, aru: Option<AruId>, list: ListId, range: Range<u64>) -> LdResult<()> {
+        let rec = |aru_id| Record::DeleteRange {
+            aru: aru_id,
+            list: list.0,
+            from: range.start,
+            to: range.end,
+        };
+        if range.start < range.end {
+            self.clean_before_meta(aru, rec(aru.map_or(0, |a| a.0)).encoded_len(), 0, 1)?;
+        }
         let mut g = self.lock_writable()?;
         let aru_id = self.check_aru(&g, aru)?;
         self.check_list(&mut g, list)?;
         if range.start >= range.end {
             return Ok(());
         }
-        let rec = Record::DeleteRange {
-            aru: aru_id,
-            list: list.0,
-            from: range.start,
-            to: range.end,
-        };
+        let rec = rec(aru_id);
         let removed = (Key::new(list, range.start), Key::new(list, range.end));
         self.admit(
             &mut g,
