@@ -810,12 +810,13 @@ fn four_writers_with_the_background_cleaner() {
 
 /// Default options on a 32 MiB device, 90% full: the map (about 300
 /// pages, nine segments) is larger than the dirty-page limit. A pass gains
-/// only with dozens of victims sharing the map's rewrite; at most 16 are
-/// taken, so passes that lose (the cheapest victim alone costs more than a
-/// segment) come in runs, and a writer that waits through three of them
-/// gets NoSpace although `clean_now` then frees space: open (1 run in 2).
+/// only with dozens of victims sharing the map's rewrite. While a waiting
+/// writer's passes took at most 16 (`step_segments`), passes that lose (the
+/// cheapest victim alone costs more than a segment) came in runs, and a
+/// writer that waited through three of them got NoSpace although
+/// `clean_now` then freed space (2 runs in 3). Each losing pass now
+/// doubles the next one's victims.
 #[test]
-#[ignore = "open: writers give up after three losing passes on a map-dominated device"]
 fn four_writers_on_a_larger_device_default_options() {
     with_seeds(
         "four_writers_on_a_larger_device_default_options",

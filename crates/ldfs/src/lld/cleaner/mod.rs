@@ -527,7 +527,13 @@ impl Engine {
         if wait.losing >= LOSING_RETRIES {
             return Ok(false);
         }
-        let step = self.options().cleaner.step_segments.max(1) as usize;
+        // Each losing pass doubles the next one's victims (the budget still
+        // bounds them): when the map is larger than a pass of `step`
+        // victims can pay for (small blocks at scattered keys, a map of
+        // hundreds of pages), only a pass that shares the map's rewrite
+        // among dozens of victims gains, and writers gave up after three
+        // losing passes of 16 while `clean_now` (64) then freed space.
+        let step = (self.options().cleaner.step_segments.max(1) as usize) << wait.losing.min(4);
         let rep = self.clean_pass(
             &mut st,
             PolicyKind::Greedy,
