@@ -231,6 +231,11 @@ impl Vld {
         disk.media_read(1, &mut old)?;
         let disk_id = match format::decode_label(&old) {
             Ok(l) => opts.disk_id.max(l.disk_id.wrapping_add(1)),
+            // A damaged label hides the old format's id: its map sectors
+            // may carry the requested one, and a scan would adopt them
+            // (review 14, F5). A random id matches none of them (2^-64).
+            Err(_) if old.iter().any(|&b| b != 0) => random_disk_id(),
+            // Never formatted (or wiped): nothing to tell apart.
             Err(_) => opts.disk_id,
         };
         let opts = VldOptions { disk_id, ..opts };
@@ -1131,6 +1136,15 @@ impl Vld {
         buf.copy_from_slice(&whole[skip..skip + buf.len()]);
         Ok(())
     }
+}
+
+/// A disk id from the standard library's per-process random hash keys (no
+/// dependency for one number).
+fn random_disk_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0x766c_6431);
+    h.finish()
 }
 
 #[cfg(test)]

@@ -386,3 +386,38 @@ fn a_reformatted_disk_scans_none_of_the_old_format() {
         "blocks the new format never wrote read the old format's contents"
     );
 }
+
+/// `a_reformatted_disk_scans_none_of_the_old_format` with the old label
+/// damaged first: the format cannot read the old id, and fell back to the
+/// requested one, the old format's too, so the scan adopted the old map
+/// sectors (review 14, F5).
+#[test]
+fn a_format_over_a_damaged_label_scans_none_of_the_old_format() {
+    let disk = small(PaperDisk::Hp97560, 2);
+    let v = Vld::create(disk.clone(), VldOptions::default()).unwrap();
+    let size = v.size_bytes() as usize;
+    for round in 0..4 {
+        v.write_at(&pattern(round, size / 2), 0).unwrap();
+    }
+    drop(v);
+    let mut label = [0u8; SECTOR];
+    disk.media_read(1, &mut label).unwrap();
+    label[20] ^= 0x40;
+    disk.media_write(1, &label).unwrap();
+    let v = Vld::create(disk.clone(), VldOptions::default()).unwrap();
+    v.write_at(&[7u8; 4096], 0).unwrap();
+    drop(v);
+    let (v, how) = Vld::open(disk, VldOptions::default()).unwrap();
+    assert_eq!(how, Recovery::Scan);
+    v.check().unwrap();
+    let mut back = vec![0u8; size / 2];
+    v.read_at(&mut back, 0).unwrap();
+    assert!(
+        back[..4096].iter().all(|&b| b == 7),
+        "the new format's block"
+    );
+    assert!(
+        back[4096..].iter().all(|&b| b == 0),
+        "blocks the new format never wrote read the old format's contents"
+    );
+}
