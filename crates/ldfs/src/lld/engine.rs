@@ -1155,7 +1155,11 @@ impl Engine {
             }
             let seen = g.usage.clean_count();
             drop(g);
-            if !self.clean_for_space(seen, &mut wait)? {
+            // The cleaner failing (a victim it cannot read) must not fail
+            // a freeing operation that has room of its own: before this,
+            // a latent sector error anywhere failed every delete that came
+            // near the user floor (review 15).
+            if !matches!(self.clean_for_space(seen, &mut wait), Ok(true)) {
                 self.note_futile(64);
                 return Ok(());
             }
@@ -1991,14 +1995,16 @@ impl Engine {
             }
             let seen = g.usage.clean_count();
             drop(g);
-            if !self.clean_for_space(seen, &mut wait)? {
-                if clean_first && after >= floor {
-                    // Cleaning cannot help; the reservation fits its own
-                    // floor: take it there (next time round).
+            match self.clean_for_space(seen, &mut wait) {
+                Ok(true) => {}
+                // Cleaning cannot help (or failed: `clean_before_meta`);
+                // the reservation fits its own floor: take it there (next
+                // time round).
+                Ok(false) | Err(_) if clean_first && after >= floor => {
                     self.note_futile(64);
-                    continue;
                 }
-                return Err(e);
+                Ok(false) => return Err(e),
+                Err(err) => return Err(err),
             }
         }
     }

@@ -200,6 +200,10 @@ const LOSING_RETRIES: u32 = 3;
 /// freed space that it then did not get (`clean_for_space`).
 const OTHERS_ROUNDS: u32 = 16;
 
+/// Rounds a waiting writer spends waiting (`aru_wait_ms` each) for open
+/// ARUs to end so that a checkpoint can release what passes emptied.
+const BLOCKED_ROUNDS: u32 = 8;
+
 /// One writer's wait for space (`clean_for_space`).
 #[derive(Default)]
 pub(crate) struct SpaceWait {
@@ -209,6 +213,8 @@ pub(crate) struct SpaceWait {
     own: u32,
     /// Retries after another thread freed space first.
     others: u32,
+    /// Rounds whose releasing checkpoint open ARUs kept from being taken.
+    blocked: u32,
 }
 
 impl CleanerState {
@@ -519,7 +525,10 @@ impl Engine {
                 st.awaiting.clear();
                 return Ok(true);
             }
-            return Ok(false);
+            // Open ARUs kept it from being taken: wait for them a few
+            // rounds more (review 14, F4).
+            wait.blocked += 1;
+            return Ok(wait.blocked <= BLOCKED_ROUNDS);
         }
         // A writer is waiting: free the most space now. Greedy takes the
         // emptiest segments whatever the configured policy (which may
@@ -545,7 +554,15 @@ impl Engine {
             wait.losing += 1;
             return Ok(true);
         }
-        Ok(rep.progress())
+        if rep.progress() {
+            return Ok(true);
+        }
+        // Released nothing, but a checkpoint would: open ARUs kept the
+        // pass's own from being taken (it waits `aru_wait_ms`). Giving up
+        // here refused a writer after one pass that had emptied six
+        // segments (review 14, F4); the next round waits for the ARUs.
+        let (_, releasable) = self.clean_segment_counts();
+        Ok(!rep.checkpointed && (releasable > 0 || !st.awaiting.is_empty()))
     }
 
     fn clean_pass(
