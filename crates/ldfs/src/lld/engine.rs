@@ -1091,6 +1091,16 @@ impl Engine {
             (self.geo.segment_count - self.geo.reserved_segments) as u64 * self.geo.segment_bytes();
         let live = g.usage.live_bytes_total() as f64 / usable.max(1) as f64;
         let u = live.min(self.opts.cleaner.max_live_percent.min(100) as f64 / 100.0);
+        // The cleaner writes a victim's live data in partial segments of at
+        // most `partial_bytes`, each with a summary page and a part-empty
+        // last page: about two pages more per partial, so a victim costs
+        // `u (1 + o)` of a segment. With 32 KiB partials (o = 1/4) the
+        // allowance planned for passes that could not gain, and writers were
+        // refused with a fifth of the capacity free (review 14, F2).
+        let chunk =
+            (self.opts.partial_bytes as u64).clamp(PAGE_BYTES as u64, self.geo.segment_bytes());
+        let o = 2.0 * PAGE_BYTES as f64 / chunk as f64;
+        let u = (u * (1.0 + o)).min(0.95);
         let need = (m as f64 / (1.0 - u).max(0.05)).ceil() as i64;
         let (_, upper) = reserve_halves(&self.geo);
         let room = upper + self.checkpoint_share - margin_pages(&self.geo);
