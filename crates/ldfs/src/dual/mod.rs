@@ -69,6 +69,23 @@ pub const DESC_LIST: ListId = ListId(2);
 /// The engine list of free-block bitmaps, indexed by group.
 pub const BITMAP_LIST: ListId = ListId(3);
 /// Engine lists this module keeps for itself; user list ids are shifted.
+
+/// Entries each of the in-memory per-list caches (`kinds`, `ties`,
+/// `list_group`) holds before it is emptied: each is rebuilt from the log
+/// (or, for `list_group`, a placement hint only) on the next use, and a
+/// file system of millions of files would otherwise keep one entry per
+/// list for ever. Small in unit tests, so their every path runs with
+/// evictions.
+const CACHE_LIMIT: usize = if cfg!(test) { 64 } else { 1 << 16 };
+
+/// Inserts into a per-list cache, emptying it first when full.
+fn cache_insert<V>(map: &mut HashMap<u64, V>, key: u64, value: V) {
+    if map.len() >= CACHE_LIMIT && !map.contains_key(&key) {
+        map.clear();
+    }
+    map.insert(key, value);
+}
+
 const OWN_LISTS: u64 = 3;
 /// Blocks per group unless told otherwise: a 4 KiB bitmap, 128 MiB of data.
 pub const DEFAULT_GROUP_BLOCKS: u32 = 32768;
@@ -719,7 +736,7 @@ impl Dual {
             .ok_or(LdError::NoSuchList(eng))
             .map_err(Self::user_err)?;
         let k = (h.kind == ListKind::Data, h.near);
-        self.lock().kinds.insert(eng.0, k);
+        cache_insert(&mut self.lock().kinds, eng.0, k);
         Ok(k.0)
     }
 
@@ -770,7 +787,7 @@ impl Dual {
             return Ok(None);
         };
         let g = format::decode_tie(&b, self.geo.groups, list.0)?;
-        self.lock().ties.insert(list.0, g);
+        cache_insert(&mut self.lock().ties, list.0, g);
         Ok(Some(g))
     }
 
@@ -831,7 +848,7 @@ impl Dual {
         set_bit(&mut st.inuse, b, true);
         let g = self.geo.group_of(b);
         st.group_free[g as usize] -= 1;
-        st.list_group.insert(eng.0, g);
+        cache_insert(&mut st.list_group, eng.0, g);
         let lo = g as u64 * self.geo.group_blocks as u64;
         st.group_next[g as usize] = if b + 1 < lo + self.geo.group_len(g) {
             b + 1
@@ -1470,7 +1487,7 @@ impl LogicalDisk for Dual {
         let h = ListHints { near, ..hints };
         if hints.kind == ListKind::Data {
             let id = self.meta.create_list(aru, h).map_err(Self::user_err)?;
-            self.lock().kinds.insert(id.0, (true, near));
+            cache_insert(&mut self.lock().kinds, id.0, (true, near));
             return Ok(ListId(id.0 - OWN_LISTS));
         }
         // A metadata list may be a directory: tied to a group now, in the
@@ -1481,8 +1498,8 @@ impl LogicalDisk for Dual {
             let g = tie_group(&mut st);
             self.meta
                 .write(Some(a), INFO_LIST, id.0, &format::encode_tie(g))?;
-            st.kinds.insert(id.0, (false, near));
-            st.ties.insert(id.0, g);
+            cache_insert(&mut st.kinds, id.0, (false, near));
+            cache_insert(&mut st.ties, id.0, g);
             Ok(ListId(id.0 - OWN_LISTS))
         })
     }

@@ -769,3 +769,55 @@ fn the_metadata_devices_write_unit_passes_through() {
     };
     assert_eq!(meta.write_unit_bytes(), 4096);
 }
+
+/// The per-list caches stay within `CACHE_LIMIT` however many lists there
+/// are, and a list whose entries were evicted still reads, writes and
+/// deletes as before (issue 14: they
+/// grew by an entry per list for ever).
+#[test]
+fn per_list_caches_stay_bounded_and_evicted_lists_still_work() {
+    let p = Pair::new(64);
+    let d = p.open();
+    let n = 3 * CACHE_LIMIT as u64;
+    let mut lists = Vec::new();
+    for i in 0..n {
+        let dir = meta_list(&d);
+        let f = d
+            .create_list(
+                None,
+                ListHints {
+                    kind: ListKind::Data,
+                    near: Some(dir),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        d.write(None, f, 0, &block(i as u8, 4096)).unwrap();
+        lists.push((dir, f));
+        let st = d.lock();
+        assert!(st.kinds.len() <= CACHE_LIMIT, "kinds: {}", st.kinds.len());
+        assert!(st.ties.len() <= CACHE_LIMIT, "ties: {}", st.ties.len());
+        assert!(
+            st.list_group.len() <= CACHE_LIMIT,
+            "list_group: {}",
+            st.list_group.len()
+        );
+    }
+    // The first lists' entries are long gone: a second block of each is
+    // written, every block reads back, and deletes free them.
+    for (i, &(dir, f)) in lists.iter().enumerate() {
+        d.write(None, f, 1, &block(i as u8 ^ 0x55, 4096)).unwrap();
+        assert_eq!(d.read(f, 0).unwrap().unwrap(), block(i as u8, 4096));
+        assert_eq!(d.read(f, 1).unwrap().unwrap(), block(i as u8 ^ 0x55, 4096));
+        if i % 2 == 0 {
+            d.delete_list(None, f).unwrap();
+            d.delete_list(None, dir).unwrap();
+        }
+    }
+    d.flush().unwrap();
+    drop(d);
+    let d = p.open();
+    for (i, &(_, f)) in lists.iter().enumerate().filter(|(i, _)| i % 2 == 1) {
+        assert_eq!(d.read(f, 1).unwrap().unwrap(), block(i as u8 ^ 0x55, 4096));
+    }
+}
