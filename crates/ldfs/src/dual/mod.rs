@@ -68,8 +68,6 @@ pub const INFO_LIST: ListId = ListId(1);
 pub const DESC_LIST: ListId = ListId(2);
 /// The engine list of free-block bitmaps, indexed by group.
 pub const BITMAP_LIST: ListId = ListId(3);
-/// Engine lists this module keeps for itself; user list ids are shifted.
-
 /// Entries each of the in-memory per-list caches (`kinds`, `ties`,
 /// `list_group`) holds before it is emptied: each is rebuilt from the log
 /// (or, for `list_group`, a placement hint only) on the next use, and a
@@ -86,6 +84,7 @@ fn cache_insert<V>(map: &mut HashMap<u64, V>, key: u64, value: V) {
     map.insert(key, value);
 }
 
+/// Engine lists this module keeps for itself; user list ids are shifted.
 const OWN_LISTS: u64 = 3;
 /// Blocks per group unless told otherwise: a 4 KiB bitmap, 128 MiB of data.
 pub const DEFAULT_GROUP_BLOCKS: u32 = 32768;
