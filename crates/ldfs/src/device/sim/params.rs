@@ -173,11 +173,11 @@ impl PaperDisk {
 /// about a third of it, the ratio of their clocks (50 and 167 MHz, Section
 /// 4). What the text says of them holds: on the Seagate the VLD is host
 /// limited with the SPARCstation-10 (Section 5.4), and the UltraSPARC-170
-/// "can easily cut" its latency in half (Section 5.5), which needs the
-/// SPARCstation-10's time per update to be at least 2.5 times the VLD's
-/// disk time per update (about 1 ms after compacting). The gap between
-/// update in place and the VLD depends on little else: `ldfs bench vld`
-/// reports it against this time.
+/// "can easily cut" its latency in half (Section 5.5), which with a third
+/// needs the SPARCstation-10's time per update to be at least three times
+/// the VLD's disk time per update (about 1 ms after compacting). The gap
+/// between update in place and the VLD depends on little else: `ldfs bench
+/// vld` reports it against this time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Host {
     SparcStation10,
