@@ -1,5 +1,5 @@
 //! `ldfs bench vld` at its smallest: the command runs end to end, its JSON
-//! has every key the issue names (issue 15), equation 1 and its simulation
+//! has every key the issue names (issue 15) and the per-request accounting, equation 1 and its simulation
 //! agree within 10% at every utilization on both disks, and with `--out` it
 //! writes its own section of BENCHMARKS.md without touching the rest.
 
@@ -114,6 +114,39 @@ fn bench_vld_smallest_run() {
             "write_locate_us",
             "vld_used",
         ],
+    );
+    // Every request of Figure 9's updates: two writes per update on both
+    // disks (the inode's block and the file's), and on the VLD a map
+    // sector after each.
+    let acc = rows(
+        &doc,
+        "accounting",
+        &[
+            "disk",
+            "host",
+            "system",
+            "request",
+            "requests",
+            "data_sectors_per_request",
+            "map_sectors_per_request",
+            "total_us",
+        ],
+    );
+    for system in ["uip-regular", "uip-vld"] {
+        for request in ["inode block", "file block"] {
+            let r = acc
+                .iter()
+                .find(|r| r["system"] == system && r["request"] == request)
+                .unwrap_or_else(|| panic!("no accounting row for {system}'s {request}"));
+            assert_eq!(r["data_sectors_per_request"].as_f64(), Some(8.0), "{r}");
+            let maps = r["map_sectors_per_request"].as_f64().unwrap();
+            assert_eq!(maps >= 1.0, system == "uip-vld", "{r}");
+        }
+    }
+    rows(
+        &doc,
+        "host_sensitivity",
+        &["host_us_per_request", "system", "latency_us"],
     );
     let phases = rows(&doc, "phases", &["disk", "system", "phase", "mb_per_s"]);
     assert_eq!(

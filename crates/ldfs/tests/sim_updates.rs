@@ -6,8 +6,9 @@
 //! to its head switch (the simulation is deterministic: these are
 //! measurements, not chances). uip uses 4 KiB units, the VLD's block, so
 //! it never writes part of one. Figures printed with `--nocapture`; at this
-//! commit (µs per update, 30% / 70% utilization): HP 35482 → 22975 /
-//! 41879 → 30192, Seagate 10120 → 3112 / 12040 → 4971.
+//! commit (µs per update, 30% / 70% utilization): HP 30290 → 12535 /
+//! 31533 → 17383, Seagate 7726 → 1108 / 7721 → 2056 (two synchronous
+//! writes per update on both disks, no host time).
 
 use std::sync::Arc;
 

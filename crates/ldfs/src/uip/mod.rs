@@ -6,13 +6,15 @@
 //! after the list's previous allocation inside the list's group (groups are
 //! the cylinder groups of FFS: a descriptor area beside its data units; a
 //! list starts in the group of its `near` list, else the next group round
-//! robin). A rewrite of the same size goes back to the same home; metadata
-//! (the block's descriptor, a list record) is written synchronously in
-//! place whenever it changes — on allocation, length change, free. Nothing
-//! is buffered beyond an open ARU's held overwrites (below): every write
-//! accepted outside an ARU, and every ARU once ended, has reached the
-//! device when the call returns, so `flush` only passes the device's flush
-//! on.
+//! robin). A block is always written as its whole extent (UFS and MINIX
+//! write whole buffers), so the same operation makes the same requests on
+//! every device. A rewrite of the same size goes back to the same home;
+//! metadata (the block's descriptor, a list record) is written
+//! synchronously in place whenever it changes — on allocation, length
+//! change, free. Nothing is buffered beyond an open ARU's held overwrites
+//! (below): every write accepted outside an ARU, and every ARU once ended,
+//! has reached the device when the call returns, so `flush` only passes
+//! the device's flush on.
 //!
 //! What uip does NOT promise, as the update-in-place systems it stands for:
 //! - ARUs are atomic for reads and aborts, not across crashes: a crash in
@@ -136,9 +138,9 @@ struct State {
 
 pub struct Uip {
     dev: Arc<dyn Device>,
-    /// Writes are padded to this where uip owns the bytes: the device's
-    /// write unit, at most a unit (a block's extent) — so a VLD with 4 KiB
-    /// blocks under 4 KiB units never reads to merge (see `put`).
+    /// Descriptor writes are padded to this: the device's write unit, at
+    /// most a unit — so a VLD with 4 KiB blocks under 4 KiB units never
+    /// reads to merge. Blocks are written as whole extents (see `put`).
     write_unit: usize,
     geo: Geometry,
     opts: UipOptions,
@@ -515,10 +517,12 @@ impl Uip {
         let ub = self.geo.unit_bytes;
         let n = units_for(data.len() as u32, ub);
         let old = s.lists[&list].blocks.get(&index).copied();
-        // Padding to the device's write unit stays inside the extent (a
-        // whole number of units, each a multiple of it).
+        // The whole extent is written, as UFS writes a whole buffer (a 4 KB
+        // inode block for one inode, `ufs_iupdat`) and MINIX a whole block:
+        // the same request on every device, and never part of a VLD block
+        // (units are multiples of its write unit, see `write_unit`).
         let mut padded = data.to_vec();
-        padded.resize(data.len().div_ceil(self.write_unit) * self.write_unit, 0);
+        padded.resize(n as usize * ub as usize, 0);
         match old {
             Some(h) if units_for(h.len, ub) == n => {
                 self.dev.write_at(&padded, self.geo.unit_offset(h.unit))?;

@@ -80,6 +80,42 @@ pub struct SimStats {
     pub media_write_time: Breakdown,
 }
 
+/// One media access of a traced request (see [`SimDisk::start_trace`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TracedAccess {
+    pub write: bool,
+    pub lba: u64,
+    pub sectors: u64,
+    /// Its mechanics: seek, head switch, rotation, transfer.
+    pub time: Breakdown,
+}
+
+/// One host request as the trace records it: its per-command time (host
+/// and SCSI overhead) and every media access the drive made for it (one
+/// for a plain request; a VLD adds its map writes and any
+/// read-modify-write read). Media accesses outside a request (the VLD's
+/// compactor in idle time) form entries with no `op`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TracedRequest {
+    pub op: Option<DeviceOp>,
+    pub overhead: Breakdown,
+    pub accesses: Vec<TracedAccess>,
+}
+
+impl TracedRequest {
+    /// The request's whole time.
+    pub fn time(&self) -> Breakdown {
+        let mut t = self.overhead;
+        for a in &self.accesses {
+            t.add(&a.time);
+        }
+        t
+    }
+}
+
+/// Requests a trace keeps; later ones are counted in `SimStats` only.
+pub const TRACE_LIMIT: usize = 1 << 16;
+
 /// Cut the power at write number `at_write` (0-based, counting media writes):
 /// that write puts a seeded prefix of its sectors on the media (possibly
 /// none) and fails, and so does every request after it.
@@ -113,6 +149,11 @@ struct State {
     cut: Option<PowerCut>,
     media_writes: u64,
     dead: bool,
+    /// Requests traced since [`SimDisk::start_trace`], if tracing.
+    trace: Option<Vec<TracedRequest>>,
+    /// Whether the trace's last entry takes the next media access (its
+    /// request is the current one).
+    trace_open: bool,
 }
 
 pub struct SimDisk {
@@ -149,6 +190,8 @@ impl SimDisk {
                 cut: None,
                 media_writes: 0,
                 dead: false,
+                trace: None,
+                trace_open: false,
             }),
         }
     }
@@ -169,7 +212,20 @@ impl SimDisk {
     /// Let `us` pass with nothing to do (the platter keeps turning).
     pub fn idle(&self, us: f64) {
         assert!(us >= 0.0);
-        self.state.lock().unwrap().clock_us += us;
+        let mut s = self.state.lock().unwrap();
+        s.clock_us += us;
+        s.trace_open = false;
+    }
+
+    /// Record every request from now on (at most [`TRACE_LIMIT`]), dropping
+    /// any earlier trace.
+    pub fn start_trace(&self) {
+        self.state.lock().unwrap().trace = Some(Vec::new());
+    }
+
+    /// The requests recorded since [`SimDisk::start_trace`]; tracing stops.
+    pub fn take_trace(&self) -> Vec<TracedRequest> {
+        self.state.lock().unwrap().trace.take().unwrap_or_default()
     }
 
     pub fn head(&self) -> HeadPos {
@@ -303,6 +359,17 @@ impl SimDisk {
         };
         s.clock_us += b.host_us + b.scsi_us;
         s.last = b;
+        s.trace_open = false;
+        if let Some(t) = s.trace.as_mut() {
+            if t.len() < TRACE_LIMIT {
+                t.push(TracedRequest {
+                    op: Some(op),
+                    overhead: b,
+                    accesses: Vec::new(),
+                });
+                s.trace_open = true;
+            }
+        }
         s.stats.requests += 1;
         s.stats.time.add(&b);
         match op {
@@ -324,6 +391,7 @@ impl SimDisk {
         }
         let b = self.mechanics(&mut s, lba, count);
         s.stats.media_read_time.add(&b);
+        Self::trace_access(&mut s, false, lba, count, b);
         let start = (lba * SECTOR_BYTES_SIM) as usize;
         buf.copy_from_slice(&s.bytes[start..start + buf.len()]);
         s.stats.sectors_read += count;
@@ -352,6 +420,7 @@ impl SimDisk {
         }
         let b = self.mechanics(&mut s, lba, count);
         s.stats.media_write_time.add(&b);
+        Self::trace_access(&mut s, true, lba, count, b);
         s.bytes[start..start + buf.len()].copy_from_slice(buf);
         s.stats.sectors_written += count;
         Ok(())
@@ -402,6 +471,32 @@ impl SimDisk {
             count -= run;
         }
         total
+    }
+
+    /// Adds a media access to the current traced request (or, outside any
+    /// request, to an entry without an op).
+    fn trace_access(s: &mut State, write: bool, lba: u64, sectors: u64, time: Breakdown) {
+        let Some(t) = s.trace.as_mut() else {
+            return;
+        };
+        if !s.trace_open {
+            if t.len() >= TRACE_LIMIT {
+                return;
+            }
+            t.push(TracedRequest {
+                op: None,
+                overhead: Breakdown::default(),
+                accesses: Vec::new(),
+            });
+            s.trace_open = true;
+        }
+        let access = TracedAccess {
+            write,
+            lba,
+            sectors,
+            time,
+        };
+        t.last_mut().expect("an entry").accesses.push(access);
     }
 
     /// Byte range to whole sectors: (first lba, sector count).
@@ -593,6 +688,44 @@ mod tests {
         let before = d.now_us();
         d.idle(p.rotation_us());
         assert!(close(d.now_us() - before, p.rotation_us()));
+    }
+
+    #[test]
+    fn the_trace_records_each_request_and_its_media_accesses() {
+        let p = DiskParams::paper(PaperDisk::St19101);
+        let d = SimDisk::new(p.clone(), 500.0);
+        d.write_at(&[1u8; 512], 0).unwrap();
+        d.start_trace();
+        let t0 = d.now_us();
+        d.write_at(&[2u8; 4096], 4096 * 3).unwrap();
+        // A layer inside the drive: one request, two media accesses.
+        d.begin_request(DeviceOp::Write).unwrap();
+        d.media_write(100, &[3u8; 4096]).unwrap();
+        d.media_write(108, &[4u8; 512]).unwrap();
+        // Idle work (a compactor): an entry of its own, without an op.
+        d.idle(1000.0);
+        let mut buf = [0u8; 512];
+        d.media_read(0, &mut buf).unwrap();
+        let t1 = d.now_us();
+        let t = d.take_trace();
+        assert_eq!(t.len(), 3);
+        assert_eq!(t[0].op, Some(DeviceOp::Write));
+        assert!(close(t[0].overhead.host_us, 500.0));
+        assert!(close(t[0].overhead.scsi_us, p.scsi_overhead_us));
+        assert_eq!(t[0].accesses.len(), 1);
+        assert_eq!((t[0].accesses[0].lba, t[0].accesses[0].sectors), (24, 8));
+        assert!(t[0].accesses[0].write);
+        let sizes: Vec<(u64, u64)> = t[1].accesses.iter().map(|a| (a.lba, a.sectors)).collect();
+        assert_eq!(sizes, [(100, 8), (108, 1)]);
+        assert_eq!(t[2].op, None);
+        assert_eq!(t[2].overhead, Breakdown::default());
+        assert!(!t[2].accesses[0].write);
+        // The trace accounts for every µs the clock moved but the idle time.
+        let traced: f64 = t.iter().map(|r| r.time().total_us()).sum();
+        assert!(close(traced + 1000.0, t1 - t0), "{traced} {t0} {t1}");
+        // Tracing stopped with the take.
+        d.write_at(&[5u8; 512], 0).unwrap();
+        assert!(d.take_trace().is_empty());
     }
 
     #[test]

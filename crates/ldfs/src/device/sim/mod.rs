@@ -10,5 +10,7 @@ pub mod disk;
 pub mod model;
 pub mod params;
 
-pub use disk::{Breakdown, Chs, HeadPos, PowerCut, SimDisk, SimStats};
+pub use disk::{
+    Breakdown, Chs, HeadPos, PowerCut, SimDisk, SimStats, TracedAccess, TracedRequest, TRACE_LIMIT,
+};
 pub use params::{DiskParams, Host, PaperDisk, SeekCurve};

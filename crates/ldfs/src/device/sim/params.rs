@@ -163,12 +163,21 @@ impl PaperDisk {
     }
 }
 
-/// Host processors of Figure 9: the per-request time the host spends
-/// outside the disk (system call, file system, driver). The paper does not
-/// give these; they are calibrated so that UFS on the VLD's "other" share
-/// matches Figure 10's proportions (about 3 ms on the SPARCstation-10, about
-/// half of it on the UltraSPARC-170, Section 5.5: "can easily cut the
-/// latency in Figure 12 in half").
+/// Host processors of Figure 9: the time the host spends outside the disk
+/// per request (system call, file system, driver and, the paper's
+/// simulator being part of its kernel, the VLD's algorithm): Figure 10's
+/// "other", charged per device request (a random update makes two, the
+/// file's block and its inode's, as the paper's UFS). The paper gives no
+/// such time and its figures' values are not in its text, so these are
+/// assumptions: 3 ms on the SPARCstation-10, and on the UltraSPARC-170
+/// about a third of it, the ratio of their clocks (50 and 167 MHz, Section
+/// 4). What the text says of them holds: on the Seagate the VLD is host
+/// limited with the SPARCstation-10 (Section 5.4), and the UltraSPARC-170
+/// "can easily cut" its latency in half (Section 5.5), which with a third
+/// needs the SPARCstation-10's time per update to be at least three times
+/// the VLD's disk time per update (about 1 ms after compacting). The gap
+/// between update in place and the VLD depends on little else: `ldfs bench
+/// vld` reports it against this time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Host {
     SparcStation10,

@@ -52,7 +52,8 @@
 //!   after that, greedy.
 //! - **The compactor** ([`Vld::compact`]), given idle time, empties sparsely
 //!   used tracks (chosen at random) by writing their live sectors eagerly
-//!   elsewhere.
+//!   into the holes of other tracks that hold data (hole-plugging), never
+//!   into an empty track, so every track it empties stays empty.
 
 pub mod format;
 
@@ -141,6 +142,9 @@ struct Inner {
     seq: u64,
     free: u64,
     fill_track: Option<u64>,
+    /// While the compactor empties this track: placement plugs holes in
+    /// other tracks that hold data, never this one or an empty one.
+    plug_from: Option<u64>,
     stats: VldStats,
     rng: ChaCha8Rng,
 }
@@ -274,6 +278,7 @@ impl Vld {
                 seq: 0,
                 free: physical - reserved,
                 fill_track: None,
+                plug_from: None,
                 stats: VldStats::default(),
                 rng: ChaCha8Rng::seed_from_u64(opts.seed),
             }),
@@ -544,8 +549,9 @@ impl Vld {
     /// else the first cylinder ahead with room. Shorter runs only if no run
     /// of `want` exists anywhere. For a map sector (`Want::MapSector`) the
     /// free sector (of a free block or a map block's free slot) reached
-    /// soonest: (sector, 1).
-    fn place(&self, g: &mut Inner, want: Want, avoid_track: Option<u64>) -> Option<(u64, u64)> {
+    /// soonest: (sector, 1). While compacting (`plug_from`), only holes of
+    /// other tracks that hold data qualify (see [`Vld::compact`]).
+    fn place(&self, g: &mut Inner, want: Want) -> Option<(u64, u64)> {
         let (mut want, map) = match want {
             Want::Blocks(b) => (b, false),
             Want::MapSector => (1, true),
@@ -553,8 +559,9 @@ impl Vld {
         let p = self.disk.params();
         let t = u64::from(p.tracks_per_cylinder);
         want = want.min(self.track_blocks());
+        let plug = g.plug_from;
         loop {
-            if let Some(ft) = g.fill_track {
+            if let (Some(ft), None) = (g.fill_track, plug) {
                 if let Some(best) = self.best_in(g, &[ft], want, map) {
                     return Some(best);
                 }
@@ -569,7 +576,9 @@ impl Vld {
                     let c2 = (cyl + 1) % cyls;
                     tracks.extend(c2 * t..(c2 + 1) * t);
                 }
-                tracks.retain(|&x| Some(x) != avoid_track);
+                if let Some(src) = plug {
+                    tracks.retain(|&x| x != src && self.blocks_used_in(g, x) > 0);
+                }
                 if let Some(best) = self.best_in(g, &tracks, want, map) {
                     return Some(best);
                 }
@@ -703,13 +712,7 @@ impl Vld {
 
     /// Write logical blocks `l0..` with `data` (whole blocks), eagerly;
     /// commit the map; free what they replaced. Inside a request.
-    fn write_logical(
-        &self,
-        g: &mut Inner,
-        l0: u64,
-        data: &[u8],
-        avoid: Option<u64>,
-    ) -> Result<(), DeviceError> {
+    fn write_logical(&self, g: &mut Inner, l0: u64, data: &[u8]) -> Result<(), DeviceError> {
         let bb = self.bs as usize * SECTOR;
         assert!(data.len().is_multiple_of(bb));
         let count = (data.len() / bb) as u64;
@@ -717,7 +720,7 @@ impl Vld {
         let mut done = 0;
         while done < count {
             let placed = self
-                .place(g, Want::Blocks(count - done), avoid)
+                .place(g, Want::Blocks(count - done))
                 .ok_or_else(|| no_space((l0 + done) * bb as u64, (count - done) * bb as u64))
                 .and_then(|(at, len)| {
                     let bytes = &data[done as usize * bb..(done + len) as usize * bb];
@@ -819,7 +822,7 @@ impl Vld {
         entries: [Option<u32>; ENTRIES],
     ) -> Result<Ptr, DeviceError> {
         let (lba, _) = self
-            .place(g, Want::MapSector, None)
+            .place(g, Want::MapSector)
             .ok_or_else(|| no_space(0, SECTOR as u64))?;
         g.seq += 1;
         let m = MapSector {
@@ -906,9 +909,13 @@ impl Vld {
     }
 
     /// Idle time: empty sparsely used tracks (random choice among those
-    /// below the fill threshold) by moving their live sectors elsewhere,
-    /// until `budget_us` of simulated time is spent; the rest of the budget
-    /// passes idle. Returns tracks emptied.
+    /// below the fill threshold) by moving their live sectors eagerly into
+    /// the holes of other tracks that hold data (the paper's "similar to
+    /// hole-plugging", Section 4.2: never into an empty track, which would
+    /// undo an earlier step), until `budget_us` of simulated time is spent;
+    /// the rest of the budget passes idle. A track whose blocks the holes
+    /// elsewhere cannot take is left. Returns tracks emptied, each of which
+    /// stays empty.
     pub fn compact(&self, budget_us: f64) -> Result<u64, DeviceError> {
         let start = self.disk.now_us();
         let p = self.disk.params().clone();
@@ -927,6 +934,26 @@ impl Vld {
             }
             if g.free < used + 2 * k {
                 break;
+            }
+            // The map sectors in the track's map blocks.
+            let maps: Vec<u32> = g
+                .nodes
+                .iter()
+                .enumerate()
+                .filter(|(_, nd)| nd.as_ref().is_some_and(|nd| nd.at.lba / n == t))
+                .map(|(i, _)| i as u32)
+                .collect();
+            // Room in the holes of other tracks holding data: the moved
+            // blocks, a map sector for each at worst, the track's map
+            // sectors and an absorb's extra one.
+            let holes: u64 = (0..p.tracks())
+                .filter(|&x| x != t)
+                .map(|x| self.blocks_used_in(&g, x))
+                .filter(|&u| u > 0)
+                .map(|u| k - u)
+                .sum();
+            if holes < 2 * used + maps.len() as u64 + 2 {
+                continue;
             }
             let mut buf = vec![0u8; n as usize * SECTOR];
             self.disk.media_read(t * n, &mut buf)?;
@@ -947,26 +974,10 @@ impl Vld {
                     }
                 }
             }
-            // The map sectors in the track's map blocks.
-            let maps: Vec<u32> = g
-                .nodes
-                .iter()
-                .enumerate()
-                .filter(|(_, nd)| nd.as_ref().is_some_and(|nd| nd.at.lba / n == t))
-                .map(|(i, _)| i as u32)
-                .collect();
-            for (l0, d) in moves {
-                self.write_logical(&mut g, l0, &d, Some(t))?;
-            }
-            for idx in maps {
-                if g.nodes[idx as usize]
-                    .as_ref()
-                    .is_some_and(|nd| nd.at.lba / n == t)
-                {
-                    let e = self.entries_of(&g, idx);
-                    self.write_map(&mut g, idx, e)?;
-                }
-            }
+            g.plug_from = Some(t);
+            let moved = self.move_out(&mut g, t, moves, maps);
+            g.plug_from = None;
+            moved?;
             if self.blocks_used_in(&g, t) == 0 {
                 emptied += 1;
                 g.stats.compacted_tracks += 1;
@@ -981,6 +992,31 @@ impl Vld {
             self.disk.idle(budget_us - spent);
         }
         Ok(emptied)
+    }
+
+    /// The compactor's moves out of track `t`: its live data runs and its
+    /// map sectors, written eagerly into holes of other tracks.
+    fn move_out(
+        &self,
+        g: &mut Inner,
+        t: u64,
+        moves: Vec<(u64, Vec<u8>)>,
+        maps: Vec<u32>,
+    ) -> Result<(), DeviceError> {
+        let n = u64::from(self.disk.params().sectors_per_track);
+        for (l0, d) in moves {
+            self.write_logical(g, l0, &d)?;
+        }
+        for idx in maps {
+            if g.nodes[idx as usize]
+                .as_ref()
+                .is_some_and(|nd| nd.at.lba / n == t)
+            {
+                let e = self.entries_of(g, idx);
+                self.write_map(g, idx, e)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -1090,7 +1126,7 @@ impl Device for Vld {
             self.read_locked(&g, &mut whole[o..], last * bb)?;
         }
         whole[skip..skip + buf.len()].copy_from_slice(buf);
-        self.write_logical(&mut g, first, &whole, None)
+        self.write_logical(&mut g, first, &whole)
     }
 
     /// Every write is on the media when it returns.
