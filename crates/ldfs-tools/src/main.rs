@@ -16,7 +16,7 @@ mod fuse;
 mod memfs;
 mod mount;
 mod sync;
-mod transport;
+use ldfs_tools::transport;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
