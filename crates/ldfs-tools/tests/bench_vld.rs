@@ -154,6 +154,14 @@ fn bench_vld_smallest_run() {
         2 * 4 * 6,
         "six phases, four systems, two disks"
     );
+    // The VLD's sequential read with the drive's own read-ahead, per disk.
+    let ablation = rows(
+        &doc,
+        "phases_vld_read_ahead",
+        &["disk", "read_ahead", "mb_per_s"],
+    );
+    assert_eq!(ablation.len(), 2);
+    assert!(ablation.iter().all(|r| r["mb_per_s"].as_f64().is_some()));
     let t4 = rows(&doc, "ld_table4", &["system", "files_per_s", "file_bytes"]);
     for system in ["uip", "lld"] {
         // Both of LD Table 4's columns: 1 KB and 10 KB files.

@@ -14,6 +14,12 @@
 //! [`SimDisk::idle`]) changes where the head is — which is what makes a
 //! back-to-back stream of small writes miss a turn on a regular disk.
 //!
+//! Reads go through the drive's track buffer ([`super::buffer`]): after a
+//! read the drive reads ahead while no other request arrives, and a read
+//! the buffer holds costs the bus transfer instead of the mechanics. The
+//! policy is [`DiskParams::read_ahead`] ([`SimDisk::set_read_ahead`]: the
+//! VLD reads whole tracks).
+//!
 //! Writes go to the surface before they return (no write cache): a write
 //! that returned is durable, and `flush` costs nothing. A [`PowerCut`] stops
 //! the drive at a chosen write, which it tears at sector granularity; every
@@ -24,6 +30,7 @@ use std::sync::Mutex;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use super::buffer::{ReadAhead, TrackBuffer};
 use super::params::{DiskParams, SECTOR_BYTES_SIM};
 use crate::device::{check_range, Device, DeviceError, DeviceOp};
 
@@ -39,6 +46,10 @@ pub struct Breakdown {
     pub rotation_us: f64,
     /// Moving the bits to or from the media.
     pub transfer_us: f64,
+    /// Moving sectors the track buffer held over the SCSI bus (a read it
+    /// served; a media read's bus transfer overlaps the media's and is not
+    /// counted).
+    pub bus_us: f64,
 }
 
 impl Breakdown {
@@ -48,7 +59,7 @@ impl Breakdown {
     }
 
     pub fn total_us(&self) -> f64 {
-        self.host_us + self.scsi_us + self.locate_us() + self.transfer_us
+        self.host_us + self.scsi_us + self.locate_us() + self.transfer_us + self.bus_us
     }
 
     pub fn add(&mut self, o: &Breakdown) {
@@ -58,6 +69,20 @@ impl Breakdown {
         self.head_switch_us += o.head_switch_us;
         self.rotation_us += o.rotation_us;
         self.transfer_us += o.transfer_us;
+        self.bus_us += o.bus_us;
+    }
+
+    /// Every part divided by `k` (a sum made a mean).
+    pub fn scaled(&self, k: f64) -> Breakdown {
+        Breakdown {
+            host_us: self.host_us / k,
+            scsi_us: self.scsi_us / k,
+            seek_us: self.seek_us / k,
+            head_switch_us: self.head_switch_us / k,
+            rotation_us: self.rotation_us / k,
+            transfer_us: self.transfer_us / k,
+            bus_us: self.bus_us / k,
+        }
     }
 }
 
@@ -68,14 +93,20 @@ pub struct SimStats {
     pub reads: u64,
     pub writes: u64,
     pub flushes: u64,
-    /// Sectors read and written on the media (by requests and by a layer
-    /// above that accesses the media directly, such as the VLD).
+    /// Sectors read and written by requests (and by a layer inside the
+    /// drive that accesses the media directly, such as the VLD), whether
+    /// the media or the track buffer supplied them.
     pub sectors_read: u64,
     pub sectors_written: u64,
+    /// Reads the track buffer served whole, and the sectors it supplied
+    /// (to those and to reads it served in part).
+    pub buffer_hits: u64,
+    pub buffer_sectors: u64,
     pub time: Breakdown,
-    /// The media part of `time` (seek, switch, rotation, transfer) spent
-    /// reading, and writing: a VLD's read-modify-write reads count as
-    /// reads although they serve a write request.
+    /// The media part of `time` (seek, switch, rotation, transfer; for a
+    /// read the buffer served, the bus) spent reading, and writing: a VLD's
+    /// read-modify-write reads count as reads although they serve a write
+    /// request.
     pub media_read_time: Breakdown,
     pub media_write_time: Breakdown,
 }
@@ -86,7 +117,10 @@ pub struct TracedAccess {
     pub write: bool,
     pub lba: u64,
     pub sectors: u64,
-    /// Its mechanics: seek, head switch, rotation, transfer.
+    /// Of a read: the sectors the track buffer supplied (all of them: a
+    /// buffer hit, its time the bus's).
+    pub buffered: u64,
+    /// Its mechanics: seek, head switch, rotation, transfer (or bus).
     pub time: Breakdown,
 }
 
@@ -154,6 +188,7 @@ struct State {
     /// Whether the trace's last entry takes the next media access (its
     /// request is the current one).
     trace_open: bool,
+    buffer: TrackBuffer,
 }
 
 pub struct SimDisk {
@@ -178,6 +213,7 @@ impl SimDisk {
     pub fn with_image(params: DiskParams, host_overhead_us: f64, bytes: Vec<u8>) -> SimDisk {
         assert_eq!(bytes.len() as u64, params.size_bytes(), "image size");
         assert!(params.sectors_per_track > 0 && params.tracks_per_cylinder > 0);
+        let buffer = TrackBuffer::new(params.read_ahead, params.buffer_sectors());
         SimDisk {
             params,
             host_overhead_us,
@@ -192,6 +228,7 @@ impl SimDisk {
                 dead: false,
                 trace: None,
                 trace_open: false,
+                buffer,
             }),
         }
     }
@@ -228,8 +265,29 @@ impl SimDisk {
         self.state.lock().unwrap().trace.take().unwrap_or_default()
     }
 
+    /// Where the head is now (a read-ahead running since the last request
+    /// may have moved it on).
     pub fn head(&self) -> HeadPos {
-        self.state.lock().unwrap().pos
+        let mut s = self.state.lock().unwrap();
+        self.catch_up(&mut s);
+        s.pos
+    }
+
+    /// The read-ahead policy in force.
+    pub fn read_ahead(&self) -> ReadAhead {
+        self.state.lock().unwrap().buffer.policy()
+    }
+
+    /// Change the read-ahead policy (the VLD selects
+    /// [`ReadAhead::WholeTrack`]); the buffer starts empty.
+    pub fn set_read_ahead(&self, policy: ReadAhead) {
+        self.state.lock().unwrap().buffer.set_policy(policy);
+    }
+
+    /// Runs the read-ahead up to the clock.
+    fn catch_up(&self, s: &mut State) {
+        let st = &mut *s;
+        st.buffer.catch_up(self, &mut st.pos, st.clock_us);
     }
 
     pub fn stats(&self) -> SimStats {
@@ -326,7 +384,8 @@ impl SimDisk {
     /// movement plus rotation), without moving anything; the quantity eager
     /// writing minimises.
     pub fn locate_us(&self, lba: u64) -> f64 {
-        let s = self.state.lock().unwrap();
+        let mut s = self.state.lock().unwrap();
+        self.catch_up(&mut s);
         self.locate_from(s.pos, s.clock_us, lba)
     }
 
@@ -382,16 +441,33 @@ impl SimDisk {
     }
 
     /// Read whole sectors at `lba` into `buf` (a multiple of 512 bytes),
-    /// charging only the mechanics.
+    /// charging only the mechanics, or the bus for what the track buffer
+    /// holds.
     pub fn media_read(&self, lba: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
         let mut s = self.state.lock().unwrap();
         let count = self.sector_count(DeviceOp::Read, lba, buf.len())?;
         if s.dead {
             return Err(power_error(DeviceOp::Read, lba, count));
         }
-        let b = self.mechanics(&mut s, lba, count);
+        self.catch_up(&mut s);
+        let st = &mut *s;
+        let (b, buffered) = match st.buffer.read(self, &mut st.pos, st.clock_us, lba, count) {
+            Some(served) => {
+                st.clock_us += served.time.total_us();
+                (served.time, served.buffered)
+            }
+            None => {
+                let b = self.mechanics(st, lba, count);
+                st.buffer.media_read(lba, count, st.clock_us);
+                (b, 0)
+            }
+        };
+        s.last.add(&b);
+        s.stats.time.add(&b);
         s.stats.media_read_time.add(&b);
-        Self::trace_access(&mut s, false, lba, count, b);
+        s.stats.buffer_sectors += buffered;
+        s.stats.buffer_hits += u64::from(buffered == count);
+        Self::trace_access(&mut s, false, lba, count, buffered, b);
         let start = (lba * SECTOR_BYTES_SIM) as usize;
         buf.copy_from_slice(&s.bytes[start..start + buf.len()]);
         s.stats.sectors_read += count;
@@ -406,6 +482,9 @@ impl SimDisk {
         if s.dead {
             return Err(power_error(DeviceOp::Write, lba, count));
         }
+        self.catch_up(&mut s);
+        let now = s.clock_us;
+        s.buffer.write(lba, count, now);
         let n = s.media_writes;
         s.media_writes += 1;
         let start = (lba * SECTOR_BYTES_SIM) as usize;
@@ -419,8 +498,10 @@ impl SimDisk {
             }
         }
         let b = self.mechanics(&mut s, lba, count);
+        s.last.add(&b);
+        s.stats.time.add(&b);
         s.stats.media_write_time.add(&b);
-        Self::trace_access(&mut s, true, lba, count, b);
+        Self::trace_access(&mut s, true, lba, count, 0, b);
         s.bytes[start..start + buf.len()].copy_from_slice(buf);
         s.stats.sectors_written += count;
         Ok(())
@@ -436,8 +517,7 @@ impl SimDisk {
     }
 
     /// Move the arm and wait for and transfer `count` sectors from `lba`,
-    /// advancing the clock; track by track.
-    /// Moves the head over `count` sectors from `lba`; returns the time.
+    /// advancing the clock, track by track; returns the time.
     fn mechanics(&self, s: &mut State, mut lba: u64, mut count: u64) -> Breakdown {
         let n = u64::from(self.params.sectors_per_track);
         let mut total = Breakdown::default();
@@ -464,8 +544,6 @@ impl SimDisk {
                 transfer_us: transfer,
                 ..Breakdown::default()
             };
-            s.last.add(&b);
-            s.stats.time.add(&b);
             total.add(&b);
             lba += run;
             count -= run;
@@ -475,7 +553,14 @@ impl SimDisk {
 
     /// Adds a media access to the current traced request (or, outside any
     /// request, to an entry without an op).
-    fn trace_access(s: &mut State, write: bool, lba: u64, sectors: u64, time: Breakdown) {
+    fn trace_access(
+        s: &mut State,
+        write: bool,
+        lba: u64,
+        sectors: u64,
+        buffered: u64,
+        time: Breakdown,
+    ) {
         let Some(t) = s.trace.as_mut() else {
             return;
         };
@@ -494,6 +579,7 @@ impl SimDisk {
             write,
             lba,
             sectors,
+            buffered,
             time,
         };
         t.last_mut().expect("an entry").accesses.push(access);

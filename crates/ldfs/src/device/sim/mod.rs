@@ -4,12 +4,15 @@
 //!
 //! - [`params`]: Table 1 and the seek curves.
 //! - [`disk`]: the mechanics, the clock, per-request breakdowns, power cuts.
+//! - [`buffer`]: the drive's track buffer and read-ahead policies.
 //! - [`model`]: equations 1, 4 and 10, computed exactly.
 
+pub mod buffer;
 pub mod disk;
 pub mod model;
 pub mod params;
 
+pub use buffer::ReadAhead;
 pub use disk::{
     Breakdown, Chs, HeadPos, PowerCut, SimDisk, SimStats, TracedAccess, TracedRequest, TRACE_LIMIT,
 };

@@ -9,6 +9,20 @@
 //! ST19101 the paper only says it adjusted the HP model's parameters; we keep
 //! the HP curve's shape and fit it to Table 1's 0.5 ms minimum and the
 //! drive's published 5.2 ms average (one third of the stroke).
+//!
+//! The track buffer (see [`super::buffer`]) is not in Table 1 and neither
+//! paper gives its size or the bus rate. The HP 97560's are its data
+//! sheet's (HP 97556/58/60 SCSI technical reference manual 5960-0115:
+//! "Cache/Buffer 128 KB static RAM", "10.000 MB/s ext sync"), which the
+//! Dartmouth simulator the paper ran models. The paper built its Seagate by
+//! adjusting only Table 1's parameters of that simulator (Section 4.1), so
+//! its Seagate kept the HP's 128 KB buffer: one ST19101 track (256
+//! sectors). Its bus is taken from the ST19101W's Ultra SCSI wide interface
+//! (40 MB/s): a 10 MB/s bus would be slower than the Seagate's media
+//! (256 sectors per 6 ms turn, 21.8 MB/s), and the simulator does not make
+//! a media read wait for the bus. Both are parameters.
+
+use super::buffer::ReadAhead;
 
 /// A seek curve: `short_a + short_b·√d` µs below `boundary_cyl`,
 /// `long_a + long_b·d` µs from there on; no seek (d = 0) costs nothing.
@@ -51,6 +65,13 @@ pub struct DiskParams {
     pub seek: SeekCurve,
     /// Table 1, `o`: the drive's processing time per SCSI command.
     pub scsi_overhead_us: f64,
+    /// The track buffer's size (module doc: the data sheet's 128 KB).
+    pub buffer_bytes: u64,
+    /// The SCSI bus's rate, MB/s (10^6 bytes): what a read the track
+    /// buffer serves costs beyond the command overhead.
+    pub bus_mb_per_s: f64,
+    /// What the drive reads into its buffer beyond a read request.
+    pub read_ahead: ReadAhead,
 }
 
 /// Bytes per sector.
@@ -74,6 +95,9 @@ impl DiskParams {
                 long_b_us: 8.0,
             },
             scsi_overhead_us: 2300.0,
+            buffer_bytes: 128 << 10,
+            bus_mb_per_s: 10.0,
+            read_ahead: ReadAhead::Sequential,
         }
     }
 
@@ -97,6 +121,11 @@ impl DiskParams {
                 long_b_us: 1.138,
             },
             scsi_overhead_us: 100.0,
+            // The paper's Seagate is the Dartmouth HP model with Table 1's
+            // values (module doc): the HP's 128 KB, one track here.
+            buffer_bytes: 128 << 10,
+            bus_mb_per_s: 40.0,
+            read_ahead: ReadAhead::Sequential,
         }
     }
 
@@ -129,6 +158,16 @@ impl DiskParams {
 
     pub fn size_bytes(&self) -> u64 {
         self.sectors() * SECTOR_BYTES_SIM
+    }
+
+    /// Sectors the track buffer holds.
+    pub fn buffer_sectors(&self) -> u64 {
+        self.buffer_bytes / SECTOR_BYTES_SIM
+    }
+
+    /// One sector crossing the SCSI bus.
+    pub fn bus_sector_us(&self) -> f64 {
+        SECTOR_BYTES_SIM as f64 / self.bus_mb_per_s
     }
 
     /// Sectors by which consecutive tracks of a cylinder are rotated, so that
@@ -242,5 +281,23 @@ mod tests {
         // The HP's head switch spans 12.006 sectors: a skew of 13.
         assert_eq!(hp.track_skew_sectors(), 13);
         assert_eq!(sg.track_skew_sectors(), 22);
+    }
+
+    #[test]
+    fn the_track_buffer_is_the_hp_data_sheet_s_and_the_bus_outruns_the_media() {
+        let hp = DiskParams::paper(PaperDisk::Hp97560);
+        let sg = DiskParams::paper(PaperDisk::St19101);
+        // 128 KB: three and a half HP tracks, one Seagate track.
+        assert_eq!(hp.buffer_sectors(), 256);
+        assert_eq!(sg.buffer_sectors(), u64::from(sg.sectors_per_track));
+        // 10 and 40 MB/s: 51.2 and 12.8 µs a sector, under the media's
+        // 208 and 23.4 µs, so a buffered read is never slower than the
+        // media read it replaces.
+        assert!((hp.bus_sector_us() - 51.2).abs() < 1e-9);
+        assert!((sg.bus_sector_us() - 12.8).abs() < 1e-9);
+        for d in [hp, sg] {
+            assert!(d.bus_sector_us() < d.sector_us());
+            assert_eq!(d.read_ahead, ReadAhead::Sequential);
+        }
     }
 }

@@ -50,6 +50,13 @@
 //!   full region). While the compactor has emptied tracks, writes fill one
 //!   of them to [`VldOptions::fill_threshold`] before switching (eq. 10);
 //!   after that, greedy.
+//! - **Reads** take only the sectors asked for, physically contiguous runs
+//!   in one media access; the drive reads whole tracks into its buffer
+//!   ([`ReadAhead::WholeTrack`], [`VldOptions::read_ahead`]): eager writing
+//!   and the map mean that sequential logical data need not have
+//!   increasing physical addresses, and the drive's own policy would
+//!   discard what lies below the current request (Section 4.2's third
+//!   issue, whose fix this is).
 //! - **The compactor** ([`Vld::compact`]), given idle time, empties sparsely
 //!   used tracks (chosen at random) by writing their live sectors eagerly
 //!   into the holes of other tracks that hold data (hole-plugging), never
@@ -63,7 +70,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::sim::SimDisk;
+use super::sim::{ReadAhead, SimDisk};
 use super::{check_range, Device, DeviceError, DeviceOp};
 use crate::ld::{CorruptReason, Corruption};
 use format::{Label, MapSector, Ptr, ENTRIES, MAX_PTRS, SECTOR};
@@ -84,6 +91,9 @@ pub struct VldOptions {
     /// The allocation unit at format (open takes it from the label): a
     /// multiple of 512 that divides the track, at most [`MAX_BLOCK_BYTES`].
     pub block_bytes: u32,
+    /// The drive's read-ahead while the VLD runs it (set at create and
+    /// open).
+    pub read_ahead: ReadAhead,
 }
 
 impl Default for VldOptions {
@@ -94,6 +104,9 @@ impl Default for VldOptions {
             seed: 1,
             // The paper's physical block (Section 4.2), the fs's block.
             block_bytes: 4096,
+            // Section 4.2: the paper's fix for eager writing under the
+            // drive's read-ahead.
+            read_ahead: ReadAhead::WholeTrack,
         }
     }
 }
@@ -254,6 +267,7 @@ impl Vld {
     }
 
     fn empty(disk: Arc<SimDisk>, opts: VldOptions, bs: u64, logical: u64) -> Vld {
+        disk.set_read_ahead(opts.read_ahead);
         let (_, physical) = Vld::geometry(&disk, bs);
         let map_sectors = logical.div_ceil(ENTRIES as u64) as u32;
         let reserved = reserved_blocks(bs);

@@ -461,3 +461,46 @@ fn a_format_over_a_damaged_label_scans_none_of_the_old_format() {
         "blocks the new format never wrote read the old format's contents"
     );
 }
+
+#[test]
+fn the_drive_reads_whole_tracks_for_the_vld_and_sequential_reads_hit_them() {
+    // Logical blocks written last to first land where the head was each
+    // time, mostly lower for the lower logical blocks, so reading them
+    // first to last goes down the tracks: the drive's own policy discards
+    // everything below each request, the VLD's mode keeps the tracks.
+    let mut hits: Vec<(u64, f64)> = Vec::new();
+    for read_ahead in [ReadAhead::WholeTrack, ReadAhead::Sequential] {
+        let mut p = DiskParams::paper(PaperDisk::Hp97560);
+        p.cylinders = 4;
+        let disk = Arc::new(SimDisk::new(p, 1000.0));
+        assert_eq!(disk.read_ahead(), ReadAhead::Sequential);
+        let opts = VldOptions {
+            read_ahead,
+            ..VldOptions::default()
+        };
+        let v = Vld::create(disk.clone(), opts).unwrap();
+        assert_eq!(disk.read_ahead(), read_ahead);
+        for b in (0..8u64).rev() {
+            v.write_at(&pattern(b, 4096), b * 4096).unwrap();
+        }
+        let at: Vec<u64> = (0..8).map(|b| v.physical_of(b * 8).unwrap()).collect();
+        assert!(at.windows(2).filter(|w| w[0] > w[1]).count() >= 4, "{at:?}");
+        disk.reset_stats();
+        let t0 = disk.now_us();
+        for b in 0..8u64 {
+            let mut got = vec![0u8; 4096];
+            v.read_at(&mut got, b * 4096).unwrap();
+            assert!(got == pattern(b, 4096));
+        }
+        hits.push((disk.stats().buffer_hits, disk.now_us() - t0));
+        // Open selects it again.
+        v.power_down().unwrap();
+        disk.set_read_ahead(ReadAhead::Off);
+        Vld::open(disk.clone(), opts).unwrap();
+        assert_eq!(disk.read_ahead(), read_ahead);
+    }
+    // Three of the eight reads wholly from the buffer, the others' waits
+    // shorter, against none.
+    assert!(hits[0].0 >= 3 && hits[1].0 == 0, "{hits:?}");
+    assert!(hits[0].1 < 0.8 * hits[1].1, "{hits:?}");
+}
