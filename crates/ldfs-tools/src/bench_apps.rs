@@ -103,7 +103,9 @@ impl Env {
     }
 }
 
-fn need(progs: &[&str], pkgs: &[&str], why: &str) -> R<()> {
+/// Installs `pkgs` (as root, through apt) unless every one of `progs` is
+/// on the PATH; the error says why the `why` cannot run.
+pub(crate) fn need(progs: &[&str], pkgs: &[&str], why: &str) -> R<()> {
     if progs.iter().all(|p| have(p)) {
         return Ok(());
     }

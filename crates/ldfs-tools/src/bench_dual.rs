@@ -860,7 +860,18 @@ pub fn run_bench(b: &DualBench) -> R<()> {
             }
         }
     }
-    let want = |e: &str| b.experiments.iter().any(|x| x == e);
+    // PostMark is a program of its own: installed when missing (as `bench
+    // fs` does), else the experiment is skipped with the reason (it failed
+    // on every target of a fresh machine).
+    let mut experiments = b.experiments.clone();
+    if experiments.iter().any(|e| e == "postmark") {
+        if let Err(why) = bench_apps::need(&["postmark"], &["postmark"], "the postmark workload") {
+            eprintln!("bench dual: skipping PostMark: {why}");
+            o.skipped.push(("postmark (every target)".into(), why));
+            experiments.retain(|e| e != "postmark");
+        }
+    }
+    let want = |e: &str| experiments.iter().any(|x| x == e);
     let pattern_fs = if want("micro") && !o.targets.is_empty() {
         Some(bench_apps::source_tree(
             &b.dir.join("bench-dual-src"),
