@@ -85,6 +85,8 @@ pub const MAX_BLOCK_BYTES: u32 = 32 << 10;
 pub struct VldOptions {
     /// Fraction of an emptied track written before moving on (the paper: 75%).
     pub fill_threshold: f64,
+    /// The id map sectors carry: taken over an earlier format's label only
+    /// if above it; a disk without a readable label gets a random one.
     pub disk_id: u64,
     /// Seed of the compactor's random choice of tracks.
     pub seed: u64,
@@ -158,6 +160,10 @@ struct Inner {
     /// While the compactor empties this track: placement plugs holes in
     /// other tracks that hold data, never this one or an empty one.
     plug_from: Option<u64>,
+    /// While `relog_all` rewrites the map as a new chain: the root reaches
+    /// only the part written so far, so no tail may name it (a power-down
+    /// then records none, and recovery scans).
+    relogging: bool,
     stats: VldStats,
     rng: ChaCha8Rng,
 }
@@ -248,12 +254,11 @@ impl Vld {
         disk.media_read(1, &mut old)?;
         let disk_id = match format::decode_label(&old) {
             Ok(l) => opts.disk_id.max(l.disk_id.wrapping_add(1)),
-            // A damaged label hides the old format's id: its map sectors
-            // may carry the requested one, and a scan would adopt them
-            // (review 14, F5). A random id matches none of them (2^-64).
-            Err(_) if old.iter().any(|&b| b != 0) => random_disk_id(),
-            // Never formatted (or wiped): nothing to tell apart.
-            Err(_) => opts.disk_id,
+            // No label (never formatted, wiped, or damaged) hides any old
+            // format's id: its map sectors may carry the requested one, and
+            // a scan would adopt them (review 14 F5, review 17 F3: a wiped
+            // label). A random id matches none of them (2^-64).
+            Err(_) => random_disk_id(),
         };
         let opts = VldOptions { disk_id, ..opts };
         disk.media_write(0, &[0u8; SECTOR])?;
@@ -293,6 +298,7 @@ impl Vld {
                 free: physical - reserved,
                 fill_track: None,
                 plug_from: None,
+                relogging: false,
                 stats: VldStats::default(),
                 rng: ChaCha8Rng::seed_from_u64(opts.seed),
             }),
@@ -483,6 +489,10 @@ impl Vld {
     pub fn tail_record(&self) -> [u8; SECTOR] {
         let g = self.lock();
         match g.root {
+            // Mid-relog the root is a partial chain (review 17: a cut there
+            // with its tail lost most of the map): no tail, a scan instead,
+            // which takes the newest version of every map sector.
+            _ if g.relogging => [0u8; SECTOR],
             Some(r) => format::encode_tail(self.opts.disk_id, r),
             None => [0u8; SECTOR], // nothing mapped: a scan finds nothing, as it should
         }
@@ -915,10 +925,14 @@ impl Vld {
             .collect();
         order.sort();
         let mut prev: Option<Ptr> = None;
+        // Left set if a write fails (a power cut): the next power-down
+        // then records no tail.
+        g.relogging = true;
         for (_, idx) in order {
             let entries = self.entries_of(g, idx);
             prev = Some(self.log_version(g, idx, prev.into_iter().collect(), entries)?);
         }
+        g.relogging = false;
         Ok(())
     }
 
@@ -991,7 +1005,14 @@ impl Vld {
             g.plug_from = Some(t);
             let moved = self.move_out(&mut g, t, moves, maps);
             g.plug_from = None;
-            moved?;
+            match moved {
+                // The holes counted above shrank under the moves (a track
+                // whose only blocks were moved empties, and empty tracks
+                // are not plugged): stop for now, consistent, rather than
+                // fail an idle-time optimization (review 17 F4).
+                Err(e) if is_no_space(&e) => break,
+                r => r?,
+            }
             if self.blocks_used_in(&g, t) == 0 {
                 emptied += 1;
                 g.stats.compacted_tracks += 1;
@@ -1050,10 +1071,15 @@ fn no_space(offset: u64, len: u64) -> DeviceError {
         op: DeviceOp::Write,
         offset,
         len,
-        source: std::io::Error::other(
+        source: std::io::Error::new(
+            std::io::ErrorKind::StorageFull,
             "vld: no free block (more logical blocks than the disk holds)",
         ),
     }
+}
+
+fn is_no_space(e: &DeviceError) -> bool {
+    matches!(e, DeviceError::Io { source, .. } if source.kind() == std::io::ErrorKind::StorageFull)
 }
 
 fn is_live(g: &Inner, p: &Ptr) -> bool {
