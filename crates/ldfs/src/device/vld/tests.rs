@@ -461,3 +461,117 @@ fn a_format_over_a_damaged_label_scans_none_of_the_old_format() {
         "blocks the new format never wrote read the old format's contents"
     );
 }
+
+// ---- review 17 probes ----
+
+/// Review 17: a power cut while recovery's scan relogs the map (every open
+/// after a crash without a tail does), with the firmware recording the log
+/// tail from its residual power as at any other cut (vld_crash's model):
+/// the next open traverses from that root and must find every block.
+/// `relog_all` writes the live map sectors as a chain whose first link
+/// points to nothing, and before it the root is only the newest sector
+/// found, so the root of a cut relog reaches a fraction of the map.
+#[test]
+#[ignore = "finding"]
+fn r17_a_cut_while_the_scan_relogs_loses_no_block() {
+    for at_write in [0u64, 1, 2, 5, 9] {
+        let disk = small(PaperDisk::Hp97560, 2);
+        let v = Vld::create(disk.clone(), VldOptions::default()).unwrap();
+        let size = v.size_bytes() as usize;
+        // Many map sectors (56 blocks each), written in several passes.
+        let want = pattern(3, size * 3 / 4);
+        for chunk in (0..want.len()).step_by(40_000).rev() {
+            let end = (chunk + 40_000).min(want.len());
+            v.write_at(&want[chunk..end], chunk as u64).unwrap();
+        }
+        drop(v); // a crash: no tail, so the next open scans
+        // Open as `Vld::open` does, the power cut at the relog's map write
+        // `at_write`.
+        let mut lb = [0u8; SECTOR];
+        disk.media_read(1, &mut lb).unwrap();
+        let l = format::decode_label(&lb).unwrap();
+        let opts = VldOptions {
+            disk_id: l.disk_id,
+            ..VldOptions::default()
+        };
+        let r = Vld::empty(disk.clone(), opts, u64::from(l.block_sectors), l.logical_blocks);
+        disk.set_power_cut(Some(PowerCut { at_write, seed: 1 }));
+        assert!(r.recover_by_scan().is_err(), "cut {at_write} inside the relog");
+        let mut image = disk.image();
+        image[..SECTOR].copy_from_slice(&r.tail_record());
+        let again = Arc::new(SimDisk::with_image(disk.params().clone(), 0.0, image));
+        let (v2, how) = Vld::open(again, VldOptions::default()).unwrap();
+        assert!(matches!(how, Recovery::Tail { .. }));
+        v2.check().unwrap();
+        let mut got = vec![0u8; want.len()];
+        v2.read_at(&mut got, 0).unwrap();
+        let lost = got
+            .chunks(4096)
+            .zip(want.chunks(4096))
+            .filter(|(a, b)| a != b)
+            .count();
+        assert_eq!(lost, 0, "cut at relog write {at_write}: {lost} blocks lost");
+    }
+}
+
+/// Review 17: `relog_all` called on a running disk (it is the fallback of
+/// `write_map` when absorbing gathers nothing), cut at any of its writes,
+/// with the firmware's tail.
+#[test]
+#[ignore = "finding"]
+fn r17_a_cut_relog_on_a_running_disk_loses_no_block() {
+    for at_write in [0u64, 1, 3, 7] {
+        let disk = small(PaperDisk::Hp97560, 2);
+        let v = Vld::create(disk.clone(), VldOptions::default()).unwrap();
+        let size = v.size_bytes() as usize;
+        let want = pattern(4, size / 2);
+        v.write_at(&want, 0).unwrap();
+        disk.set_power_cut(Some(PowerCut { at_write, seed: 2 }));
+        assert!(v.relog_all(&mut v.lock()).is_err());
+        let mut image = disk.image();
+        image[..SECTOR].copy_from_slice(&v.tail_record());
+        let again = Arc::new(SimDisk::with_image(disk.params().clone(), 0.0, image));
+        let (v2, _) = Vld::open(again, VldOptions::default()).unwrap();
+        v2.check().unwrap();
+        let mut got = vec![0u8; want.len()];
+        v2.read_at(&mut got, 0).unwrap();
+        let lost = got
+            .chunks(4096)
+            .zip(want.chunks(4096))
+            .filter(|(a, b)| a != b)
+            .count();
+        assert_eq!(lost, 0, "cut at relog write {at_write}: {lost} blocks lost");
+    }
+}
+
+
+/// Review 17: how often normal writes (and the compactor) relog the whole
+/// map (`relog_all`), the one multi-write map update whose intermediate
+/// roots do not reach every live map sector.
+#[test]
+#[ignore = "exploration"]
+fn r17_explore_relog_frequency() {
+    for seed in 0..40u64 {
+        let mut r = ChaCha8Rng::seed_from_u64(seed);
+        let d = if seed % 2 == 0 { PaperDisk::Hp97560 } else { PaperDisk::St19101 };
+        let disk = small(d, if seed % 2 == 0 { 4 } else { 2 });
+        let bb = [512u32, 4096, 8192][(seed % 3) as usize];
+        let bb = if d == PaperDisk::Hp97560 && bb == 8192 { 4608 } else { bb };
+        let v = Vld::create(disk, VldOptions { block_bytes: bb, seed, ..VldOptions::default() }).unwrap();
+        let size = v.size_bytes();
+        let hot = size * r.gen_range(3..10) / 10;
+        for i in 0..20000u64 {
+            match r.gen_range(0..10) {
+                0..=3 => v.write_at(&[i as u8; 512], r.gen_range(0..4) * 512).unwrap(),
+                4 => { v.compact(100_000.0).unwrap(); }
+                _ => {
+                    let len = r.gen_range(1..9000u64).min(hot);
+                    let off = r.gen_range(0..hot - len);
+                    v.write_at(&vec![i as u8; len as usize], off).unwrap();
+                }
+            }
+        }
+        v.check().unwrap();
+        println!("seed {seed} bb {bb}: {:?}", v.stats());
+    }
+}
