@@ -575,3 +575,148 @@ fn r17_explore_relog_frequency() {
         println!("seed {seed} bb {bb}: {:?}", v.stats());
     }
 }
+
+/// Review 17: `check` compares counts only; this checks block by block:
+/// every mapped block used and owned by its logical block, every used
+/// block reserved, owned (and mapped back) or a map block, no map block
+/// holding data, the free count the unused blocks.
+fn r17_strict(v: &Vld) -> Result<(), String> {
+    v.check()?;
+    let g = v.lock();
+    let reserved = reserved_blocks(v.bs);
+    for (l, p) in g.map.iter().enumerate() {
+        if let Some(p) = *p {
+            if !g.used[p as usize] || g.owner.get(&p) != Some(&(l as u64)) {
+                return Err(format!("logical {l} -> {p}: used {} owner {:?}", g.used[p as usize], g.owner.get(&p)));
+            }
+            if g.map_slots.contains_key(&p) {
+                return Err(format!("logical {l} -> {p}, a map block"));
+            }
+        }
+    }
+    for (x, &u) in g.used.iter().enumerate() {
+        let x32 = x as u32;
+        let owned = g.owner.get(&x32).is_some_and(|&l| g.map[l as usize] == Some(x32));
+        let ok = (x as u64) < reserved || owned || g.map_slots.contains_key(&x32);
+        if u != ok {
+            return Err(format!("block {x}: used {u}, owned {owned}, map {}", g.map_slots.contains_key(&x32)));
+        }
+    }
+    let free = g.used.iter().filter(|&&u| !u).count() as u64;
+    if free != g.free {
+        return Err(format!("{free} unused blocks, free says {}", g.free));
+    }
+    Ok(())
+}
+
+/// Review 17: random writes and frequent compactions, every block size,
+/// the power cut anywhere, recovery with the tail and by scan; after each,
+/// and after the uncut steps, the strict block-by-block check. A
+/// compaction that fails without a cut is counted (and the disk checked
+/// and used on); returns how many did.
+fn r17_compaction_run(from: u64, seeds: u64) -> u64 {
+    let mut uncut_failures = 0;
+    for seed in from..from + seeds {
+        let mut r = ChaCha8Rng::seed_from_u64(seed);
+        let d = if r.gen_bool(0.5) { PaperDisk::Hp97560 } else { PaperDisk::St19101 };
+        let disk = small(d, if d == PaperDisk::Hp97560 { 2 } else { 1 });
+        let bb = match r.gen_range(0..4) {
+            0 => 512,
+            1 if d == PaperDisk::Hp97560 => 4608,
+            1 => 8192,
+            _ => 4096,
+        };
+        let opts = VldOptions { block_bytes: bb, seed, ..VldOptions::default() };
+        let v = Vld::create(disk.clone(), opts).unwrap();
+        let size = v.size_bytes();
+        let hot = size * r.gen_range(3..10) / 10;
+        let mut model = vec![0u8; size as usize];
+        disk.set_power_cut(Some(PowerCut { at_write: r.gen_range(0..3000), seed }));
+        let what = format!("seed {seed} bb {bb}");
+        let mut cut = None;
+        for i in 0..1500u64 {
+            if r.gen_bool(0.15) {
+                if let Err(e) = v.compact(r.gen_range(1_000.0..400_000.0)) {
+                    if disk.powered_off() {
+                        break;
+                    }
+                    uncut_failures += 1;
+                    println!("{what}: compaction {i} failed uncut: {e}");
+                }
+                r17_strict(&v).unwrap_or_else(|e| panic!("{what}: after compaction {i}: {e}"));
+                // (No read here: it moves the head, and so every later
+                // placement; the recovery below compares the contents.)
+                continue;
+            }
+            let (off, data) = if r.gen_bool(0.25) {
+                (r.gen_range(0..4) * 512, vec![i as u8; 512])
+            } else {
+                let len = r.gen_range(1..9000u64).min(hot);
+                (r.gen_range(0..hot - len), vec![(i as u8) ^ 0x5a; len as usize])
+            };
+            let o = off as usize;
+            let old = model[o..o + data.len()].to_vec();
+            if v.write_at(&data, off).is_err() {
+                assert!(disk.powered_off(), "{what}: write failed uncut");
+                cut = Some((o, old, data));
+                break;
+            }
+            model[o..o + data.len()].copy_from_slice(&data);
+        }
+        if !disk.powered_off() {
+            continue;
+        }
+        let image = disk.image();
+        for tail in [true, false] {
+            let mut im = image.clone();
+            if tail {
+                im[..SECTOR].copy_from_slice(&v.tail_record());
+            }
+            let again = Arc::new(SimDisk::with_image(disk.params().clone(), 0.0, im));
+            let (v2, how) = Vld::open(again, VldOptions::default())
+                .unwrap_or_else(|e| panic!("{what} tail {tail}: {e}"));
+            r17_strict(&v2).unwrap_or_else(|e| panic!("{what} {how:?}: {e}"));
+            let mut got = vec![0u8; size as usize];
+            v2.read_at(&mut got, 0).unwrap();
+            let bbu = bb as usize;
+            for b in 0..got.len() / bbu {
+                let rg = b * bbu..(b + 1) * bbu;
+                if got[rg.clone()] == model[rg.clone()] {
+                    continue;
+                }
+                // Only the cut write's blocks may differ: then wholly new.
+                let (o, _, ref data) = *cut.as_ref().unwrap_or_else(|| panic!("{what} {how:?}: block {b} changed by a cut compaction"));
+                let mut new = model.clone();
+                new[o..o + data.len()].copy_from_slice(data);
+                assert!(got[rg.clone()] == new[rg.clone()], "{what} {how:?}: block {b} neither old nor new");
+            }
+            if v2.compact(5_000_000.0).is_err() {
+                uncut_failures += 1;
+            }
+            r17_strict(&v2).unwrap_or_else(|e| panic!("{what} {how:?} compacted: {e}"));
+        }
+    }
+    uncut_failures
+}
+
+/// Review 17: the map and free space agree block by block through
+/// compactions and cuts anywhere (whatever the compactor returns).
+#[test]
+fn r17_compaction_and_cuts_keep_the_map_and_free_space_agreeing() {
+    let seeds: u64 = std::env::var("R17_UNIT_SEEDS").map_or(40, |v| v.parse().unwrap());
+    let from: u64 = std::env::var("R17_UNIT_FROM").map_or(0, |v| v.parse().unwrap());
+    let failed = r17_compaction_run(from, seeds);
+    println!("{failed} compactions failed without a cut");
+}
+
+/// Review 17: the compactor checks that the holes of other tracks holding
+/// data can take the track's blocks, but a track whose only block was a
+/// map block (or a block the moves replace) empties during the moves and
+/// leaves the candidates: the holes shrink below the estimate and
+/// `compact` fails "no free block (more logical blocks than the disk
+/// holds)" with most of the disk free (seed 961: 444 of 512 blocks).
+#[test]
+#[ignore = "finding"]
+fn r17_the_compactor_never_fails_for_room_on_a_mostly_free_disk() {
+    assert_eq!(r17_compaction_run(961, 1), 0);
+}
