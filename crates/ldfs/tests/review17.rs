@@ -134,16 +134,25 @@ fn recover_and_verify(
     let disk = Arc::new(SimDisk::with_image(p.clone(), 0.0, image));
     let (v, how) =
         Vld::open(disk.clone(), opts).unwrap_or_else(|e| panic!("{what}: open after cut: {e}"));
-    assert_eq!(tail.is_some(), matches!(how, Recovery::Tail { .. }), "{what}");
-    v.check().unwrap_or_else(|e| panic!("{what}: check after recovery {how:?}: {e}"));
+    assert_eq!(
+        tail.is_some(),
+        matches!(how, Recovery::Tail { .. }),
+        "{what}"
+    );
+    v.check()
+        .unwrap_or_else(|e| panic!("{what}: check after recovery {how:?}: {e}"));
     let got = read_all(&v);
     if let Some(i) = first_diff(&got, model) {
-        panic!("{what}: recovery {how:?}: byte {i} (sector {}) differs", i / SECTOR);
+        panic!(
+            "{what}: recovery {how:?}: byte {i} (sector {}) differs",
+            i / SECTOR
+        );
     }
     // The recovered disk compacts cleanly and keeps its contents.
     v.compact(2_000_000.0)
         .unwrap_or_else(|e| panic!("{what}: compaction after recovery: {e}"));
-    v.check().unwrap_or_else(|e| panic!("{what}: check after compaction: {e}"));
+    v.check()
+        .unwrap_or_else(|e| panic!("{what}: check after compaction: {e}"));
     let got = read_all(&v);
     if let Some(i) = first_diff(&got, model) {
         panic!("{what}: compaction after recovery: byte {i} differs");
@@ -152,7 +161,8 @@ fn recover_and_verify(
     drop(v);
     let (v, how) = Vld::open(disk.clone(), opts).unwrap();
     assert!(matches!(how, Recovery::Tail { .. }), "{what}");
-    v.check().unwrap_or_else(|e| panic!("{what}: check after reopen: {e}"));
+    v.check()
+        .unwrap_or_else(|e| panic!("{what}: check after reopen: {e}"));
     let got = read_all(&v);
     if let Some(i) = first_diff(&got, model) {
         panic!("{what}: reopened: byte {i} differs");
@@ -161,7 +171,8 @@ fn recover_and_verify(
     drop(v);
     let (v, how) = Vld::open(disk, opts).unwrap();
     assert_eq!(how, Recovery::Scan, "{what}");
-    v.check().unwrap_or_else(|e| panic!("{what}: check after a second scan: {e}"));
+    v.check()
+        .unwrap_or_else(|e| panic!("{what}: check after a second scan: {e}"));
     let got = read_all(&v);
     if let Some(i) = first_diff(&got, model) {
         panic!("{what}: second scan: byte {i} differs");
@@ -188,16 +199,30 @@ fn a_compaction_cut_at_any_write_loses_nothing() {
             let r = v.compact(50_000_000.0);
             if !disk.powered_off() {
                 r.unwrap_or_else(|e| panic!("seed {seed}: compaction failed uncut: {e}"));
-                v.check().unwrap_or_else(|e| panic!("seed {seed}: check after compaction: {e}"));
-                assert!(read_all(&v) == model, "seed {seed}: compaction changed contents");
+                v.check()
+                    .unwrap_or_else(|e| panic!("seed {seed}: check after compaction: {e}"));
+                assert!(
+                    read_all(&v) == model,
+                    "seed {seed}: compaction changed contents"
+                );
                 break;
             }
             assert!(r.is_err(), "seed {seed}: cut {at} but compact returned Ok");
             cuts += 1;
-            let what = format!("seed {seed} (R17_SEED={seed}), bs {}, cut at write {at}", opts.block_bytes);
+            let what = format!(
+                "seed {seed} (R17_SEED={seed}), bs {}, cut at write {at}",
+                opts.block_bytes
+            );
             let img = disk.image();
             // With the firmware's tail record, and without (scan).
-            recover_and_verify(&p, opts, img.clone(), Some(v.tail_record()), &model, &format!("{what}, tail"));
+            recover_and_verify(
+                &p,
+                opts,
+                img.clone(),
+                Some(v.tail_record()),
+                &model,
+                &format!("{what}, tail"),
+            );
             recover_and_verify(&p, opts, img, None, &model, &format!("{what}, scan"));
             at += 1 + at / 64; // dense first, then sparser
         }
@@ -296,12 +321,19 @@ fn the_compactor_on_a_full_fragmented_disk_never_fails() {
             v.write_at(&d, off).unwrap();
             model[off as usize..off as usize + d.len()].copy_from_slice(&d);
         }
-        let what = format!("seed {seed} (R17_SEED={seed}) bs {} fill {frac}", opts.block_bytes);
+        let what = format!(
+            "seed {seed} (R17_SEED={seed}) bs {} fill {frac}",
+            opts.block_bytes
+        );
         for round in 0..3 {
             v.compact(20_000_000.0)
                 .unwrap_or_else(|e| panic!("{what}: compaction {round} failed: {e}"));
-            v.check().unwrap_or_else(|e| panic!("{what}: check after compaction {round}: {e}"));
-            assert!(read_all(&v) == model, "{what}: contents after compaction {round}");
+            v.check()
+                .unwrap_or_else(|e| panic!("{what}: check after compaction {round}: {e}"));
+            assert!(
+                read_all(&v) == model,
+                "{what}: contents after compaction {round}"
+            );
             for _ in 0..50 {
                 let (off, d) = random_write(&mut rng, size, hot);
                 v.write_at(&d, off)
@@ -345,7 +377,11 @@ fn the_scan_adopts_no_map_sector_stored_as_data() {
     assert_eq!(how, Recovery::Scan);
     b.check().unwrap();
     let got = read_all(&b);
-    let bad = got.chunks(4096).zip(want.chunks(4096)).filter(|(x, y)| x != y).count();
+    let bad = got
+        .chunks(4096)
+        .zip(want.chunks(4096))
+        .filter(|(x, y)| x != y)
+        .count();
     assert_eq!(bad, 0, "blocks not what was written after the scan");
 }
 
@@ -410,7 +446,8 @@ mod uip_cuts {
                 cache_bytes: if seed % 2 == 0 { 0 } else { 1 << 20 },
             };
             let disk = Arc::new(SimDisk::new(p.clone(), 0.0));
-            let vld = (on != 0).then(|| Arc::new(Vld::create(disk.clone(), VldOptions::default()).unwrap()));
+            let vld = (on != 0)
+                .then(|| Arc::new(Vld::create(disk.clone(), VldOptions::default()).unwrap()));
             let dev: Arc<dyn Device> = match &vld {
                 Some(v) => v.clone(),
                 None => disk.clone(),
@@ -429,11 +466,16 @@ mod uip_cuts {
                 let mut seen: BTreeMap<u64, Vec<Option<Vec<u8>>>> = BTreeMap::new();
                 let mut next = model.clone();
                 let aru = rng.gen_bool(0.6).then(|| u.begin_aru().unwrap());
-                let n = if aru.is_some() { rng.gen_range(1..5) } else { 1 };
+                let n = if aru.is_some() {
+                    rng.gen_range(1..5)
+                } else {
+                    1
+                };
                 let mut failed = false;
                 for _ in 0..n {
                     let k = rng.gen_range(0..keys);
-                    seen.entry(k).or_insert_with(|| vec![model.get(&k).cloned()]);
+                    seen.entry(k)
+                        .or_insert_with(|| vec![model.get(&k).cloned()]);
                     let r = if rng.gen_bool(0.15) {
                         next.remove(&k);
                         u.delete(aru, l, k)
@@ -464,7 +506,11 @@ mod uip_cuts {
                 if !failed {
                     // Reads see the operation.
                     for (k, want) in &next {
-                        assert_eq!(u.read(l, *k).unwrap().as_ref(), Some(want), "{what}: key {k}");
+                        assert_eq!(
+                            u.read(l, *k).unwrap().as_ref(),
+                            Some(want),
+                            "{what}: key {k}"
+                        );
                     }
                     model = next;
                     continue;
@@ -550,7 +596,16 @@ fn a_format_over_a_zeroed_label_scans_none_of_the_old_format() {
     v.check().unwrap();
     let mut back = vec![0u8; size / 2];
     v.read_at(&mut back, 0).unwrap();
-    assert!(back[..4096].iter().all(|&b| b == 7), "the new format's block");
-    let stale = back[4096..].chunks(4096).filter(|c| c.iter().any(|&b| b != 0)).count();
-    assert_eq!(stale, 0, "blocks the new format never wrote read the old format's contents");
+    assert!(
+        back[..4096].iter().all(|&b| b == 7),
+        "the new format's block"
+    );
+    let stale = back[4096..]
+        .chunks(4096)
+        .filter(|c| c.iter().any(|&b| b != 0))
+        .count();
+    assert_eq!(
+        stale, 0,
+        "blocks the new format never wrote read the old format's contents"
+    );
 }

@@ -118,11 +118,21 @@ fn cycle(seed: u64) {
         model[off as usize..off as usize + d.len()].copy_from_slice(&d);
     }
     disk.set_power_cut(Some(PowerCut {
-        at_write: rng.gen_range(0..std::env::var("LDFS_CUT_MAX").ok().and_then(|s| s.parse().ok()).unwrap_or(80)),
+        at_write: rng.gen_range(
+            0..std::env::var("LDFS_CUT_MAX")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(80),
+        ),
         seed,
     }));
     for _ in 0..1000 {
-        if rng.gen_bool(std::env::var("LDFS_COMPACT_P").ok().and_then(|s| s.parse().ok()).unwrap_or(0.05)) {
+        if rng.gen_bool(
+            std::env::var("LDFS_COMPACT_P")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0.05),
+        ) {
             if let Err(e) = v.compact(rng.gen_range(1_000.0..200_000.0)) {
                 // Review 17: only a power cut may stop the compactor (a
                 // compaction that failed for room ended the cycle unseen).
@@ -195,7 +205,10 @@ fn vld_recovers_from_power_cuts_to_the_model() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(600);
-    let from: u64 = std::env::var("LDFS_FROM").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let from: u64 = std::env::var("LDFS_FROM")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     for seed in from..from + cycles {
         cycle(seed);
     }

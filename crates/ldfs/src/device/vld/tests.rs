@@ -485,8 +485,8 @@ fn r17_a_cut_while_the_scan_relogs_loses_no_block() {
             v.write_at(&want[chunk..end], chunk as u64).unwrap();
         }
         drop(v); // a crash: no tail, so the next open scans
-        // Open as `Vld::open` does, the power cut at the relog's map write
-        // `at_write`.
+                 // Open as `Vld::open` does, the power cut at the relog's map write
+                 // `at_write`.
         let mut lb = [0u8; SECTOR];
         disk.media_read(1, &mut lb).unwrap();
         let l = format::decode_label(&lb).unwrap();
@@ -494,9 +494,17 @@ fn r17_a_cut_while_the_scan_relogs_loses_no_block() {
             disk_id: l.disk_id,
             ..VldOptions::default()
         };
-        let r = Vld::empty(disk.clone(), opts, u64::from(l.block_sectors), l.logical_blocks);
+        let r = Vld::empty(
+            disk.clone(),
+            opts,
+            u64::from(l.block_sectors),
+            l.logical_blocks,
+        );
         disk.set_power_cut(Some(PowerCut { at_write, seed: 1 }));
-        assert!(r.recover_by_scan().is_err(), "cut {at_write} inside the relog");
+        assert!(
+            r.recover_by_scan().is_err(),
+            "cut {at_write} inside the relog"
+        );
         let mut image = disk.image();
         image[..SECTOR].copy_from_slice(&r.tail_record());
         let again = Arc::new(SimDisk::with_image(disk.params().clone(), 0.0, image));
@@ -544,7 +552,6 @@ fn r17_a_cut_relog_on_a_running_disk_loses_no_block() {
     }
 }
 
-
 /// Review 17: how often normal writes (and the compactor) relog the whole
 /// map (`relog_all`), the one multi-write map update whose intermediate
 /// roots do not reach every live map sector.
@@ -553,17 +560,37 @@ fn r17_a_cut_relog_on_a_running_disk_loses_no_block() {
 fn r17_explore_relog_frequency() {
     for seed in 0..40u64 {
         let mut r = ChaCha8Rng::seed_from_u64(seed);
-        let d = if seed % 2 == 0 { PaperDisk::Hp97560 } else { PaperDisk::St19101 };
+        let d = if seed % 2 == 0 {
+            PaperDisk::Hp97560
+        } else {
+            PaperDisk::St19101
+        };
         let disk = small(d, if seed % 2 == 0 { 4 } else { 2 });
         let bb = [512u32, 4096, 8192][(seed % 3) as usize];
-        let bb = if d == PaperDisk::Hp97560 && bb == 8192 { 4608 } else { bb };
-        let v = Vld::create(disk, VldOptions { block_bytes: bb, seed, ..VldOptions::default() }).unwrap();
+        let bb = if d == PaperDisk::Hp97560 && bb == 8192 {
+            4608
+        } else {
+            bb
+        };
+        let v = Vld::create(
+            disk,
+            VldOptions {
+                block_bytes: bb,
+                seed,
+                ..VldOptions::default()
+            },
+        )
+        .unwrap();
         let size = v.size_bytes();
         let hot = size * r.gen_range(3..10) / 10;
         for i in 0..20000u64 {
             match r.gen_range(0..10) {
-                0..=3 => v.write_at(&[i as u8; 512], r.gen_range(0..4) * 512).unwrap(),
-                4 => { v.compact(100_000.0).unwrap(); }
+                0..=3 => v
+                    .write_at(&[i as u8; 512], r.gen_range(0..4) * 512)
+                    .unwrap(),
+                4 => {
+                    v.compact(100_000.0).unwrap();
+                }
                 _ => {
                     let len = r.gen_range(1..9000u64).min(hot);
                     let off = r.gen_range(0..hot - len);
@@ -587,7 +614,11 @@ fn r17_strict(v: &Vld) -> Result<(), String> {
     for (l, p) in g.map.iter().enumerate() {
         if let Some(p) = *p {
             if !g.used[p as usize] || g.owner.get(&p) != Some(&(l as u64)) {
-                return Err(format!("logical {l} -> {p}: used {} owner {:?}", g.used[p as usize], g.owner.get(&p)));
+                return Err(format!(
+                    "logical {l} -> {p}: used {} owner {:?}",
+                    g.used[p as usize],
+                    g.owner.get(&p)
+                ));
             }
             if g.map_slots.contains_key(&p) {
                 return Err(format!("logical {l} -> {p}, a map block"));
@@ -596,10 +627,16 @@ fn r17_strict(v: &Vld) -> Result<(), String> {
     }
     for (x, &u) in g.used.iter().enumerate() {
         let x32 = x as u32;
-        let owned = g.owner.get(&x32).is_some_and(|&l| g.map[l as usize] == Some(x32));
+        let owned = g
+            .owner
+            .get(&x32)
+            .is_some_and(|&l| g.map[l as usize] == Some(x32));
         let ok = (x as u64) < reserved || owned || g.map_slots.contains_key(&x32);
         if u != ok {
-            return Err(format!("block {x}: used {u}, owned {owned}, map {}", g.map_slots.contains_key(&x32)));
+            return Err(format!(
+                "block {x}: used {u}, owned {owned}, map {}",
+                g.map_slots.contains_key(&x32)
+            ));
         }
     }
     let free = g.used.iter().filter(|&&u| !u).count() as u64;
@@ -618,7 +655,11 @@ fn r17_compaction_run(from: u64, seeds: u64) -> u64 {
     let mut uncut_failures = 0;
     for seed in from..from + seeds {
         let mut r = ChaCha8Rng::seed_from_u64(seed);
-        let d = if r.gen_bool(0.5) { PaperDisk::Hp97560 } else { PaperDisk::St19101 };
+        let d = if r.gen_bool(0.5) {
+            PaperDisk::Hp97560
+        } else {
+            PaperDisk::St19101
+        };
         let disk = small(d, if d == PaperDisk::Hp97560 { 2 } else { 1 });
         let bb = match r.gen_range(0..4) {
             0 => 512,
@@ -626,12 +667,19 @@ fn r17_compaction_run(from: u64, seeds: u64) -> u64 {
             1 => 8192,
             _ => 4096,
         };
-        let opts = VldOptions { block_bytes: bb, seed, ..VldOptions::default() };
+        let opts = VldOptions {
+            block_bytes: bb,
+            seed,
+            ..VldOptions::default()
+        };
         let v = Vld::create(disk.clone(), opts).unwrap();
         let size = v.size_bytes();
         let hot = size * r.gen_range(3..10) / 10;
         let mut model = vec![0u8; size as usize];
-        disk.set_power_cut(Some(PowerCut { at_write: r.gen_range(0..3000), seed }));
+        disk.set_power_cut(Some(PowerCut {
+            at_write: r.gen_range(0..3000),
+            seed,
+        }));
         let what = format!("seed {seed} bb {bb}");
         let mut cut = None;
         for i in 0..1500u64 {
@@ -652,7 +700,10 @@ fn r17_compaction_run(from: u64, seeds: u64) -> u64 {
                 (r.gen_range(0..4) * 512, vec![i as u8; 512])
             } else {
                 let len = r.gen_range(1..9000u64).min(hot);
-                (r.gen_range(0..hot - len), vec![(i as u8) ^ 0x5a; len as usize])
+                (
+                    r.gen_range(0..hot - len),
+                    vec![(i as u8) ^ 0x5a; len as usize],
+                )
             };
             let o = off as usize;
             let old = model[o..o + data.len()].to_vec();
@@ -685,10 +736,15 @@ fn r17_compaction_run(from: u64, seeds: u64) -> u64 {
                     continue;
                 }
                 // Only the cut write's blocks may differ: then wholly new.
-                let (o, _, ref data) = *cut.as_ref().unwrap_or_else(|| panic!("{what} {how:?}: block {b} changed by a cut compaction"));
+                let (o, _, ref data) = *cut.as_ref().unwrap_or_else(|| {
+                    panic!("{what} {how:?}: block {b} changed by a cut compaction")
+                });
                 let mut new = model.clone();
                 new[o..o + data.len()].copy_from_slice(data);
-                assert!(got[rg.clone()] == new[rg.clone()], "{what} {how:?}: block {b} neither old nor new");
+                assert!(
+                    got[rg.clone()] == new[rg.clone()],
+                    "{what} {how:?}: block {b} neither old nor new"
+                );
             }
             if v2.compact(5_000_000.0).is_err() {
                 uncut_failures += 1;
