@@ -118,12 +118,28 @@ fn cycle(seed: u64) {
         model[off as usize..off as usize + d.len()].copy_from_slice(&d);
     }
     disk.set_power_cut(Some(PowerCut {
-        at_write: rng.gen_range(0..80),
+        at_write: rng.gen_range(
+            0..std::env::var("LDFS_CUT_MAX")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(80),
+        ),
         seed,
     }));
     for _ in 0..1000 {
-        if rng.gen_bool(0.05) {
-            if v.compact(rng.gen_range(1_000.0..200_000.0)).is_err() {
+        if rng.gen_bool(
+            std::env::var("LDFS_COMPACT_P")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0.05),
+        ) {
+            if let Err(e) = v.compact(rng.gen_range(1_000.0..200_000.0)) {
+                // Review 17: only a power cut may stop the compactor (a
+                // compaction that failed for room ended the cycle unseen).
+                assert!(
+                    disk.powered_off(),
+                    "seed {seed} (LDFS_SEED={seed}): compaction failed without a cut: {e}"
+                );
                 break;
             }
             continue;
@@ -135,7 +151,7 @@ fn cycle(seed: u64) {
             Err(_) => {
                 model[off as usize..off as usize + d.len()].copy_from_slice(&d);
                 let mut image = disk.image();
-                let tail = rng.gen_bool(0.8);
+                let tail = rng.gen_bool(0.8) && v.tail_record().iter().any(|&b| b != 0);
                 if tail {
                     image[..SECTOR].copy_from_slice(&v.tail_record());
                 }
@@ -153,10 +169,11 @@ fn cycle(seed: u64) {
                     v2.write_at(&d, off).unwrap();
                     model[off as usize..off as usize + d.len()].copy_from_slice(&d);
                 }
+                let mapped = v2.tail_record().iter().any(|&b| b != 0);
                 v2.power_down().unwrap();
                 drop(v2);
                 let (v3, how) = Vld::open(again, opts).unwrap();
-                assert!(matches!(how, Recovery::Tail { .. }), "{what}");
+                assert!(!mapped || matches!(how, Recovery::Tail { .. }), "{what}");
                 verify(&v3, &model, None, &format!("{what}, reopened"));
                 return;
             }
@@ -188,7 +205,11 @@ fn vld_recovers_from_power_cuts_to_the_model() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(600);
-    for seed in 0..cycles {
+    let from: u64 = std::env::var("LDFS_FROM")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    for seed in from..from + cycles {
         cycle(seed);
     }
 }

@@ -504,3 +504,323 @@ fn the_drive_reads_whole_tracks_for_the_vld_and_sequential_reads_hit_them() {
     assert!(hits[0].0 >= 3 && hits[1].0 == 0, "{hits:?}");
     assert!(hits[0].1 < 0.8 * hits[1].1, "{hits:?}");
 }
+
+// ---- review 17 probes ----
+
+/// Review 17: a power cut while recovery's scan relogs the map (every open
+/// after a crash without a tail does), with the firmware recording the log
+/// tail from its residual power as at any other cut (vld_crash's model):
+/// the next open traverses from that root and must find every block.
+/// `relog_all` writes the live map sectors as a chain whose first link
+/// points to nothing, and before it the root is only the newest sector
+/// found, so the root of a cut relog reaches a fraction of the map.
+#[test]
+fn r17_a_cut_while_the_scan_relogs_loses_no_block() {
+    for at_write in [0u64, 1, 2, 5, 9] {
+        let disk = small(PaperDisk::Hp97560, 2);
+        let v = Vld::create(disk.clone(), VldOptions::default()).unwrap();
+        let size = v.size_bytes() as usize;
+        // Many map sectors (56 blocks each), written in several passes.
+        let want = pattern(3, size * 3 / 4);
+        for chunk in (0..want.len()).step_by(40_000).rev() {
+            let end = (chunk + 40_000).min(want.len());
+            v.write_at(&want[chunk..end], chunk as u64).unwrap();
+        }
+        drop(v); // a crash: no tail, so the next open scans
+                 // Open as `Vld::open` does, the power cut at the relog's map write
+                 // `at_write`.
+        let mut lb = [0u8; SECTOR];
+        disk.media_read(1, &mut lb).unwrap();
+        let l = format::decode_label(&lb).unwrap();
+        let opts = VldOptions {
+            disk_id: l.disk_id,
+            ..VldOptions::default()
+        };
+        let r = Vld::empty(
+            disk.clone(),
+            opts,
+            u64::from(l.block_sectors),
+            l.logical_blocks,
+        );
+        disk.set_power_cut(Some(PowerCut { at_write, seed: 1 }));
+        if r.recover_by_scan().is_ok() {
+            // The relog wrote fewer sectors than `at_write`: no cut in it.
+            continue;
+        }
+        let mut image = disk.image();
+        image[..SECTOR].copy_from_slice(&r.tail_record());
+        let again = Arc::new(SimDisk::with_image(disk.params().clone(), 0.0, image));
+        let (v2, how) = Vld::open(again, VldOptions::default()).unwrap();
+        // No tail names a mid-relog root: the scan recovers.
+        assert_eq!(how, Recovery::Scan);
+        v2.check().unwrap();
+        let mut got = vec![0u8; want.len()];
+        v2.read_at(&mut got, 0).unwrap();
+        let lost = got
+            .chunks(4096)
+            .zip(want.chunks(4096))
+            .filter(|(a, b)| a != b)
+            .count();
+        assert_eq!(lost, 0, "cut at relog write {at_write}: {lost} blocks lost");
+    }
+}
+
+/// Review 17: `relog_all` called on a running disk (it is the fallback of
+/// `write_map` when absorbing gathers nothing), cut at any of its writes,
+/// with the firmware's tail.
+#[test]
+fn r17_a_cut_relog_on_a_running_disk_loses_no_block() {
+    for at_write in [0u64, 1, 3, 7] {
+        let disk = small(PaperDisk::Hp97560, 2);
+        let v = Vld::create(disk.clone(), VldOptions::default()).unwrap();
+        let size = v.size_bytes() as usize;
+        let want = pattern(4, size / 2);
+        v.write_at(&want, 0).unwrap();
+        disk.set_power_cut(Some(PowerCut { at_write, seed: 2 }));
+        let cut = v.relog_all(&mut v.lock()).is_err();
+        assert!(
+            cut || at_write > 0,
+            "the first write of the relog was not cut"
+        );
+        if !cut {
+            continue;
+        }
+        let mut image = disk.image();
+        image[..SECTOR].copy_from_slice(&v.tail_record());
+        let again = Arc::new(SimDisk::with_image(disk.params().clone(), 0.0, image));
+        let (v2, _) = Vld::open(again, VldOptions::default()).unwrap();
+        v2.check().unwrap();
+        let mut got = vec![0u8; want.len()];
+        v2.read_at(&mut got, 0).unwrap();
+        let lost = got
+            .chunks(4096)
+            .zip(want.chunks(4096))
+            .filter(|(a, b)| a != b)
+            .count();
+        assert_eq!(lost, 0, "cut at relog write {at_write}: {lost} blocks lost");
+    }
+}
+
+/// Review 17: how often normal writes (and the compactor) relog the whole
+/// map (`relog_all`), the one multi-write map update whose intermediate
+/// roots do not reach every live map sector.
+#[test]
+#[ignore = "exploration"]
+fn r17_explore_relog_frequency() {
+    for seed in 0..40u64 {
+        let mut r = ChaCha8Rng::seed_from_u64(seed);
+        let d = if seed % 2 == 0 {
+            PaperDisk::Hp97560
+        } else {
+            PaperDisk::St19101
+        };
+        let disk = small(d, if seed % 2 == 0 { 4 } else { 2 });
+        let bb = [512u32, 4096, 8192][(seed % 3) as usize];
+        let bb = if d == PaperDisk::Hp97560 && bb == 8192 {
+            4608
+        } else {
+            bb
+        };
+        let v = Vld::create(
+            disk,
+            VldOptions {
+                block_bytes: bb,
+                seed,
+                ..VldOptions::default()
+            },
+        )
+        .unwrap();
+        let size = v.size_bytes();
+        let hot = size * r.gen_range(3..10) / 10;
+        for i in 0..20000u64 {
+            match r.gen_range(0..10) {
+                0..=3 => v
+                    .write_at(&[i as u8; 512], r.gen_range(0..4) * 512)
+                    .unwrap(),
+                4 => {
+                    v.compact(100_000.0).unwrap();
+                }
+                _ => {
+                    let len = r.gen_range(1..9000u64).min(hot);
+                    let off = r.gen_range(0..hot - len);
+                    v.write_at(&vec![i as u8; len as usize], off).unwrap();
+                }
+            }
+        }
+        v.check().unwrap();
+        println!("seed {seed} bb {bb}: {:?}", v.stats());
+    }
+}
+
+/// Review 17: `check` compares counts only; this checks block by block:
+/// every mapped block used and owned by its logical block, every used
+/// block reserved, owned (and mapped back) or a map block, no map block
+/// holding data, the free count the unused blocks.
+fn r17_strict(v: &Vld) -> Result<(), String> {
+    v.check()?;
+    let g = v.lock();
+    let reserved = reserved_blocks(v.bs);
+    for (l, p) in g.map.iter().enumerate() {
+        if let Some(p) = *p {
+            if !g.used[p as usize] || g.owner.get(&p) != Some(&(l as u64)) {
+                return Err(format!(
+                    "logical {l} -> {p}: used {} owner {:?}",
+                    g.used[p as usize],
+                    g.owner.get(&p)
+                ));
+            }
+            if g.map_slots.contains_key(&p) {
+                return Err(format!("logical {l} -> {p}, a map block"));
+            }
+        }
+    }
+    for (x, &u) in g.used.iter().enumerate() {
+        let x32 = x as u32;
+        let owned = g
+            .owner
+            .get(&x32)
+            .is_some_and(|&l| g.map[l as usize] == Some(x32));
+        let ok = (x as u64) < reserved || owned || g.map_slots.contains_key(&x32);
+        if u != ok {
+            return Err(format!(
+                "block {x}: used {u}, owned {owned}, map {}",
+                g.map_slots.contains_key(&x32)
+            ));
+        }
+    }
+    let free = g.used.iter().filter(|&&u| !u).count() as u64;
+    if free != g.free {
+        return Err(format!("{free} unused blocks, free says {}", g.free));
+    }
+    Ok(())
+}
+
+/// Review 17: random writes and frequent compactions, every block size,
+/// the power cut anywhere, recovery with the tail and by scan; after each,
+/// and after the uncut steps, the strict block-by-block check. A
+/// compaction that fails without a cut is counted (and the disk checked
+/// and used on); returns how many did.
+fn r17_compaction_run(from: u64, seeds: u64) -> u64 {
+    let mut uncut_failures = 0;
+    for seed in from..from + seeds {
+        let mut r = ChaCha8Rng::seed_from_u64(seed);
+        let d = if r.gen_bool(0.5) {
+            PaperDisk::Hp97560
+        } else {
+            PaperDisk::St19101
+        };
+        let disk = small(d, if d == PaperDisk::Hp97560 { 2 } else { 1 });
+        let bb = match r.gen_range(0..4) {
+            0 => 512,
+            1 if d == PaperDisk::Hp97560 => 4608,
+            1 => 8192,
+            _ => 4096,
+        };
+        let opts = VldOptions {
+            block_bytes: bb,
+            seed,
+            ..VldOptions::default()
+        };
+        let v = Vld::create(disk.clone(), opts).unwrap();
+        let size = v.size_bytes();
+        let hot = size * r.gen_range(3..10) / 10;
+        let mut model = vec![0u8; size as usize];
+        disk.set_power_cut(Some(PowerCut {
+            at_write: r.gen_range(0..3000),
+            seed,
+        }));
+        let what = format!("seed {seed} bb {bb}");
+        let mut cut = None;
+        for i in 0..1500u64 {
+            if r.gen_bool(0.15) {
+                if let Err(e) = v.compact(r.gen_range(1_000.0..400_000.0)) {
+                    if disk.powered_off() {
+                        break;
+                    }
+                    uncut_failures += 1;
+                    println!("{what}: compaction {i} failed uncut: {e}");
+                }
+                r17_strict(&v).unwrap_or_else(|e| panic!("{what}: after compaction {i}: {e}"));
+                // (No read here: it moves the head, and so every later
+                // placement; the recovery below compares the contents.)
+                continue;
+            }
+            let (off, data) = if r.gen_bool(0.25) {
+                (r.gen_range(0..4) * 512, vec![i as u8; 512])
+            } else {
+                let len = r.gen_range(1..9000u64).min(hot);
+                (
+                    r.gen_range(0..hot - len),
+                    vec![(i as u8) ^ 0x5a; len as usize],
+                )
+            };
+            let o = off as usize;
+            let old = model[o..o + data.len()].to_vec();
+            if v.write_at(&data, off).is_err() {
+                assert!(disk.powered_off(), "{what}: write failed uncut");
+                cut = Some((o, old, data));
+                break;
+            }
+            model[o..o + data.len()].copy_from_slice(&data);
+        }
+        if !disk.powered_off() {
+            continue;
+        }
+        let image = disk.image();
+        for tail in [true, false] {
+            let mut im = image.clone();
+            if tail {
+                im[..SECTOR].copy_from_slice(&v.tail_record());
+            }
+            let again = Arc::new(SimDisk::with_image(disk.params().clone(), 0.0, im));
+            let (v2, how) = Vld::open(again, VldOptions::default())
+                .unwrap_or_else(|e| panic!("{what} tail {tail}: {e}"));
+            r17_strict(&v2).unwrap_or_else(|e| panic!("{what} {how:?}: {e}"));
+            let mut got = vec![0u8; size as usize];
+            v2.read_at(&mut got, 0).unwrap();
+            let bbu = bb as usize;
+            for b in 0..got.len() / bbu {
+                let rg = b * bbu..(b + 1) * bbu;
+                if got[rg.clone()] == model[rg.clone()] {
+                    continue;
+                }
+                // Only the cut write's blocks may differ: then wholly new.
+                let (o, _, ref data) = *cut.as_ref().unwrap_or_else(|| {
+                    panic!("{what} {how:?}: block {b} changed by a cut compaction")
+                });
+                let mut new = model.clone();
+                new[o..o + data.len()].copy_from_slice(data);
+                assert!(
+                    got[rg.clone()] == new[rg.clone()],
+                    "{what} {how:?}: block {b} neither old nor new"
+                );
+            }
+            if v2.compact(5_000_000.0).is_err() {
+                uncut_failures += 1;
+            }
+            r17_strict(&v2).unwrap_or_else(|e| panic!("{what} {how:?} compacted: {e}"));
+        }
+    }
+    uncut_failures
+}
+
+/// Review 17: the map and free space agree block by block through
+/// compactions and cuts anywhere (whatever the compactor returns).
+#[test]
+fn r17_compaction_and_cuts_keep_the_map_and_free_space_agreeing() {
+    let seeds: u64 = std::env::var("R17_UNIT_SEEDS").map_or(40, |v| v.parse().unwrap());
+    let from: u64 = std::env::var("R17_UNIT_FROM").map_or(0, |v| v.parse().unwrap());
+    let failed = r17_compaction_run(from, seeds);
+    println!("{failed} compactions failed without a cut");
+}
+
+/// Review 17: the compactor checks that the holes of other tracks holding
+/// data can take the track's blocks, but a track whose only block was a
+/// map block (or a block the moves replace) empties during the moves and
+/// leaves the candidates: the holes shrink below the estimate and
+/// `compact` fails "no free block (more logical blocks than the disk
+/// holds)" with most of the disk free (seed 961: 444 of 512 blocks).
+#[test]
+fn r17_the_compactor_never_fails_for_room_on_a_mostly_free_disk() {
+    assert_eq!(r17_compaction_run(961, 1), 0);
+}
