@@ -519,8 +519,9 @@ impl Uip {
         let old = s.lists[&list].blocks.get(&index).copied();
         // The whole extent is written, as UFS writes a whole buffer (a 4 KB
         // inode block for one inode, `ufs_iupdat`) and MINIX a whole block:
-        // the same request on every device, and never part of a VLD block
-        // (units are multiples of its write unit, see `write_unit`).
+        // the same request on every device. Units smaller than a VLD block
+        // (1 KiB units on 4 KiB blocks) share one; the VLD reads and merges
+        // the block within the same request (review 17).
         let mut padded = data.to_vec();
         padded.resize(n as usize * ub as usize, 0);
         match old {
