@@ -1153,7 +1153,7 @@ impl Engine {
         data_bytes: usize,
         changes: usize,
     ) -> LdResult<()> {
-        let mut wait = SpaceWait::default();
+        let mut wait = SpaceWait::freeing();
         loop {
             let g = self.lock_writable()?;
             let aru_id = self.check_aru(&g, aru)?;
@@ -1170,7 +1170,9 @@ impl Engine {
             // a latent sector error anywhere failed every delete that came
             // near the user floor (review 15).
             if !matches!(self.clean_for_space(seen, &mut wait), Ok(true)) {
-                self.note_futile(64);
+                if !wait.busy {
+                    self.note_futile(64);
+                }
                 return Ok(());
             }
         }
@@ -1954,6 +1956,8 @@ impl Engine {
             .saturating_add(2 * PAGE_BYTES as u64);
         let pages = with_overhead.div_ceil(PAGE_BYTES as u64);
         let mut wait = SpaceWait::default();
+        // Whether a freeing reservation still lets the cleaner make room first.
+        let mut clean_anyway = true;
         loop {
             let mut g = self.lock_writable()?;
             if !g.arus.contains_key(&aru.0) {
@@ -1989,7 +1993,8 @@ impl Engine {
             let after = left - have - (pages as i64);
             // A freeing reservation lets the cleaner make room first while
             // it would take the log below the user floor (`clean_before_meta`).
-            let clean_first = class == Class::Meta
+            let clean_first = clean_anyway
+                && class == Class::Meta
                 && self.meta_wants_cleaning(&g, aru.0, after, 0, g.map.change_bound());
             if after >= floor && !clean_first {
                 g.arus.get_mut(&aru.0).expect("checked above").reserved += with_overhead;
@@ -2005,13 +2010,20 @@ impl Engine {
             }
             let seen = g.usage.clean_count();
             drop(g);
+            // Cleaning first, it has its own floor to fall back to: no
+            // waiting for open ARUs (`SpaceWait::freeing`).
+            wait.freeing = clean_first && after >= floor;
             match self.clean_for_space(seen, &mut wait) {
                 Ok(true) => {}
                 // Cleaning cannot help (or failed: `clean_before_meta`);
                 // the reservation fits its own floor: take it there (next
                 // time round).
                 Ok(false) | Err(_) if clean_first && after >= floor => {
-                    self.note_futile(64);
+                    if !wait.busy {
+                        self.note_futile(64);
+                    }
+                    // Taken at its own floor next time round.
+                    clean_anyway = false;
                 }
                 Ok(false) => return Err(e),
                 Err(err) => return Err(err),

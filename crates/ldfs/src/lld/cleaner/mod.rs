@@ -201,8 +201,10 @@ const LOSING_RETRIES: u32 = 3;
 const OTHERS_ROUNDS: u32 = 16;
 
 /// Rounds a waiting writer spends waiting (`aru_wait_ms` each) for open
-/// ARUs to end so that a checkpoint can release what passes emptied.
-const BLOCKED_ROUNDS: u32 = 8;
+/// ARUs to end so that a checkpoint can release what passes emptied (at
+/// eight, a writer beside a long ARU waited 5.5 s for its NoSpace: review
+/// 16).
+const BLOCKED_ROUNDS: u32 = 4;
 
 /// One writer's wait for space (`clean_for_space`).
 #[derive(Default)]
@@ -215,6 +217,24 @@ pub(crate) struct SpaceWait {
     others: u32,
     /// Rounds whose releasing checkpoint open ARUs kept from being taken.
     blocked: u32,
+    /// A freeing operation cleaning first (`Engine::clean_before_meta`): it
+    /// has a floor of its own to fall back to, so it never waits for open
+    /// ARUs (it waited seconds beside one, and again every 65th operation:
+    /// review 16).
+    pub(crate) freeing: bool,
+    /// A freeing operation found a pass running (`clean_for_space`): not
+    /// futile, only not its to wait for.
+    pub(crate) busy: bool,
+}
+
+impl SpaceWait {
+    /// The wait of a freeing operation (`freeing`).
+    pub(crate) fn freeing() -> SpaceWait {
+        SpaceWait {
+            freeing: true,
+            ..SpaceWait::default()
+        }
+    }
 }
 
 impl CleanerState {
@@ -507,18 +527,50 @@ impl Engine {
     /// and counted as its own such rounds made writers give up within a
     /// second while every pass gained (review 12, four writers).
     pub(crate) fn clean_for_space(&self, seen_clean: u32, wait: &mut SpaceWait) -> LdResult<bool> {
-        let mut st = self.cleaner.lock().expect("cleaner poisoned");
+        let mut st = if wait.freeing {
+            // A pass is running (a writer's): the room it makes is being
+            // made; a freeing operation does not queue behind it (it
+            // waited as long as writers' passes, seconds on a large
+            // device: review 16).
+            match self.cleaner.try_lock() {
+                Ok(st) => st,
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    wait.busy = true;
+                    return Ok(false);
+                }
+                Err(std::sync::TryLockError::Poisoned(_)) => panic!("cleaner poisoned"),
+            }
+        } else {
+            self.cleaner.lock().expect("cleaner poisoned")
+        };
         st.stats.waits += 1;
         let (clean, releasable) = self.clean_segment_counts();
         if clean > seen_clean {
             wait.others += 1;
-            return Ok(wait.others <= OTHERS_ROUNDS * self.wait_rounds());
+            let bound = if wait.freeing {
+                2
+            } else {
+                OTHERS_ROUNDS * self.wait_rounds()
+            };
+            return Ok(wait.others <= bound);
+        }
+        // A freeing operation cleans one round at most: it may go on at
+        // its own floor, and each one cleaning a round keeps pace with the
+        // room they take (a pass per delete), without one delete running
+        // the long, doubling passes of a waiting writer (review 16).
+        if wait.freeing && wait.own >= 1 {
+            wait.busy = true;
+            return Ok(false);
         }
         wait.own += 1;
         if wait.own > self.wait_rounds() {
             return Ok(false);
         }
-        let wait_for_arus = Duration::from_millis(self.options().cleaner.aru_wait_ms);
+        let wait_for_arus = if wait.freeing {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(self.options().cleaner.aru_wait_ms)
+        };
         if releasable > 0 || !st.awaiting.is_empty() {
             // What earlier passes emptied only needs the checkpoint.
             if self.checkpoint_when_quiet(wait_for_arus)? {
@@ -528,7 +580,7 @@ impl Engine {
             // Open ARUs kept it from being taken: wait for them a few
             // rounds more (review 14, F4).
             wait.blocked += 1;
-            return Ok(wait.blocked <= BLOCKED_ROUNDS);
+            return Ok(!wait.freeing && wait.blocked <= BLOCKED_ROUNDS);
         }
         // A writer is waiting: free the most space now. Greedy takes the
         // emptiest segments whatever the configured policy (which may
@@ -542,7 +594,7 @@ impl Engine {
         // hundreds of pages), only a pass that shares the map's rewrite
         // among dozens of victims gains, and writers gave up after three
         // losing passes of 16 while `clean_now` (64) then freed space.
-        let step = (self.options().cleaner.step_segments.max(1) as usize) << wait.losing.min(4);
+        let step = (self.options().cleaner.step_segments.max(1) as usize) << wait.losing;
         let rep = self.clean_pass(
             &mut st,
             PolicyKind::Greedy,
