@@ -327,10 +327,10 @@ fn open_aru_run(
     }
     let writer_wait = t.elapsed();
     let mut per: Vec<Vec<(ListId, u64)>> = vec![Vec::new(); threads];
-    for t in 0..threads {
+    for mine in per.iter_mut() {
         for _ in 0..n {
             let (l, i, _) = keys.swap_remove(rng.gen_range(0..keys.len()));
-            per[t].push((l, i));
+            mine.push((l, i));
         }
     }
     let t0 = Instant::now();
@@ -601,7 +601,7 @@ fn fs_full_run(
         let dir = dirs[rng.gen_range(0..dirs.len())];
         let name = format!("f{n}");
         n += 1;
-        let len = if n % 16 == 0 && !small_only {
+        let len = if n.is_multiple_of(16) && !small_only {
             rng.gen_range(64 << 10..256 << 10)
         } else {
             rng.gen_range(100..6000)
@@ -634,8 +634,8 @@ fn fs_full_run(
         files.len(),
         data >> 10,
         100.0 * data as f64 / (st0.blocks * st0.block_bytes) as f64,
-        st0.blocks * st0.block_bytes >> 10,
-        st.blocks_free * st.block_bytes >> 10,
+        (st0.blocks * st0.block_bytes) >> 10,
+        (st.blocks_free * st.block_bytes) >> 10,
         t0.elapsed().as_secs_f64()
     );
     // Freeing operations on the full file system.
@@ -718,7 +718,7 @@ fn fs_full_run(
         "  freeing ops: {} refused, slowest {slowest:?}, all in {:.1}s; statfs free after {} KiB\n",
         errs.len(),
         tf.elapsed().as_secs_f64(),
-        st2.blocks_free * st2.block_bytes >> 10
+        (st2.blocks_free * st2.block_bytes) >> 10
     );
     // And it takes new files into what was freed.
     let mut taken = 0u64;
