@@ -14,6 +14,9 @@ use ldfs::lld::{CleanerOptions, Lld, LldOptions, PolicyKind};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+mod space_common;
+use space_common::{bytes, fill_small_random, Model};
+
 fn seed(default: u64) -> u64 {
     std::env::var("LDFS_SEED")
         .map(|v| v.parse().expect("LDFS_SEED must be a number"))
@@ -40,14 +43,6 @@ fn with_seed(name: &str, default: u64, f: impl FnOnce(u64) + std::panic::UnwindS
     }
 }
 
-/// Block contents are a function of (seed, length), so the model keeps two numbers.
-fn bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut r = ChaCha8Rng::seed_from_u64(seed);
-    let mut v = vec![0u8; len];
-    r.fill(&mut v[..]);
-    v
-}
-
 fn mkfs(segment_bytes: u64, max_block: u32, reserved: u32) -> MkfsOptions {
     MkfsOptions {
         segment_bytes,
@@ -67,8 +62,6 @@ fn opts(policy: PolicyKind) -> LldOptions {
         ..Default::default()
     }
 }
-
-type Model = BTreeMap<(u64, u64), (u64, usize)>;
 
 fn verify(lld: &Lld, model: &Model, lists: &[ListId], what: &str) {
     for &l in lists {
@@ -598,42 +591,13 @@ fn small_blocks_at_random_keys_on_a_device_three_quarters_full_still_clean() {
     );
 }
 
-/// Four lists filled with blocks of 200..1200 bytes at random keys until a
-/// `1/stop`-th of the capacity is left: the lists, the model, and the keys
-/// in the order written.
-fn fill_small_random(
-    lld: &Lld,
-    rng: &mut ChaCha8Rng,
-    seed: u64,
-    stop: u64,
-) -> (Vec<ListId>, Model, Vec<(u64, u64)>) {
-    let lists: Vec<ListId> = (0..4)
-        .map(|_| lld.create_list(None, ListHints::default()).unwrap())
-        .collect();
-    let mut model = Model::new();
-    let cap = lld.space().capacity_bytes;
-    let mut keys = Vec::new();
-    while lld.space().available_bytes > cap / stop {
-        let l = lists[rng.gen_range(0..lists.len())];
-        let i = rng.gen_range(0..1u64 << 40);
-        let len = rng.gen_range(200..1200);
-        let s: u64 = rng.gen();
-        lld.write(None, l, i, &bytes(s, len))
-            .unwrap_or_else(|e| panic!("seed {seed}: fill: {e}"));
-        if model.insert((l.0, i), (s, len)).is_none() {
-            keys.push((l.0, i));
-        }
-    }
-    (lists, model, keys)
-}
-
 /// Fills with small blocks at random keys until a `1/stop`-th of the
 /// capacity is left, then overwrites three devices' worth.
 fn small_random_blocks(seed: u64, stop: u64) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let dev = Arc::new(MemoryDevice::new(8 << 20));
     let lld = Lld::create(dev, &mkfs(128 << 10, 16 << 10, 4), opts(PolicyKind::Greedy)).unwrap();
-    let (lists, mut model, keys) = fill_small_random(&lld, &mut rng, seed, stop);
+    let (lists, mut model, keys) = fill_small_random(&lld, &mut rng, stop);
     let fill = lld.space();
     let mut written = 0u64;
     let mut n = 0u64;
@@ -675,7 +639,7 @@ fn threaded(dev_bytes: u64, seed: u64, stop: u64, threads: u64, tweak: fn(&mut L
     let mut o = opts(PolicyKind::Greedy);
     tweak(&mut o);
     let lld = Arc::new(Lld::create(dev.clone(), &mkfs(128 << 10, 16 << 10, 4), o.clone()).unwrap());
-    let (lists, mut model, keys) = fill_small_random(&lld, &mut rng, seed, stop);
+    let (lists, mut model, keys) = fill_small_random(&lld, &mut rng, stop);
     let fill = lld.space();
     let keys = Arc::new(keys);
     let lens: Arc<BTreeMap<(u64, u64), usize>> =
@@ -837,7 +801,7 @@ fn deletes_alone(seed: u64, o: LldOptions) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let dev = Arc::new(MemoryDevice::new(8 << 20));
     let lld = Lld::create(dev.clone(), &mkfs(128 << 10, 16 << 10, 4), o.clone()).unwrap();
-    let (lists, mut model, mut keys) = fill_small_random(&lld, &mut rng, seed, 10);
+    let (lists, mut model, mut keys) = fill_small_random(&lld, &mut rng, 10);
     let fill = lld.space();
     // Delete a random half.
     for _ in 0..keys.len() / 2 {

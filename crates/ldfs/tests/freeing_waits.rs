@@ -31,19 +31,8 @@ use ldfs::lld::{Lld, LldOptions};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-fn seeds(defaults: std::ops::RangeInclusive<u64>) -> Vec<u64> {
-    match std::env::var("LDFS_SEED") {
-        Ok(v) => vec![v.parse().expect("LDFS_SEED must be a number")],
-        Err(_) => defaults.collect(),
-    }
-}
-
-fn bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut r = ChaCha8Rng::seed_from_u64(seed);
-    let mut v = vec![0u8; len];
-    r.fill(&mut v[..]);
-    v
-}
+mod space_common;
+use space_common::{bytes, seeds};
 
 /// The mkfs defaults, or (`small`) the smallest segments the default max
 /// block allows (a device of 8 MiB holds too few 2 MiB segments).

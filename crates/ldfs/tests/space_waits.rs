@@ -17,42 +17,23 @@
 //!   one ARU at a time (its operations are serialized), so it cannot reach
 //!   this; direct users of the logical disk with concurrent ARUs can.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use ldfs::device::{Device, DeviceError, DeviceOp, MemoryDevice};
-use ldfs::ld::{LdError, ListHints, ListId, LogicalDisk};
+use ldfs::ld::{LdError, ListId, LogicalDisk};
 use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::{CleanerOptions, Lld, LldOptions, PolicyKind};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-/// Lists, the model (key -> (seed, length)) and the keys in the order written.
-type Filled = (
-    Vec<ListId>,
-    BTreeMap<(u64, u64), (u64, usize)>,
-    Vec<(u64, u64)>,
-);
+mod space_common;
+use space_common::{bytes, fill_small_random, seeds};
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name).map_or(default, |v| v.parse().expect("a number"))
-}
-
-/// The seeds `defaults`, or `LDFS_SEED` alone.
-fn seeds(defaults: std::ops::RangeInclusive<u64>) -> Vec<u64> {
-    match std::env::var("LDFS_SEED") {
-        Ok(v) => vec![v.parse().expect("LDFS_SEED must be a number")],
-        Err(_) => defaults.collect(),
-    }
-}
-
-fn bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut r = ChaCha8Rng::seed_from_u64(seed);
-    let mut v = vec![0u8; len];
-    r.fill(&mut v[..]);
-    v
 }
 
 fn mkfs(segment_bytes: u64, max_block: u32, reserved: u32) -> MkfsOptions {
@@ -83,29 +64,6 @@ fn det_opts() -> LldOptions {
         log_writer_thread: false,
         ..opts()
     }
-}
-
-/// Fills to a `1/stop`-th of the capacity left (cleaner.rs's
-/// `fill_small_random`): the lists, (list, index) -> (seed, len), keys.
-fn fill_small_random(lld: &Lld, rng: &mut ChaCha8Rng, stop: u64) -> Filled {
-    let lists: Vec<ListId> = (0..4)
-        .map(|_| lld.create_list(None, ListHints::default()).unwrap())
-        .collect();
-    let mut model = BTreeMap::new();
-    let cap = lld.space().capacity_bytes;
-    let mut keys = Vec::new();
-    while lld.space().available_bytes > cap / stop {
-        let l = lists[rng.gen_range(0..lists.len())];
-        let i = rng.gen_range(0..1u64 << 40);
-        let len = rng.gen_range(200..1200);
-        let s: u64 = rng.gen();
-        lld.write(None, l, i, &bytes(s, len))
-            .unwrap_or_else(|e| panic!("fill: {e}"));
-        if model.insert((l.0, i), (s, len)).is_none() {
-            keys.push((l.0, i));
-        }
-    }
-    (lists, model, keys)
 }
 
 fn stats_delta(lld: &Lld, before: ldfs::lld::CleanerStats) -> String {
