@@ -1135,33 +1135,38 @@ impl Engine {
             && left < self.floor_after(g, Class::User, page, new_pages)
     }
 
-    /// Lets the cleaner make room before a Meta-class operation (a delete,
-    /// a list's creation or deletion) of `changes` map changes that writes
-    /// `record_bytes` of records and `data_bytes` of data, while the
-    /// operation would otherwise take the log below the user floor
-    /// (`meta_wants_cleaning`). Deletes at scattered keys cost about a map
-    /// page each at the next checkpoint and free whole segments only
-    /// through the cleaner: admitted down to their own floor, they sank the
-    /// log below the room a cleaning pass needs, and every later write was
-    /// refused for good with half the device dead (review 14, F1). When
-    /// cleaning cannot free anything the operation goes on (freeing must
-    /// work on a full device) and the next 64 operations do not ask again.
-    fn clean_before_meta(
+    /// The state lock for a Meta-class operation (a delete, a list's
+    /// creation or deletion) of `changes` map changes that writes
+    /// `record_bytes` of records and `data_bytes` of data, after letting the
+    /// cleaner make room while the operation would otherwise take the log
+    /// below the user floor (`meta_wants_cleaning`). Deletes at scattered
+    /// keys cost about a map page each at the next checkpoint and free whole
+    /// segments only through the cleaner: admitted down to their own floor,
+    /// they sank the log below the room a cleaning pass needs, and every
+    /// later write was refused for good with half the device dead (review
+    /// 14, F1). When cleaning cannot free anything the operation goes on
+    /// (freeing must work on a full device) and the next 64 operations do
+    /// not ask again. The common case (an ARU that logged already, or room
+    /// enough) takes the lock once and decides with a few comparisons.
+    fn lock_for_meta(
         &self,
         aru: Option<AruId>,
         record_bytes: usize,
         data_bytes: usize,
         changes: usize,
-    ) -> LdResult<()> {
+    ) -> LdResult<MutexGuard<'_, Inner>> {
         let mut wait = SpaceWait::freeing();
         loop {
             let g = self.lock_writable()?;
             let aru_id = self.check_aru(&g, aru)?;
+            if !self.may_clean_for(&g, aru_id) || g.op_seq < g.clean_futile_until {
+                return Ok(g);
+            }
             let room = self.log_after(&g, record_bytes, data_bytes);
             let left = room.left - self.reserved_by_others(&g, aru_id);
             let new_pages = changes * g.map.change_bound();
             if !self.meta_wants_cleaning(&g, aru_id, left, room.page, new_pages) {
-                return Ok(());
+                return Ok(g);
             }
             let seen = g.usage.clean_count();
             drop(g);
@@ -1173,7 +1178,10 @@ impl Engine {
                 if !wait.busy {
                     self.note_futile(64);
                 }
-                return Ok(());
+                // Go on at its own floor.
+                let g = self.lock_writable()?;
+                self.check_aru(&g, aru)?;
+                return Ok(g);
             }
         }
     }
@@ -1992,7 +2000,7 @@ impl Engine {
             }
             let after = left - have - (pages as i64);
             // A freeing reservation lets the cleaner make room first while
-            // it would take the log below the user floor (`clean_before_meta`).
+            // it would take the log below the user floor (`lock_for_meta`).
             let clean_first = clean_anyway
                 && class == Class::Meta
                 && self.meta_wants_cleaning(&g, aru.0, after, 0, g.map.change_bound());
@@ -2015,7 +2023,7 @@ impl Engine {
             wait.freeing = clean_first && after >= floor;
             match self.clean_for_space(seen, &mut wait) {
                 Ok(true) => {}
-                // Cleaning cannot help (or failed: `clean_before_meta`);
+                // Cleaning cannot help (or failed: `lock_for_meta`);
                 // the reservation fits its own floor: take it there (next
                 // time round).
                 Ok(false) | Err(_) if clean_first && after >= floor => {
@@ -2063,8 +2071,7 @@ impl LogicalDisk for Engine {
     }
 
     fn create_list(&self, aru: Option<AruId>, hints: ListHints) -> LdResult<ListId> {
-        self.clean_before_meta(aru, WRITE_RECORD_BYTES, encode_hints(&hints).len(), 1)?;
-        let mut g = self.lock_writable()?;
+        let mut g = self.lock_for_meta(aru, WRITE_RECORD_BYTES, encode_hints(&hints).len(), 1)?;
         let aru_id = self.check_aru(&g, aru)?;
         if let Some(near) = hints.near {
             self.check_list(&mut g, near)?;
@@ -2112,8 +2119,7 @@ impl LogicalDisk for Engine {
                 }
                 .encoded_len()
         };
-        self.clean_before_meta(aru, recs(aru.map_or(0, |a| a.0)), 0, 2)?;
-        let mut g = self.lock_writable()?;
+        let mut g = self.lock_for_meta(aru, recs(aru.map_or(0, |a| a.0)), 0, 2)?;
         let aru_id = self.check_aru(&g, aru)?;
         self.check_list(&mut g, list)?;
         let recs = recs(aru_id);
@@ -2359,8 +2365,7 @@ impl LogicalDisk for Engine {
             aru: aru.map_or(0, |a| a.0),
             key: Key::new(list, index),
         };
-        self.clean_before_meta(aru, rec.encoded_len(), 0, 1)?;
-        let mut g = self.lock_writable()?;
+        let mut g = self.lock_for_meta(aru, rec.encoded_len(), 0, 1)?;
         let aru_id = self.check_aru(&g, aru)?;
         self.check_list(&mut g, list)?;
         let key = Key::new(list, index);
@@ -2387,10 +2392,11 @@ impl LogicalDisk for Engine {
             from: range.start,
             to: range.end,
         };
-        if range.start < range.end {
-            self.clean_before_meta(aru, rec(aru.map_or(0, |a| a.0)).encoded_len(), 0, 1)?;
-        }
-        let mut g = self.lock_writable()?;
+        let mut g = if range.start < range.end {
+            self.lock_for_meta(aru, rec(aru.map_or(0, |a| a.0)).encoded_len(), 0, 1)?
+        } else {
+            self.lock_writable()?
+        };
         let aru_id = self.check_aru(&g, aru)?;
         self.check_list(&mut g, list)?;
         if range.start >= range.end {

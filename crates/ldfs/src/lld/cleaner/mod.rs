@@ -217,7 +217,7 @@ pub(crate) struct SpaceWait {
     others: u32,
     /// Rounds whose releasing checkpoint open ARUs kept from being taken.
     blocked: u32,
-    /// A freeing operation cleaning first (`Engine::clean_before_meta`): it
+    /// A freeing operation cleaning first (`Engine::lock_for_meta`): it
     /// has a floor of its own to fall back to, so it never waits for open
     /// ARUs (it waited seconds beside one, and again every 65th operation:
     /// review 16).
