@@ -790,7 +790,18 @@ impl Vld {
             {
                 entries[(l - base) as usize] = Some(p);
             }
-            self.write_map(g, idx, entries)?;
+            if let Err(e) = self.write_map(g, idx, entries) {
+                // The blocks of this and later map sectors are committed by
+                // none: free again (a map sector that found no room leaked
+                // them, and a full disk took no write until reopened:
+                // review 18).
+                for &(l, p) in updates {
+                    if l / ENTRIES as u64 >= u64::from(idx) {
+                        self.mark(g, u64::from(p), 1, false);
+                    }
+                }
+                return Err(e);
+            }
             for &(l, p) in updates
                 .iter()
                 .filter(|(l, _)| l / ENTRIES as u64 == u64::from(idx))

@@ -824,3 +824,75 @@ fn r17_compaction_and_cuts_keep_the_map_and_free_space_agreeing() {
 fn r17_the_compactor_never_fails_for_room_on_a_mostly_free_disk() {
     assert_eq!(r17_compaction_run(961, 1), 0);
 }
+
+/// Review 18: a write whose data blocks all find room but whose map sector
+/// then finds none (`commit` -> `log_version`: "no free block") fails
+/// uncut. Does it leave the map and free space agreeing (the compactor now
+/// swallows this error from its moves and calls the disk consistent,
+/// 7261cf8), the contents unchanged, and a power-down then reopen intact?
+/// Every write size around the free space, on a full disk.
+#[test]
+fn r18_a_write_whose_map_sector_finds_no_room_leaks_nothing() {
+    let mut failures = Vec::new();
+    for bb in [512u32, 4096] {
+        for extra in 0..4u64 {
+            let disk = small(PaperDisk::Hp97560, 2);
+            let opts = VldOptions {
+                block_bytes: bb,
+                ..VldOptions::default()
+            };
+            let v = Vld::create(disk.clone(), opts).unwrap();
+            let size = v.size_bytes() as usize;
+            let mut model = pattern(u64::from(bb), size);
+            v.write_at(&model, 0).unwrap();
+            r17_strict(&v).unwrap();
+            let free = v.lock().free;
+            let blocks = (free + extra).saturating_sub(2).max(1);
+            let data = pattern(99 + extra, (blocks * u64::from(bb)) as usize);
+            let r = v.write_at(&data, 0);
+            let what = format!("bb {bb}, {free} free, writing {blocks} blocks: {r:?}");
+            if r.is_ok() {
+                model[..data.len()].copy_from_slice(&data);
+            }
+            if let Err(e) = r17_strict(&v) {
+                failures.push(format!("{what}: {e}"));
+            }
+            let mut got = vec![0u8; size];
+            v.read_at(&mut got, 0).unwrap();
+            if got != model {
+                failures.push(format!("{what}: contents changed"));
+            }
+            v.power_down().unwrap();
+            let again = Arc::new(SimDisk::with_image(
+                disk.params().clone(),
+                0.0,
+                disk.image(),
+            ));
+            match Vld::open(again, VldOptions::default()) {
+                Ok((v2, how)) => {
+                    let mut got = vec![0u8; size];
+                    v2.read_at(&mut got, 0).unwrap();
+                    if got != model {
+                        failures.push(format!("{what}: reopened ({how:?}) contents differ"));
+                    }
+                    if let Err(e) = r17_strict(&v2) {
+                        failures.push(format!("{what}: reopened ({how:?}): {e}"));
+                    }
+                }
+                Err(e) => failures.push(format!("{what}: reopen: {e}")),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Review 18: r17's compaction run over more seeds (`R18_FROM`, `R18_SEEDS`):
+/// the compactor's StorageFull `break` leaves the map and free space
+/// agreeing block by block, and cuts anywhere recover.
+#[test]
+fn r18_compaction_and_cuts_more_seeds() {
+    let seeds: u64 = std::env::var("R18_SEEDS").map_or(120, |v| v.parse().unwrap());
+    let from: u64 = std::env::var("R18_FROM").map_or(1000, |v| v.parse().unwrap());
+    let failed = r17_compaction_run(from, seeds);
+    println!("{failed} compactions failed without a cut");
+}

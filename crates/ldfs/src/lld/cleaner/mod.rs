@@ -222,8 +222,11 @@ pub(crate) struct SpaceWait {
     /// ARUs (it waited seconds beside one, and again every 65th operation:
     /// review 16).
     pub(crate) freeing: bool,
-    /// A freeing operation found a pass running (`clean_for_space`): not
-    /// futile, only not its to wait for.
+    /// A freeing operation did its one round (`clean_for_space`): not
+    /// futile, only not its to go on with. (It queues behind a pass already
+    /// running: skipping it with `try_lock` let deletes beside a busy
+    /// writer sink the log below the cleaner's floor again, and a delete
+    /// got NoSpace: review 18.)
     pub(crate) busy: bool,
 }
 
@@ -527,22 +530,7 @@ impl Engine {
     /// and counted as its own such rounds made writers give up within a
     /// second while every pass gained (review 12, four writers).
     pub(crate) fn clean_for_space(&self, seen_clean: u32, wait: &mut SpaceWait) -> LdResult<bool> {
-        let mut st = if wait.freeing {
-            // A pass is running (a writer's): the room it makes is being
-            // made; a freeing operation does not queue behind it (it
-            // waited as long as writers' passes, seconds on a large
-            // device: review 16).
-            match self.cleaner.try_lock() {
-                Ok(st) => st,
-                Err(std::sync::TryLockError::WouldBlock) => {
-                    wait.busy = true;
-                    return Ok(false);
-                }
-                Err(std::sync::TryLockError::Poisoned(_)) => panic!("cleaner poisoned"),
-            }
-        } else {
-            self.cleaner.lock().expect("cleaner poisoned")
-        };
+        let mut st = self.cleaner.lock().expect("cleaner poisoned");
         st.stats.waits += 1;
         let (clean, releasable) = self.clean_segment_counts();
         if clean > seen_clean {
