@@ -140,6 +140,9 @@ pub struct EngineStats {
     /// Segments made Clean by checkpoints since open (emptied by the
     /// cleaner or by overwrites and deletes).
     pub segments_released: u64,
+    /// Buffered writes of ended ARUs dropped because a later ARU's write of
+    /// the same block ended in the same partial segment.
+    pub writes_coalesced: u64,
 }
 
 /// What open found, for `inspect` and tests.
@@ -176,11 +179,26 @@ pub(crate) struct LogHead {
     pub entered: u64,
 }
 
+#[derive(Default)]
 struct AruState {
     /// Records logged in this ARU.
     ops: u64,
     /// Reserved bytes not yet used.
     reserved: u64,
+    /// Writes in the open partial that this ARU's writes replaced but could
+    /// not drop yet (another ARU's, or one of no ARU): dropped at this ARU's
+    /// end if its end record joins them in the same partial (`end_aru`).
+    superseded: Vec<Superseded>,
+}
+
+/// A buffered write an open ARU's write replaced.
+struct Superseded {
+    /// The partial segment (its sequence number) the write is buffered in.
+    seq: u64,
+    slot: usize,
+    key: Key,
+    /// The replaced write's ARU (0: none).
+    aru: u64,
 }
 
 /// Space class of an operation: user writes keep the whole reserve free;
@@ -1378,9 +1396,42 @@ impl Engine {
                 .aru;
             if aru == 0 || aru == old_aru {
                 g.pending.drop_write(slot);
+            } else if let Some(state) = g.arus.get_mut(&aru) {
+                let key = g.pending.write_at(slot).expect("checked above").key;
+                state.superseded.push(Superseded {
+                    seq: g.log.seq,
+                    slot,
+                    key,
+                    aru: old_aru,
+                });
             }
         } else if let Some(seg) = self.geo.segment_of(old.offset()) {
             g.usage.sub_live(seg, old.len);
+        }
+    }
+
+    /// Drops the buffered writes an ARU that just ended replaced, where that
+    /// cannot change what recovery sees (DESIGN.md, engine invariant 5): the
+    /// ARU's end record went into the same open partial as the replaced
+    /// write, a partial segment is valid only whole (invariant 3), so no
+    /// crash can keep the replaced write without the replacing one and the
+    /// end that commits it; the replaced write's own ARU has ended too (or
+    /// it had none), so no abort can need it back; and no open ARU's undo
+    /// chain names the key, so no abort can restore it either. Consecutive
+    /// ARUs rewriting the same blocks (a directory's inode and bucket, the
+    /// dual layout's bitmaps) then log each block once per partial segment,
+    /// not once per ARU.
+    fn drop_superseded(&self, g: &mut Inner, superseded: Vec<Superseded>) {
+        for s in superseded {
+            if s.seq != g.log.seq || (s.aru != 0 && g.arus.contains_key(&s.aru)) {
+                continue;
+            }
+            let live =
+                matches!(g.pending.write_at(s.slot), Some(w) if w.key == s.key && w.aru == s.aru);
+            if live && !g.undo.touches(s.key) {
+                g.pending.drop_write(s.slot);
+                g.stats.writes_coalesced += 1;
+            }
         }
     }
 
@@ -2490,13 +2541,7 @@ impl LogicalDisk for Engine {
         let mut g = self.lock_writable()?;
         let id = g.next_aru;
         g.next_aru += 1;
-        g.arus.insert(
-            id,
-            AruState {
-                ops: 0,
-                reserved: 0,
-            },
-        );
+        g.arus.insert(id, AruState::default());
         Ok(AruId(id))
     }
 
@@ -2517,8 +2562,9 @@ impl LogicalDisk for Engine {
                 self.aru_cv.notify_all();
             }
         }
-        g.arus.remove(&aru.0);
+        let state = g.arus.remove(&aru.0).expect("checked above");
         g.undo.end(aru.0);
+        self.drop_superseded(&mut g, state.superseded);
         self.after_op(&mut g);
         Ok(())
     }
