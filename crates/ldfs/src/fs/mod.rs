@@ -37,6 +37,7 @@ pub mod acl;
 pub mod check;
 pub mod dir;
 pub mod inode;
+pub mod scrub;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
