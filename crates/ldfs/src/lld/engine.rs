@@ -106,6 +106,10 @@ pub struct LldOptions {
     /// order the caller alone decides, so a crash simulation's seed
     /// replays exactly.
     pub log_writer_thread: bool,
+    /// Give segments back to the storage (`Device::discard`: a hole in an
+    /// image file, BLKDISCARD) as checkpoints release them, once the slot
+    /// that stops referencing them is durable (mount option `discard`).
+    pub discard: bool,
 }
 
 impl Default for LldOptions {
@@ -120,6 +124,7 @@ impl Default for LldOptions {
             rebuild: false,
             checkpoint_thread: true,
             log_writer_thread: true,
+            discard: false,
         }
     }
 }
@@ -143,6 +148,8 @@ pub struct EngineStats {
     /// Buffered writes of ended ARUs dropped because a later ARU's write of
     /// the same block ended in the same partial segment.
     pub writes_coalesced: u64,
+    /// Segments given back to the storage (`discard`, `trim`) since open.
+    pub segments_discarded: u64,
 }
 
 /// What open found, for `inspect` and tests.
@@ -539,6 +546,43 @@ impl Engine {
     /// Times live-byte accounting disagreed with the map (0 on a sound image).
     pub fn accounting_drift(&self) -> u64 {
         self.lock().usage.drift()
+    }
+
+    /// Gives every Clean segment back to the storage (`ldfs trim`, what
+    /// fstrim does): a Clean segment holds nothing a durable checkpoint
+    /// needs. Each is discarded under the state lock, so the log cannot
+    /// choose it meanwhile; others run between segments. Returns the
+    /// segments and bytes discarded, 0 when the device cannot discard.
+    pub fn trim(&self) -> LdResult<(u64, u64)> {
+        if self.opts.read_only {
+            return Err(LdError::ReadOnly("opened read-only".into()));
+        }
+        let clean: Vec<SegmentId> = {
+            let g = self.lock();
+            g.usage
+                .iter()
+                .filter(|(_, u)| u.state == SegmentState::Clean)
+                .map(|(s, _)| s)
+                .collect()
+        };
+        let (mut segs, mut bytes) = (0, 0);
+        for s in clean {
+            let mut g = self.lock_writable()?;
+            if g.usage.get(s).state != SegmentState::Clean {
+                continue; // taken by the log since
+            }
+            let (offset, len) = (self.geo.page_addr(s, 0), self.geo.segment_bytes());
+            match self.dev.discard(offset, len) {
+                Ok(true) => {
+                    g.stats.segments_discarded += 1;
+                    segs += 1;
+                    bytes += len;
+                }
+                Ok(false) => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok((segs, bytes))
     }
 
     /// Memory held by the map, and its page counts (total, dirty).
@@ -1638,11 +1682,20 @@ impl Engine {
         let slot_bytes = checkpoint::encode(&self.geo, &header, &g.usage, &released);
         let slot = (header.serial % 2) as usize;
         g.log_bytes_since_checkpoint = 0;
+        let discard = if self.opts.discard {
+            released
+                .iter()
+                .map(|&s| (self.geo.page_addr(s, 0), self.geo.segment_bytes()))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let p = PendingCheckpoint::new(Plan {
             serial: header.serial,
             ticket: self.flight.submitted(),
             slot_addr: self.geo.slot_addr(slot),
             slot_bytes,
+            discard,
             released,
             op_seq: g.op_seq,
             dirtied,
@@ -1748,6 +1801,7 @@ fn apply_checkpoint(
     g.stats.checkpoints += 1;
     g.serial = p.plan.serial;
     g.usage.release(&p.plan.released);
+    g.stats.segments_discarded += p.discarded();
     if g.log.next == g.log.seg {
         // The log had no segment to continue in; now it may.
         let Inner { usage, log, .. } = &mut *g;
