@@ -26,8 +26,8 @@ use ldfs::fs::{Fs, FsOptions};
 use ldfs::ld::LogicalDisk;
 use ldfs::lld::{Lld, LldOptions};
 
-use crate::fuse::{Control, FuseFs};
-use crate::transport::{self, dev::Dev, uring, Transport};
+use crate::fuse::adapter::{Control, FuseFs};
+use crate::fuse::transport::{self, dev::Dev, uring, Transport};
 
 /// What `ldfs stats` and `ldfs clean` reach on a mounted file system.
 struct Daemon {
@@ -52,7 +52,7 @@ impl Control for Daemon {
     fn get(&self, name: &str) -> Result<Vec<u8>, String> {
         match name {
             "stats" => {
-                let mut t = crate::stats_text(&self.lld);
+                let mut t = crate::cli::stats::stats_text(&self.lld);
                 t += &format!(
                     "transport: {}, {} requests served over io_uring\n",
                     self.transport.lock().expect("transport poisoned"),
@@ -60,7 +60,7 @@ impl Control for Daemon {
                 );
                 if let Some(d) = &self.dual {
                     t += "data device (dual):\n";
-                    t += &crate::dual_text(&d.stats());
+                    t += &crate::cli::stats::dual_text(&d.stats());
                 }
                 Ok(t.into_bytes())
             }
@@ -84,7 +84,7 @@ impl Control for Daemon {
         match name {
             "checkpoint" => self.lld.checkpoint_now().map_err(|e| e.to_string()),
             "clean" => {
-                let req = crate::CleanRequest::parse(&text)?;
+                let req = crate::cli::clean::CleanRequest::parse(&text)?;
                 self.cancel.store(false, Ordering::Relaxed);
                 let sum = self
                     .lld
@@ -274,7 +274,7 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
             ("direct_writes", None) => o.direct_writes = Toggle::On,
             ("nodirect_writes", None) => o.direct_writes = Toggle::Off,
             ("cache", Some(v)) => {
-                o.cache_bytes = crate::parse_size(v)
+                o.cache_bytes = crate::cli::parse_size(v)
                     .map_err(|e| format!("cache={v}: {e}"))?
                     .try_into()
                     .map_err(|_| format!("cache={v} is too large"))?;
@@ -943,7 +943,7 @@ pub fn run(
     if opts.allow_other {
         cfg.acl = SessionACL::All;
     }
-    cfg.n_threads = Some(crate::FUSE_THREADS);
+    cfg.n_threads = Some(crate::fuse::FUSE_THREADS);
     let transport_text = Arc::new(std::sync::Mutex::new("/dev/fuse".to_string()));
     let ring_served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let control: Arc<dyn Control> = Arc::new(Daemon {
@@ -1162,9 +1162,9 @@ fn start_uring_now(setup: RingSetup) -> Result<Option<uring::Rings>, String> {
         Some(true) => {}
     }
     let queues = uring::queue_count();
-    let per_queue = (crate::FUSE_THREADS / queues).max(2);
+    let per_queue = (crate::fuse::FUSE_THREADS / queues).max(2);
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-    let payload = crate::fuse::MAX_WRITE_BYTES
+    let payload = crate::fuse::adapter::MAX_WRITE_BYTES
         .next_multiple_of(page)
         .max(8192);
     // Entries serve as soon as each is registered, before `start`

@@ -12,7 +12,7 @@ use fuser::{Errno, FileAttr, FileType, INodeNo, InitFlags, KernelConfig, TimeOrN
 use ldfs::fs::inode::{Kind, Time};
 use ldfs::fs::{self, Attr, Ctx, Fs, FsError, Kill, SetAttr, TimeSet, XattrMode};
 
-use crate::transport::{
+use crate::fuse::transport::{
     Caller, DirEntry, DirEntryPlus, Entry, FuseOps, OpResult, Opened, SetattrIn, Statfs, Xattr,
 };
 
