@@ -145,8 +145,9 @@ pub struct EngineStats {
     /// Segments made Clean by checkpoints since open (emptied by the
     /// cleaner or by overwrites and deletes).
     pub segments_released: u64,
-    /// Buffered writes of ended ARUs dropped because a later ARU's write of
-    /// the same block ended in the same partial segment.
+    /// Buffered writes (of ended ARUs, of none, or the cleaner's moves)
+    /// dropped because a later ARU's write of the same block ended in the
+    /// same partial segment.
     pub writes_coalesced: u64,
     /// Segments given back to the storage (`discard`, `trim`) since open.
     pub segments_discarded: u64,
@@ -1442,6 +1443,11 @@ impl Engine {
                 g.pending.drop_write(slot);
             } else if let Some(state) = g.arus.get_mut(&aru) {
                 let key = g.pending.write_at(slot).expect("checked above").key;
+                // Entries of partials already sealed can never be dropped
+                // (`drop_superseded`), and sequence numbers only grow.
+                if state.superseded.last().is_some_and(|s| s.seq != g.log.seq) {
+                    state.superseded.clear();
+                }
                 state.superseded.push(Superseded {
                     seq: g.log.seq,
                     slot,
