@@ -1,6 +1,6 @@
 //! The `ldfs` command: `mkfs`, `mount` (also as the mount helper
 //! `mount.fuse.ldfs`), `fsck` (also as `fsck.ldfs`), `sync`, `stats`,
-//! `checkpoint`, `clean`, `inspect` and `bench` (engine, cleaner, fs, ...):
+//! `checkpoint`, `clean`, `scrub`, `trim`, `inspect` and `bench` (engine, cleaner, fs, ...):
 //! one module per command, each parsing its own options and doing its work;
 //! `main` only dispatches.
 
@@ -12,8 +12,10 @@ pub mod fsck;
 pub mod inspect;
 pub mod mkfs;
 pub mod mount;
+pub mod scrub;
 pub mod stats;
 pub mod sync;
+pub mod trim;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -98,6 +100,10 @@ enum Cmd {
     /// on a mount point --background and --stop control the background
     /// cleaner.
     Clean(clean::CleanArgs),
+    /// Read every live block of a mounted ldfs and verify its checksum.
+    Scrub(scrub::ScrubArgs),
+    /// Give every clean segment back to the storage (fstrim).
+    Trim(trim::TrimArgs),
     /// Run a benchmark and print its figures.
     Bench {
         #[command(subcommand)]
@@ -173,6 +179,8 @@ pub fn main() -> ExitCode {
         Cmd::Checkpoint { mountpoint } => checkpoint::run(&mountpoint),
         Cmd::Sync { mountpoint } => sync::run(&mountpoint).map_err(Into::into),
         Cmd::Clean(a) => clean::run(a),
+        Cmd::Scrub(a) => return scrub::main(a),
+        Cmd::Trim(a) => trim::run(a),
         Cmd::Bench { which } => bench::run(which),
     };
     match result {

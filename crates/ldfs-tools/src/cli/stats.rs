@@ -46,14 +46,16 @@ pub(crate) fn stats_text(lld: &ldfs::lld::Lld) -> String {
         cs.bytes_moved,
         cs.waits
     ) + &format!(
-        "segments: {clean} clean, {dirty} dirty\nlive bytes: {}\ncapacity bytes: {}\navailable bytes: {}\ncheckpoints: {}\npartial segments written: {}\nmap pages written: {}\ndevice flushes: {}\n",
+        "segments: {clean} clean, {dirty} dirty\nlive bytes: {}\ncapacity bytes: {}\navailable bytes: {}\ncheckpoints: {}\npartial segments written: {}\nmap pages written: {}\ndevice flushes: {}\nwrites coalesced at ARU ends: {}\nsegments discarded: {}\n",
         sp.live_bytes,
         sp.capacity_bytes,
         sp.available_bytes,
         st.checkpoints,
         st.partials_written,
         st.map_pages_written,
-        st.device_flushes
+        st.device_flushes,
+        st.writes_coalesced,
+        st.segments_discarded
     )
 }
 
