@@ -7,8 +7,8 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::INodeNo;
-use ldfs_tools::transport::proto::{self, InHeader, IN_HEADER_BYTES};
-use ldfs_tools::transport::{
+use ldfs_tools::fuse::transport::proto::{self, InHeader, IN_HEADER_BYTES};
+use ldfs_tools::fuse::transport::{
     Caller, DirEntry, DirEntryPlus, Entry, FileAttr, FileType, FuseOps, OpResult, Opened, Statfs,
     Xattr,
 };

@@ -75,9 +75,12 @@ type Block = Arc<[u8]>;
 /// sees its writes at times the scheduler picks, so a seed no longer
 /// replays exactly. Off (the default here), the thread that seals a partial
 /// segment writes it.
-fn engine_options(threads: bool) -> LldOptions {
+/// `discard`: released segments are given back to the device (zeroed,
+/// as an unflushed write a crash may keep, drop or tear): odd seeds.
+fn engine_options(threads: bool, discard: bool) -> LldOptions {
     LldOptions {
         log_writer_thread: threads,
+        discard,
         map_budget_bytes: 48 << 10, // forces leaf eviction and reloads
         checkpoint_log_bytes: 96 << 10,
         checkpoint_dirty_pages: Some(24),
@@ -690,7 +693,7 @@ fn base_seed() -> u64 {
 /// How `run_device` runs.
 #[derive(Clone, Copy, Default)]
 struct Mode {
-    /// `engine_options(threads)`.
+    /// `engine_options(threads, _)`.
     threads: bool,
     /// Fold every crash image into the returned digest (costs a crc of the
     /// device per cycle).
@@ -705,8 +708,12 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64, mode: Mode) -> Result<u3
     let mut digest = 0u32;
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ first_cycle.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let dev = Arc::new(CrashDevice::new(DEVICE_BYTES));
-    let lld = Lld::create(dev.clone(), &mkfs_options(), engine_options(mode.threads))
-        .map_err(|e| format!("create: {e}"))?;
+    let lld = Lld::create(
+        dev.clone(),
+        &mkfs_options(),
+        engine_options(mode.threads, seed % 2 == 1),
+    )
+    .map_err(|e| format!("create: {e}"))?;
     lld.flush().unwrap();
     // The wide list, checkpointed: its leaves are clean until a long ARU.
     let wide = lld.create_list(None, ListHints::default()).unwrap().0;
@@ -830,7 +837,7 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64, mode: Mode) -> Result<u3
             digest = crc32c::crc32c_append(digest, &image);
         }
         dev = Arc::new(CrashDevice::from_image(image));
-        let reopened = Lld::open(dev.clone(), engine_options(mode.threads))
+        let reopened = Lld::open(dev.clone(), engine_options(mode.threads, seed % 2 == 1))
             .map_err(|e| format!("cycle {c}: reopen: {e}"))?;
         if reopened.accounting_drift() != 0 {
             return Err(format!("cycle {c}: live-byte accounting drifted"));
@@ -934,7 +941,7 @@ fn check_snapshots(
         let opts = LldOptions {
             read_only: true,
             snapshot: Some(n),
-            ..engine_options(false)
+            ..engine_options(false, false)
         };
         let reader = Lld::open(dev.clone(), opts).map_err(|e| format!("open snapshot {n}: {e}"))?;
         let got = read_state(&reader, universe);

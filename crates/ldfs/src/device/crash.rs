@@ -46,6 +46,8 @@ pub struct CrashStats {
     pub writes: u64,
     pub bytes_written: u64,
     pub flushes: u64,
+    /// Discards (each zeroes its range like an unflushed write).
+    pub discards: u64,
 }
 
 struct PendingWrite {
@@ -218,6 +220,28 @@ impl Device for CrashDevice {
             bytes: buf.to_vec(),
         });
         Ok(())
+    }
+
+    /// Zeroes the range now; like a write, a crash before the next flush
+    /// may keep it, drop it or keep part of it (a discarded range reads as
+    /// zeros or as before).
+    fn discard(&self, offset: u64, len: u64) -> Result<bool, DeviceError> {
+        check_range(DeviceOp::Discard, offset, len as usize, self.size)?;
+        let mut state = self.lock();
+        if !CrashDevice::spend_power(&mut state) {
+            return Err(power_cut(DeviceOp::Discard, offset, len as usize));
+        }
+        state.stats.discards += 1;
+        if len == 0 {
+            return Ok(true);
+        }
+        let start = offset as usize;
+        state.current[start..start + len as usize].fill(0);
+        state.pending.push(PendingWrite {
+            offset,
+            bytes: vec![0; len as usize],
+        });
+        Ok(true)
     }
 
     fn flush(&self) -> Result<(), DeviceError> {
@@ -407,7 +431,8 @@ mod tests {
             CrashStats {
                 writes: 2,
                 bytes_written: 100,
-                flushes: 1
+                flushes: 1,
+                discards: 0
             }
         );
     }

@@ -66,6 +66,14 @@ impl Device for MemoryDevice {
     fn write_unit_bytes(&self) -> u64 {
         self.write_unit
     }
+
+    /// Zeroes the range, as a discarded range may read.
+    fn discard(&self, offset: u64, len: u64) -> Result<bool, DeviceError> {
+        let mut bytes = self.bytes.lock().unwrap();
+        check_range(DeviceOp::Discard, offset, len as usize, bytes.len() as u64)?;
+        bytes[offset as usize..(offset + len) as usize].fill(0);
+        Ok(true)
+    }
 }
 
 #[cfg(test)]

@@ -46,6 +46,7 @@ pub enum DeviceOp {
     Write,
     Flush,
     Open,
+    Discard,
 }
 
 impl fmt::Display for DeviceOp {
@@ -55,6 +56,7 @@ impl fmt::Display for DeviceOp {
             DeviceOp::Write => "write",
             DeviceOp::Flush => "flush",
             DeviceOp::Open => "open",
+            DeviceOp::Discard => "discard",
         };
         f.write_str(s)
     }
@@ -106,6 +108,15 @@ pub trait Device: Send + Sync {
     fn write_unit_bytes(&self) -> u64 {
         512
     }
+    /// Gives `len` bytes at `offset` back to the storage (TRIM): a hole
+    /// punched in an image file, BLKDISCARD on a block device. Afterwards
+    /// they read as zeros or as before, so a caller discards only what
+    /// nothing reads until it is written again (lld: segments a durable
+    /// checkpoint released). Returns whether the device did anything
+    /// (`false`: it cannot discard, which is not an error).
+    fn discard(&self, _offset: u64, _len: u64) -> Result<bool, DeviceError> {
+        Ok(false)
+    }
 }
 
 impl<D: Device + ?Sized> Device for Arc<D> {
@@ -127,6 +138,9 @@ impl<D: Device + ?Sized> Device for Arc<D> {
     fn write_unit_bytes(&self) -> u64 {
         (**self).write_unit_bytes()
     }
+    fn discard(&self, offset: u64, len: u64) -> Result<bool, DeviceError> {
+        (**self).discard(offset, len)
+    }
 }
 
 impl<D: Device + ?Sized> Device for Box<D> {
@@ -147,6 +161,9 @@ impl<D: Device + ?Sized> Device for Box<D> {
     }
     fn write_unit_bytes(&self) -> u64 {
         (**self).write_unit_bytes()
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<bool, DeviceError> {
+        (**self).discard(offset, len)
     }
 }
 

@@ -364,6 +364,9 @@ impl Device for OrderedMeta {
     fn write_unit_bytes(&self) -> u64 {
         self.inner.write_unit_bytes()
     }
+    fn discard(&self, offset: u64, len: u64) -> Result<bool, DeviceError> {
+        self.inner.discard(offset, len)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -37,6 +37,7 @@ pub mod acl;
 pub mod check;
 pub mod dir;
 pub mod inode;
+pub mod scrub;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -2511,14 +2512,7 @@ impl Fs {
             return Ok(());
         }
         let now = self.now();
-        let needs = |i: &Inode| match mode {
-            AtimeMode::NoAtime => false,
-            AtimeMode::StrictAtime => i.atime != now,
-            // relatime_need_update() in fs/inode.c.
-            AtimeMode::Relatime => {
-                i.mtime >= i.atime || i.ctime >= i.atime || now.secs - i.atime.secs >= 24 * 3600
-            }
-        };
+        let needs = |i: &Inode| atime_needs_update(i, mode, now);
         {
             // Every read that reaches ldfs asks: look at the cached inode
             // in place rather than cloning it (inline data, xattrs).
@@ -2542,6 +2536,35 @@ impl Fs {
             tx.put(&i)
         })();
         tx.finish(r)
+    }
+}
+
+impl Fs {
+    /// Whether a read of `ino` now would update its atime under `mode`
+    /// (`accessed` would write). The FUSE adapter lets the kernel keep a
+    /// file's cached pages across opens only when it would not, so every
+    /// read that must update atime still reaches ldfs.
+    pub fn atime_due(&self, ino: u64, mode: AtimeMode) -> FsResult<bool> {
+        if mode == AtimeMode::NoAtime || self.is_read_only() {
+            return Ok(false);
+        }
+        let now = self.now();
+        let mut st = self.lock();
+        Ok(match st.inodes.get(&ino) {
+            Some(i) => atime_needs_update(i, mode, now),
+            None => atime_needs_update(&self.get_inode(&mut st, ino)?, mode, now),
+        })
+    }
+}
+
+fn atime_needs_update(i: &Inode, mode: AtimeMode, now: Time) -> bool {
+    match mode {
+        AtimeMode::NoAtime => false,
+        AtimeMode::StrictAtime => i.atime != now,
+        // relatime_need_update() in fs/inode.c.
+        AtimeMode::Relatime => {
+            i.mtime >= i.atime || i.ctime >= i.atime || now.secs - i.atime.secs >= 24 * 3600
+        }
     }
 }
 
@@ -2571,6 +2594,53 @@ mod tests {
         let lld = Lld::create(dev, &mkfs, LldOptions::default()).unwrap();
         Fs::format(&lld, ROOT).unwrap();
         Arc::new(Fs::mount(Arc::new(lld), FsOptions::default()).unwrap())
+    }
+
+    /// `atime_due` says whether a read would update atime, as `accessed`
+    /// decides it: under relatime a file written since its last read is
+    /// due, one read since is not (a day later it is again); strictatime
+    /// is due whenever the clock moved; noatime never.
+    #[test]
+    fn atime_due_agrees_with_what_accessed_writes() {
+        use std::sync::atomic::AtomicI64;
+        let dev = Arc::new(MemoryDevice::new(32 << 20));
+        let mkfs = MkfsOptions {
+            segment_bytes: 512 << 10,
+            max_block_bytes: 64 << 10,
+            reserved_segments: Some(4),
+            fs_id: 5,
+        };
+        let lld = Lld::create(dev, &mkfs, LldOptions::default()).unwrap();
+        let clock = Arc::new(AtomicI64::new(1_000_000));
+        let c = clock.clone();
+        let opts = FsOptions {
+            clock: Box::new(move || Time {
+                secs: c.load(Ordering::Relaxed),
+                nsecs: 0,
+            }),
+            ..Default::default()
+        };
+        Fs::format_at(&lld, ROOT, (opts.clock)()).unwrap();
+        let fs = Fs::mount(Arc::new(lld), opts).unwrap();
+        let f = fs.mknod(ROOT, ROOT_INO, b"f", 0o100644, 0).unwrap().ino;
+        fs.write(f, 0, b"data").unwrap();
+        let tick = |s: i64| clock.fetch_add(s, Ordering::Relaxed);
+        tick(1);
+        assert!(fs.atime_due(f, AtimeMode::Relatime).unwrap());
+        assert!(!fs.atime_due(f, AtimeMode::NoAtime).unwrap());
+        fs.accessed(f, AtimeMode::Relatime).unwrap();
+        assert!(!fs.atime_due(f, AtimeMode::Relatime).unwrap());
+        tick(60);
+        assert!(!fs.atime_due(f, AtimeMode::Relatime).unwrap());
+        assert!(fs.atime_due(f, AtimeMode::StrictAtime).unwrap());
+        fs.write(f, 0, b"more").unwrap();
+        assert!(
+            fs.atime_due(f, AtimeMode::Relatime).unwrap(),
+            "written since"
+        );
+        fs.accessed(f, AtimeMode::Relatime).unwrap();
+        tick(24 * 3600);
+        assert!(fs.atime_due(f, AtimeMode::Relatime).unwrap(), "a day old");
     }
 
     /// Review probe: `set_read_only(true)` stores the flag, then waits for

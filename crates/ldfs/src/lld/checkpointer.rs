@@ -19,12 +19,14 @@
 //! it first runs it and the others wait for its result; phase 2 takes no
 //! engine lock, so a thread that holds it may wait for phase 2.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use super::flight::Flight;
 use super::types::SegmentId;
+
 use crate::device::Device;
 use crate::ld::{LdError, LdResult};
 
@@ -38,6 +40,10 @@ pub(crate) struct Plan {
     pub slot_bytes: Vec<u8>,
     /// Segments the snapshot found empty: Clean once the slot is durable.
     pub released: Vec<SegmentId>,
+    /// Their byte ranges, to discard once the slot is durable and before
+    /// they are Clean (nothing writes them in between); empty unless the
+    /// engine discards.
+    pub discard: Vec<(u64, u64)>,
     /// Operations accepted before the snapshot point: durable with the slot.
     pub op_seq: u64,
     /// Map pages dirtied between the previous checkpoint and the snapshot
@@ -60,6 +66,8 @@ pub(crate) struct PendingCheckpoint {
     pub plan: Plan,
     state: Mutex<Phase2>,
     cv: Condvar,
+    /// Segments phase 2 discarded.
+    discarded: AtomicU64,
 }
 
 impl PendingCheckpoint {
@@ -68,6 +76,7 @@ impl PendingCheckpoint {
             plan,
             state: Mutex::new(Phase2::Ready),
             cv: Condvar::new(),
+            discarded: AtomicU64::new(0),
         })
     }
 
@@ -117,7 +126,26 @@ impl PendingCheckpoint {
         dev.flush()?;
         dev.write_at(&self.plan.slot_bytes, self.plan.slot_addr)?;
         dev.flush()?;
+        // TRIM is advice: a device that refuses or fails it keeps the
+        // bytes, which nothing reads again before writing them.
+        for &(offset, len) in &self.plan.discard {
+            match dev.discard(offset, len) {
+                Ok(true) => {
+                    self.discarded.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(false) => break,
+                Err(e) => {
+                    eprintln!("ldfs: discard failed, segments kept as they are: {e}");
+                    break;
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Segments phase 2 gave back to the storage.
+    pub fn discarded(&self) -> u64 {
+        self.discarded.load(Ordering::Relaxed)
     }
 }
 

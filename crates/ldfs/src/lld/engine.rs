@@ -112,6 +112,10 @@ pub struct LldOptions {
     /// order the caller alone decides, so a crash simulation's seed
     /// replays exactly.
     pub log_writer_thread: bool,
+    /// Give segments back to the storage (`Device::discard`: a hole in an
+    /// image file, BLKDISCARD) as checkpoints release them, once the slot
+    /// that stops referencing them is durable (mount option `discard`).
+    pub discard: bool,
 }
 
 impl Default for LldOptions {
@@ -127,6 +131,7 @@ impl Default for LldOptions {
             rebuild: false,
             checkpoint_thread: true,
             log_writer_thread: true,
+            discard: false,
         }
     }
 }
@@ -147,6 +152,12 @@ pub struct EngineStats {
     /// Segments made Clean by checkpoints since open (emptied by the
     /// cleaner or by overwrites and deletes).
     pub segments_released: u64,
+    /// Buffered writes (of ended ARUs, of none, or the cleaner's moves)
+    /// dropped because a later ARU's write of the same block ended in the
+    /// same partial segment.
+    pub writes_coalesced: u64,
+    /// Segments given back to the storage (`discard`, `trim`) since open.
+    pub segments_discarded: u64,
 }
 
 /// What open found, for `inspect` and tests.
@@ -185,11 +196,26 @@ pub(crate) struct LogHead {
     pub entered: u64,
 }
 
+#[derive(Default)]
 struct AruState {
     /// Records logged in this ARU.
     ops: u64,
     /// Reserved bytes not yet used.
     reserved: u64,
+    /// Writes in the open partial that this ARU's writes replaced but could
+    /// not drop yet (another ARU's, or one of no ARU): dropped at this ARU's
+    /// end if its end record joins them in the same partial (`end_aru`).
+    superseded: Vec<Superseded>,
+}
+
+/// A buffered write an open ARU's write replaced.
+struct Superseded {
+    /// The partial segment (its sequence number) the write is buffered in.
+    seq: u64,
+    slot: usize,
+    key: Key,
+    /// The replaced write's ARU (0: none).
+    aru: u64,
 }
 
 /// Space class of an operation: user writes keep the whole reserve free;
@@ -548,6 +574,43 @@ impl Engine {
     /// Times live-byte accounting disagreed with the map (0 on a sound image).
     pub fn accounting_drift(&self) -> u64 {
         self.lock().usage.drift()
+    }
+
+    /// Gives every Clean segment back to the storage (`ldfs trim`, what
+    /// fstrim does): a Clean segment holds nothing a durable checkpoint
+    /// needs. Each is discarded under the state lock, so the log cannot
+    /// choose it meanwhile; others run between segments. Returns the
+    /// segments and bytes discarded, 0 when the device cannot discard.
+    pub fn trim(&self) -> LdResult<(u64, u64)> {
+        if self.opts.read_only {
+            return Err(LdError::ReadOnly("opened read-only".into()));
+        }
+        let clean: Vec<SegmentId> = {
+            let g = self.lock();
+            g.usage
+                .iter()
+                .filter(|(_, u)| u.state == SegmentState::Clean)
+                .map(|(s, _)| s)
+                .collect()
+        };
+        let (mut segs, mut bytes) = (0, 0);
+        for s in clean {
+            let mut g = self.lock_writable()?;
+            if g.usage.get(s).state != SegmentState::Clean {
+                continue; // taken by the log since
+            }
+            let (offset, len) = (self.geo.page_addr(s, 0), self.geo.segment_bytes());
+            match self.dev.discard(offset, len) {
+                Ok(true) => {
+                    g.stats.segments_discarded += 1;
+                    segs += 1;
+                    bytes += len;
+                }
+                Ok(false) => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok((segs, bytes))
     }
 
     /// Memory held by the map, and its page counts (total, dirty).
@@ -1408,9 +1471,47 @@ impl Engine {
                 .aru;
             if aru == 0 || aru == old_aru {
                 g.pending.drop_write(slot);
+            } else if let Some(state) = g.arus.get_mut(&aru) {
+                let key = g.pending.write_at(slot).expect("checked above").key;
+                // Entries of partials already sealed can never be dropped
+                // (`drop_superseded`), and sequence numbers only grow.
+                if state.superseded.last().is_some_and(|s| s.seq != g.log.seq) {
+                    state.superseded.clear();
+                }
+                state.superseded.push(Superseded {
+                    seq: g.log.seq,
+                    slot,
+                    key,
+                    aru: old_aru,
+                });
             }
         } else if let Some(seg) = self.geo.segment_of(old.offset()) {
             g.usage.sub_live(seg, old.len);
+        }
+    }
+
+    /// Drops the buffered writes an ARU that just ended replaced, where that
+    /// cannot change what recovery sees (DESIGN.md, engine invariant 5): the
+    /// ARU's end record went into the same open partial as the replaced
+    /// write, a partial segment is valid only whole (invariant 3), so no
+    /// crash can keep the replaced write without the replacing one and the
+    /// end that commits it; the replaced write's own ARU has ended too (or
+    /// it had none), so no abort can need it back; and no open ARU's undo
+    /// chain names the key, so no abort can restore it either. Consecutive
+    /// ARUs rewriting the same blocks (a directory's inode and bucket, the
+    /// dual layout's bitmaps) then log each block once per partial segment,
+    /// not once per ARU.
+    fn drop_superseded(&self, g: &mut Inner, superseded: Vec<Superseded>) {
+        for s in superseded {
+            if s.seq != g.log.seq || (s.aru != 0 && g.arus.contains_key(&s.aru)) {
+                continue;
+            }
+            let live =
+                matches!(g.pending.write_at(s.slot), Some(w) if w.key == s.key && w.aru == s.aru);
+            if live && !g.undo.touches(s.key) {
+                g.pending.drop_write(s.slot);
+                g.stats.writes_coalesced += 1;
+            }
         }
     }
 
@@ -1651,11 +1752,20 @@ impl Engine {
         let slot_bytes = checkpoint::encode(&self.geo, &header, &g.usage, &released);
         let slot = (header.serial % 2) as usize;
         g.log_bytes_since_checkpoint = 0;
+        let discard = if self.opts.discard {
+            released
+                .iter()
+                .map(|&s| (self.geo.page_addr(s, 0), self.geo.segment_bytes()))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let p = PendingCheckpoint::new(Plan {
             serial: header.serial,
             ticket: self.flight.submitted(),
             slot_addr: self.geo.slot_addr(slot),
             slot_bytes,
+            discard,
             released,
             op_seq: g.op_seq,
             dirtied,
@@ -1761,6 +1871,7 @@ fn apply_checkpoint(
     g.stats.checkpoints += 1;
     g.serial = p.plan.serial;
     g.usage.release(&p.plan.released);
+    g.stats.segments_discarded += p.discarded();
     if g.log.next == g.log.seg {
         // The log had no segment to continue in; now it may.
         let Inner { usage, log, .. } = &mut *g;
@@ -2554,13 +2665,7 @@ impl LogicalDisk for Engine {
         let mut g = self.lock_writable()?;
         let id = g.next_aru;
         g.next_aru += 1;
-        g.arus.insert(
-            id,
-            AruState {
-                ops: 0,
-                reserved: 0,
-            },
-        );
+        g.arus.insert(id, AruState::default());
         Ok(AruId(id))
     }
 
@@ -2581,8 +2686,9 @@ impl LogicalDisk for Engine {
                 self.aru_cv.notify_all();
             }
         }
-        g.arus.remove(&aru.0);
+        let state = g.arus.remove(&aru.0).expect("checked above");
         g.undo.end(aru.0);
+        self.drop_superseded(&mut g, state.superseded);
         self.after_op(&mut g);
         Ok(())
     }

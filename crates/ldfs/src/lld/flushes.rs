@@ -105,6 +105,10 @@ impl Device for OrderedFlushes {
     fn write_unit_bytes(&self) -> u64 {
         self.inner.write_unit_bytes()
     }
+
+    fn discard(&self, offset: u64, len: u64) -> Result<bool, DeviceError> {
+        self.inner.discard(offset, len)
+    }
 }
 
 #[cfg(test)]

@@ -491,6 +491,10 @@ fn roll_forward(dev: &dyn Device, g: &Geometry, rec: &mut Recovered) -> LdResult
                     }
                 }
                 Record::DeleteList { list, .. } => {
+                    // A list deleted here existed: its id was handed out,
+                    // whether or not a write naming it is still in the log
+                    // (a write replaced before it was written is dropped).
+                    rec.next_list = rec.next_list.max(list.saturating_add(1));
                     let a = Key { list, index: 0 };
                     let b = if list == u64::MAX {
                         Key::MAX
@@ -597,6 +601,7 @@ fn rebuild(dev: &dyn Device, g: &Geometry, opts: &LldOptions, floor: Floor) -> L
                     .map(|(_, e)| e)
                     .collect(),
                 Record::DeleteList { list, .. } => {
+                    next_list = next_list.max(list.saturating_add(1));
                     let b = if list == u64::MAX {
                         Key::MAX
                     } else {

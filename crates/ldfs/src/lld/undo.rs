@@ -32,7 +32,9 @@
 //!   is still there: the writer drops a buffered write only when a write of
 //!   no ARU or of the same ARU replaces it, and such a change is never taken
 //!   back while the replaced one stays (changes of one ARU in a row collapse
-//!   into the last). `sealed` turns slots into device addresses.
+//!   into the last), or at the end of an ARU that replaced it, and then only
+//!   for a key no chain names (`touches`). `sealed` turns slots into device
+//!   addresses.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 

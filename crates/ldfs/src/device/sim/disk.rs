@@ -435,7 +435,7 @@ impl SimDisk {
             DeviceOp::Read => s.stats.reads += 1,
             DeviceOp::Write => s.stats.writes += 1,
             DeviceOp::Flush => s.stats.flushes += 1,
-            DeviceOp::Open => {}
+            DeviceOp::Open | DeviceOp::Discard => {}
         }
         Ok(())
     }

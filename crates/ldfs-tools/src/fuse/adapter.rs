@@ -12,7 +12,7 @@ use fuser::{Errno, FileAttr, FileType, INodeNo, InitFlags, KernelConfig, TimeOrN
 use ldfs::fs::inode::{Kind, Time};
 use ldfs::fs::{self, Attr, Ctx, Fs, FsError, Kill, SetAttr, TimeSet, XattrMode};
 
-use crate::transport::{
+use crate::fuse::transport::{
     Caller, DirEntry, DirEntryPlus, Entry, FuseOps, OpResult, Opened, SetattrIn, Statfs, Xattr,
 };
 
@@ -141,6 +141,10 @@ pub trait Control: Send + Sync {
 }
 
 const CONTROL_PREFIX: &str = "trusted.ldfs.";
+
+/// `FOPEN_KEEP_CACHE` of include/uapi/linux/fuse.h: the kernel keeps the
+/// file's cached pages at this open.
+const FOPEN_KEEP_CACHE: u32 = 1 << 1;
 
 fn control_name(ino: u64, name: &[u8]) -> Option<&str> {
     if ino != fs::ROOT_INO {
@@ -448,7 +452,16 @@ impl FuseOps for FuseFs {
         }
         // The kernel's lookup reference keeps the inode; nothing to count.
         self.fs.getattr(ino).map_err(|e| errno(&e))?;
-        Ok(Opened { fh: ino, flags: 0 })
+        // Every change of a file's data goes through this mount's page
+        // cache (writes, truncation, hole punching, copy_file_range), so
+        // its cached pages stay true across opens: keep them, unless a
+        // read must reach ldfs to update atime (the kernel does not keep
+        // atime for FUSE without the writeback cache).
+        let keep = !self.fs.atime_due(ino, self.atime).map_err(|e| errno(&e))?;
+        Ok(Opened {
+            fh: ino,
+            flags: if keep { FOPEN_KEEP_CACHE } else { 0 },
+        })
     }
 
     fn read(&self, ino: u64, _fh: u64, offset: u64, size: u32) -> OpResult<Vec<u8>> {

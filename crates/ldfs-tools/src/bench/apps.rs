@@ -17,7 +17,7 @@ use std::time::Instant;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::bench_fs::{have, install, run, FsBench, Target, R};
+use crate::bench::fs::{have, install, run, FsBench, Target, R};
 
 /// PostMark's configuration (DualFS: 150,000 files of 512 B to 16 KB in
 /// 150 subdirectories, 20,000 transactions; the issue asks for 20,000 files

@@ -16,8 +16,8 @@ use fuser::{
     TimeOrNow,
 };
 
-use crate::transport::dev::Dev;
-use crate::transport::{
+use crate::fuse::transport::dev::Dev;
+use crate::fuse::transport::{
     uring, Caller, DirEntry, DirEntryPlus, Entry, FuseOps, OpResult, Opened, SetattrIn, Statfs,
 };
 
@@ -221,7 +221,7 @@ fn entry(attr: FileAttr) -> Entry {
 
 impl FuseOps for MemFs {
     fn init(&self, config: &mut KernelConfig) {
-        // The same capabilities ldfs asks for (crates/ldfs-tools/src/fuse.rs).
+        // The same capabilities ldfs asks for (crates/ldfs-tools/src/fuse/adapter.rs).
         if self.writeback_cache {
             let _ = config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE);
         }
@@ -239,8 +239,8 @@ impl FuseOps for MemFs {
             .add_capabilities(InitFlags::FUSE_NO_OPEN_SUPPORT | InitFlags::FUSE_NO_OPENDIR_SUPPORT)
             .is_ok();
         self.no_open.store(no_open, Ordering::Relaxed);
-        let _ = config.set_max_write(crate::fuse::MAX_WRITE_BYTES as u32);
-        let _ = config.set_max_readahead(crate::fuse::MAX_WRITE_BYTES as u32);
+        let _ = config.set_max_write(crate::fuse::adapter::MAX_WRITE_BYTES as u32);
+        let _ = config.set_max_readahead(crate::fuse::adapter::MAX_WRITE_BYTES as u32);
     }
 
     fn lookup(&self, _c: &Caller, parent: u64, name: &[u8]) -> OpResult<Entry> {
@@ -558,14 +558,14 @@ pub fn serve(
     ];
     // Like ldfs in the benchmark: other users (tpcb's postgres) may enter.
     cfg.acl = fuser::SessionACL::All;
-    cfg.n_threads = Some(crate::FUSE_THREADS);
+    cfg.n_threads = Some(crate::fuse::FUSE_THREADS);
     let fs = Arc::new(MemFs {
         writeback_cache,
         flush: flush_file.map(FlushFile::create).transpose()?,
         ..MemFs::new()
     });
     if uring {
-        crate::transport::choose(crate::transport::Transport::Uring)?;
+        crate::fuse::transport::choose(crate::fuse::transport::Transport::Uring)?;
     }
     let start = uring.then(|| Arc::new(uring::Start::default()));
     let session = Session::new(
@@ -592,9 +592,15 @@ pub fn serve(
                         return None;
                     }
                 }
-                let per_queue = (crate::FUSE_THREADS / uring::queue_count()).max(2);
+                let per_queue = (crate::fuse::FUSE_THREADS / uring::queue_count()).max(2);
                 let served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-                match uring::start(fs, &fd, per_queue, crate::fuse::MAX_WRITE_BYTES, served) {
+                match uring::start(
+                    fs,
+                    &fd,
+                    per_queue,
+                    crate::fuse::adapter::MAX_WRITE_BYTES,
+                    served,
+                ) {
                     Ok(r) => Some(r),
                     Err(f) => {
                         let now = if f.fell_back {

@@ -92,7 +92,7 @@ pub fn run(b: &CleanerBench) -> R<()> {
         Some(out) if !b.utilizations.is_empty() => {
             let dir = out.join("bench");
             std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-            crate::bench_report::load_font()?;
+            crate::bench::report::load_font()?;
             Some(dir.join("cleaner.png"))
         }
         _ => None,
@@ -198,7 +198,7 @@ fn chart(
             .label_style(("sans-serif", 14))
             .draw()?;
         for (pi, p) in b.policies.iter().enumerate() {
-            let color = crate::bench_report::color(pi);
+            let color = crate::bench::report::color(pi);
             let points: Vec<(f64, f64)> = b
                 .utilizations
                 .iter()
@@ -398,7 +398,7 @@ mod tests {
     #[test]
     fn a_small_run_measures_and_draws() {
         let dir = tempfile::tempdir().unwrap();
-        let font = Path::new(crate::bench_report::FONT).exists();
+        let font = Path::new(crate::bench::report::FONT).exists();
         let b = CleanerBench {
             dir: dir.path().to_path_buf(),
             size: 16 << 20,

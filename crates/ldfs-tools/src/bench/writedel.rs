@@ -123,7 +123,7 @@ impl Mounted {
     }
 
     fn stats(&self) -> R<String> {
-        crate::control_get(&self.mnt, "stats")
+        crate::cli::control::control_get(&self.mnt, "stats")
             .map(|b| String::from_utf8_lossy(&b).into_owned())
             .map_err(|e| e.to_string())
     }
@@ -138,7 +138,7 @@ impl Drop for Mounted {
         // The daemon writes its final checkpoint and exits on its own.
         let canon = self.mnt.canonicalize().unwrap_or(self.mnt.clone());
         for _ in 0..200 {
-            if !crate::mount::mounts().iter().any(|m| m.dir == canon) {
+            if !crate::fuse::mount::mounts().iter().any(|m| m.dir == canon) {
                 break;
             }
             std::thread::sleep(Duration::from_millis(50));

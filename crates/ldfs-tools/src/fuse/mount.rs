@@ -26,8 +26,8 @@ use ldfs::fs::{Fs, FsOptions};
 use ldfs::ld::LogicalDisk;
 use ldfs::lld::{Lld, LldOptions};
 
-use crate::fuse::{Control, FuseFs};
-use crate::transport::{self, dev::Dev, uring, Transport};
+use crate::fuse::adapter::{Control, FuseFs};
+use crate::fuse::transport::{self, dev::Dev, uring, Transport};
 
 /// What `ldfs stats` and `ldfs clean` reach on a mounted file system.
 struct Daemon {
@@ -46,13 +46,86 @@ struct Daemon {
     transport: Arc<std::sync::Mutex<String>>,
     /// Requests served over io_uring.
     ring_served: Arc<std::sync::atomic::AtomicUsize>,
+    /// The scrub running or last run (`ldfs scrub`).
+    scrub: Arc<Scrub>,
+    /// What the last `trim` command did (read back by `ldfs trim`).
+    last_trim: std::sync::Mutex<String>,
+}
+
+/// A scrub of the mounted file system, run on a thread of its own.
+#[derive(Default)]
+pub(crate) struct Scrub {
+    stop: AtomicBool,
+    state: std::sync::Mutex<ScrubState>,
+}
+
+#[derive(Default)]
+struct ScrubState {
+    running: bool,
+    /// Scrubs started since mount.
+    runs: u64,
+    report: ldfs::fs::scrub::ScrubReport,
+    error: Option<String>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Scrub {
+    fn start(self: &Arc<Self>, ld: Arc<dyn LogicalDisk>, rate: Option<u64>) -> Result<(), String> {
+        let mut st = self.state.lock().expect("scrub poisoned");
+        if st.running {
+            return Err("a scrub is running already".into());
+        }
+        if let Some(t) = st.thread.take() {
+            let _ = t.join();
+        }
+        self.stop.store(false, Ordering::Relaxed);
+        st.running = true;
+        st.runs += 1;
+        st.error = None;
+        st.report = Default::default();
+        let me = self.clone();
+        st.thread = Some(std::thread::spawn(move || {
+            let opts = ldfs::fs::scrub::ScrubOptions {
+                rate,
+                stop: Some(&me.stop),
+            };
+            let r = ldfs::fs::scrub::scrub(&*ld, &opts, &mut |r| {
+                me.state.lock().expect("scrub poisoned").report = r.clone();
+            });
+            let mut st = me.state.lock().expect("scrub poisoned");
+            match r {
+                Ok(r) => st.report = r,
+                Err(e) => st.error = Some(e.to_string()),
+            }
+            for d in &st.report.damage {
+                eprintln!("ldfs: scrub: {}", crate::cli::scrub::damage_text(d));
+            }
+            st.running = false;
+        }));
+        Ok(())
+    }
+
+    /// Ends a running scrub and waits for its thread (unmount).
+    pub(crate) fn stop_and_join(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let t = self.state.lock().expect("scrub poisoned").thread.take();
+        if let Some(t) = t {
+            let _ = t.join();
+        }
+    }
+
+    /// The state as `ldfs scrub` reads it (JSON).
+    fn json(&self) -> String {
+        let st = self.state.lock().expect("scrub poisoned");
+        crate::cli::scrub::state_json(st.running, st.runs, &st.report, st.error.as_deref())
+    }
 }
 
 impl Control for Daemon {
     fn get(&self, name: &str) -> Result<Vec<u8>, String> {
         match name {
             "stats" => {
-                let mut t = crate::stats_text(&self.lld);
+                let mut t = crate::cli::stats::stats_text(&self.lld);
                 t += &format!(
                     "transport: {}, {} requests served over io_uring\n",
                     self.transport.lock().expect("transport poisoned"),
@@ -60,7 +133,7 @@ impl Control for Daemon {
                 );
                 if let Some(d) = &self.dual {
                     t += "data device (dual):\n";
-                    t += &crate::dual_text(&d.stats());
+                    t += &crate::cli::stats::dual_text(&d.stats());
                 }
                 Ok(t.into_bytes())
             }
@@ -73,6 +146,13 @@ impl Control for Daemon {
             // `mount -o remount,ro|rw` (see `remount`): queries, not
             // commands, because the kernel refuses setxattr on a read-only
             // mount, and the helper must reach the daemon while it is one.
+            "scrub" => Ok(self.scrub.json().into_bytes()),
+            "trim" => Ok(self
+                .last_trim
+                .lock()
+                .expect("last_trim poisoned")
+                .clone()
+                .into_bytes()),
             "remount-ro" => self.remount_ro().map(|()| Vec::new()),
             "remount-rw" => self.remount_rw().map(|()| Vec::new()),
             other => Err(format!("unknown query {other}")),
@@ -84,7 +164,7 @@ impl Control for Daemon {
         match name {
             "checkpoint" => self.lld.checkpoint_now().map_err(|e| e.to_string()),
             "clean" => {
-                let req = crate::CleanRequest::parse(&text)?;
+                let req = crate::cli::clean::CleanRequest::parse(&text)?;
                 self.cancel.store(false, Ordering::Relaxed);
                 let sum = self
                     .lld
@@ -120,6 +200,30 @@ impl Control for Daemon {
                 self.lld
                     .set_background_cleaner(false)
                     .map_err(|e| e.to_string())
+            }
+            // "start [RATE]" (bytes per second) or "stop".
+            "scrub" => {
+                let mut words = text.split_whitespace();
+                match words.next() {
+                    Some("start") => {
+                        let rate = match words.next() {
+                            Some(r) => Some(r.parse().map_err(|_| format!("scrub rate {r:?}"))?),
+                            None => None,
+                        };
+                        self.scrub.start(self.fs.logical_disk().clone(), rate)
+                    }
+                    Some("stop") => {
+                        self.scrub.stop.store(true, Ordering::Relaxed);
+                        Ok(())
+                    }
+                    other => Err(format!("scrub: start or stop, not {other:?}")),
+                }
+            }
+            "trim" => {
+                let (segs, bytes) = self.lld.trim().map_err(|e| e.to_string())?;
+                *self.last_trim.lock().expect("last_trim poisoned") =
+                    format!("trimmed {segs} clean segments, {bytes} bytes\n");
+                Ok(())
             }
             other => Err(format!("unknown command {other}")),
         }
@@ -219,6 +323,10 @@ pub struct MountOpts {
     pub meta: Option<PathBuf>,
     /// How FUSE requests travel (`transport=auto|uring|dev`).
     pub transport: Transport,
+    /// Give segments back to the storage as checkpoints release them
+    /// (`discard`; `nodiscard`, the default: `ldfs trim` does it on
+    /// demand, as fstrim).
+    pub discard: bool,
 }
 
 /// An option that is on, off, or on where it can be had (the default).
@@ -248,6 +356,7 @@ impl Default for MountOpts {
             fuse: Vec::new(),
             meta: None,
             transport: Transport::default(),
+            discard: false,
         }
     }
 }
@@ -271,10 +380,12 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
             ("allow_other", None) => o.allow_other = true,
             ("writeback_cache", None) => o.writeback_cache = true,
             ("no_writeback_cache", None) => o.writeback_cache = false,
+            ("discard", None) => o.discard = true,
+            ("nodiscard", None) => o.discard = false,
             ("direct_writes", None) => o.direct_writes = Toggle::On,
             ("nodirect_writes", None) => o.direct_writes = Toggle::Off,
             ("cache", Some(v)) => {
-                o.cache_bytes = crate::parse_size(v)
+                o.cache_bytes = crate::cli::parse_size(v)
                     .map_err(|e| format!("cache={v}: {e}"))?
                     .try_into()
                     .map_err(|_| format!("cache={v} is too large"))?;
@@ -874,6 +985,7 @@ pub fn run(
             stop_clean_segments: opts.clean_stop,
             ..Default::default()
         },
+        discard: opts.discard,
         ..Default::default()
     };
     // A dual file system: IMAGE is its data device; the metadata device is
@@ -943,9 +1055,10 @@ pub fn run(
     if opts.allow_other {
         cfg.acl = SessionACL::All;
     }
-    cfg.n_threads = Some(crate::FUSE_THREADS);
+    cfg.n_threads = Some(crate::fuse::FUSE_THREADS);
     let transport_text = Arc::new(std::sync::Mutex::new("/dev/fuse".to_string()));
     let ring_served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let scrub = Arc::new(Scrub::default());
     let control: Arc<dyn Control> = Arc::new(Daemon {
         lld: lld.clone(),
         dual: dual.clone(),
@@ -955,6 +1068,8 @@ pub fn run(
         last_clean: std::sync::Mutex::new("no clean since mount\n".into()),
         transport: transport_text.clone(),
         ring_served: ring_served.clone(),
+        scrub: scrub.clone(),
+        last_trim: std::sync::Mutex::new("no trim since mount\n".into()),
     });
     let want_uring = transport::choose(opts.transport)?;
     let fuse_fs = Arc::new(FuseFs {
@@ -1083,6 +1198,7 @@ pub fn run(
     let ring = rings.map_or(Ok(()), join_uring);
     stop.store(true, Ordering::Relaxed);
     let _ = committer.join();
+    scrub.stop_and_join();
     drop(fs);
     let closed = match &dual {
         Some(d) => d.close(),
@@ -1162,9 +1278,9 @@ fn start_uring_now(setup: RingSetup) -> Result<Option<uring::Rings>, String> {
         Some(true) => {}
     }
     let queues = uring::queue_count();
-    let per_queue = (crate::FUSE_THREADS / queues).max(2);
+    let per_queue = (crate::fuse::FUSE_THREADS / queues).max(2);
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-    let payload = crate::fuse::MAX_WRITE_BYTES
+    let payload = crate::fuse::adapter::MAX_WRITE_BYTES
         .next_multiple_of(page)
         .max(8192);
     // Entries serve as soon as each is registered, before `start`

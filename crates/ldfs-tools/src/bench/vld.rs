@@ -17,7 +17,7 @@
 //!   behaviour ("file systems running on the VLD", Section 4).
 //!
 //! The report (`--out DIR`) is a section of DIR/BENCHMARKS.md and charts in
-//! DIR/bench/vld-*.png, drawn by `bench_report`'s writers.
+//! DIR/bench/vld-*.png, drawn by `bench::report`'s writers.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -40,7 +40,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
 
-use crate::bench_report::{self, fmt_value, md_table, Machine};
+use crate::bench::report::{fmt_value, md_table, Machine};
 
 type R<T> = Result<T, String>;
 
@@ -1045,7 +1045,7 @@ pub fn run(b: &VldBench) -> R<()> {
         Some(out) => {
             let dir = out.join("bench");
             std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-            match bench_report::load_font() {
+            match super::report::load_font() {
                 Ok(()) => Some(dir),
                 Err(e) => {
                     eprintln!("bench vld: no charts: {e}");
@@ -1779,7 +1779,7 @@ pub fn run(b: &VldBench) -> R<()> {
     // JSON.
     machine.finish();
     let secs = started.elapsed().as_secs_f64();
-    let machine_v: Value = serde_json::from_str(&bench_report::machine_json(&machine)).t()?;
+    let machine_v: Value = serde_json::from_str(&super::report::machine_json(&machine)).t()?;
     let doc = json!({
         "machine": machine_v,
         "quick": b.quick,
@@ -1886,7 +1886,7 @@ pub fn run(b: &VldBench) -> R<()> {
                     .enumerate()
                     .map(|(i, s)| (s.clone(), i))
                     .collect();
-                bench_report::bar_chart(&f.title, &series, &f.phases, &f.values, &path)
+                super::report::bar_chart(&f.title, &series, &f.phases, &f.values, &path)
                     .map_err(|e| format!("{}: {e}", path.display()))?;
                 drawn.push(f.key);
             }
@@ -1931,7 +1931,7 @@ pub fn run(b: &VldBench) -> R<()> {
             }
         }
         section += &body;
-        bench_report::write_section(out, "vld", &section)?;
+        super::report::write_section(out, "vld", &section)?;
     }
     println!("bench vld: {secs:.0} s");
     if failures.is_empty() {

@@ -18,7 +18,7 @@ use std::process::Command;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::bench_fs::R;
+use crate::bench::fs::R;
 
 /// The font the charts are drawn with (Debian: fonts-dejavu-core).
 pub const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
@@ -620,7 +620,7 @@ pub(crate) fn write_section(out: &Path, key: &str, body: &str) -> R<()> {
 
 pub(crate) fn load_font() -> R<()> {
     if !Path::new(FONT).exists() {
-        crate::bench_fs::install(&["fonts-dejavu-core"], "the charts")?;
+        crate::bench::fs::install(&["fonts-dejavu-core"], "the charts")?;
     }
     let bytes = fs::read(FONT).map_err(|e| format!("{FONT}: {e}"))?;
     // Registered once per process; plotters keeps it for the whole run.

@@ -100,11 +100,11 @@ fn run(a: &FsckArgs) -> Result<u8, String> {
     // Right after an unmount the daemon may still be writing its final
     // checkpoint: lock_image waits for it (a live mount is not waited for).
     // A mount whose daemon died is still listed until it is unmounted.
-    let (lock, busy) = match crate::mount::lock_image(image, repair, "fsck.ldfs") {
-        Err(crate::mount::LockError::Open { err, .. }) => return Err(err.to_string()),
+    let (lock, busy) = match crate::fuse::mount::lock_image(image, repair, "fsck.ldfs") {
+        Err(crate::fuse::mount::LockError::Open { err, .. }) => return Err(err.to_string()),
         Err(e) => (None, Some(e.to_string())),
         Ok(f) => {
-            let on = crate::mount::mounted_on(image);
+            let on = crate::fuse::mount::mounted_on(image);
             let why = on.map(|on| format!("{} is mounted on {}", image.display(), on.display()));
             (Some(f), why)
         }
@@ -235,9 +235,9 @@ fn check_dual(
     repair: bool,
     progress: Option<fsck::ProgressFn>,
 ) -> Result<fsck::Outcome, FsckError> {
-    let meta_path = crate::mount::dual_meta_path(&**data, &a.image, a.meta.as_deref())
+    let meta_path = crate::fuse::mount::dual_meta_path(&**data, &a.image, a.meta.as_deref())
         .map_err(FsckError::Device)?;
-    let _lock = crate::mount::lock_image(&meta_path, repair, "fsck.ldfs")
+    let _lock = crate::fuse::mount::lock_image(&meta_path, repair, "fsck.ldfs")
         .map_err(|e| FsckError::Device(e.to_string()))?;
     let meta: Arc<dyn Device> = Arc::new(
         if repair {

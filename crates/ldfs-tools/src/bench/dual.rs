@@ -35,10 +35,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::bench_apps::{self, Postmark};
-use crate::bench_fs::{have, run, R};
-use crate::bench_report::{self, md_table, Machine};
-use crate::bench_writedel::{self, Tree};
+use crate::bench::apps::Postmark;
+use crate::bench::fs::{have, run, R};
+use crate::bench::report::{md_table, Machine};
+use crate::bench::writedel::Tree;
 
 pub struct DualBench {
     pub dir: PathBuf,
@@ -505,7 +505,7 @@ fn is_mounted(mnt: &Path) -> bool {
     let Ok(canon) = mnt.canonicalize() else {
         return false;
     };
-    crate::mount::mounts().iter().any(|m| m.dir == canon)
+    crate::fuse::mount::mounts().iter().any(|m| m.dir == canon)
 }
 
 /// The mounted file system a phase works in.
@@ -611,7 +611,7 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 
 impl Pattern {
     fn scan(root: PathBuf) -> R<Pattern> {
-        let (dirs, files) = bench_apps::walk(&root)?;
+        let (dirs, files) = super::apps::walk(&root)?;
         let (mut bytes, mut big, mut matching) = (0, 0, 0);
         for f in &files {
             let data = fs::read(root.join(f)).map_err(|e| format!("{}: {e}", f.display()))?;
@@ -659,7 +659,7 @@ fn split(procs: usize, files: &[PathBuf], each: &(dyn Fn(&Path) -> R<usize> + Sy
 /// file's bytes or empty: the directories first, then the files by `procs`
 /// workers.
 fn copy_tree(from: &Path, to: &Path, with_data: bool, procs: usize) -> R<()> {
-    let (dirs, files) = bench_apps::walk(from)?;
+    let (dirs, files) = super::apps::walk(from)?;
     fs::create_dir(to).map_err(|e| format!("{}: {e}", to.display()))?;
     for d in &dirs {
         fs::create_dir(to.join(d)).map_err(|e| format!("{}: {e}", d.display()))?;
@@ -683,7 +683,7 @@ fn micro_work(which: &str, procs: usize, m: &Mnt, p: &Pattern) -> R<Vec<(String,
         "write-meta" => copy_tree(&p.root, &m.path.join("wm"), false, procs)?,
         "write-data-meta" => copy_tree(&p.root, &src, true, procs)?,
         "read-meta" => {
-            let (_, files) = bench_apps::walk(&src)?;
+            let (_, files) = super::apps::walk(&src)?;
             let big = split(procs, &files, &|f| {
                 let md = fs::symlink_metadata(src.join(f)).map_err(|e| e.to_string())?;
                 Ok(usize::from(md.len() > 2048))
@@ -698,7 +698,7 @@ fn micro_work(which: &str, procs: usize, m: &Mnt, p: &Pattern) -> R<Vec<(String,
             }
         }
         "read-data-meta" => {
-            let (_, files) = bench_apps::walk(&src)?;
+            let (_, files) = super::apps::walk(&src)?;
             let matching = split(procs, &files, &|f| {
                 let data = fs::read(src.join(f)).map_err(|e| e.to_string())?;
                 Ok(usize::from(contains(&data, NEEDLE)))
@@ -737,7 +737,7 @@ fn writedel_work(m: &Mnt, b: &DualBench, tree: &Tree, clean: bool) -> R<Vec<(Str
     let requests = std::thread::scope(|s| -> R<u64> {
         let cleaner = clean.then(|| {
             s.spawn(|| {
-                let req = crate::CleanRequest {
+                let req = crate::cli::clean::CleanRequest {
                     policy: ldfs::lld::PolicyKind::default(),
                     max_utilization: 100,
                     segments: Some(1),
@@ -752,21 +752,22 @@ fn writedel_work(m: &Mnt, b: &DualBench, tree: &Tree, clean: bool) -> R<Vec<(Str
                         }
                         std::thread::sleep(Duration::from_millis(20));
                     }
-                    if crate::control_set(m.path, "clean", req.as_bytes()).is_ok() {
+                    if crate::cli::control::control_set(m.path, "clean", req.as_bytes()).is_ok() {
                         n += 1;
                     }
                 }
             })
         });
-        let r = bench_writedel::copy_delete_rounds(&root, tree, b.writedel_rounds, &|| m.durable());
+        let r =
+            super::writedel::copy_delete_rounds(&root, tree, b.writedel_rounds, &|| m.durable());
         stop.store(true, Ordering::Relaxed);
         let n = cleaner.map_or(0, |h| h.join().unwrap_or(0));
         r.map(|_| n)
     })?;
     let mut extra = vec![("clean requests".to_string(), requests as f64)];
     if !m.kernel {
-        let stats = crate::control_get(m.path, "stats").map_err(|e| e.to_string())?;
-        let cleaned = bench_writedel::stat_after(&String::from_utf8_lossy(&stats), "cleaned:")
+        let stats = crate::cli::control::control_get(m.path, "stats").map_err(|e| e.to_string())?;
+        let cleaned = super::writedel::stat_after(&String::from_utf8_lossy(&stats), "cleaned:")
             .unwrap_or(f64::NAN);
         extra.push(("segments cleaned".into(), cleaned));
     }
@@ -809,7 +810,7 @@ struct Outcome {
 
 fn outcome_json(o: &Outcome) -> String {
     let v = json!({
-        "machine": serde_json::from_str::<Value>(&bench_report::machine_json(&o.machine)).unwrap_or(Value::Null),
+        "machine": serde_json::from_str::<Value>(&super::report::machine_json(&o.machine)).unwrap_or(Value::Null),
         "description": o.description,
         "targets": o.targets,
         "skipped": o.skipped.iter().map(|(t, why)| json!({"target": t, "reason": why})).collect::<Vec<_>>(),
@@ -865,7 +866,7 @@ pub fn run_bench(b: &DualBench) -> R<()> {
     // on every target of a fresh machine).
     let mut experiments = b.experiments.clone();
     if experiments.iter().any(|e| e == "postmark") {
-        if let Err(why) = bench_apps::need(&["postmark"], &["postmark"], "the postmark workload") {
+        if let Err(why) = super::apps::need(&["postmark"], &["postmark"], "the postmark workload") {
             eprintln!("bench dual: skipping PostMark: {why}");
             o.skipped.push(("postmark (every target)".into(), why));
             experiments.retain(|e| e != "postmark");
@@ -873,7 +874,7 @@ pub fn run_bench(b: &DualBench) -> R<()> {
     }
     let want = |e: &str| experiments.iter().any(|x| x == e);
     let pattern_fs = if want("micro") && !o.targets.is_empty() {
-        Some(bench_apps::source_tree(
+        Some(super::apps::source_tree(
             &b.dir.join("bench-dual-src"),
             b.tree_mib,
         )?)
@@ -884,7 +885,7 @@ pub fn run_bench(b: &DualBench) -> R<()> {
         Some(g) => Some(Pattern::scan(g.path.join("tree"))?),
         None => None,
     };
-    let tree = Tree::generate(b.writedel_files, bench_writedel::SEED);
+    let tree = Tree::generate(b.writedel_files, super::writedel::SEED);
     o.description = format!(
         "{} MiB per target on loop devices (losetup --direct-io=on, sparse image files on {}); \
          ldfs-dual's metadata device 10% of it; micro-benchmark tree: {}, by {} process(es); PostMark: {} files of {}-{} B in {} directories, {} transactions; \
@@ -913,7 +914,7 @@ pub fn run_bench(b: &DualBench) -> R<()> {
         b.clean_every_secs,
         b.repeat.max(1),
     );
-    let stop = crate::bench_fs::stop_flag();
+    let stop = crate::bench::fs::stop_flag();
     'reps: for rep in 0..b.repeat.max(1) {
         for target in o.targets.clone() {
             for exp in EXPERIMENTS.iter().filter(|e| want(e)) {
@@ -991,7 +992,7 @@ pub fn run_bench(b: &DualBench) -> R<()> {
     let md = markdown(b, &o);
     print!("{md}");
     if let Some(out) = &b.out {
-        bench_report::write_section(out, "dual", &md)?;
+        super::report::write_section(out, "dual", &md)?;
     }
     if stop.load(Ordering::Relaxed) {
         return Err("interrupted; everything mounted was unmounted".into());
@@ -1031,7 +1032,7 @@ fn run_experiment(
         }
         "postmark" => {
             let m = phase(&mut rig, &mut |m| {
-                let v = bench_apps::postmark_at(m.path, &|| m.durable(), &b.postmark)?;
+                let v = super::apps::postmark_at(m.path, &|| m.durable(), &b.postmark)?;
                 Ok(vec![("transactions/s".into(), v[1])])
             })?;
             record("PostMark", m);
@@ -1040,7 +1041,7 @@ fn run_experiment(
             let m = phase(&mut rig, &mut |m| writedel_work(m, b, tree, clean))?;
             // Outside the measure: what the rounds kept reads back intact.
             rig.mount()?;
-            bench_writedel::verify_kept(&rig.mnt.join("writedel"), tree, b.writedel_rounds)?;
+            super::writedel::verify_kept(&rig.mnt.join("writedel"), tree, b.writedel_rounds)?;
             rig.unmount()?;
             record("write-del", m);
         }
@@ -1052,7 +1053,7 @@ fn run_experiment(
 // ------------------------------------------------------------------ report
 
 fn median(v: Vec<f64>) -> Option<f64> {
-    bench_report::median(&v)
+    super::report::median(&v)
 }
 
 /// The median over the reps of `f` of the runs of (experiment, phase, column).
@@ -1287,7 +1288,7 @@ fn markdown(b: &DualBench, o: &Outcome) -> String {
            time the whole device's; `ldfs` (one log), `ext4` (data=ordered, the paper's Ext3) and `ext2` \
            on one loop device each. With more than one process, the directories are made by one and the files split among the processes, as the paper divides the job. Wall times are noisy on a \
            shared machine: I/O times are the comparison.\n\n";
-    md += &crate::bench_report::machine_table(m);
+    md += &crate::bench::report::machine_table(m);
     let _ = writeln!(md, "{}.\n", o.description);
     if let Some(n) = &b.note {
         let _ = writeln!(md, "{n}\n");

@@ -6,7 +6,7 @@
 //!
 //! Invariants: everything this benchmark mounts is unmounted, every loop
 //! device it attaches is detached and every daemon it starts is stopped,
-//! also on error paths (`Target` and the guards in `bench_apps` do it on
+//! also on error paths (`Target` and the guards in `bench::apps` do it on
 //! drop). A target whose tools are missing is skipped, never a crash.
 //! Micro-benchmark write phases are timed until the data is durable
 //! (`Target::durable`); their reads are cold (caches dropped first).
@@ -23,8 +23,7 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::bench_apps;
-use crate::bench_report::{self, Results, WorkloadResult};
+use crate::bench::report::{Results, WorkloadResult};
 
 pub struct FsBench {
     pub dir: PathBuf,
@@ -47,9 +46,9 @@ pub struct FsBench {
     pub out: Option<PathBuf>,
     /// A sentence for the report (for example: the machine was shared).
     pub note: Option<String>,
-    pub postmark: bench_apps::Postmark,
-    pub andrew: bench_apps::Andrew,
-    pub tpcb: bench_apps::Tpcb,
+    pub postmark: super::apps::Postmark,
+    pub andrew: super::apps::Andrew,
+    pub tpcb: super::apps::Tpcb,
 }
 
 pub type R<T> = Result<T, String>;
@@ -139,7 +138,7 @@ fn is_mounted(mnt: &Path) -> bool {
     let Ok(canon) = mnt.canonicalize() else {
         return false;
     };
-    crate::mount::mounts().iter().any(|m| m.dir == canon)
+    crate::fuse::mount::mounts().iter().any(|m| m.dir == canon)
 }
 
 impl Drop for Target {
@@ -260,7 +259,7 @@ fn check_target(name: &str) -> R<()> {
         }
         "ldfs-uring" | "memfs-uring" => {
             need(&["fusermount3"], &["fuse3"])?;
-            crate::transport::kernel_uring().map(|_| ())
+            crate::fuse::transport::kernel_uring().map(|_| ())
         }
         "ext4" => need(&["mkfs.ext4", "losetup"], &["e2fsprogs", "mount"]),
         "xfs" => need(&["mkfs.xfs", "losetup"], &["xfsprogs", "mount"]).and(kernel("xfs")),
@@ -445,7 +444,7 @@ fn ldfs_counters(t: &Target) -> Vec<(String, f64)> {
     if !t.name.starts_with("ldfs") {
         return Vec::new();
     }
-    let Ok(text) = crate::control_get(&t.mnt, "stats") else {
+    let Ok(text) = crate::cli::control::control_get(&t.mnt, "stats") else {
         return Vec::new();
     };
     String::from_utf8_lossy(&text)
@@ -903,7 +902,7 @@ pub fn spec(key: &str, b: &FsBench) -> Spec {
     }
 }
 
-fn run_workload(key: &str, t: &Target, b: &FsBench, env: &bench_apps::Env) -> R<Vec<f64>> {
+fn run_workload(key: &str, t: &Target, b: &FsBench, env: &super::apps::Env) -> R<Vec<f64>> {
     match key {
         "smallfiles" => small_files(t, b.small_files),
         "largefile" => large_file(t, b.large_mib),
@@ -920,15 +919,15 @@ fn run_workload(key: &str, t: &Target, b: &FsBench, env: &bench_apps::Env) -> R<
             Ok(v)
         }
         "metadata" => metadata(t),
-        "postmark" => bench_apps::postmark(t, &b.postmark),
-        "andrew" => bench_apps::andrew(t, env),
-        "tpcb" => bench_apps::tpcb(t, b, env),
+        "postmark" => super::apps::postmark(t, &b.postmark),
+        "andrew" => super::apps::andrew(t, env),
+        "tpcb" => super::apps::tpcb(t, b, env),
         "writedel" => {
-            let tree = crate::bench_writedel::Tree::generate(1500, crate::bench_writedel::SEED);
+            let tree = crate::bench::writedel::Tree::generate(1500, crate::bench::writedel::SEED);
             let root = t.mnt.join("writedel");
             let secs =
-                crate::bench_writedel::copy_delete_rounds(&root, &tree, 20, &|| t.durable())?;
-            crate::bench_writedel::verify_kept(&root, &tree, 20)?;
+                crate::bench::writedel::copy_delete_rounds(&root, &tree, 20, &|| t.durable())?;
+            crate::bench::writedel::verify_kept(&root, &tree, 20)?;
             fs::remove_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
             t.durable()?;
             Ok(vec![secs])
@@ -947,21 +946,21 @@ impl UringSwitch {
             .iter()
             .zip(skipped)
             .any(|(t, s)| t.ends_with("-uring") && s.is_none());
-        if !wanted || crate::transport::kernel_uring() != Ok(false) {
+        if !wanted || crate::fuse::transport::kernel_uring() != Ok(false) {
             return UringSwitch(None);
         }
-        match fs::write(crate::transport::ENABLE_URING, "Y") {
+        match fs::write(crate::fuse::transport::ENABLE_URING, "Y") {
             Ok(()) => {
                 eprintln!(
                     "bench fs: turned {} on for the io_uring targets (back to N at the end)",
-                    crate::transport::ENABLE_URING
+                    crate::fuse::transport::ENABLE_URING
                 );
                 UringSwitch(Some("N".into()))
             }
             Err(e) => {
                 eprintln!(
                     "bench fs: turning {} on: {e}",
-                    crate::transport::ENABLE_URING
+                    crate::fuse::transport::ENABLE_URING
                 );
                 UringSwitch(None)
             }
@@ -972,7 +971,7 @@ impl UringSwitch {
 impl Drop for UringSwitch {
     fn drop(&mut self) {
         if let Some(was) = &self.0 {
-            let _ = fs::write(crate::transport::ENABLE_URING, was);
+            let _ = fs::write(crate::fuse::transport::ENABLE_URING, was);
         }
     }
 }
@@ -989,7 +988,7 @@ pub fn run_all(b: &FsBench) -> R<()> {
         }
     }
     fs::create_dir_all(&b.dir).map_err(|e| format!("{}: {e}", b.dir.display()))?;
-    let machine = bench_report::Machine::probe(&b.dir);
+    let machine = super::report::Machine::probe(&b.dir);
     let skipped: Vec<Option<String>> = b.targets.iter().map(|t| check_target(t).err()).collect();
     for (t, s) in b.targets.iter().zip(&skipped) {
         if let Some(why) = s {
@@ -997,7 +996,7 @@ pub fn run_all(b: &FsBench) -> R<()> {
         }
     }
     let _uring = UringSwitch::on_for(&b.targets, &skipped);
-    let env = bench_apps::Env::prepare(b)?;
+    let env = super::apps::Env::prepare(b)?;
     let mut results = Results {
         targets: b.targets.clone(),
         skipped,
@@ -1108,7 +1107,7 @@ pub fn run_all(b: &FsBench) -> R<()> {
     }
     drop(env);
     save(b, &mut results)?;
-    print!("{}", bench_report::markdown(&results, None));
+    print!("{}", super::report::markdown(&results, None));
     if STOP.load(Ordering::Relaxed) {
         return Err("interrupted; everything mounted was unmounted".into());
     }
@@ -1145,11 +1144,11 @@ fn save(b: &FsBench, results: &mut Results) -> R<()> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         }
-        fs::write(path, bench_report::json(results))
+        fs::write(path, super::report::json(results))
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
     if let Some(out) = &b.out {
-        bench_report::write_report(results, out, b.note.as_deref())?;
+        super::report::write_report(results, out, b.note.as_deref())?;
     }
     Ok(())
 }
