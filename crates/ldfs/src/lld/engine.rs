@@ -3364,7 +3364,15 @@ impl Engine {
                 "cleaner read the wrong length"
             );
             let r = self.pages();
+            // A snapshot taken since the pass chose its victims may pin
+            // this one: moving its blocks would free nothing (it is never
+            // released while pinned) and only add them to history.
+            let pinned = self
+                .geo
+                .segment_of(m.expected.offset())
+                .is_some_and(|s| g.usage.get(s).pins != 0);
             if m.expected.is_buffered()
+                || pinned
                 || crc32c::crc32c(&m.stored) != m.expected.crc
                 || g.map.get(m.key, &r)? != Some(m.expected)
                 || g.undo.touches(m.key)

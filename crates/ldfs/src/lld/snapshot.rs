@@ -182,6 +182,10 @@ pub fn decode_table(
         let Ok(name) = std::str::from_utf8(&r[S_NAME..S_NAME + len]) else {
             return Err(bad(at, format!("snapshot {number}: name is not UTF-8")));
         };
+        // What `encode_table` asserts of every kept name (no NUL).
+        if let Err(why) = check_name(name) {
+            return Err(bad(at, format!("snapshot {number}: {why}")));
+        }
         let addr = get_u64(r, S_MAP_ADDR);
         let height = r[S_MAP_HEIGHT];
         let map_root = if addr == 0 {
