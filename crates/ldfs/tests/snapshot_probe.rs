@@ -282,16 +282,8 @@ impl Cycle<'_> {
                     Err(_) => self.dead = true,
                 }
             }
-            14..=16 => {
-                if lld.flush().is_err() {
-                    self.dead = true;
-                }
-            }
-            17 => {
-                if lld.checkpoint_now().is_err() {
-                    self.dead = true;
-                }
-            }
+            14..=16 => self.dead |= lld.flush().is_err(),
+            17 => self.dead |= lld.checkpoint_now().is_err(),
             18..=27 if !lists.is_empty() => {
                 let l = lists[self.rng.gen_range(0..lists.len())];
                 let keys: Vec<u64> = self.m.live[&l].keys().copied().collect();
