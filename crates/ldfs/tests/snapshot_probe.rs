@@ -381,7 +381,7 @@ fn run(seed: u64, cycles: u64) -> Result<(), String> {
         let crng_seed: u64 = cy.rng.gen();
         let keep = cy.rng.gen_range(0.0..1.0);
         tally = cy.tally;
-        drop(cy);
+        let _ = cy;
         let _ = before;
         let image = if clean {
             engine
@@ -839,7 +839,7 @@ fn the_cleaner_does_not_move_blocks_out_of_a_segment_pinned_during_its_pass() {
                     .collect();
                 for (sg, live) in at {
                     let now = after[&sg].0;
-                    if now < live && (live - now) % 4096 != 0 {
+                    if now < live && !(live - now).is_multiple_of(4096) {
                         caught.push(format!(
                         "round {round}: segment {sg} pinned by snapshot {n} lost {} live bytes to the cleaner",
                         live - now
