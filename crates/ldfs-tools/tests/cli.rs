@@ -260,3 +260,28 @@ fn inspect_an_inode_by_path_and_as_json() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `ldfs bench ops` runs every phase and prints a positive cost for each.
+#[test]
+fn bench_ops_prints_every_phase() {
+    let out = ldfs()
+        .args(["bench", "ops", "--files", "200", "--device-size", "64M"])
+        .args(["--rounds", "1"])
+        .succeeds();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for phase in [
+        "create+write",
+        "lookup",
+        "getattr",
+        "read",
+        "rename",
+        "unlink",
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(phase))
+            .unwrap_or_else(|| panic!("no {phase} line in:\n{text}"));
+        let us: f64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert!(us > 0.0, "{line}");
+    }
+}
