@@ -38,7 +38,9 @@ pub mod check;
 pub mod dir;
 pub mod inode;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::ld::{AruId, LdError, ListHints, ListId, ListKind, LogicalDisk, Temperature};
@@ -271,9 +273,9 @@ pub fn system_time() -> Time {
 }
 
 struct State {
-    inodes: HashMap<u64, Inode>,
+    inodes: FxHashMap<u64, Inode>,
     /// References per inode: open handles, or the kernel's lookups.
-    open: HashMap<u64, u64>,
+    open: FxHashMap<u64, u64>,
     next_ino: u64,
     /// Persisted bound: inode numbers below it may have been handed out.
     ino_reserved: u64,
@@ -295,7 +297,7 @@ pub struct Fs {
     /// Blocks present in large files' lists (st_blocks), counted once per
     /// version of the file: dropped after a write or fallocate, and valid
     /// only while its list, size, mtime and ctime are the same.
-    block_counts: Mutex<HashMap<u64, (BlockCountKey, u64)>>,
+    block_counts: Mutex<FxHashMap<u64, (BlockCountKey, u64)>>,
     /// The latest time `now` gave.
     last_time: Mutex<Time>,
 }
@@ -410,8 +412,8 @@ impl Fs {
         let fs = Fs {
             ld,
             state: Mutex::new(State {
-                inodes: HashMap::new(),
-                open: HashMap::new(),
+                inodes: FxHashMap::default(),
+                open: FxHashMap::default(),
                 next_ino: reserved,
                 ino_reserved: reserved,
             }),
@@ -419,7 +421,7 @@ impl Fs {
             damaged: std::sync::OnceLock::new(),
             repairing: std::sync::atomic::AtomicBool::new(false),
             remounted_ro: std::sync::atomic::AtomicBool::new(false),
-            block_counts: Mutex::new(HashMap::new()),
+            block_counts: Mutex::new(FxHashMap::default()),
             last_time: Mutex::new(Time::default()),
         };
         fs.get_inode(&mut fs.lock(), ROOT_INO)?;

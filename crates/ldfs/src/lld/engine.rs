@@ -44,7 +44,7 @@
 //!   (`capacity_bytes`); within it, a write short of clean segments waits
 //!   for the cleaner instead of failing.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -207,7 +207,7 @@ pub(crate) struct Inner {
     pub user_bytes: u64,
     pub moved_bytes: u64,
     pending: Pending,
-    arus: HashMap<u64, AruState>,
+    arus: FxHashMap<u64, AruState>,
     /// What the open ARUs changed (`abort_aru` takes one back).
     undo: Undo,
     /// ARU ids are never reused while open: a later end record can never
@@ -222,7 +222,7 @@ pub(crate) struct Inner {
     /// when a step found nothing to clean).
     clean_futile_until: u64,
     log_bytes_since_checkpoint: u64,
-    hints: HashMap<u64, ListHints>,
+    hints: FxHashMap<u64, ListHints>,
     failed: Option<String>,
     closed: bool,
     stats: EngineStats,
@@ -405,14 +405,14 @@ impl Engine {
             user_bytes: recovered.user_bytes,
             moved_bytes: recovered.moved_bytes,
             pending: Pending::default(),
-            arus: HashMap::new(),
+            arus: FxHashMap::default(),
             undo: Undo::default(),
             next_aru: 1,
             open_nonempty: 0,
             op_seq: 0,
             clean_futile_until: 0,
             log_bytes_since_checkpoint: 0,
-            hints: HashMap::new(),
+            hints: FxHashMap::default(),
             failed: None,
             closed: false,
             stats,

@@ -34,7 +34,9 @@
 //!   back while the replaced one stays (changes of one ARU in a row collapse
 //!   into the last). `sealed` turns slots into device addresses.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use rustc_hash::FxHashMap;
 
 use super::types::{Key, MapEntry};
 
@@ -143,7 +145,7 @@ pub(crate) struct Undo {
     chains: BTreeMap<Key, Chain>,
     bulks: Vec<Bulk>,
     /// Per open ARU: the keys whose chains hold a change of it.
-    keys: HashMap<u64, BTreeSet<Key>>,
+    keys: FxHashMap<u64, BTreeSet<Key>>,
 }
 
 impl Undo {
