@@ -2184,10 +2184,17 @@ impl LogicalDisk for Engine {
                 max,
             });
         }
-        // Compress before taking the lock.
+        // Compress before taking the lock. The list's hints are all this
+        // needs (NoSuchList if they are not cached and the list is gone);
+        // whether the list exists is checked under the lock the write is
+        // made under, below.
+        if list.0 == 0 {
+            return Err(LdError::InvalidArgument(
+                "list 0 belongs to the engine".into(),
+            ));
+        }
         let (compress, metadata) = {
             let mut g = self.lock_writable()?;
-            self.check_list(&mut g, list)?;
             let h = self.hints_of(&mut g, list)?;
             (h.compress, h.kind == ListKind::Metadata)
         };
