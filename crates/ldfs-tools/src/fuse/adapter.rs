@@ -245,6 +245,27 @@ fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
+/// The attributes of a negative entry: node id 0, nothing else read.
+fn negative_attr() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    }
+}
+
 /// The caller, creating with `umask` (FUSE_DONT_MASK: ldfs applies it,
 /// unless the directory's default ACL takes its place).
 fn ctx(c: &Caller, umask: u32) -> Ctx {
@@ -326,7 +347,22 @@ impl FuseOps for FuseFs {
     }
 
     fn lookup(&self, _c: &Caller, parent: u64, name: &[u8]) -> OpResult<Entry> {
-        self.entry(self.fs.lookup(parent, name))
+        match self.fs.lookup(parent, name) {
+            // A negative entry (node id 0: "the same as ENOENT, but with a
+            // valid timeout", fs/fuse/dir.c): the kernel caches the miss
+            // for TTL, so a name looked up again before it is made (stat
+            // then create, a search path) costs no round trip. Safe for
+            // the reason positive entries are: every name is made through
+            // this mount, and the kernel drops the negative dentry when it
+            // makes one. Not for "." and "..", which look up node ids
+            // (export support), not names.
+            Err(FsError::NotFound) if name != b"." && name != b".." => Ok(Entry {
+                attr: negative_attr(),
+                generation: 0,
+                ttl: TTL,
+            }),
+            r => self.entry(r),
+        }
     }
 
     fn getattr(&self, ino: u64) -> OpResult<(FileAttr, Duration)> {
