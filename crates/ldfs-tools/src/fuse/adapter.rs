@@ -20,9 +20,18 @@ use crate::fuse::transport::{
 /// payload buffer holds this much.
 pub const MAX_WRITE_BYTES: usize = 1 << 20;
 
-/// How long the kernel may cache attributes and entries. Every change goes
-/// through this process, and the kernel invalidates what it changes itself.
+/// How long the kernel may cache attributes. Every change goes through
+/// this process, and the kernel invalidates what it changes itself, except
+/// the atime a read through to ldfs sets: a stat sees that after this.
 const TTL: Duration = Duration::from_secs(1);
+
+/// How long the kernel may keep a name (and a missing one) without asking
+/// again. Names change only through this mount (the image's lock makes it
+/// the only one) and the kernel updates its dentries at each change it
+/// makes, so this can be long: a file created or looked up once is then
+/// opened, renamed or unlinked without a LOOKUP first, even seconds later
+/// (with 1 s, a phase of a benchmark longer than that paid one per file).
+pub const ENTRY_TTL: Duration = Duration::from_secs(30);
 
 pub struct FuseFs {
     pub fs: Arc<Fs>,
@@ -297,6 +306,7 @@ impl FuseFs {
             attr: file_attr(&a),
             generation: a.generation,
             ttl: TTL,
+            entry_ttl: ENTRY_TTL,
         })
     }
 }
@@ -360,6 +370,7 @@ impl FuseOps for FuseFs {
                 attr: negative_attr(),
                 generation: 0,
                 ttl: TTL,
+                entry_ttl: ENTRY_TTL,
             }),
             r => self.entry(r),
         }
@@ -589,6 +600,7 @@ impl FuseOps for FuseFs {
                     attr: file_attr(&attr),
                     generation: attr.generation,
                     ttl: TTL,
+                    entry_ttl: ENTRY_TTL,
                 },
             };
             if !add(d) {
