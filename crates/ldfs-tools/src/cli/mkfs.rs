@@ -87,6 +87,13 @@ fn format(
     fill: bool,
     meta: Option<(PathBuf, Option<u64>)>,
 ) -> CmdResult {
+    // An existing image may be mounted (or checked): formatting it under
+    // its daemon is refused, as a second mount is.
+    let _lock = if image.exists() {
+        Some(crate::fuse::mount::lock_image(&image, true, "ldfs mkfs").map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
     // Only a file made here is written whole: a block device or an
     // existing file (no --size) is formatted as it is.
     let dev = match size {
@@ -144,6 +151,11 @@ fn mkfs_dual(
     fill: bool,
     lld: MkfsOptions,
 ) -> CmdResult {
+    let _meta_lock = if meta.exists() {
+        Some(crate::fuse::mount::lock_image(&meta, true, "ldfs mkfs").map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
     let meta_dev = if meta.exists() && meta_size.is_none() {
         FileDevice::open(&meta, FileDeviceOptions::default())?
     } else {
