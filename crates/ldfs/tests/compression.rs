@@ -32,7 +32,14 @@ const CHOICES: [Compression; 5] = [
 /// Text-like bytes that compress (a few words in a seeded order).
 fn text(seed: u64, len: usize) -> Vec<u8> {
     let words: [&[u8]; 8] = [
-        b"segment ", b"cleaner ", b"block ", b"list ", b"checkpoint ", b"log ", b"map ", b"\n",
+        b"segment ",
+        b"cleaner ",
+        b"block ",
+        b"list ",
+        b"checkpoint ",
+        b"log ",
+        b"map ",
+        b"\n",
     ];
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut out = Vec::with_capacity(len + 16);
