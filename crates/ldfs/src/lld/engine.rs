@@ -2194,9 +2194,41 @@ fn encode_stored(compression: Compression, data: &[u8]) -> Option<(Vec<u8>, u8)>
             lz4_flex::compress_prepend_size(data),
             entry_flags::COMPRESSED,
         ),
-        Compression::Zstd { level } => (zstd_compress(data, level)?, entry_flags::ZSTD),
+        Compression::Zstd { level } => {
+            if !zstd_may_pay(data) {
+                return None;
+            }
+            (zstd_compress(data, level)?, entry_flags::ZSTD)
+        }
     };
-    (c.len() <= data.len() - data.len() / 16).then_some((c, flags))
+    pays(data, &c).then_some((c, flags))
+}
+
+/// Whether `stored` is at least a sixteenth smaller than `data`.
+fn pays(data: &[u8], stored: &[u8]) -> bool {
+    stored.len() <= data.len() - data.len() / 16
+}
+
+/// A cheap screen before zstd, whose attempt on random data costs several
+/// times an LZ4 one: bytes spread nearly evenly (over 7 bits of entropy a
+/// byte, estimated from a sample) leave zstd's entropy coder nothing, so only repeats could pay, and
+/// LZ4 finds those; if it finds too few, the block is stored plain. Text,
+/// hex and the like (low entropy) go to zstd directly.
+fn zstd_may_pay(data: &[u8]) -> bool {
+    // About 1024 bytes spread over the block, and the collision entropy
+    // (-log2 of the sum of squared frequencies: integer sums and one log;
+    // it is at most the Shannon entropy, so the screen errs toward trying
+    // zstd). From 1024 uniform bytes it is about 7.7.
+    let step = (data.len() / 1024).max(1);
+    let mut counts = [0u32; 256];
+    let mut n = 0u64;
+    for &b in data.iter().step_by(step) {
+        counts[b as usize] += 1;
+        n += 1;
+    }
+    let squares: u64 = counts.iter().map(|&c| c as u64 * c as u64).sum();
+    let bits = -((squares as f64) / (n * n) as f64).log2();
+    bits < 7.0 || pays(data, &lz4_flex::compress_prepend_size(data))
 }
 
 thread_local! {
@@ -3758,6 +3790,26 @@ mod tests {
             assert!(encode_stored(c, &b).is_some(), "{c}: saves over 1/16");
         }
         assert_eq!(encode_stored(Compression::Off, &text(4096)), None);
+    }
+
+    /// The screen before zstd passes what zstd can shrink: hex digits
+    /// (no repeats, half the bits unused) and random bytes that repeat; it
+    /// stops random bytes.
+    #[test]
+    fn zstd_screen_passes_what_compresses() {
+        let zstd = Compression::Zstd { level: 3 };
+        let mut rng = ChaCha8Rng::seed_from_u64(23);
+        let random: Vec<u8> = (0..4096).map(|_| rng.gen()).collect();
+        assert!(!zstd_may_pay(&random));
+        let hex: Vec<u8> = (0..4096)
+            .map(|_| b"0123456789abcdef"[rng.gen_range(0..16)])
+            .collect();
+        assert!(zstd_may_pay(&hex));
+        let (s, _) = encode_stored(zstd, &hex).expect("hex compresses");
+        assert!(s.len() < 3072, "hex stored as {}", s.len());
+        let repeated: Vec<u8> = random[..1024].repeat(4);
+        assert!(zstd_may_pay(&repeated));
+        assert!(encode_stored(zstd, &repeated).is_some());
     }
 
     /// Whatever the stored bytes of a block flagged zstd, decoding them is
