@@ -253,3 +253,89 @@ fn a_damaged_compressed_block_is_corrupt() {
         }
     }
 }
+
+/// LD section 3's suggestion: the cleaner stores cold blocks of a
+/// compressing list it moves anew with a stronger zstd level
+/// (`recompress_cold`); without the option they move as they are. Either
+/// way every block reads back, after a reopen too.
+#[test]
+fn the_cleaner_recompresses_cold_blocks_it_moves() {
+    use ldfs::lld::types::entry_flags;
+    use ldfs::lld::{CleanerOptions, PolicyKind};
+    let mut results = Vec::new();
+    for recompress in [None, Some(19)] {
+        let opts = LldOptions {
+            cleaner: CleanerOptions {
+                recompress_cold: recompress,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(16 << 20));
+        let lld = Lld::create(dev.clone(), &mkfs(), opts.clone()).unwrap();
+        let cold = list_with(&lld, Compression::Lz4);
+        let junk = list_with(&lld, Compression::Off);
+        // Cold blocks share their segments with junk that dies, so the
+        // cleaner wants those segments.
+        for i in 0..60 {
+            lld.write(None, cold, i, &text(i, 4096)).unwrap();
+            lld.write(None, junk, i, &random(i, 12_000)).unwrap();
+        }
+        lld.delete_range(None, junk, 0..u64::MAX).unwrap();
+        let lz4_lens: Vec<u32> = (0..60).map(|i| stored_len(&lld, cold, i)).collect();
+        // The head moves on through a device and more (overwrites of 64
+        // blocks), so the cold blocks' segments are old.
+        let hot = list_with(&lld, Compression::Off);
+        for round in 0..80u64 {
+            for i in 0..64 {
+                lld.write(None, hot, i, &text(round * 100 + i, 4096))
+                    .unwrap();
+            }
+        }
+        for _ in 0..8 {
+            lld.clean(PolicyKind::Greedy, 64).unwrap();
+        }
+        let entries: Vec<_> = (0..60)
+            .map(|i| lld.map_entry(Key::new(cold, i)).unwrap().unwrap())
+            .collect();
+        let zstd = entries
+            .iter()
+            .filter(|e| e.flags & entry_flags::ZSTD != 0)
+            .count();
+        let st = lld.stats();
+        if recompress.is_none() {
+            assert_eq!(zstd, 0, "recompressed without the option");
+            assert_eq!(st.blocks_recompressed, 0);
+        } else {
+            assert!(zstd >= 30, "only {zstd} of 60 cold blocks recompressed");
+            assert_eq!(st.blocks_recompressed as usize, zstd);
+            for (e, lz4) in entries.iter().zip(&lz4_lens) {
+                if e.flags & entry_flags::ZSTD != 0 {
+                    assert!(e.len <= lz4 - lz4 / 16, "{} vs lz4 {lz4}", e.len);
+                }
+            }
+            assert!(st.recompress_bytes_saved > 0);
+        }
+        // A list with compression off moves as it is, text or not.
+        for i in 0..64 {
+            if let Some(e) = lld.map_entry(Key::new(hot, i)).unwrap() {
+                assert_eq!(e.flags, 0, "hot block {i}");
+            }
+        }
+        for i in 0..60 {
+            assert_eq!(lld.read(cold, i).unwrap().unwrap(), text(i, 4096));
+        }
+        assert_eq!(lld.accounting_drift(), 0);
+        lld.close().unwrap();
+        drop(lld);
+        let lld = Lld::open(dev, opts).unwrap();
+        for i in 0..60 {
+            assert_eq!(lld.read(cold, i).unwrap().unwrap(), text(i, 4096));
+        }
+        results.push(zstd);
+    }
+    eprintln!(
+        "cold blocks stored as zstd: without the option {}, with {}",
+        results[0], results[1]
+    );
+}

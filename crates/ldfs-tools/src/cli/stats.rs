@@ -71,11 +71,13 @@ fn compression_text(st: &ldfs::lld::EngineStats) -> String {
         )
     };
     format!(
-        "compression since mount: {} logical bytes written, {} bytes stored{ratio}; {} blocks compressed, {} stored plain\n",
+        "compression since mount: {} logical bytes written, {} bytes stored{ratio}; {} blocks compressed, {} stored plain; the cleaner recompressed {} cold blocks, saving {} bytes\n",
         st.compress_logical_bytes,
         st.compress_stored_bytes,
         st.compress_blocks_compressed,
-        st.compress_blocks_plain
+        st.compress_blocks_plain,
+        st.blocks_recompressed,
+        st.recompress_bytes_saved
     )
 }
 

@@ -331,6 +331,9 @@ pub struct MountOpts {
     /// made in) has no `user.ldfs.compress` (`compress=zstd[:LEVEL]|lz4|off`;
     /// off by default). `None`: not given.
     pub compress: Option<ldfs::ld::Compression>,
+    /// The zstd level the cleaner stores cold blocks of compressing files
+    /// with as it moves them (`compress_cold=zstd:LEVEL`; off by default).
+    pub compress_cold: Option<u8>,
 }
 
 /// An option that is on, off, or on where it can be had (the default).
@@ -362,6 +365,7 @@ impl Default for MountOpts {
             transport: Transport::default(),
             discard: false,
             compress: None,
+            compress_cold: None,
         }
     }
 }
@@ -390,6 +394,12 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
             ("compress", Some(v)) => {
                 o.compress = Some(v.parse().map_err(|e| format!("compress={v}: {e}"))?);
             }
+            ("compress_cold", Some("off")) => o.compress_cold = None,
+            ("compress_cold", Some(v)) => match v.parse() {
+                Ok(ldfs::ld::Compression::Zstd { level }) => o.compress_cold = Some(level),
+                Ok(_) => return Err(format!("compress_cold={v}: zstd[:LEVEL] or off")),
+                Err(e) => return Err(format!("compress_cold={v}: {e}")),
+            },
             ("direct_writes", None) => o.direct_writes = Toggle::On,
             ("nodirect_writes", None) => o.direct_writes = Toggle::Off,
             ("cache", Some(v)) => {
@@ -991,6 +1001,7 @@ pub fn run(
             background: opts.cleaner.is_some() && !opts.read_only,
             start_clean_segments: opts.clean_start,
             stop_clean_segments: opts.clean_stop,
+            recompress_cold: opts.compress_cold,
             ..Default::default()
         },
         discard: opts.discard,
@@ -1392,6 +1403,9 @@ fn remount(dir: &Path, opts: &MountOpts) -> Result<(), String> {
             "remount: compress={c} is set at mount only (setfattr -n user.ldfs.compress on a directory sets it for what is created there)"
         ));
     }
+    if opts.compress_cold.is_some() {
+        return Err("remount: compress_cold= is set at mount only".into());
+    }
     let canon = dir
         .canonicalize()
         .map_err(|e| format!("remount: {}: {e}", dir.display()))?;
@@ -1624,6 +1638,12 @@ mod tests {
             let e = parse(bad).unwrap_err();
             assert!(e.contains("zstd:LEVEL"), "{bad}: {e}");
         }
+        assert_eq!(
+            parse("compress_cold=zstd:15").unwrap().compress_cold,
+            Some(15)
+        );
+        assert_eq!(parse("compress_cold=off").unwrap().compress_cold, None);
+        assert!(parse("compress_cold=lz4").is_err());
     }
 
     /// The lock of an image held by what looks like an exiting mount daemon

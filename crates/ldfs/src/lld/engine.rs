@@ -160,6 +160,10 @@ pub struct EngineStats {
     /// compression did not pay.
     pub compress_blocks_compressed: u64,
     pub compress_blocks_plain: u64,
+    /// Cold blocks the cleaner stored anew with `recompress_cold`'s level,
+    /// and the bytes that saved.
+    pub blocks_recompressed: u64,
+    pub recompress_bytes_saved: u64,
 }
 
 /// What open found, for `inspect` and tests.
@@ -2258,6 +2262,25 @@ fn zstd_compress(data: &[u8], level: u8) -> Option<Vec<u8>> {
     })
 }
 
+/// The cleaner's recompression of a cold block (LD section 3: compress
+/// cold blocks during cleaning): its contents as one zstd frame at
+/// `level`, if that is at least a sixteenth smaller than what is stored
+/// now (and than the contents); `None` leaves the block as it is, as does
+/// one that does not decode (the move keeps its bytes; reads report it).
+pub(crate) fn recompress_cold(
+    e: &MapEntry,
+    stored: &[u8],
+    level: u8,
+    max_block: u32,
+) -> Option<(Vec<u8>, u8)> {
+    let data = decode_stored(e, stored.to_vec(), max_block).ok()?;
+    if data.len() < COMPRESS_MIN_BYTES || !zstd_may_pay(&data) {
+        return None;
+    }
+    let c = zstd_compress(&data, level)?;
+    (pays(stored, &c) && pays(&data, &c)).then_some((c, entry_flags::ZSTD))
+}
+
 /// Decompresses a stored block if needed. The output is bounded before
 /// anything is allocated: a corrupt length field or frame header cannot
 /// make it allocate more than `max_block` bytes.
@@ -3252,6 +3275,18 @@ pub(crate) struct Move {
     pub stored: Vec<u8>,
     /// The victim's age (last sequence written into it): the block keeps it.
     pub age: u64,
+    /// The block's new stored form and flags, if the cleaner recompressed
+    /// it (`recompress_cold`); else it moves as it is.
+    pub recompressed: Option<(Vec<u8>, u8)>,
+}
+
+impl Move {
+    /// Bytes the move writes.
+    pub fn out_len(&self) -> usize {
+        self.recompressed
+            .as_ref()
+            .map_or(self.stored.len(), |(b, _)| b.len())
+    }
 }
 
 /// See `Engine::map_cost_of_moves`.
@@ -3519,7 +3554,7 @@ impl Engine {
                 &mut g,
                 None,
                 WRITE_RECORD_BYTES,
-                m.stored.len(),
+                m.out_len(),
                 Class::Clean,
                 new_pages,
             ) {
@@ -3530,15 +3565,28 @@ impl Engine {
                 }
                 Err(e) => return Err(e),
             }
-            let len = m.expected.len as u64;
+            let (data, crc, flags) = match m.recompressed {
+                Some((b, flags)) => {
+                    g.stats.blocks_recompressed += 1;
+                    g.stats.recompress_bytes_saved += m.stored.len() as u64 - b.len() as u64;
+                    let crc = crc32c::crc32c(&b);
+                    (b, crc, flags)
+                }
+                None => (
+                    m.stored,
+                    m.expected.crc,
+                    m.expected.flags & entry_flags::ON_DISK_MASK,
+                ),
+            };
+            let len = data.len() as u64;
             self.log_write(
                 &mut g,
                 PendingWrite {
                     aru: 0,
                     key: m.key,
-                    data: m.stored,
-                    crc: m.expected.crc,
-                    flags: m.expected.flags & entry_flags::ON_DISK_MASK,
+                    data,
+                    crc,
+                    flags,
                     age: m.age.max(1),
                 },
             )?;
