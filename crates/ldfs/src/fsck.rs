@@ -536,6 +536,12 @@ fn repair_engine(
             "map and usage table rebuilt from {} partial segments",
             lld.open_report().rolled_forward
         ));
+        let dropped = lld.open_report().snapshots_dropped;
+        if dropped > 0 {
+            fixed.push(format!(
+                "{dropped} snapshots dropped: a rebuild has no snapshot table"
+            ));
+        }
     }
     if found.has(|d| matches!(d, EngineDamage::CheckpointSlot(_))) {
         fixed.push("both checkpoint slots rewritten".into());
@@ -548,6 +554,15 @@ fn repair_engine(
             bulk: None,
         })
         .map_err(op_err)?;
+    let mut bad_snapshots: Vec<u64> = log
+        .damaged
+        .iter()
+        .filter_map(|d| match d {
+            EngineDamage::Snapshot(n) => Some(*n),
+            _ => None,
+        })
+        .collect();
+    bad_snapshots.dedup();
     // Everything the repair writes goes to a fresh segment: the one the log
     // was writing into may hold a damaged summary (seen as the end of its
     // log until something valid follows it), and blocks rewritten because
@@ -642,6 +657,12 @@ fn repair_engine(
     }
     if moved + dropped > 0 {
         lld.flush().map_err(op_err)?;
+    }
+    // A damaged snapshot is dropped (its pins go with it); the live tree
+    // is never changed for it.
+    for n in bad_snapshots {
+        lld.delete_snapshot(n).map_err(op_err)?;
+        fixed.push(format!("snapshot {n} (damaged) deleted"));
     }
     // Recomputed whatever was found: the repairs above move live bytes.
     let n = lld.repair_usage().map_err(op_err)?;

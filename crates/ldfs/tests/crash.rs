@@ -20,6 +20,13 @@
 //! and power cuts land between a checkpoint's snapshot and its slot at
 //! seeded points, and the tally counts them.
 //!
+//! With snapshots (`Mode::snapshots`, issue 18) the mix also takes and
+//! deletes snapshots (some with the power cut during them): after every
+//! recovery each acknowledged snapshot must exist and read exactly as the
+//! model's tree of its moment, one whose deletion was acknowledged must be
+//! gone, and one taken or deleted when the power went may be either way but,
+//! if there, must read as its moment.
+//!
 //! `LDFS_CRASH_CYCLES` sets the number of crash-and-recover cycles (2,000 by
 //! default, `LDFS_LONG=1` for 100,000); `LDFS_SEED` the base seed. A failure
 //! prints the seed and the command that replays it.
@@ -242,8 +249,29 @@ fn block(rng: &mut ChaCha8Rng) -> Vec<u8> {
     d
 }
 
+/// The snapshots the model knows: acknowledged ones must survive every
+/// crash; `maybe` ones (the power went during their take or deletion) may.
+#[derive(Default)]
+struct Snaps {
+    kept: BTreeMap<u64, (State, Certainty)>,
+    /// A take that failed at the power cut: the tree it would keep.
+    maybe_taken: Option<State>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Certainty {
+    Acknowledged,
+    /// Its deletion failed at the power cut.
+    MaybeDeleted,
+}
+
+/// Snapshots kept at most by the mix (each pins a share of a small device).
+const MIX_SNAPSHOTS: usize = 3;
+
 struct Cycle<'a> {
     lld: &'a Lld,
+    /// `Some` when the mix takes snapshots.
+    snaps: Option<Snaps>,
     rng: ChaCha8Rng,
     hist: History,
     next_list: u64,
@@ -274,6 +302,10 @@ struct Tally {
     /// Power cuts aimed into finishing a pending checkpoint.
     cut_finishing: u64,
     aborts: u64,
+    snapshots_taken: u64,
+    snapshots_deleted: u64,
+    snapshots_refused: u64,
+    snapshots_checked: u64,
     long_arus: u64,
     /// Long ARUs whose large overwrites ran into NoSpace.
     long_arus_full: u64,
@@ -472,14 +504,84 @@ impl Cycle<'_> {
         }
     }
 
+    /// Lists alive at most: with snapshots a third as many, so that live
+    /// data leaves history room (a snapshot that would pass the capacity
+    /// is refused).
+    fn max_lists(&self) -> usize {
+        if self.snaps.is_some() {
+            MAX_LISTS / 3
+        } else {
+            MAX_LISTS
+        }
+    }
+
+    /// Takes a snapshot (only with no ARU open: it would wait for them).
+    fn take_snapshot(&mut self) {
+        if !self.open.is_empty() || self.snaps.is_none() {
+            return;
+        }
+        let state = self.hist.live();
+        let r = self.lld.take_snapshot("mix", 0);
+        let snaps = self.snaps.as_mut().expect("checked above");
+        match r {
+            Ok(n) => {
+                assert!(!snaps.kept.contains_key(&n), "snapshot number {n} twice");
+                snaps.kept.insert(n, (state, Certainty::Acknowledged));
+                self.hist.flushed = self.hist.log.len();
+                self.tally.snapshots_taken += 1;
+            }
+            Err(LdError::NoSpace { .. }) => self.tally.snapshots_refused += 1,
+            Err(e) => {
+                snaps.maybe_taken = Some(state);
+                self.failed("take_snapshot", e);
+            }
+        }
+    }
+
+    /// Deletes the oldest snapshot (only with no ARU open).
+    fn delete_snapshot(&mut self) {
+        if !self.open.is_empty() {
+            return;
+        }
+        let Some(n) = self
+            .snaps
+            .as_ref()
+            .and_then(|s| s.kept.keys().next().copied())
+        else {
+            return;
+        };
+        let r = self.lld.delete_snapshot(n);
+        let snaps = self.snaps.as_mut().expect("checked above");
+        match r {
+            Ok(()) => {
+                snaps.kept.remove(&n);
+                self.hist.flushed = self.hist.log.len();
+                self.tally.snapshots_deleted += 1;
+            }
+            Err(e) => {
+                snaps.kept.get_mut(&n).expect("kept").1 = Certainty::MaybeDeleted;
+                self.failed("delete_snapshot", e);
+            }
+        }
+    }
+
     fn one_op(&mut self) {
         let lld = self.lld;
         if self.rng.gen_ratio(1, LONG_ARU_ONE_IN) {
             return self.long_aru();
         }
+        if let Some(kept) = self.snaps.as_ref().map(|s| s.kept.len()) {
+            // Drawn only in snapshot mode: the plain mix's seeds replay as
+            // before.
+            match self.rng.gen_range(0..100) {
+                0..=2 if kept < MIX_SNAPSHOTS => return self.take_snapshot(),
+                3..=4 if kept > 0 => return self.delete_snapshot(),
+                _ => {}
+            }
+        }
         let lists = self.hist.live_lists().len();
         match self.rng.gen_range(0..100) {
-            0..=3 if lists >= MAX_LISTS => {
+            0..=3 if lists >= self.max_lists() => {
                 if let Some(l) = self.existing_list() {
                     let aru = self.pick_aru();
                     let r = lld.delete_list(aru, ListId(l));
@@ -596,6 +698,8 @@ struct Mode {
     /// Fold every crash image into the returned digest (costs a crc of the
     /// device per cycle).
     digest: bool,
+    /// The mix takes and deletes snapshots, and every recovery checks them.
+    snapshots: bool,
 }
 
 /// Runs the cycles of one freshly formatted device; `Err` names the cycle.
@@ -628,10 +732,12 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64, mode: Mode) -> Result<u3
     let mut tally = Tally::default();
     // Cycles in a row in which every write was refused for space.
     let mut stuck = 0u64;
+    let mut snaps = mode.snapshots.then(Snaps::default);
     for c in first_cycle..first_cycle + cycles {
         let engine = lld.take().expect("engine open");
         let mut cy = Cycle {
             lld: &engine,
+            snaps: snaps.take(),
             rng: ChaCha8Rng::seed_from_u64(rng.gen()),
             hist: History {
                 base: state.clone(),
@@ -645,10 +751,25 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64, mode: Mode) -> Result<u3
             dead: false,
             tally,
         };
+        if stuck > 0 && cy.snaps.is_some() {
+            // Writes were refused last cycle: history may be what fills
+            // the device, and deleting a snapshot is the way out.
+            cy.delete_snapshot();
+        }
         let n = cy.rng.gen_range(1..80);
         cy.run_ops(n);
         let mut clean = cy.rng.gen_ratio(1, 10);
-        if !clean && cy.rng.gen_ratio(1, 3) {
+        if !clean && cy.snaps.is_some() && cy.rng.gen_ratio(1, 8) {
+            // The power goes out during a snapshot's take or deletion.
+            dev.cut_power_after(cy.rng.gen_range(0..24));
+            cy.cut = true;
+            cy.tally.power_cuts += 1;
+            if cy.rng.gen_bool(0.5) {
+                cy.take_snapshot();
+            } else {
+                cy.delete_snapshot();
+            }
+        } else if !clean && cy.rng.gen_ratio(1, 3) {
             // The power goes out a few device writes into a cleaning pass
             // (or the operations after it): a crash in the middle of moving
             // blocks, writing map pages or the checkpoint that frees victims.
@@ -709,6 +830,7 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64, mode: Mode) -> Result<u3
         }
         next_list = cy.next_list;
         tally = cy.tally;
+        snaps = cy.snaps.take();
         let hist = cy.hist;
         engine.abandon();
         if mode.digest {
@@ -725,6 +847,11 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64, mode: Mode) -> Result<u3
             .map_err(|e| format!("cycle {c}: check: {e}"))?;
         if !problems.is_empty() {
             return Err(format!("cycle {c}: usage check: {problems:?}"));
+        }
+        if let Some(sn) = snaps.as_mut() {
+            let checked = check_snapshots(&reopened, &dev, sn, next_list)
+                .map_err(|e| format!("cycle {c}: snapshots: {e}"))?;
+            tally.snapshots_checked += checked;
         }
         let got = read_state(&reopened, next_list);
         let lo = if clean { hist.log.len() } else { hist.flushed };
@@ -756,6 +883,14 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64, mode: Mode) -> Result<u3
     if let Some(l) = lld {
         l.close().map_err(|e| format!("final close: {e}"))?;
     }
+    if mode.snapshots
+        && cycles >= 200
+        && (tally.snapshots_taken == 0 || tally.snapshots_deleted == 0)
+    {
+        return Err(format!(
+            "cycles {first_cycle}..: no snapshot taken and deleted: {tally:?}"
+        ));
+    }
     if cycles >= CYCLES_PER_DEVICE && (tally.crashed_pending == 0 || tally.cut_finishing == 0) {
         return Err(format!(
             "cycles {first_cycle}..: no crash landed between a checkpoint's snapshot and its slot: {tally:?}"
@@ -763,6 +898,77 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64, mode: Mode) -> Result<u3
     }
     eprintln!("cycles {first_cycle}..{}: {tally:?}", first_cycle + cycles);
     Ok(digest)
+}
+
+/// After a recovery: every acknowledged snapshot exists and reads as its
+/// moment (through an engine opened at it, read-only, beside the live one),
+/// a maybe-deleted one may be gone, a maybe-taken one may be there, and no
+/// other exists; fsck's snapshot check finds nothing. Returns how many were
+/// read.
+fn check_snapshots(
+    lld: &Lld,
+    dev: &Arc<CrashDevice>,
+    sn: &mut Snaps,
+    universe: u64,
+) -> Result<u64, String> {
+    let listed: Vec<u64> = lld.snapshots().iter().map(|s| s.number).collect();
+    let maybe_taken = sn.maybe_taken.take();
+    for n in &listed {
+        if sn.kept.contains_key(n) {
+            continue;
+        }
+        match &maybe_taken {
+            Some(state) if sn.kept.keys().all(|k| k < n) => {
+                sn.kept.insert(*n, (state.clone(), Certainty::Acknowledged));
+            }
+            _ => {
+                return Err(format!(
+                    "snapshot {n} exists but was never taken (listed {listed:?})"
+                ))
+            }
+        }
+    }
+    let mut read = 0;
+    for (n, (state, certainty)) in std::mem::take(&mut sn.kept) {
+        if !listed.contains(&n) {
+            if certainty == Certainty::Acknowledged {
+                return Err(format!(
+                    "acknowledged snapshot {n} is gone (listed {listed:?})"
+                ));
+            }
+            continue;
+        }
+        let opts = LldOptions {
+            read_only: true,
+            snapshot: Some(n),
+            ..engine_options(false, false)
+        };
+        let reader = Lld::open(dev.clone(), opts).map_err(|e| format!("open snapshot {n}: {e}"))?;
+        let got = read_state(&reader, universe);
+        if got != state {
+            return Err(format!(
+                "snapshot {n} reads otherwise than the model's tree of its moment:
+ got {:?}
+want {:?}",
+                summarize(&got),
+                summarize(&state)
+            ));
+        }
+        if !matches!(
+            reader.write(None, ListId(1), 0, b"x"),
+            Err(LdError::ReadOnly(_))
+        ) {
+            return Err(format!("snapshot {n} accepted a write"));
+        }
+        reader.close().map_err(|e| e.to_string())?;
+        sn.kept.insert(n, (state, Certainty::Acknowledged));
+        read += 1;
+    }
+    let problems = lld.check_snapshots(true).map_err(|e| e.to_string())?;
+    if !problems.is_empty() {
+        return Err(format!("fsck's snapshot check: {problems:?}"));
+    }
+    Ok(read)
 }
 
 fn summarize(s: &State) -> HashMap<u64, Vec<(u64, usize)>> {
@@ -812,6 +1018,36 @@ fn the_chunk_the_long_run_found_stuck_full_stays_writable() {
     }
 }
 
+/// The mix with snapshots taken and deleted (some as the power goes):
+/// after every crash each acknowledged snapshot reads as the model's tree
+/// of its moment (issue 18).
+#[test]
+fn crash_recovery_keeps_every_acknowledged_snapshot() {
+    let base = base_seed();
+    let seed = base ^ 0x5a9;
+    let total = (cycles() / 2).max(1);
+    let mode = Mode {
+        snapshots: true,
+        ..Mode::default()
+    };
+    let mut c: u64 = std::env::var("LDFS_FROM")
+        .map(|v| v.parse().expect("LDFS_FROM must be a number"))
+        .unwrap_or(0);
+    while c < total {
+        let n = CYCLES_PER_DEVICE.min(total - c);
+        if let Err(e) = run_device(seed, c, n, mode) {
+            panic!(
+                "{e}\nreplay: LDFS_SEED={} LDFS_FROM={c} LDFS_CRASH_CYCLES={} \
+                 cargo test --release -p ldfs --test crash crash_recovery_keeps_every_acknowledged_snapshot\n\
+                 (this test xors the seed with 0x5a9 and runs half the cycles)",
+                base,
+                2 * (c + n)
+            );
+        }
+        c += n;
+    }
+}
+
 /// A seed replays exactly: the same operations, crash points and power
 /// cuts give byte-identical crash images (the log's writes are made by the
 /// thread that seals them, checkpoints are finished by the mix), so the
@@ -822,6 +1058,7 @@ fn a_seed_replays_exactly() {
     let mode = Mode {
         threads: false,
         digest: true,
+        snapshots: false,
     };
     let first = run_device(seed, 0, 60, mode).unwrap();
     let again = run_device(seed, 0, 60, mode).unwrap();
@@ -840,6 +1077,7 @@ fn crash_recovery_matches_model_with_the_log_writer_thread() {
     let mode = Mode {
         threads: true,
         digest: false,
+        snapshots: false,
     };
     if let Err(e) = run_device(seed, 0, cycles, mode) {
         panic!("{e}\nseed {seed} (threaded: the seed may not reproduce it)");

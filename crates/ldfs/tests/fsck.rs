@@ -315,3 +315,91 @@ fn random_bit_flips_repair_converges() {
         "{no_superblock} of {images} images lost both superblock copies: the flips are not spread as intended"
     );
 }
+
+/// Issue 18: a kept snapshot's blocks (held only by it once the live tree
+/// changed) are neither damage nor leaks; a damaged one is reported as the
+/// snapshot's, and the repair deletes the snapshot, never the live tree.
+#[test]
+fn a_snapshot_is_checked_and_a_damaged_one_is_dropped() {
+    let dev = Arc::new(MemoryDevice::new(16 << 20));
+    build(dev.clone(), 30);
+    let lld = Arc::new(Lld::open(dev.clone(), LldOptions::default()).unwrap());
+    let n = lld.take_snapshot("before", 0).unwrap();
+    {
+        let ld: Arc<dyn LogicalDisk> = lld.clone();
+        let fs = Fs::mount(ld, FsOptions::default()).unwrap();
+        let d = fs.lookup(ROOT_INO, b"d").unwrap().ino;
+        for i in 0..30 {
+            if i != 2 {
+                fs.unlink(d, format!("f{i}").as_bytes()).unwrap();
+            }
+        }
+    }
+    lld.close().unwrap();
+    drop(lld);
+    let out = fsck::run(dev.clone(), &FsckOptions::default()).unwrap();
+    assert!(out.found.is_clean(), "{:?}", out.found.lines());
+    // A block the snapshot alone still names: damage it.
+    let (addr, len) = {
+        let live = Lld::open(dev.clone(), LldOptions::default()).unwrap();
+        let snap = Lld::open(
+            dev.clone(),
+            LldOptions {
+                read_only: true,
+                snapshot: Some(n),
+                ..LldOptions::default()
+            },
+        )
+        .unwrap();
+        let mut found = None;
+        'lists: for l in snap.lists(1, usize::MAX).unwrap() {
+            for i in snap.indices(l, 0, usize::MAX).unwrap() {
+                let key = ldfs::lld::Key {
+                    list: l.0,
+                    index: i,
+                };
+                let e = snap.map_entry(key).unwrap().unwrap();
+                if live.map_entry(key).unwrap() != Some(e) && e.len > 100 {
+                    found = Some((e.offset(), e.len));
+                    break 'lists;
+                }
+            }
+        }
+        live.close().unwrap();
+        found.expect("a block only the snapshot holds")
+    };
+    let mut b = vec![0u8; len as usize];
+    dev.read_at(&mut b, addr).unwrap();
+    b[len as usize / 2] ^= 0x40;
+    dev.write_at(&b, addr).unwrap();
+    let found = fsck::check(dev.clone(), &FsckOptions::default()).unwrap();
+    assert!(!found.engine.is_empty());
+    assert!(
+        found
+            .engine
+            .iter()
+            .all(|p| p.damage == EngineDamage::Snapshot(n)),
+        "{:?}",
+        found.lines()
+    );
+    assert!(found.fs.is_empty(), "{:?}", found.lines());
+    let out = fsck::run(
+        dev.clone(),
+        &FsckOptions {
+            repair: true,
+            ..FsckOptions::default()
+        },
+    )
+    .unwrap();
+    assert!(
+        out.fixed
+            .iter()
+            .any(|f| f.contains(&format!("snapshot {n}"))),
+        "{:?}",
+        out.fixed
+    );
+    let again = fsck::check(dev.clone(), &FsckOptions::default()).unwrap();
+    assert!(again.is_clean(), "{:?}", again.lines());
+    let lld = Lld::open(dev.clone(), LldOptions::default()).unwrap();
+    assert!(lld.snapshots().is_empty());
+}

@@ -7,12 +7,16 @@
 
 use super::codec::{crc_with_hole, get_u32, get_u64, put_u32, put_u64};
 use super::layout::{Geometry, USAGE_ENTRY_BYTES};
+use super::snapshot::{self, SnapshotRecord};
 use super::types::{PagePtr, MAX_COUNTER, PAGE_BYTES};
 use super::usage::{SegmentState, Usage};
 use crate::ld::{CorruptReason, Corruption};
 
 pub const CHECKPOINT_MAGIC: u64 = u64::from_le_bytes(*b"LDFSCKPT");
 pub const CHECKPOINT_VERSION: u32 = 1;
+/// A slot holding snapshots: older binaries, which know no pins and would
+/// reuse pinned segments, refuse it.
+pub const CHECKPOINT_VERSION_SNAPSHOTS: u32 = 2;
 
 const C_MAGIC: usize = 0;
 const C_VERSION: usize = 8;
@@ -55,6 +59,8 @@ pub struct CheckpointHeader {
     pub user_bytes: u64,
     /// Bytes moved by the cleaner since mkfs.
     pub moved_bytes: u64,
+    /// The kept checkpoints (docs/DESIGN.md "Snapshots"), by number.
+    pub snapshots: Vec<SnapshotRecord>,
 }
 
 pub fn encode(
@@ -66,7 +72,12 @@ pub fn encode(
     let pages = g.checkpoint_pages as usize;
     let mut b = vec![0u8; PAGE_BYTES];
     put_u64(&mut b, C_MAGIC, CHECKPOINT_MAGIC);
-    put_u32(&mut b, C_VERSION, CHECKPOINT_VERSION);
+    let version = if h.snapshots.is_empty() {
+        CHECKPOINT_VERSION
+    } else {
+        CHECKPOINT_VERSION_SNAPSHOTS
+    };
+    put_u32(&mut b, C_VERSION, version);
     put_u32(&mut b, C_PAGES, pages as u32);
     put_u64(&mut b, C_FS_ID, g.fs_id);
     put_u64(&mut b, C_SERIAL, h.serial);
@@ -86,6 +97,15 @@ pub fn encode(
     put_u64(&mut b, C_NEXT_LIST, h.next_list);
     put_u64(&mut b, C_USER_BYTES, h.user_bytes);
     put_u64(&mut b, C_MOVED_BYTES, h.moved_bytes);
+    snapshot::encode_table(&mut b, &h.snapshots, h.serial);
+    // Only kept snapshots' bits may pin segments (a stray bit would hold
+    // its segments for ever).
+    let kept = h.snapshots.iter().fold(0u32, |m, s| m | 1 << s.pin);
+    assert_eq!(
+        usage.pin_mask() & !kept,
+        0,
+        "segments pinned by no snapshot"
+    );
     usage.encode(released, &mut b);
     b.resize(pages * PAGE_BYTES, 0);
     let crc = crc_with_hole(&b, C_CRC);
@@ -122,7 +142,7 @@ pub fn decode(
         return Err(bad(CorruptReason::BadChecksum { expected, got }));
     }
     let version = get_u32(b, C_VERSION);
-    if version != CHECKPOINT_VERSION {
+    if version != CHECKPOINT_VERSION && version != CHECKPOINT_VERSION_SNAPSHOTS {
         return Err(bad(CorruptReason::BadVersion { got: version }));
     }
     let fs_id = get_u64(b, C_FS_ID);
@@ -207,8 +227,20 @@ pub fn decode(
         ))));
     }
     let counter = |field: &'static str, at: usize| check(field, get_u64(b, at), MAX_COUNTER);
+    let serial = counter("serial", C_SERIAL)?;
+    let snapshots = snapshot::decode_table(b, offset, serial, |addr| {
+        g.segment_of(addr).is_some() && addr.is_multiple_of(PAGE_BYTES as u64)
+    })?;
+    let kept = snapshots.iter().fold(0u32, |m, s| m | 1 << s.pin);
+    if (version == CHECKPOINT_VERSION) != snapshots.is_empty() || usage.pin_mask() & !kept != 0 {
+        return Err(bad(CorruptReason::Inconsistent(format!(
+            "version {version} slot with {} snapshots, pins {:#x}",
+            snapshots.len(),
+            usage.pin_mask()
+        ))));
+    }
     let header = CheckpointHeader {
-        serial: counter("serial", C_SERIAL)?,
+        serial,
         epoch: counter("epoch", C_EPOCH)?,
         next_seq: counter("next sequence", C_NEXT_SEQ)?,
         log_segment,
@@ -218,6 +250,7 @@ pub fn decode(
         next_list: counter("next list", C_NEXT_LIST)?,
         user_bytes: counter("user bytes", C_USER_BYTES)?,
         moved_bytes: counter("moved bytes", C_MOVED_BYTES)?,
+        snapshots,
     };
     Ok((header, usage))
 }
@@ -262,6 +295,7 @@ mod tests {
             next_list: 12,
             user_bytes: 1 << 20,
             moved_bytes: 0,
+            snapshots: Vec::new(),
         };
         (g, h, usage)
     }
@@ -311,6 +345,32 @@ mod tests {
         let mut ok = h.clone();
         ok.next_seq = MAX_COUNTER - 1;
         assert!(decode(&g, &encode(&g, &ok, &usage, &[]), 0).is_ok());
+    }
+
+    #[test]
+    fn a_slot_with_snapshots_is_version_2_and_roundtrips() {
+        let (g, mut h, mut usage) = sample();
+        usage.pin_live(3);
+        h.snapshots.push(SnapshotRecord {
+            number: 3,
+            time_secs: 5,
+            map_root: h.map_root,
+            next_list: 11,
+            pin: 3,
+            name: "n".into(),
+        });
+        let b = encode(&g, &h, &usage, &[]);
+        assert_eq!(get_u32(&b, C_VERSION), CHECKPOINT_VERSION_SNAPSHOTS);
+        let (h2, u2) = decode(&g, &b, 0).unwrap();
+        assert_eq!(h2, h);
+        assert_eq!(u2.get(SegmentId(2)).pins, 1 << 3);
+        // A pin bit of no snapshot in the table is refused.
+        let mut bad = b.clone();
+        put_u32(&mut bad, snapshot::TABLE_COUNT_AT, 0);
+        put_u32(&mut bad, C_VERSION, CHECKPOINT_VERSION);
+        let crc = crc_with_hole(&bad, C_CRC);
+        put_u32(&mut bad, C_CRC, crc);
+        assert!(decode(&g, &bad, 0).is_err(), "a pin bit of no snapshot");
     }
 
     #[test]

@@ -59,10 +59,11 @@ use super::layout::Geometry;
 use super::map::{DirtySet, Map, MapRoot, PageReader};
 use super::mkfs;
 use super::recovery;
+use super::snapshot::{self, SnapshotInfo, SnapshotRecord, MAX_SNAPSHOTS};
 use super::summary::{self, Record, SummaryHeader};
 use super::types::{entry_flags, Key, MapEntry, PagePtr, SegmentId, PAGE_BYTES};
 use super::undo::Undo;
-use super::usage::{SegmentState, SegmentUsage, Usage};
+use super::usage::{SegmentState, SegmentUsage, Usage, PIN_BITS};
 use super::writer::{self, Pending, PendingWrite, WRITE_RECORD_BYTES};
 use crate::device::Device;
 use crate::ld::{
@@ -75,6 +76,11 @@ use crate::ld::{
 pub struct LldOptions {
     /// Never write: no recovery checkpoint, every mutation fails.
     pub read_only: bool,
+    /// Open the tree of kept checkpoint `n` (a snapshot) instead of the
+    /// current one: read-only (set `read_only` too), no roll-forward; may
+    /// run beside a read-write engine on the same image in another process
+    /// (docs/DESIGN.md "Snapshots").
+    pub snapshot: Option<u64>,
     /// Memory budget of the block-number map.
     pub map_budget_bytes: usize,
     /// Checkpoint after this many bytes of log, so roll-forward stays short.
@@ -116,6 +122,7 @@ impl Default for LldOptions {
     fn default() -> Self {
         LldOptions {
             read_only: false,
+            snapshot: None,
             map_budget_bytes: 64 << 20,
             checkpoint_log_bytes: 256 << 20,
             checkpoint_dirty_pages: None,
@@ -181,6 +188,8 @@ pub struct OpenReport {
     /// not replayed, written over.
     pub unfinished_checkpoint_partials: u64,
     pub rebuilt: bool,
+    /// Snapshots the newest slot kept that a rebuild dropped.
+    pub snapshots_dropped: usize,
 }
 
 /// The log head.
@@ -270,6 +279,17 @@ pub(crate) struct Inner {
     /// The checkpoint between its snapshot (phase 1) and its release
     /// (phase 3), if one is (`checkpointer`); at most one at a time.
     ckpt: Option<Arc<PendingCheckpoint>>,
+    /// The kept checkpoints, by number, as the next slot will record them.
+    snapshots: Vec<SnapshotRecord>,
+    /// A change to the table that the next checkpoint's snapshot point
+    /// makes (set and consumed under one lock hold).
+    snap_change: Option<SnapChange>,
+}
+
+/// A change to the snapshot table, made at a checkpoint's snapshot point.
+enum SnapChange {
+    Take { name: String, time_secs: u64 },
+    Delete(u64),
 }
 
 /// The engine's state and logic. [`Lld`] owns one behind an `Arc`, so the
@@ -425,6 +445,11 @@ fn list_range(list: u64) -> (Key, Key) {
 impl Engine {
     /// Opens a formatted device: see [`Lld::open`].
     fn open(dev: Arc<dyn Device>, opts: LldOptions) -> LdResult<Engine> {
+        if opts.snapshot.is_some() && !opts.read_only {
+            return Err(LdError::InvalidArgument(
+                "a snapshot can only be opened read-only".into(),
+            ));
+        }
         // Flushes on the checkpointer thread and group commits' own report
         // failures in the order they began (see `flushes`).
         let dev: Arc<dyn Device> = Arc::new(super::flushes::OrderedFlushes::new(dev));
@@ -469,6 +494,8 @@ impl Engine {
             stats,
             writer: None,
             ckpt: None,
+            snapshots: recovered.snapshots,
+            snap_change: None,
         };
         let flight = Arc::new(Flight::default());
         let opts_policy = opts.cleaner.policy;
@@ -1177,7 +1204,10 @@ impl Engine {
         }
         let usable =
             (self.geo.segment_count - self.geo.reserved_segments) as u64 * self.geo.segment_bytes();
-        let live = g.usage.live_bytes_total() as f64 / usable.max(1) as f64;
+        // Pinned segments are never victims: counted whole as occupied, the
+        // estimate errs towards a larger allowance.
+        let live =
+            (g.usage.live_bytes_total() + g.usage.history_bytes()) as f64 / usable.max(1) as f64;
         let u = live.min(self.opts.cleaner.max_live_percent.min(100) as f64 / 100.0);
         // The cleaner writes a victim's live data in partial segments of at
         // most `partial_bytes`, each with a summary page and a part-empty
@@ -1679,6 +1709,8 @@ impl Engine {
         assert_eq!(g.open_nonempty, 0, "checkpoint with an ARU open");
         assert!(g.ckpt.is_none(), "two checkpoints pending");
         assert!(g.undo.is_empty(), "checkpoint with undo information kept");
+        // Taken first: a failure below must not leave it to a later one.
+        let change = g.snap_change.take();
         self.seal(g)?;
         // Admission kept room for exactly this placement.
         let (entered, page) = (g.log.entered, g.log.page);
@@ -1697,6 +1729,37 @@ impl Engine {
                 g.usage.sub_live(seg, PAGE_BYTES as u32);
             }
         }
+        // The live counts are now exactly this checkpoint's tree: a
+        // snapshot taken here pins the segments holding live bytes.
+        match change {
+            None => {}
+            Some(SnapChange::Take { name, time_secs }) => {
+                let used = g.snapshots.iter().fold(0u32, |m, s| m | 1 << s.pin);
+                let pin = (0..PIN_BITS)
+                    .find(|b| used & (1 << b) == 0)
+                    .expect("snapshot count checked before the checkpoint");
+                g.usage.pin_live(pin);
+                g.snapshots.push(SnapshotRecord {
+                    number: g.serial + 1,
+                    time_secs,
+                    map_root: root.map(|r| (r.ptr, r.height, r.entries)),
+                    next_list: g.next_list,
+                    pin,
+                    name,
+                });
+            }
+            Some(SnapChange::Delete(number)) => {
+                let i = g
+                    .snapshots
+                    .iter()
+                    .position(|s| s.number == number)
+                    .expect("snapshot checked before the checkpoint");
+                let gone = g.snapshots.remove(i);
+                // Segments it alone pinned and the live tree left empty are
+                // released by this very checkpoint, once durable (inv. 7).
+                g.usage.unpin(gone.pin);
+            }
+        }
         let released = g.usage.releasable();
         let header = CheckpointHeader {
             serial: g.serial + 1,
@@ -1709,6 +1772,7 @@ impl Engine {
             next_list: g.next_list,
             user_bytes: g.user_bytes,
             moved_bytes: g.moved_bytes,
+            snapshots: g.snapshots.clone(),
         };
         let slot_bytes = checkpoint::encode(&self.geo, &header, &g.usage, &released);
         let slot = (header.serial % 2) as usize;
@@ -3354,6 +3418,7 @@ impl Engine {
             Class::Meta | Class::Clean => 0,
         };
         g.usage.live_bytes_total()
+            + g.usage.history_bytes()
             + g.pending.data_bytes() as u64
             + g.map.len() * WRITE_RECORD_BYTES as u64
             + reserved
@@ -3538,7 +3603,15 @@ impl Engine {
                 "cleaner read the wrong length"
             );
             let r = self.pages();
+            // A snapshot taken since the pass chose its victims may pin
+            // this one: moving its blocks would free nothing (it is never
+            // released while pinned) and only add them to history.
+            let pinned = self
+                .geo
+                .segment_of(m.expected.offset())
+                .is_some_and(|s| g.usage.get(s).pins != 0);
             if m.expected.is_buffered()
+                || pinned
                 || crc32c::crc32c(&m.stored) != m.expected.crc
                 || g.map.get(m.key, &r)? != Some(m.expected)
                 || g.undo.touches(m.key)
@@ -3663,6 +3736,20 @@ impl Engine {
     /// first for a pending checkpoint). Operations go on while the device
     /// works. Returns whether it checkpointed.
     pub(crate) fn checkpoint_when_quiet(&self, wait: Duration) -> LdResult<bool> {
+        Ok(self
+            .checkpoint_quiet_with(wait, &mut |_, _| Ok(None))?
+            .is_some())
+    }
+
+    /// As `checkpoint_when_quiet`; once quiet, and under the same lock hold
+    /// as the checkpoint's snapshot point, `change` may refuse (an error)
+    /// or set a snapshot-table change for that checkpoint. Returns the
+    /// serial of the checkpoint written, `None` if ARUs stayed open.
+    fn checkpoint_quiet_with(
+        &self,
+        wait: Duration,
+        change: &mut dyn FnMut(&Engine, &Inner) -> LdResult<Option<SnapChange>>,
+    ) -> LdResult<Option<u64>> {
         let deadline = Instant::now() + wait;
         let mut g = self.lock_writable()?;
         loop {
@@ -3672,7 +3759,7 @@ impl Engine {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Ok(false);
+                return Ok(None);
             }
             g = self
                 .aru_cv
@@ -3681,8 +3768,168 @@ impl Engine {
                 .0;
             self.check_writable(&mut g)?;
         }
+        g.snap_change = change(self, &g)?;
+        let serial = g.serial + 1;
         self.checkpoint_unlocked(g)?;
-        Ok(true)
+        Ok(Some(serial))
+    }
+
+    /// Takes a snapshot of the current state: a whole checkpoint, once no
+    /// ARU that logged anything is open (waiting up to `SNAPSHOT_ARU_WAIT`),
+    /// that the engine keeps until `delete_snapshot`. Returns its number
+    /// once its slot is durable. `time_secs` is stored for display only
+    /// (the engine reads no clock). Fails with `InvalidArgument` for a bad
+    /// name or when `MAX_SNAPSHOTS` are kept, with `NoSpace` if live data
+    /// and what history would hold then no longer fit the capacity.
+    pub fn take_snapshot(&self, name: &str, time_secs: u64) -> LdResult<u64> {
+        snapshot::check_name(name).map_err(LdError::InvalidArgument)?;
+        let name = name.to_string();
+        let serial = self.checkpoint_quiet_with(SNAPSHOT_ARU_WAIT, &mut |e, g| {
+            if g.snapshots.len() >= MAX_SNAPSHOTS {
+                return Err(LdError::InvalidArgument(format!(
+                    "{MAX_SNAPSHOTS} snapshots are kept already: delete one first"
+                )));
+            }
+            // What the new pin would add to history: the dead space of
+            // every unpinned segment holding live bytes (the checkpoint's
+            // map pages change it by a few pages; this is a policy bound,
+            // admission stays exact either way).
+            let seg = e.geo.segment_bytes();
+            let added: u64 = g
+                .usage
+                .iter()
+                .filter(|(_, u)| u.live_bytes > 0 && u.pins == 0)
+                .map(|(_, u)| seg - u.live_bytes as u64)
+                .sum();
+            let after = e.footprint_bytes(g, Class::Meta) + added;
+            if after > e.capacity_bytes() {
+                return Err(LdError::NoSpace {
+                    needed: added,
+                    available: e
+                        .capacity_bytes()
+                        .saturating_sub(e.footprint_bytes(g, Class::Meta)),
+                });
+            }
+            Ok(Some(SnapChange::Take {
+                name: name.clone(),
+                time_secs,
+            }))
+        })?;
+        serial.ok_or_else(|| {
+            LdError::InvalidArgument("ARUs stayed open: no snapshot was taken".into())
+        })
+    }
+
+    /// Deletes snapshot `number`; returns once the checkpoint recording
+    /// the deletion is durable (the segments only it held are released by
+    /// that checkpoint). A snapshot opened elsewhere must be locked out by
+    /// the caller first (`SnapshotLock::exclusive`).
+    pub fn delete_snapshot(&self, number: u64) -> LdResult<()> {
+        let done = self.checkpoint_quiet_with(SNAPSHOT_ARU_WAIT, &mut |_, g| {
+            if !g.snapshots.iter().any(|s| s.number == number) {
+                return Err(LdError::InvalidArgument(format!(
+                    "snapshot {number} does not exist"
+                )));
+            }
+            Ok(Some(SnapChange::Delete(number)))
+        })?;
+        done.map(|_| ()).ok_or_else(|| {
+            LdError::InvalidArgument("ARUs stayed open: the snapshot was not deleted".into())
+        })
+    }
+
+    /// The kept snapshots, by number, with the space each alone holds.
+    pub fn snapshots(&self) -> Vec<SnapshotInfo> {
+        let g = self.lock();
+        g.snapshots
+            .iter()
+            .map(|s| SnapshotInfo {
+                number: s.number,
+                time_secs: s.time_secs,
+                name: s.name.clone(),
+                entries: s.map_root.map_or(0, |r| r.2),
+                held_alone_bytes: g.usage.held_only_by(s.pin),
+            })
+            .collect()
+    }
+
+    /// Bytes of segments kept only for snapshots (counted as used, not
+    /// available: docs/DESIGN.md "Snapshots").
+    pub fn history_bytes(&self) -> u64 {
+        self.lock().usage.history_bytes()
+    }
+
+    /// fsck for the kept trees: walks every snapshot's map (each page
+    /// against its crc) and checks that every page and block it names lies
+    /// in a segment carrying its pin bit, and with `data`, reads every
+    /// block against its crc. Returns the problems found, per snapshot.
+    pub fn check_snapshots(&self, data: bool) -> LdResult<Vec<(u64, String)>> {
+        let (table, pins) = {
+            let g = self.lock();
+            let pins: Vec<u32> = g.usage.iter().map(|(_, u)| u.pins).collect();
+            (g.snapshots.clone(), pins)
+        };
+        let geo = self.geo;
+        let mut out = Vec::new();
+        for s in &table {
+            let bit = 1u32 << s.pin;
+            let held = |addr: u64| {
+                geo.segment_of(addr)
+                    .is_some_and(|g| pins[g.0 as usize] & bit != 0)
+            };
+            let root = s.map_root.map(|(ptr, height, entries)| MapRoot {
+                ptr,
+                height,
+                entries,
+            });
+            let r = DevPages {
+                dev: &*self.dev,
+                flight: None,
+            };
+            let mut map = match Map::open(geo.fs_id, 4 << 20, root, &r) {
+                Ok(m) => m,
+                Err(LdError::Corrupt(c)) => {
+                    out.push((s.number, format!("map: {c}")));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let mut problems = Vec::new();
+            map.for_each_page(&mut |p| {
+                if !held(p.addr) {
+                    problems.push(format!(
+                        "map page at byte {} is in no pinned segment",
+                        p.addr
+                    ));
+                }
+            });
+            let mut blocks = Vec::new();
+            let walked = map.range(Key::MIN, Key::MAX, &r, &mut |k, e| {
+                if e.is_buffered() || e.device() != 0 || !held(e.offset()) {
+                    problems.push(format!("{k:?} at {e:?} is in no pinned segment"));
+                } else if data {
+                    blocks.push((k, *e));
+                }
+                problems.len() < 64
+            });
+            if let Err(e) = walked {
+                match e {
+                    LdError::Corrupt(c) => problems.push(format!("map: {c}")),
+                    e => return Err(e),
+                }
+            }
+            for (k, e) in blocks {
+                let mut b = vec![0u8; e.len as usize];
+                self.dev.read_at(&mut b, e.offset())?;
+                let got = crc32c::crc32c(&b);
+                if got != e.crc {
+                    problems.push(format!("{k:?}: block at byte {} fails its crc", e.offset()));
+                }
+            }
+            problems.truncate(64);
+            out.extend(problems.into_iter().map(|p| (s.number, p)));
+        }
+        Ok(out)
     }
 
     /// Checkpoints finished (durable so far).
@@ -3690,6 +3937,9 @@ impl Engine {
         self.lock().stats.checkpoints
     }
 }
+
+/// How long taking or deleting a snapshot waits for open ARUs to end.
+const SNAPSHOT_ARU_WAIT: Duration = Duration::from_secs(30);
 
 /// A map entry that points outside every segment.
 pub(crate) type Misplaced = (Key, MapEntry);

@@ -31,6 +31,7 @@ pub fn mkfs(dev: &dyn Device, opts: &MkfsOptions) -> LdResult<Geometry> {
         next_list: 1,
         user_bytes: 0,
         moved_bytes: 0,
+        snapshots: Vec::new(),
     };
     let slot0 = checkpoint::encode(&g, &header, &usage, &[]);
     dev.write_at(&slot0, g.slot_addr(0))?;

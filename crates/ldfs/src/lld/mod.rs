@@ -12,6 +12,8 @@
 //!   group commit, checkpoints;
 //! - `undo`: what open ARUs changed, so that one can be aborted;
 //! - `recovery`: checkpoint + two-phase roll-forward, and the rebuild;
+//! - `snapshot`: kept checkpoints (their records in the slot, the locks
+//!   that keep a mounted one from being deleted);
 //! - `cleaner`: the segment cleaner — `policy` (victim selection, pure
 //!   functions of the usage table) and the mechanism and scheduling that
 //!   move live blocks and release segments.
@@ -29,6 +31,7 @@ pub mod layout;
 pub mod map;
 pub mod mkfs;
 mod recovery;
+pub mod snapshot;
 pub mod summary;
 pub mod types;
 mod undo;
@@ -40,4 +43,5 @@ pub use cleaner::policy::PolicyKind;
 pub use cleaner::{CleanReport, CleanSummary, CleanerOptions, CleanerStats};
 pub use engine::{Engine, EngineStats, Lld, LldOptions, OpenReport};
 pub use recovery::{read_partial, ScannedPartial, Verify};
+pub use snapshot::{SnapshotInfo, SnapshotLock};
 pub use types::{Key, MapEntry, PagePtr, SegmentId, PAGE_BYTES};

@@ -16,10 +16,12 @@
 
 use std::collections::HashSet;
 
+use super::checkpoint::CheckpointHeader;
 use super::engine::{advance_head, choose_next, LldOptions, LogHead, OpenReport};
 use super::layout::Geometry;
 use super::map::{Map, MapRoot, PageReader};
 use super::mkfs;
+use super::snapshot::SnapshotRecord;
 use super::summary::{self, Expect, Record, SummaryHeader};
 use super::types::{Key, MapEntry, SegmentId, PAGE_BYTES};
 use super::usage::{SegmentState, SegmentUsage, Usage};
@@ -43,6 +45,7 @@ pub(crate) struct Recovered {
     pub next_list: u64,
     pub user_bytes: u64,
     pub moved_bytes: u64,
+    pub snapshots: Vec<SnapshotRecord>,
     pub report: OpenReport,
 }
 
@@ -263,7 +266,11 @@ pub(crate) fn recover(dev: &dyn Device, g: &Geometry, opts: &LldOptions) -> LdRe
     let floor = Floor {
         serial: valid.iter().map(|(_, h, _)| h.serial).max().unwrap_or(0),
         epoch: valid.iter().map(|(_, h, _)| h.epoch).max().unwrap_or(0),
+        snapshots: valid.first().map_or(0, |(_, h, _)| h.snapshots.len()),
     };
+    if let Some(n) = opts.snapshot {
+        return open_snapshot(dev, g, opts, valid, report, n);
+    }
     if opts.rebuild {
         report
             .checkpoint_errors
@@ -304,6 +311,7 @@ pub(crate) fn recover(dev: &dyn Device, g: &Geometry, opts: &LldOptions) -> LdRe
             next_list: h.next_list,
             user_bytes: h.user_bytes,
             moved_bytes: h.moved_bytes,
+            snapshots: h.snapshots.clone(),
             report: OpenReport::default(),
         };
         match roll_forward(dev, g, &mut rec) {
@@ -532,6 +540,8 @@ fn sub_old(usage: &mut Usage, g: &Geometry, old: &MapEntry) {
 struct Floor {
     serial: u64,
     epoch: u64,
+    /// Snapshots the newest slot kept: a rebuild drops them (reported).
+    snapshots: usize,
 }
 
 fn rebuild(dev: &dyn Device, g: &Geometry, opts: &LldOptions, floor: Floor) -> LdResult<Recovered> {
@@ -627,6 +637,7 @@ fn rebuild(dev: &dyn Device, g: &Geometry, opts: &LldOptions, floor: Floor) -> L
                 },
                 live_bytes: l,
                 last_seq: last_seq[i],
+                pins: 0,
             },
         );
     }
@@ -658,10 +669,67 @@ fn rebuild(dev: &dyn Device, g: &Geometry, opts: &LldOptions, floor: Floor) -> L
         next_list,
         user_bytes: 0,
         moved_bytes: 0,
+        snapshots: Vec::new(),
         report: OpenReport {
             rebuilt: true,
             rolled_forward: all.len() as u64,
+            snapshots_dropped: floor.snapshots,
             ..Default::default()
         },
+    })
+}
+
+/// Opens kept checkpoint `number` from the newest valid slot: its map, the
+/// slot's usage table, no roll-forward (the tree is the checkpoint's,
+/// whole). Read-only: the log head is the slot's and never moves.
+fn open_snapshot(
+    dev: &dyn Device,
+    g: &Geometry,
+    opts: &LldOptions,
+    valid: Vec<(usize, CheckpointHeader, Usage)>,
+    mut report: OpenReport,
+    number: u64,
+) -> LdResult<Recovered> {
+    let Some((slot, h, usage)) = valid.into_iter().next() else {
+        return Err(LdError::InvalidArgument(format!(
+            "no valid checkpoint to find snapshot {number} in: {}",
+            report.checkpoint_errors.join("; ")
+        )));
+    };
+    let Some(snap) = h.snapshots.iter().find(|s| s.number == number).cloned() else {
+        let kept: Vec<String> = h.snapshots.iter().map(|s| s.number.to_string()).collect();
+        return Err(LdError::InvalidArgument(format!(
+            "snapshot {number} does not exist (kept: {})",
+            if kept.is_empty() {
+                "none".into()
+            } else {
+                kept.join(", ")
+            }
+        )));
+    };
+    let root = snap.map_root.map(|(ptr, height, entries)| MapRoot {
+        ptr,
+        height,
+        entries,
+    });
+    let map = Map::open(g.fs_id, opts.map_budget_bytes, root, &Pages { dev })?;
+    report.checkpoint_slot = Some(slot);
+    Ok(Recovered {
+        map,
+        usage,
+        log: LogHead {
+            seg: SegmentId(h.log_segment),
+            page: h.log_page,
+            next: SegmentId(h.next_segment),
+            seq: h.next_seq,
+            epoch: h.epoch,
+            entered: 0,
+        },
+        serial: h.serial,
+        next_list: snap.next_list,
+        user_bytes: h.user_bytes,
+        moved_bytes: h.moved_bytes,
+        snapshots: h.snapshots,
+        report,
     })
 }

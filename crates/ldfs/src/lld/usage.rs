@@ -10,7 +10,9 @@
 //!
 //! A segment is reused only after the checkpoint that stops referencing it is
 //! durable (STYLE 11): nothing moves Dirty to Clean except `Usage::release`,
-//! which the engine calls after the checkpoint's flush.
+//! which the engine calls after the checkpoint's flush. A segment pinned by
+//! a kept snapshot (`pins`, docs/DESIGN.md "Snapshots") is never released
+//! and never a cleaner candidate: its bytes are that snapshot's tree.
 
 use super::layout::USAGE_ENTRY_BYTES;
 use super::types::SegmentId;
@@ -47,10 +49,16 @@ pub struct SegmentUsage {
     pub live_bytes: u32,
     /// Sequence number of the last partial segment written to it: its age.
     pub last_seq: u64,
+    /// Pin bits of the kept snapshots whose trees need this segment
+    /// (bit `b`: the snapshot with pin bit `b`); 0 for most segments.
+    pub pins: u32,
 }
 
-fn is_releasable(state: SegmentState, live_bytes: u32) -> bool {
-    state == SegmentState::Dirty && live_bytes == 0
+/// Pin bits available (the usage entry's three spare bytes).
+pub const PIN_BITS: u32 = 24;
+
+fn is_releasable(state: SegmentState, live_bytes: u32, pins: u32) -> bool {
+    state == SegmentState::Dirty && live_bytes == 0 && pins == 0
 }
 
 #[derive(Debug)]
@@ -65,6 +73,10 @@ pub struct Usage {
     /// Times live-byte accounting would have gone below zero or above the
     /// segment size. Always 0 unless an image lies; fsck and tests check it.
     drift: u64,
+    /// Pinned segments, and the live bytes in them (history's space is
+    /// the rest of them: `history_bytes`, O(1) for admission).
+    pinned: u32,
+    pinned_live: u64,
 }
 
 impl Usage {
@@ -73,6 +85,7 @@ impl Usage {
             state: SegmentState::Clean,
             live_bytes: 0,
             last_seq: 0,
+            pins: 0,
         };
         Usage {
             segs: vec![e; segment_count as usize],
@@ -81,6 +94,8 @@ impl Usage {
             releasable: 0,
             segment_bytes,
             drift: 0,
+            pinned: 0,
+            pinned_live: 0,
         }
     }
 
@@ -129,8 +144,8 @@ impl Usage {
         if u.state == Clean {
             self.clean -= 1;
         }
-        self.releasable -= is_releasable(u.state, u.live_bytes) as u32;
-        self.releasable += is_releasable(to, u.live_bytes) as u32;
+        self.releasable -= is_releasable(u.state, u.live_bytes, u.pins) as u32;
+        self.releasable += is_releasable(to, u.live_bytes, u.pins) as u32;
         if to == Next {
             // A new life: its age comes from what is written into it now.
             u.last_seq = 0;
@@ -141,6 +156,7 @@ impl Usage {
                 "segment {} made clean with live bytes",
                 s.0
             );
+            assert_eq!(u.pins, 0, "segment {} made clean while pinned", s.0);
             self.clean += 1;
         }
         u.state = to;
@@ -182,8 +198,11 @@ impl Usage {
             }
         }
         self.live_total = self.live_total + u.live_bytes as u64 - before as u64;
-        self.releasable -= is_releasable(u.state, before) as u32;
-        self.releasable += is_releasable(u.state, u.live_bytes) as u32;
+        if u.pins != 0 {
+            self.pinned_live = self.pinned_live + u.live_bytes as u64 - before as u64;
+        }
+        self.releasable -= is_releasable(u.state, before, u.pins) as u32;
+        self.releasable += is_releasable(u.state, u.live_bytes, u.pins) as u32;
     }
 
     /// Counts a block again whose removal was taken back (a delete or an
@@ -211,7 +230,7 @@ impl Usage {
         matches!(
             (u.state, to),
             (Clean, Next) | (Next, Active) | (Active, Dirty) | (Clean, Active)
-        ) || (u.state == Dirty && to == Clean && u.live_bytes == 0)
+        ) || (u.state == Dirty && to == Clean && u.live_bytes == 0 && u.pins == 0)
     }
 
     pub fn drift(&self) -> u64 {
@@ -237,15 +256,18 @@ impl Usage {
             }
         }
         self.live_total -= (before - u.live_bytes) as u64;
-        self.releasable -= is_releasable(u.state, before) as u32;
-        self.releasable += is_releasable(u.state, u.live_bytes) as u32;
+        if u.pins != 0 {
+            self.pinned_live -= (before - u.live_bytes) as u64;
+        }
+        self.releasable -= is_releasable(u.state, before, u.pins) as u32;
+        self.releasable += is_releasable(u.state, u.live_bytes, u.pins) as u32;
     }
 
     /// Dirty segments with no live bytes: free once the next checkpoint is durable.
     pub fn releasable(&self) -> Vec<SegmentId> {
         let v: Vec<SegmentId> = self
             .iter()
-            .filter(|(_, u)| is_releasable(u.state, u.live_bytes))
+            .filter(|(_, u)| is_releasable(u.state, u.live_bytes, u.pins))
             .map(|(s, _)| s)
             .collect();
         assert_eq!(
@@ -259,6 +281,78 @@ impl Usage {
     /// How many segments `releasable` would return (O(1)).
     pub fn releasable_count(&self) -> u32 {
         self.releasable
+    }
+
+    /// Gives pin bit `bit` to every segment holding live bytes now: a
+    /// snapshot taken at this point needs exactly those (the live counts
+    /// include the map's own pages). Returns how many were pinned.
+    pub fn pin_live(&mut self, bit: u32) -> u32 {
+        assert!(bit < PIN_BITS, "pin bit {bit} out of range");
+        let mut n = 0;
+        for i in 0..self.segs.len() {
+            let u = self.segs[i];
+            if u.live_bytes == 0 {
+                continue;
+            }
+            assert!(u.pins & (1 << bit) == 0, "pin bit {bit} already in use");
+            assert!(
+                u.state != SegmentState::Clean,
+                "live bytes in a Clean segment"
+            );
+            self.set(
+                SegmentId(i as u32),
+                SegmentUsage {
+                    pins: u.pins | 1 << bit,
+                    ..u
+                },
+            );
+            n += 1;
+        }
+        n
+    }
+
+    /// Takes pin bit `bit` off every segment (a deleted snapshot); the
+    /// segments left with no pin and no live bytes become releasable.
+    pub fn unpin(&mut self, bit: u32) {
+        assert!(bit < PIN_BITS, "pin bit {bit} out of range");
+        for i in 0..self.segs.len() {
+            let u = self.segs[i];
+            if u.pins & (1 << bit) != 0 {
+                self.set(
+                    SegmentId(i as u32),
+                    SegmentUsage {
+                        pins: u.pins & !(1 << bit),
+                        ..u
+                    },
+                );
+            }
+        }
+    }
+
+    /// Bytes of pinned segments that the live tree does not use: what
+    /// history alone holds.
+    pub fn history_bytes(&self) -> u64 {
+        self.pinned as u64 * self.segment_bytes as u64 - self.pinned_live
+    }
+
+    /// Segments pinned by at least one snapshot.
+    pub fn pinned_count(&self) -> u32 {
+        self.pinned
+    }
+
+    /// Bytes only the snapshot with pin bit `bit` holds: its segments no
+    /// other snapshot pins, less their live bytes (what deleting it frees).
+    pub fn held_only_by(&self, bit: u32) -> u64 {
+        self.segs
+            .iter()
+            .filter(|u| u.pins == 1 << bit)
+            .map(|u| (self.segment_bytes - u.live_bytes) as u64)
+            .sum()
+    }
+
+    /// The union of the pin bits in use.
+    pub fn pin_mask(&self) -> u32 {
+        self.segs.iter().fold(0, |m, u| m | u.pins)
     }
 
     /// Marks `segs` clean. Call only after a checkpoint that no longer
@@ -283,6 +377,7 @@ impl Usage {
             let mut e = [0u8; USAGE_ENTRY_BYTES];
             e[0..4].copy_from_slice(&u.live_bytes.to_le_bytes());
             e[4] = state as u8;
+            e[5..8].copy_from_slice(&u.pins.to_le_bytes()[..3]);
             e[8..16].copy_from_slice(&u.last_seq.to_le_bytes());
             out.extend_from_slice(&e);
         }
@@ -299,6 +394,7 @@ impl Usage {
         let mut clean = 0;
         let mut live_total = 0u64;
         let mut releasable = 0u32;
+        let (mut pinned, mut pinned_live) = (0u32, 0u64);
         for i in 0..count as usize {
             let e = b
                 .get(i * USAGE_ENTRY_BYTES..(i + 1) * USAGE_ENTRY_BYTES)
@@ -314,10 +410,13 @@ impl Usage {
             let live_bytes = u32::from_le_bytes(e[0..4].try_into().unwrap());
             let state = SegmentState::from_u8(e[4]);
             let last_seq = u64::from_le_bytes(e[8..16].try_into().unwrap());
+            let pins = u32::from_le_bytes([e[5], e[6], e[7], 0]);
             let state = match state {
                 Some(s)
                     if live_bytes <= segment_bytes
-                        && (s != SegmentState::Clean || live_bytes == 0) =>
+                        && (s != SegmentState::Clean || live_bytes == 0)
+                        && (pins == 0
+                            || matches!(s, SegmentState::Active | SegmentState::Dirty)) =>
                 {
                     s
                 }
@@ -326,7 +425,7 @@ impl Usage {
                         what: "usage table",
                         offset: offset + (i * USAGE_ENTRY_BYTES) as u64,
                         reason: CorruptReason::Inconsistent(format!(
-                            "segment {i}: state {} with {live_bytes} live bytes",
+                            "segment {i}: state {} with {live_bytes} live bytes, pins {pins:#x}",
                             e[4]
                         )),
                     })
@@ -336,11 +435,16 @@ impl Usage {
                 clean += 1;
             }
             live_total += live_bytes as u64;
-            releasable += is_releasable(state, live_bytes) as u32;
+            releasable += is_releasable(state, live_bytes, pins) as u32;
+            if pins != 0 {
+                pinned += 1;
+                pinned_live += live_bytes as u64;
+            }
             segs.push(SegmentUsage {
                 state,
                 live_bytes,
                 last_seq,
+                pins,
             });
         }
         Ok(Usage {
@@ -350,6 +454,8 @@ impl Usage {
             releasable,
             segment_bytes,
             drift: 0,
+            pinned,
+            pinned_live,
         })
     }
 
@@ -362,9 +468,23 @@ impl Usage {
         if u.state == SegmentState::Clean {
             self.clean += 1;
         }
+        assert!(
+            u.pins == 0 || matches!(u.state, SegmentState::Active | SegmentState::Dirty),
+            "segment {} pinned in state {:?}",
+            s.0,
+            u.state
+        );
         self.live_total = self.live_total - old.live_bytes as u64 + u.live_bytes as u64;
-        self.releasable -= is_releasable(old.state, old.live_bytes) as u32;
-        self.releasable += is_releasable(u.state, u.live_bytes) as u32;
+        if old.pins != 0 {
+            self.pinned -= 1;
+            self.pinned_live -= old.live_bytes as u64;
+        }
+        if u.pins != 0 {
+            self.pinned += 1;
+            self.pinned_live += u.live_bytes as u64;
+        }
+        self.releasable -= is_releasable(old.state, old.live_bytes, old.pins) as u32;
+        self.releasable += is_releasable(u.state, u.live_bytes, u.pins) as u32;
         self.segs[s.0 as usize] = u;
     }
 }
@@ -390,6 +510,47 @@ mod tests {
         assert_eq!(u.releasable(), vec![SegmentId(1)]);
         u.release(&[SegmentId(1)]);
         assert_eq!(u.clean_count(), 4);
+    }
+
+    #[test]
+    fn pins_hold_segments_and_count_as_history() {
+        let seg = 1 << 16;
+        let mut u = Usage::new(4, seg);
+        for s in [1, 2] {
+            u.transition(SegmentId(s), SegmentState::Next);
+            u.transition(SegmentId(s), SegmentState::Active);
+            u.add_live(SegmentId(s), 1000, 7);
+            u.transition(SegmentId(s), SegmentState::Dirty);
+        }
+        assert_eq!(u.pin_live(0), 2);
+        u.sub_live(SegmentId(1), 1000);
+        u.sub_live(SegmentId(2), 400);
+        assert!(u.releasable().is_empty(), "a pinned segment is released");
+        assert_eq!(u.history_bytes(), 2 * seg as u64 - 600);
+        assert_eq!(u.held_only_by(0), 2 * seg as u64 - 600);
+        // Encoded and decoded, the pins and the totals come back.
+        let mut b = Vec::new();
+        u.encode(&[], &mut b);
+        let v = Usage::decode(&b, 4, seg, 0).unwrap();
+        assert_eq!(v.get(SegmentId(1)).pins, 1);
+        assert_eq!(v.history_bytes(), u.history_bytes());
+        assert!(v.releasable().is_empty());
+        assert_eq!(u.pin_live(5), 1, "only segment 2 still holds live bytes");
+        assert_eq!(
+            u.held_only_by(0),
+            seg as u64,
+            "segment 1 is pinned by bit 0 alone"
+        );
+        u.unpin(0);
+        assert_eq!(u.releasable(), vec![SegmentId(1)]);
+        assert_eq!(u.history_bytes(), seg as u64 - 600);
+        u.unpin(5);
+        assert_eq!(u.history_bytes(), 0);
+        assert_eq!(u.pinned_count(), 0);
+        // A pinned Clean segment does not decode.
+        let mut b = vec![0u8; 16];
+        b[5] = 1;
+        assert!(Usage::decode(&b, 1, seg, 0).is_err());
     }
 
     #[test]

@@ -68,6 +68,10 @@ pub enum EngineDamage {
     /// a rebuild or the cleaner would lose them. Repaired by moving every
     /// live block out of the segment.
     Summary(u32),
+    /// A kept snapshot's tree is damaged (a map page or block fails its
+    /// checksum, or names a segment its pin does not hold). Repaired by
+    /// deleting the snapshot, never by touching the live tree.
+    Snapshot(u64),
 }
 
 /// One finding: its kind and the evidence.
@@ -637,6 +641,15 @@ impl Engine {
                 text,
             });
         }
+        // 5. The kept snapshots' trees (their blocks are in pinned
+        // segments: neither damage nor leaks of the live tree).
+        for (n, text) in self.check_snapshots(opts.data)? {
+            out.damaged.push(EngineDamage::Snapshot(n));
+            out.problems.push(EngineProblem {
+                damage: EngineDamage::Snapshot(n),
+                text: format!("snapshot {n}: {text}"),
+            });
+        }
         Ok(out)
     }
 
@@ -667,6 +680,7 @@ impl Engine {
                         state,
                         live_bytes: want,
                         last_seq: u.last_seq,
+                        pins: u.pins,
                     },
                 );
                 changed += 1;

@@ -7,7 +7,9 @@
 //!
 //! Invariants every policy keeps (checked by `candidates` and the tests):
 //! only Dirty segments are chosen; never one with no live bytes (a checkpoint
-//! alone frees it) nor one so full that moving it frees less than a page;
+//! alone frees it) nor one so full that moving it frees less than a page,
+//! nor one a kept snapshot pins (it is never released, so moving its live
+//! blocks frees nothing: what only history holds is never moved at all);
 //! no segment twice; the order is deterministic (ties go to the lower
 //! segment number).
 
@@ -39,14 +41,15 @@ pub struct Candidate {
 }
 
 impl UsageSnapshot {
-    /// Segments a policy may choose: Dirty, some live bytes, and at least a
-    /// page that cleaning would free.
+    /// Segments a policy may choose: Dirty, unpinned, some live bytes, and
+    /// at least a page that cleaning would free.
     pub fn candidates(&self) -> Vec<Candidate> {
         let seg_bytes = self.segment_bytes as u64;
         self.segments
             .iter()
             .filter(|(_, u)| {
                 u.state == SegmentState::Dirty
+                    && u.pins == 0
                     && u.live_bytes > 0
                     && (u.live_bytes as u64) + (PAGE_BYTES as u64) <= seg_bytes
                     && u.live_bytes as f64 <= self.max_utilization * seg_bytes as f64
@@ -200,6 +203,7 @@ mod tests {
                             state,
                             live_bytes: (SEG as u64 * pct as u64 / 100) as u32,
                             last_seq,
+                            pins: 0,
                         },
                     )
                 })
@@ -229,6 +233,16 @@ mod tests {
             assert_eq!(k.policy().select(&t, 10), vec![SegmentId(5)], "{k}");
         }
         assert!(Greedy.select(&table(&[], 1), 4).is_empty());
+    }
+
+    #[test]
+    fn pinned_segments_are_never_victims() {
+        let mut t = table(&[(Dirty, 10, 1), (Dirty, 60, 2), (Dirty, 5, 1)], 10);
+        t.segments[0].1.pins = 1;
+        t.segments[2].1.pins = 1 << 23;
+        for k in PolicyKind::ALL {
+            assert_eq!(k.policy().select(&t, 10), vec![SegmentId(1)], "{k}");
+        }
     }
 
     #[test]
