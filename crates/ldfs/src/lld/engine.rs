@@ -2345,6 +2345,24 @@ pub(crate) fn recompress_cold(
     (pays(stored, &c) && pays(&data, &c)).then_some((c, entry_flags::ZSTD))
 }
 
+/// A block's stored bytes decoded as map-entry `flags` say: its contents,
+/// or `Corrupt` (the fuzz target `stored_block`; reads go through the same
+/// function).
+pub fn decode_stored_block(flags: u8, stored: Vec<u8>, max_block: u32) -> LdResult<Vec<u8>> {
+    let e = MapEntry {
+        addr: 0,
+        len: stored.len() as u32,
+        crc: 0,
+        flags,
+    };
+    decode_stored(&e, stored, max_block)
+}
+
+/// A list's hints block (list 0) decoded, or `Corrupt` (fuzz target).
+pub fn decode_list_hints(b: &[u8]) -> LdResult<ListHints> {
+    decode_hints(b, 0)
+}
+
 /// Decompresses a stored block if needed. The output is bounded before
 /// anything is allocated: a corrupt length field or frame header cannot
 /// make it allocate more than `max_block` bytes.
