@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing on a fresh Debian machine (fuse3, a Rust
-# toolchain), builds ldfs, creates a default image (ldfs.img, 1 GiB, sparse)
-# if there is none, and mounts it on ./mnt, ready for use.
+# toolchain), builds ldfs, creates a default image (ldfs.img, 1 GiB, written
+# whole as `ldfs mkfs --size` makes it) if there is none, and mounts it on
+# ./mnt, ready for use.
 #   ./scripts/quickstart.sh [IMAGE] [MOUNTPOINT]
 set -euo pipefail
 cd "$(dirname "$0")/.."

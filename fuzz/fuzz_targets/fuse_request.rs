@@ -44,6 +44,7 @@ fn entry(ino: u64) -> OpResult<Entry> {
         attr: attr(ino),
         generation: 1,
         ttl: Duration::from_secs(1),
+        entry_ttl: Duration::from_secs(1),
     })
 }
 

@@ -260,3 +260,83 @@ fn inspect_an_inode_by_path_and_as_json() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `ldfs bench ops` runs every phase and prints a positive cost for each.
+#[test]
+fn bench_ops_prints_every_phase() {
+    let out = ldfs()
+        .args(["bench", "ops", "--files", "200", "--device-size", "64M"])
+        .args(["--rounds", "1"])
+        .succeeds();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for phase in [
+        "create+write",
+        "lookup",
+        "getattr",
+        "read",
+        "rename",
+        "unlink",
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(phase))
+            .unwrap_or_else(|| panic!("no {phase} line in:\n{text}"));
+        let us: f64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert!(us > 0.0, "{line}");
+    }
+}
+
+/// Bytes the host file system has allocated to `p`.
+fn allocated_bytes(p: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).unwrap().blocks() * 512
+}
+
+/// `mkfs --size` writes the whole image (and a META it creates), so the
+/// host file system never allocates under ldfs's fsyncs; `--sparse` leaves
+/// both sparse (issue 16: users get the figures `bench fs` measures).
+#[test]
+fn mkfs_preallocates_unless_sparse() {
+    let dir = tempfile::tempdir().unwrap();
+    let size: u64 = 32 << 20;
+    let full = dir.path().join("full.img");
+    ldfs().args(["mkfs", "--size", "32M"]).arg(&full).succeeds();
+    assert!(
+        allocated_bytes(&full) >= size,
+        "{} of {size} bytes allocated",
+        allocated_bytes(&full)
+    );
+    let sparse = dir.path().join("sparse.img");
+    ldfs()
+        .args(["mkfs", "--sparse", "--size", "32M"])
+        .arg(&sparse)
+        .succeeds();
+    assert_eq!(std::fs::metadata(&sparse).unwrap().len(), size);
+    assert!(
+        allocated_bytes(&sparse) < size / 2,
+        "{} of {size} bytes allocated",
+        allocated_bytes(&sparse)
+    );
+    // The dual layout: data and metadata images alike.
+    let (data, meta) = (dir.path().join("d.img"), dir.path().join("m.img"));
+    ldfs()
+        .args(["mkfs", "--size", "64M", "--meta-size", "64M", "--meta"])
+        .arg(&meta)
+        .arg(&data)
+        .succeeds();
+    assert!(allocated_bytes(&data) >= 64 << 20);
+    assert!(allocated_bytes(&meta) >= 64 << 20);
+    // --preallocate, the old spelling, still works; it needs --size and
+    // contradicts --sparse.
+    ldfs()
+        .args(["mkfs", "--preallocate", "--size", "32M"])
+        .arg(&full)
+        .succeeds();
+    for bad in [
+        &["mkfs", "--preallocate"][..],
+        &["mkfs", "--preallocate", "--sparse", "--size", "32M"][..],
+    ] {
+        let out = ldfs().args(bad).arg(&full).output().unwrap();
+        assert!(!out.status.success(), "{bad:?} succeeded");
+    }
+}

@@ -495,3 +495,62 @@ fn a_small_file_create_costs_six_round_trips() {
     );
     m.unmount();
 }
+
+/// A name that does not exist is answered with a negative entry, which the
+/// kernel keeps for the entry timeout: 100 stats of the same missing name
+/// cost one LOOKUP (a few if the timeout runs out on a slow machine), not
+/// 100. Creating the name afterwards sees it at once.
+#[test]
+fn a_missing_name_is_looked_up_once() {
+    let Some((_g, _restore, _t, m)) = ring_mount("256M") else {
+        return;
+    };
+    fs::create_dir(m.path("d")).unwrap();
+    let a = ring_served(&m.dir);
+    let stats_cost = ring_served(&m.dir) - a;
+    let before = ring_served(&m.dir);
+    for _ in 0..100 {
+        let e = fs::metadata(m.path("d/absent")).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+    }
+    let after = ring_served(&m.dir);
+    let lookups = after - before - stats_cost;
+    assert!(
+        lookups <= 5,
+        "{lookups} requests for 100 stats of one missing name"
+    );
+    fs::write(m.path("d/absent"), b"here").unwrap();
+    assert_eq!(fs::read(m.path("d/absent")).unwrap(), b"here");
+    fs::remove_file(m.path("d/absent")).unwrap();
+    assert!(fs::metadata(m.path("d/absent")).is_err());
+    m.unmount();
+}
+
+/// Names are kept by the kernel for the entry timeout (30 s), longer than
+/// attributes (1 s): a file made more than a second ago is unlinked
+/// without a LOOKUP first. Two requests each: UNLINK, and a GETATTR of the
+/// directory (the kernel checks permissions itself, and the unlink before
+/// dropped the directory's cached attributes); with a 1 s entry timeout a
+/// LOOKUP came first (three).
+#[test]
+fn an_unlink_seconds_after_the_create_needs_no_lookup() {
+    let Some((_g, _restore, _t, m)) = ring_mount("256M") else {
+        return;
+    };
+    fs::create_dir(m.path("d")).unwrap();
+    const N: u64 = 50;
+    for i in 0..N {
+        fs::write(m.path(&format!("d/f{i}")), b"x").unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let a = ring_served(&m.dir);
+    let stats_cost = ring_served(&m.dir) - a;
+    let before = ring_served(&m.dir);
+    for i in 0..N {
+        fs::remove_file(m.path(&format!("d/f{i}"))).unwrap();
+    }
+    let after = ring_served(&m.dir);
+    let per = (after - before - stats_cost) as f64 / N as f64;
+    assert!(per <= 2.2, "{per:.2} requests per unlink");
+    m.unmount();
+}

@@ -350,11 +350,11 @@ fn setup(name: &str, b: &FsBench) -> R<Target> {
     let inodes = ["-q", "-F", "-i", "4096"];
     match name {
         "ldfs" | "ldfs-wb" | "ldfs-uring" => {
-            // Preallocated, as a block device would be: the host file system
-            // then does not allocate (and journal) under every fsync.
+            // Made as a user makes it: `ldfs mkfs --size` writes the image
+            // whole (as a block device would be), so the host file system
+            // does not allocate (and journal) under every fsync.
             run(Command::new(&exe)
                 .arg("mkfs")
-                .arg("--preallocate")
                 .args(["--size", &b.image_bytes.to_string()])
                 .arg(&img))?;
             let t = fuse_target(name, &mnt, None);
@@ -372,10 +372,10 @@ fn setup(name: &str, b: &FsBench) -> R<Target> {
             Ok(t)
         }
         "ldfs-dual" => {
-            // Data preallocated as for ldfs; the metadata image beside it.
+            // Both images written whole by mkfs, as for ldfs; the metadata
+            // image beside the data image.
             run(Command::new(&exe)
                 .arg("mkfs")
-                .arg("--preallocate")
                 .args(["--size", &b.image_bytes.to_string()])
                 .arg("--meta")
                 .arg(meta_image_path(&b.dir, name))
@@ -1024,7 +1024,7 @@ pub fn run_all(b: &FsBench) -> R<()> {
         rounds: b.rounds.max(1),
         rounds_done: 0,
         description: format!(
-            "images of {} MiB (sparse files on {}); targets interleaved in each round",
+            "images of {} MiB on {} (ldfs's written whole, as `ldfs mkfs --size` makes them; the others' sparse); targets interleaved in each round",
             b.image_bytes >> 20,
             b.dir.display(),
         ),

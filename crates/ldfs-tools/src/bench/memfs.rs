@@ -216,6 +216,8 @@ fn entry(attr: FileAttr) -> Entry {
         attr,
         generation: 0,
         ttl: TTL,
+        // As ldfs's (the ceiling must take the same round trips).
+        entry_ttl: crate::fuse::adapter::ENTRY_TTL,
     }
 }
 

@@ -10,6 +10,7 @@ pub mod engine;
 pub mod fs;
 pub mod fsck;
 pub mod memfs;
+pub mod ops;
 pub mod report;
 pub mod vld;
 pub mod writedel;

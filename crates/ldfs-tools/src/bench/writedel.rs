@@ -107,7 +107,7 @@ impl Mounted {
         fs::create_dir_all(&mnt).map_err(|e| format!("{}: {e}", mnt.display()))?;
         let _ = fs::remove_file(&img);
         run(Command::new(&exe)
-            .args(["mkfs", "--preallocate", "--size", &bytes.to_string()])
+            .args(["mkfs", "--size", &bytes.to_string()])
             .arg(&img))?;
         run(Command::new(&exe)
             .args(["mount", "-o", options])

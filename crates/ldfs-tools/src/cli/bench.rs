@@ -7,7 +7,7 @@ use clap::Subcommand;
 use ldfs::lld::PolicyKind;
 
 use super::{parse_size, CmdResult};
-use crate::bench::{apps, cleaner, compress, dual, engine, fs, fsck, report, vld, writedel};
+use crate::bench::{apps, cleaner, compress, dual, engine, fs, fsck, ops, report, vld, writedel};
 
 /// The options of `ldfs bench fs`.
 #[derive(clap::Args)]
@@ -364,6 +364,22 @@ pub enum BenchCmd {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// ldfs's own cost per operation (issue 16), without FUSE or a disk:
+    /// the fs calls FUSE's create (with a 4 KiB write), lookup, getattr,
+    /// read, rename and unlink make, on Fs over the engine on a memory
+    /// device, timed per operation (microseconds; median of --rounds).
+    /// Profile it with `perf record -g ldfs bench ops`.
+    Ops {
+        /// Files (4 KiB each, in one directory).
+        #[arg(long, default_value_t = 20_000)]
+        files: usize,
+        /// Size of the memory device.
+        #[arg(long, default_value = "1G", value_parser = parse_size)]
+        device_size: u64,
+        /// Rounds, each on a fresh device; medians are printed.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
     /// The DualFS write-del test (DualFS 4.4): copy a tree, delete 7/8 of
     /// its files, 20 times; total time with the background cleaner on an
     /// image that must be cleaned against no cleaning at all. Mounts
@@ -408,6 +424,16 @@ fn parse_utilization(s: &str) -> Result<Option<f64>, String> {
 /// Runs the benchmark asked for.
 pub fn run(which: BenchCmd) -> CmdResult {
     match which {
+        BenchCmd::Ops {
+            files,
+            device_size,
+            rounds,
+        } => ops::run(&ops::OpsBench {
+            files,
+            device_bytes: device_size,
+            rounds,
+        })
+        .map_err(Into::into),
         BenchCmd::Fs(args) => {
             let FsArgs {
                 dir,

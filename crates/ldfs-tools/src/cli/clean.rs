@@ -137,6 +137,10 @@ fn clean(target: PathBuf, req: CleanRequest, background: Option<String>, stop: b
         )
         .into());
     }
+    // A mounted image has one writer, its daemon: refused (the daemon
+    // cleans it: `ldfs clean MOUNTPOINT`), as `ldfs trim` and fsck are.
+    let _lock =
+        crate::fuse::mount::lock_image(&target, true, "ldfs clean").map_err(|e| e.to_string())?;
     let dev: std::sync::Arc<dyn Device> =
         std::sync::Arc::new(FileDevice::open(&target, FileDeviceOptions::default())?);
     let opts = LldOptions {

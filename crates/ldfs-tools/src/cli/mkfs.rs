@@ -25,11 +25,16 @@ pub struct MkfsArgs {
     /// Segments kept back for checkpoints and the cleaner (default: 1/16, 4..=64; at least 4).
     #[arg(long)]
     reserved_segments: Option<u32>,
-    /// With --size: write the whole image file (zeros) instead of leaving
-    /// it sparse. Costs time once; afterwards the host file system never
-    /// allocates under ldfs, so each fsync is one data flush, not a
-    /// journal commit of the host (about 1.5x faster small fsyncs).
+    /// With --size: leave the image file (and a META it creates) sparse
+    /// instead of writing it whole. Quicker to make and takes only what is
+    /// written, but every segment ldfs first writes is then allocated by
+    /// the host file system, in the fsync that flushes it (a journal
+    /// commit of the host's: small fsyncs about 1.5x slower).
     #[arg(long)]
+    sparse: bool,
+    /// With --size: write the whole image file (zeros), so the host file
+    /// system never allocates under ldfs. The default; kept for scripts.
+    #[arg(long, conflicts_with = "sparse")]
     preallocate: bool,
     /// Format a dual file system (DualFS): IMAGE holds file data in
     /// groups, updated in place; META (created if absent) holds the
@@ -42,15 +47,35 @@ pub struct MkfsArgs {
 }
 
 pub fn run(a: MkfsArgs) -> CmdResult {
+    if a.preallocate && a.size.is_none() {
+        return Err("--preallocate needs --size".into());
+    }
+    // Files mkfs makes are preallocated unless --sparse (issue 16: the
+    // figures users get are those of `bench fs`, whose images always were).
     format(
         a.image,
         a.size,
         a.segment_size,
         a.max_block,
         a.reserved_segments,
-        a.preallocate,
+        !a.sparse,
         a.meta.map(|m| (m, a.meta_size)),
     )
+}
+
+/// Writes every byte of a device just created (zeros), then flushes: the
+/// host file system allocates the whole file now, not under ldfs's fsyncs.
+fn preallocate(dev: &FileDevice) -> CmdResult {
+    let zeros = vec![0u8; 1 << 20];
+    let size = dev.size_bytes();
+    let mut off = 0;
+    while off < size {
+        let n = (size - off).min(zeros.len() as u64) as usize;
+        dev.write_at(&zeros[..n], off)?;
+        off += n as u64;
+    }
+    dev.flush()?;
+    Ok(())
 }
 
 fn format(
@@ -59,25 +84,28 @@ fn format(
     segment_size: u64,
     max_block: u64,
     reserved: Option<u32>,
-    preallocate: bool,
+    fill: bool,
     meta: Option<(PathBuf, Option<u64>)>,
 ) -> CmdResult {
+    // An existing image may be mounted (or checked): formatting it under
+    // its daemon is refused, as a second mount is.
+    let _lock = if image.exists() {
+        Some(crate::fuse::mount::lock_image(&image, true, "ldfs mkfs").map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
+    // Only a file made here is written whole: a block device or an
+    // existing file (no --size) is formatted as it is.
     let dev = match size {
-        Some(size) => FileDevice::create(&image, size, FileDeviceOptions::default())?,
-        None if preallocate => return Err("--preallocate needs --size".into()),
+        Some(size) => {
+            let dev = FileDevice::create(&image, size, FileDeviceOptions::default())?;
+            if fill {
+                preallocate(&dev)?;
+            }
+            dev
+        }
         None => FileDevice::open(&image, FileDeviceOptions::default())?,
     };
-    if preallocate {
-        let zeros = vec![0u8; 1 << 20];
-        let size = dev.size_bytes();
-        let mut off = 0;
-        while off < size {
-            let n = (size - off).min(zeros.len() as u64) as usize;
-            dev.write_at(&zeros[..n], off)?;
-            off += n as u64;
-        }
-        dev.flush()?;
-    }
     let max_block_bytes =
         u32::try_from(max_block).map_err(|_| format!("--max-block {max_block} is too large"))?;
     let opts = MkfsOptions {
@@ -87,7 +115,7 @@ fn format(
         fs_id: 0,
     };
     if let Some((meta, meta_size)) = meta {
-        return mkfs_dual(image, dev, meta, meta_size, opts);
+        return mkfs_dual(image, dev, meta, meta_size, fill, opts);
     }
     let g = mkfs(&dev, &opts)?;
     // The file system on top: an empty root directory owned by the caller.
@@ -120,13 +148,23 @@ fn mkfs_dual(
     data: FileDevice,
     meta: PathBuf,
     meta_size: Option<u64>,
+    fill: bool,
     lld: MkfsOptions,
 ) -> CmdResult {
+    let _meta_lock = if meta.exists() {
+        Some(crate::fuse::mount::lock_image(&meta, true, "ldfs mkfs").map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
     let meta_dev = if meta.exists() && meta_size.is_none() {
         FileDevice::open(&meta, FileDeviceOptions::default())?
     } else {
         let size = meta_size.unwrap_or((data.size_bytes() / 10).max(64 << 20));
-        FileDevice::create(&meta, size, FileDeviceOptions::default())?
+        let dev = FileDevice::create(&meta, size, FileDeviceOptions::default())?;
+        if fill {
+            preallocate(&dev)?;
+        }
+        dev
     };
     // Recorded absolute, so a mount from any directory finds it.
     let meta_path = std::fs::canonicalize(&meta)

@@ -20,9 +20,18 @@ use crate::fuse::transport::{
 /// payload buffer holds this much.
 pub const MAX_WRITE_BYTES: usize = 1 << 20;
 
-/// How long the kernel may cache attributes and entries. Every change goes
-/// through this process, and the kernel invalidates what it changes itself.
+/// How long the kernel may cache attributes. Every change goes through
+/// this process, and the kernel invalidates what it changes itself, except
+/// the atime a read through to ldfs sets: a stat sees that after this.
 const TTL: Duration = Duration::from_secs(1);
+
+/// How long the kernel may keep a name (and a missing one) without asking
+/// again. Names change only through this mount (the image's lock makes it
+/// the only one) and the kernel updates its dentries at each change it
+/// makes, so this can be long: a file created or looked up once is then
+/// opened, renamed or unlinked without a LOOKUP first, even seconds later
+/// (with 1 s, a phase of a benchmark longer than that paid one per file).
+pub const ENTRY_TTL: Duration = Duration::from_secs(30);
 
 pub struct FuseFs {
     pub fs: Arc<Fs>,
@@ -249,6 +258,27 @@ fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
+/// The attributes of a negative entry: node id 0, nothing else read.
+fn negative_attr() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    }
+}
+
 /// The caller, creating with `umask` (FUSE_DONT_MASK: ldfs applies it,
 /// unless the directory's default ACL takes its place).
 fn ctx(c: &Caller, umask: u32) -> Ctx {
@@ -280,6 +310,7 @@ impl FuseFs {
             attr: file_attr(&a),
             generation: a.generation,
             ttl: TTL,
+            entry_ttl: ENTRY_TTL,
         })
     }
 }
@@ -330,7 +361,23 @@ impl FuseOps for FuseFs {
     }
 
     fn lookup(&self, _c: &Caller, parent: u64, name: &[u8]) -> OpResult<Entry> {
-        self.entry(self.fs.lookup(parent, name))
+        match self.fs.lookup(parent, name) {
+            // A negative entry (node id 0: "the same as ENOENT, but with a
+            // valid timeout", fs/fuse/dir.c): the kernel caches the miss
+            // for TTL, so a name looked up again before it is made (stat
+            // then create, a search path) costs no round trip. Safe for
+            // the reason positive entries are: every name is made through
+            // this mount, and the kernel drops the negative dentry when it
+            // makes one. Not for "." and "..", which look up node ids
+            // (export support), not names.
+            Err(FsError::NotFound) if name != b"." && name != b".." => Ok(Entry {
+                attr: negative_attr(),
+                generation: 0,
+                ttl: TTL,
+                entry_ttl: ENTRY_TTL,
+            }),
+            r => self.entry(r),
+        }
     }
 
     fn getattr(&self, ino: u64) -> OpResult<(FileAttr, Duration)> {
@@ -566,6 +613,7 @@ impl FuseOps for FuseFs {
                     attr: file_attr(&attr),
                     generation: attr.generation,
                     ttl: TTL,
+                    entry_ttl: ENTRY_TTL,
                 },
             };
             if !add(d) {

@@ -44,7 +44,7 @@
 //!   (`capacity_bytes`); within it, a write short of clean segments waits
 //!   for the cleaner instead of failing.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -255,7 +255,7 @@ pub(crate) struct Inner {
     pub user_bytes: u64,
     pub moved_bytes: u64,
     pending: Pending,
-    arus: HashMap<u64, AruState>,
+    arus: FxHashMap<u64, AruState>,
     /// What the open ARUs changed (`abort_aru` takes one back).
     undo: Undo,
     /// ARU ids are never reused while open: a later end record can never
@@ -270,7 +270,7 @@ pub(crate) struct Inner {
     /// when a step found nothing to clean).
     clean_futile_until: u64,
     log_bytes_since_checkpoint: u64,
-    hints: HashMap<u64, ListHints>,
+    hints: FxHashMap<u64, ListHints>,
     failed: Option<String>,
     closed: bool,
     stats: EngineStats,
@@ -481,14 +481,14 @@ impl Engine {
             user_bytes: recovered.user_bytes,
             moved_bytes: recovered.moved_bytes,
             pending: Pending::default(),
-            arus: HashMap::new(),
+            arus: FxHashMap::default(),
             undo: Undo::default(),
             next_aru: 1,
             open_nonempty: 0,
             op_seq: 0,
             clean_futile_until: 0,
             log_bytes_since_checkpoint: 0,
-            hints: HashMap::new(),
+            hints: FxHashMap::default(),
             failed: None,
             closed: false,
             stats,
@@ -2591,10 +2591,17 @@ impl LogicalDisk for Engine {
                 max,
             });
         }
-        // Compress before taking the lock.
+        // Compress before taking the lock. The list's hints are all this
+        // needs (NoSuchList if they are not cached and the list is gone);
+        // whether the list exists is checked under the lock the write is
+        // made under, below.
+        if list.0 == 0 {
+            return Err(LdError::InvalidArgument(
+                "list 0 belongs to the engine".into(),
+            ));
+        }
         let (compress, metadata) = {
             let mut g = self.lock_writable()?;
-            self.check_list(&mut g, list)?;
             let h = self.hints_of(&mut g, list)?;
             (h.compress, h.kind == ListKind::Metadata)
         };

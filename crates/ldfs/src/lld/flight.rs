@@ -19,6 +19,7 @@
 //! stays readable here until it and every item before it are written.
 
 use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 
@@ -74,6 +75,9 @@ pub(crate) struct Flight {
     work: Condvar,
     /// The device written to (set by `start`; without it nothing is written).
     dev: OnceLock<Arc<dyn Device>>,
+    /// `State::failed` is set (it never clears): every writable check of
+    /// the engine asks, and without this each took the queue's lock.
+    has_failed: AtomicBool,
 }
 
 /// The writer thread.
@@ -156,6 +160,9 @@ impl Flight {
                 if s.failed.is_none() {
                     s.failed = Some(e.to_string());
                     s.error = Some(e);
+                    // After `failed` is set, under the lock: whoever sees
+                    // the flag finds the reason.
+                    self.has_failed.store(true, Ordering::Release);
                 }
                 self.work.notify_all();
             }
@@ -258,6 +265,9 @@ impl Flight {
 
     /// Why writing stopped, if it did.
     pub fn failed(&self) -> Option<String> {
+        if !self.has_failed.load(Ordering::Acquire) {
+            return None;
+        }
         self.lock().failed.clone()
     }
 

@@ -29,8 +29,10 @@
 //! `remove_range` reads everything it needs first and only then changes the
 //! tree, so a read error leaves the map as it was.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::mem::size_of;
+
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::codec::{get_u32, get_u64, put_u32, put_u64};
 use super::types::{entry_flags, Key, MapEntry, PagePtr, PAGE_BYTES};
@@ -158,7 +160,7 @@ impl Page {
 
 /// Nodes `Map::pages_to_dirty` has counted already.
 #[derive(Default)]
-pub struct DirtySet(HashSet<NodeId>);
+pub struct DirtySet(FxHashSet<NodeId>);
 
 /// The persistent block-number map.
 pub struct Map {
@@ -172,7 +174,7 @@ pub struct Map {
     entries: u64,
     last_root: Option<MapRoot>,
     /// Address of every on-disk page the tree references -> its node.
-    pages: HashMap<u64, NodeId>,
+    pages: FxHashMap<u64, NodeId>,
     obsolete: Vec<PagePtr>,
     /// CLOCK queue of leaves that were clean and resident when queued;
     /// `in_clock[id]` says whether `id` is queued (stale ids are skipped).
@@ -213,7 +215,7 @@ impl Map {
             height: 0,
             entries: 0,
             last_root: None,
-            pages: HashMap::new(),
+            pages: FxHashMap::default(),
             obsolete: Vec::new(),
             clock: VecDeque::new(),
             in_clock: Vec::new(),
@@ -1554,7 +1556,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
     use std::cell::{Cell, RefCell};
-    use std::collections::{BTreeMap, HashSet};
+    use std::collections::{BTreeMap, HashMap, HashSet};
     use std::time::Instant;
 
     const FS: u64 = 0x1df5_0001;

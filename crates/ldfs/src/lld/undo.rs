@@ -36,7 +36,9 @@
 //!   for a key no chain names (`touches`). `sealed` turns slots into device
 //!   addresses.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use rustc_hash::FxHashMap;
 
 use super::types::{Key, MapEntry};
 
@@ -145,7 +147,7 @@ pub(crate) struct Undo {
     chains: BTreeMap<Key, Chain>,
     bulks: Vec<Bulk>,
     /// Per open ARU: the keys whose chains hold a change of it.
-    keys: HashMap<u64, BTreeSet<Key>>,
+    keys: FxHashMap<u64, BTreeSet<Key>>,
 }
 
 impl Undo {

@@ -37,7 +37,7 @@ fn caller(req: &Request) -> Caller {
 
 fn entry(reply: ReplyEntry, r: Result<Entry, Errno>) {
     match r {
-        Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(e.generation)),
+        Ok(e) => reply.entry_with_ttls(&e.ttl, &e.entry_ttl, &e.attr, Generation(e.generation)),
         Err(e) => reply.error(e),
     }
 }

@@ -32,7 +32,12 @@ pub struct Caller {
 pub struct Entry {
     pub attr: FileAttr,
     pub generation: u64,
+    /// How long the kernel may keep the attributes.
     pub ttl: Duration,
+    /// How long the kernel may keep the name (the dentry, a negative one
+    /// too) without looking it up again. fuser's CREATE and READDIRPLUS
+    /// replies carry one timeout: on /dev/fuse those take `ttl` for both.
+    pub entry_ttl: Duration,
 }
 
 /// What SETATTR asks to change (FATTR_* in the request).

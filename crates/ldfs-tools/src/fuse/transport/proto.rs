@@ -627,9 +627,10 @@ impl Out<'_> {
     pub fn entry(&mut self, e: &Entry) {
         self.u64(e.attr.ino.0);
         self.u64(e.generation);
+        // fuse_entry_out: entry_valid, attr_valid, then their nanoseconds.
+        self.u64(e.entry_ttl.as_secs());
         self.u64(e.ttl.as_secs());
-        self.u64(e.ttl.as_secs());
-        self.u32(e.ttl.subsec_nanos());
+        self.u32(e.entry_ttl.subsec_nanos());
         self.u32(e.ttl.subsec_nanos());
         self.attr(&e.attr);
     }
@@ -1008,7 +1009,8 @@ mod tests {
                 Ok(Entry {
                     attr: attr(9),
                     generation: 2,
-                    ttl: Duration::from_secs(1),
+                    ttl: Duration::from_millis(1500),
+                    entry_ttl: Duration::from_secs(30),
                 })
             } else {
                 Err(Errno::from_i32(libc::ENOENT))
@@ -1038,6 +1040,14 @@ mod tests {
         assert_eq!(out.len(), ENTRY_OUT_BYTES);
         assert_eq!(u64::from_le_bytes(out[0..8].try_into().unwrap()), 9);
         assert_eq!(u64::from_le_bytes(out[8..16].try_into().unwrap()), 2);
+        // entry_valid 30 s, attr_valid 1 s and 500 ms.
+        assert_eq!(u64::from_le_bytes(out[16..24].try_into().unwrap()), 30);
+        assert_eq!(u64::from_le_bytes(out[24..32].try_into().unwrap()), 1);
+        assert_eq!(u32::from_le_bytes(out[32..36].try_into().unwrap()), 0);
+        assert_eq!(
+            u32::from_le_bytes(out[36..40].try_into().unwrap()),
+            500_000_000
+        );
         // fuse_attr at 40: size @8, atime @24, atimensec @48, mode @60.
         assert_eq!(u64::from_le_bytes(out[48..56].try_into().unwrap()), 5);
         assert_eq!(u64::from_le_bytes(out[64..72].try_into().unwrap()), 10);

@@ -759,6 +759,7 @@ mod tests {
                     attr: tiny_attr(2, FileType::Symlink),
                     generation: 1,
                     ttl: Duration::ZERO,
+                    entry_ttl: Duration::ZERO,
                 });
             }
             Err(Errno::from_i32(libc::ENOENT))
