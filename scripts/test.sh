@@ -10,6 +10,12 @@ if ! command -v fusermount3 >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && command -
   (apt-get update -qq && apt-get install -y -qq fuse3) >/dev/null 2>&1 \
     || echo "*** could not install fuse3: FUSE tests will be skipped ***"
 fi
+# setfattr/getfattr (the compression mount test sets attributes as a user
+# would; without them it calls setxattr(2) itself).
+if ! command -v setfattr >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+  (apt-get update -qq && apt-get install -y -qq attr) >/dev/null 2>&1 \
+    || echo "*** could not install attr: the compression mount test uses setxattr(2) ***"
+fi
 cargo fmt --all -- --check
 (cd fuzz && cargo fmt -- --check)
 cargo clippy --workspace --all-targets -- -D warnings

@@ -35,7 +35,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use ldfs::device::{CrashDevice, CrashOptions};
-use ldfs::ld::{AruId, LdError, ListHints, ListId, LogicalDisk};
+use ldfs::ld::{AruId, Compression, LdError, ListHints, ListId, LogicalDisk};
 use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::{CleanerOptions, Lld, LldOptions, PolicyKind};
 use rand::{Rng, SeedableRng};
@@ -270,6 +270,9 @@ const MIX_SNAPSHOTS: usize = 3;
 
 struct Cycle<'a> {
     lld: &'a Lld,
+    /// Lists are made with a drawn compression choice, which the mix also
+    /// changes; some blocks are random bytes (stored plain).
+    compress: bool,
     /// `Some` when the mix takes snapshots.
     snaps: Option<Snaps>,
     rng: ChaCha8Rng,
@@ -309,6 +312,10 @@ struct Tally {
     long_arus: u64,
     /// Long ARUs whose large overwrites ran into NoSpace.
     long_arus_full: u64,
+    /// Blocks written compressed, and moved blocks the cleaner
+    /// recompressed (compression mode).
+    compressed: u64,
+    recompressed: u64,
 }
 
 impl Cycle<'_> {
@@ -323,6 +330,15 @@ impl Cycle<'_> {
 
     /// An operation failed: fine after a power cut (the engine is now
     /// read-only), a bug otherwise.
+    fn draw_compression(&mut self) -> Compression {
+        [
+            Compression::Off,
+            Compression::Lz4,
+            Compression::Zstd { level: 1 },
+            Compression::Zstd { level: 3 },
+        ][self.rng.gen_range(0..4)]
+    }
+
     fn failed(&mut self, what: &str, e: LdError) {
         if self.cut && matches!(e, LdError::Device(_) | LdError::ReadOnly(_)) {
             self.dead = true;
@@ -579,6 +595,18 @@ impl Cycle<'_> {
                 _ => {}
             }
         }
+        if self.compress && self.rng.gen_ratio(1, 40) {
+            // Drawn only in compression mode, as snapshots above.
+            if let Some(l) = self.existing_list() {
+                let aru = self.pick_aru();
+                let c = self.draw_compression();
+                match lld.set_compression(aru, ListId(l), c) {
+                    Ok(()) | Err(LdError::NoSpace { .. }) => {}
+                    Err(e) => self.failed("set_compression", e),
+                }
+                return;
+            }
+        }
         let lists = self.hist.live_lists().len();
         match self.rng.gen_range(0..100) {
             0..=3 if lists >= self.max_lists() => {
@@ -593,7 +621,15 @@ impl Cycle<'_> {
                 // Lists are created outside ARUs: a list whose creation could
                 // be undone while blocks written outside its ARU survive is a
                 // state the model does not describe (the fs never does it).
-                match lld.create_list(None, ListHints::default()) {
+                let hints = ListHints {
+                    compress: if self.compress {
+                        self.draw_compression()
+                    } else {
+                        Compression::Off
+                    },
+                    ..Default::default()
+                };
+                match lld.create_list(None, hints) {
                     Ok(l) => {
                         self.next_list = self.next_list.max(l.0 + 1);
                         self.hist.log.push((0, Op::CreateList(l.0)));
@@ -613,7 +649,11 @@ impl Cycle<'_> {
                 if let Some(l) = self.existing_list() {
                     let aru = self.pick_aru();
                     let i = self.rng.gen_range(0..24);
-                    let d: Block = block(&mut self.rng).into();
+                    let mut d = block(&mut self.rng);
+                    if self.compress && self.rng.gen_ratio(1, 3) {
+                        self.rng.fill(&mut d[..]);
+                    }
+                    let d: Block = d.into();
                     let r = lld.write(aru, ListId(l), i, &d);
                     self.record(aru, r, Op::Write(l, i, d));
                 }
@@ -700,6 +740,18 @@ struct Mode {
     digest: bool,
     /// The mix takes and deletes snapshots, and every recovery checks them.
     snapshots: bool,
+    /// Lists compress (a drawn choice, changed by the mix) and the cleaner
+    /// recompresses cold blocks it moves.
+    compress: bool,
+}
+
+/// `engine_options` for a run in `mode`.
+fn mode_options(mode: Mode, seed: u64) -> LldOptions {
+    let mut o = engine_options(mode.threads, seed % 2 == 1);
+    if mode.compress {
+        o.cleaner.recompress_cold = Some(6);
+    }
+    o
 }
 
 /// Runs the cycles of one freshly formatted device; `Err` names the cycle.
@@ -708,12 +760,8 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64, mode: Mode) -> Result<u3
     let mut digest = 0u32;
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ first_cycle.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let dev = Arc::new(CrashDevice::new(DEVICE_BYTES));
-    let lld = Lld::create(
-        dev.clone(),
-        &mkfs_options(),
-        engine_options(mode.threads, seed % 2 == 1),
-    )
-    .map_err(|e| format!("create: {e}"))?;
+    let lld = Lld::create(dev.clone(), &mkfs_options(), mode_options(mode, seed))
+        .map_err(|e| format!("create: {e}"))?;
     lld.flush().unwrap();
     // The wide list, checkpointed: its leaves are clean until a long ARU.
     let wide = lld.create_list(None, ListHints::default()).unwrap().0;
@@ -737,6 +785,7 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64, mode: Mode) -> Result<u3
         let engine = lld.take().expect("engine open");
         let mut cy = Cycle {
             lld: &engine,
+            compress: mode.compress,
             snaps: snaps.take(),
             rng: ChaCha8Rng::seed_from_u64(rng.gen()),
             hist: History {
@@ -788,6 +837,9 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64, mode: Mode) -> Result<u3
             cy.run_ops(n);
         }
         clean &= !cy.cut;
+        let st = engine.stats();
+        cy.tally.compressed += st.compress_blocks_compressed;
+        cy.tally.recompressed += st.blocks_recompressed;
         let image = if clean {
             for a in std::mem::take(&mut cy.open) {
                 engine
@@ -837,7 +889,7 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64, mode: Mode) -> Result<u3
             digest = crc32c::crc32c_append(digest, &image);
         }
         dev = Arc::new(CrashDevice::from_image(image));
-        let reopened = Lld::open(dev.clone(), engine_options(mode.threads, seed % 2 == 1))
+        let reopened = Lld::open(dev.clone(), mode_options(mode, seed))
             .map_err(|e| format!("cycle {c}: reopen: {e}"))?;
         if reopened.accounting_drift() != 0 {
             return Err(format!("cycle {c}: live-byte accounting drifted"));
@@ -889,6 +941,12 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64, mode: Mode) -> Result<u3
     {
         return Err(format!(
             "cycles {first_cycle}..: no snapshot taken and deleted: {tally:?}"
+        ));
+    }
+    // 500 cycles (CI's run) recompress a few dozen blocks.
+    if mode.compress && cycles >= 400 && (tally.compressed == 0 || tally.recompressed == 0) {
+        return Err(format!(
+            "cycles {first_cycle}..: nothing compressed or recompressed: {tally:?}"
         ));
     }
     if cycles >= CYCLES_PER_DEVICE && (tally.crashed_pending == 0 || tally.cut_finishing == 0) {
@@ -1048,6 +1106,34 @@ fn crash_recovery_keeps_every_acknowledged_snapshot() {
     }
 }
 
+/// The mix on compressing lists (lz4, zstd 1 and 3, off; changed as it
+/// goes, in ARUs that may abort; a third of the blocks random), with the
+/// cleaner recompressing the cold blocks it moves: after every crash the
+/// lists read as the model says (issue 17).
+#[test]
+fn crash_recovery_matches_model_with_compression() {
+    let base = base_seed();
+    let seed = base ^ 0xc0;
+    let total = (cycles() / 4).max(1);
+    let mode = Mode {
+        compress: true,
+        ..Mode::default()
+    };
+    let mut c = 0;
+    while c < total {
+        let n = CYCLES_PER_DEVICE.min(total - c);
+        if let Err(e) = run_device(seed, c, n, mode) {
+            panic!(
+                "{e}\nseed {base} (this test xors it with 0xc0 and runs a quarter of the cycles; \
+                 from cycle {c}): LDFS_SEED={base} LDFS_CRASH_CYCLES={} \
+                 cargo test --release -p ldfs --test crash crash_recovery_matches_model_with_compression",
+                4 * (c + n)
+            );
+        }
+        c += n;
+    }
+}
+
 /// A seed replays exactly: the same operations, crash points and power
 /// cuts give byte-identical crash images (the log's writes are made by the
 /// thread that seals them, checkpoints are finished by the mix), so the
@@ -1059,6 +1145,7 @@ fn a_seed_replays_exactly() {
         threads: false,
         digest: true,
         snapshots: false,
+        compress: false,
     };
     let first = run_device(seed, 0, 60, mode).unwrap();
     let again = run_device(seed, 0, 60, mode).unwrap();
@@ -1078,6 +1165,7 @@ fn crash_recovery_matches_model_with_the_log_writer_thread() {
         threads: true,
         digest: false,
         snapshots: false,
+        compress: false,
     };
     if let Err(e) = run_device(seed, 0, cycles, mode) {
         panic!("{e}\nseed {seed} (threaded: the seed may not reproduce it)");

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use ldfs::device::{
     CrashDevice, CrashOptions, Device, DeviceError, FaultDevice, FaultPlan, MemoryDevice,
 };
-use ldfs::ld::{CorruptReason, LdError, ListHints, ListId, LogicalDisk};
+use ldfs::ld::{Compression, CorruptReason, LdError, ListHints, ListId, LogicalDisk};
 use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::{Lld, LldOptions};
 use rand::{Rng, SeedableRng};
@@ -89,7 +89,7 @@ fn compressed_lists_store_fewer_bytes() {
     let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(16 << 20));
     let lld = Lld::create(dev.clone(), &small_mkfs(), LldOptions::default()).unwrap();
     let hints = ListHints {
-        compress: true,
+        compress: Compression::Lz4,
         ..Default::default()
     };
     let l = lld.create_list(None, hints).unwrap();
@@ -461,7 +461,7 @@ fn read_range_agrees_with_single_reads() {
         .create_list(
             None,
             ListHints {
-                compress: true,
+                compress: Compression::Lz4,
                 ..Default::default()
             },
         )

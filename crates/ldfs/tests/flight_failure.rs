@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use ldfs::device::{Device, FaultDevice, FaultPlan, MemoryDevice};
-use ldfs::ld::{LdError, ListHints, ListId, LogicalDisk};
+use ldfs::ld::{Compression, LdError, ListHints, ListId, LogicalDisk};
 use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::{Lld, LldOptions};
 
@@ -27,7 +27,7 @@ fn writes_to_gone_lists_are_refused_with_cached_hints() {
     let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(16 << 20));
     let lld = Lld::create(dev, &small_mkfs(), LldOptions::default()).unwrap();
     let compress = ListHints {
-        compress: true,
+        compress: Compression::Lz4,
         ..Default::default()
     };
     let l = lld.create_list(None, compress).unwrap();

@@ -4,6 +4,7 @@
 
 pub mod apps;
 pub mod cleaner;
+pub mod compress;
 pub mod dual;
 pub mod engine;
 pub mod fs;

@@ -168,6 +168,7 @@ fn fs_options() -> FsOptions {
             secs: 915_148_800,
             nsecs: 0,
         }),
+        ..Default::default()
     }
 }
 

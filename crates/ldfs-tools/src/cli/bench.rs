@@ -7,7 +7,7 @@ use clap::Subcommand;
 use ldfs::lld::PolicyKind;
 
 use super::{parse_size, CmdResult};
-use crate::bench::{apps, cleaner, dual, engine, fs, fsck, ops, report, vld, writedel};
+use crate::bench::{apps, cleaner, compress, dual, engine, fs, fsck, ops, report, vld, writedel};
 
 /// The options of `ldfs bench fs`.
 #[derive(clap::Args)]
@@ -251,6 +251,30 @@ pub enum BenchCmd {
         /// Seconds of the group-commit and fdatasync loops.
         #[arg(long, default_value_t = 5)]
         seconds: u64,
+    },
+    /// Compression (issue 17): write and read throughput, and bytes stored
+    /// over bytes written, with compression off, lz4 and zstd, on a real
+    /// source tree (this repository's crates/ and ~/.cargo/registry/src) and
+    /// on random data; the file system over lld in-process (no FUSE).
+    Compress {
+        /// Directory for the image file (needs about 3 x --source-size).
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// Most bytes of source files to take.
+        #[arg(long, default_value = "64M", value_parser = parse_size)]
+        source_size: u64,
+        /// Runs of each setting (interleaved); medians are reported.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        /// An in-memory device instead of an image file.
+        #[arg(long)]
+        memory: bool,
+        /// Write the compression section of OUT/BENCHMARKS.md (`--out docs`).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// A sentence added to the section.
+        #[arg(long)]
+        note: Option<String>,
     },
     /// The fsck figure (issue 4): builds an image of --files files holding
     /// --data bytes through the library, then times the raw sequential read
@@ -570,6 +594,22 @@ pub fn run(which: BenchCmd) -> CmdResult {
                 report::write_report(&r, &out, note.as_deref())
             })
             .map_err(Into::into),
+        BenchCmd::Compress {
+            dir,
+            source_size,
+            rounds,
+            memory,
+            out,
+            note,
+        } => compress::run(&compress::CompressBench {
+            dir,
+            source_bytes: source_size,
+            rounds,
+            memory,
+            out,
+            note,
+        })
+        .map_err(Into::into),
         BenchCmd::Fsck {
             dir,
             files,

@@ -345,14 +345,35 @@ fn log_block_json(
     ix: u64,
 ) -> Result<Option<serde_json::Value>, Box<dyn std::error::Error>> {
     let g = *lld.geometry();
+    use ldfs::ld::LogicalDisk;
+    use ldfs::lld::types::entry_flags;
     let Some(e) = lld.map_entry(ldfs::lld::Key::new(list, ix))? else {
         return Ok(None);
+    };
+    let compression = match e.flags & entry_flags::ON_DISK_MASK {
+        0 => "none",
+        entry_flags::COMPRESSED => "lz4",
+        entry_flags::ZSTD => "zstd",
+        _ => "bad flags",
+    };
+    // The length before compression costs a read (and a decompression);
+    // a block that fails it is shown with the error instead.
+    let logical = if compression == "none" {
+        serde_json::json!(e.len)
+    } else {
+        match lld.read(list, ix) {
+            Ok(Some(b)) => serde_json::json!(b.len()),
+            Ok(None) => serde_json::Value::Null,
+            Err(err) => serde_json::json!(err.to_string()),
+        }
     };
     Ok(Some(serde_json::json!({
         "index": ix,
         "segment": g.segment_of(e.offset()).map(|s| s.0),
         "offset": e.offset(),
         "length": e.len,
+        "logical_length": logical,
+        "compression": compression,
         "crc": format!("{:08x}", e.crc),
         "flags": e.flags,
     })))
@@ -408,6 +429,19 @@ fn inode_report_on(
         }
     }
     let t = |t: ldfs::fs::inode::Time| format!("{}.{:09}", t.secs, t.nsecs);
+    // Blocks in the log (a dual pair's data blocks are stored plain, in
+    // place, and not counted): bytes as stored and before compression.
+    let stored_bytes: u64 = blocks.iter().filter_map(|b| b["length"].as_u64()).sum();
+    let logical_bytes: u64 = blocks
+        .iter()
+        .filter_map(|b| b["logical_length"].as_u64())
+        .sum();
+    let compress = match i.list {
+        0 => None,
+        l => ld
+            .list_hints(ldfs::ld::ListId(l))?
+            .map(|h| h.compress.to_string()),
+    };
     Ok(serde_json::json!({
         "ino": i.ino,
         "generation": i.generation,
@@ -423,6 +457,9 @@ fn inode_report_on(
         "mtime": t(i.mtime),
         "ctime": t(i.ctime),
         "list": i.list,
+        "compress": compress,
+        "stored_bytes": stored_bytes,
+        "logical_bytes": logical_bytes,
         "inline_bytes": i.inline.len(),
         "xattrs": i.xattrs.iter().map(|(n, v)| serde_json::json!({
             "name": String::from_utf8_lossy(n),
@@ -450,6 +487,7 @@ fn inode_text(v: &serde_json::Value) -> String {
         "mtime",
         "ctime",
         "list",
+        "compress",
         "inline_bytes",
     ] {
         let val = &v[k];
@@ -465,6 +503,17 @@ fn inode_text(v: &serde_json::Value) -> String {
     }
     let blocks = v["blocks"].as_array().map_or(&[][..], |b| b.as_slice());
     if !blocks.is_empty() {
+        let (stored, logical) = (
+            v["stored_bytes"].as_u64().unwrap_or(0),
+            v["logical_bytes"].as_u64().unwrap_or(0),
+        );
+        if stored > 0 {
+            out += &format!(
+                "  {:<13}{logical} logical bytes stored in {stored} ({:.1}%)\n",
+                "stored",
+                stored as f64 * 100.0 / logical.max(1) as f64
+            );
+        }
         out += &format!("  blocks of list {}:\n", v["list"]);
     }
     for b in blocks {
@@ -475,8 +524,12 @@ fn inode_text(v: &serde_json::Value) -> String {
             );
             continue;
         }
+        let how = match b["compression"].as_str() {
+            Some("none") | None => String::new(),
+            Some(c) => format!("  {c} of {}", b["logical_length"]),
+        };
         out += &format!(
-            "    index {:>10}  segment {:>6}  byte {:>14}  length {:>6}  crc {}\n",
+            "    index {:>10}  segment {:>6}  byte {:>14}  length {:>6}  crc {}{how}\n",
             b["index"],
             b["segment"],
             b["offset"],

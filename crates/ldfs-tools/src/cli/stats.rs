@@ -56,6 +56,28 @@ pub(crate) fn stats_text(lld: &ldfs::lld::Lld) -> String {
         st.device_flushes,
         st.writes_coalesced,
         st.segments_discarded
+    ) + &compression_text(&st)
+}
+
+/// What compressing lists took since mount: bytes given to the engine,
+/// bytes stored for them, and how many blocks compression paid for.
+fn compression_text(st: &ldfs::lld::EngineStats) -> String {
+    let ratio = if st.compress_logical_bytes == 0 {
+        String::new()
+    } else {
+        format!(
+            " ({:.1}% of logical)",
+            st.compress_stored_bytes as f64 * 100.0 / st.compress_logical_bytes as f64
+        )
+    };
+    format!(
+        "compression since mount: {} logical bytes written, {} bytes stored{ratio}; {} blocks compressed, {} stored plain; the cleaner recompressed {} cold blocks, saving {} bytes\n",
+        st.compress_logical_bytes,
+        st.compress_stored_bytes,
+        st.compress_blocks_compressed,
+        st.compress_blocks_plain,
+        st.blocks_recompressed,
+        st.recompress_bytes_saved
     )
 }
 

@@ -679,7 +679,13 @@ impl FuseOps for FuseFs {
             self.fs
                 .setxattr_killing_sgid(ino, name, value, mode, kill_sgid)
         })
-        .map_err(|e| errno(&e))
+        .map_err(|e| {
+            // EINVAL alone does not say what a policy may be.
+            if let (true, FsError::Invalid(why)) = (name == fs::COMPRESS_XATTR, &e) {
+                eprintln!("ldfs: inode {ino}: {why}");
+            }
+            errno(&e)
+        })
     }
 
     fn getxattr(&self, _c: &Caller, ino: u64, name: &[u8], size: u32) -> OpResult<Xattr> {

@@ -327,6 +327,13 @@ pub struct MountOpts {
     /// (`discard`; `nodiscard`, the default: `ldfs trim` does it on
     /// demand, as fstrim).
     pub discard: bool,
+    /// How new file data is stored when its file (or the directory it was
+    /// made in) has no `user.ldfs.compress` (`compress=zstd[:LEVEL]|lz4|off`;
+    /// off by default). `None`: not given.
+    pub compress: Option<ldfs::ld::Compression>,
+    /// The zstd level the cleaner stores cold blocks of compressing files
+    /// with as it moves them (`compress_cold=zstd:LEVEL`; off by default).
+    pub compress_cold: Option<u8>,
 }
 
 /// An option that is on, off, or on where it can be had (the default).
@@ -357,6 +364,8 @@ impl Default for MountOpts {
             meta: None,
             transport: Transport::default(),
             discard: false,
+            compress: None,
+            compress_cold: None,
         }
     }
 }
@@ -382,6 +391,15 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
             ("no_writeback_cache", None) => o.writeback_cache = false,
             ("discard", None) => o.discard = true,
             ("nodiscard", None) => o.discard = false,
+            ("compress", Some(v)) => {
+                o.compress = Some(v.parse().map_err(|e| format!("compress={v}: {e}"))?);
+            }
+            ("compress_cold", Some("off")) => o.compress_cold = None,
+            ("compress_cold", Some(v)) => match v.parse() {
+                Ok(ldfs::ld::Compression::Zstd { level }) => o.compress_cold = Some(level),
+                Ok(_) => return Err(format!("compress_cold={v}: zstd[:LEVEL] or off")),
+                Err(e) => return Err(format!("compress_cold={v}: {e}")),
+            },
             ("direct_writes", None) => o.direct_writes = Toggle::On,
             ("nodirect_writes", None) => o.direct_writes = Toggle::Off,
             ("cache", Some(v)) => {
@@ -983,6 +1001,7 @@ pub fn run(
             background: opts.cleaner.is_some() && !opts.read_only,
             start_clean_segments: opts.clean_start,
             stop_clean_segments: opts.clean_stop,
+            recompress_cold: opts.compress_cold,
             ..Default::default()
         },
         discard: opts.discard,
@@ -1024,6 +1043,7 @@ pub fn run(
             ld,
             FsOptions {
                 read_only: opts.read_only,
+                compress: opts.compress.unwrap_or_default(),
                 ..Default::default()
             },
         )
@@ -1378,6 +1398,14 @@ pub(crate) fn dual_meta_path(
 /// stay as they are.
 fn remount(dir: &Path, opts: &MountOpts) -> Result<(), String> {
     use std::os::unix::ffi::OsStrExt;
+    if let Some(c) = opts.compress {
+        return Err(format!(
+            "remount: compress={c} is set at mount only (setfattr -n user.ldfs.compress on a directory sets it for what is created there)"
+        ));
+    }
+    if opts.compress_cold.is_some() {
+        return Err("remount: compress_cold= is set at mount only".into());
+    }
     let canon = dir
         .canonicalize()
         .map_err(|e| format!("remount: {}: {e}", dir.display()))?;
@@ -1583,6 +1611,39 @@ mod tests {
 
     fn parse(s: &str) -> Result<MountOpts, String> {
         parse_options(&[s.to_string()])
+    }
+
+    #[test]
+    fn compress_takes_off_lz4_and_zstd_levels() {
+        use ldfs::ld::Compression;
+        assert_eq!(parse("rw").unwrap().compress, None);
+        for (v, want) in [
+            ("off", Compression::Off),
+            ("lz4", Compression::Lz4),
+            ("zstd", Compression::Zstd { level: 3 }),
+            ("zstd:1", Compression::Zstd { level: 1 }),
+            ("zstd:19", Compression::Zstd { level: 19 }),
+        ] {
+            assert_eq!(
+                parse(&format!("compress={v}")).unwrap().compress,
+                Some(want)
+            );
+        }
+        for bad in [
+            "compress=zstd:0",
+            "compress=zstd:20",
+            "compress=gzip",
+            "compress=",
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert!(e.contains("zstd:LEVEL"), "{bad}: {e}");
+        }
+        assert_eq!(
+            parse("compress_cold=zstd:15").unwrap().compress_cold,
+            Some(15)
+        );
+        assert_eq!(parse("compress_cold=off").unwrap().compress_cold, None);
+        assert!(parse("compress_cold=lz4").is_err());
     }
 
     /// The lock of an image held by what looks like an exiting mount daemon

@@ -54,8 +54,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::device::{Device, DeviceError, DeviceOp};
 use crate::ld::{
-    AruId, CorruptReason, Corruption, LdError, LdResult, ListHints, ListId, ListKind, LogicalDisk,
-    SpaceStats, Temperature,
+    AruId, Compression, CorruptReason, Corruption, LdError, LdResult, ListHints, ListId, ListKind,
+    LogicalDisk, SpaceStats, Temperature,
 };
 use crate::lld::layout::MkfsOptions;
 use crate::lld::{Lld, LldOptions};
@@ -1488,6 +1488,12 @@ impl LogicalDisk for Dual {
         let near = hints.near.map(|n| self.eng(n)).transpose()?;
         let h = ListHints { near, ..hints };
         if hints.kind == ListKind::Data {
+            // File data goes to the data device in place, never
+            // compressed: the hints say so rather than promise it.
+            let h = ListHints {
+                compress: Compression::Off,
+                ..h
+            };
             let id = self.meta.create_list(aru, h).map_err(Self::user_err)?;
             cache_insert(&mut self.lock().kinds, id.0, (true, near));
             return Ok(ListId(id.0 - OWN_LISTS));

@@ -44,7 +44,9 @@ use std::collections::BTreeMap;
 use rustc_hash::FxHashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::ld::{AruId, LdError, ListHints, ListId, ListKind, LogicalDisk, Temperature};
+use crate::ld::{
+    AruId, Compression, LdError, ListHints, ListId, ListKind, LogicalDisk, Temperature,
+};
 use inode::{
     Inode, Kind, Time, XattrValue, INLINE_MAX, XATTR_CHUNK, XATTR_INLINE_VALUE_MAX, XATTR_MAX,
     XATTR_NAME_MAX, XATTR_VALUE_MAX,
@@ -59,6 +61,10 @@ const META_LIST: ListId = ListId(1);
 const INODE_LIST: ListId = ListId(2);
 const ORPHAN_LIST: ListId = ListId(3);
 const FS_MAGIC: &[u8; 8] = b"LDFS-FS1";
+/// A file's or directory's compression policy (`off`, `lz4`, `zstd`,
+/// `zstd:LEVEL`): an ordinary attribute in the inode record, validated
+/// when set; a directory's is copied to what is created in it.
+pub const COMPRESS_XATTR: &[u8] = b"user.ldfs.compress";
 const INO_BATCH: u64 = 1024;
 const INODE_CACHE_MAX: usize = 1 << 16;
 
@@ -235,6 +241,9 @@ pub struct StatFs {
 
 pub struct FsOptions {
     pub read_only: bool,
+    /// How new file data lists store their blocks when the file has no
+    /// `user.ldfs.compress` of its own (mount option `compress=`).
+    pub compress: Compression,
     /// Wall clock; tests can pass a fixed one.
     pub clock: Box<dyn Fn() -> Time + Send + Sync>,
 }
@@ -243,6 +252,7 @@ impl Default for FsOptions {
     fn default() -> Self {
         FsOptions {
             read_only: false,
+            compress: Compression::Off,
             clock: Box::new(system_time),
         }
     }
@@ -1133,6 +1143,17 @@ impl Fs {
     }
 }
 
+/// Bytes of a list's hints block, which `set_compression` rewrites.
+const LIST_HINTS_BYTES: u64 = 16;
+
+/// Parses a `user.ldfs.compress` value (`off`, `lz4`, `zstd`, `zstd:N`);
+/// the error names the attribute and what it accepts.
+pub fn parse_compress_value(v: &[u8]) -> Result<Compression, String> {
+    let name = String::from_utf8_lossy(COMPRESS_XATTR);
+    let s = std::str::from_utf8(v).map_err(|_| format!("{name}: not text"))?;
+    Compression::parse(s).map_err(|e| format!("{name}: {e}"))
+}
+
 /// Bytes of the file-system record (list 1, index 0).
 const FS_RECORD_BYTES: u64 = 16;
 /// An orphan list entry's block.
@@ -1543,6 +1564,20 @@ impl Tx<'_> {
             }
             None if kind != Kind::Symlink => mode &= !(ctx.umask & 0o777),
             None => {}
+        }
+        // The directory's compression policy goes to the files and
+        // directories made in it (as btrfs's `compression` property).
+        if matches!(kind, Kind::File | Kind::Dir) {
+            if let Ok(k) = p
+                .xattrs
+                .binary_search_by(|(n, _)| n.as_slice().cmp(COMPRESS_XATTR))
+            {
+                let v = self.fs.xattr_value(parent, &p.xattrs[k].1)?;
+                if v.len() <= XATTR_INLINE_VALUE_MAX {
+                    xattrs.push((COMPRESS_XATTR.to_vec(), XattrValue::Inline(v)));
+                    xattrs.sort_by(|a, b| a.0.cmp(&b.0));
+                }
+            }
         }
         // BSD semantics for setgid directories: the group comes from the
         // directory, and subdirectories inherit the bit.
@@ -2053,6 +2088,23 @@ impl Tx<'_> {
     /// by directory can keep a directory's files together (DualFS 3.1:
     /// files take their blocks from their directory's group). A hint
     /// only: none if that directory is gone or its record unreadable.
+    /// How `i`'s data list stores blocks: its `user.ldfs.compress` (its
+    /// own, or inherited at creation), else the mount's `compress=`. A
+    /// value that does not parse (set before validation, or damaged) is
+    /// ignored: it steers storage, never correctness.
+    fn compression_of(&self, i: &Inode) -> FsResult<Compression> {
+        match i
+            .xattrs
+            .binary_search_by(|(n, _)| n.as_slice().cmp(COMPRESS_XATTR))
+        {
+            Ok(k) => {
+                let v = self.fs.xattr_value(i.ino, &i.xattrs[k].1)?;
+                Ok(parse_compress_value(&v).unwrap_or(self.fs.opts.compress))
+            }
+            Err(_) => Ok(self.fs.opts.compress),
+        }
+    }
+
     fn near_dir(&mut self, i: &Inode) -> Option<ListId> {
         if i.parent == 0 || i.kind() != Kind::File {
             return None;
@@ -2074,6 +2126,7 @@ impl Tx<'_> {
         let hints = ListHints {
             kind: ListKind::Data,
             near: self.near_dir(i),
+            compress: self.compression_of(i)?,
             ..Default::default()
         };
         let list = match self.ld().create_list(Some(self.aru), hints) {
@@ -2227,6 +2280,20 @@ impl Tx<'_> {
             (Err(_), XattrMode::Replace) => return Err(FsError::NoAttr),
             _ => {}
         }
+        // The compression policy: checked before anything is written; a
+        // file with data switches its list for new writes.
+        let recompress = if name == COMPRESS_XATTR {
+            let c = parse_compress_value(value).map_err(FsError::Invalid)?;
+            if !matches!(i.kind(), Kind::File | Kind::Dir) {
+                return Err(FsError::Invalid(format!(
+                    "{}: only files and directories have a compression policy",
+                    String::from_utf8_lossy(COMPRESS_XATTR)
+                )));
+            }
+            (i.kind() == Kind::File && i.list != 0).then_some(c)
+        } else {
+            None
+        };
         let in_record = |v: &[u8]| {
             if v.len() <= XATTR_INLINE_VALUE_MAX {
                 v.len()
@@ -2240,7 +2307,18 @@ impl Tx<'_> {
         {
             return Err(FsError::NoSpace);
         }
-        self.reserve((i.encoded_len() + name.len() + value.len()) as u64)?;
+        self.reserve(
+            (i.encoded_len() + name.len() + value.len()) as u64
+                + if recompress.is_some() {
+                    LIST_HINTS_BYTES
+                } else {
+                    0
+                },
+        )?;
+        if let Some(c) = recompress {
+            self.ld()
+                .set_compression(Some(self.aru), ListId(i.list), c)?;
+        }
         // An access ACL sets the mode bits (`posix_acl_update_mode`); one
         // that says no more than they do is not kept (no `+` in ls -l).
         let mut keep = true;
@@ -2289,7 +2367,15 @@ impl Tx<'_> {
             .map_err(|_| FsError::NoAttr)?;
         let (_, v) = i.xattrs.remove(k);
         stamp(&mut i, self.fs.now(), false, true);
-        self.reserve_freeing(i.encoded_len() as u64)?;
+        // Without its own policy a file's new writes follow the mount's.
+        let recompress = name == COMPRESS_XATTR && i.kind() == Kind::File && i.list != 0;
+        self.reserve_freeing(
+            i.encoded_len() as u64 + if recompress { LIST_HINTS_BYTES } else { 0 },
+        )?;
+        if recompress {
+            self.ld()
+                .set_compression(Some(self.aru), ListId(i.list), self.fs.opts.compress)?;
+        }
         self.drop_xattr_value(&v)?;
         self.put(&i)
     }

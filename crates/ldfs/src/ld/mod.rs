@@ -73,10 +73,86 @@ pub type Progress<'a> = &'a (dyn Fn(&str, u64, u64) + Sync);
 pub struct ListHints {
     pub kind: ListKind,
     pub temperature: Temperature,
-    /// Store blocks compressed when that makes them smaller.
-    pub compress: bool,
+    /// How to store the list's blocks: compressed when that makes a block
+    /// at least a sixteenth smaller, plain otherwise (decided per block).
+    pub compress: Compression,
     /// Place this list's blocks near those of another list.
     pub near: Option<ListId>,
+}
+
+/// A list's compression choice (a hint: layouts that do not compress,
+/// such as the update-in-place LD and the dual layout's data device,
+/// keep it and store plain). Written as `off`, `lz4`, `zstd` or
+/// `zstd:LEVEL` (the mount option and `user.ldfs.compress`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
+pub enum Compression {
+    #[default]
+    Off,
+    /// LZ4: fast, a modest ratio.
+    Lz4,
+    /// Zstandard at `level` (`ZSTD_LEVEL_MIN..=ZSTD_LEVEL_MAX`).
+    Zstd { level: u8 },
+}
+
+impl Compression {
+    pub const ZSTD_LEVEL_MIN: u8 = 1;
+    pub const ZSTD_LEVEL_MAX: u8 = 19;
+    /// `zstd` without a level: zstd's own default, a good ratio at a few
+    /// hundred MB/s a core.
+    pub const ZSTD_DEFAULT_LEVEL: u8 = 3;
+
+    /// Parses `off`, `lz4`, `zstd` or `zstd:LEVEL`; the error says what is
+    /// accepted.
+    pub fn parse(s: &str) -> Result<Compression, String> {
+        let usage = || {
+            format!(
+                "bad compression {s:?}: expected off, lz4, zstd or zstd:LEVEL with LEVEL from {} to {}",
+                Self::ZSTD_LEVEL_MIN,
+                Self::ZSTD_LEVEL_MAX
+            )
+        };
+        match s {
+            "off" => Ok(Compression::Off),
+            "lz4" => Ok(Compression::Lz4),
+            "zstd" => Ok(Compression::Zstd {
+                level: Self::ZSTD_DEFAULT_LEVEL,
+            }),
+            _ => {
+                let level = s.strip_prefix("zstd:").ok_or_else(usage)?;
+                // Digits only: no sign, no spaces, no leading `+`.
+                if level.is_empty() || level.len() > 2 || !level.bytes().all(|b| b.is_ascii_digit())
+                {
+                    return Err(usage());
+                }
+                let level: u8 = level.parse().map_err(|_| usage())?;
+                if !(Self::ZSTD_LEVEL_MIN..=Self::ZSTD_LEVEL_MAX).contains(&level) {
+                    return Err(usage());
+                }
+                Ok(Compression::Zstd { level })
+            }
+        }
+    }
+
+    pub fn is_off(&self) -> bool {
+        *self == Compression::Off
+    }
+}
+
+impl fmt::Display for Compression {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Compression::Off => f.write_str("off"),
+            Compression::Lz4 => f.write_str("lz4"),
+            Compression::Zstd { level } => write!(f, "zstd:{level}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Compression {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Compression::parse(s)
+    }
 }
 
 /// Space as the LD sees it, in bytes.
@@ -281,4 +357,21 @@ pub trait LogicalDisk: Send + Sync {
 
     /// Space figures.
     fn space(&self) -> SpaceStats;
+
+    /// Changes how `list`'s blocks are stored from now on (blocks written
+    /// before keep their form; reads never need the choice). A hint: the
+    /// default, for layouts that do not compress, checks that the list
+    /// exists and keeps nothing.
+    fn set_compression(
+        &self,
+        aru: Option<AruId>,
+        list: ListId,
+        compression: Compression,
+    ) -> LdResult<()> {
+        let _ = (aru, compression);
+        match self.list_hints(list)? {
+            Some(_) => Ok(()),
+            None => Err(LdError::NoSuchList(list)),
+        }
+    }
 }

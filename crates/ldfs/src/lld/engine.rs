@@ -67,8 +67,8 @@ use super::usage::{SegmentState, SegmentUsage, Usage, PIN_BITS};
 use super::writer::{self, Pending, PendingWrite, WRITE_RECORD_BYTES};
 use crate::device::Device;
 use crate::ld::{
-    AruId, CorruptReason, Corruption, LdError, LdResult, ListHints, ListId, ListKind, LogicalDisk,
-    SpaceStats, Temperature,
+    AruId, Compression, CorruptReason, Corruption, LdError, LdResult, ListHints, ListId, ListKind,
+    LogicalDisk, SpaceStats, Temperature,
 };
 
 /// How an engine is opened and when it checkpoints.
@@ -158,6 +158,19 @@ pub struct EngineStats {
     pub writes_coalesced: u64,
     /// Segments given back to the storage (`discard`, `trim`) since open.
     pub segments_discarded: u64,
+    /// Bytes given to `write` for lists whose compression is not off,
+    /// since open (each block's length before compression).
+    pub compress_logical_bytes: u64,
+    /// What those blocks take in the log (compressed or plain).
+    pub compress_stored_bytes: u64,
+    /// Blocks of such lists stored compressed, and stored plain because
+    /// compression did not pay.
+    pub compress_blocks_compressed: u64,
+    pub compress_blocks_plain: u64,
+    /// Cold blocks the cleaner stored anew with `recompress_cold`'s level,
+    /// and the bytes that saved.
+    pub blocks_recompressed: u64,
+    pub recompress_bytes_saved: u64,
 }
 
 /// What open found, for `inspect` and tests.
@@ -364,7 +377,12 @@ pub(crate) fn encode_hints(h: &ListHints) -> Vec<u8> {
         Temperature::Hot => 1,
         Temperature::Cold => 2,
     };
-    b[2] = h.compress as u8;
+    // Byte 2 was 0/1 (off/lz4) before zstd; those keep their meaning.
+    (b[2], b[3]) = match h.compress {
+        Compression::Off => (0, 0),
+        Compression::Lz4 => (1, 0),
+        Compression::Zstd { level } => (2, level),
+    };
     b[8..16].copy_from_slice(&h.near.map_or(0, |l| l.0).to_le_bytes());
     b
 }
@@ -391,14 +409,21 @@ fn decode_hints(b: &[u8], offset: u64) -> LdResult<ListHints> {
         2 => Temperature::Cold,
         _ => return Err(bad()),
     };
-    if b[2] > 1 {
-        return Err(bad());
-    }
+    let compress = match (b[2], b[3]) {
+        (0, 0) => Compression::Off,
+        (1, 0) => Compression::Lz4,
+        (2, level)
+            if (Compression::ZSTD_LEVEL_MIN..=Compression::ZSTD_LEVEL_MAX).contains(&level) =>
+        {
+            Compression::Zstd { level }
+        }
+        _ => return Err(bad()),
+    };
     let near = u64::from_le_bytes(b[8..16].try_into().unwrap());
     Ok(ListHints {
         kind,
         temperature,
-        compress: b[2] == 1,
+        compress,
         near: (near != 0).then_some(ListId(near)),
     })
 }
@@ -2218,11 +2243,130 @@ impl Engine {
 /// Largest single device read `read_range` issues for adjacent blocks.
 const READ_RUN_BYTES: u64 = 1 << 20;
 
-/// Decompresses a stored block if needed.
-fn decode_stored(e: &MapEntry, stored: Vec<u8>, max_block: u32) -> LdResult<Vec<u8>> {
-    if e.flags & entry_flags::COMPRESSED == 0 {
-        return Ok(stored);
+/// Blocks shorter than this are stored plain: a compressed form's framing
+/// (4 bytes for LZ4, 6 to 9 for a Zstandard frame) eats what little it saves.
+const COMPRESS_MIN_BYTES: usize = 256;
+
+/// The stored form of `data` under `compression` and its entry flags, or
+/// `None` when it should be stored plain: compression is off, the block is
+/// small, or compressing saves less than a sixteenth (a block that barely
+/// shrinks costs a decompression on every read for next to no space, and
+/// random or already-compressed data is given up on after one attempt).
+fn encode_stored(compression: Compression, data: &[u8]) -> Option<(Vec<u8>, u8)> {
+    if data.len() < COMPRESS_MIN_BYTES {
+        return None;
     }
+    let (c, flags) = match compression {
+        Compression::Off => return None,
+        Compression::Lz4 => (
+            lz4_flex::compress_prepend_size(data),
+            entry_flags::COMPRESSED,
+        ),
+        Compression::Zstd { level } => {
+            if !zstd_may_pay(data) {
+                return None;
+            }
+            (zstd_compress(data, level)?, entry_flags::ZSTD)
+        }
+    };
+    pays(data, &c).then_some((c, flags))
+}
+
+/// Whether `stored` is at least a sixteenth smaller than `data`.
+fn pays(data: &[u8], stored: &[u8]) -> bool {
+    stored.len() <= data.len() - data.len() / 16
+}
+
+/// A cheap screen before zstd, whose attempt on random data costs several
+/// times an LZ4 one: bytes spread nearly evenly (over 7 bits of entropy a
+/// byte, estimated from a sample) leave zstd's entropy coder nothing, so only repeats could pay, and
+/// LZ4 finds those; if it finds too few, the block is stored plain. Text,
+/// hex and the like (low entropy) go to zstd directly.
+fn zstd_may_pay(data: &[u8]) -> bool {
+    // About 1024 bytes spread over the block, and the collision entropy
+    // (-log2 of the sum of squared frequencies: integer sums and one log;
+    // it is at most the Shannon entropy, so the screen errs toward trying
+    // zstd). From 1024 uniform bytes it is about 7.7.
+    let step = (data.len() / 1024).max(1);
+    let mut counts = [0u32; 256];
+    let mut n = 0u64;
+    for &b in data.iter().step_by(step) {
+        counts[b as usize] += 1;
+        n += 1;
+    }
+    let squares: u64 = counts.iter().map(|&c| c as u64 * c as u64).sum();
+    let bits = -((squares as f64) / (n * n) as f64).log2();
+    bits < 7.0 || pays(data, &lz4_flex::compress_prepend_size(data))
+}
+
+thread_local! {
+    /// One Zstandard context per thread that writes (creating one costs
+    /// more than compressing a 4 KiB block), with the level it is set to.
+    static ZSTD_CCTX: std::cell::RefCell<Option<(u8, zstd::bulk::Compressor<'static>)>> =
+        const { std::cell::RefCell::new(None) };
+    static ZSTD_DCTX: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// One Zstandard frame holding `data`, its content size recorded (the
+/// decoder bounds its output by it); `None` if zstd fails (no memory), and
+/// the block is then stored plain.
+fn zstd_compress(data: &[u8], level: u8) -> Option<Vec<u8>> {
+    ZSTD_CCTX.with(|c| {
+        let mut c = c.borrow_mut();
+        match &mut *c {
+            Some((l, cctx)) if *l == level => {}
+            slot => {
+                let cctx = zstd::bulk::Compressor::new(level as i32).ok()?;
+                *slot = Some((level, cctx));
+            }
+        }
+        let (_, cctx) = c.as_mut().expect("set above");
+        cctx.compress(data).ok()
+    })
+}
+
+/// The cleaner's recompression of a cold block (LD section 3: compress
+/// cold blocks during cleaning): its contents as one zstd frame at
+/// `level`, if that is at least a sixteenth smaller than what is stored
+/// now (and than the contents); `None` leaves the block as it is, as does
+/// one that does not decode (the move keeps its bytes; reads report it).
+pub(crate) fn recompress_cold(
+    e: &MapEntry,
+    stored: &[u8],
+    level: u8,
+    max_block: u32,
+) -> Option<(Vec<u8>, u8)> {
+    let data = decode_stored(e, stored.to_vec(), max_block).ok()?;
+    if data.len() < COMPRESS_MIN_BYTES || !zstd_may_pay(&data) {
+        return None;
+    }
+    let c = zstd_compress(&data, level)?;
+    (pays(stored, &c) && pays(&data, &c)).then_some((c, entry_flags::ZSTD))
+}
+
+/// A block's stored bytes decoded as map-entry `flags` say: its contents,
+/// or `Corrupt` (the fuzz target `stored_block`; reads go through the same
+/// function).
+pub fn decode_stored_block(flags: u8, stored: Vec<u8>, max_block: u32) -> LdResult<Vec<u8>> {
+    let e = MapEntry {
+        addr: 0,
+        len: stored.len() as u32,
+        crc: 0,
+        flags,
+    };
+    decode_stored(&e, stored, max_block)
+}
+
+/// A list's hints block (list 0) decoded, or `Corrupt` (fuzz target).
+pub fn decode_list_hints(b: &[u8]) -> LdResult<ListHints> {
+    decode_hints(b, 0)
+}
+
+/// Decompresses a stored block if needed. The output is bounded before
+/// anything is allocated: a corrupt length field or frame header cannot
+/// make it allocate more than `max_block` bytes.
+fn decode_stored(e: &MapEntry, stored: Vec<u8>, max_block: u32) -> LdResult<Vec<u8>> {
     let bad = |why: String| {
         LdError::Corrupt(Corruption {
             what: "compressed block",
@@ -2230,6 +2374,12 @@ fn decode_stored(e: &MapEntry, stored: Vec<u8>, max_block: u32) -> LdResult<Vec<
             reason: CorruptReason::Inconsistent(why),
         })
     };
+    match e.flags & entry_flags::ON_DISK_MASK {
+        0 => return Ok(stored),
+        entry_flags::COMPRESSED => {}
+        entry_flags::ZSTD => return zstd_decode(&stored, max_block).map_err(bad),
+        f => return Err(bad(format!("flags {f:#x} name two compressions"))),
+    }
     if stored.len() < 4 {
         return Err(bad("shorter than its length prefix".into()));
     }
@@ -2238,6 +2388,39 @@ fn decode_stored(e: &MapEntry, stored: Vec<u8>, max_block: u32) -> LdResult<Vec<
         return Err(bad(format!("claims {n} bytes, limit {max_block}")));
     }
     lz4_flex::decompress_size_prepended(&stored).map_err(|e| bad(e.to_string()))
+}
+
+/// Decodes one Zstandard frame of at most `max_block` bytes that records
+/// its content size; anything else is an error, never a panic.
+fn zstd_decode(stored: &[u8], max_block: u32) -> Result<Vec<u8>, String> {
+    let n = match zstd::zstd_safe::get_frame_content_size(stored) {
+        Ok(Some(n)) => n,
+        Ok(None) => return Err("zstd frame without its content size".into()),
+        Err(_) => return Err("not a zstd frame".into()),
+    };
+    if n == 0 || n > max_block as u64 {
+        return Err(format!("zstd frame claims {n} bytes, limit {max_block}"));
+    }
+    let n = n as usize;
+    ZSTD_DCTX.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.is_none() {
+            *d = Some(zstd::bulk::Decompressor::new().map_err(|e| format!("zstd: {e}"))?);
+        }
+        let dctx = d.as_mut().expect("set above");
+        // The capacity is the bound: zstd stops with an error rather than
+        // write past it.
+        let out = dctx
+            .decompress(stored, n)
+            .map_err(|e| format!("zstd: {e}"))?;
+        if out.len() != n {
+            return Err(format!(
+                "zstd frame decodes to {} bytes, claims {n}",
+                out.len()
+            ));
+        }
+        Ok(out)
+    })
 }
 
 impl LogicalDisk for Engine {
@@ -2339,6 +2522,55 @@ impl LogicalDisk for Engine {
         Ok(())
     }
 
+    /// Rewrites the list's hints block in list 0 with the new choice (in
+    /// `aru`, so it recovers with the operation that set it).
+    fn set_compression(
+        &self,
+        aru: Option<AruId>,
+        list: ListId,
+        compression: Compression,
+    ) -> LdResult<()> {
+        let mut g = self.lock_for_meta(aru, WRITE_RECORD_BYTES, HINTS_BYTES, 1)?;
+        let aru_id = self.check_aru(&g, aru)?;
+        self.check_list(&mut g, list)?;
+        let old = self.hints_of(&mut g, list)?;
+        if old.compress == compression {
+            return Ok(());
+        }
+        let hints = ListHints {
+            compress: compression,
+            ..old
+        };
+        let data = encode_hints(&hints);
+        self.admit(
+            &mut g,
+            aru,
+            WRITE_RECORD_BYTES,
+            data.len(),
+            Class::Meta,
+            1,
+            None,
+        )?;
+        let crc = crc32c::crc32c(&data);
+        self.log_write(
+            &mut g,
+            PendingWrite {
+                aru: aru_id,
+                key: Key {
+                    list: 0,
+                    index: list.0,
+                },
+                data,
+                crc,
+                flags: 0,
+                age: 0,
+            },
+        )?;
+        g.hints.insert(list.0, hints);
+        self.after_op(&mut g);
+        Ok(())
+    }
+
     fn list_hints(&self, list: ListId) -> LdResult<Option<ListHints>> {
         if list.0 == 0 {
             return Ok(None);
@@ -2373,15 +2605,9 @@ impl LogicalDisk for Engine {
             let h = self.hints_of(&mut g, list)?;
             (h.compress, h.kind == ListKind::Metadata)
         };
-        let (stored, flags) = if compress && data.len() >= 256 {
-            let c = lz4_flex::compress_prepend_size(data);
-            if c.len() < data.len() {
-                (c, entry_flags::COMPRESSED)
-            } else {
-                (data.to_vec(), 0)
-            }
-        } else {
-            (data.to_vec(), 0)
+        let (stored, flags) = match encode_stored(compress, data) {
+            Some((c, flags)) => (c, flags),
+            None => (data.to_vec(), 0),
         };
         let crc = crc32c::crc32c(&stored);
         let key = Key::new(list, index);
@@ -2426,6 +2652,16 @@ impl LogicalDisk for Engine {
             }
         };
         g.user_bytes += stored.len() as u64;
+        if !compress.is_off() {
+            let st = &mut g.stats;
+            st.compress_logical_bytes += data.len() as u64;
+            st.compress_stored_bytes += stored.len() as u64;
+            if flags == 0 {
+                st.compress_blocks_plain += 1;
+            } else {
+                st.compress_blocks_compressed += 1;
+            }
+        }
         self.log_write(
             &mut g,
             PendingWrite {
@@ -3044,6 +3280,15 @@ impl LogicalDisk for Lld {
     fn list_hints(&self, list: ListId) -> LdResult<Option<ListHints>> {
         self.core.list_hints(list)
     }
+    fn set_compression(
+        &self,
+        aru: Option<AruId>,
+        list: ListId,
+        compression: Compression,
+    ) -> LdResult<()> {
+        self.touch();
+        self.core.set_compression(aru, list, compression)
+    }
     fn write(&self, aru: Option<AruId>, list: ListId, index: u64, data: &[u8]) -> LdResult<()> {
         self.touch();
         self.core.write(aru, list, index, data)
@@ -3119,6 +3364,18 @@ pub(crate) struct Move {
     pub stored: Vec<u8>,
     /// The victim's age (last sequence written into it): the block keeps it.
     pub age: u64,
+    /// The block's new stored form and flags, if the cleaner recompressed
+    /// it (`recompress_cold`); else it moves as it is.
+    pub recompressed: Option<(Vec<u8>, u8)>,
+}
+
+impl Move {
+    /// Bytes the move writes.
+    pub fn out_len(&self) -> usize {
+        self.recompressed
+            .as_ref()
+            .map_or(self.stored.len(), |(b, _)| b.len())
+    }
 }
 
 /// See `Engine::map_cost_of_moves`.
@@ -3395,7 +3652,7 @@ impl Engine {
                 &mut g,
                 None,
                 WRITE_RECORD_BYTES,
-                m.stored.len(),
+                m.out_len(),
                 Class::Clean,
                 new_pages,
             ) {
@@ -3406,15 +3663,28 @@ impl Engine {
                 }
                 Err(e) => return Err(e),
             }
-            let len = m.expected.len as u64;
+            let (data, crc, flags) = match m.recompressed {
+                Some((b, flags)) => {
+                    g.stats.blocks_recompressed += 1;
+                    g.stats.recompress_bytes_saved += m.stored.len() as u64 - b.len() as u64;
+                    let crc = crc32c::crc32c(&b);
+                    (b, crc, flags)
+                }
+                None => (
+                    m.stored,
+                    m.expected.crc,
+                    m.expected.flags & entry_flags::ON_DISK_MASK,
+                ),
+            };
+            let len = data.len() as u64;
             self.log_write(
                 &mut g,
                 PendingWrite {
                     aru: 0,
                     key: m.key,
-                    data: m.stored,
-                    crc: m.expected.crc,
-                    flags: m.expected.flags & entry_flags::ON_DISK_MASK,
+                    data,
+                    crc,
+                    flags,
                     age: m.age.max(1),
                 },
             )?;
@@ -3769,9 +4039,167 @@ impl Engine {
 mod tests {
     use super::*;
     use crate::device::{FaultDevice, FaultPlan, MemoryDevice};
+
+    fn zstd_entry() -> MapEntry {
+        MapEntry {
+            addr: 4096,
+            len: 1,
+            crc: 0,
+            flags: entry_flags::ZSTD,
+        }
+    }
+
+    fn text(len: usize) -> Vec<u8> {
+        b"a log-structured file system writes everything at the head. "
+            .iter()
+            .cycle()
+            .take(len)
+            .copied()
+            .collect()
+    }
+
+    #[test]
+    fn old_hint_bytes_keep_their_meaning() {
+        // Images made before zstd wrote byte 2 as 0 or 1 and byte 3 as 0.
+        let mut b = encode_hints(&ListHints::default());
+        assert_eq!(decode_hints(&b, 0).unwrap().compress, Compression::Off);
+        b[2] = 1;
+        assert_eq!(decode_hints(&b, 0).unwrap().compress, Compression::Lz4);
+        for c in [
+            Compression::Off,
+            Compression::Lz4,
+            Compression::Zstd { level: 1 },
+            Compression::Zstd { level: 19 },
+        ] {
+            let h = ListHints {
+                compress: c,
+                ..Default::default()
+            };
+            assert_eq!(decode_hints(&encode_hints(&h), 0).unwrap(), h);
+        }
+        // Unknown kinds, levels out of range, a level without zstd.
+        for (b2, b3) in [(3, 0), (2, 0), (2, 20), (1, 1), (0, 3)] {
+            let mut b = encode_hints(&ListHints::default());
+            (b[2], b[3]) = (b2, b3);
+            assert!(
+                matches!(decode_hints(&b, 0), Err(LdError::Corrupt(_))),
+                "byte 2 = {b2}, byte 3 = {b3} accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn encode_stored_stores_plain_unless_it_saves_a_sixteenth() {
+        let zstd = Compression::Zstd { level: 3 };
+        for c in [Compression::Lz4, zstd] {
+            let t = text(4096);
+            let (s, flags) = encode_stored(c, &t).expect("text compresses");
+            assert!(s.len() < 1024, "{c}: {} bytes", s.len());
+            let e = MapEntry {
+                flags,
+                ..zstd_entry()
+            };
+            assert_eq!(decode_stored(&e, s, 4096).unwrap(), t);
+            assert_eq!(encode_stored(c, &text(255)), None, "{c}: small block");
+            // Random bytes, then random bytes with a run of zeros that
+            // saves less than a sixteenth (plain), then one that saves
+            // more (compressed).
+            let mut rng = ChaCha8Rng::seed_from_u64(17);
+            let mut b: Vec<u8> = (0..4096).map(|_| rng.gen()).collect();
+            assert_eq!(encode_stored(c, &b), None, "{c}: random block");
+            b[..160].fill(0);
+            assert_eq!(encode_stored(c, &b), None, "{c}: saves under 1/16");
+            b[..700].fill(0);
+            assert!(encode_stored(c, &b).is_some(), "{c}: saves over 1/16");
+        }
+        assert_eq!(encode_stored(Compression::Off, &text(4096)), None);
+    }
+
+    /// The screen before zstd passes what zstd can shrink: hex digits
+    /// (no repeats, half the bits unused) and random bytes that repeat; it
+    /// stops random bytes.
+    #[test]
+    fn zstd_screen_passes_what_compresses() {
+        let zstd = Compression::Zstd { level: 3 };
+        let mut rng = ChaCha8Rng::seed_from_u64(23);
+        let random: Vec<u8> = (0..4096).map(|_| rng.gen()).collect();
+        assert!(!zstd_may_pay(&random));
+        let hex: Vec<u8> = (0..4096)
+            .map(|_| b"0123456789abcdef"[rng.gen_range(0..16)])
+            .collect();
+        assert!(zstd_may_pay(&hex));
+        let (s, _) = encode_stored(zstd, &hex).expect("hex compresses");
+        assert!(s.len() < 3072, "hex stored as {}", s.len());
+        let repeated: Vec<u8> = random[..1024].repeat(4);
+        assert!(zstd_may_pay(&repeated));
+        assert!(encode_stored(zstd, &repeated).is_some());
+    }
+
+    /// Whatever the stored bytes of a block flagged zstd, decoding them is
+    /// a `Corrupt` error or at most `max_block` bytes: never a panic, never
+    /// an allocation a corrupt header asks for.
+    #[test]
+    fn corrupt_zstd_blocks_are_corrupt_never_a_panic() {
+        let max = 8192u32;
+        let corrupt = |stored: Vec<u8>, what: &str| match decode_stored(&zstd_entry(), stored, max)
+        {
+            Err(LdError::Corrupt(c)) => assert_eq!(c.what, "compressed block", "{what}"),
+            r => panic!("{what}: {r:?}"),
+        };
+        corrupt(Vec::new(), "empty");
+        corrupt(b"not a frame at all".to_vec(), "garbage");
+        let good = zstd_compress(&text(8000), 3).unwrap();
+        corrupt(good[..good.len() / 2].to_vec(), "truncated");
+        // A frame claiming more than a block: refused before allocating.
+        let big = zstd_compress(&vec![0u8; max as usize + 1], 3).unwrap();
+        corrupt(big, "over the limit");
+        // A frame header claiming 2^40 bytes (single-segment frame,
+        // 8-byte content size), with nothing after it.
+        let mut huge = vec![0x28, 0xb5, 0x2f, 0xfd, 0xe0];
+        huge.extend_from_slice(&(1u64 << 40).to_le_bytes());
+        corrupt(huge, "2^40 bytes claimed");
+        // A frame without its content size.
+        let mut z = zstd::bulk::Compressor::new(3).unwrap();
+        z.set_parameter(zstd::zstd_safe::CParameter::ContentSizeFlag(false))
+            .unwrap();
+        corrupt(z.compress(&text(100)).unwrap(), "no content size");
+        // Two frames: the second would write past the first's claim.
+        let mut two = zstd_compress(&text(300), 3).unwrap();
+        two.extend(zstd_compress(&text(300), 3).unwrap());
+        corrupt(two, "two frames");
+        // Two compressions flagged at once.
+        let e = MapEntry {
+            flags: entry_flags::ZSTD | entry_flags::COMPRESSED,
+            ..zstd_entry()
+        };
+        assert!(matches!(
+            decode_stored(&e, good.clone(), max),
+            Err(LdError::Corrupt(_))
+        ));
+        // Every byte of a good frame flipped in turn, and random damage.
+        let seed = 0x2575_d001u64;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        for i in 0..good.len() {
+            for _ in 0..4 {
+                let mut b = good.clone();
+                b[i] ^= 1 << rng.gen_range(0..8);
+                if rng.gen_ratio(1, 4) {
+                    let j = rng.gen_range(0..b.len());
+                    b[j] = rng.gen();
+                }
+                match decode_stored(&zstd_entry(), b, max) {
+                    Ok(out) => assert!(out.len() <= max as usize, "seed {seed}: byte {i}"),
+                    Err(LdError::Corrupt(_)) => {}
+                    Err(e) => panic!("seed {seed}: byte {i}: {e}"),
+                }
+            }
+        }
+    }
     use crate::lld::layout::{MkfsOptions, MAX_SEGMENT_PAGES, MIN_SEGMENT_PAGES};
     use rand::seq::SliceRandom;
+    use rand::Rng as _;
     use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
 
     /// `write_map_pages`'s placement replayed page by page (no shortcut for
     /// whole segments): the log pages it takes from `page`.

@@ -41,7 +41,9 @@ mod writer;
 
 pub use cleaner::policy::PolicyKind;
 pub use cleaner::{CleanReport, CleanSummary, CleanerOptions, CleanerStats};
-pub use engine::{Engine, EngineStats, Lld, LldOptions, OpenReport};
+pub use engine::{
+    decode_list_hints, decode_stored_block, Engine, EngineStats, Lld, LldOptions, OpenReport,
+};
 pub use recovery::{read_partial, ScannedPartial, Verify};
 pub use snapshot::{SnapshotInfo, SnapshotLock};
 pub use types::{Key, MapEntry, PagePtr, SegmentId, PAGE_BYTES};

@@ -38,11 +38,14 @@ impl Key {
 pub mod entry_flags {
     /// The stored bytes are LZ4-compressed (size-prepended block format).
     pub const COMPRESSED: u8 = 1 << 0;
+    /// The stored bytes are one Zstandard frame that records its content
+    /// size. Never set together with `COMPRESSED`.
+    pub const ZSTD: u8 = 1 << 1;
     /// In memory only, never on disk: the block is in the open partial
     /// segment and `addr` is its record slot there.
     pub const BUFFERED: u8 = 1 << 7;
     /// Bits that may appear on disk.
-    pub const ON_DISK_MASK: u8 = COMPRESSED;
+    pub const ON_DISK_MASK: u8 = COMPRESSED | ZSTD;
 }
 
 /// Where a block lives: `(list, index) -> MapEntry` is the block-number map.

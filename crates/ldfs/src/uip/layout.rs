@@ -17,7 +17,7 @@
 //! descriptor write, so when a crash leaves two descriptors for one key (or
 //! overlapping extents) the newer wins.
 
-use crate::ld::{CorruptReason, Corruption, ListHints, ListId, ListKind, Temperature};
+use crate::ld::{Compression, CorruptReason, Corruption, ListHints, ListId, ListKind, Temperature};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"LDFSUIP1");
 pub const VERSION: u32 = 1;
@@ -221,7 +221,12 @@ pub fn encode_list(id: ListId, h: &ListHints) -> [u8; LIST_RECORD_BYTES] {
         Temperature::Hot => 1,
         Temperature::Cold => 2,
     };
-    b[10] = u8::from(h.compress);
+    // 0 off, 1 lz4 (the old `true`), 2 zstd with its level in byte 20.
+    (b[10], b[20]) = match h.compress {
+        Compression::Off => (0, 0),
+        Compression::Lz4 => (1, 0),
+        Compression::Zstd { level } => (2, level),
+    };
     b[11] = u8::from(h.near.is_some());
     b[12..20].copy_from_slice(&h.near.map_or(0, |l| l.0).to_le_bytes());
     let c = crc(&b[..28]);
@@ -253,13 +258,25 @@ pub fn decode_list(b: &[u8], offset: u64) -> Result<Option<(ListId, ListHints)>,
         2 => Temperature::Cold,
         v => return Err(bad(CorruptReason::Inconsistent(format!("temperature {v}")))),
     };
+    let compress = match (b[10], b[20]) {
+        (0, 0) => Compression::Off,
+        (1, 0) => Compression::Lz4,
+        (2, l) if (Compression::ZSTD_LEVEL_MIN..=Compression::ZSTD_LEVEL_MAX).contains(&l) => {
+            Compression::Zstd { level: l }
+        }
+        (c, l) => {
+            return Err(bad(CorruptReason::Inconsistent(format!(
+                "compression {c} level {l}"
+            ))))
+        }
+    };
     let near = (b[11] != 0).then(|| ListId(u64_at(b, 12)));
     Ok(Some((
         ListId(u64_at(b, 0)),
         ListHints {
             kind,
             temperature,
-            compress: b[10] != 0,
+            compress,
             near,
         },
     )))
@@ -305,7 +322,7 @@ mod tests {
         let h = ListHints {
             kind: ListKind::Metadata,
             temperature: Temperature::Cold,
-            compress: true,
+            compress: Compression::Zstd { level: 7 },
             near: Some(ListId(3)),
         };
         let b = encode_list(ListId(5), &h);

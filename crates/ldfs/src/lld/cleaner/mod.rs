@@ -35,7 +35,7 @@
 
 pub mod policy;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -77,6 +77,11 @@ pub struct CleanerOptions {
     /// failing with NoSpace). 0 for single-threaded callers that hold
     /// several ARUs: they would only wait for themselves.
     pub aru_wait_ms: u64,
+    /// Cold blocks of compressing lists that a pass moves are stored anew
+    /// as zstd at this level when that saves a sixteenth (LD section 3:
+    /// compress cold data during cleaning, so writes need not wait for a
+    /// strong compressor). `None`: blocks move as they are.
+    pub recompress_cold: Option<u8>,
 }
 
 impl Default for CleanerOptions {
@@ -90,6 +95,7 @@ impl Default for CleanerOptions {
             idle_ms: 50,
             max_live_percent: 90,
             aru_wait_ms: 500,
+            recompress_cold: None,
         }
     }
 }
@@ -398,6 +404,40 @@ fn scan_buffer(g: &Geometry, seg: SegmentId, buf: &[u8]) -> VictimContents {
 const LOOKUP_CHUNK: usize = 512;
 
 impl Engine {
+    /// Recompresses the cold blocks of compressing lists among `moves`
+    /// (`CleanerOptions::recompress_cold`), outside the engine's lock;
+    /// `compressing` remembers each list's answer for the pass.
+    fn recompress(
+        &self,
+        moves: &mut [Move],
+        level: u8,
+        compressing: &mut HashMap<u64, bool>,
+    ) -> LdResult<()> {
+        use crate::ld::{ListId, LogicalDisk};
+        let max_block = self.max_block_bytes() as u32;
+        for m in moves.iter_mut() {
+            // List 0 holds the engine's own hint blocks.
+            if m.key.list == 0 {
+                continue;
+            }
+            let on = match compressing.get(&m.key.list) {
+                Some(&on) => on,
+                None => {
+                    let on = self
+                        .list_hints(ListId(m.key.list))?
+                        .is_some_and(|h| !h.compress.is_off());
+                    compressing.insert(m.key.list, on);
+                    on
+                }
+            };
+            if on {
+                m.recompressed =
+                    super::engine::recompress_cold(&m.expected, &m.stored, level, max_block);
+            }
+        }
+        Ok(())
+    }
+
     /// Sets the victim-selection policy from now on.
     pub fn set_cleaner_policy(&self, p: PolicyKind) {
         self.cleaner.lock().expect("cleaner poisoned").policy = p;
@@ -670,6 +710,8 @@ impl Engine {
         // making room; with the moves sorted by key it writes the leaves
         // dirtied so far, and later moves dirty others.
         let mut seen = DirtySet::default();
+        // Lists whose compression is on, as far as this pass asked.
+        let mut compressing: HashMap<u64, bool> = HashMap::new();
         let mut budget = view.headroom_bytes;
         let mut map = None;
         let mut taken: Vec<Victim> = Vec::new();
@@ -695,16 +737,21 @@ impl Engine {
                             expected: e,
                             stored: b.to_vec(),
                             age,
+                            recompressed: None,
                         }),
                         None => rep.inconsistent += 1,
                     }
                 }
             }
+            if let (Some(level), true) = (self.options().cleaner.recompress_cold, age < cold_before)
+            {
+                self.recompress(&mut found, level, &mut compressing)?;
+            }
             let keys: Vec<Key> = found.iter().map(|m| m.key).collect();
             let m = self.map_cost_of_moves(&keys, &contents.map_pages, &mut seen);
             let data: i64 = found
                 .iter()
-                .map(|m| (m.stored.len() + WRITE_RECORD_BYTES) as i64)
+                .map(|m| (m.out_len() + WRITE_RECORD_BYTES) as i64)
                 .sum();
             let pages = m.new_pages;
             let cost = data + overhead(moved + data)
@@ -822,7 +869,7 @@ impl Engine {
             let mut batch = Vec::new();
             let mut bytes = 0;
             while let Some(m) = it.next_if(|_| bytes < chunk_bytes) {
-                bytes += m.stored.len();
+                bytes += m.out_len();
                 batch.push(m);
             }
             let out = self.relocate_batch(batch)?;
@@ -1218,6 +1265,7 @@ mod tests {
                     expected: e,
                     stored: buf[s..s + e.len as usize].to_vec(),
                     age: 1,
+                    recompressed: None,
                 })
             })
             .collect();
