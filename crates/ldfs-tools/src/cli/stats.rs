@@ -56,7 +56,34 @@ pub(crate) fn stats_text(lld: &ldfs::lld::Lld) -> String {
         st.device_flushes,
         st.writes_coalesced,
         st.segments_discarded
-    )
+    ) + &history_text(lld)
+}
+
+/// What history holds: in all, and what each snapshot alone holds (its
+/// deletion would give that back).
+fn history_text(lld: &ldfs::lld::Lld) -> String {
+    let snaps = lld.snapshots();
+    let mut t = format!(
+        "history bytes (held only for snapshots; used, not available): {}
+snapshots: {} of at most {}
+",
+        lld.history_bytes(),
+        snaps.len(),
+        ldfs::lld::snapshot::MAX_SNAPSHOTS
+    );
+    for s in snaps {
+        t += &format!(
+            "  snapshot {}: {} bytes only it holds{}\n",
+            s.number,
+            s.held_alone_bytes,
+            if s.name.is_empty() {
+                String::new()
+            } else {
+                format!(" ({:?})", s.name)
+            }
+        );
+    }
+    t
 }
 
 /// The data device of a dual file system as `inspect` and `stats` show

@@ -50,7 +50,18 @@ struct Daemon {
     scrub: Arc<Scrub>,
     /// What the last `trim` command did (read back by `ldfs trim`).
     last_trim: std::sync::Mutex<String>,
+    /// The image, absolute (its snapshots' locks are taken on it).
+    image: PathBuf,
+    /// The snapshot this mount serves, if it is a snapshot mount.
+    snapshot: Option<u64>,
+    /// The results of the last `snapshot` commands, by the token each
+    /// command carried, for `ldfs snapshot` to read back (its own, even
+    /// when several run at once). At most `SNAPSHOT_RESULTS` are kept.
+    snapshot_results: std::sync::Mutex<std::collections::VecDeque<(String, String)>>,
 }
+
+/// How many `snapshot` command results the daemon keeps.
+const SNAPSHOT_RESULTS: usize = 64;
 
 /// A scrub of the mounted file system, run on a thread of its own.
 #[derive(Default)]
@@ -153,6 +164,25 @@ impl Control for Daemon {
                 .expect("last_trim poisoned")
                 .clone()
                 .into_bytes()),
+            "checkpoints" => {
+                Ok(
+                    crate::cli::checkpoints::listing(&self.lld, &self.image, self.snapshot)
+                        .to_string()
+                        .into_bytes(),
+                )
+            }
+            q if q.starts_with("snapshot.") => {
+                let token = &q["snapshot.".len()..];
+                let results = self
+                    .snapshot_results
+                    .lock()
+                    .expect("snapshot_results poisoned");
+                results
+                    .iter()
+                    .find(|(t, _)| t == token)
+                    .map(|(_, r)| r.clone().into_bytes())
+                    .ok_or_else(|| format!("no snapshot command {token:?}"))
+            }
             "remount-ro" => self.remount_ro().map(|()| Vec::new()),
             "remount-rw" => self.remount_rw().map(|()| Vec::new()),
             other => Err(format!("unknown query {other}")),
@@ -219,6 +249,23 @@ impl Control for Daemon {
                     other => Err(format!("scrub: start or stop, not {other:?}")),
                 }
             }
+            "snapshot" => {
+                let req = crate::cli::snapshot::SnapshotRequest::parse(&text)?;
+                let r = self.snapshot_command(&req.action);
+                let kept = match &r {
+                    Ok(v) => v.to_string(),
+                    Err(e) => serde_json::json!({ "error": e }).to_string(),
+                };
+                let mut results = self
+                    .snapshot_results
+                    .lock()
+                    .expect("snapshot_results poisoned");
+                if results.len() >= SNAPSHOT_RESULTS {
+                    results.pop_front();
+                }
+                results.push_back((req.token, kept));
+                r.map(|_| ())
+            }
             "trim" => {
                 let (segs, bytes) = self.lld.trim().map_err(|e| e.to_string())?;
                 *self.last_trim.lock().expect("last_trim poisoned") =
@@ -231,6 +278,65 @@ impl Control for Daemon {
 }
 
 impl Daemon {
+    /// `ldfs snapshot`: takes or deletes a snapshot; the result as JSON.
+    fn snapshot_command(
+        &self,
+        action: &crate::cli::snapshot::SnapshotAction,
+    ) -> Result<serde_json::Value, String> {
+        use crate::cli::snapshot::SnapshotAction;
+        if let Some(n) = self.snapshot {
+            return Err(format!(
+                "this is a read-only mount of snapshot {n}: take and delete snapshots through the live mount"
+            ));
+        }
+        if self.dual.is_some() {
+            return Err("a dual file system updates its data in place: it has no snapshots".into());
+        }
+        match action {
+            SnapshotAction::Take { name } => {
+                let secs = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                let n = self
+                    .lld
+                    .take_snapshot(name, secs)
+                    .map_err(|e| format!("no snapshot taken: {e}"))?;
+                eprintln!("ldfs: snapshot {n} taken ({name:?})");
+                Ok(serde_json::json!({ "number": n, "name": name, "time": secs }))
+            }
+            &SnapshotAction::Delete { number } => {
+                // Exclusive and non-blocking: a reader's shared lock (a
+                // snapshot mount) refuses the deletion; held until the
+                // checkpoint recording it is durable (DESIGN "Snapshots").
+                let f = File::options()
+                    .read(true)
+                    .write(true)
+                    .open(&self.image)
+                    .map_err(|e| format!("{}: {e}", self.image.display()))?;
+                let _lock = ldfs::lld::SnapshotLock::exclusive(f, number).map_err(|e| {
+                    if e.kind() != std::io::ErrorKind::WouldBlock {
+                        return format!("locking snapshot {number}: {e}");
+                    }
+                    let on = snapshot_mounted_on(&self.image, number);
+                    if on.is_empty() {
+                        format!("snapshot {number} is in use (opened by another process, perhaps a mount in another namespace): not deleted")
+                    } else {
+                        let dirs: Vec<String> = on.iter().map(|d| d.display().to_string()).collect();
+                        format!(
+                            "snapshot {number} is mounted on {}: unmount it first; not deleted",
+                            dirs.join(", ")
+                        )
+                    }
+                })?;
+                self.lld
+                    .delete_snapshot(number)
+                    .map_err(|e| format!("snapshot {number} not deleted: {e}"))?;
+                eprintln!("ldfs: snapshot {number} deleted");
+                Ok(serde_json::json!({ "deleted": number }))
+            }
+        }
+    }
+
     /// Refuses changes from now on, stops the background cleaner and
     /// writes a checkpoint holding everything accepted before: the image is
     /// then as an unmount leaves it (systemd remounts read-only at
@@ -327,6 +433,9 @@ pub struct MountOpts {
     /// (`discard`; `nodiscard`, the default: `ldfs trim` does it on
     /// demand, as fstrim).
     pub discard: bool,
+    /// Mount snapshot N read-only beside the live tree (`snapshot=N`, with
+    /// `ro`): see `run`.
+    pub snapshot: Option<u64>,
 }
 
 /// An option that is on, off, or on where it can be had (the default).
@@ -357,6 +466,7 @@ impl Default for MountOpts {
             meta: None,
             transport: Transport::default(),
             discard: false,
+            snapshot: None,
         }
     }
 }
@@ -417,6 +527,13 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
                 );
             }
             ("meta", Some(v)) if !v.is_empty() => o.meta = Some(PathBuf::from(v)),
+            ("snapshot", Some(v)) => {
+                o.snapshot = Some(v.parse().ok().filter(|&n: &u64| n > 0).ok_or_else(|| {
+                    format!(
+                        "snapshot={v}: a snapshot's number (`ldfs checkpoints IMAGE` lists them)"
+                    )
+                })?);
+            }
             ("transport", Some(v)) => o.transport = v.parse()?,
             ("dev", None) => o.fuse.push(MountOption::Dev),
             ("nodev", None) => o.fuse.push(MountOption::NoDev),
@@ -461,6 +578,13 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
             ("user_id" | "group_id" | "fsname" | "subtype", Some(_)) => {}
             (k, _) if k.starts_with("x-") => {}
             _ => return Err(format!("unknown mount option '{item}'")),
+        }
+    }
+    if let Some(n) = o.snapshot {
+        if !o.read_only {
+            return Err(format!(
+                "snapshot={n}: a snapshot is read-only; mount it with -o ro,snapshot={n}"
+            ));
         }
     }
     if let (Some(a), Some(b)) = (o.clean_start, o.clean_stop) {
@@ -577,6 +701,36 @@ pub(crate) fn lock_image(image: &Path, exclusive: bool, who: &str) -> Result<Fil
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The mount source of snapshot `n` of the image at `canon` (absolute).
+pub(crate) fn snapshot_source(canon: &Path, n: u64) -> String {
+    format!("{}@snapshot={n}", canon.display())
+}
+
+/// Where snapshot `n` of `image` is mounted (in this namespace).
+pub(crate) fn snapshot_mounted_on(image: &Path, n: u64) -> Vec<PathBuf> {
+    let Ok(canon) = std::fs::canonicalize(image) else {
+        return Vec::new();
+    };
+    let want = snapshot_source(&canon, n);
+    mounts()
+        .into_iter()
+        .filter(|m| m.kind.starts_with("fuse") && m.source == want)
+        .map(|m| m.dir)
+        .collect()
+}
+
+/// A snapshot reader's lock (shared) on snapshot `n` of `image`.
+fn lock_snapshot(image: &Path, n: u64) -> Result<ldfs::lld::SnapshotLock, String> {
+    let f = File::open(image).map_err(|e| format!("{}: {e}", image.display()))?;
+    ldfs::lld::SnapshotLock::shared(f, n).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            format!("{}: snapshot {n} is being deleted", image.display())
+        } else {
+            format!("{}: locking snapshot {n}: {e}", image.display())
+        }
+    })
 }
 
 /// Where the image is mounted, if a live FUSE mount of it is listed in
@@ -956,8 +1110,11 @@ pub fn run(
     if opts.remount {
         return remount(&dir, &opts);
     }
-    if let Some(on) = mounted_on(&image) {
-        return bind_mount(&on, &dir, &opts);
+    // A snapshot mount is a daemon of its own beside the live one.
+    if opts.snapshot.is_none() {
+        if let Some(on) = mounted_on(&image) {
+            return bind_mount(&on, &dir, &opts);
+        }
     }
     if !foreground {
         return spawn_daemon(&image, &dir, &options);
@@ -970,12 +1127,36 @@ pub fn run(
     // is waited for (up to a minute for an exiting daemon): nothing is
     // mounted or opened yet, so nothing needs a clean end. Blocked from
     // here on, before any thread starts, for the signal thread.
-    let _lock = lock_image(&image, true, "ldfs").map_err(|e| e.to_string())?;
+    // A snapshot mount takes no image lock (the live mount holds it
+    // exclusively) but its snapshot's, shared, before the engine reads the
+    // slot: a deletion is then refused while it is mounted (DESIGN
+    // "Snapshots"). It opens the image read-only: the kernel refuses any
+    // write it could make.
+    let (_lock, _snapshot_lock) = match opts.snapshot {
+        None => (
+            Some(lock_image(&image, true, "ldfs").map_err(|e| e.to_string())?),
+            None,
+        ),
+        Some(n) => (None, Some(lock_snapshot(&image, n)?)),
+    };
     let sigset = block_signals();
-    let dev = FileDevice::open(&image, FileDeviceOptions::default())
-        .map_err(|e| format!("{}: {e}", image.display()))?;
-    let dev: Arc<dyn Device> = Arc::new(with_direct_writes(dev, &image, opts.direct_writes)?);
+    let dev: Arc<dyn Device> = if opts.snapshot.is_some() {
+        Arc::new(
+            FileDevice::open_read_only(&image).map_err(|e| format!("{}: {e}", image.display()))?,
+        )
+    } else {
+        let dev = FileDevice::open(&image, FileDeviceOptions::default())
+            .map_err(|e| format!("{}: {e}", image.display()))?;
+        Arc::new(with_direct_writes(dev, &image, opts.direct_writes)?)
+    };
+    if let (Some(n), true) = (opts.snapshot, ldfs::dual::is_data_device(&*dev)) {
+        return Err(format!(
+            "snapshot={n}: {} is a dual file system, whose data is updated in place: it has no snapshots",
+            image.display()
+        ));
+    }
     let lld_opts = LldOptions {
+        snapshot: opts.snapshot,
         read_only: opts.read_only,
         map_budget_bytes: opts.cache_bytes,
         cleaner: ldfs::lld::CleanerOptions {
@@ -1031,11 +1212,14 @@ pub fn run(
     );
 
     // By its absolute path: a mount or fsck of the image, from any
-    // directory, finds this mount in /proc/self/mounts.
-    let source = std::fs::canonicalize(&image)
-        .unwrap_or_else(|_| image.clone())
-        .display()
-        .to_string();
+    // directory, finds this mount in /proc/self/mounts. A snapshot mount's
+    // source names its snapshot, so that it is never taken for the live
+    // mount (nor bound to by a second mount of the image).
+    let canon_image = std::fs::canonicalize(&image).unwrap_or_else(|_| image.clone());
+    let source = match opts.snapshot {
+        None => canon_image.display().to_string(),
+        Some(n) => snapshot_source(&canon_image, n),
+    };
     let mut cfg = Config::default();
     cfg.mount_options = vec![
         MountOption::FSName(source.clone()),
@@ -1070,6 +1254,9 @@ pub fn run(
         ring_served: ring_served.clone(),
         scrub: scrub.clone(),
         last_trim: std::sync::Mutex::new("no trim since mount\n".into()),
+        image: canon_image,
+        snapshot: opts.snapshot,
+        snapshot_results: std::sync::Mutex::new(std::collections::VecDeque::new()),
     });
     let want_uring = transport::choose(opts.transport)?;
     let fuse_fs = Arc::new(FuseFs {
@@ -1701,6 +1888,30 @@ mod tests {
         assert!(parse("commit=0").is_err());
         assert!(parse("cache=10K").is_err());
         assert!(parse("frobnicate").unwrap_err().contains("frobnicate"));
+    }
+
+    #[test]
+    fn a_snapshot_is_mounted_read_only_by_number() {
+        assert_eq!(parse("ro,snapshot=12").unwrap().snapshot, Some(12));
+        assert_eq!(parse("snapshot=3,ro").unwrap().snapshot, Some(3));
+        assert_eq!(parse("ro").unwrap().snapshot, None);
+        for bad in ["snapshot=3", "rw,snapshot=3", "ro,snapshot=3,rw"] {
+            assert!(
+                parse(bad).unwrap_err().contains("-o ro,snapshot=3"),
+                "{bad}"
+            );
+        }
+        for bad in [
+            "ro,snapshot=",
+            "ro,snapshot=x",
+            "ro,snapshot=0",
+            "ro,snapshot=-1",
+        ] {
+            assert!(
+                parse(bad).unwrap_err().contains("snapshot's number"),
+                "{bad}"
+            );
+        }
     }
 
     /// With its device unknown, the mount at the mount point is ours only

@@ -3593,6 +3593,13 @@ impl Engine {
             .collect()
     }
 
+    /// The serial of the newest durable checkpoint: the next snapshot's
+    /// number is above it. An engine opened at a snapshot reports the
+    /// serial of the slot it found the snapshot in.
+    pub fn checkpoint_serial(&self) -> u64 {
+        self.lock().serial
+    }
+
     /// Bytes of segments kept only for snapshots (counted as used, not
     /// available: docs/DESIGN.md "Snapshots").
     pub fn history_bytes(&self) -> u64 {

@@ -253,6 +253,24 @@ impl SnapshotLock {
     pub fn number(&self) -> u64 {
         self.number
     }
+
+    /// Whether any snapshot of the image `file` is open in a reader (or
+    /// being deleted) now: a repair that may drop snapshots must not run
+    /// under one.
+    pub fn any_held(file: &File) -> std::io::Result<bool> {
+        // SAFETY: as in `ofd_lock`.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = libc::F_WRLCK as i16;
+        fl.l_whence = libc::SEEK_SET as i16;
+        fl.l_start = lock_byte(0);
+        fl.l_len = 1 << 61;
+        // SAFETY: a valid fd and a pointer to a live flock.
+        let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(fl.l_type != libc::F_UNLCK as i16)
+    }
 }
 
 impl Drop for SnapshotLock {
@@ -353,7 +371,9 @@ mod tests {
                 .open(&dir)
                 .unwrap()
         };
+        assert!(!SnapshotLock::any_held(&open()).unwrap());
         let r1 = SnapshotLock::shared(open(), 4).unwrap();
+        assert!(SnapshotLock::any_held(&open()).unwrap());
         let r2 = SnapshotLock::shared(open(), 4).unwrap();
         let e = SnapshotLock::exclusive(open(), 4).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
@@ -370,8 +390,10 @@ mod tests {
             SnapshotLock::shared(open(), 4).is_err(),
             "deletion under way"
         );
+        assert!(SnapshotLock::any_held(&open()).unwrap(), "a deletion");
         drop(d);
         SnapshotLock::shared(open(), 4).unwrap();
+        assert!(!SnapshotLock::any_held(&open()).unwrap());
         std::fs::remove_file(&dir).unwrap();
     }
 }

@@ -1,0 +1,303 @@
+//! Snapshots through real mounts (issue 18, docs/DESIGN.md "Snapshots"):
+//! `ldfs snapshot` on a live mount, a snapshot mounted read-only beside it
+//! (its old contents read back exactly, writes get EROFS), a deletion
+//! refused while the snapshot is mounted and done once it is not, the
+//! space history holds in `df` and `ldfs stats`, `ldfs checkpoints --json`
+//! checked at every step, a snapshot of an unmounted image mounted with
+//! the live mount started beside it (and `fsck -y` only checking while it
+//! is mounted), and `fsck -n` clean at the end.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use common::{cstr, errno, fuse_usable, ldfs, mkfs, Mount};
+use serde_json::Value;
+
+/// Runs `ldfs ARGS`: exit code, stdout, stderr.
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = ldfs().args(args).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// `ldfs snapshot MNT --name NAME`: the number it prints.
+fn take(mnt: &Path, name: &str) -> u64 {
+    let (code, out, err) = run(&["snapshot", s(mnt), "--name", name]);
+    assert_eq!(code, 0, "{err}");
+    out.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("not a number: {out:?}"))
+}
+
+/// `ldfs checkpoints TARGET --json`.
+fn checkpoints(target: &Path) -> Value {
+    let (code, out, err) = run(&["checkpoints", "--json", s(target)]);
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+/// The snapshots a listing names: number -> (name, mounted on).
+fn snapshots(v: &Value) -> BTreeMap<u64, (String, Vec<String>)> {
+    v["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["snapshot"] == true)
+        .map(|r| {
+            let on = r["mounted_on"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.as_str().unwrap().to_string())
+                .collect();
+            (
+                r["number"].as_u64().unwrap(),
+                (r["name"].as_str().unwrap().to_string(), on),
+            )
+        })
+        .collect()
+}
+
+fn data(i: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|k| (k * 13 + i * 101 + k / 4096) as u8)
+        .collect()
+}
+
+/// Every regular file under `root`: relative path -> contents.
+fn tree(root: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else {
+                out.insert(
+                    p.strip_prefix(root).unwrap().to_path_buf(),
+                    fs::read(&p).unwrap(),
+                );
+            }
+        }
+    }
+    out
+}
+
+/// Bytes `df` shows as used on the file system at `dir`.
+fn df_used(dir: &Path) -> u64 {
+    let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(cstr(dir).as_ptr(), &mut sv) }, 0);
+    (sv.f_blocks - sv.f_bfree) * sv.f_frsize
+}
+
+/// `ldfs stats MNT`'s "history bytes" figure.
+fn stats_history(mnt: &Path) -> u64 {
+    let (code, out, err) = run(&["stats", s(mnt)]);
+    assert_eq!(code, 0, "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("history bytes"))
+        .unwrap_or_else(|| panic!("no history in {out}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// Each way of writing to a read-only snapshot mount gets EROFS.
+fn assert_read_only(snap: &Path) {
+    let f = snap.join("f0");
+    let e = fs::OpenOptions::new().write(true).open(&f).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "open for writing: {e}");
+    let e = fs::write(snap.join("new"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "create: {e}");
+    let e = fs::create_dir(snap.join("newdir")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "mkdir: {e}");
+    let e = fs::remove_file(&f).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "unlink: {e}");
+    let r = unsafe { libc::truncate(cstr(&f).as_ptr(), 0) };
+    assert_eq!((r, errno()), (-1, libc::EROFS), "truncate");
+}
+
+#[test]
+fn a_snapshot_mounts_beside_the_live_tree_and_is_deleted_only_when_unmounted() {
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("snap.img");
+    mkfs(&img, "128M");
+    let live_dir = t.path().join("live");
+    let snap_dir = t.path().join("snap");
+    fs::create_dir(&snap_dir).unwrap();
+    let snap_canon = snap_dir.canonicalize().unwrap().display().to_string();
+    let live = Mount::new(&img, &live_dir, &[]);
+    let before = checkpoints(&live_dir);
+    assert!(snapshots(&before).is_empty(), "{before}");
+    assert_eq!(before["history_bytes"], 0, "{before}");
+
+    // The moment kept: files across directories, 8 MiB of data in one.
+    fs::create_dir(live.path("d")).unwrap();
+    fs::write(live.path("f0"), data(0, 8 << 20)).unwrap();
+    fs::write(live.path("f1"), data(1, 70_000)).unwrap();
+    fs::write(live.path("d/f2"), data(2, 5000)).unwrap();
+    fs::write(live.path("d/small"), b"inline").unwrap();
+    let kept = tree(&live_dir);
+    let n = take(&live_dir, "before the change");
+    let v = checkpoints(&live_dir);
+    assert_eq!(
+        snapshots(&v),
+        BTreeMap::from([(n, ("before the change".to_string(), vec![]))]),
+        "{v}"
+    );
+
+    // Change and delete; the big file's blocks are then history only.
+    fs::write(live.path("f1"), data(9, 1000)).unwrap();
+    fs::remove_file(live.path("f0")).unwrap();
+    fs::remove_file(live.path("d/f2")).unwrap();
+    fs::write(live.path("d/after"), b"new").unwrap();
+    let (code, _, err) = run(&["sync", s(&live_dir)]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = run(&["checkpoint", s(&live_dir)]);
+    assert_eq!(code, 0, "{err}");
+    let now = tree(&live_dir);
+    assert_ne!(now, kept);
+
+    // Honest space: what only the snapshot holds is used, in df and stats.
+    let v = checkpoints(&live_dir);
+    let history = v["history_bytes"].as_u64().unwrap();
+    assert!(
+        history >= 8 << 20,
+        "history {history} < the deleted 8 MiB: {v}"
+    );
+    assert_eq!(stats_history(&live_dir), history);
+    let held = v["checkpoints"][0]["held_alone_bytes"].as_u64().unwrap();
+    assert!(held >= 8 << 20, "{v}");
+    let used_with_history = df_used(&live_dir);
+    assert!(
+        used_with_history >= history,
+        "df used {used_with_history} < history {history}"
+    );
+
+    // Mounting a snapshot: ro is required, the number must exist.
+    let (code, _, err) = run(&[
+        "mount",
+        "-o",
+        &format!("snapshot={n}"),
+        s(&img),
+        s(&snap_dir),
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains(&format!("-o ro,snapshot={n}")), "{err}");
+    let (code, _, err) = run(&[
+        "mount",
+        "-o",
+        &format!("ro,snapshot={}", n + 1000),
+        s(&img),
+        s(&snap_dir),
+    ]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains(&format!("snapshot {} does not exist", n + 1000)),
+        "{err}"
+    );
+
+    // Mounted beside the live mount, it reads its moment exactly.
+    let snap = Mount::new(&img, &snap_dir, &[&format!("ro,snapshot={n}")]);
+    assert_eq!(tree(&snap_dir), kept);
+    assert_eq!(tree(&live_dir), now, "the live tree is untouched");
+    assert_read_only(&snap_dir);
+    // The live mount still takes writes while the snapshot is mounted.
+    fs::write(live.path("d/during"), b"written beside the snapshot").unwrap();
+    let v = checkpoints(&live_dir);
+    assert_eq!(
+        snapshots(&v),
+        BTreeMap::from([(
+            n,
+            ("before the change".to_string(), vec![snap_canon.clone()])
+        )]),
+        "{v}"
+    );
+
+    // Deleting it is refused while it is mounted, naming the mount.
+    let (code, _, err) = run(&["snapshot", s(&live_dir), "--delete", &n.to_string()]);
+    assert_ne!(code, 0, "deleted a mounted snapshot");
+    assert!(err.contains(&format!("mounted on {snap_canon}")), "{err}");
+    assert_eq!(tree(&snap_dir), kept, "the refused delete changed nothing");
+    assert_eq!(snapshots(&checkpoints(&live_dir)).len(), 1);
+    snap.unmount();
+
+    // Unmounted, it is deleted, and its space comes back.
+    let (code, out, err) = run(&[
+        "snapshot",
+        s(&live_dir),
+        "--delete",
+        &n.to_string(),
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let r: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(r["deleted"], n, "{r}");
+    let v = checkpoints(&live_dir);
+    assert!(snapshots(&v).is_empty(), "{v}");
+    assert_eq!(v["history_bytes"], 0, "{v}");
+    assert_eq!(stats_history(&live_dir), 0);
+    let used = df_used(&live_dir);
+    assert!(
+        used + (8 << 20) <= used_with_history,
+        "df used {used} after the delete, {used_with_history} before"
+    );
+    // Deleting it again: a clear error.
+    let (code, _, err) = run(&["snapshot", s(&live_dir), "--delete", &n.to_string()]);
+    assert_ne!(code, 0);
+    assert!(err.contains("does not exist"), "{err}");
+
+    // A snapshot of an unmounted image, with the live mount started
+    // beside it afterwards (not taken for the snapshot's mount).
+    let m = take(&live_dir, "");
+    let kept2 = tree(&live_dir);
+    fs::remove_file(live.path("f1")).unwrap();
+    live.unmount();
+    // Unmounted, the listing opens the image itself.
+    let v = checkpoints(&img);
+    assert_eq!(
+        snapshots(&v),
+        BTreeMap::from([(m, (String::new(), vec![]))])
+    );
+    let snap = Mount::new(&img, &snap_dir, &[&format!("ro,snapshot={m}")]);
+    assert_eq!(tree(&snap_dir), kept2);
+    // A repair, which may drop snapshots, only checks while one is mounted.
+    let (code, out, err) = run(&["fsck", "-y", s(&img)]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        err.contains("a snapshot of") && out.contains("checking (read-only)"),
+        "{out}{err}"
+    );
+    let live = Mount::new(&img, &live_dir, &[]);
+    assert!(!live.path("f1").exists());
+    assert_eq!(tree(&snap_dir), kept2);
+    // Mounted, the image's listing names the mount point to ask instead.
+    let (code, _, err) = run(&["checkpoints", s(&img)]);
+    assert_ne!(code, 0);
+    assert!(err.contains("is mounted on"), "{err}");
+    let (code, _, err) = run(&["snapshot", s(&live_dir), "--delete", &m.to_string()]);
+    assert_ne!(code, 0);
+    assert!(err.contains(&format!("mounted on {snap_canon}")), "{err}");
+    snap.unmount();
+    let (code, _, err) = run(&["snapshot", s(&live_dir), "--delete", &m.to_string()]);
+    assert_eq!(code, 0, "{err}");
+    live.unmount();
+
+    let v = checkpoints(&img);
+    assert!(snapshots(&v).is_empty(), "{v}");
+    let (code, out, err) = run(&["fsck", "-n", s(&img)]);
+    assert_eq!(code, 0, "{out}{err}");
+}
