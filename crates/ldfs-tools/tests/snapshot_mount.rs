@@ -5,7 +5,8 @@
 //! space history holds in `df` and `ldfs stats`, `ldfs checkpoints --json`
 //! checked at every step, a snapshot of an unmounted image mounted with
 //! the live mount started beside it (and `fsck -y` only checking while it
-//! is mounted), and `fsck -n` clean at the end.
+//! is mounted), and `fsck -n` clean at the end; a snapshot mount read over
+//! and over while the live mount churns and its cleaner moves blocks.
 
 mod common;
 
@@ -298,6 +299,86 @@ fn a_snapshot_mounts_beside_the_live_tree_and_is_deleted_only_when_unmounted() {
 
     let v = checkpoints(&img);
     assert!(snapshots(&v).is_empty(), "{v}");
+    let (code, out, err) = run(&["fsck", "-n", s(&img)]);
+    assert_eq!(code, 0, "{out}{err}");
+}
+
+/// The issue's "mount a snapshot while the live mount churns; read it
+/// while the cleaner moves blocks": a reader thread reads the snapshot
+/// mount's whole tree over and over while the live mount overwrites and
+/// deletes several times the device's free space and `ldfs clean` runs.
+#[test]
+fn a_snapshot_mount_reads_right_while_the_live_mount_churns_and_cleans() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("churn.img");
+    mkfs(&img, "96M");
+    let live_dir = t.path().join("live");
+    let snap_dir = t.path().join("snap");
+    let live = Mount::new(&img, &live_dir, &[]);
+    for i in 0..12 {
+        fs::write(live.path(&format!("k{i}")), data(i, 1 << 20)).unwrap();
+    }
+    let kept = tree(&live_dir);
+    let n = take(&live_dir, "kept");
+    let snap = Mount::new(&img, &snap_dir, &[&format!("ro,snapshot={n}")]);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicUsize::new(0));
+    let reader = {
+        let (stop, reads, dir, kept) =
+            (stop.clone(), reads.clone(), snap_dir.clone(), kept.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                assert!(
+                    tree(&dir) == kept,
+                    "snapshot {n} read wrong during the churn"
+                );
+                reads.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    // The kept files go from the live tree; then 8 files of 2 MiB are
+    // overwritten 60 times (120 MiB through a 96 MiB device).
+    for i in 0..12 {
+        fs::remove_file(live.path(&format!("k{i}"))).unwrap();
+    }
+    for round in 0..60 {
+        let i = round % 8;
+        fs::write(live.path(&format!("c{i}")), data(100 + round, 2 << 20)).unwrap();
+        if round % 15 == 14 {
+            let (code, _, err) = run(&["clean", s(&live_dir), "--max-utilization", "95"]);
+            assert_eq!(code, 0, "{err}");
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    reader.join().expect("the snapshot reader failed");
+    assert!(
+        reads.load(Ordering::Relaxed) >= 2,
+        "the snapshot was hardly read"
+    );
+    let (code, stats, err) = run(&["stats", s(&live_dir)]);
+    assert_eq!(code, 0, "{err}");
+    let cleaned: u64 = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cleaned: "))
+        .and_then(|l| l.split(' ').next())
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("{stats}"));
+    assert!(cleaned > 0, "the cleaner never ran: {stats}");
+    for i in 0..8 {
+        let last = (0..60).filter(|r| r % 8 == i).max().unwrap();
+        assert!(fs::read(live.path(&format!("c{i}"))).unwrap() == data(100 + last, 2 << 20));
+    }
+    assert_eq!(tree(&snap_dir), kept);
+    snap.unmount();
+    let (code, _, err) = run(&["snapshot", s(&live_dir), "--delete", &n.to_string()]);
+    assert_eq!(code, 0, "{err}");
+    live.unmount();
     let (code, out, err) = run(&["fsck", "-n", s(&img)]);
     assert_eq!(code, 0, "{out}{err}");
 }
