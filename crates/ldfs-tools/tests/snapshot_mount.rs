@@ -6,7 +6,9 @@
 //! checked at every step, a snapshot of an unmounted image mounted with
 //! the live mount started beside it (and `fsck -y` only checking while it
 //! is mounted), and `fsck -n` clean at the end; a snapshot mount read over
-//! and over while the live mount churns and its cleaner moves blocks.
+//! and over while the live mount churns and its cleaner moves blocks; a
+//! snapshot acknowledged right before a kill -9 of the daemon, concurrent
+//! takes, and a dual pair's clear refusal.
 
 mod common;
 
@@ -381,4 +383,88 @@ fn a_snapshot_mount_reads_right_while_the_live_mount_churns_and_cleans() {
     live.unmount();
     let (code, out, err) = run(&["fsck", "-n", s(&img)]);
     assert_eq!(code, 0, "{out}{err}");
+}
+
+/// Snapshots acknowledged by `ldfs snapshot` survive a kill -9 of the live
+/// daemon taken right after (and one taken concurrently with others gets a
+/// number of its own); a snapshot mount keeps reading through the kill and
+/// the recovery of the live mount beside it; a dual pair refuses snapshots
+/// clearly.
+#[test]
+fn snapshots_survive_a_killed_daemon_and_concurrent_takes() {
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("kill.img");
+    mkfs(&img, "64M");
+    let live_dir = t.path().join("live");
+    let snap_dir = t.path().join("snap");
+    let live = Mount::new(&img, &live_dir, &[]);
+    fs::write(live.path("a"), data(1, 300_000)).unwrap();
+    let first = tree(&live_dir);
+    let n = take(&live_dir, "first");
+    let snap = Mount::new(&img, &snap_dir, &[&format!("ro,snapshot={n}")]);
+
+    // Four at once, while files change: four distinct numbers, each
+    // reported to its own command.
+    let takers: Vec<_> = (0..4)
+        .map(|k| {
+            let dir = live_dir.clone();
+            std::thread::spawn(move || take(&dir, &format!("concurrent {k}")))
+        })
+        .collect();
+    for i in 0..20 {
+        fs::write(live.path(&format!("w{}", i % 5)), data(i, 20_000)).unwrap();
+    }
+    let mut numbers: Vec<u64> = takers.into_iter().map(|h| h.join().unwrap()).collect();
+    numbers.sort();
+    numbers.dedup();
+    assert_eq!(numbers.len(), 4, "{numbers:?}");
+    let v = checkpoints(&live_dir);
+    let listed = snapshots(&v);
+    for (k, m) in numbers.iter().enumerate() {
+        assert!(listed[m].0.starts_with("concurrent "), "{k}: {v}");
+    }
+
+    // Taken, acknowledged, then the daemon is killed before anything else.
+    fs::write(live.path("b"), b"before the kill").unwrap();
+    let second = tree(&live_dir);
+    let last = take(&live_dir, "right before the kill");
+    live.kill();
+    assert_eq!(
+        tree(&snap_dir),
+        first,
+        "the snapshot mount read through the kill"
+    );
+    let live = Mount::new(&img, &live_dir, &[]);
+    assert_eq!(tree(&snap_dir), first, "and through the recovery");
+    let v = checkpoints(&live_dir);
+    let listed = snapshots(&v);
+    assert_eq!(listed.len(), 6, "{v}");
+    assert_eq!(listed[&last].0, "right before the kill");
+    let last_dir = t.path().join("last");
+    let m = Mount::new(&img, &last_dir, &[&format!("ro,snapshot={last}")]);
+    assert_eq!(tree(&last_dir), second);
+    m.unmount();
+    snap.unmount();
+    for k in listed.keys() {
+        let (code, _, err) = run(&["snapshot", s(&live_dir), "--delete", &k.to_string()]);
+        assert_eq!(code, 0, "{err}");
+    }
+    live.unmount();
+    let (code, out, err) = run(&["fsck", "-n", s(&img)]);
+    assert_eq!(code, 0, "{out}{err}");
+
+    // A dual pair updates its data in place: no snapshots, said clearly.
+    let data_img = t.path().join("dual.img");
+    common::mkfs_dual(&data_img, &t.path().join("dual-meta.img"), "256M");
+    let dual = Mount::new(&data_img, &live_dir, &[]);
+    let (code, _, err) = run(&["snapshot", s(&live_dir)]);
+    assert_ne!(code, 0);
+    assert!(err.contains("dual file system"), "{err}");
+    dual.unmount();
+    let (code, _, err) = run(&["mount", "-o", "ro,snapshot=1", s(&data_img), s(&snap_dir)]);
+    assert_ne!(code, 0);
+    assert!(err.contains("dual file system"), "{err}");
 }
