@@ -218,6 +218,19 @@ fn a_snapshot_mounts_beside_the_live_tree_and_is_deleted_only_when_unmounted() {
     assert_eq!(tree(&snap_dir), kept);
     assert_eq!(tree(&live_dir), now, "the live tree is untouched");
     assert_read_only(&snap_dir);
+    // It cannot be made writable, nor take snapshots of its own.
+    let (code, _, err) = run(&["mount", "-o", "remount,rw", s(&img), s(&snap_dir)]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains(&format!("mount of snapshot {n}, which is read-only")),
+        "{err}"
+    );
+    let (code, _, err) = run(&["mount", "-o", "remount,ro", s(&img), s(&snap_dir)]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = run(&["snapshot", s(&snap_dir)]);
+    assert_ne!(code, 0);
+    assert!(err.contains("mounted read-only"), "{err}");
+    assert_read_only(&snap_dir);
     // The live mount still takes writes while the snapshot is mounted.
     fs::write(live.path("d/during"), b"written beside the snapshot").unwrap();
     let v = checkpoints(&live_dir);

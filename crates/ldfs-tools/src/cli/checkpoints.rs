@@ -118,7 +118,7 @@ pub(crate) fn text(v: &Value) -> String {
     let rows = v["checkpoints"].as_array().cloned().unwrap_or_default();
     let snaps = rows.iter().filter(|r| r["snapshot"] == true).count();
     let mut t = format!(
-        "{}: {snaps} snapshots (at most {}); history holds {}, live data {}, available {}\n",
+        "{}: {snaps} of at most {} snapshots kept; history holds {}, live data {}, available {}\n",
         v["image"].as_str().unwrap_or_default(),
         v["max_snapshots"],
         bytes_text(v["history_bytes"].as_u64().unwrap_or(0)),
@@ -247,7 +247,7 @@ mod tests {
         });
         let t = text(&v);
         assert!(
-            t.starts_with("/i: 1 snapshots (at most 24); history holds 2.0 KiB"),
+            t.starts_with("/i: 1 of at most 24 snapshots kept; history holds 2.0 KiB"),
             "{t}"
         );
         let lines: Vec<&str> = t.lines().collect();

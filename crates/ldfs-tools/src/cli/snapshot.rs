@@ -106,11 +106,30 @@ fn send(mnt: &Path, req: &SnapshotRequest) -> Result<serde_json::Value, String> 
     }
 }
 
+/// Whether the file system at `dir` is mounted read-only (the kernel then
+/// refuses the control channel's setxattr).
+fn read_only(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statvfs is plain data, filled by the call from a valid path.
+    let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
+    unsafe { libc::statvfs(c.as_ptr(), &mut sv) == 0 && sv.f_flag & libc::ST_RDONLY != 0 }
+}
+
 pub fn run(a: SnapshotArgs) -> CmdResult {
     let mnt = &a.mountpoint;
     if !mnt.is_dir() {
         return Err(format!(
             "{}: not a directory; snapshots are taken through the mount point of a mounted ldfs",
+            mnt.display()
+        )
+        .into());
+    }
+    if read_only(mnt) {
+        return Err(format!(
+            "{} is mounted read-only (a snapshot mount, or remounted ro): snapshots are taken and deleted through the live read-write mount",
             mnt.display()
         )
         .into());

@@ -342,6 +342,10 @@ impl Daemon {
     /// then as an unmount leaves it (systemd remounts read-only at
     /// shutdown, before it may cut power).
     fn remount_ro(&self) -> Result<(), String> {
+        if self.snapshot.is_some() {
+            // Read-only from the start: nothing to stop or write.
+            return Ok(());
+        }
         self.fs.set_read_only(true).map_err(|e| e.to_string())?;
         {
             let mut before = self
@@ -1569,7 +1573,19 @@ fn remount(dir: &Path, opts: &MountOpts) -> Result<(), String> {
         .canonicalize()
         .map_err(|e| format!("remount: {}: {e}", dir.display()))?;
     match top_mount(&canon) {
-        Some(m) if m.kind == "fuse.ldfs" => {}
+        Some(m) if m.kind == "fuse.ldfs" => {
+            // A snapshot mount's source is IMAGE@snapshot=N (`run`).
+            let snapshot = m
+                .source
+                .rsplit_once("@snapshot=")
+                .map(|(_, n)| n.to_string());
+            if let (Some(n), true) = (snapshot, opts.ro_given && !opts.read_only) {
+                return Err(format!(
+                    "remount: {} is a mount of snapshot {n}, which is read-only",
+                    dir.display()
+                ));
+            }
+        }
         _ => return Err(format!("remount: no ldfs mount at {}", dir.display())),
     }
     let c = std::ffi::CString::new(canon.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
