@@ -481,3 +481,128 @@ fn snapshots_survive_a_killed_daemon_and_concurrent_takes() {
     assert_ne!(code, 0);
     assert!(err.contains("dual file system"), "{err}");
 }
+
+/// The protected checkpoints (`-o protect=`) of the kept span, or the
+/// whole listing's: number -> time.
+fn protected(v: &Value) -> BTreeMap<u64, u64> {
+    v["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["protected"] == true)
+        .map(|r| (r["number"].as_u64().unwrap(), r["time"].as_u64().unwrap()))
+        .collect()
+}
+
+/// Waits (up to 20 s) for a protected checkpoint numbered above `after`.
+fn next_protected(mnt: &Path, after: u64) -> u64 {
+    let t = std::time::Instant::now();
+    loop {
+        if let Some((&n, _)) = protected(&checkpoints(mnt)).range(after + 1..).next_back() {
+            return n;
+        }
+        assert!(
+            t.elapsed().as_secs() < 20,
+            "no protected checkpoint after {after}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+fn available(dir: &Path) -> u64 {
+    let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(cstr(dir).as_ptr(), &mut sv) }, 0);
+    sv.f_bavail * sv.f_frsize
+}
+
+/// `-o protect=`: the states of the span are kept as protected checkpoints
+/// (a deleted file is copied back from one, mounted read-only); what only
+/// they hold is available in `df`, and a write that needs it gets it (the
+/// oldest yield) where a snapshot's history would have refused it; old
+/// ones expire.
+#[test]
+fn protected_checkpoints_undelete_a_file_and_yield_to_writes() {
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("protect.img");
+    mkfs(&img, "64M");
+    let live_dir = t.path().join("live");
+    let snap_dir = t.path().join("snap");
+    // One protected checkpoint every 40/8 = 5 s, kept 40 s.
+    let live = Mount::new(&img, &live_dir, &["protect=40s,commit=1"]);
+    let want = data(3, 200_000);
+    fs::write(live.path("report"), &want).unwrap();
+    let p = next_protected(&live_dir, 0);
+    fs::remove_file(live.path("report")).unwrap();
+
+    // Undelete: mount the protected checkpoint, copy the file back.
+    let snap = Mount::new(&img, &snap_dir, &[&format!("ro,snapshot={p}")]);
+    fs::copy(snap_dir.join("report"), live.path("report")).unwrap();
+    snap.unmount();
+    assert!(fs::read(live.path("report")).unwrap() == want);
+
+    // 24 MiB kept only by protected checkpoints: available in df.
+    let before = available(&live_dir);
+    fs::write(live.path("big"), data(4, 24 << 20)).unwrap();
+    let p = next_protected(&live_dir, p);
+    fs::remove_file(live.path("big")).unwrap();
+    let (code, _, err) = run(&["checkpoint", s(&live_dir)]);
+    assert_eq!(code, 0, "{err}");
+    let v = checkpoints(&live_dir);
+    let history = v["history_bytes"].as_u64().unwrap();
+    assert!(history >= 24 << 20, "{v}");
+    let after = available(&live_dir);
+    assert!(
+        after + (2 << 20) >= before,
+        "df available {before} -> {after} with {history} bytes protected"
+    );
+    // 40 MiB more fit only if the protected checkpoints give theirs up.
+    fs::write(live.path("bigger"), data(5, 40 << 20)).unwrap();
+    let v = checkpoints(&live_dir);
+    assert!(
+        !protected(&v).contains_key(&p),
+        "the protected checkpoint holding the 24 MiB is still kept: {v}"
+    );
+    assert!(v["history_bytes"].as_u64().unwrap() < 24 << 20, "{v}");
+    assert!(fs::read(live.path("bigger")).unwrap() == data(5, 40 << 20));
+    assert!(fs::read(live.path("report")).unwrap() == want);
+    live.unmount();
+
+    // A snapshot's history never yields: the same 40 MiB are refused.
+    let live = Mount::new(&img, &live_dir, &[]);
+    fs::remove_file(live.path("bigger")).unwrap();
+    fs::write(live.path("big"), data(4, 24 << 20)).unwrap();
+    let n = take(&live_dir, "holds 24 MiB");
+    fs::remove_file(live.path("big")).unwrap();
+    let e = fs::write(live.path("bigger"), data(5, 40 << 20)).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+    fs::remove_file(live.path("bigger")).unwrap();
+    let (code, _, err) = run(&["snapshot", s(&live_dir), "--delete", &n.to_string()]);
+    assert_eq!(code, 0, "{err}");
+    live.unmount();
+
+    // Expiry: kept 2 s (one every commit interval, 1 s), none older than
+    // the span and an interval stays.
+    let live = Mount::new(&img, &live_dir, &["protect=2s,commit=1"]);
+    for i in 0..8 {
+        fs::write(live.path("tick"), data(i, 5000)).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(700));
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let kept = protected(&checkpoints(&live_dir));
+    assert!(!kept.is_empty());
+    for (n, time) in &kept {
+        assert!(
+            time + 5 >= now,
+            "protected checkpoint {n} of {time} kept at {now}"
+        );
+    }
+    live.unmount();
+    let (code, out, err) = run(&["fsck", "-n", s(&img)]);
+    assert_eq!(code, 0, "{out}{err}");
+}

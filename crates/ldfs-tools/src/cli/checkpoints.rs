@@ -36,7 +36,8 @@ pub(crate) fn listing(lld: &Lld, image: &Path, at: Option<u64>) -> Value {
             json!({
                 "number": s.number,
                 "time": s.time_secs,
-                "snapshot": true,
+                "snapshot": !s.protected,
+                "protected": s.protected,
                 "name": s.name,
                 "held_alone_bytes": s.held_alone_bytes,
                 "map_entries": s.entries,
@@ -53,6 +54,7 @@ pub(crate) fn listing(lld: &Lld, image: &Path, at: Option<u64>) -> Value {
         "number": newest,
         "time": null,
         "snapshot": false,
+        "protected": false,
         "name": "",
         "held_alone_bytes": 0,
         "map_entries": null,
@@ -117,8 +119,9 @@ pub(crate) fn bytes_text(b: u64) -> String {
 pub(crate) fn text(v: &Value) -> String {
     let rows = v["checkpoints"].as_array().cloned().unwrap_or_default();
     let snaps = rows.iter().filter(|r| r["snapshot"] == true).count();
+    let protected = rows.iter().filter(|r| r["protected"] == true).count();
     let mut t = format!(
-        "{}: {snaps} of at most {} snapshots kept; history holds {}, live data {}, available {}\n",
+        "{}: {snaps} snapshots and {protected} protected checkpoints kept (at most {} in all); history holds {}, live data {}, available {}\n",
         v["image"].as_str().unwrap_or_default(),
         v["max_snapshots"],
         bytes_text(v["history_bytes"].as_u64().unwrap_or(0)),
@@ -133,14 +136,17 @@ pub(crate) fn text(v: &Value) -> String {
         "NUMBER", "KIND", "TIME", "ONLY IT HOLDS"
     );
     for r in &rows {
-        let snapshot = r["snapshot"] == true;
+        let protected = r["protected"] == true;
+        let snapshot = r["snapshot"] == true || protected;
         let time = r["time"].as_u64().map_or("-".to_string(), time_text);
         let held = if snapshot {
             bytes_text(r["held_alone_bytes"].as_u64().unwrap_or(0))
         } else {
             "-".to_string()
         };
-        let mut name = if snapshot {
+        let mut name = if protected {
+            "(yields when space runs short)".to_string()
+        } else if snapshot {
             r["name"].as_str().unwrap_or_default().to_string()
         } else {
             "(the newest: the live tree's; not kept)".to_string()
@@ -155,7 +161,13 @@ pub(crate) fn text(v: &Value) -> String {
         t += &format!(
             "{:>8}  {:<10}  {:<25}  {:>13}  {name}\n",
             r["number"].as_u64().unwrap_or(0),
-            if snapshot { "snapshot" } else { "checkpoint" },
+            if protected {
+                "protected"
+            } else if snapshot {
+                "snapshot"
+            } else {
+                "checkpoint"
+            },
             time,
             held
         );
@@ -241,13 +253,15 @@ mod tests {
             "checkpoints": [
                 {"number": 7, "time": 0, "snapshot": true, "name": "before",
                  "held_alone_bytes": 2048, "mounted_on": ["/mnt/s"]},
+                {"number": 8, "time": 5, "snapshot": false, "protected": true, "name": "",
+                 "held_alone_bytes": 0, "mounted_on": []},
                 {"number": 9, "time": null, "snapshot": false, "name": "",
                  "held_alone_bytes": 0, "mounted_on": []},
             ],
         });
         let t = text(&v);
         assert!(
-            t.starts_with("/i: 1 of at most 24 snapshots kept; history holds 2.0 KiB"),
+            t.starts_with("/i: 1 snapshots and 1 protected checkpoints kept (at most 24 in all); history holds 2.0 KiB"),
             "{t}"
         );
         let lines: Vec<&str> = t.lines().collect();
@@ -257,7 +271,11 @@ mod tests {
         );
         assert!(lines[2].contains("[mounted on /mnt/s]"), "{t}");
         assert!(
-            lines[3].contains("checkpoint") && lines[3].contains("not kept"),
+            lines[3].contains("protected") && lines[3].contains("yields"),
+            "{t}"
+        );
+        assert!(
+            lines[4].contains("checkpoint") && lines[4].contains("not kept"),
             "{t}"
         );
     }

@@ -65,7 +65,9 @@ enum Cmd {
         /// write(2): see the README), cleaner=POLICY|off, clean_start=N,
         /// clean_stop=N (clean-segment watermarks), dev, nodev, suid, nosuid,
         /// exec, noexec, atime, noatime, sync, async; ro,snapshot=N mounts
-        /// snapshot N read-only beside the live mount.
+        /// snapshot (or protected checkpoint) N read-only beside the live
+        /// mount; protect=DURATION keeps a protected checkpoint every
+        /// DURATION/8 for DURATION (they yield when space runs short).
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,
         #[arg(long, hide = true)]

@@ -73,7 +73,12 @@ snapshots: {} of at most {}
     );
     for s in snaps {
         t += &format!(
-            "  snapshot {}: {} bytes only it holds{}\n",
+            "  {} {}: {} bytes only it holds{}\n",
+            if s.protected {
+                "protected checkpoint"
+            } else {
+                "snapshot"
+            },
             s.number,
             s.held_alone_bytes,
             if s.name.is_empty() {

@@ -297,10 +297,15 @@ impl Daemon {
                 let secs = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_secs());
-                let n = self
-                    .lld
-                    .take_snapshot(name, secs)
-                    .map_err(|e| format!("no snapshot taken: {e}"))?;
+                // Protected checkpoints yield to a snapshot (for a pin bit
+                // or for space), oldest first.
+                let n = loop {
+                    match self.lld.take_snapshot(name, secs) {
+                        Ok(n) => break n,
+                        Err(_) if yield_protected(&self.lld, &self.image) => {}
+                        Err(e) => return Err(format!("no snapshot taken: {e}")),
+                    }
+                };
                 eprintln!("ldfs: snapshot {n} taken ({name:?})");
                 Ok(serde_json::json!({ "number": n, "name": name, "time": secs }))
             }
@@ -308,29 +313,7 @@ impl Daemon {
                 // Exclusive and non-blocking: a reader's shared lock (a
                 // snapshot mount) refuses the deletion; held until the
                 // checkpoint recording it is durable (DESIGN "Snapshots").
-                let f = File::options()
-                    .read(true)
-                    .write(true)
-                    .open(&self.image)
-                    .map_err(|e| format!("{}: {e}", self.image.display()))?;
-                let _lock = ldfs::lld::SnapshotLock::exclusive(f, number).map_err(|e| {
-                    if e.kind() != std::io::ErrorKind::WouldBlock {
-                        return format!("locking snapshot {number}: {e}");
-                    }
-                    let on = snapshot_mounted_on(&self.image, number);
-                    if on.is_empty() {
-                        format!("snapshot {number} is in use (opened by another process, perhaps a mount in another namespace): not deleted")
-                    } else {
-                        let dirs: Vec<String> = on.iter().map(|d| d.display().to_string()).collect();
-                        format!(
-                            "snapshot {number} is mounted on {}: unmount it first; not deleted",
-                            dirs.join(", ")
-                        )
-                    }
-                })?;
-                self.lld
-                    .delete_snapshot(number)
-                    .map_err(|e| format!("snapshot {number} not deleted: {e}"))?;
+                delete_kept(&self.lld, &self.image, number)?;
                 eprintln!("ldfs: snapshot {number} deleted");
                 Ok(serde_json::json!({ "deleted": number }))
             }
@@ -440,6 +423,9 @@ pub struct MountOpts {
     /// Mount snapshot N read-only beside the live tree (`snapshot=N`, with
     /// `ro`): see `run`.
     pub snapshot: Option<u64>,
+    /// Keep the states of this last span as protected checkpoints
+    /// (`protect=DURATION`; off by default): see `protect_loop`.
+    pub protect: Option<Duration>,
 }
 
 /// An option that is on, off, or on where it can be had (the default).
@@ -471,6 +457,7 @@ impl Default for MountOpts {
             transport: Transport::default(),
             discard: false,
             snapshot: None,
+            protect: None,
         }
     }
 }
@@ -531,6 +518,10 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
                 );
             }
             ("meta", Some(v)) if !v.is_empty() => o.meta = Some(PathBuf::from(v)),
+            ("protect", Some("0" | "off")) => o.protect = None,
+            ("protect", Some(v)) => {
+                o.protect = Some(parse_duration(v).map_err(|e| format!("protect={v}: {e}"))?);
+            }
             ("snapshot", Some(v)) => {
                 o.snapshot = Some(v.parse().ok().filter(|&n: &u64| n > 0).ok_or_else(|| {
                     format!(
@@ -591,6 +582,9 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
             ));
         }
     }
+    if o.protect.is_some() && o.read_only && !o.remount {
+        return Err("protect= keeps the states a writable mount goes through: not with ro".into());
+    }
     if let (Some(a), Some(b)) = (o.clean_start, o.clean_stop) {
         if b < a {
             return Err(format!(
@@ -599,6 +593,138 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
         }
     }
     Ok(o)
+}
+
+/// A span as `protect=` takes it: seconds, or a number with s, m, h or d;
+/// from a second to a year.
+pub fn parse_duration(v: &str) -> Result<Duration, String> {
+    let (num, unit) = match v.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => (&v[..i], &v[i..]),
+        None => (v, "s"),
+    };
+    let mult = match unit {
+        "s" => 1,
+        "m" | "min" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("unknown unit {unit:?} (s, m, h or d)")),
+    };
+    let secs = num
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|&s| (1..=366 * 86_400).contains(&s))
+        .ok_or("a span from 1s to 366d")?;
+    Ok(Duration::from_secs(secs))
+}
+
+/// How many protected checkpoints `protect=` keeps over its span: one
+/// every span/8 (at least a commit interval apart). Each takes a pin bit,
+/// which snapshots share (24 in all).
+const PROTECT_KEPT: u64 = 8;
+
+/// Seconds since 1970 now.
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Deletes kept checkpoint `n` unless a reader holds it (a snapshot
+/// mount): takes its lock exclusively, non-blocking (DESIGN "Snapshots").
+fn delete_kept(lld: &Lld, image: &Path, n: u64) -> Result<(), String> {
+    let f = File::options()
+        .read(true)
+        .write(true)
+        .open(image)
+        .map_err(|e| format!("{}: {e}", image.display()))?;
+    let _lock = ldfs::lld::SnapshotLock::exclusive(f, n).map_err(|e| {
+        if e.kind() != std::io::ErrorKind::WouldBlock {
+            return format!("locking snapshot {n}: {e}");
+        }
+        let on = snapshot_mounted_on(image, n);
+        if on.is_empty() {
+            format!("snapshot {n} is in use (opened by another process, perhaps a mount in another namespace): not deleted")
+        } else {
+            let dirs: Vec<String> = on.iter().map(|d| d.display().to_string()).collect();
+            format!(
+                "snapshot {n} is mounted on {}: unmount it first; not deleted",
+                dirs.join(", ")
+            )
+        }
+    })?;
+    lld.delete_snapshot(n)
+        .map_err(|e| format!("snapshot {n} not deleted: {e}"))
+}
+
+/// Space is short: deletes the oldest protected checkpoint no one has
+/// mounted, saying so in the log (syslog for a background daemon). True if
+/// one was deleted. Snapshots never yield.
+pub(crate) fn yield_protected(lld: &Lld, image: &Path) -> bool {
+    for s in lld.snapshots().iter().filter(|s| s.protected) {
+        if delete_kept(lld, image, s.number).is_ok() {
+            eprintln!(
+                "ldfs: space is short: deleted protected checkpoint {} (of {}) to make room",
+                s.number,
+                crate::cli::checkpoints::time_text(s.time_secs)
+            );
+            return true;
+        }
+    }
+    false
+}
+
+/// `protect=`: every `every` takes a protected checkpoint if anything was
+/// written since the last, and deletes those older than `keep` (plus one
+/// interval, so the state of `keep` ago is still there). Stops with `stop`.
+/// Paused while the mount is read-only (`remount,ro`: a shutdown expects
+/// no more writes).
+fn protect_loop(
+    lld: Arc<Lld>,
+    fs: Arc<Fs>,
+    image: PathBuf,
+    keep: Duration,
+    every: Duration,
+    stop: &AtomicBool,
+) {
+    let tick = Duration::from_millis(100);
+    let mut waited = Duration::ZERO;
+    let mut written = None;
+    let mut said = false;
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(tick);
+        waited += tick;
+        if waited < every {
+            continue;
+        }
+        waited = Duration::ZERO;
+        if fs.is_read_only() {
+            continue;
+        }
+        let now = now_secs();
+        let oldest_kept = now.saturating_sub(keep.as_secs() + every.as_secs());
+        for s in lld.snapshots() {
+            if s.protected && s.time_secs < oldest_kept {
+                // A mounted one stays until it is unmounted.
+                let _ = delete_kept(&lld, &image, s.number);
+            }
+        }
+        let user = lld.write_totals().0;
+        if written == Some(user) {
+            continue;
+        }
+        match lld.take_protected(now) {
+            Ok(_) => {
+                written = Some(user);
+                said = false;
+            }
+            Err(e) if !said => {
+                eprintln!("ldfs: protect: no protected checkpoint taken: {e}");
+                said = true;
+            }
+            Err(_) => {}
+        }
+    }
 }
 
 /// How long a mount or fsck waits for a daemon that is still writing its
@@ -1258,11 +1384,21 @@ pub fn run(
         ring_served: ring_served.clone(),
         scrub: scrub.clone(),
         last_trim: std::sync::Mutex::new("no trim since mount\n".into()),
-        image: canon_image,
+        image: canon_image.clone(),
         snapshot: opts.snapshot,
         snapshot_results: std::sync::Mutex::new(std::collections::VecDeque::new()),
     });
     let want_uring = transport::choose(opts.transport)?;
+    if opts.protect.is_some() && dual.is_some() {
+        return Err(format!(
+            "protect=: {} is a dual file system, whose data is updated in place: it keeps no checkpoints",
+            image.display()
+        ));
+    }
+    let yield_space = opts.protect.map(|_| {
+        let (lld, image) = (lld.clone(), canon_image.clone());
+        Arc::new(move || yield_protected(&lld, &image)) as Arc<dyn Fn() -> bool + Send + Sync>
+    });
     let fuse_fs = Arc::new(FuseFs {
         fs: fs.clone(),
         no_open: AtomicBool::new(false),
@@ -1271,6 +1407,7 @@ pub fn run(
         atime: opts.atime,
         nodiratime: opts.nodiratime,
         forgets: std::sync::atomic::AtomicU64::new(0),
+        yield_space,
     });
     let start = want_uring.then(|| Arc::new(uring::Start::default()));
     let session = Session::new(
@@ -1379,6 +1516,12 @@ pub fn run(
             }
         })
     };
+    let protector = opts.protect.map(|keep| {
+        let (lld, fs, image, stop) = (lld.clone(), fs.clone(), canon_image.clone(), stop.clone());
+        let every =
+            Duration::from_secs(opts.commit_secs.max(keep.as_secs().div_ceil(PROTECT_KEPT)));
+        std::thread::spawn(move || protect_loop(lld, fs, image, keep, every, &stop))
+    });
     if let Some(announce) = announce {
         announce();
     }
@@ -1389,6 +1532,9 @@ pub fn run(
     let ring = rings.map_or(Ok(()), join_uring);
     stop.store(true, Ordering::Relaxed);
     let _ = committer.join();
+    if let Some(p) = protector {
+        let _ = p.join();
+    }
     scrub.stop_and_join();
     drop(fs);
     let closed = match &dual {
@@ -1904,6 +2050,28 @@ mod tests {
         assert!(parse("commit=0").is_err());
         assert!(parse("cache=10K").is_err());
         assert!(parse("frobnicate").unwrap_err().contains("frobnicate"));
+    }
+
+    #[test]
+    fn protect_takes_a_span_on_a_writable_mount() {
+        let d = |v: &str| parse(v).unwrap().protect.map(|d| d.as_secs());
+        assert_eq!(d("protect=90"), Some(90));
+        assert_eq!(d("protect=40s"), Some(40));
+        assert_eq!(d("protect=30m"), Some(1800));
+        assert_eq!(d("protect=1h"), Some(3600));
+        assert_eq!(d("protect=2d"), Some(2 * 86_400));
+        assert_eq!(d("protect=1h,protect=off"), None);
+        assert_eq!(d(""), None, "off by default");
+        for bad in [
+            "protect=",
+            "protect=1y",
+            "protect=h",
+            "protect=367d",
+            "protect=-1h",
+        ] {
+            assert!(parse(bad).unwrap_err().contains("protect="), "{bad}");
+        }
+        assert!(parse("ro,protect=1h").unwrap_err().contains("not with ro"));
     }
 
     #[test]
