@@ -480,6 +480,9 @@ fn snapshots_survive_a_killed_daemon_and_concurrent_takes() {
     let (code, _, err) = run(&["mount", "-o", "ro,snapshot=1", s(&data_img), s(&snap_dir)]);
     assert_ne!(code, 0);
     assert!(err.contains("dual file system"), "{err}");
+    let (code, _, err) = run(&["mount", "-o", "protect=1h", s(&data_img), s(&live_dir)]);
+    assert_ne!(code, 0);
+    assert!(err.contains("dual file system"), "{err}");
 }
 
 /// The protected checkpoints (`-o protect=`) of the kept span, or the

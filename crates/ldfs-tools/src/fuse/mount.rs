@@ -1285,6 +1285,12 @@ pub fn run(
             image.display()
         ));
     }
+    if opts.protect.is_some() && ldfs::dual::is_data_device(&*dev) {
+        return Err(format!(
+            "protect=: {} is a dual file system, whose data is updated in place: it keeps no checkpoints",
+            image.display()
+        ));
+    }
     let lld_opts = LldOptions {
         snapshot: opts.snapshot,
         read_only: opts.read_only,
@@ -1389,12 +1395,6 @@ pub fn run(
         snapshot_results: std::sync::Mutex::new(std::collections::VecDeque::new()),
     });
     let want_uring = transport::choose(opts.transport)?;
-    if opts.protect.is_some() && dual.is_some() {
-        return Err(format!(
-            "protect=: {} is a dual file system, whose data is updated in place: it keeps no checkpoints",
-            image.display()
-        ));
-    }
     let yield_space = opts.protect.map(|_| {
         let (lld, image) = (lld.clone(), canon_image.clone());
         Arc::new(move || yield_protected(&lld, &image)) as Arc<dyn Fn() -> bool + Send + Sync>
