@@ -512,6 +512,19 @@ fn next_protected(mnt: &Path, after: u64) -> u64 {
     }
 }
 
+/// A protected checkpoint taken after this call: one numbered above the
+/// newest now, with a write in between so that one is taken at all (the
+/// daemon takes none while nothing is written).
+fn protected_after_this(mnt: &Path) -> u64 {
+    let base = protected(&checkpoints(mnt))
+        .keys()
+        .next_back()
+        .copied()
+        .unwrap_or(0);
+    fs::write(mnt.join("nudge"), b"x").unwrap();
+    next_protected(mnt, base)
+}
+
 fn available(dir: &Path) -> u64 {
     let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
     assert_eq!(unsafe { libc::statvfs(cstr(dir).as_ptr(), &mut sv) }, 0);
@@ -537,7 +550,7 @@ fn protected_checkpoints_undelete_a_file_and_yield_to_writes() {
     let live = Mount::new(&img, &live_dir, &["protect=40s,commit=1"]);
     let want = data(3, 200_000);
     fs::write(live.path("report"), &want).unwrap();
-    let p = next_protected(&live_dir, 0);
+    let p = protected_after_this(&live_dir);
     fs::remove_file(live.path("report")).unwrap();
 
     // Undelete: mount the protected checkpoint, copy the file back.
@@ -549,7 +562,7 @@ fn protected_checkpoints_undelete_a_file_and_yield_to_writes() {
     // 24 MiB kept only by protected checkpoints: available in df.
     let before = available(&live_dir);
     fs::write(live.path("big"), data(4, 24 << 20)).unwrap();
-    let p = next_protected(&live_dir, p);
+    let p = protected_after_this(&live_dir);
     fs::remove_file(live.path("big")).unwrap();
     let (code, _, err) = run(&["checkpoint", s(&live_dir)]);
     assert_eq!(code, 0, "{err}");

@@ -689,7 +689,8 @@ fn protect_loop(
 ) {
     let tick = Duration::from_millis(100);
     let mut waited = Duration::ZERO;
-    let mut written = None;
+    // Nothing written since the mount: its state is the previous one's.
+    let mut written = Some(lld.write_totals().0);
     let mut said = false;
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(tick);
