@@ -254,6 +254,9 @@ fn block(rng: &mut ChaCha8Rng) -> Vec<u8> {
 #[derive(Default)]
 struct Snaps {
     kept: BTreeMap<u64, (State, Certainty)>,
+    /// Whether each acknowledged one was taken protected (every other
+    /// take: the kind byte must survive the crashes too).
+    protected: BTreeMap<u64, bool>,
     /// A take that failed at the power cut: the tree it would keep.
     maybe_taken: Option<State>,
 }
@@ -537,12 +540,18 @@ impl Cycle<'_> {
             return;
         }
         let state = self.hist.live();
-        let r = self.lld.take_snapshot("mix", 0);
+        let protected = self.tally.snapshots_taken % 2 == 1;
+        let r = if protected {
+            self.lld.take_protected(0)
+        } else {
+            self.lld.take_snapshot("mix", 0)
+        };
         let snaps = self.snaps.as_mut().expect("checked above");
         match r {
             Ok(n) => {
                 assert!(!snaps.kept.contains_key(&n), "snapshot number {n} twice");
                 snaps.kept.insert(n, (state, Certainty::Acknowledged));
+                snaps.protected.insert(n, protected);
                 self.hist.flushed = self.hist.log.len();
                 self.tally.snapshots_taken += 1;
             }
@@ -969,7 +978,18 @@ fn check_snapshots(
     sn: &mut Snaps,
     universe: u64,
 ) -> Result<u64, String> {
-    let listed: Vec<u64> = lld.snapshots().iter().map(|s| s.number).collect();
+    let infos = lld.snapshots();
+    for s in &infos {
+        if let Some(&p) = sn.protected.get(&s.number) {
+            if s.protected != p {
+                return Err(format!(
+                    "snapshot {} came back protected: {}, taken protected: {p}",
+                    s.number, s.protected
+                ));
+            }
+        }
+    }
+    let listed: Vec<u64> = infos.iter().map(|s| s.number).collect();
     let maybe_taken = sn.maybe_taken.take();
     for n in &listed {
         if sn.kept.contains_key(n) {

@@ -360,3 +360,58 @@ fn a_snapshot_reads_right_while_the_live_engine_churns_and_cleans() {
         eprintln!("seed {s}: the reader read the snapshot {rounds} times");
     });
 }
+
+/// A protected checkpoint (`protect=`) is kept and read as a snapshot, but
+/// what only protected checkpoints hold counts as available (they yield
+/// when space runs short), and a snapshot's never does; the flag survives
+/// close and open.
+#[test]
+fn a_protected_checkpoints_history_is_available_and_a_snapshots_is_not() {
+    with_seed("a_protected_checkpoints_history", 5, |s| {
+        let mut rng = ChaCha8Rng::seed_from_u64(s);
+        let dev = Arc::new(MemoryDevice::new(24 << 20));
+        let lld = Lld::create(dev.clone(), &mkfs(), opts()).unwrap();
+        let a = lld.create_list(None, ListHints::default()).unwrap();
+        let mut then = Blocks::new();
+        fill(&lld, a, 0, 300, &mut rng, &mut then);
+        lld.checkpoint_now().unwrap();
+        let before = lld.space().available_bytes;
+        let p = lld.take_protected(1_700_000_000).unwrap();
+        lld.delete_list(None, a).unwrap();
+        lld.checkpoint_now().unwrap();
+        let history = lld.history_bytes();
+        assert!(history >= 300 * 4096, "history {history}");
+        let with_protected = lld.space().available_bytes;
+        // The deleted blocks are available: only the protected one holds them.
+        assert!(
+            with_protected >= before + 300 * 4096,
+            "available {before} -> {with_protected} with {history} protected"
+        );
+        let listed = lld.snapshots();
+        assert_eq!((listed[0].number, listed[0].protected), (p, true));
+        assert_eq!(read_all(&reader(&dev, p).unwrap(), a), then);
+
+        // A snapshot of the same moment holds the same segments: now
+        // nothing is held by protected checkpoints alone.
+        lld.close().unwrap();
+        drop(lld);
+        let lld = Lld::open(dev.clone(), opts()).unwrap();
+        assert!(lld.snapshots()[0].protected, "the flag survives reopening");
+        let b = lld.create_list(None, ListHints::default()).unwrap();
+        let mut now = Blocks::new();
+        fill(&lld, b, 0, 300, &mut rng, &mut now);
+        let n = lld.take_snapshot("kept", 1_700_000_100).unwrap();
+        lld.delete_list(None, b).unwrap();
+        lld.checkpoint_now().unwrap();
+        let space = lld.space();
+        let footprint = space.capacity_bytes - space.available_bytes;
+        assert!(
+            footprint >= 300 * 4096,
+            "the snapshot's history is not available: footprint {footprint}"
+        );
+        lld.delete_snapshot(p).unwrap();
+        lld.delete_snapshot(n).unwrap();
+        assert_eq!(lld.history_bytes(), 0);
+        assert!(lld.check_usage().unwrap().is_empty());
+    });
+}

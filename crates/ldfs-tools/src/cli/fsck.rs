@@ -105,7 +105,19 @@ fn run(a: &FsckArgs) -> Result<u8, String> {
         Err(e) => (None, Some(e.to_string())),
         Ok(f) => {
             let on = crate::fuse::mount::mounted_on(image);
-            let why = on.map(|on| format!("{} is mounted on {}", image.display(), on.display()));
+            let mut why =
+                on.map(|on| format!("{} is mounted on {}", image.display(), on.display()));
+            // A snapshot mount holds no image lock (it runs beside the live
+            // one) but its snapshot's: a repair may drop snapshots, so it
+            // waits until none is mounted. One mounted after this check is
+            // not seen (the reader locks no more than its own snapshot).
+            if why.is_none() && repair && ldfs::lld::SnapshotLock::any_held(&f).unwrap_or(false) {
+                why = Some(format!(
+                    "a snapshot of {} is mounted (`ldfs checkpoints {}` says where)",
+                    image.display(),
+                    image.display()
+                ));
+            }
             (Some(f), why)
         }
     };

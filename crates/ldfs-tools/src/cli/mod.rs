@@ -1,11 +1,13 @@
 //! The `ldfs` command: `mkfs`, `mount` (also as the mount helper
 //! `mount.fuse.ldfs`), `fsck` (also as `fsck.ldfs`), `sync`, `stats`,
-//! `checkpoint`, `clean`, `scrub`, `trim`, `inspect` and `bench` (engine, cleaner, fs, ...):
+//! `checkpoint`, `snapshot`, `checkpoints`, `clean`, `scrub`, `trim`, `inspect` and `bench`
+//! (engine, cleaner, fs, ...):
 //! one module per command, each parsing its own options and doing its work;
 //! `main` only dispatches.
 
 pub mod bench;
 pub mod checkpoint;
+pub mod checkpoints;
 pub mod clean;
 pub mod control;
 pub mod fsck;
@@ -13,6 +15,7 @@ pub mod inspect;
 pub mod mkfs;
 pub mod mount;
 pub mod scrub;
+pub mod snapshot;
 pub mod stats;
 pub mod sync;
 pub mod trim;
@@ -61,7 +64,10 @@ enum Cmd {
         /// but a full file system is then seen at writeback, not by
         /// write(2): see the README), cleaner=POLICY|off, clean_start=N,
         /// clean_stop=N (clean-segment watermarks), dev, nodev, suid, nosuid,
-        /// exec, noexec, atime, noatime, sync, async.
+        /// exec, noexec, atime, noatime, sync, async; ro,snapshot=N mounts
+        /// snapshot (or protected checkpoint) N read-only beside the live
+        /// mount; protect=DURATION keeps a protected checkpoint every
+        /// DURATION/8 for DURATION (they yield when space runs short).
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,
         #[arg(long, hide = true)]
@@ -77,6 +83,13 @@ enum Cmd {
     /// Write a checkpoint of a mounted ldfs now (the next mount, even after
     /// a crash, then has nothing to roll forward).
     Checkpoint { mountpoint: PathBuf },
+    /// Take a snapshot of a mounted ldfs now (a checkpoint kept until it is
+    /// deleted; mount it with -o ro,snapshot=N) and print its number, or
+    /// delete one with --delete N (refused while it is mounted).
+    Snapshot(snapshot::SnapshotArgs),
+    /// List the snapshots of a mounted ldfs or an unmounted image, and its
+    /// newest checkpoint: number, time, name, the space only it holds.
+    Checkpoints(checkpoints::CheckpointsArgs),
     /// Serve the in-memory FUSE ceiling file system on DIR in the foreground
     /// (a benchmark target: FUSE with no storage at all).
     #[command(hide = true)]
@@ -177,6 +190,8 @@ pub fn main() -> ExitCode {
             .map_err(Into::into),
         Cmd::Stats { mountpoint } => stats::run(&mountpoint),
         Cmd::Checkpoint { mountpoint } => checkpoint::run(&mountpoint),
+        Cmd::Snapshot(a) => snapshot::run(a),
+        Cmd::Checkpoints(a) => checkpoints::run(a),
         Cmd::Sync { mountpoint } => sync::run(&mountpoint).map_err(Into::into),
         Cmd::Clean(a) => clean::run(a),
         Cmd::Scrub(a) => return scrub::main(a),

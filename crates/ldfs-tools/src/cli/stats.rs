@@ -57,6 +57,7 @@ pub(crate) fn stats_text(lld: &ldfs::lld::Lld) -> String {
         st.writes_coalesced,
         st.segments_discarded
     ) + &compression_text(&st)
+        + &history_text(lld)
 }
 
 /// What compressing lists took since mount: bytes given to the engine,
@@ -79,6 +80,38 @@ fn compression_text(st: &ldfs::lld::EngineStats) -> String {
         st.blocks_recompressed,
         st.recompress_bytes_saved
     )
+}
+
+/// What history holds: in all, and what each snapshot alone holds (its
+/// deletion would give that back).
+fn history_text(lld: &ldfs::lld::Lld) -> String {
+    let snaps = lld.snapshots();
+    let mut t = format!(
+        "history bytes (held only for snapshots; used, not available): {}
+snapshots: {} of at most {}
+",
+        lld.history_bytes(),
+        snaps.len(),
+        ldfs::lld::snapshot::MAX_SNAPSHOTS
+    );
+    for s in snaps {
+        t += &format!(
+            "  {} {}: {} bytes only it holds{}\n",
+            if s.protected {
+                "protected checkpoint"
+            } else {
+                "snapshot"
+            },
+            s.number,
+            s.held_alone_bytes,
+            if s.name.is_empty() {
+                String::new()
+            } else {
+                format!(" ({:?})", s.name)
+            }
+        );
+    }
+    t
 }
 
 /// The data device of a dual file system as `inspect` and `stats` show

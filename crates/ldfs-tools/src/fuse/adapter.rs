@@ -57,6 +57,9 @@ pub struct FuseFs {
     pub nodiratime: bool,
     /// FORGETs served so far (see `room`).
     pub forgets: AtomicU64,
+    /// Gives space back when an operation finds none (`-o protect=`:
+    /// deletes the oldest protected checkpoint); true if it freed some.
+    pub yield_space: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
 }
 
 /// How long an operation that found no space waits for a FORGET to free
@@ -109,8 +112,17 @@ impl FuseFs {
     /// was about to cure. A real ENOSPC costs at most `FORGET_WAIT` more
     /// when no FORGET comes, and at most about `FORGET_WAIT_TOTAL` while
     /// unrelated ones keep coming.
+    ///
+    /// First, while protected checkpoints hold space, the oldest is given
+    /// up and the operation tried again (DESIGN "Snapshots": protection
+    /// yields before a write fails).
     fn room<T>(&self, f: impl Fn() -> Result<T, FsError>) -> Result<T, FsError> {
-        retry_while_forgets(&self.forgets, FORGET_WAIT, FORGET_WAIT_TOTAL, f)
+        retry_while_forgets(&self.forgets, FORGET_WAIT, FORGET_WAIT_TOTAL, || loop {
+            match f() {
+                Err(FsError::NoSpace) if self.yield_space.as_ref().is_some_and(|y| y()) => {}
+                r => return r,
+            }
+        })
     }
 
     /// The set-ID bits a change of `ino` by `req` clears (the kernel's

@@ -50,7 +50,18 @@ struct Daemon {
     scrub: Arc<Scrub>,
     /// What the last `trim` command did (read back by `ldfs trim`).
     last_trim: std::sync::Mutex<String>,
+    /// The image, absolute (its snapshots' locks are taken on it).
+    image: PathBuf,
+    /// The snapshot this mount serves, if it is a snapshot mount.
+    snapshot: Option<u64>,
+    /// The results of the last `snapshot` commands, by the token each
+    /// command carried, for `ldfs snapshot` to read back (its own, even
+    /// when several run at once). At most `SNAPSHOT_RESULTS` are kept.
+    snapshot_results: std::sync::Mutex<std::collections::VecDeque<(String, String)>>,
 }
+
+/// How many `snapshot` command results the daemon keeps.
+const SNAPSHOT_RESULTS: usize = 64;
 
 /// A scrub of the mounted file system, run on a thread of its own.
 #[derive(Default)]
@@ -153,6 +164,25 @@ impl Control for Daemon {
                 .expect("last_trim poisoned")
                 .clone()
                 .into_bytes()),
+            "checkpoints" => {
+                Ok(
+                    crate::cli::checkpoints::listing(&self.lld, &self.image, self.snapshot)
+                        .to_string()
+                        .into_bytes(),
+                )
+            }
+            q if q.starts_with("snapshot.") => {
+                let token = &q["snapshot.".len()..];
+                let results = self
+                    .snapshot_results
+                    .lock()
+                    .expect("snapshot_results poisoned");
+                results
+                    .iter()
+                    .find(|(t, _)| t == token)
+                    .map(|(_, r)| r.clone().into_bytes())
+                    .ok_or_else(|| format!("no snapshot command {token:?}"))
+            }
             "remount-ro" => self.remount_ro().map(|()| Vec::new()),
             "remount-rw" => self.remount_rw().map(|()| Vec::new()),
             other => Err(format!("unknown query {other}")),
@@ -219,6 +249,23 @@ impl Control for Daemon {
                     other => Err(format!("scrub: start or stop, not {other:?}")),
                 }
             }
+            "snapshot" => {
+                let req = crate::cli::snapshot::SnapshotRequest::parse(&text)?;
+                let r = self.snapshot_command(&req.action);
+                let kept = match &r {
+                    Ok(v) => v.to_string(),
+                    Err(e) => serde_json::json!({ "error": e }).to_string(),
+                };
+                let mut results = self
+                    .snapshot_results
+                    .lock()
+                    .expect("snapshot_results poisoned");
+                if results.len() >= SNAPSHOT_RESULTS {
+                    results.pop_front();
+                }
+                results.push_back((req.token, kept));
+                r.map(|_| ())
+            }
             "trim" => {
                 let (segs, bytes) = self.lld.trim().map_err(|e| e.to_string())?;
                 *self.last_trim.lock().expect("last_trim poisoned") =
@@ -231,11 +278,57 @@ impl Control for Daemon {
 }
 
 impl Daemon {
+    /// `ldfs snapshot`: takes or deletes a snapshot; the result as JSON.
+    fn snapshot_command(
+        &self,
+        action: &crate::cli::snapshot::SnapshotAction,
+    ) -> Result<serde_json::Value, String> {
+        use crate::cli::snapshot::SnapshotAction;
+        if let Some(n) = self.snapshot {
+            return Err(format!(
+                "this is a read-only mount of snapshot {n}: take and delete snapshots through the live mount"
+            ));
+        }
+        if self.dual.is_some() {
+            return Err("a dual file system updates its data in place: it has no snapshots".into());
+        }
+        match action {
+            SnapshotAction::Take { name } => {
+                let secs = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                // Protected checkpoints yield to a snapshot (for a pin bit
+                // or for space), oldest first.
+                let n = loop {
+                    match self.lld.take_snapshot(name, secs) {
+                        Ok(n) => break n,
+                        Err(_) if yield_protected(&self.lld, &self.image) => {}
+                        Err(e) => return Err(format!("no snapshot taken: {e}")),
+                    }
+                };
+                eprintln!("ldfs: snapshot {n} taken ({name:?})");
+                Ok(serde_json::json!({ "number": n, "name": name, "time": secs }))
+            }
+            &SnapshotAction::Delete { number } => {
+                // Exclusive and non-blocking: a reader's shared lock (a
+                // snapshot mount) refuses the deletion; held until the
+                // checkpoint recording it is durable (DESIGN "Snapshots").
+                delete_kept(&self.lld, &self.image, number)?;
+                eprintln!("ldfs: snapshot {number} deleted");
+                Ok(serde_json::json!({ "deleted": number }))
+            }
+        }
+    }
+
     /// Refuses changes from now on, stops the background cleaner and
     /// writes a checkpoint holding everything accepted before: the image is
     /// then as an unmount leaves it (systemd remounts read-only at
     /// shutdown, before it may cut power).
     fn remount_ro(&self) -> Result<(), String> {
+        if self.snapshot.is_some() {
+            // Read-only from the start: nothing to stop or write.
+            return Ok(());
+        }
         self.fs.set_read_only(true).map_err(|e| e.to_string())?;
         {
             let mut before = self
@@ -334,6 +427,12 @@ pub struct MountOpts {
     /// The zstd level the cleaner stores cold blocks of compressing files
     /// with as it moves them (`compress_cold=zstd:LEVEL`; off by default).
     pub compress_cold: Option<u8>,
+    /// Mount snapshot N read-only beside the live tree (`snapshot=N`, with
+    /// `ro`): see `run`.
+    pub snapshot: Option<u64>,
+    /// Keep the states of this last span as protected checkpoints
+    /// (`protect=DURATION`; off by default): see `protect_loop`.
+    pub protect: Option<Duration>,
 }
 
 /// An option that is on, off, or on where it can be had (the default).
@@ -366,6 +465,8 @@ impl Default for MountOpts {
             discard: false,
             compress: None,
             compress_cold: None,
+            snapshot: None,
+            protect: None,
         }
     }
 }
@@ -435,6 +536,17 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
                 );
             }
             ("meta", Some(v)) if !v.is_empty() => o.meta = Some(PathBuf::from(v)),
+            ("protect", Some("0" | "off")) => o.protect = None,
+            ("protect", Some(v)) => {
+                o.protect = Some(parse_duration(v).map_err(|e| format!("protect={v}: {e}"))?);
+            }
+            ("snapshot", Some(v)) => {
+                o.snapshot = Some(v.parse().ok().filter(|&n: &u64| n > 0).ok_or_else(|| {
+                    format!(
+                        "snapshot={v}: a snapshot's number (`ldfs checkpoints IMAGE` lists them)"
+                    )
+                })?);
+            }
             ("transport", Some(v)) => o.transport = v.parse()?,
             ("dev", None) => o.fuse.push(MountOption::Dev),
             ("nodev", None) => o.fuse.push(MountOption::NoDev),
@@ -481,6 +593,16 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
             _ => return Err(format!("unknown mount option '{item}'")),
         }
     }
+    if let Some(n) = o.snapshot {
+        if !o.read_only {
+            return Err(format!(
+                "snapshot={n}: a snapshot is read-only; mount it with -o ro,snapshot={n}"
+            ));
+        }
+    }
+    if o.protect.is_some() && o.read_only && !o.remount {
+        return Err("protect= keeps the states a writable mount goes through: not with ro".into());
+    }
     if let (Some(a), Some(b)) = (o.clean_start, o.clean_stop) {
         if b < a {
             return Err(format!(
@@ -489,6 +611,139 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
         }
     }
     Ok(o)
+}
+
+/// A span as `protect=` takes it: seconds, or a number with s, m, h or d;
+/// from a second to a year.
+pub fn parse_duration(v: &str) -> Result<Duration, String> {
+    let (num, unit) = match v.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => (&v[..i], &v[i..]),
+        None => (v, "s"),
+    };
+    let mult = match unit {
+        "s" => 1,
+        "m" | "min" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("unknown unit {unit:?} (s, m, h or d)")),
+    };
+    let secs = num
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|&s| (1..=366 * 86_400).contains(&s))
+        .ok_or("a span from 1s to 366d")?;
+    Ok(Duration::from_secs(secs))
+}
+
+/// How many protected checkpoints `protect=` keeps over its span: one
+/// every span/8 (at least a commit interval apart). Each takes a pin bit,
+/// which snapshots share (24 in all).
+const PROTECT_KEPT: u64 = 8;
+
+/// Seconds since 1970 now.
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Deletes kept checkpoint `n` unless a reader holds it (a snapshot
+/// mount): takes its lock exclusively, non-blocking (DESIGN "Snapshots").
+fn delete_kept(lld: &Lld, image: &Path, n: u64) -> Result<(), String> {
+    let f = File::options()
+        .read(true)
+        .write(true)
+        .open(image)
+        .map_err(|e| format!("{}: {e}", image.display()))?;
+    let _lock = ldfs::lld::SnapshotLock::exclusive(f, n).map_err(|e| {
+        if e.kind() != std::io::ErrorKind::WouldBlock {
+            return format!("locking snapshot {n}: {e}");
+        }
+        let on = snapshot_mounted_on(image, n);
+        if on.is_empty() {
+            format!("snapshot {n} is in use (opened by another process, perhaps a mount in another namespace): not deleted")
+        } else {
+            let dirs: Vec<String> = on.iter().map(|d| d.display().to_string()).collect();
+            format!(
+                "snapshot {n} is mounted on {}: unmount it first; not deleted",
+                dirs.join(", ")
+            )
+        }
+    })?;
+    lld.delete_snapshot(n)
+        .map_err(|e| format!("snapshot {n} not deleted: {e}"))
+}
+
+/// Space is short: deletes the oldest protected checkpoint no one has
+/// mounted, saying so in the log (syslog for a background daemon). True if
+/// one was deleted. Snapshots never yield.
+pub(crate) fn yield_protected(lld: &Lld, image: &Path) -> bool {
+    for s in lld.snapshots().iter().filter(|s| s.protected) {
+        if delete_kept(lld, image, s.number).is_ok() {
+            eprintln!(
+                "ldfs: space is short: deleted protected checkpoint {} (of {}) to make room",
+                s.number,
+                crate::cli::checkpoints::time_text(s.time_secs)
+            );
+            return true;
+        }
+    }
+    false
+}
+
+/// `protect=`: every `every` takes a protected checkpoint if anything was
+/// written since the last, and deletes those older than `keep` (plus one
+/// interval, so the state of `keep` ago is still there). Stops with `stop`.
+/// Paused while the mount is read-only (`remount,ro`: a shutdown expects
+/// no more writes).
+fn protect_loop(
+    lld: Arc<Lld>,
+    fs: Arc<Fs>,
+    image: PathBuf,
+    keep: Duration,
+    every: Duration,
+    stop: &AtomicBool,
+) {
+    let tick = Duration::from_millis(100);
+    let mut waited = Duration::ZERO;
+    // Nothing written since the mount: its state is the previous one's.
+    let mut written = Some(lld.write_totals().0);
+    let mut said = false;
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(tick);
+        waited += tick;
+        if waited < every {
+            continue;
+        }
+        waited = Duration::ZERO;
+        if fs.is_read_only() {
+            continue;
+        }
+        let now = now_secs();
+        let oldest_kept = now.saturating_sub(keep.as_secs() + every.as_secs());
+        for s in lld.snapshots() {
+            if s.protected && s.time_secs < oldest_kept {
+                // A mounted one stays until it is unmounted.
+                let _ = delete_kept(&lld, &image, s.number);
+            }
+        }
+        let user = lld.write_totals().0;
+        if written == Some(user) {
+            continue;
+        }
+        match lld.take_protected(now) {
+            Ok(_) => {
+                written = Some(user);
+                said = false;
+            }
+            Err(e) if !said => {
+                eprintln!("ldfs: protect: no protected checkpoint taken: {e}");
+                said = true;
+            }
+            Err(_) => {}
+        }
+    }
 }
 
 /// How long a mount or fsck waits for a daemon that is still writing its
@@ -595,6 +850,36 @@ pub(crate) fn lock_image(image: &Path, exclusive: bool, who: &str) -> Result<Fil
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The mount source of snapshot `n` of the image at `canon` (absolute).
+pub(crate) fn snapshot_source(canon: &Path, n: u64) -> String {
+    format!("{}@snapshot={n}", canon.display())
+}
+
+/// Where snapshot `n` of `image` is mounted (in this namespace).
+pub(crate) fn snapshot_mounted_on(image: &Path, n: u64) -> Vec<PathBuf> {
+    let Ok(canon) = std::fs::canonicalize(image) else {
+        return Vec::new();
+    };
+    let want = snapshot_source(&canon, n);
+    mounts()
+        .into_iter()
+        .filter(|m| m.kind.starts_with("fuse") && m.source == want)
+        .map(|m| m.dir)
+        .collect()
+}
+
+/// A snapshot reader's lock (shared) on snapshot `n` of `image`.
+fn lock_snapshot(image: &Path, n: u64) -> Result<ldfs::lld::SnapshotLock, String> {
+    let f = File::open(image).map_err(|e| format!("{}: {e}", image.display()))?;
+    ldfs::lld::SnapshotLock::shared(f, n).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            format!("{}: snapshot {n} is being deleted", image.display())
+        } else {
+            format!("{}: locking snapshot {n}: {e}", image.display())
+        }
+    })
 }
 
 /// Where the image is mounted, if a live FUSE mount of it is listed in
@@ -974,8 +1259,11 @@ pub fn run(
     if opts.remount {
         return remount(&dir, &opts);
     }
-    if let Some(on) = mounted_on(&image) {
-        return bind_mount(&on, &dir, &opts);
+    // A snapshot mount is a daemon of its own beside the live one.
+    if opts.snapshot.is_none() {
+        if let Some(on) = mounted_on(&image) {
+            return bind_mount(&on, &dir, &opts);
+        }
     }
     if !foreground {
         return spawn_daemon(&image, &dir, &options);
@@ -988,12 +1276,42 @@ pub fn run(
     // is waited for (up to a minute for an exiting daemon): nothing is
     // mounted or opened yet, so nothing needs a clean end. Blocked from
     // here on, before any thread starts, for the signal thread.
-    let _lock = lock_image(&image, true, "ldfs").map_err(|e| e.to_string())?;
+    // A snapshot mount takes no image lock (the live mount holds it
+    // exclusively) but its snapshot's, shared, before the engine reads the
+    // slot: a deletion is then refused while it is mounted (DESIGN
+    // "Snapshots"). It opens the image read-only: the kernel refuses any
+    // write it could make.
+    let (_lock, _snapshot_lock) = match opts.snapshot {
+        None => (
+            Some(lock_image(&image, true, "ldfs").map_err(|e| e.to_string())?),
+            None,
+        ),
+        Some(n) => (None, Some(lock_snapshot(&image, n)?)),
+    };
     let sigset = block_signals();
-    let dev = FileDevice::open(&image, FileDeviceOptions::default())
-        .map_err(|e| format!("{}: {e}", image.display()))?;
-    let dev: Arc<dyn Device> = Arc::new(with_direct_writes(dev, &image, opts.direct_writes)?);
+    let dev: Arc<dyn Device> = if opts.snapshot.is_some() {
+        Arc::new(
+            FileDevice::open_read_only(&image).map_err(|e| format!("{}: {e}", image.display()))?,
+        )
+    } else {
+        let dev = FileDevice::open(&image, FileDeviceOptions::default())
+            .map_err(|e| format!("{}: {e}", image.display()))?;
+        Arc::new(with_direct_writes(dev, &image, opts.direct_writes)?)
+    };
+    if let (Some(n), true) = (opts.snapshot, ldfs::dual::is_data_device(&*dev)) {
+        return Err(format!(
+            "snapshot={n}: {} is a dual file system, whose data is updated in place: it has no snapshots",
+            image.display()
+        ));
+    }
+    if opts.protect.is_some() && ldfs::dual::is_data_device(&*dev) {
+        return Err(format!(
+            "protect=: {} is a dual file system, whose data is updated in place: it keeps no checkpoints",
+            image.display()
+        ));
+    }
     let lld_opts = LldOptions {
+        snapshot: opts.snapshot,
         read_only: opts.read_only,
         map_budget_bytes: opts.cache_bytes,
         cleaner: ldfs::lld::CleanerOptions {
@@ -1051,11 +1369,14 @@ pub fn run(
     );
 
     // By its absolute path: a mount or fsck of the image, from any
-    // directory, finds this mount in /proc/self/mounts.
-    let source = std::fs::canonicalize(&image)
-        .unwrap_or_else(|_| image.clone())
-        .display()
-        .to_string();
+    // directory, finds this mount in /proc/self/mounts. A snapshot mount's
+    // source names its snapshot, so that it is never taken for the live
+    // mount (nor bound to by a second mount of the image).
+    let canon_image = std::fs::canonicalize(&image).unwrap_or_else(|_| image.clone());
+    let source = match opts.snapshot {
+        None => canon_image.display().to_string(),
+        Some(n) => snapshot_source(&canon_image, n),
+    };
     let mut cfg = Config::default();
     cfg.mount_options = vec![
         MountOption::FSName(source.clone()),
@@ -1090,8 +1411,15 @@ pub fn run(
         ring_served: ring_served.clone(),
         scrub: scrub.clone(),
         last_trim: std::sync::Mutex::new("no trim since mount\n".into()),
+        image: canon_image.clone(),
+        snapshot: opts.snapshot,
+        snapshot_results: std::sync::Mutex::new(std::collections::VecDeque::new()),
     });
     let want_uring = transport::choose(opts.transport)?;
+    let yield_space = opts.protect.map(|_| {
+        let (lld, image) = (lld.clone(), canon_image.clone());
+        Arc::new(move || yield_protected(&lld, &image)) as Arc<dyn Fn() -> bool + Send + Sync>
+    });
     let fuse_fs = Arc::new(FuseFs {
         fs: fs.clone(),
         no_open: AtomicBool::new(false),
@@ -1100,6 +1428,7 @@ pub fn run(
         atime: opts.atime,
         nodiratime: opts.nodiratime,
         forgets: std::sync::atomic::AtomicU64::new(0),
+        yield_space,
     });
     let start = want_uring.then(|| Arc::new(uring::Start::default()));
     let session = Session::new(
@@ -1208,6 +1537,12 @@ pub fn run(
             }
         })
     };
+    let protector = opts.protect.map(|keep| {
+        let (lld, fs, image, stop) = (lld.clone(), fs.clone(), canon_image.clone(), stop.clone());
+        let every =
+            Duration::from_secs(opts.commit_secs.max(keep.as_secs().div_ceil(PROTECT_KEPT)));
+        std::thread::spawn(move || protect_loop(lld, fs, image, keep, every, &stop))
+    });
     if let Some(announce) = announce {
         announce();
     }
@@ -1218,6 +1553,9 @@ pub fn run(
     let ring = rings.map_or(Ok(()), join_uring);
     stop.store(true, Ordering::Relaxed);
     let _ = committer.join();
+    if let Some(p) = protector {
+        let _ = p.join();
+    }
     scrub.stop_and_join();
     drop(fs);
     let closed = match &dual {
@@ -1410,7 +1748,19 @@ fn remount(dir: &Path, opts: &MountOpts) -> Result<(), String> {
         .canonicalize()
         .map_err(|e| format!("remount: {}: {e}", dir.display()))?;
     match top_mount(&canon) {
-        Some(m) if m.kind == "fuse.ldfs" => {}
+        Some(m) if m.kind == "fuse.ldfs" => {
+            // A snapshot mount's source is IMAGE@snapshot=N (`run`).
+            let snapshot = m
+                .source
+                .rsplit_once("@snapshot=")
+                .map(|(_, n)| n.to_string());
+            if let (Some(n), true) = (snapshot, opts.ro_given && !opts.read_only) {
+                return Err(format!(
+                    "remount: {} is a mount of snapshot {n}, which is read-only",
+                    dir.display()
+                ));
+            }
+        }
         _ => return Err(format!("remount: no ldfs mount at {}", dir.display())),
     }
     let c = std::ffi::CString::new(canon.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
@@ -1762,6 +2112,52 @@ mod tests {
         assert!(parse("commit=0").is_err());
         assert!(parse("cache=10K").is_err());
         assert!(parse("frobnicate").unwrap_err().contains("frobnicate"));
+    }
+
+    #[test]
+    fn protect_takes_a_span_on_a_writable_mount() {
+        let d = |v: &str| parse(v).unwrap().protect.map(|d| d.as_secs());
+        assert_eq!(d("protect=90"), Some(90));
+        assert_eq!(d("protect=40s"), Some(40));
+        assert_eq!(d("protect=30m"), Some(1800));
+        assert_eq!(d("protect=1h"), Some(3600));
+        assert_eq!(d("protect=2d"), Some(2 * 86_400));
+        assert_eq!(d("protect=1h,protect=off"), None);
+        assert_eq!(d(""), None, "off by default");
+        for bad in [
+            "protect=",
+            "protect=1y",
+            "protect=h",
+            "protect=367d",
+            "protect=-1h",
+        ] {
+            assert!(parse(bad).unwrap_err().contains("protect="), "{bad}");
+        }
+        assert!(parse("ro,protect=1h").unwrap_err().contains("not with ro"));
+    }
+
+    #[test]
+    fn a_snapshot_is_mounted_read_only_by_number() {
+        assert_eq!(parse("ro,snapshot=12").unwrap().snapshot, Some(12));
+        assert_eq!(parse("snapshot=3,ro").unwrap().snapshot, Some(3));
+        assert_eq!(parse("ro").unwrap().snapshot, None);
+        for bad in ["snapshot=3", "rw,snapshot=3", "ro,snapshot=3,rw"] {
+            assert!(
+                parse(bad).unwrap_err().contains("-o ro,snapshot=3"),
+                "{bad}"
+            );
+        }
+        for bad in [
+            "ro,snapshot=",
+            "ro,snapshot=x",
+            "ro,snapshot=0",
+            "ro,snapshot=-1",
+        ] {
+            assert!(
+                parse(bad).unwrap_err().contains("snapshot's number"),
+                "{bad}"
+            );
+        }
     }
 
     /// With its device unknown, the mount at the mount point is ours only

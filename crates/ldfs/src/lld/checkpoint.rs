@@ -358,6 +358,7 @@ mod tests {
             next_list: 11,
             pin: 3,
             name: "n".into(),
+            protected: true,
         });
         let b = encode(&g, &h, &usage, &[]);
         assert_eq!(get_u32(&b, C_VERSION), CHECKPOINT_VERSION_SNAPSHOTS);

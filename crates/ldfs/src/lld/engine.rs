@@ -288,7 +288,11 @@ pub(crate) struct Inner {
 
 /// A change to the snapshot table, made at a checkpoint's snapshot point.
 enum SnapChange {
-    Take { name: String, time_secs: u64 },
+    Take {
+        name: String,
+        time_secs: u64,
+        protected: bool,
+    },
     Delete(u64),
 }
 
@@ -1733,7 +1737,11 @@ impl Engine {
         // snapshot taken here pins the segments holding live bytes.
         match change {
             None => {}
-            Some(SnapChange::Take { name, time_secs }) => {
+            Some(SnapChange::Take {
+                name,
+                time_secs,
+                protected,
+            }) => {
                 let used = g.snapshots.iter().fold(0u32, |m, s| m | 1 << s.pin);
                 let pin = (0..PIN_BITS)
                     .find(|b| used & (1 << b) == 0)
@@ -1746,6 +1754,7 @@ impl Engine {
                     next_list: g.next_list,
                     pin,
                     name,
+                    protected,
                 });
             }
             Some(SnapChange::Delete(number)) => {
@@ -3002,11 +3011,17 @@ impl LogicalDisk for Engine {
         // summary records and ARU reservations take. Dead space is not
         // counted as used: the cleaner turns it into clean segments while
         // writes wait.
+        // What only protected checkpoints hold is available too: they
+        // yield when a write needs the space (DESIGN "Snapshots").
         let g = self.lock();
         let capacity = self.capacity_bytes();
+        let yielding = g.usage.held_only_within(protected_pins(&g.snapshots));
         SpaceStats {
             capacity_bytes: capacity,
-            available_bytes: capacity.saturating_sub(self.footprint_bytes(&g, Class::User)),
+            available_bytes: capacity
+                .saturating_sub(self.footprint_bytes(&g, Class::User))
+                .saturating_add(yielding)
+                .min(capacity),
             live_bytes: g.usage.live_bytes_total() + g.pending.data_bytes() as u64,
         }
     }
@@ -3807,6 +3822,18 @@ impl Engine {
     /// name or when `MAX_SNAPSHOTS` are kept, with `NoSpace` if live data
     /// and what history would hold then no longer fit the capacity.
     pub fn take_snapshot(&self, name: &str, time_secs: u64) -> LdResult<u64> {
+        self.take_kept(name, time_secs, false)
+    }
+
+    /// Takes a protected checkpoint (`protect=`): kept and read as a
+    /// snapshot, but what only protected checkpoints hold counts as
+    /// available in `space()`, since they are deleted, oldest first, when
+    /// space runs short (by the caller: the engine reads no clock).
+    pub fn take_protected(&self, time_secs: u64) -> LdResult<u64> {
+        self.take_kept("", time_secs, true)
+    }
+
+    fn take_kept(&self, name: &str, time_secs: u64, protected: bool) -> LdResult<u64> {
         snapshot::check_name(name).map_err(LdError::InvalidArgument)?;
         let name = name.to_string();
         let serial = self.checkpoint_quiet_with(SNAPSHOT_ARU_WAIT, &mut |e, g| {
@@ -3838,6 +3865,7 @@ impl Engine {
             Ok(Some(SnapChange::Take {
                 name: name.clone(),
                 time_secs,
+                protected,
             }))
         })?;
         serial.ok_or_else(|| {
@@ -3874,8 +3902,16 @@ impl Engine {
                 name: s.name.clone(),
                 entries: s.map_root.map_or(0, |r| r.2),
                 held_alone_bytes: g.usage.held_only_by(s.pin),
+                protected: s.protected,
             })
             .collect()
+    }
+
+    /// The serial of the newest durable checkpoint: the next snapshot's
+    /// number is above it. An engine opened at a snapshot reports the
+    /// serial of the slot it found the snapshot in.
+    pub fn checkpoint_serial(&self) -> u64 {
+        self.lock().serial
     }
 
     /// Bytes of segments kept only for snapshots (counted as used, not
@@ -3961,6 +3997,14 @@ impl Engine {
     pub(crate) fn checkpoints_finished(&self) -> u64 {
         self.lock().stats.checkpoints
     }
+}
+
+/// The pin bits of the protected checkpoints in `table`.
+fn protected_pins(table: &[SnapshotRecord]) -> u32 {
+    table
+        .iter()
+        .filter(|s| s.protected)
+        .fold(0, |m, s| m | 1 << s.pin)
 }
 
 /// How long taking or deleting a snapshot waits for open ARUs to end.

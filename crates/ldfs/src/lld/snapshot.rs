@@ -39,6 +39,7 @@ const S_MAP_CRC: usize = 24;
 const S_MAP_HEIGHT: usize = 28;
 const S_PIN: usize = 29;
 const S_NAME_LEN: usize = 30;
+const S_KIND: usize = 31;
 const S_MAP_ENTRIES: usize = 32;
 const S_NEXT_LIST: usize = 40;
 const S_NAME: usize = 56;
@@ -59,6 +60,9 @@ pub struct SnapshotRecord {
     /// The usage table's pin bit for this snapshot's segments.
     pub pin: u32,
     pub name: String,
+    /// A protected checkpoint (`protect=`): kept like a snapshot, but its
+    /// history counts as available and it yields when space runs short.
+    pub protected: bool,
 }
 
 /// What `Engine::snapshots` reports about one snapshot.
@@ -72,6 +76,8 @@ pub struct SnapshotInfo {
     /// Bytes its deletion would give back now: the segments pinned by it
     /// alone, less what the live tree still uses in them.
     pub held_alone_bytes: u64,
+    /// A protected checkpoint rather than a snapshot.
+    pub protected: bool,
 }
 
 /// Checks a name given for a new snapshot.
@@ -128,6 +134,7 @@ pub fn encode_table(b: &mut [u8], table: &[SnapshotRecord], serial: u64) {
         }
         r[S_PIN] = s.pin as u8;
         r[S_NAME_LEN] = s.name.len() as u8;
+        r[S_KIND] = s.protected as u8;
         put_u64(r, S_NEXT_LIST, s.next_list);
         r[S_NAME..S_NAME + s.name.len()].copy_from_slice(s.name.as_bytes());
     }
@@ -179,6 +186,11 @@ pub fn decode_table(
         if len > MAX_NAME_BYTES {
             return Err(bad(at, format!("snapshot {number}: name of {len} bytes")));
         }
+        let protected = match r[S_KIND] {
+            0 => false,
+            1 => true,
+            k => return Err(bad(at, format!("snapshot {number}: kind {k}"))),
+        };
         let Ok(name) = std::str::from_utf8(&r[S_NAME..S_NAME + len]) else {
             return Err(bad(at, format!("snapshot {number}: name is not UTF-8")));
         };
@@ -219,6 +231,7 @@ pub fn decode_table(
             next_list: get_u64(r, S_NEXT_LIST),
             pin,
             name: name.to_string(),
+            protected,
         });
     }
     Ok(out)
@@ -256,6 +269,24 @@ impl SnapshotLock {
 
     pub fn number(&self) -> u64 {
         self.number
+    }
+
+    /// Whether any snapshot of the image `file` is open in a reader (or
+    /// being deleted) now: a repair that may drop snapshots must not run
+    /// under one.
+    pub fn any_held(file: &File) -> std::io::Result<bool> {
+        // SAFETY: as in `ofd_lock`.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = libc::F_WRLCK as i16;
+        fl.l_whence = libc::SEEK_SET as i16;
+        fl.l_start = lock_byte(0);
+        fl.l_len = 1 << 61;
+        // SAFETY: a valid fd and a pointer to a live flock.
+        let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(fl.l_type != libc::F_UNLCK as i16)
     }
 }
 
@@ -309,6 +340,7 @@ mod tests {
             next_list: 40,
             pin,
             name: name.into(),
+            protected: number % 2 == 1,
         }
     }
 
@@ -334,6 +366,9 @@ mod tests {
         c[TABLE_AT + RECORD_BYTES + S_PIN] = 0;
         assert!(decode_table(&c, 0, 12, |_| true).is_err(), "pin bit twice");
         let mut c = b.clone();
+        c[TABLE_AT + S_KIND] = 2;
+        assert!(decode_table(&c, 0, 12, |_| true).is_err(), "kind");
+        let mut c = b.clone();
         c[TABLE_AT + S_NAME_LEN] = MAX_NAME_BYTES as u8 + 1;
         assert!(decode_table(&c, 0, 12, |_| true).is_err(), "long name");
         let mut c = b.clone();
@@ -357,7 +392,9 @@ mod tests {
                 .open(&dir)
                 .unwrap()
         };
+        assert!(!SnapshotLock::any_held(&open()).unwrap());
         let r1 = SnapshotLock::shared(open(), 4).unwrap();
+        assert!(SnapshotLock::any_held(&open()).unwrap());
         let r2 = SnapshotLock::shared(open(), 4).unwrap();
         let e = SnapshotLock::exclusive(open(), 4).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
@@ -374,8 +411,10 @@ mod tests {
             SnapshotLock::shared(open(), 4).is_err(),
             "deletion under way"
         );
+        assert!(SnapshotLock::any_held(&open()).unwrap(), "a deletion");
         drop(d);
         SnapshotLock::shared(open(), 4).unwrap();
+        assert!(!SnapshotLock::any_held(&open()).unwrap());
         std::fs::remove_file(&dir).unwrap();
     }
 }

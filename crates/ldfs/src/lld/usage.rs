@@ -350,6 +350,17 @@ impl Usage {
             .sum()
     }
 
+    /// Bytes only the snapshots with pin bits in `mask` hold together:
+    /// segments pinned by none outside it, less their live bytes (what
+    /// deleting all of them frees).
+    pub fn held_only_within(&self, mask: u32) -> u64 {
+        self.segs
+            .iter()
+            .filter(|u| u.pins != 0 && u.pins & !mask == 0)
+            .map(|u| (self.segment_bytes - u.live_bytes) as u64)
+            .sum()
+    }
+
     /// The union of the pin bits in use.
     pub fn pin_mask(&self) -> u32 {
         self.segs.iter().fold(0, |m, u| m | u.pins)
@@ -528,6 +539,8 @@ mod tests {
         assert!(u.releasable().is_empty(), "a pinned segment is released");
         assert_eq!(u.history_bytes(), 2 * seg as u64 - 600);
         assert_eq!(u.held_only_by(0), 2 * seg as u64 - 600);
+        assert_eq!(u.held_only_within(1), 2 * seg as u64 - 600);
+        assert_eq!(u.held_only_within(0), 0);
         // Encoded and decoded, the pins and the totals come back.
         let mut b = Vec::new();
         u.encode(&[], &mut b);
@@ -541,6 +554,12 @@ mod tests {
             seg as u64,
             "segment 1 is pinned by bit 0 alone"
         );
+        assert_eq!(
+            u.held_only_within(1),
+            seg as u64,
+            "segment 2 is also bit 5's"
+        );
+        assert_eq!(u.held_only_within(1 | 1 << 5), 2 * seg as u64 - 600);
         u.unpin(0);
         assert_eq!(u.releasable(), vec![SegmentId(1)]);
         assert_eq!(u.history_bytes(), seg as u64 - 600);
