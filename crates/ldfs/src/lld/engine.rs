@@ -1493,15 +1493,14 @@ impl Engine {
     fn retire(&self, g: &mut Inner, aru: u64, old: &MapEntry) {
         if old.is_buffered() {
             let slot = old.addr as usize;
-            let old_aru = g
+            let w = g
                 .pending
                 .write_at(slot)
-                .expect("buffered entry without its write")
-                .aru;
+                .expect("buffered entry without its write");
+            let (old_aru, key) = (w.aru, w.key);
             if aru == 0 || aru == old_aru {
                 g.pending.drop_write(slot);
             } else if let Some(state) = g.arus.get_mut(&aru) {
-                let key = g.pending.write_at(slot).expect("checked above").key;
                 // Entries of partials already sealed can never be dropped
                 // (`drop_superseded`), and sequence numbers only grow.
                 if state.superseded.last().is_some_and(|s| s.seq != g.log.seq) {
