@@ -302,7 +302,14 @@ impl Daemon {
                 let n = loop {
                     match self.lld.take_snapshot(name, secs) {
                         Ok(n) => break n,
-                        Err(_) if yield_protected(&self.lld, &self.image) => {}
+                        // Only space or a pin bit can be had back from a
+                        // protected checkpoint: any other refusal (a bad
+                        // name, ARUs that stayed open) must not delete them.
+                        Err(e)
+                            if (matches!(e, ldfs::ld::LdError::NoSpace { .. })
+                                || self.lld.snapshots().len()
+                                    >= ldfs::lld::snapshot::MAX_SNAPSHOTS)
+                                && yield_protected(&self.lld, &self.image) => {}
                         Err(e) => return Err(format!("no snapshot taken: {e}")),
                     }
                 };

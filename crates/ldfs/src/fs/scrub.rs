@@ -393,8 +393,13 @@ impl Walk<'_> {
         if let Some(rate) = self.opts.rate.filter(|&r| r > 0) {
             let due = Duration::from_secs_f64(self.report.bytes as f64 / rate as f64);
             let spent = self.start.elapsed();
-            if due > spent {
-                std::thread::sleep(due - spent);
+            // In slices, so that a stop (unmount) is seen within 100 ms
+            // even at a rate of a few bytes a second.
+            let mut left = due.saturating_sub(spent);
+            while !left.is_zero() && !self.opts.stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+                let nap = left.min(Duration::from_millis(100));
+                std::thread::sleep(nap);
+                left -= nap;
             }
         }
         if self.last_progress.elapsed() >= Duration::from_secs(1) {
