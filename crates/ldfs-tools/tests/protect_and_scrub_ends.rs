@@ -132,12 +132,10 @@ fn unmount_during_a_slow_scrub_ends_promptly() {
 }
 
 /// A request that cannot fit even with no history at all (fallocate of
-/// ten times the file system) still makes `room()` delete every protected
-/// checkpoint, one retry each, before it fails with ENOSPC. KNOWN DEFECT,
-/// not fixed yet (review 22, finding 3): `FsError::NoSpace` carries no
-/// `needed`/`available`, so `room()` cannot tell; ignored until it does.
+/// ten times the file system) fails with ENOSPC and deletes no protected
+/// checkpoint (review 22, finding 3: `room()` deleted them all, one retry
+/// each; `FsError::NoSpace` now says how short the device was).
 #[test]
-#[ignore]
 fn an_allocation_that_cannot_fit_keeps_the_protected_checkpoints() {
     if !fuse_usable() {
         return;

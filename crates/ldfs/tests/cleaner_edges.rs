@@ -200,8 +200,8 @@ fn after_a_checkpoint_a_full_file_system_refuses_every_unlink() {
     loop {
         match fs.write(big, off, &vec![0x5a; len]) {
             Ok(n) => off += n as u64,
-            Err(FsError::NoSpace) if len > 512 => len /= 2,
-            Err(FsError::NoSpace) => break,
+            Err(FsError::NoSpace { .. }) if len > 512 => len /= 2,
+            Err(FsError::NoSpace { .. }) => break,
             Err(e) => panic!("fill: {e:?}"),
         }
     }
@@ -638,12 +638,12 @@ fn a_full_file_system_with_half_its_small_files_unlinked_takes_new_files() {
         let len = rng.gen_range(100..1500);
         let ino = match fs.mknod(CTX, dir, name.as_bytes(), 0o100644, 0) {
             Ok(a) => a.ino,
-            Err(FsError::NoSpace) => break 'fill,
+            Err(FsError::NoSpace { .. }) => break 'fill,
             Err(e) => panic!("seed {seed}: create: {e:?}"),
         };
         match fs.write(ino, 0, &vec![n as u8; len]) {
             Ok(_) => files.push((dir, name, len)),
-            Err(FsError::NoSpace) => {
+            Err(FsError::NoSpace { .. }) => {
                 fs.unlink(dir, name.as_bytes()).unwrap();
                 break 'fill;
             }

@@ -260,7 +260,7 @@ fn a_full_data_device_says_no_space_and_deleting_frees_it() {
             loop {
                 match fs.write(ino, off, &vec![byte; len]) {
                     Ok(n) => off += n as u64,
-                    Err(FsError::NoSpace) => break,
+                    Err(FsError::NoSpace { .. }) => break,
                     Err(e) => panic!("filling: {e}"),
                 }
             }
@@ -279,7 +279,7 @@ fn a_full_data_device_says_no_space_and_deleting_frees_it() {
     );
     assert!(matches!(
         fs.write(g, 0, &[1; 64 << 10]),
-        Err(FsError::NoSpace)
+        Err(FsError::NoSpace { .. })
     ));
     let punch = FallocMode {
         keep_size: true,

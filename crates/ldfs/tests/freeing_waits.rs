@@ -597,7 +597,7 @@ fn fs_full_run(
         };
         let ino = match fs.mknod(CTX, dir, name.as_bytes(), 0o100644, 0) {
             Ok(a) => a.ino,
-            Err(FsError::NoSpace) => break 'fill,
+            Err(FsError::NoSpace { .. }) => break 'fill,
             Err(e) => return Err(format!("create: {e:?}")),
         };
         match fs.write(ino, 0, &vec![n as u8; len]) {
@@ -605,7 +605,7 @@ fn fs_full_run(
                 files.push((dir, name, ino, len));
                 data += len as u64;
             }
-            Err(FsError::NoSpace) => {
+            Err(FsError::NoSpace { .. }) => {
                 fs.unlink(dir, name.as_bytes())
                     .map_err(|e| format!("unlink of the file that did not fit: {e:?}"))?;
                 break 'fill;

@@ -292,7 +292,7 @@ fn every_failure_point_of(name: &str, image: &Image, dev: usize, inos: &Inos, op
         // may have no room for one).
         let create = |fs: &Fs, name: &[u8]| match fs.mknod(CTX, ROOT_INO, name, 0o100644, 0) {
             Ok(a) => Some(a.ino),
-            Err(FsError::NoSpace) => None,
+            Err(FsError::NoSpace { .. }) => None,
             Err(e) => panic!("{when}: creating a file: {e}"),
         };
         let later = create(&m.fs, b"later");
@@ -573,7 +573,7 @@ fn renames_of_large_inode_records_on_a_full_file_system_commit_whole_or_not_at_a
         assert!(
             matches!(
                 m.fs.write(inos["big"], 0, &[1; 4096]),
-                Err(FsError::NoSpace)
+                Err(FsError::NoSpace { .. })
             ),
             "the file system is not full"
         );
@@ -611,7 +611,10 @@ fn holes_can_be_punched_and_files_deleted_on_a_full_file_system_on(layout: Layou
     let g = fs.mknod(CTX, ROOT_INO, b"g", 0o100644, 0).unwrap().ino;
     let h = fs.mknod(CTX, ROOT_INO, b"h", 0o100644, 0).unwrap().ino;
     fill(fs, &*m.ld, f);
-    assert!(matches!(fs.write(g, 0, &[1; 4096]), Err(FsError::NoSpace)));
+    assert!(matches!(
+        fs.write(g, 0, &[1; 4096]),
+        Err(FsError::NoSpace { .. })
+    ));
     let size = fs.getattr(f).unwrap().size;
     let punch = FallocMode {
         keep_size: true,
@@ -692,7 +695,7 @@ fn growing_files_on_a_full_file_system_gets_enospc_and_deletes_still_work() {
         };
         match r {
             Ok(()) => grown += 1,
-            Err(FsError::NoSpace) => assert_eq!(fs.getattr(ino).unwrap().size, 2000),
+            Err(FsError::NoSpace { .. }) => assert_eq!(fs.getattr(ino).unwrap().size, 2000),
             Err(e) => panic!("growing small{k}: {e}"),
         }
     }
@@ -894,7 +897,7 @@ fn a_big_removal_failing_at_any_step_keeps_the_file_and_the_engine_writable() {
             let when = format!("{name}, its change {n} failing ({r:?})");
             let failed = ld.changes.load(std::sync::atomic::Ordering::SeqCst) >= done + n;
             if failed {
-                assert!(matches!(r, Err(FsError::NoSpace)), "{when}");
+                assert!(matches!(r, Err(FsError::NoSpace { .. })), "{when}");
                 assert_eq!(snapshot(&fs), before, "{when}: the file changed");
                 check_clean(&fs, &when);
             }
@@ -959,13 +962,16 @@ fn unlinking_a_file_of_200000_blocks_on_a_full_file_system_failing_at_any_step()
         let fs = Fs::mount(ld.clone(), FsOptions::default()).unwrap();
         assert!(matches!(
             fs.write(inos["big"], 0, &[2; 4096]),
-            Err(FsError::NoSpace)
+            Err(FsError::NoSpace { .. })
         ));
         let r = fs.unlink(ROOT_INO, b"many");
         let failed = ld.changes.load(std::sync::atomic::Ordering::SeqCst) >= n;
         ld.fail_at.store(0, std::sync::atomic::Ordering::SeqCst);
         if failed {
-            assert!(matches!(r, Err(FsError::NoSpace)), "change {n}: {r:?}");
+            assert!(
+                matches!(r, Err(FsError::NoSpace { .. })),
+                "change {n}: {r:?}"
+            );
             let many = inos["many"];
             assert_eq!(fs.getattr(many).unwrap().size, BLOCKS * 4096);
             assert_eq!(fs.read(many, (BLOCKS - 1) * 4096, 1).unwrap(), vec![1]);
@@ -1081,7 +1087,7 @@ fn operations_refused_on_a_full_file_system_keep_the_long_capability_they_would_
     ];
     for (name, op) in ops {
         assert!(
-            matches!(op(&m.fs, &inos), Err(FsError::NoSpace)),
+            matches!(op(&m.fs, &inos), Err(FsError::NoSpace { .. })),
             "{name}: not refused"
         );
         assert_eq!(

@@ -173,7 +173,7 @@ fn size_name_and_xattr_limits(fs: Fs) {
         k += 1;
     };
     assert!(
-        matches!(full, Err(FsError::NoSpace)) && k == 7,
+        matches!(full, Err(FsError::NoSpace { .. })) && k == 7,
         "{k}: {full:?}"
     );
     let report = fs.check().unwrap();
@@ -402,12 +402,12 @@ fn deletes_on_a_full_file_system_with_the_cleaner_running() {
             let name = format!("f{n}");
             let f = match fs.mknod(CTX, d, name.as_bytes(), 0o100644, 0) {
                 Ok(a) => a.ino,
-                Err(FsError::NoSpace) => break,
+                Err(FsError::NoSpace { .. }) => break,
                 Err(e) => panic!("cycle {cycle}: create {name}: {e:?}"),
             };
             match fs.write(f, 0, &chunk) {
                 Ok(_) => n += 1,
-                Err(FsError::NoSpace) => {
+                Err(FsError::NoSpace { .. }) => {
                     fs.unlink(d, name.as_bytes()).unwrap_or_else(|e| {
                         panic!("cycle {cycle}: unlink {name} when full: {e:?}")
                     });
@@ -463,7 +463,7 @@ fn dual_data_device_fills_and_empties_cleanly() {
             let f = fs.mknod(CTX, d, name.as_bytes(), 0o100644, 0).unwrap().ino;
             match fs.write(f, 0, &chunk) {
                 Ok(_) => n += 1,
-                Err(FsError::NoSpace) => {
+                Err(FsError::NoSpace { .. }) => {
                     assert_eq!(fs.getattr(f).unwrap().size, 0, "a failed write left bytes");
                     fs.unlink(d, name.as_bytes()).unwrap();
                     break;
@@ -856,7 +856,7 @@ fn an_inode_with_the_most_long_values(fs: Fs) {
     }
     assert!(matches!(
         fs.setxattr(f, b"user.more", &value(0), XattrMode::Create),
-        Err(FsError::NoSpace)
+        Err(FsError::NoSpace { .. })
     ));
     let r = fs.inode_record(f).unwrap();
     assert!(r.encoded_len() <= 112 + 4096 + 32768 + 5 * 1024);

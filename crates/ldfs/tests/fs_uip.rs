@@ -102,12 +102,12 @@ fn full_uip_is_enospc_up_front_and_deletes_work() {
             let name = format!("f{n}");
             let f = match fs.mknod(CTX, ROOT_INO, name.as_bytes(), 0o100644, 0) {
                 Ok(a) => a.ino,
-                Err(FsError::NoSpace) => break,
+                Err(FsError::NoSpace { .. }) => break,
                 Err(e) => panic!("create {name}: {e:?}"),
             };
             match fs.write(f, 0, &chunk) {
                 Ok(_) => n += 1,
-                Err(FsError::NoSpace) => {
+                Err(FsError::NoSpace { .. }) => {
                     assert_eq!(
                         fs.getattr(f).unwrap().size,
                         0,

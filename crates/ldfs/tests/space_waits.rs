@@ -631,12 +631,12 @@ fn unlinks_go_on_over_a_dead_bad_sector() {
         let len = rng.gen_range(100..1500);
         let ino = match fs.mknod(CTX, dir, name.as_bytes(), 0o100644, 0) {
             Ok(a) => a.ino,
-            Err(FsError::NoSpace) => break,
+            Err(FsError::NoSpace { .. }) => break,
             Err(e) => panic!("{e:?}"),
         };
         match fs.write(ino, 0, &vec![n as u8; len]) {
             Ok(_) => files.push((dir, name, ino)),
-            Err(FsError::NoSpace) => {
+            Err(FsError::NoSpace { .. }) => {
                 fs.unlink(dir, name.as_bytes()).unwrap();
                 break;
             }
@@ -668,7 +668,7 @@ fn unlinks_go_on_over_a_dead_bad_sector() {
                     }
                 }
             }
-            Err(FsError::NoSpace) => nospace += 1,
+            Err(FsError::NoSpace { .. }) => nospace += 1,
             Err(e) => {
                 io += 1;
                 first_io.get_or_insert((u, format!("{e:?}")));

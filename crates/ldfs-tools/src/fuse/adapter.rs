@@ -58,8 +58,23 @@ pub struct FuseFs {
     /// FORGETs served so far (see `room`).
     pub forgets: AtomicU64,
     /// Gives space back when an operation finds none (`-o protect=`:
-    /// deletes the oldest protected checkpoint); true if it freed some.
-    pub yield_space: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
+    /// deletes the oldest protected checkpoint).
+    pub yield_space: Option<Arc<dyn GiveBack>>,
+}
+
+/// Space held by history that yields when a write needs it (`-o protect=`;
+/// DESIGN "Snapshots"). Giving back is serialised through a count of the
+/// times it happened, so operations failing at once take one deletion
+/// between them, not one each.
+pub trait GiveBack: Send + Sync {
+    /// How many times space has been given back so far.
+    fn given(&self) -> u64;
+    /// An operation tried when `given()` was `seen` lacked `short` bytes.
+    /// True if it should be tried again: space was given back since `seen`,
+    /// or is now (the oldest protected checkpoint deleted). False when
+    /// history cannot cover `short` even whole: nothing is deleted for a
+    /// request that cannot fit.
+    fn give_back(&self, short: u64, seen: u64) -> bool;
 }
 
 /// How long an operation that found no space waits for a FORGET to free
@@ -83,19 +98,37 @@ fn retry_while_forgets<T>(
     loop {
         let seen = forgets.load(Ordering::Acquire);
         match f() {
-            Err(FsError::NoSpace) => {
+            // Only space the device lacked can be freed by a FORGET.
+            Err(FsError::NoSpace { short: Some(s) }) => {
                 let began = *first.get_or_insert_with(std::time::Instant::now);
                 let t = std::time::Instant::now();
                 while forgets.load(Ordering::Acquire) == seen {
                     if t.elapsed() >= wait {
-                        return Err(FsError::NoSpace);
+                        return Err(FsError::NoSpace { short: Some(s) });
                     }
                     std::thread::sleep(Duration::from_millis(1));
                 }
                 if began.elapsed() >= total {
-                    return Err(FsError::NoSpace);
+                    return Err(FsError::NoSpace { short: Some(s) });
                 }
             }
+            r => return r,
+        }
+    }
+}
+
+/// Runs `f`, and again while it lacks space that `history` gives back.
+fn give_back_while_short<T>(
+    history: Option<&dyn GiveBack>,
+    f: impl Fn() -> Result<T, FsError>,
+) -> Result<T, FsError> {
+    let Some(h) = history else {
+        return f();
+    };
+    loop {
+        let seen = h.given();
+        match f() {
+            Err(FsError::NoSpace { short: Some(s) }) if h.give_back(s, seen) => {}
             r => return r,
         }
     }
@@ -117,11 +150,8 @@ impl FuseFs {
     /// up and the operation tried again (DESIGN "Snapshots": protection
     /// yields before a write fails).
     fn room<T>(&self, f: impl Fn() -> Result<T, FsError>) -> Result<T, FsError> {
-        retry_while_forgets(&self.forgets, FORGET_WAIT, FORGET_WAIT_TOTAL, || loop {
-            match f() {
-                Err(FsError::NoSpace) if self.yield_space.as_ref().is_some_and(|y| y()) => {}
-                r => return r,
-            }
+        retry_while_forgets(&self.forgets, FORGET_WAIT, FORGET_WAIT_TOTAL, || {
+            give_back_while_short(self.yield_space.as_deref(), &f)
         })
     }
 
@@ -146,7 +176,7 @@ impl FuseFs {
             return;
         }
         if let Err(e) = self.fs.accessed(ino, self.atime) {
-            if !matches!(e, FsError::NoSpace | FsError::ReadOnly) {
+            if !matches!(e, FsError::NoSpace { .. } | FsError::ReadOnly) {
                 eprintln!("ldfs: updating the atime of inode {ino}: {e}");
             }
         }
@@ -196,7 +226,7 @@ fn errno(e: &FsError) -> Errno {
         FsError::IsDir => libc::EISDIR,
         FsError::NotEmpty => libc::ENOTEMPTY,
         FsError::NameTooLong => libc::ENAMETOOLONG,
-        FsError::NoSpace => libc::ENOSPC,
+        FsError::NoSpace { .. } => libc::ENOSPC,
         FsError::ReadOnly => libc::EROFS,
         FsError::TooManyLinks => libc::EMLINK,
         FsError::FileTooBig => libc::EFBIG,
@@ -817,7 +847,7 @@ mod tests {
                 let r: Result<(), FsError> =
                     retry_while_forgets(&forgets, FORGET_WAIT, FORGET_WAIT_TOTAL, || {
                         calls.fetch_add(1, Ordering::Relaxed);
-                        Err(FsError::NoSpace)
+                        Err(FsError::NoSpace { short: Some(1) })
                     });
                 let _ = tx.send((r, calls.load(Ordering::Relaxed)));
             });
@@ -826,7 +856,7 @@ mod tests {
         stop.store(true, Ordering::Relaxed);
         ticker.join().unwrap();
         let (r, calls) = got.expect("ENOSPC held back while FORGETs keep coming");
-        assert!(matches!(r, Err(FsError::NoSpace)), "{r:?}");
+        assert!(matches!(r, Err(FsError::NoSpace { .. })), "{r:?}");
         assert!(calls > 1, "retried on FORGETs: {calls} calls");
     }
 
@@ -849,7 +879,7 @@ mod tests {
             if freed.load(Ordering::Acquire) {
                 Ok(7)
             } else {
-                Err(FsError::NoSpace)
+                Err(FsError::NoSpace { short: Some(1) })
             }
         });
         t.join().unwrap();
@@ -859,9 +889,9 @@ mod tests {
         let r: Result<(), FsError> =
             retry_while_forgets(&AtomicU64::new(0), FORGET_WAIT, FORGET_WAIT_TOTAL, || {
                 calls.fetch_add(1, Ordering::Relaxed);
-                Err(FsError::NoSpace)
+                Err(FsError::NoSpace { short: Some(1) })
             });
-        assert!(matches!(r, Err(FsError::NoSpace)), "{r:?}");
+        assert!(matches!(r, Err(FsError::NoSpace { .. })), "{r:?}");
         assert_eq!(calls.load(Ordering::Relaxed), 1);
         assert!(started.elapsed() < FORGET_WAIT_TOTAL);
         // Another error is returned at once, not retried.

@@ -26,7 +26,7 @@ use ldfs::fs::{Fs, FsOptions};
 use ldfs::ld::LogicalDisk;
 use ldfs::lld::{Lld, LldOptions};
 
-use crate::fuse::adapter::{Control, FuseFs};
+use crate::fuse::adapter::{Control, FuseFs, GiveBack};
 use crate::fuse::transport::{self, dev::Dev, uring, Transport};
 
 /// What `ldfs stats` and `ldfs clean` reach on a mounted file system.
@@ -58,6 +58,8 @@ struct Daemon {
     /// command carried, for `ldfs snapshot` to read back (its own, even
     /// when several run at once). At most `SNAPSHOT_RESULTS` are kept.
     snapshot_results: std::sync::Mutex<std::collections::VecDeque<(String, String)>>,
+    /// Protected checkpoints, yielding space to writes and to snapshots.
+    history: Arc<ProtectedHistory>,
 }
 
 /// How many `snapshot` command results the daemon keeps.
@@ -194,6 +196,7 @@ impl Control for Daemon {
         match name {
             "checkpoint" => self.lld.checkpoint_now().map_err(|e| e.to_string()),
             "clean" => {
+                self.writable("the cleaner runs")?;
                 let req = crate::cli::clean::CleanRequest::parse(&text)?;
                 self.cancel.store(false, Ordering::Relaxed);
                 let sum = self
@@ -217,6 +220,9 @@ impl Control for Daemon {
                     Some("off") => false,
                     other => return Err(format!("background: on or off, not {other:?}")),
                 };
+                if on {
+                    self.writable("the cleaner runs")?;
+                }
                 if let Some(p) = words.next() {
                     self.lld.set_cleaner_policy(p.parse()?);
                 }
@@ -267,6 +273,7 @@ impl Control for Daemon {
                 r.map(|_| ())
             }
             "trim" => {
+                self.writable("trim runs")?;
                 let (segs, bytes) = self.lld.trim().map_err(|e| e.to_string())?;
                 *self.last_trim.lock().expect("last_trim poisoned") =
                     format!("trimmed {segs} clean segments, {bytes} bytes\n");
@@ -278,6 +285,17 @@ impl Control for Daemon {
 }
 
 impl Daemon {
+    /// Refuses a command that writes the image while the mount is
+    /// read-only (`remount,ro`: a shutdown expects no more writes).
+    fn writable(&self, what: &str) -> Result<(), String> {
+        if self.fs.is_read_only() {
+            return Err(format!(
+                "the file system is mounted read-only: {what} only on a read-write mount"
+            ));
+        }
+        Ok(())
+    }
+
     /// `ldfs snapshot`: takes or deletes a snapshot; the result as JSON.
     fn snapshot_command(
         &self,
@@ -292,6 +310,7 @@ impl Daemon {
         if self.dual.is_some() {
             return Err("a dual file system updates its data in place: it has no snapshots".into());
         }
+        self.writable("snapshots are taken and deleted")?;
         match action {
             SnapshotAction::Take { name } => {
                 let secs = std::time::SystemTime::now()
@@ -300,16 +319,19 @@ impl Daemon {
                 // Protected checkpoints yield to a snapshot (for a pin bit
                 // or for space), oldest first.
                 let n = loop {
+                    let seen = self.history.given();
                     match self.lld.take_snapshot(name, secs) {
                         Ok(n) => break n,
                         // Only space or a pin bit can be had back from a
                         // protected checkpoint: any other refusal (a bad
                         // name, ARUs that stayed open) must not delete them.
-                        Err(e)
-                            if (matches!(e, ldfs::ld::LdError::NoSpace { .. })
-                                || self.lld.snapshots().len()
-                                    >= ldfs::lld::snapshot::MAX_SNAPSHOTS)
-                                && yield_protected(&self.lld, &self.image) => {}
+                        Err(ldfs::ld::LdError::NoSpace { needed, available })
+                            if self
+                                .history
+                                .give_back(needed.saturating_sub(available).max(1), seen) => {}
+                        Err(_)
+                            if self.lld.snapshots().len() >= ldfs::lld::snapshot::MAX_SNAPSHOTS
+                                && self.history.give_back(0, seen) => {}
                         Err(e) => return Err(format!("no snapshot taken: {e}")),
                     }
                 };
@@ -682,10 +704,51 @@ fn delete_kept(lld: &Lld, image: &Path, n: u64) -> Result<(), String> {
         .map_err(|e| format!("snapshot {n} not deleted: {e}"))
 }
 
+/// The protected checkpoints of a live mount, giving space back to
+/// writes (`FuseFs::room`) and to snapshots, one deletion at a time.
+pub(crate) struct ProtectedHistory {
+    lld: Arc<Lld>,
+    image: PathBuf,
+    /// Deletions so far; its lock serialises them.
+    given: std::sync::Mutex<u64>,
+}
+
+impl ProtectedHistory {
+    pub(crate) fn new(lld: Arc<Lld>, image: PathBuf) -> ProtectedHistory {
+        ProtectedHistory {
+            lld,
+            image,
+            given: std::sync::Mutex::new(0),
+        }
+    }
+}
+
+impl GiveBack for ProtectedHistory {
+    fn given(&self) -> u64 {
+        *self.given.lock().expect("given poisoned")
+    }
+
+    fn give_back(&self, short: u64, seen: u64) -> bool {
+        let mut given = self.given.lock().expect("given poisoned");
+        if *given != seen {
+            // Another operation gave some back after this one tried.
+            return true;
+        }
+        if self.lld.protected_bytes() < short {
+            // Even all of it would not do: keep it (a request that cannot
+            // fit deletes nothing).
+            return false;
+        }
+        let gave = yield_protected(&self.lld, &self.image);
+        *given += u64::from(gave);
+        gave
+    }
+}
+
 /// Space is short: deletes the oldest protected checkpoint no one has
 /// mounted, saying so in the log (syslog for a background daemon). True if
 /// one was deleted. Snapshots never yield.
-pub(crate) fn yield_protected(lld: &Lld, image: &Path) -> bool {
+fn yield_protected(lld: &Lld, image: &Path) -> bool {
     for s in lld.snapshots().iter().filter(|s| s.protected) {
         if delete_kept(lld, image, s.number).is_ok() {
             eprintln!(
@@ -1407,6 +1470,7 @@ pub fn run(
     let transport_text = Arc::new(std::sync::Mutex::new("/dev/fuse".to_string()));
     let ring_served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let scrub = Arc::new(Scrub::default());
+    let history = Arc::new(ProtectedHistory::new(lld.clone(), canon_image.clone()));
     let control: Arc<dyn Control> = Arc::new(Daemon {
         lld: lld.clone(),
         dual: dual.clone(),
@@ -1421,12 +1485,13 @@ pub fn run(
         image: canon_image.clone(),
         snapshot: opts.snapshot,
         snapshot_results: std::sync::Mutex::new(std::collections::VecDeque::new()),
+        history: history.clone(),
     });
     let want_uring = transport::choose(opts.transport)?;
-    let yield_space = opts.protect.map(|_| {
-        let (lld, image) = (lld.clone(), canon_image.clone());
-        Arc::new(move || yield_protected(&lld, &image)) as Arc<dyn Fn() -> bool + Send + Sync>
-    });
+    // Protected checkpoints yield to writes whether or not this mount
+    // takes new ones (an earlier mount's `protect=` may have left some).
+    let yield_space =
+        (opts.snapshot.is_none() && !opts.read_only).then(|| history.clone() as Arc<dyn GiveBack>);
     let fuse_fs = Arc::new(FuseFs {
         fs: fs.clone(),
         no_open: AtomicBool::new(false),
@@ -2200,5 +2265,129 @@ mod tests {
         let attached = e.attached();
         assert_eq!(unsafe { libc::umount2(c.as_ptr(), 0) }, 0);
         assert!(!attached, "a tmpfs taken for our mount");
+    }
+
+    /// An engine on an image file holding `n` protected checkpoints, each
+    /// keeping 64 blocks the live tree has since deleted.
+    fn with_protected(n: usize) -> (tempfile::TempDir, PathBuf, Arc<Lld>) {
+        use ldfs::ld::ListHints;
+        let (t, image, lld) = engine();
+        for i in 0..n {
+            let l = lld.create_list(None, ListHints::default()).unwrap();
+            for b in 0..64 {
+                lld.write(None, l, b, &[i as u8 + 1; 4096]).unwrap();
+            }
+            lld.checkpoint_now().unwrap();
+            lld.take_protected(1_700_000_000 + i as u64).unwrap();
+            lld.delete_list(None, l).unwrap();
+        }
+        lld.checkpoint_now().unwrap();
+        (t, image, lld)
+    }
+
+    /// An engine on a fresh 32 MiB image file.
+    fn engine() -> (tempfile::TempDir, PathBuf, Arc<Lld>) {
+        let t = tempfile::tempdir().unwrap();
+        let image = t.path().join("p.img");
+        let dev = FileDevice::create(&image, 32 << 20, FileDeviceOptions::default()).unwrap();
+        let mk = ldfs::lld::layout::MkfsOptions {
+            segment_bytes: 256 << 10,
+            max_block_bytes: 64 << 10,
+            reserved_segments: Some(8),
+            fs_id: 0x9e5,
+        };
+        let lld = Arc::new(Lld::create(Arc::new(dev), &mk, LldOptions::default()).unwrap());
+        (t, image, lld)
+    }
+
+    /// Review 22, finding 3: a request short of more than all protected
+    /// history holds deletes nothing; one it can cover takes the oldest.
+    #[test]
+    fn protected_history_yields_only_to_a_request_it_can_cover() {
+        let (_t, image, lld) = with_protected(3);
+        let h = ProtectedHistory::new(lld.clone(), image);
+        let held = lld.protected_bytes();
+        assert!(held >= 3 * 64 * 4096, "protected checkpoints hold {held}");
+        let seen = h.given();
+        assert!(!h.give_back(held + 1, seen), "a hopeless request yielded");
+        assert_eq!(lld.snapshots().len(), 3);
+        let oldest = lld.snapshots()[0].number;
+        assert!(h.give_back(4096, seen));
+        let left: Vec<u64> = lld.snapshots().iter().map(|s| s.number).collect();
+        assert_eq!(left.len(), 2);
+        assert!(!left.contains(&oldest), "not the oldest deleted: {left:?}");
+        assert_eq!(h.given(), seen + 1);
+    }
+
+    /// Review 22: operations that fail at once take one deletion between
+    /// them; each is told to try again.
+    #[test]
+    fn concurrent_shortages_delete_one_protected_checkpoint() {
+        let (_t, image, lld) = with_protected(4);
+        let h = Arc::new(ProtectedHistory::new(lld.clone(), image));
+        let seen = h.given();
+        let go = Arc::new(std::sync::Barrier::new(6));
+        let threads: Vec<_> = (0..6)
+            .map(|_| {
+                let (h, go) = (h.clone(), go.clone());
+                std::thread::spawn(move || {
+                    go.wait();
+                    h.give_back(4096, seen)
+                })
+            })
+            .collect();
+        for t in threads {
+            assert!(t.join().unwrap(), "a failed operation not retried");
+        }
+        assert_eq!(lld.snapshots().len(), 3, "{:?}", lld.snapshots());
+        assert_eq!(h.given(), seen + 1);
+    }
+
+    /// Review 22: after `remount,ro` the daemon refuses what would write
+    /// the image (the kernel refuses the setxattr first; this is the
+    /// daemon's own guard), and accepts it again after `remount,rw`.
+    #[test]
+    fn a_live_mount_remounted_read_only_refuses_snapshot_trim_and_clean() {
+        let (_t, image, lld) = engine();
+        let ctx = ldfs::fs::Ctx {
+            uid: 0,
+            gid: 0,
+            umask: 0o022,
+        };
+        Fs::format(&*lld, ctx).unwrap();
+        let fs =
+            Arc::new(Fs::mount(lld.clone() as Arc<dyn LogicalDisk>, FsOptions::default()).unwrap());
+        let d = Daemon {
+            lld: lld.clone(),
+            dual: None,
+            fs,
+            cleaner_before_ro: std::sync::Mutex::new(None),
+            cancel: AtomicBool::new(false),
+            last_clean: std::sync::Mutex::new(String::new()),
+            transport: Arc::new(std::sync::Mutex::new(String::new())),
+            ring_served: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            scrub: Arc::new(Scrub::default()),
+            last_trim: std::sync::Mutex::new(String::new()),
+            image: image.clone(),
+            snapshot: None,
+            snapshot_results: std::sync::Mutex::new(std::collections::VecDeque::new()),
+            history: Arc::new(ProtectedHistory::new(lld.clone(), image)),
+        };
+        d.get("remount-ro").unwrap();
+        let kept = lld.snapshots().len();
+        for (name, value) in [
+            ("snapshot", "take t1 ro"),
+            ("trim", ""),
+            ("clean", "greedy 90 4"),
+            ("background", "on"),
+        ] {
+            let e = d.set(name, value.as_bytes()).unwrap_err();
+            assert!(e.contains("read-only"), "{name}: {e}");
+        }
+        assert_eq!(lld.snapshots().len(), kept);
+        d.get("remount-rw").unwrap();
+        d.set("trim", b"").unwrap();
+        d.set("snapshot", b"take t2 rw").unwrap();
+        assert_eq!(lld.snapshots().len(), kept + 1);
     }
 }

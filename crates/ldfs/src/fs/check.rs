@@ -892,7 +892,7 @@ impl Fs {
                         Ok((idx, entries)) => {
                             tx.add_found(&mut d, idx, entries, &e.name, e.ino, kind_of(e.kind))?
                         }
-                        Err(FsError::Exists | FsError::NoSpace | FsError::Io(_)) => {}
+                        Err(FsError::Exists | FsError::NoSpace { .. } | FsError::Io(_)) => {}
                         Err(e) => return Err(e),
                     }
                 }

@@ -82,8 +82,11 @@ pub enum FsError {
     NotEmpty,
     #[error("name longer than 255 bytes")]
     NameTooLong,
+    /// `short`: the bytes the device lacked, when more space (history
+    /// given back, a cleaner pass) could cure it; `None` when no space can
+    /// (a full directory bucket, an inode's attributes at their limit).
     #[error("no space left on device")]
-    NoSpace,
+    NoSpace { short: Option<u64> },
     #[error("read-only file system")]
     ReadOnly,
     #[error("too many links")]
@@ -113,7 +116,9 @@ pub type FsResult<T> = Result<T, FsError>;
 impl From<LdError> for FsError {
     fn from(e: LdError) -> FsError {
         match e {
-            LdError::NoSpace { .. } => FsError::NoSpace,
+            LdError::NoSpace { needed, available } => FsError::NoSpace {
+                short: Some(needed.saturating_sub(available).max(1)),
+            },
             LdError::ReadOnly(_) => FsError::ReadOnly,
             LdError::BadBlockLength { .. } | LdError::InvalidArgument(_) => {
                 FsError::Io(e.to_string())
@@ -1372,7 +1377,7 @@ impl Tx<'_> {
             return Err(FsError::Exists);
         }
         if entries.len() >= dir::BUCKET_MAX {
-            return Err(FsError::NoSpace);
+            return Err(FsError::NoSpace { short: None });
         }
         Ok((idx, entries))
     }
@@ -2305,7 +2310,7 @@ impl Tx<'_> {
         if i.xattr_bytes() - old + name.len() + in_record(value) > XATTR_MAX
             || (pos.is_err() && i.xattrs.len() >= inode::XATTR_COUNT_MAX)
         {
-            return Err(FsError::NoSpace);
+            return Err(FsError::NoSpace { short: None });
         }
         self.reserve(
             (i.encoded_len() + name.len() + value.len()) as u64
@@ -2564,7 +2569,7 @@ impl Drop for Tx<'_> {
 /// Appends an entry to a bucket, which holds at most `dir::BUCKET_MAX`.
 fn push_entry(entries: &mut Vec<dir::Entry>, name: &[u8], ino: u64, kind: Kind) -> FsResult<()> {
     if entries.len() >= dir::BUCKET_MAX {
-        return Err(FsError::NoSpace);
+        return Err(FsError::NoSpace { short: None });
     }
     entries.push(dir::Entry {
         name: name.to_vec(),

@@ -3919,6 +3919,21 @@ impl Engine {
         self.lock().usage.history_bytes()
     }
 
+    /// Bytes the protected checkpoints hold that no snapshot shares: what
+    /// deleting all of them gives back (`-o protect=` yields no more).
+    pub fn protected_bytes(&self) -> u64 {
+        let g = self.lock();
+        let mask = g
+            .snapshots
+            .iter()
+            .filter(|s| s.protected)
+            .fold(0u32, |m, s| m | 1 << s.pin);
+        if mask == 0 {
+            return 0;
+        }
+        g.usage.held_only_within(mask)
+    }
+
     /// fsck for the kept trees: walks every snapshot's map (each page
     /// against its crc) and checks that every page and block it names lies
     /// in a segment carrying its pin bit, and with `data`, reads every

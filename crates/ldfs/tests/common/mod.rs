@@ -183,7 +183,7 @@ pub fn ok_or_expected<T>(r: Result<T, FsError>) -> Option<T> {
             | FsError::IsDir
             | FsError::NotEmpty
             | FsError::Invalid(_)
-            | FsError::NoSpace,
+            | FsError::NoSpace { .. },
         ) => None,
         Err(e) => panic!("unexpected error {e:?}"),
     }
