@@ -21,7 +21,7 @@ use crate::fuse::transport::{
     uring, Caller, DirEntry, DirEntryPlus, Entry, FuseOps, OpResult, Opened, SetattrIn, Statfs,
 };
 
-const TTL: Duration = Duration::from_secs(1);
+use crate::fuse::adapter::TTL;
 
 struct Node {
     attr: FileAttr,
@@ -247,12 +247,18 @@ impl FuseOps for MemFs {
 
     fn lookup(&self, _c: &Caller, parent: u64, name: &[u8]) -> OpResult<Entry> {
         let st = self.st.lock().unwrap();
-        st.nodes
-            .get(&parent)
-            .and_then(|p| p.children.get(OsStr::from_bytes(name)))
-            .and_then(|i| st.nodes.get(i))
-            .map(|n| entry(n.attr))
-            .ok_or(err(libc::ENOENT))
+        let p = st.nodes.get(&parent).ok_or(err(libc::ENOENT))?;
+        match p.children.get(OsStr::from_bytes(name)) {
+            Some(i) => st
+                .nodes
+                .get(i)
+                .map(|n| entry(n.attr))
+                .ok_or(err(libc::ENOENT)),
+            // As ldfs answers a miss (a negative entry), so the ceiling
+            // takes the same round trips.
+            None if name != b"." && name != b".." => Ok(crate::fuse::adapter::negative_entry()),
+            None => Err(err(libc::ENOENT)),
+        }
     }
 
     fn getattr(&self, ino: u64) -> OpResult<(FileAttr, Duration)> {
@@ -623,4 +629,31 @@ pub fn serve(
         rings.join();
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A miss is a negative entry (node id 0), as ldfs answers it, so the
+    /// ceiling takes the same round trips; "." and ".." and a missing
+    /// parent are plain ENOENT; a name made afterwards is found.
+    #[test]
+    fn a_missing_name_is_a_negative_entry_as_in_ldfs() {
+        let m = MemFs::new();
+        let c = Caller {
+            uid: 0,
+            gid: 0,
+            pid: 1,
+        };
+        let e = m.lookup(&c, 1, b"absent").unwrap();
+        assert_eq!(e.attr.ino, INodeNo(0));
+        assert_eq!(e.entry_ttl, crate::fuse::adapter::ENTRY_TTL);
+        assert!(m.lookup(&c, 1, b"..").is_err());
+        assert!(m.lookup(&c, 99, b"absent").is_err());
+        let made = m.mkdir(&c, 1, b"absent", 0o755, 0).unwrap();
+        let found = m.lookup(&c, 1, b"absent").unwrap();
+        assert_eq!(found.attr.ino, made.attr.ino);
+        assert_ne!(found.attr.ino, INodeNo(0));
+    }
 }

@@ -23,7 +23,7 @@ pub const MAX_WRITE_BYTES: usize = 1 << 20;
 /// How long the kernel may cache attributes. Every change goes through
 /// this process, and the kernel invalidates what it changes itself, except
 /// the atime a read through to ldfs sets: a stat sees that after this.
-const TTL: Duration = Duration::from_secs(1);
+pub(crate) const TTL: Duration = Duration::from_secs(1);
 
 /// How long the kernel may keep a name (and a missing one) without asking
 /// again. Names change only through this mount (the image's lock makes it
@@ -301,6 +301,17 @@ fn file_attr(a: &Attr) -> FileAttr {
 }
 
 /// The attributes of a negative entry: node id 0, nothing else read.
+/// A negative entry: the kernel caches the miss for `ENTRY_TTL` (see
+/// `lookup`; memfs answers the same, so the ceiling takes the same trips).
+pub(crate) fn negative_entry() -> Entry {
+    Entry {
+        attr: negative_attr(),
+        generation: 0,
+        ttl: TTL,
+        entry_ttl: ENTRY_TTL,
+    }
+}
+
 fn negative_attr() -> FileAttr {
     FileAttr {
         ino: INodeNo(0),
@@ -412,12 +423,7 @@ impl FuseOps for FuseFs {
             // this mount, and the kernel drops the negative dentry when it
             // makes one. Not for "." and "..", which look up node ids
             // (export support), not names.
-            Err(FsError::NotFound) if name != b"." && name != b".." => Ok(Entry {
-                attr: negative_attr(),
-                generation: 0,
-                ttl: TTL,
-                entry_ttl: ENTRY_TTL,
-            }),
+            Err(FsError::NotFound) if name != b"." && name != b".." => Ok(negative_entry()),
             r => self.entry(r),
         }
     }
