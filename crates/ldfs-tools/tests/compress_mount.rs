@@ -202,3 +202,90 @@ fn the_mount_option_compresses_every_new_file() {
     assert!(fs::read(mnt.join("noise")).unwrap() == noise);
     m.unmount();
 }
+
+/// `chattr +c` / `-c` / `lsattr` through FS_IOC_SETFLAGS and GETFLAGS, on
+/// `mnt`: `c` on a directory sets its policy (the mount's, zstd when that
+/// is off), files made there inherit it and are stored compressed; `-c` on
+/// one file turns it off (`user.ldfs.compress` = off); a flag ldfs does
+/// not keep (`+i`) is EOPNOTSUPP and changes nothing.
+pub fn chattr_c_sets_the_compression_policy(mnt: &Path) {
+    const COMPR: u32 = 0x4;
+    const IMMUTABLE: u32 = 0x10;
+    let value = |p: &Path| {
+        let (p, n) = (
+            cstr(p),
+            std::ffi::CString::new("user.ldfs.compress").unwrap(),
+        );
+        let mut buf = [0u8; 64];
+        let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), 64) };
+        (r >= 0).then(|| String::from_utf8_lossy(&buf[..r as usize]).into_owned())
+    };
+    let d = mnt.join("cdir");
+    fs::create_dir(&d).unwrap();
+    assert_eq!(common::get_flags(&d), Ok(0));
+    common::set_flags(&d, COMPR).unwrap();
+    assert_eq!(common::get_flags(&d), Ok(COMPR));
+    assert_eq!(value(&d).as_deref(), Some("zstd:3"));
+    let (l0, s0) = compression_stats(mnt);
+    let b = source(7, 256 << 10);
+    fs::write(d.join("f.rs"), &b).unwrap();
+    ldfs().arg("sync").arg(mnt).succeeds();
+    let (l1, s1) = compression_stats(mnt);
+    assert!(l1 - l0 >= b.len() as u64, "{l0} -> {l1} logical");
+    assert!((s1 - s0) * 3 < l1 - l0, "{s0} -> {s1} stored");
+    assert_eq!(common::get_flags(&d.join("f.rs")), Ok(COMPR));
+    common::set_flags(&d.join("f.rs"), 0).unwrap();
+    assert_eq!(common::get_flags(&d.join("f.rs")), Ok(0));
+    assert_eq!(value(&d.join("f.rs")).as_deref(), Some("off"));
+    assert_eq!(common::get_flags(&d), Ok(COMPR), "the directory kept c");
+    assert_eq!(
+        common::set_flags(&d.join("f.rs"), IMMUTABLE),
+        Err(libc::EOPNOTSUPP)
+    );
+    assert_eq!(common::get_flags(&d.join("f.rs")), Ok(0));
+    assert!(fs::read(d.join("f.rs")).unwrap() == b);
+    // The tools, where e2fsprogs is installed.
+    if Command::new("lsattr").arg("-v").output().is_ok() {
+        Command::new("chattr")
+            .arg("+c")
+            .arg(d.join("f.rs"))
+            .succeeds();
+        let out = Command::new("lsattr").arg(d.join("f.rs")).succeeds();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let flags = text.split_whitespace().next().unwrap_or("");
+        assert!(flags.contains('c'), "{text}");
+        assert_eq!(value(&d.join("f.rs")).as_deref(), Some("zstd:3"));
+    }
+}
+
+#[test]
+fn chattr_c_over_dev_fuse() {
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("c.img");
+    mkfs(&img, "128M");
+    let mnt = t.path().join("mnt");
+    let m = Mount::new(&img, &mnt, &["transport=dev"]);
+    chattr_c_sets_the_compression_policy(&mnt);
+    m.unmount();
+    // With compress=lz4, +c takes the mount's policy.
+    let m = Mount::new(&img, &mnt, &["transport=dev", "compress=lz4"]);
+    fs::create_dir(mnt.join("x")).unwrap();
+    assert_eq!(
+        common::get_flags(&mnt.join("x")),
+        Ok(0x4),
+        "compress=lz4 shows c"
+    );
+    common::set_flags(&mnt.join("x"), 0).unwrap();
+    common::set_flags(&mnt.join("x"), 0x4).unwrap();
+    let o = Command::new("getfattr")
+        .args(["--only-values", "-n", "user.ldfs.compress"])
+        .arg(mnt.join("x"))
+        .output();
+    if let Ok(o) = o {
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "lz4");
+    }
+    m.unmount();
+}

@@ -554,3 +554,25 @@ fn an_unlink_seconds_after_the_create_needs_no_lookup() {
     assert!(per <= 2.2, "{per:.2} requests per unlink");
     m.unmount();
 }
+
+/// `chattr +c` and `lsattr` over the ring: FUSE_IOCTL decoded, answered
+/// and its output sent back (FS_IOC_GETFLAGS, SETFLAGS); an unkept flag is
+/// EOPNOTSUPP. The full behaviour is in compress_mount.rs (over /dev/fuse).
+#[test]
+fn chattr_and_lsattr_over_the_ring() {
+    let Some((_g, _restore, _t, m)) = ring_mount("256M") else {
+        return;
+    };
+    let d = m.path("d");
+    fs::create_dir(&d).unwrap();
+    assert_eq!(common::get_flags(&d), Ok(0));
+    common::set_flags(&d, 0x4).unwrap();
+    assert_eq!(common::get_flags(&d), Ok(0x4));
+    fs::write(d.join("f"), b"inherits").unwrap();
+    assert_eq!(common::get_flags(&d.join("f")), Ok(0x4));
+    assert_eq!(common::set_flags(&d.join("f"), 0x10), Err(libc::EOPNOTSUPP));
+    common::set_flags(&d.join("f"), 0).unwrap();
+    assert_eq!(common::get_flags(&d.join("f")), Ok(0));
+    assert_eq!(fs::read(d.join("f")).unwrap(), b"inherits");
+    m.unmount();
+}

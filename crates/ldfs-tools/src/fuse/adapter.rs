@@ -193,6 +193,18 @@ pub trait Control: Send + Sync {
 
 const CONTROL_PREFIX: &str = "trusted.ldfs.";
 
+/// include/uapi/linux/fs.h: `_IOR('f', 1, long)`, `_IOW('f', 2, long)`
+/// and `_IOR('X', 31, struct fsxattr)` on 64-bit Linux (the kernel passes
+/// the command as the caller gave it; its argument is an int).
+const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
+const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+/// `struct fsxattr`'s size.
+const FSXATTR_BYTES: usize = 28;
+/// The `c` and `m` flags of chattr(1).
+const FS_COMPR_FL: u32 = 0x0000_0004;
+const FS_NOCOMP_FL: u32 = 0x0000_0400;
+
 /// `FOPEN_KEEP_CACHE` of include/uapi/linux/fuse.h: the kernel keeps the
 /// file's cached pages at this open.
 const FOPEN_KEEP_CACHE: u32 = 1 << 1;
@@ -557,6 +569,69 @@ impl FuseOps for FuseFs {
             fh: ino,
             flags: if keep { FOPEN_KEEP_CACHE } else { 0 },
         })
+    }
+
+    /// `lsattr` and `chattr`: the kernel turns FS_IOC_GETFLAGS and
+    /// FS_IOC_SETFLAGS (and `FS_IOC_FSGETXATTR`) into these, after its own
+    /// owner check. The one flag ldfs keeps is `c` (FS_COMPR_FL): on when
+    /// the file's (a directory's: its new files') blocks are stored
+    /// compressed, `user.ldfs.compress` or the mount's `compress=`.
+    /// `chattr +c` sets that attribute to the mount's policy (zstd when the
+    /// mount's is off), `chattr -c` to `off`; `m` (FS_NOCOMP_FL) is `-c`.
+    /// Any other flag is EOPNOTSUPP, as on file systems without it.
+    fn ioctl(
+        &self,
+        ino: u64,
+        _fh: u64,
+        cmd: u32,
+        input: &[u8],
+        out_size: u32,
+    ) -> OpResult<Vec<u8>> {
+        use ldfs::ld::Compression;
+        let compressed = || {
+            self.fs
+                .compression(ino)
+                .map(|c| c != Compression::Off)
+                .map_err(|e| errno(&e))
+        };
+        match cmd {
+            FS_IOC_GETFLAGS => {
+                let flags: u32 = if compressed()? { FS_COMPR_FL } else { 0 };
+                let mut out = flags.to_le_bytes().to_vec();
+                out.resize(out_size as usize, 0);
+                Ok(out)
+            }
+            FS_IOC_SETFLAGS => {
+                let Some(b) = input.get(..4) else {
+                    return Err(err(libc::EINVAL));
+                };
+                let flags = u32::from_le_bytes(b.try_into().expect("4 bytes"));
+                if flags & !(FS_COMPR_FL | FS_NOCOMP_FL) != 0 {
+                    return Err(err(libc::EOPNOTSUPP));
+                }
+                let want = flags & FS_COMPR_FL != 0 && flags & FS_NOCOMP_FL == 0;
+                if want == compressed()? {
+                    return Ok(Vec::new());
+                }
+                let policy = match (want, self.fs.default_compression()) {
+                    (false, _) => Compression::Off,
+                    (true, Compression::Off) => Compression::Zstd {
+                        level: Compression::ZSTD_DEFAULT_LEVEL,
+                    },
+                    (true, mount) => mount,
+                };
+                let v = policy.to_string();
+                self.room(|| {
+                    self.fs
+                        .setxattr(ino, fs::COMPRESS_XATTR, v.as_bytes(), XattrMode::Any)
+                })
+                .map(|()| Vec::new())
+                .map_err(|e| errno(&e))
+            }
+            // No extended flags, extent size or project: all zero.
+            FS_IOC_FSGETXATTR => Ok(vec![0; (out_size as usize).min(FSXATTR_BYTES)]),
+            _ => Err(err(libc::ENOTTY)),
+        }
     }
 
     fn read(&self, ino: u64, _fh: u64, offset: u64, size: u32) -> OpResult<Vec<u8>> {

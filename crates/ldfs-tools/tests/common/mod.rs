@@ -224,3 +224,29 @@ pub fn mkfs_dual(data: &Path, meta: &Path, size: &str) {
         .arg(data)
         .succeeds();
 }
+
+/// FS_IOC_GETFLAGS of `path` (what `lsattr` shows), or the errno.
+pub fn get_flags(path: &Path) -> Result<u32, i32> {
+    let f = std::fs::File::open(path).map_err(|e| e.raw_os_error().unwrap_or(0))?;
+    let mut flags: libc::c_int = 0;
+    // _IOR('f', 1, long)
+    let r = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&f), 0x8008_6601, &mut flags) };
+    if r == 0 {
+        Ok(flags as u32)
+    } else {
+        Err(errno())
+    }
+}
+
+/// FS_IOC_SETFLAGS of `path` (what `chattr` does), or the errno.
+pub fn set_flags(path: &Path, flags: u32) -> Result<(), i32> {
+    let f = std::fs::File::open(path).map_err(|e| e.raw_os_error().unwrap_or(0))?;
+    let flags = flags as libc::c_int;
+    // _IOW('f', 2, long)
+    let r = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&f), 0x4008_6602, &flags) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(errno())
+    }
+}

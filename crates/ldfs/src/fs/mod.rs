@@ -842,6 +842,22 @@ impl Fs {
         }
     }
 
+    /// How `ino`'s new blocks (a directory's: its new files') are stored:
+    /// its `user.ldfs.compress`, else the mount's `compress=` (what
+    /// `lsattr` shows as `c`).
+    pub fn compression(&self, ino: u64) -> FsResult<Compression> {
+        match self.getxattr(ino, COMPRESS_XATTR) {
+            Ok(v) => Ok(parse_compress_value(&v).unwrap_or(self.opts.compress)),
+            Err(FsError::NoAttr) => Ok(self.opts.compress),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The mount's `compress=` (the policy of files without their own).
+    pub fn default_compression(&self) -> Compression {
+        self.opts.compress
+    }
+
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> FsResult<Vec<u8>> {
         let mut st = self.lock();
         let i = self.get_inode(&mut st, ino)?;

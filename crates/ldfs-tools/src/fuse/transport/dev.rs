@@ -459,4 +459,21 @@ impl<F: FuseOps> Filesystem for Dev<F> {
             Err(e) => reply.error(e),
         }
     }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        match self.fs.ioctl(ino.0, fh.0, cmd, in_data, out_size) {
+            Ok(d) => reply.ioctl(0, &d),
+            Err(e) => reply.error(e),
+        }
+    }
 }

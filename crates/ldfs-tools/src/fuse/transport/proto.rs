@@ -70,6 +70,7 @@ pub mod opcode {
     pub const CREATE: u32 = 35;
     pub const INTERRUPT: u32 = 36;
     pub const DESTROY: u32 = 38;
+    pub const IOCTL: u32 = 39;
     pub const BATCH_FORGET: u32 = 42;
     pub const FALLOCATE: u32 = 43;
     pub const READDIRPLUS: u32 = 44;
@@ -302,6 +303,12 @@ pub enum Op<'a> {
         fh: u64,
         offset: u64,
         whence: u32,
+    },
+    Ioctl {
+        fh: u64,
+        cmd: u32,
+        out_size: u32,
+        input: &'a [u8],
     },
     Interrupt,
     Destroy,
@@ -565,6 +572,22 @@ pub fn decode<'a>(h: &InHeader, op_in: &'a [u8], payload: &'a [u8]) -> Result<Op
                 whence: r.u32(16)?,
             }
         }
+        IOCTL => {
+            // fuse_ioctl_in: fh, flags, cmd, arg, in_size, out_size; then
+            // in_size bytes of the argument.
+            let r = r("fuse_ioctl_in");
+            r.need(32)?;
+            let in_size = r.u32(24)? as usize;
+            if payload.len() < in_size {
+                return Err(short("IOCTL argument", in_size, payload.len()));
+            }
+            Op::Ioctl {
+                fh: r.u64(0)?,
+                cmd: r.u32(12)?,
+                out_size: r.u32(28)?,
+                input: &payload[..in_size],
+            }
+        }
         INTERRUPT => Op::Interrupt,
         DESTROY => Op::Destroy,
         INIT => Op::Init,
@@ -788,6 +811,19 @@ pub fn serve<F: FuseOps>(fs: &F, h: &InHeader, op: Op<'_>, out: &mut Vec<u8>) ->
         Op::Lseek { fh, offset, whence } => fs
             .lseek(ino, fh, offset as i64, whence as i32)
             .map(|x| o.u64(x as u64)),
+        // fuse_ioctl_out (result, flags, in_iovs, out_iovs), then the
+        // output: a restricted ioctl never asks for a retry.
+        Op::Ioctl {
+            fh,
+            cmd,
+            out_size,
+            input,
+        } => fs.ioctl(ino, fh, cmd, input, out_size).map(|d| {
+            for v in [0, 0, 0, 0] {
+                o.u32(v);
+            }
+            o.0.extend_from_slice(&d[..d.len().min(out_size as usize)]);
+        }),
         Op::Readdir { fh, offset, size } => {
             let start = o.0.len();
             let mut add = |d: DirEntry| {
@@ -914,6 +950,24 @@ mod tests {
         s[..4].copy_from_slice(&5u32.to_le_bytes());
         assert!(decode(&h, &s, b"user.a\0abcd").is_err());
         assert!(decode(&h, &s, b"user.a\0abcde").is_ok());
+        // IOCTL: in_size past the payload is refused; the argument is the
+        // payload's first in_size bytes.
+        let h = header(opcode::IOCTL);
+        let mut io = [0u8; 32];
+        io[12..16].copy_from_slice(&0x4008_6602u32.to_le_bytes());
+        io[24..28].copy_from_slice(&4u32.to_le_bytes());
+        io[28..32].copy_from_slice(&8u32.to_le_bytes());
+        assert!(decode(&h, &io, &[1; 3]).is_err());
+        assert_eq!(
+            decode(&h, &io, &[1, 2, 3, 4, 5]).unwrap(),
+            Op::Ioctl {
+                fh: 0,
+                cmd: 0x4008_6602,
+                out_size: 8,
+                input: &[1, 2, 3, 4]
+            }
+        );
+        assert!(decode(&h, &io[..31], &[1; 4]).is_err());
         let h = header(opcode::BATCH_FORGET);
         let mut f = [0u8; 8];
         f[..4].copy_from_slice(&u32::MAX.to_le_bytes());
