@@ -66,6 +66,17 @@ fn setfattr(path: &Path, name: &str, value: &str) -> Result<(), i32> {
     }
 }
 
+/// `user.ldfs.compress` of `path` (getxattr(2)), if it has one.
+fn policy(path: &Path) -> Option<String> {
+    let (p, n) = (
+        cstr(path),
+        std::ffi::CString::new("user.ldfs.compress").unwrap(),
+    );
+    let mut buf = [0u8; 64];
+    let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), 64) };
+    (r >= 0).then(|| String::from_utf8_lossy(&buf[..r as usize]).into_owned())
+}
+
 /// `ldfs stats` figures of compressing lists: (logical, stored).
 fn compression_stats(mnt: &Path) -> (u64, u64) {
     let out = ldfs().arg("stats").arg(mnt).succeeds();
@@ -124,13 +135,10 @@ fn a_directorys_policy_compresses_what_is_written_there() {
         assert!(fs::read(mnt.join(format!("src/sub/f{i}.rs"))).unwrap() == b);
         assert!(fs::read(mnt.join(format!("plain/f{i}.rs"))).unwrap() == b);
     }
-    let got = Command::new("getfattr")
-        .args(["--only-values", "-n", "user.ldfs.compress"])
-        .arg(mnt.join("src/sub/f3.rs"))
-        .output();
-    if let Ok(o) = got {
-        assert_eq!(String::from_utf8_lossy(&o.stdout), "zstd:5");
-    }
+    assert_eq!(
+        policy(&mnt.join("src/sub/f3.rs")).as_deref(),
+        Some("zstd:5")
+    );
     m.unmount();
 
     // After the unmount: inspect shows the blocks' forms and totals, and
@@ -211,21 +219,12 @@ fn the_mount_option_compresses_every_new_file() {
 pub fn chattr_c_sets_the_compression_policy(mnt: &Path) {
     const COMPR: u32 = 0x4;
     const IMMUTABLE: u32 = 0x10;
-    let value = |p: &Path| {
-        let (p, n) = (
-            cstr(p),
-            std::ffi::CString::new("user.ldfs.compress").unwrap(),
-        );
-        let mut buf = [0u8; 64];
-        let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), 64) };
-        (r >= 0).then(|| String::from_utf8_lossy(&buf[..r as usize]).into_owned())
-    };
     let d = mnt.join("cdir");
     fs::create_dir(&d).unwrap();
     assert_eq!(common::get_flags(&d), Ok(0));
     common::set_flags(&d, COMPR).unwrap();
     assert_eq!(common::get_flags(&d), Ok(COMPR));
-    assert_eq!(value(&d).as_deref(), Some("zstd:3"));
+    assert_eq!(policy(&d).as_deref(), Some("zstd:3"));
     let (l0, s0) = compression_stats(mnt);
     let b = source(7, 256 << 10);
     fs::write(d.join("f.rs"), &b).unwrap();
@@ -236,7 +235,7 @@ pub fn chattr_c_sets_the_compression_policy(mnt: &Path) {
     assert_eq!(common::get_flags(&d.join("f.rs")), Ok(COMPR));
     common::set_flags(&d.join("f.rs"), 0).unwrap();
     assert_eq!(common::get_flags(&d.join("f.rs")), Ok(0));
-    assert_eq!(value(&d.join("f.rs")).as_deref(), Some("off"));
+    assert_eq!(policy(&d.join("f.rs")).as_deref(), Some("off"));
     assert_eq!(common::get_flags(&d), Ok(COMPR), "the directory kept c");
     assert_eq!(
         common::set_flags(&d.join("f.rs"), IMMUTABLE),
@@ -254,7 +253,7 @@ pub fn chattr_c_sets_the_compression_policy(mnt: &Path) {
         let text = String::from_utf8_lossy(&out.stdout);
         let flags = text.split_whitespace().next().unwrap_or("");
         assert!(flags.contains('c'), "{text}");
-        assert_eq!(value(&d.join("f.rs")).as_deref(), Some("zstd:3"));
+        assert_eq!(policy(&d.join("f.rs")).as_deref(), Some("zstd:3"));
     }
 }
 
@@ -280,12 +279,6 @@ fn chattr_c_over_dev_fuse() {
     );
     common::set_flags(&mnt.join("x"), 0).unwrap();
     common::set_flags(&mnt.join("x"), 0x4).unwrap();
-    let o = Command::new("getfattr")
-        .args(["--only-values", "-n", "user.ldfs.compress"])
-        .arg(mnt.join("x"))
-        .output();
-    if let Ok(o) = o {
-        assert_eq!(String::from_utf8_lossy(&o.stdout), "lz4");
-    }
+    assert_eq!(policy(&mnt.join("x")).as_deref(), Some("lz4"));
     m.unmount();
 }
