@@ -312,7 +312,6 @@ fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
-/// The attributes of a negative entry: node id 0, nothing else read.
 /// A negative entry: the kernel caches the miss for `ENTRY_TTL` (see
 /// `lookup`; memfs answers the same, so the ceiling takes the same trips).
 pub(crate) fn negative_entry() -> Entry {
@@ -324,6 +323,7 @@ pub(crate) fn negative_entry() -> Entry {
     }
 }
 
+/// The attributes of a negative entry: node id 0, nothing else read.
 fn negative_attr() -> FileAttr {
     FileAttr {
         ino: INodeNo(0),
@@ -581,6 +581,7 @@ impl FuseOps for FuseFs {
     /// Any other flag is EOPNOTSUPP, as on file systems without it.
     fn ioctl(
         &self,
+        c: &Caller,
         ino: u64,
         _fh: u64,
         cmd: u32,
@@ -591,7 +592,7 @@ impl FuseOps for FuseFs {
         let compressed = || {
             self.fs
                 .compression(ino)
-                .map(|c| c != Compression::Off)
+                .map(|p| p != Compression::Off)
                 .map_err(|e| errno(&e))
         };
         match cmd {
@@ -605,6 +606,11 @@ impl FuseOps for FuseFs {
                 let Some(b) = input.get(..4) else {
                     return Err(err(libc::EINVAL));
                 };
+                // Kernels since 5.13 check ownership before sending this
+                // (vfs_fileattr_set); older ones pass it on unchecked.
+                if c.uid != 0 && self.fs.getattr(ino).map_err(|e| errno(&e))?.uid != c.uid {
+                    return Err(err(libc::EPERM));
+                }
                 let flags = u32::from_le_bytes(b.try_into().expect("4 bytes"));
                 if flags & !(FS_COMPR_FL | FS_NOCOMP_FL) != 0 {
                     return Err(err(libc::EOPNOTSUPP));

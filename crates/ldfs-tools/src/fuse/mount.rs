@@ -194,7 +194,10 @@ impl Control for Daemon {
     fn set(&self, name: &str, value: &[u8]) -> Result<(), String> {
         let text = String::from_utf8_lossy(value);
         match name {
-            "checkpoint" => self.lld.checkpoint_now().map_err(|e| e.to_string()),
+            "checkpoint" => {
+                self.writable("checkpoints are written")?;
+                self.lld.checkpoint_now().map_err(|e| e.to_string())
+            }
             "clean" => {
                 self.writable("the cleaner runs")?;
                 let req = crate::cli::clean::CleanRequest::parse(&text)?;
@@ -318,20 +321,24 @@ impl Daemon {
                     .map_or(0, |d| d.as_secs());
                 // Protected checkpoints yield to a snapshot (for a pin bit
                 // or for space), oldest first.
+                // Refusals a protected checkpoint cannot cure come first:
+                // only space or a pin bit can be had back from one.
+                ldfs::lld::snapshot::check_name(name)
+                    .map_err(|e| format!("no snapshot taken: {e}"))?;
                 let n = loop {
                     let seen = self.history.given();
+                    if self.lld.snapshots().len() >= ldfs::lld::snapshot::MAX_SNAPSHOTS
+                        && self.history.give_back_to_snapshot(0, seen)
+                    {
+                        continue;
+                    }
                     match self.lld.take_snapshot(name, secs) {
                         Ok(n) => break n,
-                        // Only space or a pin bit can be had back from a
-                        // protected checkpoint: any other refusal (a bad
-                        // name, ARUs that stayed open) must not delete them.
                         Err(ldfs::ld::LdError::NoSpace { needed, available })
-                            if self
-                                .history
-                                .give_back(needed.saturating_sub(available).max(1), seen) => {}
-                        Err(_)
-                            if self.lld.snapshots().len() >= ldfs::lld::snapshot::MAX_SNAPSHOTS
-                                && self.history.give_back(0, seen) => {}
+                            if self.history.give_back_to_snapshot(
+                                needed.saturating_sub(available).max(1),
+                                seen,
+                            ) => {}
                         Err(e) => return Err(format!("no snapshot taken: {e}")),
                     }
                 };
@@ -705,12 +712,17 @@ fn delete_kept(lld: &Lld, image: &Path, n: u64) -> Result<(), String> {
 }
 
 /// The protected checkpoints of a live mount, giving space back to
-/// writes (`FuseFs::room`) and to snapshots, one deletion at a time.
+/// writes (`FuseFs::room`) and to snapshots, one deletion at a time. The
+/// count an operation compares is the engine's `kept_deleted`, which every
+/// deletion advances (a yield, the protection thread's expiry, `ldfs
+/// snapshot --delete`) and which is read without a lock, so operations
+/// with room never wait behind a deletion.
 pub(crate) struct ProtectedHistory {
     lld: Arc<Lld>,
     image: PathBuf,
-    /// Deletions so far; its lock serialises them.
-    given: std::sync::Mutex<u64>,
+    /// Serialises deletions: held across one (which may wait for open
+    /// ARUs), never by `given`.
+    deleting: std::sync::Mutex<()>,
 }
 
 impl ProtectedHistory {
@@ -718,30 +730,40 @@ impl ProtectedHistory {
         ProtectedHistory {
             lld,
             image,
-            given: std::sync::Mutex::new(0),
+            deleting: std::sync::Mutex::new(()),
         }
+    }
+
+    /// `give_back` for a snapshot short of `short` bytes: only segments
+    /// the protected checkpoints alone pin and that hold no live bytes
+    /// help it (`Lld::protected_empty_bytes`); `short` 0 asks for a pin
+    /// bit.
+    fn give_back_to_snapshot(&self, short: u64, seen: u64) -> bool {
+        self.give_back_by(short, seen, |l| l.protected_empty_bytes())
+    }
+
+    fn give_back_by(&self, short: u64, seen: u64, covers: fn(&Lld) -> u64) -> bool {
+        let _one = self.deleting.lock().expect("deleting poisoned");
+        if self.lld.kept_deleted() != seen {
+            // Some were deleted after this operation tried: try again.
+            return true;
+        }
+        if covers(&self.lld) < short {
+            // Even all of it would not do: keep it (a request that cannot
+            // fit deletes nothing).
+            return false;
+        }
+        yield_protected(&self.lld, &self.image)
     }
 }
 
 impl GiveBack for ProtectedHistory {
     fn given(&self) -> u64 {
-        *self.given.lock().expect("given poisoned")
+        self.lld.kept_deleted()
     }
 
     fn give_back(&self, short: u64, seen: u64) -> bool {
-        let mut given = self.given.lock().expect("given poisoned");
-        if *given != seen {
-            // Another operation gave some back after this one tried.
-            return true;
-        }
-        if self.lld.protected_bytes() < short {
-            // Even all of it would not do: keep it (a request that cannot
-            // fit deletes nothing).
-            return false;
-        }
-        let gave = yield_protected(&self.lld, &self.image);
-        *given += u64::from(gave);
-        gave
+        self.give_back_by(short, seen, |l| l.protected_bytes())
     }
 }
 
@@ -2380,6 +2402,7 @@ mod tests {
             ("trim", ""),
             ("clean", "greedy 90 4"),
             ("background", "on"),
+            ("checkpoint", ""),
         ] {
             let e = d.set(name, value.as_bytes()).unwrap_err();
             assert!(e.contains("read-only"), "{name}: {e}");
@@ -2419,7 +2442,6 @@ mod tests {
     /// name check comes before the table check. FAILS on eca2c69 (the
     /// protected checkpoint is gone).
     #[test]
-    #[ignore = "review 23 finding: a refused take with a full table deletes a protected checkpoint"]
     fn a_bad_snapshot_name_with_a_full_table_keeps_protected_checkpoints() {
         let (_t, image, lld) = engine();
         let ctx = ldfs::fs::Ctx {
@@ -2461,7 +2483,6 @@ mod tests {
     /// writer's deletion, even ones with room to spare. FAILS on eca2c69
     /// (`given()` blocks until the ARU ends).
     #[test]
-    #[ignore = "review 23 finding: given() blocks every room() caller while a deletion waits for open ARUs"]
     fn given_does_not_wait_for_a_deletion_in_progress() {
         use ldfs::ld::ListHints;
         let (_t, image, lld) = with_protected(2);
@@ -2500,7 +2521,6 @@ mod tests {
     /// before that deletion deletes another one rather than retrying
     /// first. FAILS on eca2c69 (two deleted where one gave the room back).
     #[test]
-    #[ignore = "review 23 finding: deletions outside ProtectedHistory are not counted"]
     fn a_deletion_by_expiry_counts_for_a_writer_that_failed_before_it() {
         let (_t, image, lld) = with_protected(3);
         let h = ProtectedHistory::new(lld.clone(), image.clone());
@@ -2516,5 +2536,51 @@ mod tests {
             2,
             "a second protected checkpoint deleted before the retry"
         );
+    }
+
+    /// Review 23: FS_IOC_SETFLAGS from a caller who does not own the file
+    /// is EPERM (kernels before 5.13 pass it on without the owner check);
+    /// the owner and root may; GETFLAGS is anyone's.
+    #[test]
+    fn chattr_needs_the_owner_or_root() {
+        use crate::fuse::transport::{Caller, FuseOps};
+        let (_t, _image, lld) = engine();
+        let ctx = ldfs::fs::Ctx {
+            uid: 1000,
+            gid: 1000,
+            umask: 0o022,
+        };
+        Fs::format(&*lld, ctx).unwrap();
+        let fs =
+            Arc::new(Fs::mount(lld.clone() as Arc<dyn LogicalDisk>, FsOptions::default()).unwrap());
+        let f = fs
+            .mknod(ctx, ldfs::fs::ROOT_INO, b"f", 0o100644, 0)
+            .unwrap()
+            .ino;
+        let a = FuseFs {
+            fs,
+            no_open: AtomicBool::new(false),
+            control: None,
+            writeback_cache: false,
+            atime: ldfs::fs::AtimeMode::NoAtime,
+            nodiratime: false,
+            forgets: std::sync::atomic::AtomicU64::new(0),
+            yield_space: None,
+        };
+        let who = |uid| Caller {
+            uid,
+            gid: uid,
+            pid: 1,
+        };
+        const SET: u32 = 0x4008_6602;
+        const GET: u32 = 0x8008_6601;
+        let c = 4u32.to_le_bytes();
+        let e = a.ioctl(&who(2000), f, 0, SET, &c, 0).unwrap_err();
+        assert_eq!(e, fuser::Errno::from_i32(libc::EPERM));
+        assert_eq!(a.ioctl(&who(2000), f, 0, GET, &[], 4).unwrap(), [0; 4]);
+        a.ioctl(&who(1000), f, 0, SET, &c, 0).unwrap();
+        assert_eq!(a.ioctl(&who(2000), f, 0, GET, &[], 4).unwrap(), c);
+        a.ioctl(&who(0), f, 0, SET, &[0; 4], 0).unwrap();
+        assert_eq!(a.ioctl(&who(0), f, 0, GET, &[], 4).unwrap(), [0; 4]);
     }
 }

@@ -332,6 +332,10 @@ pub struct Engine {
     /// (`floor_pages`): one at `dirty_limit`, from anywhere, but at most
     /// that half less the margin.
     checkpoint_share: i64,
+    /// Kept checkpoints (snapshots, protected ones) deleted since open,
+    /// by any caller: read without a lock by those deciding whether a
+    /// deletion happened since they last looked (`kept_deleted`).
+    kept_deleted: AtomicU64,
 }
 
 /// Reads map pages for the map, checking each against its pointer's crc.
@@ -548,6 +552,7 @@ impl Engine {
             checkpointer: Mutex::new(checkpointer),
             dirty_limit: opts_dirty_limit,
             checkpoint_share: checkpoint_share(&geo, opts_dirty_limit),
+            kept_deleted: AtomicU64::new(0),
         };
         if !lld.opts.read_only {
             let mut g = lld.lock();
@@ -1763,6 +1768,7 @@ impl Engine {
                     .position(|s| s.number == number)
                     .expect("snapshot checked before the checkpoint");
                 let gone = g.snapshots.remove(i);
+                self.kept_deleted.fetch_add(1, Ordering::Release);
                 // Segments it alone pinned and the live tree left empty are
                 // released by this very checkpoint, once durable (inv. 7).
                 g.usage.unpin(gone.pin);
@@ -2187,8 +2193,10 @@ impl Engine {
             };
             let capacity = self.capacity_bytes() + slack;
             if footprint.saturating_add(with_overhead) > capacity {
+                // What was checked, records and rounding included: the
+                // shortfall a caller computes from it is exact.
                 return Err(LdError::NoSpace {
-                    needed: bytes,
+                    needed: with_overhead,
                     available: capacity.saturating_sub(footprint),
                 });
             }
@@ -3920,18 +3928,41 @@ impl Engine {
     }
 
     /// Bytes the protected checkpoints hold that no snapshot shares: what
-    /// deleting all of them gives back (`-o protect=` yields no more).
+    /// deleting all of them gives back to writes (`-o protect=` yields no
+    /// more).
     pub fn protected_bytes(&self) -> u64 {
         let g = self.lock();
-        let mask = g
-            .snapshots
-            .iter()
-            .filter(|s| s.protected)
-            .fold(0u32, |m, s| m | 1 << s.pin);
+        let mask = Self::protected_mask(&g);
         if mask == 0 {
             return 0;
         }
         g.usage.held_only_within(mask)
+    }
+
+    /// What deleting every protected checkpoint gives back to a new
+    /// snapshot: only segments they alone pin that hold no live bytes. (A
+    /// segment with live bytes, unpinned, counts toward what the snapshot
+    /// pins anew, so its dead space does not shrink the snapshot's need.)
+    pub fn protected_empty_bytes(&self) -> u64 {
+        let g = self.lock();
+        let mask = Self::protected_mask(&g);
+        if mask == 0 {
+            return 0;
+        }
+        g.usage.held_empty_within(mask)
+    }
+
+    fn protected_mask(g: &Inner) -> u32 {
+        g.snapshots
+            .iter()
+            .filter(|s| s.protected)
+            .fold(0u32, |m, s| m | 1 << s.pin)
+    }
+
+    /// Kept checkpoints deleted since open, by anyone (a count that only
+    /// grows; read without the engine's lock).
+    pub fn kept_deleted(&self) -> u64 {
+        self.kept_deleted.load(Ordering::Acquire)
     }
 
     /// fsck for the kept trees: walks every snapshot's map (each page

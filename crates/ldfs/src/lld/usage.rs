@@ -350,6 +350,17 @@ impl Usage {
             .sum()
     }
 
+    /// Bytes of the segments only the snapshots with pin bits in `mask`
+    /// pin and that hold no live bytes: what deleting all of them frees
+    /// without leaving live segments to pin again.
+    pub fn held_empty_within(&self, mask: u32) -> u64 {
+        self.segs
+            .iter()
+            .filter(|u| u.pins != 0 && u.pins & !mask == 0 && u.live_bytes == 0)
+            .map(|_| self.segment_bytes as u64)
+            .sum()
+    }
+
     /// Bytes only the snapshots with pin bits in `mask` hold together:
     /// segments pinned by none outside it, less their live bytes (what
     /// deleting all of them frees).
@@ -541,6 +552,10 @@ mod tests {
         assert_eq!(u.held_only_by(0), 2 * seg as u64 - 600);
         assert_eq!(u.held_only_within(1), 2 * seg as u64 - 600);
         assert_eq!(u.held_only_within(0), 0);
+        // Only segment 1 is empty: deleting bit 0 frees it whole, while
+        // segment 2's live bytes would be pinned again by a new snapshot.
+        assert_eq!(u.held_empty_within(1), seg as u64);
+        assert_eq!(u.held_empty_within(0), 0);
         // Encoded and decoded, the pins and the totals come back.
         let mut b = Vec::new();
         u.encode(&[], &mut b);

@@ -462,7 +462,7 @@ impl<F: FuseOps> Filesystem for Dev<F> {
 
     fn ioctl(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         _flags: fuser::IoctlFlags,
@@ -471,7 +471,10 @@ impl<F: FuseOps> Filesystem for Dev<F> {
         out_size: u32,
         reply: fuser::ReplyIoctl,
     ) {
-        match self.fs.ioctl(ino.0, fh.0, cmd, in_data, out_size) {
+        match self
+            .fs
+            .ioctl(&caller(req), ino.0, fh.0, cmd, in_data, out_size)
+        {
             Ok(d) => reply.ioctl(0, &d),
             Err(e) => reply.error(e),
         }

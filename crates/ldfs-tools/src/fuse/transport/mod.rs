@@ -284,7 +284,15 @@ pub trait FuseOps: Send + Sync + 'static {
     /// FS_IOC_GETFLAGS and FS_IOC_SETFLAGS, for `lsattr` and `chattr`):
     /// `input` is the argument's `in_size` bytes; the reply is at most
     /// `out_size` bytes, the ioctl's result 0.
-    fn ioctl(&self, ino: u64, fh: u64, cmd: u32, input: &[u8], out_size: u32) -> OpResult<Vec<u8>> {
+    fn ioctl(
+        &self,
+        c: &Caller,
+        ino: u64,
+        fh: u64,
+        cmd: u32,
+        input: &[u8],
+        out_size: u32,
+    ) -> OpResult<Vec<u8>> {
         nosys()
     }
 }

@@ -818,7 +818,7 @@ pub fn serve<F: FuseOps>(fs: &F, h: &InHeader, op: Op<'_>, out: &mut Vec<u8>) ->
             cmd,
             out_size,
             input,
-        } => fs.ioctl(ino, fh, cmd, input, out_size).map(|d| {
+        } => fs.ioctl(&c, ino, fh, cmd, input, out_size).map(|d| {
             for v in [0, 0, 0, 0] {
                 o.u32(v);
             }
