@@ -755,6 +755,15 @@ struct Mode {
 }
 
 /// `engine_options` for a run in `mode`.
+/// Seeds that discard (odd ones) alternate, cycle by cycle, between a
+/// device that reads discarded ranges as zeros and one that keeps the old
+/// bytes there, as drives differ: the engine must need neither (zeros
+/// catch a discard of something still needed, old bytes a reader that
+/// takes stale contents for valid ones).
+fn discard_keeps_old(seed: u64, cycle: u64) -> bool {
+    seed % 2 == 1 && cycle % 2 == 1
+}
+
 fn mode_options(mode: Mode, seed: u64) -> LldOptions {
     let mut o = engine_options(mode.threads, seed % 2 == 1);
     if mode.compress {
@@ -769,6 +778,7 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64, mode: Mode) -> Result<u3
     let mut digest = 0u32;
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ first_cycle.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let dev = Arc::new(CrashDevice::new(DEVICE_BYTES));
+    dev.set_discard_keeps_old(discard_keeps_old(seed, first_cycle));
     let lld = Lld::create(dev.clone(), &mkfs_options(), mode_options(mode, seed))
         .map_err(|e| format!("create: {e}"))?;
     lld.flush().unwrap();
@@ -898,6 +908,7 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64, mode: Mode) -> Result<u3
             digest = crc32c::crc32c_append(digest, &image);
         }
         dev = Arc::new(CrashDevice::from_image(image));
+        dev.set_discard_keeps_old(discard_keeps_old(seed, c + 1));
         let reopened = Lld::open(dev.clone(), mode_options(mode, seed))
             .map_err(|e| format!("cycle {c}: reopen: {e}"))?;
         if reopened.accounting_drift() != 0 {

@@ -69,6 +69,10 @@ struct State {
 pub struct CrashDevice {
     state: Mutex<State>,
     size: u64,
+    /// A discard leaves the old bytes (as a drive without "read zeroes
+    /// after TRIM" may): set, nothing discarded ever reads as zeros, so a
+    /// reader that relies on zeros there is caught.
+    discard_keeps_old: std::sync::atomic::AtomicBool,
 }
 
 /// True with probability `p`. Drawing a uniform value in [0, 1) makes 0 and 1
@@ -97,7 +101,15 @@ impl CrashDevice {
         CrashDevice {
             state: Mutex::new(state),
             size,
+            discard_keeps_old: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// From now on a discard changes nothing the device reads (see
+    /// `discard_keeps_old`); it is still counted.
+    pub fn set_discard_keeps_old(&self, keep: bool) {
+        self.discard_keeps_old
+            .store(keep, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -224,7 +236,7 @@ impl Device for CrashDevice {
 
     /// Zeroes the range now; like a write, a crash before the next flush
     /// may keep it, drop it or keep part of it (a discarded range reads as
-    /// zeros or as before).
+    /// zeros or as before). With `set_discard_keeps_old`, changes nothing.
     fn discard(&self, offset: u64, len: u64) -> Result<bool, DeviceError> {
         check_range(DeviceOp::Discard, offset, len as usize, self.size)?;
         let mut state = self.lock();
@@ -232,7 +244,11 @@ impl Device for CrashDevice {
             return Err(power_cut(DeviceOp::Discard, offset, len as usize));
         }
         state.stats.discards += 1;
-        if len == 0 {
+        if len == 0
+            || self
+                .discard_keeps_old
+                .load(std::sync::atomic::Ordering::Relaxed)
+        {
             return Ok(true);
         }
         let start = offset as usize;
@@ -435,6 +451,25 @@ mod tests {
                 discards: 0
             }
         );
+    }
+
+    #[test]
+    fn a_discard_zeroes_or_keeps_the_old_bytes() {
+        let dev = CrashDevice::new(8192);
+        dev.write_at(&[7u8; 8192], 0).unwrap();
+        dev.flush().unwrap();
+        assert!(dev.discard(0, 4096).unwrap());
+        dev.flush().unwrap();
+        let mut b = [1u8; 4096];
+        dev.read_at(&mut b, 0).unwrap();
+        assert_eq!(b, [0; 4096]);
+        dev.set_discard_keeps_old(true);
+        assert!(dev.discard(4096, 4096).unwrap());
+        dev.flush().unwrap();
+        dev.read_at(&mut b, 4096).unwrap();
+        assert_eq!(b, [7; 4096]);
+        assert_eq!(dev.crash_image(1, &opts(1.0, 0.0))[4096..], [7; 4096]);
+        assert_eq!(dev.stats().discards, 2);
     }
 
     #[test]
