@@ -178,3 +178,44 @@ fn trim_and_discard_give_emptied_segments_back_to_the_image_file() {
     let (code, text) = run(&["fsck", "-n"], &img);
     assert_eq!(code, 0, "{text}");
 }
+
+/// On a mounted dual pair `ldfs trim MNT` also gives the data device's
+/// free blocks back: the data image, full of deleted files' blocks (mkfs
+/// writes it whole), shrinks on the host by at least what was deleted,
+/// the files kept read back, and fsck is clean.
+#[test]
+fn trim_on_a_dual_mount_gives_free_data_blocks_back() {
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let (img, meta, mnt) = (
+        t.path().join("data.img"),
+        t.path().join("meta.img"),
+        t.path().join("mnt"),
+    );
+    common::mkfs_dual(&img, &meta, "128M");
+    let m = Mount::new(&img, &mnt, &[]);
+    fill(&mnt);
+    let full = host_bytes(&img);
+    for i in 0..20 {
+        fs::remove_file(mnt.join(format!("f{i}"))).unwrap();
+    }
+    let (code, text) = run(&["sync"], &mnt);
+    assert_eq!(code, 0, "{text}");
+    let (code, text) = run(&["trim"], &mnt);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("the data device:"), "{text}");
+    let after = host_bytes(&img);
+    assert!(
+        after + (20 << 20) <= full,
+        "{full} bytes on the host before the trim, {after} after: {text}"
+    );
+    for i in 20..24 {
+        assert!(fs::read(mnt.join(format!("f{i}"))).unwrap() == data(i, 1 << 20));
+    }
+    fs::write(mnt.join("new"), data(99, 3 << 20)).unwrap();
+    m.unmount();
+    let (code, text) = run(&["fsck", "-n"], &img);
+    assert_eq!(code, 0, "{text}");
+}

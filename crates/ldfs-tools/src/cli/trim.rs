@@ -1,8 +1,9 @@
 //! `ldfs trim`: give every clean segment back to the storage (a hole
 //! punched in an image file, BLKDISCARD on a block device), as fstrim does
 //! for kernel file systems: through the daemon of a mounted ldfs, or on an
-//! unmounted image (taking its lock, as a mount does). On a dual pair the
-//! metadata log's segments are trimmed; the data device is left as it is.
+//! unmounted image (taking its lock, as a mount does). On a mounted dual
+//! pair the metadata log's clean segments and the data device's free
+//! blocks are trimmed; on an unmounted one, its metadata device only.
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -278,8 +278,14 @@ impl Control for Daemon {
             "trim" => {
                 self.writable("trim runs")?;
                 let (segs, bytes) = self.lld.trim().map_err(|e| e.to_string())?;
-                *self.last_trim.lock().expect("last_trim poisoned") =
-                    format!("trimmed {segs} clean segments, {bytes} bytes\n");
+                let mut said = format!("trimmed {segs} clean segments, {bytes} bytes");
+                if let Some(d) = &self.dual {
+                    let (blocks, bytes) = d.trim_data().map_err(|e| e.to_string())?;
+                    said += &format!(
+                        " of the metadata log; the data device: {blocks} free blocks, {bytes} bytes"
+                    );
+                }
+                *self.last_trim.lock().expect("last_trim poisoned") = said + "\n";
                 Ok(())
             }
             other => Err(format!("unknown command {other}")),

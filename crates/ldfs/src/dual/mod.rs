@@ -424,6 +424,33 @@ struct State {
     group_next: Vec<u64>,
 }
 
+/// The first run of clear bits in `v` at or after `from`, below `end`:
+/// (start, length). Whole zero words are skipped a word at a time.
+fn free_run(v: &[u64], from: u64, end: u64) -> Option<(u64, u64)> {
+    let mut b = from;
+    while b < end {
+        if b % 64 == 0 && v[(b / 64) as usize] == u64::MAX {
+            b += 64;
+            continue;
+        }
+        if !bit(v, b) {
+            let start = b;
+            while b < end {
+                if b % 64 == 0 && end - b >= 64 && v[(b / 64) as usize] == 0 {
+                    b += 64;
+                } else if !bit(v, b) {
+                    b += 1;
+                } else {
+                    break;
+                }
+            }
+            return Some((start, b - start));
+        }
+        b += 1;
+    }
+    None
+}
+
 fn bit(v: &[u64], b: u64) -> bool {
     v[(b / 64) as usize] >> (b % 64) & 1 == 1
 }
@@ -961,6 +988,41 @@ impl Dual {
             from = to;
         }
         Ok(())
+    }
+
+    /// `ldfs trim` for the data device (the log's segments are `Lld::trim`'s):
+    /// gives every run of free data blocks back to the storage, a hole in an
+    /// image file or BLKDISCARD, as fstrim does for ext4's free extents.
+    /// Free means free to allocate (`inuse` clear): a block freed by an ARU
+    /// is that only once a flush made its freeing durable, and that flush
+    /// drained the data device's queue first, so no write of it is pending.
+    /// Each run is discarded under the state lock, so no allocation takes
+    /// a block of it meanwhile (a write after a racing discard would be
+    /// lost); the lock is let go between runs. Returns (blocks, bytes)
+    /// discarded; (0, 0) if the device cannot discard.
+    pub fn trim_data(&self) -> LdResult<(u64, u64)> {
+        // The engine refuses when opened read-only; its trim also gives the
+        // log's clean segments back.
+        let (mut blocks, mut bytes) = (0u64, 0u64);
+        let mut at = 0u64;
+        loop {
+            let st = self.lock();
+            let Some((start, len)) = free_run(&st.inuse, at, self.geo.blocks) else {
+                break;
+            };
+            let n = len * DATA_BLOCK_BYTES;
+            match self.sync.dev.discard(self.geo.offset(start), n) {
+                Ok(true) => {
+                    blocks += len;
+                    bytes += n;
+                }
+                Ok(false) => break,
+                Err(e) => return Err(e.into()),
+            }
+            drop(st);
+            at = start + len;
+        }
+        Ok((blocks, bytes))
     }
 
     /// Checks the data blocks against the pointers: every pointer names an
