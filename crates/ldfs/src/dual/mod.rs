@@ -429,14 +429,14 @@ struct State {
 fn free_run(v: &[u64], from: u64, end: u64) -> Option<(u64, u64)> {
     let mut b = from;
     while b < end {
-        if b % 64 == 0 && v[(b / 64) as usize] == u64::MAX {
+        if b.is_multiple_of(64) && v[(b / 64) as usize] == u64::MAX {
             b += 64;
             continue;
         }
         if !bit(v, b) {
             let start = b;
             while b < end {
-                if b % 64 == 0 && end - b >= 64 && v[(b / 64) as usize] == 0 {
+                if b.is_multiple_of(64) && end - b >= 64 && v[(b / 64) as usize] == 0 {
                     b += 64;
                 } else if !bit(v, b) {
                     b += 1;
