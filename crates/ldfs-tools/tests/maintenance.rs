@@ -218,4 +218,31 @@ fn trim_on_a_dual_mount_gives_free_data_blocks_back() {
     m.unmount();
     let (code, text) = run(&["fsck", "-n"], &img);
     assert_eq!(code, 0, "{text}");
+
+    // -o discard: the commit that makes the deletes durable gives their
+    // blocks back.
+    let m = Mount::new(&img, &mnt, &["discard"]);
+    fill(&mnt);
+    let full = host_bytes(&img);
+    for i in 0..20 {
+        fs::remove_file(mnt.join(format!("f{i}"))).unwrap();
+    }
+    let (code, text) = run(&["sync"], &mnt);
+    assert_eq!(code, 0, "{text}");
+    let after = host_bytes(&img);
+    assert!(
+        after + (20 << 20) <= full,
+        "{full} bytes on the host before the deletes, {after} after"
+    );
+    let (_, stats) = run(&["stats"], &mnt);
+    assert!(
+        !stats.contains(" 0 blocks discarded since mount"),
+        "{stats}"
+    );
+    for i in 20..24 {
+        assert!(fs::read(mnt.join(format!("f{i}"))).unwrap() == data(i, 1 << 20));
+    }
+    m.unmount();
+    let (code, text) = run(&["fsck", "-n"], &img);
+    assert_eq!(code, 0, "{text}");
 }

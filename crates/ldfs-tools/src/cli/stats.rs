@@ -123,7 +123,7 @@ pub(crate) fn dual_text(s: &ldfs::dual::DualStats) -> String {
         .count();
     let full = s.group_free.iter().filter(|&&f| f == 0).count();
     let mut t = format!(
-        "  {} groups of {} blocks; {} blocks free ({:.1}%)\n  bitmap: {} blocks allocated, {} freed and reusable after the next commit, {} reserved by operations under way; {} groups empty, {} full\n",
+        "  {} groups of {} blocks; {} blocks free ({:.1}%)\n  bitmap: {} blocks allocated, {} freed and reusable after the next commit, {} reserved by operations under way; {} groups empty, {} full; {} blocks discarded since mount\n",
         s.geo.groups,
         s.geo.group_blocks,
         free,
@@ -132,7 +132,8 @@ pub(crate) fn dual_text(s: &ldfs::dual::DualStats) -> String {
         s.freed_pending,
         s.reserved,
         empty,
-        full
+        full,
+        s.discarded
     );
     for (g, f) in s.group_free.iter().enumerate() {
         t += &format!("  group {g}: {f} of {} free\n", s.geo.group_len(g as u32));
@@ -154,6 +155,7 @@ pub(crate) fn dual_json(s: &ldfs::dual::DualStats) -> serde_json::Value {
             "freed_pending": s.freed_pending,
             "reserved": s.reserved,
         },
+        "discarded_blocks": s.discarded,
         "groups": s.group_free.iter().enumerate().map(|(g, &f)| serde_json::json!({
             "group": g,
             "blocks": s.geo.group_len(g as u32),

@@ -408,6 +408,8 @@ struct State {
     /// entry): flushes run at once, and each releases only what was freed
     /// before it began, less what another one released meanwhile.
     freed_released: u64,
+    /// Data blocks `-o discard` gave back since open.
+    discarded_blocks: u64,
     /// Engine list -> (is a data list, its near hint).
     kinds: HashMap<u64, (bool, Option<ListId>)>,
     /// Engine list -> the group its blocks were last taken from.
@@ -476,6 +478,8 @@ pub struct DualStats {
     pub reserved: u64,
     /// Blocks allocated as the ended ARUs left the bitmaps.
     pub allocated: u64,
+    /// Data blocks `-o discard` gave back since open.
+    pub discarded: u64,
 }
 
 /// The dual Logical Disk.
@@ -492,6 +496,8 @@ pub struct Dual {
     io: std::sync::RwLock<()>,
     /// What `open_for_fsck` found wrong with the bitmaps and descriptors.
     load_problems: Vec<String>,
+    /// `-o discard`: blocks a flush makes free again are discarded.
+    discard: bool,
 }
 
 impl Dual {
@@ -531,6 +537,7 @@ impl Dual {
             inner: meta,
             data: sync.clone(),
         });
+        let discard = opts.discard && !opts.read_only;
         let lld = Lld::open(ordered, opts)?;
         let mut problems = Vec::new();
         match Self::load(&lld, &label, tolerant.then_some(&mut problems)) {
@@ -542,6 +549,7 @@ impl Dual {
                 label,
                 st: Mutex::new(st),
                 io: std::sync::RwLock::new(()),
+                discard,
             }),
             Err(e) => {
                 lld.abandon();
@@ -658,6 +666,7 @@ impl Dual {
             reserved: 0,
             arus: HashMap::new(),
             freed: Vec::new(),
+            discarded_blocks: 0,
             freed_released: 0,
             kinds: HashMap::new(),
             list_group: HashMap::new(),
@@ -691,6 +700,7 @@ impl Dual {
             freed_pending: st.freed.len() as u64,
             reserved: st.reserved,
             allocated: st.committed.iter().map(|w| w.count_ones() as u64).sum(),
+            discarded: st.discarded_blocks,
         }
     }
 
@@ -1824,11 +1834,32 @@ impl LogicalDisk for Dual {
         // already; what was freed after this one began is not its to
         // release (its log flush may not cover those ARUs' ends).
         let n = upto.saturating_sub(st.freed_released) as usize;
+        let mut released = Vec::new();
         for b in st.freed.drain(..n) {
             set_bit(&mut st.inuse, b, false);
             st.group_free[self.geo.group_of(b) as usize] += 1;
+            if self.discard {
+                released.push(b);
+            }
         }
         st.freed_released += n as u64;
+        // `-o discard`: their freeing is durable now; given back under the
+        // state lock, so no allocation takes one before its discard. A
+        // discard is advice: a failure leaves the blocks as they are.
+        released.sort_unstable();
+        let mut i = 0;
+        while i < released.len() {
+            let mut j = i + 1;
+            while j < released.len() && released[j] == released[j - 1] + 1 {
+                j += 1;
+            }
+            let len = (j - i) as u64 * DATA_BLOCK_BYTES;
+            match self.sync.dev.discard(self.geo.offset(released[i]), len) {
+                Ok(true) => st.discarded_blocks += (j - i) as u64,
+                Ok(false) | Err(_) => break,
+            }
+            i = j;
+        }
         Ok(())
     }
 

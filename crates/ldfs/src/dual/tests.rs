@@ -881,3 +881,46 @@ fn trim_gives_back_free_data_blocks_only() {
     }
     assert!(d.check_blocks().unwrap().is_empty());
 }
+
+/// `-o discard`: a flush that makes freed blocks free again discards them
+/// (after the metadata freeing them is durable: the same flush), never one
+/// still named; without the option nothing is discarded.
+#[test]
+fn discard_gives_blocks_back_as_their_frees_become_durable() {
+    for discard in [false, true] {
+        let p = Pair::new(256);
+        let d = Dual::open(
+            p.meta.clone(),
+            p.data.clone(),
+            LldOptions { discard, ..opts() },
+        )
+        .unwrap();
+        let (f, g) = (data_list(&d), data_list(&d));
+        for i in 0..6 {
+            d.write(None, f, i, &block(i as u8 + 1, 4096)).unwrap();
+            d.write(None, g, i, &block(i as u8 + 50, 4096)).unwrap();
+        }
+        d.flush().unwrap();
+        let gone: Vec<u64> = (0..6).map(|i| where_is(&d, f, i)).collect();
+        d.delete_list(None, f).unwrap();
+        assert_eq!(
+            d.stats().discarded,
+            0,
+            "discarded before the free was durable"
+        );
+        d.flush().unwrap();
+        let mut b = vec![0u8; 4096];
+        p.data.read_at(&mut b, d.geo.offset(gone[2])).unwrap();
+        if discard {
+            assert_eq!(d.stats().discarded, 6);
+            assert_eq!(b, vec![0u8; 4096]);
+        } else {
+            assert_eq!(d.stats().discarded, 0);
+            assert_eq!(b, block(3, 4096));
+        }
+        for i in 0..6 {
+            assert_eq!(d.read(g, i).unwrap().unwrap(), block(i as u8 + 50, 4096));
+        }
+        assert!(d.check_blocks().unwrap().is_empty());
+    }
+}
