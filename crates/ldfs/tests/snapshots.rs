@@ -415,3 +415,33 @@ fn a_protected_checkpoints_history_is_available_and_a_snapshots_is_not() {
         assert!(lld.check_usage().unwrap().is_empty());
     });
 }
+
+/// A snapshot take waits for the open ARU that logged something, and wakes
+/// as soon as it ends (the end notifies only when someone waits: a lost
+/// wake-up would show as the full `SNAPSHOT_ARU_WAIT`, 30 s).
+#[test]
+fn a_take_waiting_for_an_aru_wakes_when_it_ends() {
+    let dev = Arc::new(MemoryDevice::new(24 << 20));
+    let lld = Arc::new(Lld::create(dev, &mkfs(), opts()).unwrap());
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    for round in 0..3 {
+        let aru = lld.begin_aru().unwrap();
+        lld.write(Some(aru), l, round, &[round as u8; 4096]).unwrap();
+        let t = {
+            let lld = lld.clone();
+            std::thread::spawn(move || {
+                let start = std::time::Instant::now();
+                let n = lld.take_snapshot(&format!("s{round}"), 0).unwrap();
+                (n, start.elapsed())
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        lld.end_aru(aru).unwrap();
+        let (_, took) = t.join().unwrap();
+        assert!(
+            took < std::time::Duration::from_secs(5),
+            "round {round}: the take waited {took:?}"
+        );
+    }
+    assert_eq!(lld.snapshots().len(), 3);
+}

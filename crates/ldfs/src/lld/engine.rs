@@ -264,6 +264,10 @@ pub(crate) struct Inner {
     next_aru: u64,
     /// Open ARUs that have logged something; checkpoints wait for 0.
     open_nonempty: usize,
+    /// Threads waiting on `aru_cv` for `open_nonempty` to reach 0: ending
+    /// the last ARU notifies only when there are some (a notify is a
+    /// system call, and ARUs end on every operation).
+    aru_waiters: usize,
     /// Operations accepted so far (flush targets).
     op_seq: u64,
     /// Foreground cleaning steps pause until `op_seq` reaches this (set
@@ -493,6 +497,7 @@ impl Engine {
             undo: Undo::default(),
             next_aru: 1,
             open_nonempty: 0,
+            aru_waiters: 0,
             op_seq: 0,
             clean_futile_until: 0,
             log_bytes_since_checkpoint: 0,
@@ -2941,7 +2946,7 @@ impl LogicalDisk for Engine {
             g.pending.add_record(rec);
             g.op_seq += 1;
             g.open_nonempty -= 1;
-            if g.open_nonempty == 0 {
+            if g.open_nonempty == 0 && g.aru_waiters > 0 {
                 self.aru_cv.notify_all();
             }
         }
@@ -3100,7 +3105,7 @@ impl Engine {
             return Ok(false);
         }
         g.open_nonempty -= 1;
-        if g.open_nonempty == 0 {
+        if g.open_nonempty == 0 && g.aru_waiters > 0 {
             self.aru_cv.notify_all();
         }
         let restores = g.undo.abort(aru);
@@ -3808,11 +3813,15 @@ impl Engine {
             if left.is_zero() {
                 return Ok(None);
             }
+            // Counted under the lock the notifier holds: an ARU ending
+            // after this sees the waiter.
+            g.aru_waiters += 1;
             g = self
                 .aru_cv
                 .wait_timeout_while(g, left, |g| g.open_nonempty > 0)
                 .expect("engine state poisoned by an earlier panic")
                 .0;
+            g.aru_waiters -= 1;
             self.check_writable(&mut g)?;
         }
         g.snap_change = change(self, &g)?;
