@@ -426,7 +426,8 @@ fn a_take_waiting_for_an_aru_wakes_when_it_ends() {
     let l = lld.create_list(None, ListHints::default()).unwrap();
     for round in 0..3 {
         let aru = lld.begin_aru().unwrap();
-        lld.write(Some(aru), l, round, &[round as u8; 4096]).unwrap();
+        lld.write(Some(aru), l, round, &[round as u8; 4096])
+            .unwrap();
         let t = {
             let lld = lld.clone();
             std::thread::spawn(move || {

@@ -426,6 +426,11 @@ struct State {
     group_next: Vec<u64>,
 }
 
+/// The most blocks one discard request covers (64 MiB, as fstrim's
+/// default chunk): a piece of a long free run is held out of the allocator
+/// only that long.
+const DISCARD_PIECE_BLOCKS: u64 = (64 << 20) / DATA_BLOCK_BYTES;
+
 /// The first run of clear bits in `v` at or after `from`, below `end`:
 /// (start, length). Whole zero words are skipped a word at a time.
 fn free_run(v: &[u64], from: u64, end: u64) -> Option<(u64, u64)> {
@@ -1006,33 +1011,81 @@ impl Dual {
     /// Free means free to allocate (`inuse` clear): a block freed by an ARU
     /// is that only once a flush made its freeing durable, and that flush
     /// drained the data device's queue first, so no write of it is pending.
-    /// Each run is discarded under the state lock, so no allocation takes
-    /// a block of it meanwhile (a write after a racing discard would be
-    /// lost); the lock is let go between runs. Returns (blocks, bytes)
-    /// discarded; (0, 0) if the device cannot discard.
+    /// As ext4's FITRIM does, each piece (at most `DISCARD_PIECE_BLOCKS`) is
+    /// marked in use under the state lock, discarded with no lock held (a
+    /// slow BLKDISCARD stalls no operation), then freed again: no
+    /// allocation takes a block while it is discarded (a write landing
+    /// before a discard of the same block would be lost). Returns (blocks,
+    /// bytes) discarded; (0, 0) if the device cannot discard.
     pub fn trim_data(&self) -> LdResult<(u64, u64)> {
-        // The engine refuses when opened read-only; its trim also gives the
-        // log's clean segments back.
-        let (mut blocks, mut bytes) = (0u64, 0u64);
+        let mut blocks = 0u64;
         let mut at = 0u64;
         loop {
-            let st = self.lock();
-            let Some((start, len)) = free_run(&st.inuse, at, self.geo.blocks) else {
-                break;
+            let (start, len) = {
+                let mut st = self.lock();
+                let Some((start, len)) = free_run(&st.inuse, at, self.geo.blocks) else {
+                    break;
+                };
+                let len = len.min(DISCARD_PIECE_BLOCKS);
+                self.hold(&mut st, start, len, true);
+                (start, len)
             };
-            let n = len * DATA_BLOCK_BYTES;
-            match self.sync.dev.discard(self.geo.offset(start), n) {
-                Ok(true) => {
-                    blocks += len;
-                    bytes += n;
-                }
-                Ok(false) => break,
+            let done = self.discard_runs(&[(start, len)]);
+            self.hold(&mut self.lock(), start, len, false);
+            match done {
+                Ok(0) => break,
+                Ok(n) => blocks += n,
                 Err(e) => return Err(e.into()),
             }
-            drop(st);
             at = start + len;
         }
-        Ok((blocks, bytes))
+        Ok((blocks, blocks * DATA_BLOCK_BYTES))
+    }
+
+    /// Marks blocks `start..start + len` in use (`on`; they were free) or
+    /// free again, keeping the groups' free counts.
+    fn hold(&self, st: &mut State, start: u64, len: u64, on: bool) {
+        for b in start..start + len {
+            debug_assert_eq!(
+                bit(&st.inuse, b),
+                !on,
+                "block {b} held twice or freed twice"
+            );
+            set_bit(&mut st.inuse, b, on);
+            let g = &mut st.group_free[self.geo.group_of(b) as usize];
+            if on {
+                *g -= 1;
+            } else {
+                *g += 1;
+            }
+        }
+    }
+
+    /// Discards `runs` of data blocks that no pointer names and no one may
+    /// allocate meanwhile, holding no lock but for a moment: first the io
+    /// lock exclusively, so a read that took a pointer to one of them
+    /// before it was freed has read its bytes (a read holds the io lock
+    /// shared from pointer to bytes; afterwards no pointer names them).
+    /// Returns the blocks discarded, stopping at the first refusal.
+    fn discard_runs(&self, runs: &[(u64, u64)]) -> Result<u64, DeviceError> {
+        drop(self.io.write().expect("io lock poisoned"));
+        let mut done = 0;
+        for &(start, len) in runs {
+            let mut b = start;
+            while b < start + len {
+                let n = (start + len - b).min(DISCARD_PIECE_BLOCKS);
+                if !self
+                    .sync
+                    .dev
+                    .discard(self.geo.offset(b), n * DATA_BLOCK_BYTES)?
+                {
+                    return Ok(done);
+                }
+                done += n;
+                b += n;
+            }
+        }
+        Ok(done)
     }
 
     /// Checks the data blocks against the pointers: every pointer names an
@@ -1291,6 +1344,9 @@ impl Dual {
                 .collect();
             st.committed = named.clone();
             st.inuse = named;
+            // As a flush releasing them all: a flush that counted them
+            // before must not release them again.
+            st.freed_released += st.freed.len() as u64;
             st.freed.clear();
             st.list_group.clear();
         }
@@ -1828,38 +1884,40 @@ impl LogicalDisk for Dual {
             st.freed_released + st.freed.len() as u64
         };
         self.meta.flush()?;
-        let mut st = self.lock();
-        let st = &mut *st;
+        let mut guard = self.lock();
+        let st = &mut *guard;
         // A flush running beside this one may have released some of them
         // already; what was freed after this one began is not its to
         // release (its log flush may not cover those ARUs' ends).
         let n = upto.saturating_sub(st.freed_released) as usize;
-        let mut released = Vec::new();
-        for b in st.freed.drain(..n) {
-            set_bit(&mut st.inuse, b, false);
-            st.group_free[self.geo.group_of(b) as usize] += 1;
-            if self.discard {
-                released.push(b);
-            }
-        }
         st.freed_released += n as u64;
-        // `-o discard`: their freeing is durable now; given back under the
-        // state lock, so no allocation takes one before its discard. A
-        // discard is advice: a failure leaves the blocks as they are.
-        released.sort_unstable();
-        let mut i = 0;
-        while i < released.len() {
-            let mut j = i + 1;
-            while j < released.len() && released[j] == released[j - 1] + 1 {
-                j += 1;
+        if !self.discard {
+            for b in st.freed.drain(..n) {
+                set_bit(&mut st.inuse, b, false);
+                st.group_free[self.geo.group_of(b) as usize] += 1;
             }
-            let len = (j - i) as u64 * DATA_BLOCK_BYTES;
-            match self.sync.dev.discard(self.geo.offset(released[i]), len) {
-                Ok(true) => st.discarded_blocks += (j - i) as u64,
-                Ok(false) | Err(_) => break,
-            }
-            i = j;
+            return Ok(());
         }
+        // `-o discard`: their freeing is durable now. They stay in use
+        // (no one allocates them) while they are discarded with no lock
+        // held, then become free. A discard is advice: a failure leaves
+        // the blocks as they are.
+        let mut released: Vec<u64> = st.freed.drain(..n).collect();
+        drop(guard);
+        released.sort_unstable();
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for &b in &released {
+            match runs.last_mut() {
+                Some((s, l)) if *s + *l == b => *l += 1,
+                _ => runs.push((b, 1)),
+            }
+        }
+        let done = self.discard_runs(&runs).unwrap_or(0);
+        let mut st = self.lock();
+        for &(start, len) in &runs {
+            self.hold(&mut st, start, len, false);
+        }
+        st.discarded_blocks += done;
         Ok(())
     }
 

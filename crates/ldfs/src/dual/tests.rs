@@ -930,22 +930,22 @@ fn discard_gives_blocks_back_as_their_frees_become_durable() {
 /// delete nor a flush takes) the bytes; the fs reads without its lock, so
 /// a truncate and the commit timer's flush may run in between. Without
 /// `-o discard` the block keeps its bytes until it is allocated and
-/// written again (the allocator moves on, so that takes a wrap of the
-/// group): the read returns the file's old bytes, a state that existed.
-/// With `-o discard` (or an `ldfs trim` in between) the flush zeroes them
-/// at once and the read fails its checksum: EIO for a read that raced a
-/// truncate, logged as a damaged block. FAILS on 264d380 for discard.
+/// written again: the read returns the file's old bytes, a state that
+/// existed. With `-o discard` (or an `ldfs trim` in between) the discard
+/// must wait for that read (it takes the io lock exclusively first), or
+/// the read fails its checksum: EIO for a read that raced a truncate.
 #[test]
-#[ignore = "review 24 finding: a read racing a delete + flush gets a checksum error once the flush discards"]
 fn a_read_racing_a_delete_and_a_discarding_flush_reads_the_old_bytes() {
     for (discard, trim) in [(false, false), (true, false), (false, true)] {
         let p = Pair::new(256);
-        let d = Dual::open(
-            p.meta.clone(),
-            p.data.clone(),
-            LldOptions { discard, ..opts() },
-        )
-        .unwrap();
+        let d = Arc::new(
+            Dual::open(
+                p.meta.clone(),
+                p.data.clone(),
+                LldOptions { discard, ..opts() },
+            )
+            .unwrap(),
+        );
         let f = data_list(&d);
         d.write(None, f, 0, &block(9, 4096)).unwrap();
         d.flush().unwrap();
@@ -953,20 +953,33 @@ fn a_read_racing_a_delete_and_a_discarding_flush_reads_the_old_bytes() {
         let eng = d.eng(f).unwrap();
         let io = d.io.read().unwrap();
         let ptr = d.pointer(eng, 0).unwrap().unwrap();
-        // ...a truncate and the commit flush (and a trim) meanwhile...
+        // ...a truncate and the commit flush (and a trim) meanwhile, on
+        // another thread (the discard waits for this read)...
         d.delete(None, f, 0).unwrap();
-        d.flush().unwrap();
-        if trim {
-            d.trim_data().unwrap();
-        }
+        let other = {
+            let d = d.clone();
+            std::thread::spawn(move || {
+                d.flush().unwrap();
+                if trim {
+                    d.trim_data().unwrap();
+                }
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(200));
         // ...then the bytes.
         let got = d.read_block(&ptr);
         drop(io);
+        other.join().unwrap();
         assert!(
             matches!(&got, Ok(b) if *b == block(9, 4096)),
             "discard {discard} trim {trim}: the racing read got {:?}",
             got.map(|b| b[..8].to_vec())
         );
+        if discard || trim {
+            let mut b = vec![1u8; 4096];
+            p.data.read_at(&mut b, d.geo.offset(ptr.block)).unwrap();
+            assert_eq!(b, vec![0u8; 4096], "discarded after the read");
+        }
     }
 }
 
@@ -1002,7 +1015,6 @@ impl Device for SlowDiscard {
 /// device trims. A drive that takes seconds per BLKDISCARD freezes the
 /// mount for that long. FAILS on 264d380 (the read waits out the discard).
 #[test]
-#[ignore = "review 24 finding: a slow discard under the state lock stalls every read and write of the mount"]
 fn a_metadata_read_does_not_wait_for_a_trim() {
     let p = Pair::new(256);
     let d = Arc::new(
