@@ -344,7 +344,7 @@ fn log_block_json(
     list: ldfs::ld::ListId,
     ix: u64,
 ) -> Result<Option<serde_json::Value>, Box<dyn std::error::Error>> {
-    let g = *lld.geometry();
+    let g = lld.geometry();
     use ldfs::ld::LogicalDisk;
     use ldfs::lld::types::entry_flags;
     let Some(e) = lld.map_entry(ldfs::lld::Key::new(list, ix))? else {

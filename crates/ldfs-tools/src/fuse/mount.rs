@@ -50,6 +50,8 @@ struct Daemon {
     scrub: Arc<Scrub>,
     /// What the last `trim` command did (read back by `ldfs trim`).
     last_trim: std::sync::Mutex<String>,
+    /// What the last `resize` command did (read back by `ldfs resize`).
+    last_resize: std::sync::Mutex<String>,
     /// The image, absolute (its snapshots' locks are taken on it).
     image: PathBuf,
     /// The snapshot this mount serves, if it is a snapshot mount.
@@ -164,6 +166,12 @@ impl Control for Daemon {
                 .expect("last_trim poisoned")
                 .clone()
                 .into_bytes()),
+            "resize" => Ok(self
+                .last_resize
+                .lock()
+                .expect("last_resize poisoned")
+                .clone()
+                .into_bytes()),
             "checkpoints" => {
                 Ok(
                     crate::cli::checkpoints::listing(&self.lld, &self.image, self.snapshot)
@@ -266,6 +274,15 @@ impl Control for Daemon {
                 results.push_back((req.token, kept));
                 r.map(|_| ())
             }
+            // SIZE as `ldfs resize` takes it (empty: the device's size).
+            "resize" => {
+                let r = self.resize(&text);
+                *self.last_resize.lock().expect("last_resize poisoned") = match &r {
+                    Ok(s) => s.clone(),
+                    Err(e) => format!("not resized: {e}\n"),
+                };
+                r.map(|_| ())
+            }
             "trim" => {
                 let (segs, bytes) = self.lld.trim().map_err(|e| e.to_string())?;
                 *self.last_trim.lock().expect("last_trim poisoned") =
@@ -278,6 +295,24 @@ impl Control for Daemon {
 }
 
 impl Daemon {
+    /// `ldfs resize MNT SIZE`: grows the log while mounted (the engine's
+    /// `grow`); the result as `ldfs resize` prints it.
+    fn resize(&self, spec: &str) -> Result<String, String> {
+        if self.snapshot.is_some() {
+            return Err("a snapshot mount is read-only: resize through the live mount".into());
+        }
+        if self.dual.is_some() {
+            return Err(
+                "a dual file system is resized unmounted, and only its metadata device".into(),
+            );
+        }
+        let current = self.lld.device_bytes();
+        let size = crate::cli::resize::resolve_size(Some(spec), current)?;
+        let r = self.lld.grow(size).map_err(|e| e.to_string())?;
+        eprintln!("ldfs: resized online, {r}");
+        Ok(format!("resized, {r}\n"))
+    }
+
     /// `ldfs snapshot`: takes or deletes a snapshot; the result as JSON.
     fn snapshot_command(
         &self,
@@ -1418,6 +1453,7 @@ pub fn run(
         ring_served: ring_served.clone(),
         scrub: scrub.clone(),
         last_trim: std::sync::Mutex::new("no trim since mount\n".into()),
+        last_resize: std::sync::Mutex::new("no resize since mount\n".into()),
         image: canon_image.clone(),
         snapshot: opts.snapshot,
         snapshot_results: std::sync::Mutex::new(std::collections::VecDeque::new()),
