@@ -174,3 +174,74 @@ fn grow_a_mounted_file_system_online() {
     assert_eq!(size2, size1);
     m.unmount();
 }
+
+/// A block device the storage grew (a loop device over a file extended,
+/// its capacity read again): `ldfs resize DEV` with no size takes it all.
+/// Root and losetup; skipped loudly otherwise.
+#[test]
+fn a_grown_block_device_is_taken_whole() {
+    if unsafe { libc::geteuid() } != 0
+        || std::process::Command::new("losetup")
+            .arg("--version")
+            .output()
+            .is_err()
+    {
+        eprintln!("*** SKIPPING a_grown_block_device_is_taken_whole: needs root and losetup ***");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let back = t.path().join("back.img");
+    fs::File::create(&back).unwrap().set_len(64 << 20).unwrap();
+    let out = std::process::Command::new("losetup")
+        .args(["--find", "--show"])
+        .arg(&back)
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        eprintln!(
+            "*** SKIPPING a_grown_block_device_is_taken_whole: losetup: {} ***",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        return;
+    }
+    let loopdev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let detach = || {
+        let _ = std::process::Command::new("losetup")
+            .args(["-d", &loopdev])
+            .status();
+    };
+    let result = std::panic::catch_unwind(|| {
+        let dev = Path::new(&loopdev);
+        let (code, text) = run(&["mkfs", p(dev)]);
+        assert_eq!(code, 0, "{text}");
+        // Nothing to take yet.
+        let (code, text) = run(&["resize", p(dev)]);
+        assert_ne!(code, 0, "{text}");
+        assert!(text.contains("nothing to do"), "{text}");
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&back)
+            .unwrap()
+            .set_len(192 << 20)
+            .unwrap();
+        let st = std::process::Command::new("losetup")
+            .args(["-c", &loopdev])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let (code, text) = run(&["resize", p(dev)]);
+        assert_eq!(code, 0, "{text}");
+        assert!(text.contains("-> 201326592 bytes"), "{text}");
+        let (code, text) = run(&["fsck", "-n", p(dev)]);
+        assert_eq!(code, 0, "{text}");
+        // A shrink of a block device leaves the device as it is.
+        let (code, text) = run(&["resize", p(dev), "96M"]);
+        assert_eq!(code, 0, "{text}");
+        let (code, text) = run(&["fsck", "-n", p(dev)]);
+        assert_eq!(code, 0, "{text}");
+    });
+    detach();
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}

@@ -338,3 +338,120 @@ fn a_crash_anywhere_in_a_shrink_leaves_the_old_or_the_new_size() {
     assert!(cuts > 8, "only {cuts} device operations in a shrink");
     eprintln!("shrink: {cuts} cut points, each crashed twice");
 }
+
+/// Online: the engine runs (threads off, so a seed replays), its files
+/// flushed; `Lld::grow` is cut at every device operation. Each crash image
+/// opens at the old or the new size with every flushed file.
+#[test]
+fn a_crash_anywhere_in_an_online_grow_leaves_the_old_or_the_new_size() {
+    let (dev, files) = image(8 << 20, Some(64 << 20), 1 << 20);
+    let base = dev.snapshot();
+    let old = verify(dev.clone(), &files, "base");
+    let opts = LldOptions {
+        log_writer_thread: false,
+        checkpoint_thread: false,
+        ..Default::default()
+    };
+    let seed = common::base_seed();
+    let mut n = 0u64;
+    loop {
+        let dev = Arc::new(CrashDevice::from_image(base.clone()));
+        let lld = Arc::new(Lld::open(dev.clone(), opts.clone()).unwrap());
+        // Work before the grow, flushed: it must survive every cut.
+        let ld: Arc<dyn LogicalDisk> = lld.clone();
+        let fs = Fs::mount(ld, FsOptions::default()).unwrap();
+        let more = write_files(&fs, "pre", 16, 8192, 6).unwrap();
+        lld.flush().unwrap();
+        let new = ldfs::lld::resize::segments_for_size(&lld.geometry(), 16 << 20).unwrap();
+        dev.cut_power_after(n);
+        let r = lld.grow(Some(16 << 20));
+        let all: Files = files.iter().cloned().chain(more).collect();
+        drop(fs);
+        if let Ok(r) = r {
+            // The grow took exactly `n` operations: power on again.
+            dev.cut_power_after(u64::MAX);
+            lld.close().unwrap();
+            drop(lld);
+            let d: Arc<dyn Device> = Arc::new(MemoryDevice::from_vec(dev.durable_image()));
+            assert_eq!(verify(d.clone(), &all, "completed"), r.new_segments);
+            assert_fsck_clean(d, "completed");
+            assert!(n > 6, "only {n} device operations in an online grow");
+            eprintln!("online grow: {n} cut points, each crashed twice");
+            return;
+        }
+        assert!(dev.power_is_cut(), "cut {n}: {:?}", r.err());
+        Arc::try_unwrap(lld)
+            .ok()
+            .expect("one engine handle")
+            .abandon();
+        for s in 0..2u64 {
+            let what = format!(
+                "online grow cut after {n} operations, crash seed {}",
+                seed + s
+            );
+            let img = dev.crash_image(
+                seed + s,
+                &CrashOptions {
+                    keep_probability: 0.5,
+                    tear_probability: 0.3,
+                },
+            );
+            let d: Arc<dyn Device> = Arc::new(MemoryDevice::from_vec(img));
+            let got = verify(d.clone(), &all, &what);
+            assert!(
+                got == old || got == new,
+                "{what}: {got} segments, not {old} or {new}"
+            );
+            assert_fsck_clean(d, &what);
+        }
+        n += 1;
+    }
+}
+
+/// A dual pair's metadata device is an ordinary log: it grows and shrinks
+/// unmounted like any image, and the pair opens with every file (its data
+/// device, whose groups do not resize, is refused by `ldfs resize`).
+#[test]
+fn a_dual_pairs_metadata_device_resizes_like_any_log() {
+    use ldfs::dual::{Dual, DualMkfsOptions};
+    let meta = Arc::new(MemoryDevice::new(16 << 20));
+    let data = Arc::new(MemoryDevice::new(32 << 20));
+    let opts = DualMkfsOptions {
+        lld: mkfs(Some(128 << 20)),
+        group_blocks: 256,
+        meta_path: String::new(),
+    };
+    ldfs::dual::mkfs(meta.clone(), &*data, &opts).unwrap();
+    let open = || {
+        let d = Arc::new(Dual::open(meta.clone(), data.clone(), LldOptions::default()).unwrap());
+        let ld: Arc<dyn LogicalDisk> = d.clone();
+        (d.clone(), Fs::mount(ld, FsOptions::default()).unwrap())
+    };
+    {
+        let d = Dual::open(meta.clone(), data.clone(), LldOptions::default()).unwrap();
+        Fs::format(&d, CTX).unwrap();
+        d.close().unwrap();
+    }
+    let (d, fs) = open();
+    let files = write_files(&fs, "f", 200, 8192, 7).unwrap();
+    drop(fs);
+    d.close().unwrap();
+    drop(d);
+    let check = |what: &str| {
+        let (d, fs) = open();
+        for (name, want) in &files {
+            let a = fs.lookup(ROOT_INO, name.as_bytes()).unwrap();
+            assert!(fs.read(a.ino, 0, 9000).unwrap() == *want, "{what}: {name}");
+        }
+        drop(fs);
+        d.close().unwrap();
+        let f = fsck::check_dual(meta.clone(), data.clone(), &FsckOptions::default()).unwrap();
+        assert!(f.is_clean(), "{what}: {:#?}", f.lines());
+    };
+    let r = resize_offline(meta.clone(), Some(48 << 20), LldOptions::default()).unwrap();
+    assert!(r.new_segments > 2 * r.old_segments, "{r}");
+    check("meta grown");
+    resize_offline(meta.clone(), Some(8 << 20), LldOptions::default()).unwrap();
+    assert_eq!(meta.size_bytes(), 8 << 20);
+    check("meta shrunk");
+}
