@@ -735,7 +735,7 @@ impl Engine {
                     .collect();
                 return Err(LdError::InvalidArgument(format!(
                     "snapshot(s) {} hold segments past the new end: delete them first \
-                     (ldfs snapshot MNT delete N), or shrink less",
+                     (ldfs snapshot MNT --delete N), or shrink less",
                     which.join(", ")
                 )));
             }
@@ -755,6 +755,13 @@ impl Engine {
             usage.set_limit(count);
             if log.next == log.seg {
                 choose_next(usage, log);
+            }
+            if log.seg.0 >= count && log.next == log.seg {
+                // Advancing would find nowhere to go and fail the engine.
+                return Err(LdError::InvalidArgument(format!(
+                    "no clean segment below segment {count} for the log to move to: \
+                     clean first (ldfs clean IMAGE), or shrink less"
+                )));
             }
             if g.log.seg.0 >= count {
                 self.seal(&mut g)?;
