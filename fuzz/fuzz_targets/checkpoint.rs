@@ -17,6 +17,7 @@ fuzz_target!(|data: &[u8]| {
         max_block_bytes: 16 << 10,
         reserved_segments: None,
         fs_id: data[1] as u64,
+        max_bytes: None,
     };
     let Ok(g) = Geometry::plan(size, &opts) else {
         return;

@@ -35,6 +35,7 @@ fn base() -> &'static (Vec<u8>, Vec<usize>) {
             max_block_bytes: 64 << 10,
             reserved_segments: Some(4),
             fs_id: 5,
+            max_bytes: None,
         };
         let dev = Arc::new(CrashDevice::new(8 << 20));
         {

@@ -91,6 +91,7 @@ fn make_image(dir: &Path) -> PathBuf {
                 max_block_bytes: 64 << 10,
                 reserved_segments: None,
                 fs_id: 0,
+                max_bytes: None,
             },
             LldOptions::default(),
         )
@@ -313,7 +314,7 @@ fn corrupt_directory_index_is_rebuilt() {
 /// Finds a live leaf page of the map (on disk: a MapPage record of level 0
 /// that the map still uses).
 fn live_map_leaf(lld: &Lld) -> u64 {
-    let g = *lld.geometry();
+    let g = lld.geometry();
     for s in 0..g.segment_count {
         for (h, recs) in lld.segment_summaries(SegmentId(s)).unwrap() {
             for r in recs {

@@ -49,6 +49,7 @@ fn mkfs(segment_bytes: u64, max_block: u32, reserved: u32) -> MkfsOptions {
         max_block_bytes: max_block,
         reserved_segments: Some(reserved),
         fs_id: 0xc1ea,
+        max_bytes: None,
     }
 }
 

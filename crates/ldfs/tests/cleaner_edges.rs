@@ -18,6 +18,7 @@ fn mkfs() -> MkfsOptions {
         max_block_bytes: 16 << 10,
         reserved_segments: Some(4),
         fs_id: 0x9e9,
+        max_bytes: None,
     }
 }
 

@@ -29,6 +29,7 @@ fn mkfs(segment_bytes: u64) -> MkfsOptions {
         max_block_bytes: 32 << 10,
         reserved_segments: Some(4),
         fs_id: 0xc0a1,
+        max_bytes: None,
     }
 }
 
@@ -865,6 +866,7 @@ fn run_mix(seed: u64, cycles: u64) -> Result<(u64, u64), String> {
         max_block_bytes: 12 << 10,
         reserved_segments: Some(6),
         fs_id: 0xc0a1,
+        max_bytes: None,
     };
     let lld = Lld::create(dev.clone(), &m, mix_options(partial)).map_err(|e| e.to_string())?;
     lld.flush().unwrap();

@@ -18,6 +18,7 @@ fn mkfs() -> MkfsOptions {
         max_block_bytes: 32 << 10,
         reserved_segments: Some(4),
         fs_id: 91,
+        max_bytes: None,
     }
 }
 

@@ -102,6 +102,7 @@ fn mkfs_options() -> MkfsOptions {
         max_block_bytes: MAX_BLOCK as u32,
         reserved_segments: Some(6),
         fs_id: 0x1df5,
+        max_bytes: None,
     }
 }
 

@@ -34,6 +34,7 @@ fn mkfs() -> MkfsOptions {
         max_block_bytes: 16 << 10,
         reserved_segments: Some(4),
         fs_id: 0xc1ea,
+        max_bytes: None,
     }
 }
 

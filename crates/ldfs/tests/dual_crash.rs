@@ -52,6 +52,7 @@ fn mkfs_opts() -> DualMkfsOptions {
             max_block_bytes: 64 << 10,
             reserved_segments: Some(8),
             fs_id: 77,
+            max_bytes: None,
         },
         group_blocks: 256,
         meta_path: String::new(),

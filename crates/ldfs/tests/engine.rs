@@ -21,6 +21,7 @@ fn small_mkfs() -> MkfsOptions {
         max_block_bytes: 32 << 10,
         reserved_segments: Some(4),
         fs_id: 77,
+        max_bytes: None,
     }
 }
 
@@ -191,7 +192,7 @@ fn both_checkpoints_lost_rebuilds_from_summaries() {
     let aru = lld.begin_aru().unwrap();
     lld.write(Some(aru), l, 7, b"never committed").unwrap();
     lld.flush().unwrap();
-    let g = *lld.geometry();
+    let g = lld.geometry();
     lld.abandon();
     for slot in 0..2 {
         dev.write_at(&[0xAB; 64], g.slot_addr(slot) + 8).unwrap();
@@ -1558,6 +1559,7 @@ fn no_page_is_written_both_whole_and_in_part() {
         max_block_bytes: 64 << 10,
         reserved_segments: Some(8),
         fs_id: 78,
+        max_bytes: None,
     };
     let opts = LldOptions {
         checkpoint_dirty_pages: Some(4),
@@ -1792,7 +1794,7 @@ fn full_device_delete_after_map_page_moves(seed: u64, p: u32) -> Result<(), Stri
     }
     lld.end_aru(aru).unwrap();
     // Every live map page of the 40,000 blocks' leaves, asked to move.
-    let geo = *lld.geometry();
+    let geo = lld.geometry();
     let mut pages = Vec::new();
     for (seg, u) in lld.segment_usage() {
         if u.live_bytes == 0 {
@@ -1909,6 +1911,7 @@ fn a_dual_flush_after_a_failed_data_flush_fails() {
             max_block_bytes: 64 << 10,
             reserved_segments: Some(8),
             fs_id: 78,
+            max_bytes: None,
         },
         group_blocks: 256,
         meta_path: String::new(),

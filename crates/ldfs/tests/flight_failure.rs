@@ -16,6 +16,7 @@ fn small_mkfs() -> MkfsOptions {
         max_block_bytes: 32 << 10,
         reserved_segments: Some(4),
         fs_id: 77,
+        max_bytes: None,
     }
 }
 

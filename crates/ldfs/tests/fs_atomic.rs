@@ -33,6 +33,7 @@ fn mkfs_options() -> MkfsOptions {
         max_block_bytes: 64 << 10,
         reserved_segments: Some(8),
         fs_id: 12,
+        max_bytes: None,
     }
 }
 

@@ -64,6 +64,7 @@ fn run(seed: u64, cycles: u64, digest: bool) -> u32 {
         max_block_bytes: 64 << 10,
         reserved_segments: Some(8),
         fs_id: 99,
+        max_bytes: None,
     };
     let mut dev = Arc::new(CrashDevice::new(48 << 20));
     {
@@ -184,6 +185,7 @@ fn long_xattr_values_and_orphans_survive_crashes() {
         max_block_bytes: 64 << 10,
         reserved_segments: Some(8),
         fs_id: 98,
+        max_bytes: None,
     };
     let mut dev = Arc::new(CrashDevice::new(48 << 20));
     {

@@ -44,6 +44,7 @@ fn build() -> Image {
                 max_block_bytes: 64 << 10,
                 reserved_segments: None,
                 fs_id: 0x77,
+                max_bytes: None,
             },
             LldOptions::default(),
         )
@@ -242,6 +243,7 @@ fn on_the_dual_layout_a_bad_data_block_fails_only_its_reads() {
             max_block_bytes: 64 << 10,
             reserved_segments: None,
             fs_id: 0x78,
+            max_bytes: None,
         },
         group_blocks: 256,
         meta_path: String::new(),

@@ -378,6 +378,7 @@ fn deletes_on_a_full_file_system_with_the_cleaner_running() {
         max_block_bytes: 64 << 10,
         reserved_segments: Some(6),
         fs_id: 11,
+        max_bytes: None,
     };
     let opts = LldOptions {
         cleaner: ldfs::lld::CleanerOptions {

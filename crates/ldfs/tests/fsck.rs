@@ -28,6 +28,7 @@ fn mkfs_opts() -> MkfsOptions {
         max_block_bytes: 64 << 10,
         reserved_segments: None,
         fs_id: 0x1234,
+        max_bytes: None,
     }
 }
 

@@ -39,6 +39,7 @@ fn mkfs() -> MkfsOptions {
         max_block_bytes: MAX_BLOCK as u32,
         reserved_segments: Some(6),
         fs_id: 0x5eed,
+        max_bytes: None,
     }
 }
 
@@ -461,7 +462,7 @@ fn image_with_snapshots() -> (Vec<u8>, ldfs::lld::layout::Geometry) {
         lld.write(None, a, i, &[i as u8 ^ 0xff; 3000]).unwrap();
     }
     lld.take_snapshot("second", 2).unwrap();
-    let geo = *lld.geometry();
+    let geo = lld.geometry();
     lld.close().unwrap();
     drop(lld);
     (dev.crash_image(0, &CrashOptions::default()), geo)

@@ -38,6 +38,7 @@ fn mkfs() -> MkfsOptions {
         max_block_bytes: 16 << 10,
         reserved_segments: Some(8),
         fs_id: 0x5a95,
+        max_bytes: None,
     }
 }
 

@@ -42,6 +42,7 @@ fn mkfs(segment_bytes: u64, max_block: u32, reserved: u32) -> MkfsOptions {
         max_block_bytes: max_block,
         reserved_segments: Some(reserved),
         fs_id: 0x7e15,
+        max_bytes: None,
     }
 }
 
@@ -114,7 +115,7 @@ fn a_read_error_in_another_segment_fails_no_delete() {
         let (lists, _model, keys) = fill_small_random(&lld, &mut rng, 10);
         let keys: Vec<(ListId, u64)> = keys.into_iter().map(|(l, i)| (ListId(l), i)).collect();
         let _ = lists;
-        let geo = *lld.geometry();
+        let geo = lld.geometry();
         let seg_of = |l: ListId, i: u64| {
             lld.map_entry(Key::new(l, i))
                 .unwrap()

@@ -241,6 +241,7 @@ fn mkfs_for(b: &CleanerBench, max_block: u32) -> MkfsOptions {
         max_block_bytes: max_block,
         reserved_segments: None,
         fs_id: 0,
+        max_bytes: None,
     }
 }
 

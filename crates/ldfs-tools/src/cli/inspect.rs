@@ -156,6 +156,15 @@ fn cmd_inspect(image: PathBuf, segment: Option<u32>, all: bool) -> CmdResult {
     );
     println!("  max block          {} bytes", g.max_block_bytes);
     println!("  reserved segments  {}", g.reserved_segments);
+    println!(
+        "  resize             up to {} segments{}",
+        g.max_segments(),
+        if g.resizable() {
+            " (flag RESIZE: the newest checkpoint's count rules)"
+        } else {
+            ""
+        }
+    );
     let slots = read_checkpoints(&dev, &g)?;
     let mut newest: Option<(u64, usize)> = None;
     for (i, s) in slots.iter().enumerate() {
@@ -344,7 +353,7 @@ fn log_block_json(
     list: ldfs::ld::ListId,
     ix: u64,
 ) -> Result<Option<serde_json::Value>, Box<dyn std::error::Error>> {
-    let g = *lld.geometry();
+    let g = lld.geometry();
     use ldfs::ld::LogicalDisk;
     use ldfs::lld::types::entry_flags;
     let Some(e) = lld.map_entry(ldfs::lld::Key::new(list, ix))? else {
@@ -604,6 +613,8 @@ fn inspect_json_value(
             "checkpoint_pages": g.checkpoint_pages,
             "max_block_bytes": g.max_block_bytes,
             "reserved_segments": g.reserved_segments,
+            "max_segments": g.max_segments(),
+            "resizable": g.resizable(),
         },
         "checkpoints": slot_json,
     });

@@ -9,6 +9,9 @@ use ldfs::lld::mkfs::mkfs;
 
 use super::{parse_size, CmdResult};
 
+/// How many times its size `ldfs mkfs` lets a file system grow by default.
+const DEFAULT_GROWTH: u64 = 16;
+
 /// The options of `ldfs mkfs`.
 #[derive(clap::Args)]
 pub struct MkfsArgs {
@@ -25,6 +28,12 @@ pub struct MkfsArgs {
     /// Segments kept back for checkpoints and the cleaner (default: 1/16, 4..=64; at least 4).
     #[arg(long)]
     reserved_segments: Option<u32>,
+    /// The largest size `ldfs resize` may grow the file system to: the
+    /// checkpoint slots get room for its segment table (16 bytes a segment,
+    /// twice). Default 16 times the size (at most 2^24 segments); equal to
+    /// the size, older ldfs binaries can still read the image.
+    #[arg(long, value_parser = parse_size, conflicts_with = "meta")]
+    max_size: Option<u64>,
     /// With --size: leave the image file (and a META it creates) sparse
     /// instead of writing it whole. Quicker to make and takes only what is
     /// written, but every segment ldfs first writes is then allocated by
@@ -57,7 +66,7 @@ pub fn run(a: MkfsArgs) -> CmdResult {
         a.size,
         a.segment_size,
         a.max_block,
-        a.reserved_segments,
+        (a.reserved_segments, a.max_size),
         !a.sparse,
         a.meta.map(|m| (m, a.meta_size)),
     )
@@ -83,7 +92,7 @@ fn format(
     size: Option<u64>,
     segment_size: u64,
     max_block: u64,
-    reserved: Option<u32>,
+    (reserved, max_size): (Option<u32>, Option<u64>),
     fill: bool,
     meta: Option<(PathBuf, Option<u64>)>,
 ) -> CmdResult {
@@ -113,10 +122,22 @@ fn format(
         max_block_bytes,
         reserved_segments: reserved,
         fs_id: 0,
+        max_bytes: None,
     };
     if let Some((meta, meta_size)) = meta {
         return mkfs_dual(image, dev, meta, meta_size, fill, opts);
     }
+    // Room to grow (`ldfs resize`): 16 times, a few slot pages on a small
+    // image, 1/4096 of a large one's size with 2 MiB segments.
+    let size = dev.size_bytes();
+    let max = max_size.unwrap_or(size.saturating_mul(DEFAULT_GROWTH));
+    if max < size {
+        return Err(format!("--max-size {max} is below the size, {size}").into());
+    }
+    let opts = MkfsOptions {
+        max_bytes: Some(max),
+        ..opts
+    };
     let g = mkfs(&dev, &opts)?;
     // The file system on top: an empty root directory owned by the caller.
     let dev: std::sync::Arc<dyn Device> = std::sync::Arc::new(dev);
@@ -130,14 +151,15 @@ fn format(
     lld.close()?;
     drop(lld);
     println!(
-        "formatted {}: {} bytes, {} segments of {} KiB, max block {} bytes, {} reserved segments, fs id {:016x}",
+        "formatted {}: {} bytes, {} segments of {} KiB, max block {} bytes, {} reserved segments, fs id {:016x}, resize up to {} segments",
         image.display(),
         dev.size_bytes(),
         g.segment_count,
         g.segment_bytes() >> 10,
         g.max_block_bytes,
         g.reserved_segments,
-        g.fs_id
+        g.fs_id,
+        g.max_segments()
     );
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! The `ldfs` command: `mkfs`, `mount` (also as the mount helper
 //! `mount.fuse.ldfs`), `fsck` (also as `fsck.ldfs`), `sync`, `stats`,
-//! `checkpoint`, `snapshot`, `checkpoints`, `clean`, `scrub`, `trim`, `inspect` and `bench`
+//! `checkpoint`, `snapshot`, `checkpoints`, `clean`, `scrub`, `trim`, `resize`, `inspect` and `bench`
 //! (engine, cleaner, fs, ...):
 //! one module per command, each parsing its own options and doing its work;
 //! `main` only dispatches.
@@ -14,6 +14,7 @@ pub mod fsck;
 pub mod inspect;
 pub mod mkfs;
 pub mod mount;
+pub mod resize;
 pub mod scrub;
 pub mod snapshot;
 pub mod stats;
@@ -117,6 +118,11 @@ enum Cmd {
     Scrub(scrub::ScrubArgs),
     /// Give every clean segment back to the storage (fstrim).
     Trim(trim::TrimArgs),
+    /// Grow an unmounted image or a mounted ldfs to SIZE (8G, +1G; omitted:
+    /// the device's size), or shrink an unmounted image (-1G): its live
+    /// data is moved out of the segments cut off first, and the shrink is
+    /// refused when it does not fit or a snapshot holds them.
+    Resize(resize::ResizeArgs),
     /// Run a benchmark and print its figures.
     Bench {
         #[command(subcommand)]
@@ -196,6 +202,7 @@ pub fn main() -> ExitCode {
         Cmd::Clean(a) => clean::run(a),
         Cmd::Scrub(a) => return scrub::main(a),
         Cmd::Trim(a) => trim::run(a),
+        Cmd::Resize(a) => resize::run(a),
         Cmd::Bench { which } => bench::run(which),
     };
     match result {

@@ -50,6 +50,8 @@ struct Daemon {
     scrub: Arc<Scrub>,
     /// What the last `trim` command did (read back by `ldfs trim`).
     last_trim: std::sync::Mutex<String>,
+    /// What the last `resize` command did (read back by `ldfs resize`).
+    last_resize: std::sync::Mutex<String>,
     /// The image, absolute (its snapshots' locks are taken on it).
     image: PathBuf,
     /// The snapshot this mount serves, if it is a snapshot mount.
@@ -166,6 +168,12 @@ impl Control for Daemon {
                 .expect("last_trim poisoned")
                 .clone()
                 .into_bytes()),
+            "resize" => Ok(self
+                .last_resize
+                .lock()
+                .expect("last_resize poisoned")
+                .clone()
+                .into_bytes()),
             "checkpoints" => {
                 Ok(
                     crate::cli::checkpoints::listing(&self.lld, &self.image, self.snapshot)
@@ -275,6 +283,15 @@ impl Control for Daemon {
                 results.push_back((req.token, kept));
                 r.map(|_| ())
             }
+            // SIZE as `ldfs resize` takes it (empty: the device's size).
+            "resize" => {
+                let r = self.resize(&text);
+                *self.last_resize.lock().expect("last_resize poisoned") = match &r {
+                    Ok(s) => s.clone(),
+                    Err(e) => format!("not resized: {e}\n"),
+                };
+                r.map(|_| ())
+            }
             "trim" => {
                 self.writable("trim runs")?;
                 let (segs, bytes) = self.lld.trim().map_err(|e| e.to_string())?;
@@ -303,6 +320,25 @@ impl Daemon {
             ));
         }
         Ok(())
+    }
+
+    /// `ldfs resize MNT SIZE`: grows the log while mounted (the engine's
+    /// `grow`); the result as `ldfs resize` prints it.
+    fn resize(&self, spec: &str) -> Result<String, String> {
+        if self.snapshot.is_some() {
+            return Err("a snapshot mount is read-only: resize through the live mount".into());
+        }
+        if self.dual.is_some() {
+            return Err(
+                "a dual file system is resized unmounted, and only its metadata device".into(),
+            );
+        }
+        self.writable("it is resized")?;
+        let current = self.lld.device_bytes();
+        let size = crate::cli::resize::resolve_size(Some(spec), current)?;
+        let r = self.lld.grow(size).map_err(|e| e.to_string())?;
+        eprintln!("ldfs: resized online, {r}");
+        Ok(format!("resized, {r}\n"))
     }
 
     /// `ldfs snapshot`: takes or deletes a snapshot; the result as JSON.
@@ -1510,6 +1546,7 @@ pub fn run(
         ring_served: ring_served.clone(),
         scrub: scrub.clone(),
         last_trim: std::sync::Mutex::new("no trim since mount\n".into()),
+        last_resize: std::sync::Mutex::new("no resize since mount\n".into()),
         image: canon_image.clone(),
         snapshot: opts.snapshot,
         snapshot_results: std::sync::Mutex::new(std::collections::VecDeque::new()),
@@ -2323,6 +2360,7 @@ mod tests {
             max_block_bytes: 64 << 10,
             reserved_segments: Some(8),
             fs_id: 0x9e5,
+            max_bytes: None,
         };
         let lld = Arc::new(Lld::create(Arc::new(dev), &mk, LldOptions::default()).unwrap());
         (t, image, lld)
@@ -2396,6 +2434,7 @@ mod tests {
             ring_served: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             scrub: Arc::new(Scrub::default()),
             last_trim: std::sync::Mutex::new(String::new()),
+            last_resize: std::sync::Mutex::new(String::new()),
             image: image.clone(),
             snapshot: None,
             snapshot_results: std::sync::Mutex::new(std::collections::VecDeque::new()),
@@ -2434,6 +2473,7 @@ mod tests {
             ring_served: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             scrub: Arc::new(Scrub::default()),
             last_trim: std::sync::Mutex::new(String::new()),
+            last_resize: std::sync::Mutex::new(String::new()),
             image: image.to_path_buf(),
             snapshot: None,
             snapshot_results: std::sync::Mutex::new(std::collections::VecDeque::new()),

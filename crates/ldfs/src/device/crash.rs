@@ -68,7 +68,6 @@ struct State {
 /// An in-memory device that separates written from durable data.
 pub struct CrashDevice {
     state: Mutex<State>,
-    size: u64,
     /// A discard leaves the old bytes (as a drive without "read zeroes
     /// after TRIM" may): set, nothing discarded ever reads as zeros, so a
     /// reader that relies on zeros there is caught.
@@ -90,7 +89,6 @@ impl CrashDevice {
     /// A device whose durable contents are `image` (for example a crash image,
     /// to recover from it and crash again).
     pub fn from_image(image: Vec<u8>) -> CrashDevice {
-        let size = image.len() as u64;
         let state = State {
             current: image.clone(),
             durable: image,
@@ -100,8 +98,18 @@ impl CrashDevice {
         };
         CrashDevice {
             state: Mutex::new(state),
-            size,
             discard_keeps_old: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Every pending write becomes durable (a flush's effect).
+    fn make_durable(state: &mut State) {
+        let State {
+            durable, pending, ..
+        } = state;
+        for w in pending.drain(..) {
+            let start = w.offset as usize;
+            durable[start..start + w.bytes.len()].copy_from_slice(&w.bytes);
         }
     }
 
@@ -207,16 +215,26 @@ fn power_cut(op: DeviceOp, offset: u64, len: usize) -> DeviceError {
 
 impl Device for CrashDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
-        check_range(DeviceOp::Read, offset, buf.len(), self.size)?;
         let state = self.lock();
+        check_range(
+            DeviceOp::Read,
+            offset,
+            buf.len(),
+            state.current.len() as u64,
+        )?;
         let start = offset as usize;
         buf.copy_from_slice(&state.current[start..start + buf.len()]);
         Ok(())
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
-        check_range(DeviceOp::Write, offset, buf.len(), self.size)?;
         let mut state = self.lock();
+        check_range(
+            DeviceOp::Write,
+            offset,
+            buf.len(),
+            state.current.len() as u64,
+        )?;
         if !CrashDevice::spend_power(&mut state) {
             return Err(power_cut(DeviceOp::Write, offset, buf.len()));
         }
@@ -238,8 +256,13 @@ impl Device for CrashDevice {
     /// may keep it, drop it or keep part of it (a discarded range reads as
     /// zeros or as before). With `set_discard_keeps_old`, changes nothing.
     fn discard(&self, offset: u64, len: u64) -> Result<bool, DeviceError> {
-        check_range(DeviceOp::Discard, offset, len as usize, self.size)?;
         let mut state = self.lock();
+        check_range(
+            DeviceOp::Discard,
+            offset,
+            len as usize,
+            state.current.len() as u64,
+        )?;
         if !CrashDevice::spend_power(&mut state) {
             return Err(power_cut(DeviceOp::Discard, offset, len as usize));
         }
@@ -265,22 +288,28 @@ impl Device for CrashDevice {
         if !CrashDevice::spend_power(&mut state) {
             return Err(power_cut(DeviceOp::Flush, 0, 0));
         }
-        let State {
-            durable,
-            pending,
-            stats,
-            ..
-        } = &mut *state;
-        for w in pending.drain(..) {
-            let start = w.offset as usize;
-            durable[start..start + w.bytes.len()].copy_from_slice(&w.bytes);
-        }
-        stats.flushes += 1;
+        CrashDevice::make_durable(&mut state);
+        state.stats.flushes += 1;
         Ok(())
     }
 
     fn size_bytes(&self) -> u64 {
-        self.size
+        self.lock().current.len() as u64
+    }
+
+    /// As an image file's `set_len` then `fsync`: one step the power may
+    /// cut before it, durable with every earlier write once it returns
+    /// (counted as a flush). Grown bytes read as zeros.
+    fn resize(&self, bytes: u64) -> Result<bool, DeviceError> {
+        let mut state = self.lock();
+        if !CrashDevice::spend_power(&mut state) {
+            return Err(power_cut(DeviceOp::Flush, bytes, 0));
+        }
+        CrashDevice::make_durable(&mut state);
+        state.stats.flushes += 1;
+        state.durable.resize(bytes as usize, 0);
+        state.current.resize(bytes as usize, 0);
+        Ok(true)
     }
 }
 

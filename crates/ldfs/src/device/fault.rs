@@ -191,6 +191,9 @@ impl<D: Device> Device for FaultDevice<D> {
     fn discard(&self, offset: u64, len: u64) -> Result<bool, DeviceError> {
         self.inner.discard(offset, len)
     }
+    fn resize(&self, bytes: u64) -> Result<bool, DeviceError> {
+        self.inner.resize(bytes)
+    }
 }
 
 #[cfg(test)]

@@ -45,7 +45,8 @@ pub struct FileDeviceOptions {
 pub struct FileDevice {
     file: File,
     path: PathBuf,
-    size: u64,
+    /// Changes only in `resize` (an atomic so `size_bytes` needs no lock).
+    size: std::sync::atomic::AtomicU64,
     direct: bool,
     /// `direct_writes`: the same file opened with `O_DIRECT`, for aligned
     /// writes.
@@ -174,7 +175,7 @@ impl FileDevice {
         FileDevice {
             file,
             path: path.to_path_buf(),
-            size,
+            size: size.into(),
             direct,
             direct_writer: None,
             write_lock: RwLock::new(()),
@@ -191,7 +192,7 @@ impl FileDevice {
         if self.direct {
             return Ok(());
         }
-        check_direct_size(self.size)?;
+        check_direct_size(self.size_bytes())?;
         let file = OpenOptions::new()
             .write(true)
             .custom_flags(libc::O_DIRECT)
@@ -333,10 +334,10 @@ impl Device for FileDevice {
             return;
         }
         for &(off, len) in ranges {
-            if off >= self.size {
+            if off >= self.size_bytes() {
                 continue;
             }
-            let len = len.min(self.size - off);
+            let len = len.min(self.size_bytes() - off);
             // Advice only: its result does not matter.
             unsafe {
                 libc::posix_fadvise(
@@ -349,7 +350,7 @@ impl Device for FileDevice {
         }
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
-        check_range(DeviceOp::Read, offset, buf.len(), self.size)?;
+        check_range(DeviceOp::Read, offset, buf.len(), self.size_bytes())?;
         if buf.is_empty() {
             return Ok(());
         }
@@ -362,7 +363,7 @@ impl Device for FileDevice {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
-        check_range(DeviceOp::Write, offset, buf.len(), self.size)?;
+        check_range(DeviceOp::Write, offset, buf.len(), self.size_bytes())?;
         if buf.is_empty() {
             return Ok(());
         }
@@ -389,11 +390,35 @@ impl Device for FileDevice {
     }
 
     fn size_bytes(&self) -> u64 {
-        self.size
+        self.size.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// A regular file: `set_len`, then `fsync` (the length and every write
+    /// before it durable). A block device: its size is the storage's; the
+    /// one it has now is read again (it may have grown) and `false`
+    /// returned.
+    fn resize(&self, bytes: u64) -> Result<bool, DeviceError> {
+        use std::sync::atomic::Ordering;
+        if self.block {
+            let now = (&self.file)
+                .seek(SeekFrom::End(0))
+                .map_err(|e| io_error(DeviceOp::Flush, 0, 0, e))?;
+            self.size.store(now, Ordering::Release);
+            return Ok(false);
+        }
+        if self.direct {
+            check_direct_size(bytes)?;
+        }
+        self.file
+            .set_len(bytes)
+            .and_then(|()| self.file.sync_all())
+            .map_err(|e| io_error(DeviceOp::Flush, bytes, 0, e))?;
+        self.size.store(bytes, Ordering::Release);
+        Ok(true)
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<bool, DeviceError> {
-        check_range(DeviceOp::Discard, offset, len as usize, self.size)?;
+        check_range(DeviceOp::Discard, offset, len as usize, self.size_bytes())?;
         if len == 0 {
             return Ok(true);
         }

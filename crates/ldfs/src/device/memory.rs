@@ -59,6 +59,11 @@ impl Device for MemoryDevice {
         Ok(())
     }
 
+    fn resize(&self, bytes: u64) -> Result<bool, DeviceError> {
+        self.bytes.lock().unwrap().resize(bytes as usize, 0);
+        Ok(true)
+    }
+
     fn size_bytes(&self) -> u64 {
         self.bytes.lock().unwrap().len() as u64
     }

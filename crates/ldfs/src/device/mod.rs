@@ -94,7 +94,7 @@ pub trait Device: Send + Sync {
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError>;
     /// Make every write that returned before this call durable.
     fn flush(&self) -> Result<(), DeviceError>;
-    /// The device size in bytes; fixed for the device's lifetime.
+    /// The device size in bytes; changes only through `resize`.
     fn size_bytes(&self) -> u64;
     /// A hint: these byte ranges (offset, length) will be read soon. A
     /// device behind a page cache starts reading them in the background;
@@ -115,6 +115,15 @@ pub trait Device: Send + Sync {
     /// checkpoint released). Returns whether the device did anything
     /// (`false`: it cannot discard, which is not an error).
     fn discard(&self, _offset: u64, _len: u64) -> Result<bool, DeviceError> {
+        Ok(false)
+    }
+    /// Makes the device `bytes` long (`ldfs resize`): an image file is
+    /// extended (reading zeros) or truncated, and the new length is durable
+    /// when this returns, with every write before it (it flushes). Returns
+    /// whether the device did; `false`: its size is not ldfs's to set (a
+    /// block device, which `size_bytes` then reports as it is now, after
+    /// the storage grew it).
+    fn resize(&self, _bytes: u64) -> Result<bool, DeviceError> {
         Ok(false)
     }
 }
@@ -141,6 +150,9 @@ impl<D: Device + ?Sized> Device for Arc<D> {
     fn discard(&self, offset: u64, len: u64) -> Result<bool, DeviceError> {
         (**self).discard(offset, len)
     }
+    fn resize(&self, bytes: u64) -> Result<bool, DeviceError> {
+        (**self).resize(bytes)
+    }
 }
 
 impl<D: Device + ?Sized> Device for Box<D> {
@@ -164,6 +176,9 @@ impl<D: Device + ?Sized> Device for Box<D> {
     }
     fn discard(&self, offset: u64, len: u64) -> Result<bool, DeviceError> {
         (**self).discard(offset, len)
+    }
+    fn resize(&self, bytes: u64) -> Result<bool, DeviceError> {
+        (**self).resize(bytes)
     }
 }
 

@@ -2717,6 +2717,7 @@ mod tests {
             max_block_bytes: 64 << 10,
             reserved_segments: Some(4),
             fs_id: 5,
+            max_bytes: None,
         };
         let lld = Lld::create(dev, &mkfs, LldOptions::default()).unwrap();
         Fs::format(&lld, ROOT).unwrap();
@@ -2736,6 +2737,7 @@ mod tests {
             max_block_bytes: 64 << 10,
             reserved_segments: Some(4),
             fs_id: 5,
+            max_bytes: None,
         };
         let lld = Lld::create(dev, &mkfs, LldOptions::default()).unwrap();
         let clock = Arc::new(AtomicI64::new(1_000_000));

@@ -6,7 +6,7 @@
 //! write therefore leaves the other slot, one checkpoint older, intact.
 
 use super::codec::{crc_with_hole, get_u32, get_u64, put_u32, put_u64};
-use super::layout::{Geometry, USAGE_ENTRY_BYTES};
+use super::layout::{checkpoint_pages_for, Geometry, USAGE_ENTRY_BYTES};
 use super::snapshot::{self, SnapshotRecord};
 use super::types::{PagePtr, MAX_COUNTER, PAGE_BYTES};
 use super::usage::{SegmentState, Usage};
@@ -69,7 +69,8 @@ pub fn encode(
     usage: &Usage,
     released: &[super::types::SegmentId],
 ) -> Vec<u8> {
-    let pages = g.checkpoint_pages as usize;
+    let pages = slot_pages_for(g);
+    assert_eq!(usage.len(), g.segment_count, "usage table of another size");
     let mut b = vec![0u8; PAGE_BYTES];
     put_u64(&mut b, C_MAGIC, CHECKPOINT_MAGIC);
     let version = if h.snapshots.is_empty() {
@@ -113,7 +114,38 @@ pub fn encode(
     b
 }
 
-/// Decodes a slot (`checkpoint_pages` pages) read at `offset`.
+/// Pages a slot written for `g` covers: with [`INCOMPAT_RESIZE`] only the
+/// header and the table of the current segment count (the slot's room for
+/// a larger table stays unwritten), else every page of the slot, as
+/// images before resize were written.
+///
+/// [`INCOMPAT_RESIZE`]: super::layout::INCOMPAT_RESIZE
+pub fn slot_pages_for(g: &Geometry) -> usize {
+    if g.resizable() {
+        checkpoint_pages_for(g.segment_count) as usize
+    } else {
+        g.checkpoint_pages as usize
+    }
+}
+
+/// How many pages to read for the slot whose header page is `header`: the
+/// pages it names if that is a possible count for `g`, else the whole slot
+/// (the decode then fails on its length or crc). Untrusted bytes, bounded.
+pub fn slot_pages_named(g: &Geometry, header: &[u8]) -> usize {
+    let named = get_u32(header, C_PAGES);
+    if g.resizable() && (2..=g.checkpoint_pages).contains(&named) {
+        named as usize
+    } else {
+        g.checkpoint_pages as usize
+    }
+}
+
+/// Decodes a slot read at `offset`: `slot_pages_named` pages. With
+/// [`INCOMPAT_RESIZE`] its segment count may differ from `g`'s (the usage
+/// table's length is the slot's count; [`Geometry::with_segments`] gives the
+/// geometry it implies), within what the slots hold and the device fits.
+///
+/// [`INCOMPAT_RESIZE`]: super::layout::INCOMPAT_RESIZE
 pub fn decode(
     g: &Geometry,
     b: &[u8],
@@ -124,12 +156,17 @@ pub fn decode(
         offset,
         reason,
     };
-    let len = g.checkpoint_pages as usize * PAGE_BYTES;
-    if b.len() != len {
+    let len = b.len();
+    let whole = g.checkpoint_pages as usize * PAGE_BYTES;
+    if len > whole
+        || len < PAGE_BYTES
+        || !len.is_multiple_of(PAGE_BYTES)
+        || (!g.resizable() && len != whole)
+    {
         return Err(bad(CorruptReason::OutOfBounds {
             field: "length",
-            value: b.len() as u64,
-            limit: len as u64,
+            value: len as u64,
+            limit: whole as u64,
         }));
     }
     let magic = get_u64(b, C_MAGIC);
@@ -163,18 +200,31 @@ pub fn decode(
             Ok(value)
         }
     };
-    check(
+    let pages = check(
         "pages",
         get_u32(b, C_PAGES) as u64,
         g.checkpoint_pages as u64 + 1,
     )?;
-    let count = get_u32(b, C_SEGMENT_COUNT);
-    if count != g.segment_count {
+    if g.resizable() && pages as usize * PAGE_BYTES != len {
         return Err(bad(CorruptReason::Inconsistent(format!(
-            "{count} segments, superblock says {}",
-            g.segment_count
+            "slot names {pages} pages, {} read",
+            len / PAGE_BYTES
         ))));
     }
+    let count = get_u32(b, C_SEGMENT_COUNT);
+    // The slot's count is the truth with the resize flag (the commit point
+    // of a resize); it must fit the slot, the slots' room and the device.
+    let g = &match g.with_segments(count, g.total_pages) {
+        Some(gs) if checkpoint_pages_for(count) as usize * PAGE_BYTES <= len => gs,
+        _ => {
+            return Err(bad(CorruptReason::Inconsistent(format!(
+                "{count} segments, superblock says {} (slots hold {}, {} pages on the device)",
+                g.segment_count,
+                g.max_segments(),
+                g.total_pages
+            ))))
+        }
+    };
     let log_segment = check(
         "log segment",
         get_u32(b, C_LOG_SEGMENT) as u64,

@@ -304,7 +304,9 @@ enum SnapChange {
 /// background cleaner thread can share it.
 pub struct Engine {
     dev: Arc<dyn Device>,
-    geo: Geometry,
+    /// Changes only in `grow`, under the state lock (a resize, issue 17):
+    /// read it through `geo()`.
+    geo: std::sync::RwLock<Geometry>,
     opts: LldOptions,
     /// Shared with the checkpointer thread, which finishes checkpoints.
     inner: Arc<Mutex<Inner>>,
@@ -376,6 +378,11 @@ impl PageReader for DevPages<'_> {
 }
 
 const HINTS_CACHE_LIMIT: usize = 1 << 16;
+/// How long a resize waits for open ARUs to end before its checkpoint.
+const RESIZE_ARU_WAIT: Duration = Duration::from_secs(10);
+/// Rounds of moving data out of the segments a shrink cuts off (one
+/// usually does; map pages a full checkpoint had no room for take more).
+const SHRINK_ROUNDS: usize = 8;
 const HINTS_BYTES: usize = 16;
 
 pub(crate) fn encode_hints(h: &ListHints) -> Vec<u8> {
@@ -465,8 +472,13 @@ impl Engine {
         // Flushes on the checkpointer thread and group commits' own report
         // failures in the order they began (see `flushes`).
         let dev: Arc<dyn Device> = Arc::new(super::flushes::OrderedFlushes::new(dev));
-        let (geo, _sb_errors) = mkfs::read_superblock(&*dev)?;
-        let recovered = recovery::recover(&*dev, &geo, &opts)?;
+        let (sb_geo, _sb_errors) = mkfs::read_superblock(&*dev)?;
+        let recovered = recovery::recover(&*dev, &sb_geo, &opts)?;
+        let geo = if opts.read_only {
+            recovered.geo
+        } else {
+            super::resize::settle_superblocks(&*dev, recovered.geo)?
+        };
         let stats = EngineStats {
             rolled_forward: recovered.report.rolled_forward,
             rebuilt: recovered.report.rebuilt,
@@ -543,7 +555,7 @@ impl Engine {
         });
         let lld = Engine {
             dev,
-            geo,
+            geo: std::sync::RwLock::new(geo),
             opts,
             inner,
             committing: Mutex::new(false),
@@ -571,8 +583,18 @@ impl Engine {
         Ok(lld)
     }
 
-    pub fn geometry(&self) -> &Geometry {
-        &self.geo
+    /// The geometry now (its segment count changes when a grow commits).
+    pub fn geometry(&self) -> Geometry {
+        self.geo()
+    }
+
+    fn geo(&self) -> Geometry {
+        *self.geo.read().expect("geometry poisoned")
+    }
+
+    /// The device's size in bytes now (a grow changes it).
+    pub fn device_bytes(&self) -> u64 {
+        self.dev.size_bytes()
     }
 
     pub(crate) fn device(&self) -> &dyn Device {
@@ -638,7 +660,7 @@ impl Engine {
             if g.usage.get(s).state != SegmentState::Clean {
                 continue; // taken by the log since
             }
-            let (offset, len) = (self.geo.page_addr(s, 0), self.geo.segment_bytes());
+            let (offset, len) = (self.geo().page_addr(s, 0), self.geo().segment_bytes());
             match self.dev.discard(offset, len) {
                 Ok(true) => {
                     g.stats.segments_discarded += 1;
@@ -650,6 +672,210 @@ impl Engine {
             }
         }
         Ok((segs, bytes))
+    }
+
+    // ---- resize (issue 17; docs/DESIGN.md "Resize", `lld::resize`) -------
+
+    /// Grows the engine to `count` segments, which the device already holds
+    /// (the caller extended it and wrote superblock copy 1 at its new end).
+    /// They are appended Clean but fenced off (`Usage::grow`), and a whole
+    /// checkpoint is written while the state lock is held: that slot, the
+    /// first to record them, is the commit point. The fence is lifted only
+    /// once it is durable, so no summary names a new segment as the log's
+    /// next before a durable slot knows it (roll-forward from a slot of the
+    /// old count would stop there). Waits up to `RESIZE_ARU_WAIT` for open
+    /// ARUs that logged something: a checkpoint never holds half of one.
+    pub(crate) fn grow_segments(&self, count: u32) -> LdResult<Geometry> {
+        let mut g = self.lock_quiet(RESIZE_ARU_WAIT)?;
+        let old = self.geo();
+        if count <= old.segment_count {
+            return Ok(old);
+        }
+        let device_pages = self.dev.size_bytes() / PAGE_BYTES as u64;
+        let new = Geometry {
+            incompat: old.incompat | super::layout::INCOMPAT_RESIZE,
+            ..old
+        }
+        .with_segments(count, device_pages)
+        .ok_or_else(|| {
+            LdError::InvalidArgument(format!(
+                "{count} segments do not fit: the slots hold {}, the device {} pages",
+                old.max_segments(),
+                device_pages
+            ))
+        })?;
+        g.usage.grow(count);
+        *self.geo.write().expect("geometry poisoned") = new;
+        if let Err(e) = self.checkpoint(&mut g) {
+            // The table and the geometry are the new ones and the slot may
+            // not be: nothing more may be written (the next open decides).
+            return Err(self.fail(&mut g, e));
+        }
+        g.usage.set_limit(count);
+        if g.log.next == g.log.seg {
+            let Inner { usage, log, .. } = &mut *g;
+            choose_next(usage, log);
+        }
+        Ok(new)
+    }
+
+    /// The first half of an offline shrink to `count` segments
+    /// (`lld::resize`). Refuses, changing nothing, if a kept snapshot pins
+    /// a segment past the new end or the live data does not fit `count`
+    /// segments; else fences those segments off (`Usage::set_limit`), moves
+    /// the log head below the fence, moves every live block and map page
+    /// out of them through the log (the cleaner's `relocate`), and
+    /// checkpoints until every one is Clean. The caller then closes the
+    /// engine and commits the new size. A block failing its crc stops it
+    /// (fsck first: moving it would need its bytes).
+    pub(crate) fn empty_segments_past(&self, count: u32) -> LdResult<()> {
+        {
+            let mut g = self.lock_quiet(RESIZE_ARU_WAIT)?;
+            let pins = g
+                .usage
+                .iter()
+                .skip(count as usize)
+                .fold(0u32, |m, (_, u)| m | u.pins);
+            if pins != 0 {
+                let which: Vec<String> = g
+                    .snapshots
+                    .iter()
+                    .filter(|s| pins >> s.pin & 1 == 1)
+                    .map(|s| format!("{} {:?}", s.number, s.name))
+                    .collect();
+                return Err(LdError::InvalidArgument(format!(
+                    "snapshot(s) {} hold segments past the new end: delete them first \
+                     (ldfs snapshot MNT --delete N), or shrink less",
+                    which.join(", ")
+                )));
+            }
+            let live = self.footprint_bytes(&g, Class::Meta);
+            let fits = self.capacity_for(count);
+            if live > fits {
+                return Err(LdError::InvalidArgument(format!(
+                    "{live} bytes are live (blocks, map pages and their summary records) and \
+                     {fits} fit in {count} segments: delete data or shrink less"
+                )));
+            }
+            let Inner { usage, log, .. } = &mut *g;
+            if log.next != log.seg && log.next.0 >= count {
+                usage.unchoose(log.next);
+                log.next = log.seg;
+            }
+            usage.set_limit(count);
+            if log.next == log.seg {
+                choose_next(usage, log);
+            }
+            if log.seg.0 >= count && log.next == log.seg {
+                // Advancing would find nowhere to go and fail the engine.
+                return Err(LdError::InvalidArgument(format!(
+                    "no clean segment below segment {count} for the log to move to: \
+                     clean first (ldfs clean IMAGE), or shrink less"
+                )));
+            }
+            if g.log.seg.0 >= count {
+                self.seal(&mut g)?;
+                self.drain(&mut g)?;
+                self.advance(&mut g)?;
+            }
+            self.checkpoint(&mut g)?;
+        }
+        for _ in 0..SHRINK_ROUNDS {
+            let left: Vec<SegmentId> = self
+                .lock()
+                .usage
+                .iter()
+                .skip(count as usize)
+                .filter(|(_, u)| u.state != SegmentState::Clean)
+                .map(|(s, _)| s)
+                .collect();
+            if left.is_empty() {
+                return Ok(());
+            }
+            for seg in left {
+                self.move_out_of(seg)?;
+            }
+            // Writes the relocated map pages below the fence and releases
+            // what the moves emptied.
+            self.checkpoint_now()?;
+        }
+        Err(LdError::InvalidArgument(format!(
+            "segments past {count} still hold data after {SHRINK_ROUNDS} rounds of moving it"
+        )))
+    }
+
+    /// Moves every live block and map page out of `seg` (`relocate`; map
+    /// pages at the next checkpoint, as far as it has room). A move that
+    /// finds no room lets the cleaner free some first, once.
+    fn move_out_of(&self, seg: SegmentId) -> LdResult<()> {
+        let geo = self.geo();
+        let mut entries: Vec<(Key, MapEntry)> = Vec::new();
+        let mut pages: Vec<u64> = Vec::new();
+        {
+            let mut g = self.lock();
+            let r = self.pages();
+            g.map.range(Key::MIN, Key::MAX, &r, &mut |k, e| {
+                if !e.is_buffered() && geo.segment_of(e.offset()) == Some(seg) {
+                    entries.push((k, *e));
+                }
+                true
+            })?;
+            g.map.for_each_page(&mut |p| {
+                if geo.segment_of(p.addr) == Some(seg) {
+                    pages.push(p.addr);
+                }
+            });
+        }
+        for (k, e) in entries {
+            match self.relocate(k, &e) {
+                Err(LdError::NoSpace { .. }) => {
+                    let stop = std::sync::atomic::AtomicBool::new(false);
+                    self.clean_now(
+                        super::cleaner::policy::PolicyKind::Greedy,
+                        Some(4),
+                        1.0,
+                        &stop,
+                    )?;
+                    self.relocate(k, &e)?;
+                }
+                Err(LdError::Corrupt(c)) => {
+                    return Err(LdError::InvalidArgument(format!(
+                        "cannot move a block out of segment {}: {c} (run ldfs fsck first)",
+                        seg.0
+                    )))
+                }
+                r => {
+                    r?;
+                }
+            }
+        }
+        self.relocate_map_pages(&pages)?;
+        Ok(())
+    }
+
+    /// The state lock, writable, with no pending checkpoint and no open ARU
+    /// that logged something (waiting up to `wait` for them to end).
+    fn lock_quiet(&self, wait: Duration) -> LdResult<MutexGuard<'_, Inner>> {
+        let deadline = Instant::now() + wait;
+        let mut g = self.lock_writable()?;
+        loop {
+            g = self.finish_pending_unlocked(g)?;
+            if g.open_nonempty == 0 {
+                return Ok(g);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(LdError::InvalidArgument(
+                    "atomic recovery units stayed open: try again".into(),
+                ));
+            }
+            g = self
+                .aru_cv
+                .wait_timeout_while(g, left, |g| g.open_nonempty > 0)
+                .expect("engine state poisoned by an earlier panic")
+                .0;
+            self.check_writable(&mut g)?;
+        }
     }
 
     /// Memory held by the map, and its page counts (total, dirty).
@@ -666,12 +892,12 @@ impl Engine {
     /// cleaner does: the header and its records. Stops at the first page that
     /// does not hold a valid summary.
     pub fn segment_summaries(&self, seg: SegmentId) -> LdResult<Vec<(SummaryHeader, Vec<Record>)>> {
-        if seg.0 >= self.geo.segment_count {
+        if seg.0 >= self.geo().segment_count {
             return Err(LdError::InvalidArgument(format!("no segment {}", seg.0)));
         }
         self.drain_flight()?;
         Ok(
-            recovery::scan_segment(&*self.dev, &self.geo, seg, recovery::Verify::Summary)?
+            recovery::scan_segment(&*self.dev, &self.geo(), seg, recovery::Verify::Summary)?
                 .into_iter()
                 .map(|p| (p.header, p.records))
                 .collect(),
@@ -813,7 +1039,7 @@ impl Engine {
     /// deleted). Call [`Engine::start_new_segment`] first if `seg` may be
     /// the one the log writes into.
     pub fn evacuate_segment(&self, seg: SegmentId) -> LdResult<(u64, u64)> {
-        let geo = self.geo;
+        let geo = self.geo();
         let mut entries: Vec<(Key, MapEntry)> = Vec::new();
         let mut pages: Vec<u64> = Vec::new();
         {
@@ -1040,7 +1266,7 @@ impl Engine {
         } else {
             self.read_device_block(&e)?
         };
-        decode_stored(&e, stored, self.geo.max_block_bytes).map(Some)
+        decode_stored(&e, stored, self.geo().max_block_bytes).map(Some)
     }
 
     fn read_device_block(&self, e: &MapEntry) -> LdResult<Vec<u8>> {
@@ -1121,7 +1347,7 @@ impl Engine {
     /// its segment where the head would then be — where a checkpoint
     /// following the operation would start.
     fn log_after(&self, g: &Inner, record_bytes: usize, data_bytes: usize) -> LogRoom {
-        let sp = self.geo.segment_pages as i64;
+        let sp = self.geo().segment_pages as i64;
         let page = g.log.page as i64;
         let has_next = (g.log.next != g.log.seg) as i64;
         let others = (g.usage.clean_count() as i64 + has_next) * sp;
@@ -1160,7 +1386,7 @@ impl Engine {
     /// writes leave the upper half on top, for deletes, ARU ends and the
     /// cleaner.
     fn floor_pages(&self, class: Class, checkpoint: i64) -> i64 {
-        let (lower, upper) = reserve_halves(&self.geo);
+        let (lower, upper) = reserve_halves(&self.geo());
         let meta = lower + (checkpoint - self.checkpoint_share).max(0);
         match class {
             // The checkpoint's pages on top too: once it is written the
@@ -1169,7 +1395,9 @@ impl Engine {
             // left to move a victim with when writes stop at this floor.
             Class::User => upper + meta + checkpoint.min(self.checkpoint_share),
             Class::Meta => meta,
-            Class::Clean => meta + checkpoint.min(self.checkpoint_share) + margin_pages(&self.geo),
+            Class::Clean => {
+                meta + checkpoint.min(self.checkpoint_share) + margin_pages(&self.geo())
+            }
         }
     }
 
@@ -1177,7 +1405,7 @@ impl Engine {
     /// `new_pages` more map pages, with the head at `page`.
     fn floor_after(&self, g: &Inner, class: Class, page: u32, new_pages: usize) -> i64 {
         let dirty = Self::dirtied_for_recovery(g) + new_pages;
-        let floor = self.floor_pages(class, checkpoint_log_pages(&self.geo, page, dirty));
+        let floor = self.floor_pages(class, checkpoint_log_pages(&self.geo(), page, dirty));
         match class {
             Class::User => floor + self.map_allowance(g),
             Class::Meta | Class::Clean => floor,
@@ -1208,16 +1436,16 @@ impl Engine {
         // victim of small blocks dirties, and cleaning stopped gaining:
         // review 10.)
         let per_victim =
-            self.geo.segment_bytes() as usize / WRITE_RECORD_BYTES + g.map.internal_pages();
+            self.geo().segment_bytes() as usize / WRITE_RECORD_BYTES + g.map.internal_pages();
         // Every page, dirty ones too: the figure must not jump when a
         // checkpoint cleans them (`footprint_bytes` counts it, and a full
         // file system must stay full, not overfull, across one).
-        let m = checkpoint_log_pages_anywhere(&self.geo, g.map.total_pages().min(per_victim));
+        let m = checkpoint_log_pages_anywhere(&self.geo(), g.map.total_pages().min(per_victim));
         if m == 0 {
             return 0;
         }
-        let usable =
-            (self.geo.segment_count - self.geo.reserved_segments) as u64 * self.geo.segment_bytes();
+        let usable = (self.geo().segment_count - self.geo().reserved_segments) as u64
+            * self.geo().segment_bytes();
         // Pinned segments are never victims: counted whole as occupied, the
         // estimate errs towards a larger allowance.
         let live =
@@ -1230,12 +1458,12 @@ impl Engine {
         // allowance planned for passes that could not gain, and writers were
         // refused with a fifth of the capacity free (review 14, F2).
         let chunk =
-            (self.opts.partial_bytes as u64).clamp(PAGE_BYTES as u64, self.geo.segment_bytes());
+            (self.opts.partial_bytes as u64).clamp(PAGE_BYTES as u64, self.geo().segment_bytes());
         let o = 2.0 * PAGE_BYTES as f64 / chunk as f64;
         let u = (u * (1.0 + o)).min(0.95);
         let need = (m as f64 / (1.0 - u).max(0.05)).ceil() as i64;
-        let (_, upper) = reserve_halves(&self.geo);
-        let room = upper + self.checkpoint_share - margin_pages(&self.geo);
+        let (_, upper) = reserve_halves(&self.geo());
+        let room = upper + self.checkpoint_share - margin_pages(&self.geo());
         m.max(need - room)
     }
 
@@ -1396,14 +1624,14 @@ impl Engine {
     /// Makes room in the open partial for one more operation, sealing it or
     /// moving the log to the next segment as needed.
     fn make_room(&self, g: &mut Inner, record_bytes: usize, data_bytes: usize) -> LdResult<()> {
-        let remain = self.geo.segment_pages - g.log.page;
+        let remain = self.geo().segment_pages - g.log.page;
         if g.pending.pages_with(record_bytes, data_bytes) <= remain
             && g.pending.summary_has_room(record_bytes)
         {
             return Ok(());
         }
         self.seal(g)?;
-        let remain = self.geo.segment_pages - g.log.page;
+        let remain = self.geo().segment_pages - g.log.page;
         if writer::pages_for(record_bytes, data_bytes) > remain {
             self.advance(g)?;
         }
@@ -1416,7 +1644,7 @@ impl Engine {
         let Inner {
             usage, log, clock, ..
         } = &mut *g;
-        if let Err(e) = enter_next(usage, log, clock, &self.geo) {
+        if let Err(e) = enter_next(usage, log, clock, &self.geo()) {
             return Err(self.fail(g, e));
         }
         Ok(())
@@ -1424,7 +1652,7 @@ impl Engine {
 
     fn summary_header(&self, g: &Inner) -> SummaryHeader {
         SummaryHeader {
-            fs_id: self.geo.fs_id,
+            fs_id: self.geo().fs_id,
             epoch: g.log.epoch,
             seq: g.log.seq,
             segment: g.log.seg.0,
@@ -1442,9 +1670,9 @@ impl Engine {
         }
         let header = self.summary_header(g);
         let pages = g.pending.pages();
-        assert!(pages <= self.geo.segment_pages - g.log.page);
+        assert!(pages <= self.geo().segment_pages - g.log.page);
         let sealed = g.pending.seal(header);
-        let base = self.geo.page_addr(g.log.seg, g.log.page);
+        let base = self.geo().page_addr(g.log.seg, g.log.page);
         let writer = g.writer.as_ref().expect("writable engine has a log writer");
         if let Err(why) = self.flight.submit(writer, base, sealed.bytes) {
             // The operations stay buffered, so reads still see them.
@@ -1491,7 +1719,7 @@ impl Engine {
         g.log.seq += 1;
         g.log_bytes_since_checkpoint += pages as u64 * PAGE_BYTES as u64;
         g.stats.partials_written += 1;
-        if self.geo.segment_pages - g.log.page < 2 {
+        if self.geo().segment_pages - g.log.page < 2 {
             self.advance(g)?;
         }
         Ok(())
@@ -1523,7 +1751,7 @@ impl Engine {
                     aru: old_aru,
                 });
             }
-        } else if let Some(seg) = self.geo.segment_of(old.offset()) {
+        } else if let Some(seg) = self.geo().segment_of(old.offset()) {
             g.usage.sub_live(seg, old.len);
         }
     }
@@ -1659,7 +1887,7 @@ impl Engine {
             // map page, so one per emptied segment would cost more than it
             // frees. Only when even the cleaner's half of the reserve is
             // gone does every operation try to release them.
-            || (g.usage.clean_count() <= self.geo.reserved_segments / 2
+            || (g.usage.clean_count() <= self.geo().reserved_segments / 2
                 && g.usage.releasable_count() > 0)
     }
 
@@ -1727,10 +1955,10 @@ impl Engine {
         self.seal(g)?;
         // Admission kept room for exactly this placement.
         let (entered, page) = (g.log.entered, g.log.page);
-        let predicted = checkpoint_log_pages(&self.geo, page, g.map.dirty_pages());
+        let predicted = checkpoint_log_pages(&self.geo(), page, g.map.dirty_pages());
         let dirtied = g.map.dirtied_pages();
         let root = self.write_map_pages(g)?;
-        let used = (g.log.entered - entered) as i64 * self.geo.segment_pages as i64
+        let used = (g.log.entered - entered) as i64 * self.geo().segment_pages as i64
             + g.log.page as i64
             - page as i64;
         assert!(
@@ -1738,7 +1966,7 @@ impl Engine {
             "checkpoint took {used} log pages, {predicted} predicted"
         );
         for old in g.map.take_obsolete() {
-            if let Some(seg) = self.geo.segment_of(old.addr) {
+            if let Some(seg) = self.geo().segment_of(old.addr) {
                 g.usage.sub_live(seg, PAGE_BYTES as u32);
             }
         }
@@ -1793,13 +2021,13 @@ impl Engine {
             moved_bytes: g.moved_bytes,
             snapshots: g.snapshots.clone(),
         };
-        let slot_bytes = checkpoint::encode(&self.geo, &header, &g.usage, &released);
+        let slot_bytes = checkpoint::encode(&self.geo(), &header, &g.usage, &released);
         let slot = (header.serial % 2) as usize;
         g.log_bytes_since_checkpoint = 0;
         let discard = if self.opts.discard {
             released
                 .iter()
-                .map(|&s| (self.geo.page_addr(s, 0), self.geo.segment_bytes()))
+                .map(|&s| (self.geo().page_addr(s, 0), self.geo().segment_bytes()))
                 .collect()
         } else {
             Vec::new()
@@ -1807,7 +2035,7 @@ impl Engine {
         let p = PendingCheckpoint::new(Plan {
             serial: header.serial,
             ticket: self.flight.submitted(),
-            slot_addr: self.geo.slot_addr(slot),
+            slot_addr: self.geo().slot_addr(slot),
             slot_bytes,
             discard,
             released,
@@ -1824,7 +2052,7 @@ impl Engine {
         // Called even with nothing dirty: a map emptied since the last
         // checkpoint has no dirty page but a new (absent) root.
         let total = g.map.dirty_pages();
-        let geo = &self.geo;
+        let geo = &self.geo();
         let flight = &*self.flight;
         let Inner {
             map,
@@ -2194,7 +2422,7 @@ impl Engine {
             // A freeing operation gives back more than it takes.
             let slack = match class {
                 Class::User => 0,
-                Class::Meta | Class::Clean => self.geo.segment_bytes().max(with_overhead),
+                Class::Meta | Class::Clean => self.geo().segment_bytes().max(with_overhead),
             };
             let capacity = self.capacity_bytes() + slack;
             if footprint.saturating_add(with_overhead) > capacity {
@@ -2215,7 +2443,7 @@ impl Engine {
             // reserve, its writes may still get NoSpace.)
             let dirty = Self::dirtied_for_recovery(&g) + g.map.change_bound();
             let mut floor =
-                self.floor_pages(class, checkpoint_log_pages_anywhere(&self.geo, dirty));
+                self.floor_pages(class, checkpoint_log_pages_anywhere(&self.geo(), dirty));
             if class == Class::User {
                 floor += self.map_allowance(&g);
             }
@@ -2446,7 +2674,7 @@ fn zstd_decode(stored: &[u8], max_block: u32) -> Result<Vec<u8>, String> {
 
 impl LogicalDisk for Engine {
     fn max_block_bytes(&self) -> usize {
-        self.geo.max_block_bytes as usize
+        self.geo().max_block_bytes as usize
     }
 
     fn create_list(&self, aru: Option<AruId>, hints: ListHints) -> LdResult<ListId> {
@@ -2605,7 +2833,7 @@ impl LogicalDisk for Engine {
     }
 
     fn write(&self, aru: Option<AruId>, list: ListId, index: u64, data: &[u8]) -> LdResult<()> {
-        let max = self.geo.max_block_bytes as usize;
+        let max = self.geo().max_block_bytes as usize;
         if data.is_empty() || data.len() > max {
             return Err(LdError::BadBlockLength {
                 len: data.len(),
@@ -2706,7 +2934,7 @@ impl LogicalDisk for Engine {
         }
         match self.read_stored(Key::new(list, index))? {
             None => Ok(None),
-            Some((e, stored)) => decode_stored(&e, stored, self.geo.max_block_bytes).map(Some),
+            Some((e, stored)) => decode_stored(&e, stored, self.geo().max_block_bytes).map(Some),
         }
     }
 
@@ -2788,7 +3016,7 @@ impl LogicalDisk for Engine {
                 if crc32c::crc32c(b) == e.crc {
                     out.push((
                         *idx,
-                        decode_stored(e, b.to_vec(), self.geo.max_block_bytes)?,
+                        decode_stored(e, b.to_vec(), self.geo().max_block_bytes)?,
                     ));
                 } else if let Some(b) = self.read(list, *idx)? {
                     out.push((*idx, b));
@@ -3124,7 +3352,7 @@ impl Engine {
                 if old.is_buffered() {
                     // The aborted ARU's own write, still in the partial.
                     g.pending.drop_write(old.addr as usize);
-                } else if let Some(seg) = self.geo.segment_of(old.offset()) {
+                } else if let Some(seg) = self.geo().segment_of(old.offset()) {
                     g.usage.sub_live(seg, old.len);
                 }
             }
@@ -3135,7 +3363,7 @@ impl Engine {
                         "restored {:?} names a dropped write",
                         u.key
                     );
-                } else if let Some(seg) = self.geo.segment_of(e.offset()) {
+                } else if let Some(seg) = self.geo().segment_of(e.offset()) {
                     g.usage.restore_live(seg, e.len);
                 }
             }
@@ -3448,10 +3676,15 @@ impl Engine {
     /// to work (`CleanerOptions::max_live_percent`, after a per-segment
     /// allowance for summary pages, padding and the skipped tail).
     pub fn capacity_bytes(&self) -> u64 {
-        let g = &self.geo;
+        self.capacity_for(self.geo().segment_count)
+    }
+
+    /// `capacity_bytes` with `count` segments (a shrink's check).
+    fn capacity_for(&self, count: u32) -> u64 {
+        let g = &self.geo();
         let allowance = 2 * PAGE_BYTES as u64 + g.max_block_bytes as u64 / 2;
         let per_segment = g.segment_bytes().saturating_sub(allowance);
-        let segments = g.segment_count.saturating_sub(g.reserved_segments) as u64;
+        let segments = count.saturating_sub(g.reserved_segments) as u64;
         segments * per_segment / 100 * self.opts.cleaner.max_live_percent.min(100) as u64
     }
 
@@ -3503,7 +3736,7 @@ impl Engine {
             .map_or(0, |e| e.len as u64 + WRITE_RECORD_BYTES as u64);
         let footprint = self.footprint_bytes(g, if metadata { Class::Meta } else { Class::User });
         let slack = if metadata {
-            self.geo.segment_bytes()
+            self.geo().segment_bytes()
         } else {
             0
         };
@@ -3532,29 +3765,31 @@ impl Engine {
     /// Cleaning rounds (passes and checkpoints of its own) one write may
     /// wait through before giving up.
     pub(crate) fn wait_rounds(&self) -> u32 {
-        2 * self.geo.segment_count + 8
+        2 * self.geo().segment_count + 8
     }
 
     /// Clean segments below which cleaning starts.
     pub fn start_watermark(&self) -> u32 {
         let c = &self.opts.cleaner;
         c.start_clean_segments
-            .unwrap_or_else(|| self.geo.reserved_segments + (self.geo.segment_count / 256).max(2))
-            .min(self.geo.segment_count)
+            .unwrap_or_else(|| {
+                self.geo().reserved_segments + (self.geo().segment_count / 256).max(2)
+            })
+            .min(self.geo().segment_count)
     }
 
     /// Clean segments above which cleaning stops.
     pub fn stop_watermark(&self) -> u32 {
         let c = &self.opts.cleaner;
         c.stop_clean_segments
-            .unwrap_or_else(|| self.start_watermark() + (self.geo.segment_count / 16).max(4))
+            .unwrap_or_else(|| self.start_watermark() + (self.geo().segment_count / 16).max(4))
             .max(self.start_watermark())
-            .min(self.geo.segment_count)
+            .min(self.geo().segment_count)
     }
 
     /// Reserved segments (user writes leave them to checkpoints and the cleaner).
     pub fn reserved_segments(&self) -> u32 {
-        self.geo.reserved_segments
+        self.geo().reserved_segments
     }
 
     /// Segments the log head has entered since open, and the sequence
@@ -3590,7 +3825,7 @@ impl Engine {
         let g = self.lock();
         let snap = UsageSnapshot {
             segments: g.usage.iter().collect(),
-            segment_bytes: self.geo.segment_bytes() as u32,
+            segment_bytes: self.geo().segment_bytes() as u32,
             now_seq: g.log.seq,
             max_utilization: 1.0,
         };
@@ -3623,8 +3858,8 @@ impl Engine {
     /// holding the state lock.
     pub(crate) fn read_segment(&self, seg: SegmentId) -> LdResult<Vec<u8>> {
         self.drain_flight()?;
-        let mut b = vec![0u8; self.geo.segment_bytes() as usize];
-        self.dev.read_at(&mut b, self.geo.page_addr(seg, 0))?;
+        let mut b = vec![0u8; self.geo().segment_bytes() as usize];
+        self.dev.read_at(&mut b, self.geo().page_addr(seg, 0))?;
         Ok(b)
     }
 
@@ -3659,7 +3894,7 @@ impl Engine {
             // this one: moving its blocks would free nothing (it is never
             // released while pinned) and only add them to history.
             let pinned = self
-                .geo
+                .geo()
                 .segment_of(m.expected.offset())
                 .is_some_and(|s| g.usage.get(s).pins != 0);
             if m.expected.is_buffered()
@@ -3862,7 +4097,7 @@ impl Engine {
             // every unpinned segment holding live bytes (the checkpoint's
             // map pages change it by a few pages; this is a policy bound,
             // admission stays exact either way).
-            let seg = e.geo.segment_bytes();
+            let seg = e.geo().segment_bytes();
             let added: u64 = g
                 .usage
                 .iter()
@@ -3984,7 +4219,7 @@ impl Engine {
             let pins: Vec<u32> = g.usage.iter().map(|(_, u)| u.pins).collect();
             (g.snapshots.clone(), pins)
         };
-        let geo = self.geo;
+        let geo = self.geo();
         let mut out = Vec::new();
         for s in &table {
             let bit = 1u32 << s.pin;
@@ -4073,7 +4308,7 @@ impl Engine {
     /// count until the next one subtracts them); and the entries that point
     /// outside every segment.
     pub(crate) fn recount_live(&self, g: &mut Inner) -> LdResult<(Vec<u64>, Vec<Misplaced>)> {
-        let geo = self.geo;
+        let geo = self.geo();
         let mut live = vec![0u64; geo.segment_count as usize];
         let mut outside = Vec::new();
         let r = self.pages();
@@ -4340,6 +4575,7 @@ mod tests {
                 max_block_bytes: 4096,
                 reserved_segments: Some(reserved),
                 fs_id: 1,
+                max_bytes: None,
             };
             let size = (reserved as u64 + 64) * opts.segment_bytes + (64 << 20);
             out.push(Geometry::plan(size, &opts).unwrap());
@@ -4402,6 +4638,7 @@ mod tests {
                 max_block_bytes: 32 << 10,
                 reserved_segments: Some(4),
                 fs_id: 1,
+                max_bytes: None,
             },
         )
         .unwrap();
@@ -4427,6 +4664,7 @@ mod tests {
                 max_block_bytes: 32 << 10,
                 reserved_segments: Some(8),
                 fs_id: 7,
+                max_bytes: None,
             };
             let lld = Lld::create(dev, &mkfs, opts).unwrap();
             let l = lld.create_list(None, ListHints::default()).unwrap();
@@ -4478,6 +4716,7 @@ mod tests {
             max_block_bytes: 32 << 10,
             reserved_segments: Some(4),
             fs_id: 7,
+            max_bytes: None,
         };
         let lld = Lld::create(dev.clone(), &mkfs, opts).unwrap();
         let filler = lld.create_list(None, ListHints::default()).unwrap();
@@ -4521,6 +4760,7 @@ mod tests {
             max_block_bytes: 32 << 10,
             reserved_segments: Some(4),
             fs_id: 7,
+            max_bytes: None,
         };
         let lld = Lld::create(dev.clone(), &mkfs, LldOptions::default()).unwrap();
         let l = lld.create_list(None, ListHints::default()).unwrap();

@@ -109,6 +109,9 @@ impl Device for OrderedFlushes {
     fn discard(&self, offset: u64, len: u64) -> Result<bool, DeviceError> {
         self.inner.discard(offset, len)
     }
+    fn resize(&self, bytes: u64) -> Result<bool, DeviceError> {
+        self.inner.resize(bytes)
+    }
 }
 
 #[cfg(test)]

@@ -7,9 +7,13 @@
 //! page total_pages - 1        superblock copy 1
 //! ```
 //!
-//! The superblock is written once, by mkfs, and never changes: everything
-//! that changes lives in the checkpoints and the log. Two copies sit at the
-//! two ends of the device so one damaged region cannot take both.
+//! The superblock is written by mkfs and rewritten only by a resize
+//! (`lld::resize`): everything else that changes lives in the checkpoints
+//! and the log. Two copies sit at the two ends of the device so one damaged
+//! region cannot take both. With [`INCOMPAT_RESIZE`] the segment count is the
+//! newest checkpoint's (the commit point of a resize; docs/DESIGN.md
+//! "Resize"): the superblock's count and total pages are those of mkfs or
+//! of the last resize, and copy 1 is at the device's last page.
 
 use super::codec::{crc_with_hole, get_u32, get_u64, put_u32, put_u64};
 use super::types::{SegmentId, PAGE_BYTES};
@@ -17,8 +21,14 @@ use crate::ld::{CorruptReason, Corruption, LdError, LdResult};
 
 pub const SUPERBLOCK_MAGIC: u64 = u64::from_le_bytes(*b"LDFS-SB\0");
 pub const FORMAT_VERSION: u32 = 1;
-/// Incompatible feature flags this build understands (none yet).
-pub const INCOMPAT_SUPPORTED: u32 = 0;
+/// Incompatible feature flag: the segment count is the newest checkpoint
+/// slot's, which may differ from the superblock's (a resize commits by
+/// writing a slot), and a slot's crc covers only the pages its header
+/// names (the table for its count, not every page mkfs set aside for
+/// growth). Older binaries refuse such an image rather than misread it.
+pub const INCOMPAT_RESIZE: u32 = 1;
+/// Incompatible feature flags this build understands.
+pub const INCOMPAT_SUPPORTED: u32 = INCOMPAT_RESIZE;
 
 // Superblock byte offsets.
 const SB_MAGIC: usize = 0;
@@ -68,6 +78,8 @@ pub struct Geometry {
     /// Clean segments user writes may not consume: they belong to the
     /// checkpoint (map pages) and the cleaner, so both can always progress.
     pub reserved_segments: u32,
+    /// Incompatible feature flags ([`INCOMPAT_RESIZE`] or 0).
+    pub incompat: u32,
 }
 
 /// Options for formatting.
@@ -79,6 +91,12 @@ pub struct MkfsOptions {
     /// [`MIN_RESERVED_SEGMENTS`].
     pub reserved_segments: Option<u32>,
     pub fs_id: u64,
+    /// The largest size the image may be grown to (`ldfs resize`): the
+    /// checkpoint slots get room for its usage table. `None` (the library's
+    /// default) sizes them for the device alone; `ldfs mkfs` asks for 16
+    /// times the size. Room beyond the device's own table sets
+    /// [`INCOMPAT_RESIZE`].
+    pub max_bytes: Option<u64>,
 }
 
 impl Default for MkfsOptions {
@@ -88,6 +106,7 @@ impl Default for MkfsOptions {
             max_block_bytes: 64 << 10,
             reserved_segments: None,
             fs_id: 0,
+            max_bytes: None,
         }
     }
 }
@@ -128,7 +147,10 @@ impl Geometry {
         // First guess of the segment count, then size the checkpoint slots for it.
         let rough = total_pages.saturating_sub(2) / segment_pages as u64;
         let rough = rough.min(MAX_SEGMENTS as u64) as u32;
-        let checkpoint_pages = checkpoint_pages_for(rough);
+        // Slots sized for the largest size asked for (room to grow).
+        let max_pages = opts.max_bytes.unwrap_or(size_bytes).max(size_bytes) / page;
+        let most = (max_pages.saturating_sub(2) / segment_pages as u64).min(MAX_SEGMENTS as u64);
+        let checkpoint_pages = checkpoint_pages_for(rough.max(most as u32));
         let meta_end = 1 + 2 * checkpoint_pages as u64;
         // Segments start on a segment-size boundary (aligned large writes).
         let first_segment_page = meta_end.div_ceil(segment_pages as u64) * segment_pages as u64;
@@ -159,6 +181,63 @@ impl Geometry {
             slot_pages: [1, 1 + checkpoint_pages as u64],
             max_block_bytes: max_block,
             reserved_segments: reserved,
+            incompat: if checkpoint_pages > checkpoint_pages_for(segment_count) {
+                INCOMPAT_RESIZE
+            } else {
+                0
+            },
+        })
+    }
+
+    /// Whether the segment count may change (a resize happened or mkfs
+    /// set room aside): see [`INCOMPAT_RESIZE`].
+    pub fn resizable(&self) -> bool {
+        self.incompat & INCOMPAT_RESIZE != 0
+    }
+
+    /// The bound on a summary's next-segment field: with the resize flag
+    /// any segment the slots can describe (a summary written before a
+    /// shrink may name one cut off since; readers never follow it), else
+    /// the segment count.
+    pub fn next_segment_bound(&self) -> u32 {
+        if self.resizable() {
+            self.max_segments().max(self.segment_count)
+        } else {
+            self.segment_count
+        }
+    }
+
+    /// The most segments the checkpoint slots can describe.
+    pub fn max_segments(&self) -> u32 {
+        let entries =
+            (self.checkpoint_pages as u64 - 1) * PAGE_BYTES as u64 / USAGE_ENTRY_BYTES as u64;
+        entries.min(MAX_SEGMENTS as u64) as u32
+    }
+
+    /// Segments a device of `device_bytes` holds with this layout (before
+    /// the slots' limit): the segment area ends before the last page
+    /// (superblock copy 1).
+    pub fn segments_for(&self, device_bytes: u64) -> u64 {
+        let pages = device_bytes / PAGE_BYTES as u64;
+        pages.saturating_sub(self.first_segment_page + 1) / self.segment_pages as u64
+    }
+
+    /// This geometry with `count` segments on a device of `device_pages`
+    /// pages (copy 1 at its last page), if the slots can describe them and
+    /// they fit; a resizable geometry only, or `count` unchanged.
+    pub fn with_segments(&self, count: u32, device_pages: u64) -> Option<Geometry> {
+        if count == self.segment_count && !self.resizable() {
+            return Some(*self);
+        }
+        let end = self.first_segment_page + count as u64 * self.segment_pages as u64;
+        let ok = self.resizable()
+            && count > self.reserved_segments
+            && count <= self.max_segments()
+            && end < device_pages;
+        ok.then_some(Geometry {
+            segment_count: count,
+            total_pages: device_pages,
+            ..*self
         })
     }
 
@@ -243,7 +322,7 @@ impl Geometry {
         let mut b = vec![0u8; PAGE_BYTES];
         put_u64(&mut b, SB_MAGIC, SUPERBLOCK_MAGIC);
         put_u32(&mut b, SB_VERSION, FORMAT_VERSION);
-        put_u32(&mut b, SB_INCOMPAT, 0);
+        put_u32(&mut b, SB_INCOMPAT, self.incompat);
         put_u64(&mut b, SB_FS_ID, self.fs_id);
         put_u32(&mut b, SB_PAGE_BYTES, PAGE_BYTES as u32);
         put_u32(&mut b, SB_SEGMENT_PAGES, self.segment_pages);
@@ -366,7 +445,16 @@ impl Geometry {
                  segments {first_segment_page}..{seg_end}, total {total_pages}"
             ))));
         }
+        // With the resize flag, copy 1 is at the device's last page and the
+        // segment count may grow up to what the slots hold: the superblock's
+        // total is only where that copy was last written.
+        let total_pages = if incompat & INCOMPAT_RESIZE != 0 {
+            device_pages
+        } else {
+            total_pages
+        };
         Ok(Geometry {
+            incompat,
             fs_id: get_u64(b, SB_FS_ID),
             total_pages,
             segment_pages,

@@ -35,8 +35,10 @@ pub fn mkfs(dev: &dyn Device, opts: &MkfsOptions) -> LdResult<Geometry> {
     };
     let slot0 = checkpoint::encode(&g, &header, &usage, &[]);
     dev.write_at(&slot0, g.slot_addr(0))?;
+    // The pages a slot of this size covers: with room to grow, the rest of
+    // the slot is never read before a resize's slot covers it.
     dev.write_at(
-        &vec![0u8; g.checkpoint_pages as usize * PAGE_BYTES],
+        &vec![0u8; checkpoint::slot_pages_for(&g) * PAGE_BYTES],
         g.slot_addr(1),
     )?;
     // Superblocks last: an interrupted mkfs leaves no valid superblock.
@@ -92,8 +94,11 @@ pub fn read_checkpoints(
     g: &Geometry,
 ) -> LdResult<[Result<(CheckpointHeader, Usage), crate::ld::Corruption>; 2]> {
     let read = |slot: usize| -> LdResult<_> {
-        let mut b = vec![0u8; g.checkpoint_pages as usize * PAGE_BYTES];
+        let mut b = vec![0u8; PAGE_BYTES];
         dev.read_at(&mut b, g.slot_addr(slot))?;
+        let pages = checkpoint::slot_pages_named(g, &b);
+        b.resize(pages * PAGE_BYTES, 0);
+        dev.read_at(&mut b[PAGE_BYTES..], g.slot_addr(slot) + PAGE_BYTES as u64)?;
         Ok(checkpoint::decode(g, &b, g.slot_addr(slot)))
     };
     Ok([read(0)?, read(1)?])

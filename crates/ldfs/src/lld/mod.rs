@@ -31,6 +31,7 @@ pub mod layout;
 pub mod map;
 pub mod mkfs;
 mod recovery;
+pub mod resize;
 pub mod snapshot;
 pub mod summary;
 pub mod types;
@@ -45,5 +46,6 @@ pub use engine::{
     decode_list_hints, decode_stored_block, Engine, EngineStats, Lld, LldOptions, OpenReport,
 };
 pub use recovery::{read_partial, ScannedPartial, Verify};
+pub use resize::{resize_offline, ResizeReport};
 pub use snapshot::{SnapshotInfo, SnapshotLock};
 pub use types::{Key, MapEntry, PagePtr, SegmentId, PAGE_BYTES};

@@ -47,6 +47,17 @@ pub(crate) struct Recovered {
     pub moved_bytes: u64,
     pub snapshots: Vec<SnapshotRecord>,
     pub report: OpenReport,
+    /// The geometry as the recovered checkpoint has it: its segment count
+    /// (a resize's commit point, docs/DESIGN.md "Resize").
+    pub geo: Geometry,
+}
+
+/// The geometry a decoded slot implies: its usage table's length is its
+/// segment count, which `checkpoint::decode` checked against the slots'
+/// room and the device.
+pub(crate) fn slot_geometry(g: &Geometry, usage: &Usage) -> Geometry {
+    g.with_segments(usage.len(), g.total_pages)
+        .expect("a decoded slot's segment count fits its geometry")
 }
 
 /// How much of a partial segment `read_partial` checks beyond its summary.
@@ -92,7 +103,7 @@ pub fn read_partial(
         segment: seg.0,
         page,
         pages_left: g.segment_pages - page,
-        segment_count: g.segment_count,
+        segment_count: g.next_segment_bound(),
         max_block_bytes: g.max_block_bytes,
     };
     let header = match summary::decode_header(&first, addr, &ex) {
@@ -279,6 +290,7 @@ pub(crate) fn recover(dev: &dyn Device, g: &Geometry, opts: &LldOptions) -> LdRe
     }
     let r = Pages { dev };
     for (slot, h, usage) in valid {
+        let g = &slot_geometry(g, &usage);
         let root = h.map_root.map(|(ptr, height, entries)| MapRoot {
             ptr,
             height,
@@ -313,6 +325,7 @@ pub(crate) fn recover(dev: &dyn Device, g: &Geometry, opts: &LldOptions) -> LdRe
             moved_bytes: h.moved_bytes,
             snapshots: h.snapshots.clone(),
             report: OpenReport::default(),
+            geo: *g,
         };
         match roll_forward(dev, g, &mut rec) {
             Ok(()) => {
@@ -349,7 +362,10 @@ fn roll_forward(dev: &dyn Device, g: &Geometry, rec: &mut Recovered) -> LdResult
         // The next partial is where the last one ended, or at the start of
         // the segment it named when the rest of its own was too short.
         for (i, (s, pg)) in [(seg, page), (next, 0)].into_iter().enumerate() {
-            if (i == 1 && next == seg) || pg >= g.segment_pages {
+            // A next segment past the end: named before a shrink cut it
+            // off, or by a grow whose slot never became durable (it fences
+            // new segments off until then): the log does not go there.
+            if (i == 1 && (next == seg || next.0 >= g.segment_count)) || pg >= g.segment_pages {
                 continue;
             }
             match read_partial(dev, g, s, pg, Verify::All)? {
@@ -662,6 +678,9 @@ fn rebuild(dev: &dyn Device, g: &Geometry, opts: &LldOptions, floor: Floor) -> L
     };
     choose_next(&mut usage, &mut log);
     Ok(Recovered {
+        // No slot to say otherwise: the superblock's count (a resize whose
+        // copy 0 was not yet rewritten is lost with both its slots).
+        geo: *g,
         map,
         usage,
         log,
@@ -714,7 +733,9 @@ fn open_snapshot(
     });
     let map = Map::open(g.fs_id, opts.map_budget_bytes, root, &Pages { dev })?;
     report.checkpoint_slot = Some(slot);
+    let geo = slot_geometry(g, &usage);
     Ok(Recovered {
+        geo,
         map,
         usage,
         log: LogHead {

@@ -77,6 +77,10 @@ pub struct Usage {
     /// the rest of them: `history_bytes`, O(1) for admission).
     pinned: u32,
     pinned_live: u64,
+    /// Segments at or past it are never chosen for the log and not counted
+    /// as clean (`clean` counts only those below it): a resize's fence
+    /// (docs/DESIGN.md "Resize"). Equal to the length but while one runs.
+    limit: u32,
 }
 
 impl Usage {
@@ -96,6 +100,75 @@ impl Usage {
             drift: 0,
             pinned: 0,
             pinned_live: 0,
+            limit: segment_count,
+        }
+    }
+
+    /// Fences the segments at and past `limit` off (a shrink empties them,
+    /// a grow adds them before its checkpoint commits): the log never
+    /// chooses them and they are not counted clean. `limit == len()` lifts
+    /// the fence. A Next segment past the limit must be given back first
+    /// (`unchoose`).
+    pub fn set_limit(&mut self, limit: u32) {
+        assert!(limit <= self.len(), "fence past the table");
+        self.limit = limit;
+        self.clean = self.segs[..limit as usize]
+            .iter()
+            .filter(|u| u.state == SegmentState::Clean)
+            .count() as u32;
+        assert!(
+            self.segs[limit as usize..]
+                .iter()
+                .all(|u| u.state != SegmentState::Next),
+            "a Next segment past the fence"
+        );
+    }
+
+    /// The fence (`set_limit`); `len()` when there is none.
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// Appends Clean segments up to `count` (a grow), fenced off until
+    /// `set_limit(len())`: the checkpoint that records them must be durable
+    /// before the log may enter one.
+    pub fn grow(&mut self, count: u32) {
+        assert!(count >= self.len(), "grow to fewer segments");
+        let e = SegmentUsage {
+            state: SegmentState::Clean,
+            live_bytes: 0,
+            last_seq: 0,
+            pins: 0,
+        };
+        self.segs.resize(count as usize, e);
+    }
+
+    /// The table's first `count` segments (a shrink's new table). Every
+    /// segment cut off must be Clean, unpinned, and so hold no live byte.
+    pub fn truncated(&self, count: u32) -> Usage {
+        assert!(count <= self.len(), "truncate to more segments");
+        assert!(
+            self.segs[count as usize..]
+                .iter()
+                .all(|u| u.state == SegmentState::Clean && u.pins == 0 && u.live_bytes == 0),
+            "a shrink cuts off a segment in use"
+        );
+        let mut t = Usage::new(count, self.segment_bytes);
+        for (s, u) in self.iter().take(count as usize) {
+            t.set(s, u);
+        }
+        t.drift = self.drift;
+        t
+    }
+
+    /// Gives a Next segment back (Clean): a shrink's fence fell on the
+    /// segment the log had chosen; the engine chooses another below it.
+    pub fn unchoose(&mut self, s: SegmentId) {
+        let u = &mut self.segs[s.0 as usize];
+        assert_eq!(u.state, SegmentState::Next, "segment {} is not Next", s.0);
+        u.state = SegmentState::Clean;
+        if s.0 < self.limit {
+            self.clean += 1;
         }
     }
 
@@ -141,7 +214,8 @@ impl Usage {
             "illegal segment transition {:?} -> {:?} for segment {}",
             u.state, to, s.0
         );
-        if u.state == Clean {
+        let counted = s.0 < self.limit;
+        if u.state == Clean && counted {
             self.clean -= 1;
         }
         self.releasable -= is_releasable(u.state, u.live_bytes, u.pins) as u32;
@@ -157,7 +231,7 @@ impl Usage {
                 s.0
             );
             assert_eq!(u.pins, 0, "segment {} made clean while pinned", s.0);
-            self.clean += 1;
+            self.clean += counted as u32;
         }
         u.state = to;
     }
@@ -165,7 +239,7 @@ impl Usage {
     /// A clean segment other than those in `avoid`, lowest number first
     /// after `after` (wrapping), so the log sweeps the device.
     pub fn pick_clean(&self, after: SegmentId) -> Option<SegmentId> {
-        let n = self.segs.len() as u32;
+        let n = self.limit;
         (1..=n)
             .map(|d| (after.0 + d) % n)
             .find(|&i| self.segs[i as usize].state == SegmentState::Clean)
@@ -478,17 +552,19 @@ impl Usage {
             drift: 0,
             pinned,
             pinned_live,
+            limit: count,
         })
     }
 
     /// Replaces a segment's entry wholesale (recovery and rebuild).
     pub fn set(&mut self, s: SegmentId, u: SegmentUsage) {
         let old = self.segs[s.0 as usize];
+        let counted = (s.0 < self.limit) as u32;
         if old.state == SegmentState::Clean {
-            self.clean -= 1;
+            self.clean -= counted;
         }
         if u.state == SegmentState::Clean {
-            self.clean += 1;
+            self.clean += counted;
         }
         assert!(
             u.pins == 0 || matches!(u.state, SegmentState::Active | SegmentState::Dirty),

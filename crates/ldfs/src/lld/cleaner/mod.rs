@@ -364,7 +364,7 @@ fn scan_buffer(g: &Geometry, seg: SegmentId, buf: &[u8]) -> VictimContents {
             segment: seg.0,
             page,
             pages_left: g.segment_pages - page,
-            segment_count: g.segment_count,
+            segment_count: g.next_segment_bound(),
             max_block_bytes: g.max_block_bytes,
         };
         let Ok(h) = summary::decode_header(&buf[off..], addr, &ex) else {
@@ -663,7 +663,7 @@ impl Engine {
         release: Release,
         max_utilization: f64,
     ) -> LdResult<CleanReport> {
-        let geo = *self.geometry();
+        let geo = self.geometry();
         let (mut snap, view) = self.cleaner_view();
         snap.max_utilization = max_utilization;
         let released0 = self.stats().segments_released;
@@ -1030,6 +1030,7 @@ mod tests {
             max_block_bytes: 16 << 10,
             reserved_segments: Some(4),
             fs_id: 9,
+            max_bytes: None,
         }
     }
 
@@ -1200,7 +1201,7 @@ mod tests {
             let addr = lld.map_entry(key).unwrap().unwrap().offset();
             let seg = lld.geometry().segment_of(addr).unwrap();
             let partials =
-                crate::lld::recovery::scan_segment(&*dev, lld.geometry(), seg, Verify::Summary)
+                crate::lld::recovery::scan_segment(&*dev, &lld.geometry(), seg, Verify::Summary)
                     .unwrap();
             partials
                 .iter()
@@ -1247,7 +1248,7 @@ mod tests {
         lld.checkpoint_now().unwrap();
         let e0 = lld.map_entry(Key::new(l, 0)).unwrap().unwrap();
         let seg = lld.geometry().segment_of(e0.offset()).unwrap();
-        let geo = *lld.geometry();
+        let geo = lld.geometry();
         let buf = lld.read_segment(seg).unwrap();
         let contents = scan_buffer(&geo, seg, &buf);
         assert!(contents.blocks.len() >= 20);
