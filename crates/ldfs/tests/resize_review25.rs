@@ -1,7 +1,8 @@
 //! Review 25 probes of resize (commit c856457, issue 17): crash during an
 //! online grow with writers, a "block device" (resize() == false) shrink
 //! followed by the storage shrinking, a rerun after a shrink cut before its
-//! truncate, and the library default setting the RESIZE flag.
+//! truncate, the library default setting the RESIZE flag, and two online
+//! grows at once.
 
 mod common;
 
@@ -290,4 +291,73 @@ fn probe_default_mkfs_sets_no_flag() {
         "flagged without --max-size: {:?}",
         &flagged[..flagged.len().min(4)]
     );
+}
+
+/// A memory device whose `resize` to `slow_at` bytes takes a while (a slow
+/// `set_len` + `fsync`).
+struct SlowResize {
+    inner: MemoryDevice,
+    slow_at: u64,
+}
+
+impl Device for SlowResize {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> Result<(), DeviceError> {
+        self.inner.flush()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn resize(&self, bytes: u64) -> Result<bool, DeviceError> {
+        if bytes == self.slow_at {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        self.inner.resize(bytes)
+    }
+}
+
+/// F4: two online grows at once (`Lld::grow`, the daemon's `resize`
+/// command): each checks its size against the geometry it read first, then
+/// sets the device's length outside any lock. The smaller one, whose
+/// `set_len` lands after the larger one committed, truncates the device
+/// under segments a durable slot counts; its `grow_segments` then returns
+/// the larger geometry and its copy 0 is written with it. The image is
+/// left with a count the device does not hold.
+#[test]
+#[ignore = "defect F4: concurrent online grows can truncate the device under committed segments"]
+fn probe_two_online_grows_at_once() {
+    let mem = Arc::new(MemoryDevice::new(8 << 20));
+    let files = image(mem.clone(), Some(256 << 20), 1 << 20);
+    let dev = Arc::new(SlowResize {
+        inner: MemoryDevice::from_vec(mem.snapshot()),
+        slow_at: 32 << 20,
+    });
+    let lld = Arc::new(Lld::open(dev.clone(), LldOptions::default()).unwrap());
+    let barrier = Arc::new(std::sync::Barrier::new(2));
+    let (l2, b2) = (lld.clone(), barrier.clone());
+    let small = std::thread::spawn(move || {
+        b2.wait();
+        l2.grow(Some(32 << 20))
+    });
+    barrier.wait();
+    let big = lld.grow(Some(64 << 20));
+    let small = small.join().unwrap();
+    eprintln!("64M: {big:?}\n32M: {small:?}");
+    let g = lld.geometry();
+    let end = (g.first_segment_page + g.segment_count as u64 * g.segment_pages as u64) * 4096;
+    let _ = lld.close();
+    drop(lld);
+    assert!(
+        end < dev.size_bytes(),
+        "{} segments end at byte {end}, the device holds {}",
+        g.segment_count,
+        dev.size_bytes()
+    );
+    let d: Arc<dyn Device> = Arc::new(MemoryDevice::from_vec(dev.inner.snapshot()));
+    check(d, &files, "after two grows at once");
 }
