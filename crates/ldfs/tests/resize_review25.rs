@@ -214,7 +214,6 @@ impl Device for BlockLike {
 /// block device is for), copy 0 fails its "total pages <= device" bound and
 /// copy 1 was cut away: the image no longer opens.
 #[test]
-#[ignore = "defect F1: block-device shrink leaves no superblock valid once the device is shrunk"]
 fn probe_block_device_shrink_then_storage_shrinks() {
     let mem = Arc::new(MemoryDevice::new(32 << 20));
     let files = image(mem.clone(), Some(256 << 20), 4 << 20);
@@ -235,7 +234,6 @@ fn probe_block_device_shrink_then_storage_shrinks() {
 /// trims"; a rerun to the same size answers "nothing to do" instead and
 /// the file keeps its old length.
 #[test]
-#[ignore = "defect F2: a rerun after a shrink cut before its truncate refuses ('nothing to do')"]
 fn probe_rerun_after_a_shrink_cut_before_its_truncate_trims() {
     let mem = Arc::new(MemoryDevice::new(16 << 20));
     let files = image(mem.clone(), Some(64 << 20), 2 << 20);
@@ -267,7 +265,6 @@ fn probe_rerun_after_a_shrink_cut_before_its_truncate_trims() {
 /// off: where that crosses a table page, `incompat` gets RESIZE anyway and
 /// older binaries refuse the image.
 #[test]
-#[ignore = "defect F3 (low): default mkfs sets INCOMPAT_RESIZE at some sizes"]
 fn probe_default_mkfs_sets_no_flag() {
     let opts = MkfsOptions {
         segment_bytes: 64 << 10,
@@ -329,7 +326,6 @@ impl Device for SlowResize {
 /// the larger geometry and its copy 0 is written with it. The image is
 /// left with a count the device does not hold.
 #[test]
-#[ignore = "defect F4: concurrent online grows can truncate the device under committed segments"]
 fn probe_two_online_grows_at_once() {
     let mem = Arc::new(MemoryDevice::new(8 << 20));
     let files = image(mem.clone(), Some(256 << 20), 1 << 20);
