@@ -689,7 +689,10 @@ impl Engine {
         let mut g = self.lock_quiet(RESIZE_ARU_WAIT)?;
         let old = self.geo();
         if count <= old.segment_count {
-            return Ok(old);
+            return Err(LdError::InvalidArgument(format!(
+                "the file system has {} segments already: not grown to {count}",
+                old.segment_count
+            )));
         }
         let device_pages = self.dev.size_bytes() / PAGE_BYTES as u64;
         let new = Geometry {

@@ -181,7 +181,14 @@ impl Geometry {
             slot_pages: [1, 1 + checkpoint_pages as u64],
             max_block_bytes: max_block,
             reserved_segments: reserved,
-            incompat: if checkpoint_pages > checkpoint_pages_for(segment_count) {
+            // Flagged only when the slots were sized for growth (`max_bytes`
+            // past the size): slots a page larger than the final count needs
+            // (the rough count above crossed a table page) are covered
+            // whole, as every unflagged image's are, and older binaries read
+            // them.
+            incompat: if most > rough as u64
+                && checkpoint_pages > checkpoint_pages_for(segment_count)
+            {
                 INCOMPAT_RESIZE
             } else {
                 0
@@ -402,7 +409,23 @@ impl Geometry {
             MAX_SEGMENT_PAGES as u64,
         )? as u32;
         let device_pages = device_bytes / PAGE_BYTES as u64;
-        let total_pages = bound("total pages", get_u64(b, SB_TOTAL_PAGES), 2, device_pages)?;
+        // With the resize flag the device's own size is the total (below):
+        // the stored one is only where copy 1 was last written, and may
+        // exceed a device shrunk after an offline shrink of the file system
+        // (a block device: `lld::resize`), which is no corruption as long
+        // as the segments still fit.
+        let resizable = incompat & INCOMPAT_RESIZE != 0;
+        let total_pages = bound(
+            "total pages",
+            get_u64(b, SB_TOTAL_PAGES),
+            2,
+            if resizable {
+                u64::MAX >> 12
+            } else {
+                device_pages
+            },
+        )?;
+        let total_pages = if resizable { device_pages } else { total_pages };
         let segment_count = bound(
             "segment count",
             get_u32(b, SB_SEGMENT_COUNT) as u64,
@@ -445,14 +468,6 @@ impl Geometry {
                  segments {first_segment_page}..{seg_end}, total {total_pages}"
             ))));
         }
-        // With the resize flag, copy 1 is at the device's last page and the
-        // segment count may grow up to what the slots hold: the superblock's
-        // total is only where that copy was last written.
-        let total_pages = if incompat & INCOMPAT_RESIZE != 0 {
-            device_pages
-        } else {
-            total_pages
-        };
         Ok(Geometry {
             incompat,
             fs_id: get_u64(b, SB_FS_ID),

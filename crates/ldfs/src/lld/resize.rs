@@ -59,6 +59,10 @@ impl std::fmt::Display for ResizeReport {
     }
 }
 
+/// Held by `Lld::grow` for its whole run: grows of engines in this process
+/// one at a time (a daemon serves one image; tests may run several).
+static GROWING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn invalid(msg: String) -> LdError {
     LdError::InvalidArgument(msg)
 }
@@ -191,6 +195,12 @@ pub fn resize_offline(
     let g = lld.geometry();
     let res = segments_for_size(&g, target).and_then(|count| {
         if count == g.segment_count {
+            // A shrink cut between its commit and its truncate (steps 5 and
+            // 6) left a longer file than the file system uses: a rerun
+            // finishes it.
+            if file_like && g.resizable() && target < old_bytes {
+                return Ok(count);
+            }
             return Err(invalid(format!(
                 "{target} bytes hold {count} segments of {} bytes, as the file system has now: \
                  nothing to do",
@@ -231,7 +241,7 @@ fn commit(dev: &dyn Device, count: u32, new_bytes: u64, file_like: bool) -> LdRe
         (Err(e), Err(_)) => return Err(LdError::Corrupt(e)),
     };
     let cur = usage.len();
-    let shrink = count < cur;
+    let shrink = count < cur || (file_like && new_bytes < dev.size_bytes());
     if shrink {
         let busy = (count..cur)
             .find(|&s| {
@@ -248,7 +258,11 @@ fn commit(dev: &dyn Device, count: u32, new_bytes: u64, file_like: bool) -> LdRe
     } else if file_like {
         dev.resize(new_bytes)?;
     }
-    let final_pages = if file_like {
+    // A shrink puts copy 1 at the new end even on a device ldfs cannot
+    // shrink (a block device): the storage is shrunk to `new_bytes` after
+    // this, and that copy must survive it (copy 0's stored total, past the
+    // shrunk device, is then no error: `decode_superblock`).
+    let final_pages = if file_like || shrink {
         new_bytes / PAGE_BYTES as u64
     } else {
         device_pages(dev)
@@ -264,12 +278,14 @@ fn commit(dev: &dyn Device, count: u32, new_bytes: u64, file_like: bool) -> LdRe
     write_superblock(dev, &gn, 1)?;
     dev.flush()?;
     // 4: the commit point.
-    let usage = if shrink {
+    let usage = if count < cur {
         usage.truncated(count)
-    } else {
+    } else if count > cur {
         let mut u = usage;
         u.grow(count);
         u
+    } else {
+        usage
     };
     let header = checkpoint::CheckpointHeader {
         serial: h.serial + 1,
@@ -308,6 +324,9 @@ impl Lld {
     /// (`grow_segments`), then 5. Shrinking needs the file system
     /// unmounted (its data must move first).
     pub fn grow(&self, new_bytes: Option<u64>) -> LdResult<ResizeReport> {
+        // One grow at a time (review 25: two at once could truncate the
+        // device under the segments the larger one committed).
+        let _one = GROWING.lock().unwrap_or_else(|p| p.into_inner());
         let dev = self.device();
         let g = self.geometry();
         let old_bytes = dev.size_bytes();
@@ -334,7 +353,9 @@ impl Lld {
         }
         let (sb, _) = read_superblock(dev)?;
         set_resize_flag(dev, sb)?;
-        if file_like {
+        // Never below what the device holds now (segments past `target`
+        // may be committed by a grow before this one).
+        if file_like && target > dev.size_bytes() {
             dev.resize(target)?;
         }
         let final_pages = device_pages(dev);
