@@ -282,3 +282,65 @@ fn chattr_c_over_dev_fuse() {
     assert_eq!(policy(&mnt.join("x")).as_deref(), Some("lz4"));
     m.unmount();
 }
+
+/// `mount -o remount,compress=V` changes the policy of new files on a live
+/// mount: a file written after `remount,compress=zstd` is stored
+/// compressed and shows `c`, one written after `remount,compress=off` is
+/// stored plain; files already written keep their form. `compress_cold=`
+/// is still refused at a remount.
+#[test]
+fn a_remount_changes_the_policy_of_new_files() {
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("r.img");
+    mkfs(&img, "128M");
+    let mnt = t.path().join("mnt");
+    let m = Mount::new(&img, &mnt, &[]);
+    let remount = |opt: &str| {
+        ldfs()
+            .args(["mount", "-o", &format!("remount,{opt}")])
+            .arg(&img)
+            .arg(&mnt)
+            .output()
+            .unwrap()
+    };
+    let b = source(3, 256 << 10);
+    fs::write(mnt.join("before.rs"), &b).unwrap();
+    assert_eq!(common::get_flags(&mnt.join("before.rs")), Ok(0));
+    let out = remount("compress=zstd");
+    assert!(out.status.success(), "{out:?}");
+    let (l0, s0) = compression_stats(&mnt);
+    fs::write(mnt.join("after.rs"), &b).unwrap();
+    ldfs().arg("sync").arg(&mnt).succeeds();
+    let (l1, s1) = compression_stats(&mnt);
+    assert!(l1 - l0 >= b.len() as u64, "{l0} -> {l1} logical");
+    assert!((s1 - s0) * 3 < l1 - l0, "{s0} -> {s1} stored");
+    assert_eq!(common::get_flags(&mnt.join("after.rs")), Ok(0x4));
+    assert_eq!(
+        common::get_flags(&mnt.join("before.rs")),
+        Ok(0),
+        "a file with data keeps its list's policy"
+    );
+    let out = remount("compress=off");
+    assert!(out.status.success(), "{out:?}");
+    let (l2, s2) = compression_stats(&mnt);
+    fs::write(mnt.join("plain.rs"), &b).unwrap();
+    ldfs().arg("sync").arg(&mnt).succeeds();
+    let (l3, s3) = compression_stats(&mnt);
+    assert_eq!(
+        (l3, s3),
+        (l2, s2),
+        "compress=off still compressed new files"
+    );
+    assert_eq!(common::get_flags(&mnt.join("plain.rs")), Ok(0));
+    let out = remount("compress=gzip");
+    assert!(!out.status.success(), "a bad value accepted at a remount");
+    let out = remount("compress_cold=zstd:9");
+    assert!(!out.status.success());
+    for f in ["before.rs", "after.rs", "plain.rs"] {
+        assert!(fs::read(mnt.join(f)).unwrap() == b, "{f}");
+    }
+    m.unmount();
+}

@@ -193,6 +193,16 @@ impl Control for Daemon {
                     .map(|(_, r)| r.clone().into_bytes())
                     .ok_or_else(|| format!("no snapshot command {token:?}"))
             }
+            // `mount -o remount,compress=V`: the policy of new files.
+            q if q.starts_with("compress=") => {
+                if self.snapshot.is_some() {
+                    return Err("a snapshot mount is read-only: it stores nothing".into());
+                }
+                let c = ldfs::ld::Compression::parse(&q["compress=".len()..])?;
+                self.fs.set_default_compression(c);
+                eprintln!("ldfs: remount: compress={c} for new files");
+                Ok(Vec::new())
+            }
             "remount-ro" => self.remount_ro().map(|()| Vec::new()),
             "remount-rw" => self.remount_rw().map(|()| Vec::new()),
             other => Err(format!("unknown query {other}")),
@@ -1873,11 +1883,6 @@ pub(crate) fn dual_meta_path(
 /// stay as they are.
 fn remount(dir: &Path, opts: &MountOpts) -> Result<(), String> {
     use std::os::unix::ffi::OsStrExt;
-    if let Some(c) = opts.compress {
-        return Err(format!(
-            "remount: compress={c} is set at mount only (setfattr -n user.ldfs.compress on a directory sets it for what is created there)"
-        ));
-    }
     if opts.compress_cold.is_some() {
         return Err("remount: compress_cold= is set at mount only".into());
     }
@@ -1955,6 +1960,11 @@ fn remount(dir: &Path, opts: &MountOpts) -> Result<(), String> {
         }
         Ok(())
     };
+    if let Some(v) = opts.compress {
+        let q = std::ffi::CString::new(format!("trusted.ldfs.compress={v}"))
+            .map_err(|e| e.to_string())?;
+        tell(&q)?;
+    }
     let sys = |flags: libc::c_ulong| sys_mount(None, &c, flags);
     // The daemon's mode and the kernel's change in two steps: a signal
     // between them (Ctrl-C, a shutdown's SIGTERM) would leave the kernel's

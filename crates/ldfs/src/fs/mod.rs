@@ -304,6 +304,9 @@ pub struct Fs {
     ld: Arc<dyn LogicalDisk>,
     state: Mutex<State>,
     opts: FsOptions,
+    /// The policy of new files without their own (`compress=`; starts as
+    /// `opts.compress`, changed by `mount -o remount,compress=`).
+    compress: Mutex<Compression>,
     /// Set when metadata (an inode record or a directory bucket) was found
     /// corrupt: from then on every modifying operation fails with
     /// `ReadOnly`, so the damage cannot spread; reads go on.
@@ -436,6 +439,7 @@ impl Fs {
                 next_ino: reserved,
                 ino_reserved: reserved,
             }),
+            compress: Mutex::new(opts.compress),
             opts,
             damaged: std::sync::OnceLock::new(),
             repairing: std::sync::atomic::AtomicBool::new(false),
@@ -843,19 +847,40 @@ impl Fs {
     }
 
     /// How `ino`'s new blocks (a directory's: its new files') are stored:
-    /// its `user.ldfs.compress`, else the mount's `compress=` (what
-    /// `lsattr` shows as `c`).
+    /// a file with data, as its data list's hints say; else its
+    /// `user.ldfs.compress`, else the mount's `compress=` (what `lsattr`
+    /// shows as `c`).
     pub fn compression(&self, ino: u64) -> FsResult<Compression> {
+        // A file whose data has its list: how that list stores new blocks
+        // (set when it was made, or by the attribute since).
+        let list = {
+            let mut st = self.lock();
+            let i = self.get_inode(&mut st, ino)?;
+            (i.kind() == Kind::File && i.list != 0).then_some(ListId(i.list))
+        };
+        if let Some(l) = list {
+            if let Some(h) = self.ld.list_hints(l)? {
+                return Ok(h.compress);
+            }
+        }
         match self.getxattr(ino, COMPRESS_XATTR) {
-            Ok(v) => Ok(parse_compress_value(&v).unwrap_or(self.opts.compress)),
-            Err(FsError::NoAttr) => Ok(self.opts.compress),
+            Ok(v) => Ok(parse_compress_value(&v).unwrap_or(self.default_compression())),
+            Err(FsError::NoAttr) => Ok(self.default_compression()),
             Err(e) => Err(e),
         }
     }
 
     /// The mount's `compress=` (the policy of files without their own).
     pub fn default_compression(&self) -> Compression {
-        self.opts.compress
+        *self.compress.lock().expect("compress poisoned")
+    }
+
+    /// `mount -o remount,compress=`: new files without a policy of their
+    /// own (or inherited) are stored so from now on; written blocks keep
+    /// their form, and a file whose data already has its list keeps that
+    /// list's policy.
+    pub fn set_default_compression(&self, c: Compression) {
+        *self.compress.lock().expect("compress poisoned") = c;
     }
 
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> FsResult<Vec<u8>> {
@@ -2120,9 +2145,9 @@ impl Tx<'_> {
         {
             Ok(k) => {
                 let v = self.fs.xattr_value(i.ino, &i.xattrs[k].1)?;
-                Ok(parse_compress_value(&v).unwrap_or(self.fs.opts.compress))
+                Ok(parse_compress_value(&v).unwrap_or(self.fs.default_compression()))
             }
-            Err(_) => Ok(self.fs.opts.compress),
+            Err(_) => Ok(self.fs.default_compression()),
         }
     }
 
@@ -2394,8 +2419,11 @@ impl Tx<'_> {
             i.encoded_len() as u64 + if recompress { LIST_HINTS_BYTES } else { 0 },
         )?;
         if recompress {
-            self.ld()
-                .set_compression(Some(self.aru), ListId(i.list), self.fs.opts.compress)?;
+            self.ld().set_compression(
+                Some(self.aru),
+                ListId(i.list),
+                self.fs.default_compression(),
+            )?;
         }
         self.drop_xattr_value(&v)?;
         self.put(&i)
