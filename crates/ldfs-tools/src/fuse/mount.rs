@@ -791,16 +791,38 @@ impl ProtectedHistory {
     /// help it (`Lld::protected_empty_bytes`); `short` 0 asks for a pin
     /// bit.
     fn give_back_to_snapshot(&self, short: u64, seen: u64) -> bool {
-        self.give_back_by(short, seen, |l| l.protected_empty_bytes())
+        self.give_back_by(short, seen, true)
     }
 
-    fn give_back_by(&self, short: u64, seen: u64, covers: fn(&Lld) -> u64) -> bool {
+    /// The protected checkpoints no reader has mounted (their locks free
+    /// now): the ones a yield can delete.
+    fn deletable(&self) -> Vec<u64> {
+        // An exclusive lock needs the file open for writing.
+        let Ok(f) = File::options().read(true).write(true).open(&self.image) else {
+            return Vec::new();
+        };
+        self.lld
+            .snapshots()
+            .iter()
+            .filter(|s| s.protected)
+            .filter(|s| {
+                f.try_clone()
+                    .ok()
+                    .and_then(|c| ldfs::lld::SnapshotLock::exclusive(c, s.number).ok())
+                    .is_some()
+            })
+            .map(|s| s.number)
+            .collect()
+    }
+
+    fn give_back_by(&self, short: u64, seen: u64, empty_only: bool) -> bool {
         let _one = self.deleting.lock().expect("deleting poisoned");
         if self.lld.kept_deleted() != seen {
             // Some were deleted after this operation tried: try again.
             return true;
         }
-        if covers(&self.lld) < short {
+        let covers = self.lld.kept_bytes_of(&self.deletable(), empty_only);
+        if covers < short {
             // Even all of it would not do: keep it (a request that cannot
             // fit deletes nothing).
             return false;
@@ -815,7 +837,7 @@ impl GiveBack for ProtectedHistory {
     }
 
     fn give_back(&self, short: u64, seen: u64) -> bool {
-        self.give_back_by(short, seen, |l| l.protected_bytes())
+        self.give_back_by(short, seen, false)
     }
 }
 
@@ -2638,5 +2660,30 @@ mod tests {
         assert_eq!(a.ioctl(&who(2000), f, 0, GET, &[], 4).unwrap(), c);
         a.ioctl(&who(0), f, 0, SET, &[0; 4], 0).unwrap();
         assert_eq!(a.ioctl(&who(0), f, 0, GET, &[], 4).unwrap(), [0; 4]);
+    }
+
+    /// A protected checkpoint a reader has mounted cannot be deleted, so
+    /// it does not count toward what a yield could give back: a request
+    /// only it could cover deletes none of the others.
+    #[test]
+    fn a_mounted_protected_checkpoint_does_not_count_toward_a_yield() {
+        let (_t, image, lld) = with_protected(2);
+        let h = ProtectedHistory::new(lld.clone(), image.clone());
+        let all = lld.protected_bytes();
+        let newest = lld.snapshots()[1].number;
+        let one = lld.kept_bytes_of(&[lld.snapshots()[0].number], false);
+        assert!(one < all, "{one} of {all}");
+        // A reader (a snapshot mount) holds the newest.
+        let reader = ldfs::lld::SnapshotLock::shared(File::open(&image).unwrap(), newest).unwrap();
+        let seen = h.given();
+        assert!(
+            !h.give_back(one + 1, seen),
+            "a request only the mounted one could cover yielded"
+        );
+        assert_eq!(lld.snapshots().len(), 2);
+        assert!(h.give_back(one, seen));
+        assert_eq!(lld.snapshots().len(), 1);
+        assert_eq!(lld.snapshots()[0].number, newest);
+        drop(reader);
     }
 }

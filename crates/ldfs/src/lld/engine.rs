@@ -4206,6 +4206,23 @@ impl Engine {
             .fold(0u32, |m, s| m | 1 << s.pin)
     }
 
+    /// `protected_bytes` (`protected_empty_bytes` with `empty_only`) of
+    /// the kept checkpoints numbered `numbers` only: what deleting those
+    /// gives back (those a reader has mounted cannot be deleted).
+    pub fn kept_bytes_of(&self, numbers: &[u64], empty_only: bool) -> u64 {
+        let g = self.lock();
+        let mask = g
+            .snapshots
+            .iter()
+            .filter(|s| numbers.contains(&s.number))
+            .fold(0u32, |m, s| m | 1 << s.pin);
+        match (mask, empty_only) {
+            (0, _) => 0,
+            (m, false) => g.usage.held_only_within(m),
+            (m, true) => g.usage.held_empty_within(m),
+        }
+    }
+
     /// Kept checkpoints deleted since open, by anyone (a count that only
     /// grows; read without the engine's lock).
     pub fn kept_deleted(&self) -> u64 {
