@@ -788,7 +788,7 @@ impl ProtectedHistory {
 
     /// `give_back` for a snapshot short of `short` bytes: only segments
     /// the protected checkpoints alone pin and that hold no live bytes
-    /// help it (`Lld::protected_empty_bytes`); `short` 0 asks for a pin
+    /// help it (`Lld::kept_bytes_of` with `empty_only`); `short` 0 asks for a pin
     /// bit.
     fn give_back_to_snapshot(&self, short: u64, seen: u64) -> bool {
         self.give_back_by(short, seen, true)

@@ -4186,19 +4186,6 @@ impl Engine {
         g.usage.held_only_within(mask)
     }
 
-    /// What deleting every protected checkpoint gives back to a new
-    /// snapshot: only segments they alone pin that hold no live bytes. (A
-    /// segment with live bytes, unpinned, counts toward what the snapshot
-    /// pins anew, so its dead space does not shrink the snapshot's need.)
-    pub fn protected_empty_bytes(&self) -> u64 {
-        let g = self.lock();
-        let mask = Self::protected_mask(&g);
-        if mask == 0 {
-            return 0;
-        }
-        g.usage.held_empty_within(mask)
-    }
-
     fn protected_mask(g: &Inner) -> u32 {
         g.snapshots
             .iter()
@@ -4206,9 +4193,12 @@ impl Engine {
             .fold(0u32, |m, s| m | 1 << s.pin)
     }
 
-    /// `protected_bytes` (`protected_empty_bytes` with `empty_only`) of
-    /// the kept checkpoints numbered `numbers` only: what deleting those
-    /// gives back (those a reader has mounted cannot be deleted).
+    /// What deleting the kept checkpoints numbered `numbers` gives back (those
+    /// a reader has mounted cannot be deleted): to writes, the bytes only
+    /// they hold (`protected_bytes`); with `empty_only`, to a new snapshot,
+    /// only their segments that hold no live bytes (a segment with live
+    /// bytes set free is pinned again by the snapshot, so its dead space
+    /// does not shrink the snapshot's need).
     pub fn kept_bytes_of(&self, numbers: &[u64], empty_only: bool) -> u64 {
         let g = self.lock();
         let mask = g
