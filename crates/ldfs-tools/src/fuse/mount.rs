@@ -2382,6 +2382,19 @@ mod tests {
         (t, image, lld)
     }
 
+    /// A file system formatted on `lld` (root owned by `uid`) and mounted;
+    /// the context that made it.
+    fn formatted(lld: &Arc<Lld>, uid: u32) -> (Arc<Fs>, ldfs::fs::Ctx) {
+        let ctx = ldfs::fs::Ctx {
+            uid,
+            gid: uid,
+            umask: 0o022,
+        };
+        Fs::format(&**lld, ctx).unwrap();
+        let fs = Fs::mount(lld.clone() as Arc<dyn LogicalDisk>, FsOptions::default()).unwrap();
+        (Arc::new(fs), ctx)
+    }
+
     /// An engine on a fresh 32 MiB image file.
     fn engine() -> (tempfile::TempDir, PathBuf, Arc<Lld>) {
         let t = tempfile::tempdir().unwrap();
@@ -2447,14 +2460,7 @@ mod tests {
     #[test]
     fn a_live_mount_remounted_read_only_refuses_snapshot_trim_and_clean() {
         let (_t, image, lld) = engine();
-        let ctx = ldfs::fs::Ctx {
-            uid: 0,
-            gid: 0,
-            umask: 0o022,
-        };
-        Fs::format(&*lld, ctx).unwrap();
-        let fs =
-            Arc::new(Fs::mount(lld.clone() as Arc<dyn LogicalDisk>, FsOptions::default()).unwrap());
+        let (fs, _) = formatted(&lld, 0);
         let d = Daemon {
             lld: lld.clone(),
             dual: None,
@@ -2522,14 +2528,7 @@ mod tests {
     #[test]
     fn a_bad_snapshot_name_with_a_full_table_keeps_protected_checkpoints() {
         let (_t, image, lld) = engine();
-        let ctx = ldfs::fs::Ctx {
-            uid: 0,
-            gid: 0,
-            umask: 0o022,
-        };
-        Fs::format(&*lld, ctx).unwrap();
-        let fs =
-            Arc::new(Fs::mount(lld.clone() as Arc<dyn LogicalDisk>, FsOptions::default()).unwrap());
+        let (fs, ctx) = formatted(&lld, 0);
         let f = fs
             .mknod(ctx, ldfs::fs::ROOT_INO, b"f", 0o100644, 0)
             .unwrap()
@@ -2623,14 +2622,7 @@ mod tests {
     fn chattr_needs_the_owner_or_root() {
         use crate::fuse::transport::{Caller, FuseOps};
         let (_t, _image, lld) = engine();
-        let ctx = ldfs::fs::Ctx {
-            uid: 1000,
-            gid: 1000,
-            umask: 0o022,
-        };
-        Fs::format(&*lld, ctx).unwrap();
-        let fs =
-            Arc::new(Fs::mount(lld.clone() as Arc<dyn LogicalDisk>, FsOptions::default()).unwrap());
+        let (fs, ctx) = formatted(&lld, 1000);
         let f = fs
             .mknod(ctx, ldfs::fs::ROOT_INO, b"f", 0o100644, 0)
             .unwrap()

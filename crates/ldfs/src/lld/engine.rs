@@ -807,28 +807,33 @@ impl Engine {
         )))
     }
 
+    /// The map entries of blocks on the device in `seg`, and the addresses
+    /// of the map's pages there: what must move before `seg` is empty.
+    fn live_in_segment(&self, seg: SegmentId) -> LdResult<(Vec<(Key, MapEntry)>, Vec<u64>)> {
+        let geo = self.geo();
+        let mut entries: Vec<(Key, MapEntry)> = Vec::new();
+        let mut pages: Vec<u64> = Vec::new();
+        let mut g = self.lock();
+        let r = self.pages();
+        g.map.range(Key::MIN, Key::MAX, &r, &mut |k, e| {
+            if !e.is_buffered() && geo.segment_of(e.offset()) == Some(seg) {
+                entries.push((k, *e));
+            }
+            true
+        })?;
+        g.map.for_each_page(&mut |p| {
+            if geo.segment_of(p.addr) == Some(seg) {
+                pages.push(p.addr);
+            }
+        });
+        Ok((entries, pages))
+    }
+
     /// Moves every live block and map page out of `seg` (`relocate`; map
     /// pages at the next checkpoint, as far as it has room). A move that
     /// finds no room lets the cleaner free some first, once.
     fn move_out_of(&self, seg: SegmentId) -> LdResult<()> {
-        let geo = self.geo();
-        let mut entries: Vec<(Key, MapEntry)> = Vec::new();
-        let mut pages: Vec<u64> = Vec::new();
-        {
-            let mut g = self.lock();
-            let r = self.pages();
-            g.map.range(Key::MIN, Key::MAX, &r, &mut |k, e| {
-                if !e.is_buffered() && geo.segment_of(e.offset()) == Some(seg) {
-                    entries.push((k, *e));
-                }
-                true
-            })?;
-            g.map.for_each_page(&mut |p| {
-                if geo.segment_of(p.addr) == Some(seg) {
-                    pages.push(p.addr);
-                }
-            });
-        }
+        let (entries, pages) = self.live_in_segment(seg)?;
         for (k, e) in entries {
             match self.relocate(k, &e) {
                 Err(LdError::NoSpace { .. }) => {
@@ -1042,24 +1047,7 @@ impl Engine {
     /// deleted). Call [`Engine::start_new_segment`] first if `seg` may be
     /// the one the log writes into.
     pub fn evacuate_segment(&self, seg: SegmentId) -> LdResult<(u64, u64)> {
-        let geo = self.geo();
-        let mut entries: Vec<(Key, MapEntry)> = Vec::new();
-        let mut pages: Vec<u64> = Vec::new();
-        {
-            let mut g = self.lock();
-            let r = self.pages();
-            g.map.range(Key::MIN, Key::MAX, &r, &mut |k, e| {
-                if !e.is_buffered() && geo.segment_of(e.offset()) == Some(seg) {
-                    entries.push((k, *e));
-                }
-                true
-            })?;
-            g.map.for_each_page(&mut |p| {
-                if geo.segment_of(p.addr) == Some(seg) {
-                    pages.push(p.addr);
-                }
-            });
-        }
+        let (entries, pages) = self.live_in_segment(seg)?;
         let (mut moved, mut deleted) = (0, 0);
         for (k, e) in entries {
             match self.relocate(k, &e) {
