@@ -809,7 +809,7 @@ impl Engine {
 
     /// The map entries of blocks on the device in `seg`, and the addresses
     /// of the map's pages there: what must move before `seg` is empty.
-    fn live_in_segment(&self, seg: SegmentId) -> LdResult<(Vec<(Key, MapEntry)>, Vec<u64>)> {
+    fn live_in_segment(&self, seg: SegmentId) -> LdResult<SegmentContents> {
         let geo = self.geo();
         let mut entries: Vec<(Key, MapEntry)> = Vec::new();
         let mut pages: Vec<u64> = Vec::new();
@@ -2341,6 +2341,9 @@ fn map_partial_bytes(geo: &Geometry, log: &LogHead, p: &MapPartial) -> Vec<u8> {
     }
     bytes
 }
+
+/// A segment's live blocks (map entries) and map pages (addresses).
+type SegmentContents = (Vec<(Key, MapEntry)>, Vec<u64>);
 
 /// Moves the log head into the next segment and chooses the one after it.
 pub(crate) fn advance_head(usage: &mut Usage, log: &mut LogHead, geo: &Geometry) -> LdResult<()> {
