@@ -116,6 +116,32 @@ pub struct LldOptions {
     /// image file, BLKDISCARD) as checkpoints release them, once the slot
     /// that stops referencing them is durable (mount option `discard`).
     pub discard: bool,
+    /// Told of every checkpoint once its slot is durable (the segment store
+    /// layer, `store::segments`; docs/DESIGN.md "The segment store layer").
+    pub checkpoint_hook: Option<CheckpointHook>,
+}
+
+/// A checkpoint whose slot is durable on the device: everything the slot
+/// names was written and flushed before it.
+pub struct DurableCheckpoint<'a> {
+    pub serial: u64,
+    /// The slot as written (`checkpoint::decode` reads it).
+    pub slot_bytes: &'a [u8],
+    /// Segments this checkpoint makes Clean right after the hook returns:
+    /// from then on the log may reuse them.
+    pub released: &'a [SegmentId],
+}
+
+/// Called in a checkpoint's phase 3 under the engine lock, before the
+/// segments it releases become Clean: it must only take note (no I/O, no
+/// engine calls).
+#[derive(Clone)]
+pub struct CheckpointHook(pub Arc<dyn Fn(&DurableCheckpoint<'_>) + Send + Sync>);
+
+impl std::fmt::Debug for CheckpointHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CheckpointHook")
+    }
 }
 
 impl Default for LldOptions {
@@ -132,6 +158,7 @@ impl Default for LldOptions {
             checkpoint_thread: true,
             log_writer_thread: true,
             discard: false,
+            checkpoint_hook: None,
         }
     }
 }
@@ -284,6 +311,8 @@ pub(crate) struct Inner {
     /// A change to the table that the next checkpoint's snapshot point
     /// makes (set and consumed under one lock hold).
     snap_change: Option<SnapChange>,
+    /// `LldOptions::checkpoint_hook`.
+    checkpoint_hook: Option<CheckpointHook>,
 }
 
 /// A change to the snapshot table, made at a checkpoint's snapshot point.
@@ -500,6 +529,7 @@ impl Engine {
             ckpt: None,
             snapshots: recovered.snapshots,
             snap_change: None,
+            checkpoint_hook: opts.checkpoint_hook.clone(),
         };
         let flight = Arc::new(Flight::default());
         let opts_policy = opts.cleaner.policy;
@@ -1903,6 +1933,13 @@ fn apply_checkpoint(
     g.stats.device_flushes += 2;
     g.stats.checkpoints += 1;
     g.serial = p.plan.serial;
+    if let Some(hook) = &g.checkpoint_hook {
+        (hook.0)(&DurableCheckpoint {
+            serial: p.plan.serial,
+            slot_bytes: &p.plan.slot_bytes,
+            released: &p.plan.released,
+        });
+    }
     g.usage.release(&p.plan.released);
     g.stats.segments_discarded += p.discarded();
     if g.log.next == g.log.seg {

@@ -18,9 +18,13 @@
 
 mod memory;
 mod s3;
+pub mod segments;
 
 pub use memory::{MemoryStore, MemoryStoreFaults};
 pub use s3::{S3Config, S3Store};
+pub use segments::{
+    restore, LayerError, RestoreReport, SegmentStore, SegmentStoreOptions, UploadStats,
+};
 
 use std::fmt;
 
