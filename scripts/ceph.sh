@@ -82,7 +82,7 @@ wait_for() { # what seconds command...
     if "$@" >/dev/null 2>&1; then return 0; fi
     sleep 0.2
   done
-  log "timed out after ${secs}s waiting for $what"
+  log "timed out after ${secs}s waiting for $what (see $dir/log/)"
   return 1
 }
 
@@ -164,14 +164,14 @@ start() {
   install_packages
   local t0=$SECONDS
   [ -f "$dir/mon/ceph-a/created" ] || create
-  pid_alive mon.a || ceph-mon -c "$conf" -i a 9>&-
+  pid_alive mon.a || ceph-mon -c "$conf" -i a 9>&- 2>>"$dir/log/daemons.err"
   wait_for "the monitor" 60 ceph_ mon stat
 
   if [ ! -f "$dir/mgr/ceph-a/keyring" ]; then
     ceph_ auth get-or-create mgr.a mon 'allow profile mgr' osd 'allow *' mds 'allow *' \
       -o "$dir/mgr/ceph-a/keyring"
   fi
-  pid_alive mgr.a || ceph-mgr -c "$conf" -i a 9>&-
+  pid_alive mgr.a || ceph-mgr -c "$conf" -i a 9>&- 2>>"$dir/log/daemons.err"
 
   if [ ! -f "$dir/osd/ceph-0/created" ]; then
     local uuid secret id
@@ -185,13 +185,13 @@ start() {
       || { cat "$dir/log/osd-mkfs.out" >&2; exit 1; }
     touch "$dir/osd/ceph-0/created"
   fi
-  pid_alive osd.0 || ceph-osd -c "$conf" -i 0 9>&-
+  pid_alive osd.0 || ceph-osd -c "$conf" -i 0 9>&- 2>>"$dir/log/daemons.err"
 
   if [ ! -f "$dir/rgw/keyring" ]; then
     ceph_ auth get-or-create client.rgw.a mon 'allow rw' osd 'allow rwx' -o "$dir/rgw/keyring"
   fi
   wait_for "the OSD to come up" 120 sh -c "ceph -c '$conf' osd stat | grep -q '1 up'"
-  pid_alive client.rgw.a || radosgw -c "$conf" -n client.rgw.a 9>&-
+  pid_alive client.rgw.a || radosgw -c "$conf" -n client.rgw.a 9>&- 2>>"$dir/log/daemons.err"
   wait_for "the S3 gateway" 120 s3_answers
 
   if [ ! -f "$dir/env" ]; then

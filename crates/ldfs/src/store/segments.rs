@@ -309,7 +309,31 @@ impl SegmentStore {
                 detail: e.to_string(),
             }
         })?;
-        let (uploaded, swept) = sweep(&*store)?;
+        let (kept, swept) = sweep_kept(&*store)?;
+        let uploaded = kept.last().map_or(0, |(s, _)| *s);
+        // A restart on the same cache: what the newest checkpoint object names and the cache
+        // still holds in the same use of its segment (the sequence number at page 0 matches)
+        // is not uploaded again. One page read per named segment.
+        let mut known = BTreeMap::new();
+        if let Some((_, entries)) = kept.last() {
+            let mut page = vec![0u8; PAGE_BYTES];
+            for e in entries {
+                dev.read_at(&mut page, geo.page_addr(SegmentId(e.segment), 0))?;
+                if first_seq_of(&geo, SegmentId(e.segment), &page).ok() == Some(e.first_seq) {
+                    known.insert(
+                        e.segment,
+                        Known {
+                            entry: *e,
+                            read_gen: 0,
+                        },
+                    );
+                }
+            }
+        }
+        let named: Vec<(u64, BTreeSet<String>)> = kept
+            .into_iter()
+            .map(|(s, es)| (s, es.iter().map(|e| e.key()).collect()))
+            .collect();
         let shared = Arc::new(Shared {
             store,
             dev,
@@ -334,7 +358,7 @@ impl SegmentStore {
         let s2 = shared.clone();
         let thread = std::thread::Builder::new()
             .name("ldfs-uploader".into())
-            .spawn(move || uploader(&s2))
+            .spawn(move || uploader(&s2, known, named))
             .expect("spawn uploader thread");
         Ok(SegmentStore {
             shared,
@@ -428,9 +452,17 @@ impl Drop for SegmentStore {
 /// putting meanwhile. Returns the newest checkpoint serial in the store and how many objects
 /// were deleted.
 pub fn sweep(store: &dyn ObjectStore) -> LayerResult<(u64, u64)> {
+    let (kept, deleted) = sweep_kept(store)?;
+    Ok((kept.last().map_or(0, |(s, _)| *s), deleted))
+}
+
+/// The kept checkpoint objects: serial and entries, oldest first.
+type Kept = Vec<(u64, Vec<SegmentEntry>)>;
+
+/// `sweep`, returning the kept checkpoint objects and how many objects it deleted.
+fn sweep_kept(store: &dyn ObjectStore) -> LayerResult<(Kept, u64)> {
     let ckpts = store.list("ckpt/")?;
-    let mut named = BTreeSet::new();
-    let mut newest = 0;
+    let mut kept = Vec::new();
     let mut deleted = 0;
     let keep = ckpts.len().saturating_sub(2);
     for (i, c) in ckpts.iter().enumerate() {
@@ -443,16 +475,19 @@ pub fn sweep(store: &dyn ObjectStore) -> LayerResult<(u64, u64)> {
             continue;
         }
         let obj = decode_checkpoint_object(&c.key, &store.get(&c.key)?)?;
-        named.extend(obj.entries.iter().map(|e| e.key()));
-        newest = newest.max(serial);
+        kept.push((serial, obj.entries));
     }
+    let named: BTreeSet<String> = kept
+        .iter()
+        .flat_map(|(_, es)| es.iter().map(|e| e.key()))
+        .collect();
     for o in store.list("seg/")? {
         if !named.contains(&o.key) {
             store.delete(&o.key)?;
             deleted += 1;
         }
     }
-    Ok((newest, deleted))
+    Ok((kept, deleted))
 }
 
 fn parse_checkpoint_key(key: &str) -> Option<u64> {
@@ -466,11 +501,9 @@ enum Outcome {
     Stopped,
 }
 
-fn uploader(sh: &Shared) {
-    // The objects this process put or found named, and what the two newest checkpoint
-    // objects name (kept: the newest two).
-    let mut known: BTreeMap<u32, Known> = BTreeMap::new();
-    let mut named: Vec<(u64, BTreeSet<String>)> = Vec::new();
+/// `known`: the segment objects in the store the cache still matches; `named`: what the kept
+/// (newest two) checkpoint objects name, oldest first.
+fn uploader(sh: &Shared, mut known: BTreeMap<u32, Known>, mut named: Vec<(u64, BTreeSet<String>)>) {
     loop {
         let job = {
             let mut st = sh.state.lock().unwrap();
