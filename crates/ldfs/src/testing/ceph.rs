@@ -30,6 +30,51 @@ fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ceph.sh")
 }
 
+/// The folder of the cluster `gateway()` uses.
+pub fn cluster_dir() -> PathBuf {
+    match std::env::var("LDFS_S3_ENV") {
+        Ok(p) => Path::new(&p)
+            .parent()
+            .expect("LDFS_S3_ENV names a file in the cluster's folder")
+            .to_path_buf(),
+        Err(_) => PathBuf::from("/var/tmp/ldfs-ceph-shared"),
+    }
+}
+
+/// Stops the cluster's radosgw (SIGTERM, waits for it to exit): the store is down.
+pub fn stop_radosgw(dir: &Path) {
+    let pid_file = dir.join("run/client.rgw.a.pid");
+    let pid = std::fs::read_to_string(&pid_file)
+        .unwrap_or_else(|e| panic!("{}: {e}", pid_file.display()));
+    let pid = pid.trim();
+    let st = Command::new("kill").arg(pid).status().expect("kill");
+    assert!(st.success(), "kill {pid}");
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    for _ in 0..300 {
+        if !proc_dir.exists() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!("radosgw {pid} still running 30 s after SIGTERM");
+}
+
+/// Starts whatever of the cluster is not running (radosgw after `stop_radosgw`).
+pub fn start_cluster(dir: &Path) {
+    let out = Command::new("bash")
+        .arg(script())
+        .arg("start")
+        .arg(dir)
+        .output()
+        .expect("run scripts/ceph.sh");
+    assert!(
+        out.status.success(),
+        "scripts/ceph.sh start {} failed: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// The gateway to test against; panics if one should be there and cannot be started.
 pub fn gateway() -> Gateway {
     if let Ok(p) = std::env::var("LDFS_S3_ENV") {
