@@ -169,3 +169,61 @@ fn segment_sized_put_get_throughput() {
     );
     assert!(put_1 > 0.0 && get_1 > 0.0);
 }
+
+/// The lease through radosgw: four writers race for the same takeover; exactly one gets each
+/// generation (the conditional put), the others are told who holds it.
+#[test]
+fn lease_one_writer_against_the_gateway() {
+    use ldfs::store::lease::{acquire, current, LeaseError, LeaseRecord};
+    let Some((_cfg, s)) = store_or_skip("lease", "fs") else {
+        return;
+    };
+    let rec = |owner: u64, exp: u64| LeaseRecord {
+        owner,
+        expires_secs: exp,
+        pid: owner as u32,
+        host: format!("host{owner}"),
+    };
+    acquire(&s, rec(1, 100), 50, false).unwrap();
+    for round in 0..3u64 {
+        // The lease has expired: four takers at once.
+        let won: Vec<bool> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let s = &s;
+                    sc.spawn(move || {
+                        let now = (round + 1) * 10_000;
+                        match acquire(s, rec(10 * round + t + 2, now + 5_000), now, true) {
+                            Ok(_) => true,
+                            Err(LeaseError::Lost { .. }) | Err(LeaseError::Held { .. }) => false,
+                            Err(e) => panic!("{e}"),
+                        }
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        // The winner's lease stands for 5,000 s: whoever lost the put of the same generation,
+        // or read the winner's lease, is refused. Exactly one winner.
+        assert_eq!(
+            won.iter().filter(|&&w| w).count(),
+            1,
+            "round {round}: {won:?}"
+        );
+        let (_, holder) = current(&s).unwrap().unwrap();
+        let winners: Vec<u64> = (0..4u64)
+            .filter(|&t| won[t as usize])
+            .map(|t| 10 * round + t + 2)
+            .collect();
+        assert!(winners.contains(&holder.owner), "{holder:?} vs {winners:?}");
+    }
+    // An unexpired lease refuses everyone, naming its holder.
+    let (_, holder) = current(&s).unwrap().unwrap();
+    acquire(&s, rec(99, 100_000), 50_000, true).unwrap();
+    match acquire(&s, rec(100, 200_000), 50_001, true) {
+        Err(e @ LeaseError::Held { expired: false, .. }) => {
+            assert!(e.to_string().contains("host99"), "{e}")
+        }
+        other => panic!("expected Held by host99 (after {holder:?}), got {other:?}"),
+    }
+}

@@ -16,6 +16,7 @@
 //! Transient failures (the gateway down, slow or overloaded) are
 //! [`StoreError::Unavailable`], which callers retry with backoff; everything else is final.
 
+pub mod lease;
 mod memory;
 mod s3;
 pub mod segments;
