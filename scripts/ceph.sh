@@ -37,11 +37,20 @@ pid_alive() { # name
   [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null
 }
 
+# ss (iproute2) where there is one; else whether something accepts a connection there.
+port_in_use() {
+  if command -v ss >/dev/null 2>&1; then
+    ss -ltnH "sport = :$1" 2>/dev/null | grep -q .
+  else
+    timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null
+  fi
+}
+
 free_port() {
   local p
   for _ in $(seq 1 200); do
     p=$((20000 + RANDOM % 20000))
-    if ! ss -ltnH "sport = :$p" 2>/dev/null | grep -q .; then
+    if ! port_in_use "$p"; then
       echo "$p"
       return
     fi
@@ -71,7 +80,12 @@ install_packages() {
 s3_answers() {
   local port
   port=$(sed -n 's/^rgw=//p' "$dir/ports")
-  curl -s -o /dev/null -m 2 "http://127.0.0.1:$port/"
+  # curl where there is one (an HTTP answer); else a TCP connect to beast's port.
+  if command -v curl >/dev/null 2>&1; then
+    curl -s -o /dev/null -m 2 "http://127.0.0.1:$port/"
+  else
+    timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port" 2>/dev/null
+  fi
 }
 
 wait_for() { # what seconds command...

@@ -127,14 +127,16 @@ pub struct DurableCheckpoint<'a> {
     pub serial: u64,
     /// The slot as written (`checkpoint::decode` reads it).
     pub slot_bytes: &'a [u8],
-    /// Segments this checkpoint makes Clean right after the hook returns:
-    /// from then on the log may reuse them.
+    /// Segments this checkpoint releases right after the hook returns
+    /// (discarded if the engine discards, then Clean in phase 3): from then
+    /// on the log may reuse them.
     pub released: &'a [SegmentId],
 }
 
-/// Called in a checkpoint's phase 3 under the engine lock, before the
-/// segments it releases become Clean: it must only take note (no I/O, no
-/// engine calls).
+/// Called in a checkpoint's phase 2 right after the slot's second flush,
+/// before the segments it releases are discarded or made Clean; no engine
+/// lock is held, and checkpoints are told one at a time, in order. It must
+/// only take note (no I/O, no engine calls).
 #[derive(Clone)]
 pub struct CheckpointHook(pub Arc<dyn Fn(&DurableCheckpoint<'_>) + Send + Sync>);
 
@@ -1832,6 +1834,7 @@ impl Engine {
             released,
             op_seq: g.op_seq,
             dirtied,
+            hook: g.checkpoint_hook.clone(),
         });
         g.ckpt = Some(p.clone());
         Ok(p)
@@ -1933,13 +1936,6 @@ fn apply_checkpoint(
     g.stats.device_flushes += 2;
     g.stats.checkpoints += 1;
     g.serial = p.plan.serial;
-    if let Some(hook) = &g.checkpoint_hook {
-        (hook.0)(&DurableCheckpoint {
-            serial: p.plan.serial,
-            slot_bytes: &p.plan.slot_bytes,
-            released: &p.plan.released,
-        });
-    }
     g.usage.release(&p.plan.released);
     g.stats.segments_discarded += p.discarded();
     if g.log.next == g.log.seg {

@@ -2,7 +2,7 @@
 //!
 //! docs/DESIGN.md "The segment store layer" has the design, docs/FORMAT.md "Object store
 //! layout" the keys and the checkpoint object. In short: lld's checkpoint hook hands each
-//! durable slot to [`SegmentStore`] (no I/O under the engine lock: the newest one is kept as
+//! durable slot to [`SegmentStore`] (no I/O in the hook: the newest one is kept as
 //! the next job); the uploader thread puts every segment the slot names that the store lacks,
 //! then the checkpoint object, then deletes what neither of the newest two checkpoint objects
 //! names. [`restore`] rebuilds a fresh cache device from the newest checkpoint object.
