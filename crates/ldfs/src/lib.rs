@@ -6,6 +6,7 @@
 //! fs   POSIX files and directories over any LogicalDisk (no FUSE types)
 //! ld   the Logical Disk interface: lists of variable-length blocks, ARUs, flush, reserve
 //! lld  the log-structured Logical Disk (the engine)
+//! store  object stores (memory, S3) for the segment store layer under lld (issue 20)
 //! uip  the update-in-place Logical Disk (the papers' baseline)
 //! device  block devices: file, memory, crash simulation, fault injection, simulated disks
 //! ```
@@ -21,5 +22,6 @@ pub mod fs;
 pub mod fsck;
 pub mod ld;
 pub mod lld;
+pub mod store;
 pub mod testing;
 pub mod uip;

@@ -52,6 +52,8 @@ pub(crate) struct Plan {
     /// dirties these again as well as those dirtied since: admission keeps
     /// room for both (`Engine::dirtied_for_recovery`).
     pub dirtied: usize,
+    /// Told once the slot is durable (`LldOptions::checkpoint_hook`).
+    pub hook: Option<super::engine::CheckpointHook>,
 }
 
 enum Phase2 {
@@ -126,6 +128,15 @@ impl PendingCheckpoint {
         dev.flush()?;
         dev.write_at(&self.plan.slot_bytes, self.plan.slot_addr)?;
         dev.flush()?;
+        // Before any released segment is discarded or reused: the store
+        // layer must hear of a release before the bytes can change.
+        if let Some(hook) = &self.plan.hook {
+            (hook.0)(&super::engine::DurableCheckpoint {
+                serial: self.plan.serial,
+                slot_bytes: &self.plan.slot_bytes,
+                released: &self.plan.released,
+            });
+        }
         // TRIM is advice: a device that refuses or fails it keeps the
         // bytes, which nothing reads again before writing them.
         for &(offset, len) in &self.plan.discard {

@@ -116,6 +116,34 @@ pub struct LldOptions {
     /// image file, BLKDISCARD) as checkpoints release them, once the slot
     /// that stops referencing them is durable (mount option `discard`).
     pub discard: bool,
+    /// Told of every checkpoint once its slot is durable (the segment store
+    /// layer, `store::segments`; docs/DESIGN.md "The segment store layer").
+    pub checkpoint_hook: Option<CheckpointHook>,
+}
+
+/// A checkpoint whose slot is durable on the device: everything the slot
+/// names was written and flushed before it.
+pub struct DurableCheckpoint<'a> {
+    pub serial: u64,
+    /// The slot as written (`checkpoint::decode` reads it).
+    pub slot_bytes: &'a [u8],
+    /// Segments this checkpoint releases right after the hook returns
+    /// (discarded if the engine discards, then Clean in phase 3): from then
+    /// on the log may reuse them.
+    pub released: &'a [SegmentId],
+}
+
+/// Called in a checkpoint's phase 2 right after the slot's second flush,
+/// before the segments it releases are discarded or made Clean; no engine
+/// lock is held, and checkpoints are told one at a time, in order. It must
+/// only take note (no I/O, no engine calls).
+#[derive(Clone)]
+pub struct CheckpointHook(pub Arc<dyn Fn(&DurableCheckpoint<'_>) + Send + Sync>);
+
+impl std::fmt::Debug for CheckpointHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CheckpointHook")
+    }
 }
 
 impl Default for LldOptions {
@@ -132,6 +160,7 @@ impl Default for LldOptions {
             checkpoint_thread: true,
             log_writer_thread: true,
             discard: false,
+            checkpoint_hook: None,
         }
     }
 }
@@ -288,6 +317,8 @@ pub(crate) struct Inner {
     /// A change to the table that the next checkpoint's snapshot point
     /// makes (set and consumed under one lock hold).
     snap_change: Option<SnapChange>,
+    /// `LldOptions::checkpoint_hook`.
+    checkpoint_hook: Option<CheckpointHook>,
 }
 
 /// A change to the snapshot table, made at a checkpoint's snapshot point.
@@ -521,6 +552,7 @@ impl Engine {
             ckpt: None,
             snapshots: recovered.snapshots,
             snap_change: None,
+            checkpoint_hook: opts.checkpoint_hook.clone(),
         };
         let flight = Arc::new(Flight::default());
         let opts_policy = opts.cleaner.policy;
@@ -2032,6 +2064,7 @@ impl Engine {
             released,
             op_seq: g.op_seq,
             dirtied,
+            hook: g.checkpoint_hook.clone(),
         });
         g.ckpt = Some(p.clone());
         Ok(p)

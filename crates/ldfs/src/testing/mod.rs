@@ -1,1 +1,2 @@
 //! Test support: models, workload generators and seeded simulation.
+pub mod ceph;

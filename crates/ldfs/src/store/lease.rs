@@ -1,0 +1,277 @@
+//! One writer at a time: a lease held in the store (issue 20).
+//!
+//! Lease objects are `lease/GGGGGGGGGGGGGGGG` (generation, hex); the newest one is the lease.
+//! Taking, renewing and taking over all put the next generation with `If-None-Match: *`, so of
+//! two writers racing for the same generation exactly one gets it (radosgw 16 honours the
+//! condition: checked in `tests/store_s3.rs`). A holder that finds its next generation taken
+//! has lost the lease and must stop writing. Clocks: expiry is the holder's wall clock plus the
+//! duration; a taker compares it with its own clock, so the duration must be much longer than
+//! the clock skew between hosts (minutes against NTP's milliseconds).
+//!
+//! Only the newest two generations are kept (older ones deleted by whoever puts a new one).
+
+use super::{ObjectStore, PutOutcome, StoreError};
+
+pub const LEASE_MAGIC: u64 = u64::from_le_bytes(*b"LDFSLEAS");
+pub const LEASE_VERSION: u32 = 1;
+const HOST_MAX: usize = 255;
+const L_MAGIC: usize = 0;
+const L_VERSION: usize = 8;
+const L_CRC: usize = 12;
+const L_OWNER: usize = 16;
+const L_EXPIRES: usize = 24;
+const L_PID: usize = 32;
+const L_HOST_LEN: usize = 36;
+const L_HOST: usize = 40;
+
+/// Who holds the lease, and until when.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseRecord {
+    /// Random per mount: tells a renewal of one's own lease from someone else's.
+    pub owner: u64,
+    /// Seconds since 1970 on the holder's clock.
+    pub expires_secs: u64,
+    pub pid: u32,
+    pub host: String,
+}
+
+impl LeaseRecord {
+    pub fn encode(&self) -> Vec<u8> {
+        let host = self.host.as_bytes();
+        assert!(host.len() <= HOST_MAX, "host name over {HOST_MAX} bytes");
+        let mut b = vec![0u8; L_HOST + host.len()];
+        b[L_MAGIC..L_MAGIC + 8].copy_from_slice(&LEASE_MAGIC.to_le_bytes());
+        b[L_VERSION..L_VERSION + 4].copy_from_slice(&LEASE_VERSION.to_le_bytes());
+        b[L_OWNER..L_OWNER + 8].copy_from_slice(&self.owner.to_le_bytes());
+        b[L_EXPIRES..L_EXPIRES + 8].copy_from_slice(&self.expires_secs.to_le_bytes());
+        b[L_PID..L_PID + 4].copy_from_slice(&self.pid.to_le_bytes());
+        b[L_HOST_LEN..L_HOST_LEN + 4].copy_from_slice(&(host.len() as u32).to_le_bytes());
+        b[L_HOST..].copy_from_slice(host);
+        let crc = crc_with_hole(&b);
+        b[L_CRC..L_CRC + 4].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<LeaseRecord, String> {
+        if b.len() < L_HOST {
+            return Err(format!("{} bytes, shorter than a lease", b.len()));
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+        if u64_at(L_MAGIC) != LEASE_MAGIC {
+            return Err(format!("bad magic {:#x}", u64_at(L_MAGIC)));
+        }
+        if u32_at(L_VERSION) != LEASE_VERSION {
+            return Err(format!("version {}", u32_at(L_VERSION)));
+        }
+        let host_len = u32_at(L_HOST_LEN) as usize;
+        if host_len > HOST_MAX || b.len() != L_HOST + host_len {
+            return Err(format!("host of {host_len} bytes in {} bytes", b.len()));
+        }
+        if u32_at(L_CRC) != crc_with_hole(b) {
+            return Err("crc mismatch".into());
+        }
+        Ok(LeaseRecord {
+            owner: u64_at(L_OWNER),
+            expires_secs: u64_at(L_EXPIRES),
+            pid: u32_at(L_PID),
+            host: String::from_utf8_lossy(&b[L_HOST..]).into_owned(),
+        })
+    }
+}
+
+fn crc_with_hole(b: &[u8]) -> u32 {
+    let c = crc32c::crc32c(&b[..L_CRC]);
+    let c = crc32c::crc32c_append(c, &[0u8; 4]);
+    crc32c::crc32c_append(c, &b[L_CRC + 4..])
+}
+
+/// Why a lease was not had.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error(
+        "the file system is mounted read-write by pid {} on {} (lease until {} s since 1970{})",
+        .holder.pid, .holder.host, .holder.expires_secs,
+        if *.expired { ", expired: --force-takeover takes it" } else { "" }
+    )]
+    Held { holder: LeaseRecord, expired: bool },
+    /// Someone else put the next generation first (a race, or a takeover of ours).
+    #[error("the lease was taken by another writer (generation {generation})")]
+    Lost { generation: u64 },
+    #[error("lease object {key}: {detail}")]
+    Corrupt { key: String, detail: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn key(generation: u64) -> String {
+    format!("lease/{generation:016x}")
+}
+
+/// A lease this process holds.
+#[derive(Debug)]
+pub struct Lease {
+    pub generation: u64,
+    pub record: LeaseRecord,
+}
+
+/// The newest lease object, if any: (generation, record).
+pub fn current(store: &dyn ObjectStore) -> Result<Option<(u64, LeaseRecord)>, LeaseError> {
+    let Some(newest) = store
+        .list("lease/")?
+        .into_iter()
+        .filter_map(|o| {
+            u64::from_str_radix(o.key.strip_prefix("lease/")?, 16)
+                .ok()
+                .map(|g| (g, o.key))
+        })
+        .max()
+    else {
+        return Ok(None);
+    };
+    let b = store.get(&newest.1)?;
+    let rec = LeaseRecord::decode(&b).map_err(|detail| LeaseError::Corrupt {
+        key: newest.1.clone(),
+        detail,
+    })?;
+    Ok(Some((newest.0, rec)))
+}
+
+/// Takes the lease for `me` (its `expires_secs` set by the caller: now + duration): refused
+/// naming the holder while another's lease stands; an expired one only with `force_takeover`.
+/// `now_secs` is this host's clock.
+pub fn acquire(
+    store: &dyn ObjectStore,
+    me: LeaseRecord,
+    now_secs: u64,
+    force_takeover: bool,
+) -> Result<Lease, LeaseError> {
+    let generation = match current(store)? {
+        None => 1,
+        Some((g, holder)) => {
+            // Expiry 0: given up by `release`, free for anyone.
+            if holder.owner != me.owner && holder.expires_secs != 0 {
+                let expired = holder.expires_secs <= now_secs;
+                if !(expired && force_takeover) {
+                    return Err(LeaseError::Held { holder, expired });
+                }
+            }
+            g + 1
+        }
+    };
+    put_next(store, generation, me)
+}
+
+/// Extends a held lease to `expires_secs`; `Lost` if another writer took it meanwhile.
+pub fn renew(
+    store: &dyn ObjectStore,
+    lease: &Lease,
+    expires_secs: u64,
+) -> Result<Lease, LeaseError> {
+    let me = LeaseRecord {
+        expires_secs,
+        ..lease.record.clone()
+    };
+    put_next(store, lease.generation + 1, me)
+}
+
+/// Gives the lease up (a clean unmount): a next generation with expiry 0, which the next writer
+/// takes without waiting or forcing.
+pub fn release(store: &dyn ObjectStore, lease: &Lease) -> Result<(), LeaseError> {
+    renew(store, lease, 0).map(|_| ())
+}
+
+fn put_next(
+    store: &dyn ObjectStore,
+    generation: u64,
+    me: LeaseRecord,
+) -> Result<Lease, LeaseError> {
+    let k = key(generation);
+    let bytes = me.encode();
+    match store.put_if_absent(&k, &bytes)? {
+        PutOutcome::Created => {}
+        PutOutcome::Exists => {
+            // Ours if an earlier try landed with its answer lost.
+            if store.get(&k)? != bytes {
+                return Err(LeaseError::Lost { generation });
+            }
+        }
+    }
+    if generation > 2 {
+        store.delete(&key(generation - 2))?;
+    }
+    Ok(Lease {
+        generation,
+        record: me,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    fn rec(owner: u64, expires_secs: u64, host: &str) -> LeaseRecord {
+        LeaseRecord {
+            owner,
+            expires_secs,
+            pid: 42,
+            host: host.to_string(),
+        }
+    }
+
+    #[test]
+    fn one_writer_refusal_names_the_holder_takeover_only_after_expiry() {
+        let s = MemoryStore::new();
+        let a = acquire(&s, rec(1, 1_000, "alpha"), 900, false).unwrap();
+        assert_eq!(a.generation, 1);
+        // A second writer is refused while the lease stands, even with force.
+        for force in [false, true] {
+            match acquire(&s, rec(2, 2_000, "beta"), 950, force) {
+                Err(e @ LeaseError::Held { expired: false, .. }) => {
+                    let msg = e.to_string();
+                    assert!(msg.contains("pid 42 on alpha"), "{msg}");
+                }
+                other => panic!("expected Held, got {other:?}"),
+            }
+        }
+        // The holder renews.
+        let a = renew(&s, &a, 1_100).unwrap();
+        assert_eq!(a.generation, 2);
+        // Expired: refused without force, saying how; taken with it.
+        match acquire(&s, rec(2, 2_000, "beta"), 1_200, false) {
+            Err(e @ LeaseError::Held { expired: true, .. }) => {
+                assert!(e.to_string().contains("--force-takeover"))
+            }
+            other => panic!("expected an expired Held, got {other:?}"),
+        }
+        let b = acquire(&s, rec(2, 2_000, "beta"), 1_200, true).unwrap();
+        assert_eq!(b.generation, 3);
+        // The old holder finds out at its next renewal.
+        assert!(matches!(
+            renew(&s, &a, 1_300),
+            Err(LeaseError::Lost { generation: 3 })
+        ));
+        // A clean release lets the next writer in at once; two generations are kept.
+        release(&s, &b).unwrap();
+        let c = acquire(&s, rec(3, 3_000, "gamma"), 1_250, false).unwrap();
+        assert_eq!(c.generation, 5);
+        assert_eq!(
+            s.keys(),
+            ["lease/0000000000000004", "lease/0000000000000005"]
+        );
+        assert_eq!(current(&s).unwrap().unwrap().1.host, "gamma");
+    }
+
+    #[test]
+    fn a_lease_record_rejects_every_flipped_byte() {
+        let b = rec(7, 123, "host-1").encode();
+        assert_eq!(LeaseRecord::decode(&b).unwrap(), rec(7, 123, "host-1"));
+        for i in 0..b.len() {
+            let mut c = b.clone();
+            c[i] ^= 0x10;
+            assert!(LeaseRecord::decode(&c).is_err(), "byte {i}");
+        }
+        assert!(LeaseRecord::decode(&b[..b.len() - 1]).is_err());
+    }
+}

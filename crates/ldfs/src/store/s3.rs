@@ -1,0 +1,413 @@
+//! An S3 bucket as an [`ObjectStore`].
+//!
+//! Requests are built and signed (SigV4, presigned: the signature travels in the query string,
+//! so bodies need no hashing) by `rusty-s3`, and sent by `ureq`, a blocking HTTP client: the
+//! layer above runs on plain threads and needs no async runtime. Path-style URLs
+//! (`ENDPOINT/BUCKET/KEY`) when an endpoint is given, as Ceph's radosgw and most S3-compatible
+//! stores want without wildcard DNS.
+//!
+//! Configuration is read the way S3 tools read it, from the environment, never from a command
+//! line where `ps` would show it: `AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`,
+//! `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN` (optional), `AWS_REGION` or
+//! `AWS_DEFAULT_REGION` (default `us-east-1`).
+
+use std::time::Duration;
+
+use rusty_s3::actions::ListObjectsV2;
+use rusty_s3::{Bucket, Credentials, S3Action, UrlStyle};
+
+use super::{ObjectInfo, ObjectStore, PutOutcome, StoreError, StoreOp, StoreResult};
+
+/// How long a presigned request stays valid: only from signing to sending, so short.
+const SIGNED_FOR: Duration = Duration::from_secs(600);
+/// The largest object a get reads (a segment is at most 64 MiB; checkpoints are smaller).
+const MAX_OBJECT_BYTES: u64 = 1 << 30;
+/// A listing page (S3's maximum).
+const LIST_PAGE_KEYS: usize = 1000;
+
+/// Where a bucket is and how to reach it.
+#[derive(Clone)]
+pub struct S3Config {
+    /// `http://host:port` or `https://...`; `None` = AWS's regional endpoint.
+    pub endpoint: Option<String>,
+    pub region: String,
+    pub bucket: String,
+    /// Prepended to every key (`PREFIX/`), so one bucket can hold several file systems.
+    pub prefix: String,
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    pub session_token: Option<String>,
+    /// Per request, connection included.
+    pub timeout: Duration,
+}
+
+impl std::fmt::Debug for S3Config {
+    // Never print the secret.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Config")
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("bucket", &self.bucket)
+            .field("prefix", &self.prefix)
+            .field("access_key_id", &self.access_key_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl S3Config {
+    /// Bucket and prefix as given (`s3://BUCKET/PREFIX` parsed by the caller), the rest from
+    /// the environment.
+    pub fn from_env(bucket: &str, prefix: &str) -> StoreResult<S3Config> {
+        Self::from_vars(bucket, prefix, |k| std::env::var(k).ok())
+    }
+
+    /// As `from_env`, with the variables looked up by `var` (tests read an env file).
+    pub fn from_vars(
+        bucket: &str,
+        prefix: &str,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> StoreResult<S3Config> {
+        let need = |k: &str| {
+            var(k)
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| StoreError::Config(format!("{k} is not set")))
+        };
+        let region = var("AWS_REGION")
+            .or_else(|| var("AWS_DEFAULT_REGION"))
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| "us-east-1".to_string());
+        Ok(S3Config {
+            endpoint: var("AWS_ENDPOINT_URL").filter(|v| !v.is_empty()),
+            region,
+            bucket: bucket.to_string(),
+            prefix: prefix.trim_matches('/').to_string(),
+            access_key_id: need("AWS_ACCESS_KEY_ID")?,
+            secret_access_key: need("AWS_SECRET_ACCESS_KEY")?,
+            session_token: var("AWS_SESSION_TOKEN").filter(|v| !v.is_empty()),
+            timeout: Duration::from_secs(120),
+        })
+    }
+}
+
+/// See the module documentation.
+pub struct S3Store {
+    bucket: Bucket,
+    credentials: Credentials,
+    /// `PREFIX/`, or empty.
+    prefix: String,
+    agent: ureq::Agent,
+}
+
+impl std::fmt::Debug for S3Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "S3Store({}/{})", self.bucket.base_url(), self.prefix)
+    }
+}
+
+fn transient(op: StoreOp, key: &str, reason: impl ToString) -> StoreError {
+    StoreError::Unavailable {
+        op,
+        key: key.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+impl S3Store {
+    pub fn new(cfg: &S3Config) -> StoreResult<S3Store> {
+        let (endpoint, style) = match &cfg.endpoint {
+            Some(e) => (e.clone(), UrlStyle::Path),
+            None => (
+                format!("https://s3.{}.amazonaws.com", cfg.region),
+                UrlStyle::VirtualHost,
+            ),
+        };
+        let url = endpoint
+            .parse()
+            .map_err(|e| StoreError::Config(format!("endpoint {endpoint:?}: {e}")))?;
+        let bucket = Bucket::new(url, style, cfg.bucket.clone(), cfg.region.clone())
+            .map_err(|e| StoreError::Config(format!("bucket {:?}: {e}", cfg.bucket)))?;
+        let credentials = match &cfg.session_token {
+            Some(t) => Credentials::new_with_token(
+                cfg.access_key_id.clone(),
+                cfg.secret_access_key.clone(),
+                t.clone(),
+            ),
+            None => Credentials::new(cfg.access_key_id.clone(), cfg.secret_access_key.clone()),
+        };
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(cfg.timeout))
+            .timeout_connect(Some(Duration::from_secs(10)))
+            .build()
+            .into();
+        Ok(S3Store {
+            bucket,
+            credentials,
+            prefix: if cfg.prefix.is_empty() {
+                String::new()
+            } else {
+                format!("{}/", cfg.prefix)
+            },
+            agent,
+        })
+    }
+
+    fn full(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    /// Create the bucket; `Ok` if it exists and is ours. (mkfs and the tests; the gateway
+    /// makes its pools at the first one, which takes seconds on a fresh Ceph.)
+    pub fn create_bucket(&self) -> StoreResult<()> {
+        let url = self
+            .bucket
+            .create_bucket(&self.credentials)
+            .sign(SIGNED_FOR);
+        let op = StoreOp::CreateBucket;
+        let name = self.bucket.name().to_string();
+        let mut resp = self
+            .agent
+            .put(url.as_str())
+            .send_empty()
+            .map_err(|e| transient(op, &name, e))?;
+        let status = resp.status().as_u16();
+        match status {
+            200 => Ok(()),
+            409 => {
+                let body = body_text(&mut resp);
+                if body.contains("BucketAlreadyOwnedByYou") {
+                    Ok(())
+                } else {
+                    Err(refused(op, &name, status, body))
+                }
+            }
+            _ => Err(status_error(op, &name, status, body_text(&mut resp))),
+        }
+    }
+
+    fn put_inner(&self, op: StoreOp, key: &str, bytes: &[u8]) -> StoreResult<PutOutcome> {
+        let full = self.full(key);
+        let mut action = self.bucket.put_object(Some(&self.credentials), &full);
+        if op == StoreOp::PutIfAbsent {
+            // Signed, so a proxy cannot strip it.
+            action.headers_mut().insert("if-none-match", "*");
+        }
+        let url = action.sign(SIGNED_FOR);
+        let mut req = self.agent.put(url.as_str());
+        if op == StoreOp::PutIfAbsent {
+            req = req.header("if-none-match", "*");
+        }
+        let mut resp = req.send(bytes).map_err(|e| transient(op, key, e))?;
+        let status = resp.status().as_u16();
+        match status {
+            200 => Ok(PutOutcome::Created),
+            412 if op == StoreOp::PutIfAbsent => Ok(PutOutcome::Exists),
+            // S3: a conditional put raced another write to the key; try again.
+            409 if op == StoreOp::PutIfAbsent => Err(transient(op, key, "409 conflict")),
+            _ => Err(status_error(op, key, status, body_text(&mut resp))),
+        }
+    }
+}
+
+fn body_text(resp: &mut ureq::http::Response<ureq::Body>) -> String {
+    let v = resp
+        .body_mut()
+        .with_config()
+        .limit(64 * 1024)
+        .read_to_vec()
+        .unwrap_or_default();
+    let s = String::from_utf8_lossy(&v);
+    // The S3 error code is what says why; keep it short.
+    match (s.find("<Code>"), s.find("</Code>")) {
+        (Some(a), Some(b)) if a + 6 <= b => s[a + 6..b].to_string(),
+        _ => s.chars().take(200).collect(),
+    }
+}
+
+fn refused(op: StoreOp, key: &str, status: u16, detail: String) -> StoreError {
+    StoreError::Refused {
+        op,
+        key: key.to_string(),
+        status,
+        detail,
+    }
+}
+
+/// 5xx (503 SlowDown included), 408 and 429 are worth retrying; other answers are final.
+fn status_error(op: StoreOp, key: &str, status: u16, detail: String) -> StoreError {
+    if status >= 500 || status == 408 || status == 429 {
+        transient(op, key, format!("HTTP {status}: {detail}"))
+    } else {
+        refused(op, key, status, detail)
+    }
+}
+
+impl ObjectStore for S3Store {
+    fn put(&self, key: &str, bytes: &[u8]) -> StoreResult<()> {
+        self.put_inner(StoreOp::Put, key, bytes).map(|_| ())
+    }
+
+    fn put_if_absent(&self, key: &str, bytes: &[u8]) -> StoreResult<PutOutcome> {
+        self.put_inner(StoreOp::PutIfAbsent, key, bytes)
+    }
+
+    fn get(&self, key: &str) -> StoreResult<Vec<u8>> {
+        let op = StoreOp::Get;
+        let full = self.full(key);
+        let url = self
+            .bucket
+            .get_object(Some(&self.credentials), &full)
+            .sign(SIGNED_FOR);
+        let mut resp = self
+            .agent
+            .get(url.as_str())
+            .call()
+            .map_err(|e| transient(op, key, e))?;
+        match resp.status().as_u16() {
+            200 => resp
+                .body_mut()
+                .with_config()
+                .limit(MAX_OBJECT_BYTES)
+                .read_to_vec()
+                .map_err(|e| transient(op, key, e)),
+            404 => Err(StoreError::NotFound {
+                key: key.to_string(),
+            }),
+            s => Err(status_error(op, key, s, body_text(&mut resp))),
+        }
+    }
+
+    fn get_range(&self, key: &str, offset: u64, len: u64) -> StoreResult<Vec<u8>> {
+        let op = StoreOp::GetRange;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let last = offset
+            .checked_add(len - 1)
+            .ok_or_else(|| StoreError::Config(format!("range {offset}+{len} overflows")))?;
+        let full = self.full(key);
+        let url = self
+            .bucket
+            .get_object(Some(&self.credentials), &full)
+            .sign(SIGNED_FOR);
+        let mut resp = self
+            .agent
+            .get(url.as_str())
+            .header("range", format!("bytes={offset}-{last}"))
+            .call()
+            .map_err(|e| transient(op, key, e))?;
+        let status = resp.status().as_u16();
+        let body = match status {
+            // 200: a store that ignores ranges sends everything.
+            200 | 206 => resp
+                .body_mut()
+                .with_config()
+                .limit(MAX_OBJECT_BYTES)
+                .read_to_vec()
+                .map_err(|e| transient(op, key, e))?,
+            404 => {
+                return Err(StoreError::NotFound {
+                    key: key.to_string(),
+                })
+            }
+            416 => {
+                return Err(StoreError::BadAnswer {
+                    op,
+                    key: key.to_string(),
+                    detail: format!("range {offset}+{len} not satisfiable"),
+                })
+            }
+            s => return Err(status_error(op, key, s, body_text(&mut resp))),
+        };
+        let got = if status == 200 {
+            let end = (offset + len).min(body.len() as u64);
+            body.get(offset as usize..end as usize)
+                .unwrap_or_default()
+                .to_vec()
+        } else {
+            body
+        };
+        if got.len() as u64 != len {
+            return Err(StoreError::BadAnswer {
+                op,
+                key: key.to_string(),
+                detail: format!("asked {len} bytes at {offset}, got {}", got.len()),
+            });
+        }
+        Ok(got)
+    }
+
+    fn delete(&self, key: &str) -> StoreResult<()> {
+        let op = StoreOp::Delete;
+        let full = self.full(key);
+        let url = self
+            .bucket
+            .delete_object(Some(&self.credentials), &full)
+            .sign(SIGNED_FOR);
+        let mut resp = self
+            .agent
+            .delete(url.as_str())
+            .call()
+            .map_err(|e| transient(op, key, e))?;
+        match resp.status().as_u16() {
+            200 | 204 | 404 => Ok(()),
+            s => Err(status_error(op, key, s, body_text(&mut resp))),
+        }
+    }
+
+    fn list(&self, prefix: &str) -> StoreResult<Vec<ObjectInfo>> {
+        let op = StoreOp::List;
+        let full_prefix = self.full(prefix);
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut action: ListObjectsV2<'_> =
+                self.bucket.list_objects_v2(Some(&self.credentials));
+            action.with_prefix(full_prefix.as_str());
+            action.with_max_keys(LIST_PAGE_KEYS);
+            if let Some(t) = &token {
+                action.with_continuation_token(t.as_str());
+            }
+            let url = action.sign(SIGNED_FOR);
+            let mut resp = self
+                .agent
+                .get(url.as_str())
+                .call()
+                .map_err(|e| transient(op, prefix, e))?;
+            let status = resp.status().as_u16();
+            if status != 200 {
+                return Err(status_error(op, prefix, status, body_text(&mut resp)));
+            }
+            let text = resp
+                .body_mut()
+                .with_config()
+                .limit(64 << 20)
+                .read_to_string()
+                .map_err(|e| transient(op, prefix, e))?;
+            let page = ListObjectsV2::parse_response(&text).map_err(|e| StoreError::BadAnswer {
+                op,
+                key: prefix.to_string(),
+                detail: format!("listing does not parse: {e}"),
+            })?;
+            for c in page.contents {
+                let Some(key) = c.key.strip_prefix(&self.prefix) else {
+                    return Err(StoreError::BadAnswer {
+                        op,
+                        key: prefix.to_string(),
+                        detail: format!("listed key {:?} outside the prefix", c.key),
+                    });
+                };
+                out.push(ObjectInfo {
+                    key: key.to_string(),
+                    size_bytes: c.size.unwrap_or(0),
+                });
+            }
+            match page.next_continuation_token {
+                Some(t) if !t.is_empty() => token = Some(t),
+                _ => break,
+            }
+        }
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+}

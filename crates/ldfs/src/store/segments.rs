@@ -1,0 +1,775 @@
+//! The segment store layer: lld's durable checkpoints, uploaded as immutable objects.
+//!
+//! docs/DESIGN.md "The segment store layer" has the design, docs/FORMAT.md "Object store
+//! layout" the keys and the checkpoint object. In short: lld's checkpoint hook hands each
+//! durable slot to [`SegmentStore`] (no I/O in the hook: the newest one is kept as
+//! the next job); the uploader thread puts every segment the slot names that the store lacks,
+//! then the checkpoint object, then deletes what neither of the newest two checkpoint objects
+//! names. [`restore`] rebuilds a fresh cache device from the newest checkpoint object.
+//!
+//! Invariants: a checkpoint object is put only after every segment object it names was
+//! acknowledged; a key always names the same bytes (only content a durable checkpoint names is
+//! uploaded, and a segment's content changes only after a later checkpoint releases it, which
+//! the uploader detects around each read); an object is deleted only when neither of the two
+//! newest uploaded checkpoint objects names it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::{ObjectStore, PutOutcome, StoreError, StoreResult};
+use crate::device::{Device, DeviceError};
+use crate::lld::checkpoint;
+use crate::lld::layout::Geometry;
+use crate::lld::summary::{self, Expect};
+use crate::lld::usage::SegmentState;
+use crate::lld::{CheckpointHook, DurableCheckpoint, SegmentId, PAGE_BYTES};
+
+pub const CKPT_MAGIC: u64 = u64::from_le_bytes(*b"LDFSSCKP");
+pub const CKPT_VERSION: u32 = 1;
+const O_MAGIC: usize = 0;
+const O_VERSION: usize = 8;
+const O_COUNT: usize = 12;
+const O_FS_ID: usize = 16;
+const O_SERIAL: usize = 24;
+const O_SLOT_LEN: usize = 32;
+const O_CRC: usize = 36;
+const O_SUPERBLOCK: usize = 40;
+const O_SLOT: usize = O_SUPERBLOCK + PAGE_BYTES;
+const ENTRY_BYTES: usize = 24;
+
+/// The layer's errors.
+#[derive(Debug, thiserror::Error)]
+pub enum LayerError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    /// An object, or the cache, holds what cannot be right; evidence included.
+    #[error("{what} {key}: {detail}")]
+    Corrupt {
+        what: &'static str,
+        key: String,
+        detail: String,
+    },
+    /// Another writer put a checkpoint object this one was about to put.
+    #[error("checkpoint object {key} already exists with other bytes: another writer")]
+    Conflict { key: String },
+    #[error("{0}")]
+    Other(String),
+}
+
+pub type LayerResult<T> = Result<T, LayerError>;
+
+/// The key of a segment object.
+pub fn segment_key(segment: u32, first_seq: u64, pages: u32) -> String {
+    format!("seg/{segment:08x}-{first_seq:016x}-{pages:04x}")
+}
+
+/// The key of a checkpoint object.
+pub fn checkpoint_key(serial: u64) -> String {
+    format!("ckpt/{serial:016x}")
+}
+
+/// One segment object a checkpoint object names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentEntry {
+    pub segment: u32,
+    pub pages: u32,
+    pub first_seq: u64,
+    pub crc: u32,
+}
+
+impl SegmentEntry {
+    pub fn key(&self) -> String {
+        segment_key(self.segment, self.first_seq, self.pages)
+    }
+}
+
+/// A decoded checkpoint object.
+#[derive(Clone, Debug)]
+pub struct CheckpointObject {
+    pub serial: u64,
+    pub geo: Geometry,
+    pub superblock: Vec<u8>,
+    pub slot: Vec<u8>,
+    pub entries: Vec<SegmentEntry>,
+}
+
+fn get_u32(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"))
+}
+fn get_u64(b: &[u8], o: usize) -> u64 {
+    u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
+}
+fn crc_with_hole(b: &[u8], at: usize) -> u32 {
+    let c = crc32c::crc32c(&b[..at]);
+    let c = crc32c::crc32c_append(c, &[0u8; 4]);
+    crc32c::crc32c_append(c, &b[at + 4..])
+}
+
+/// Encodes a checkpoint object (FORMAT "Object store layout").
+pub fn encode_checkpoint_object(
+    geo: &Geometry,
+    superblock: &[u8],
+    serial: u64,
+    slot: &[u8],
+    entries: &[SegmentEntry],
+) -> Vec<u8> {
+    assert_eq!(superblock.len(), PAGE_BYTES);
+    assert_eq!(slot.len(), geo.checkpoint_pages as usize * PAGE_BYTES);
+    assert!(entries.windows(2).all(|w| w[0].segment < w[1].segment));
+    let mut b = Vec::with_capacity(O_SLOT + slot.len() + entries.len() * ENTRY_BYTES);
+    b.extend_from_slice(&CKPT_MAGIC.to_le_bytes());
+    b.extend_from_slice(&CKPT_VERSION.to_le_bytes());
+    b.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+    b.extend_from_slice(&geo.fs_id.to_le_bytes());
+    b.extend_from_slice(&serial.to_le_bytes());
+    b.extend_from_slice(&(slot.len() as u32).to_le_bytes());
+    b.extend_from_slice(&0u32.to_le_bytes());
+    b.extend_from_slice(superblock);
+    b.extend_from_slice(slot);
+    for e in entries {
+        b.extend_from_slice(&e.segment.to_le_bytes());
+        b.extend_from_slice(&e.pages.to_le_bytes());
+        b.extend_from_slice(&e.first_seq.to_le_bytes());
+        b.extend_from_slice(&e.crc.to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes());
+    }
+    let crc = crc_with_hole(&b, O_CRC);
+    b[O_CRC..O_CRC + 4].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// Decodes and checks a checkpoint object read from `key`: magic, version, crc, the
+/// superblock, the slot (its own crc, fs id and serial), every entry bounded.
+pub fn decode_checkpoint_object(key: &str, b: &[u8]) -> LayerResult<CheckpointObject> {
+    let bad = |detail: String| LayerError::Corrupt {
+        what: "checkpoint object",
+        key: key.to_string(),
+        detail,
+    };
+    if b.len() < O_SLOT {
+        return Err(bad(format!("{} bytes, shorter than its header", b.len())));
+    }
+    if get_u64(b, O_MAGIC) != CKPT_MAGIC {
+        return Err(bad(format!("bad magic {:#x}", get_u64(b, O_MAGIC))));
+    }
+    if get_u32(b, O_VERSION) != CKPT_VERSION {
+        return Err(bad(format!("version {}", get_u32(b, O_VERSION))));
+    }
+    let (want, got) = (get_u32(b, O_CRC), crc_with_hole(b, O_CRC));
+    if want != got {
+        return Err(bad(format!("crc {got:#x}, stored {want:#x}")));
+    }
+    let superblock = b[O_SUPERBLOCK..O_SLOT].to_vec();
+    let geo = Geometry::decode_superblock(&superblock, 0, u64::MAX)
+        .map_err(|e| bad(format!("superblock: {e}")))?;
+    let fs_id = get_u64(b, O_FS_ID);
+    if fs_id != geo.fs_id {
+        return Err(bad(format!(
+            "fs id {fs_id:#x}, superblock {:#x}",
+            geo.fs_id
+        )));
+    }
+    let slot_len = get_u32(b, O_SLOT_LEN) as usize;
+    if slot_len != geo.checkpoint_pages as usize * PAGE_BYTES {
+        return Err(bad(format!("slot of {slot_len} bytes")));
+    }
+    let count = get_u32(b, O_COUNT) as usize;
+    if count > geo.segment_count as usize || b.len() != O_SLOT + slot_len + count * ENTRY_BYTES {
+        return Err(bad(format!("{count} entries in {} bytes", b.len())));
+    }
+    let slot = b[O_SLOT..O_SLOT + slot_len].to_vec();
+    let serial = get_u64(b, O_SERIAL);
+    let (hdr, _) = checkpoint::decode(&geo, &slot, 0).map_err(|e| bad(format!("slot: {e}")))?;
+    if hdr.serial != serial {
+        return Err(bad(format!("slot serial {}, object {serial}", hdr.serial)));
+    }
+    let mut entries = Vec::with_capacity(count);
+    for i in 0..count {
+        let o = O_SLOT + slot_len + i * ENTRY_BYTES;
+        let e = SegmentEntry {
+            segment: get_u32(b, o),
+            pages: get_u32(b, o + 4),
+            first_seq: get_u64(b, o + 8),
+            crc: get_u32(b, o + 16),
+        };
+        if e.segment >= geo.segment_count || e.pages == 0 || e.pages > geo.segment_pages {
+            return Err(bad(format!("entry {i}: {e:?} outside the geometry")));
+        }
+        if entries
+            .last()
+            .is_some_and(|p: &SegmentEntry| p.segment >= e.segment)
+        {
+            return Err(bad(format!("entry {i}: segments not ascending")));
+        }
+        entries.push(e);
+    }
+    Ok(CheckpointObject {
+        serial,
+        geo,
+        superblock,
+        slot,
+        entries,
+    })
+}
+
+/// Counters (`ldfs stats` will show them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UploadStats {
+    pub segments_put: u64,
+    pub segment_bytes_put: u64,
+    pub checkpoints_put: u64,
+    /// Checkpoints given up for a newer one (a segment they named was released meanwhile, or a
+    /// newer one arrived before their upload began).
+    pub checkpoints_skipped: u64,
+    pub objects_deleted: u64,
+    /// Requests that failed transiently and were tried again.
+    pub retries: u64,
+}
+
+struct Job {
+    serial: u64,
+    slot: Vec<u8>,
+    /// `State::release_gen` when the hook ran.
+    gen: u64,
+}
+
+/// A segment object in the store, and when its bytes were read.
+#[derive(Clone, Copy)]
+struct Known {
+    entry: SegmentEntry,
+    read_gen: u64,
+}
+
+struct State {
+    /// Bumped by every hook call that releases segments.
+    release_gen: u64,
+    /// Per segment: the `release_gen` of its last release (0: never).
+    released_at: Vec<u64>,
+    job: Option<Job>,
+    /// The newest checkpoint object in the store.
+    uploaded: u64,
+    /// The newest checkpoint the hook announced.
+    announced: u64,
+    failed: Option<String>,
+    stop: bool,
+    stats: UploadStats,
+}
+
+struct Shared {
+    store: Arc<dyn ObjectStore>,
+    dev: Arc<dyn Device>,
+    geo: Geometry,
+    superblock: Vec<u8>,
+    state: Mutex<State>,
+    cv: Condvar,
+    backoff: (Duration, Duration),
+}
+
+/// Options of the uploader.
+#[derive(Clone, Copy, Debug)]
+pub struct SegmentStoreOptions {
+    /// First wait after a transient failure; doubled up to `backoff_max`.
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+}
+
+impl Default for SegmentStoreOptions {
+    fn default() -> Self {
+        SegmentStoreOptions {
+            backoff_initial: Duration::from_millis(50),
+            backoff_max: Duration::from_secs(5),
+        }
+    }
+}
+
+/// See the module documentation. Give [`SegmentStore::hook`] to lld
+/// (`LldOptions::checkpoint_hook`) before opening the engine on `dev`.
+pub struct SegmentStore {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl SegmentStore {
+    /// Starts the uploader for the lld image on `dev` (its superblock is read now).
+    pub fn start(
+        store: Arc<dyn ObjectStore>,
+        dev: Arc<dyn Device>,
+        opts: SegmentStoreOptions,
+    ) -> LayerResult<SegmentStore> {
+        let mut superblock = vec![0u8; PAGE_BYTES];
+        dev.read_at(&mut superblock, 0)?;
+        let geo = Geometry::decode_superblock(&superblock, 0, dev.size_bytes()).map_err(|e| {
+            LayerError::Corrupt {
+                what: "cache device",
+                key: "superblock".into(),
+                detail: e.to_string(),
+            }
+        })?;
+        let (kept, swept) = sweep_kept(&*store)?;
+        let uploaded = kept.last().map_or(0, |(s, _)| *s);
+        // A restart on the same cache: what the newest checkpoint object names and the cache
+        // still holds in the same use of its segment (the sequence number at page 0 matches)
+        // is not uploaded again. One page read per named segment.
+        let mut known = BTreeMap::new();
+        if let Some((_, entries)) = kept.last() {
+            let mut page = vec![0u8; PAGE_BYTES];
+            for e in entries {
+                dev.read_at(&mut page, geo.page_addr(SegmentId(e.segment), 0))?;
+                if first_seq_of(&geo, SegmentId(e.segment), &page).ok() == Some(e.first_seq) {
+                    known.insert(
+                        e.segment,
+                        Known {
+                            entry: *e,
+                            read_gen: 0,
+                        },
+                    );
+                }
+            }
+        }
+        let named: Vec<(u64, BTreeSet<String>)> = kept
+            .into_iter()
+            .map(|(s, es)| (s, es.iter().map(|e| e.key()).collect()))
+            .collect();
+        let shared = Arc::new(Shared {
+            store,
+            dev,
+            superblock,
+            state: Mutex::new(State {
+                release_gen: 0,
+                released_at: vec![0; geo.segment_count as usize],
+                job: None,
+                uploaded,
+                announced: 0,
+                failed: None,
+                stop: false,
+                stats: UploadStats {
+                    objects_deleted: swept,
+                    ..UploadStats::default()
+                },
+            }),
+            geo,
+            cv: Condvar::new(),
+            backoff: (opts.backoff_initial, opts.backoff_max),
+        });
+        let s2 = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("ldfs-uploader".into())
+            .spawn(move || uploader(&s2, known, named))
+            .expect("spawn uploader thread");
+        Ok(SegmentStore {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// The hook for `LldOptions::checkpoint_hook`.
+    pub fn hook(&self) -> CheckpointHook {
+        let shared = Arc::downgrade(&self.shared);
+        CheckpointHook(Arc::new(move |c: &DurableCheckpoint<'_>| {
+            let Some(sh) = shared.upgrade() else { return };
+            let mut st = sh.state.lock().expect("uploader state poisoned");
+            if !c.released.is_empty() {
+                st.release_gen += 1;
+                let g = st.release_gen;
+                for s in c.released {
+                    st.released_at[s.0 as usize] = g;
+                }
+            }
+            if st.job.take().is_some() {
+                st.stats.checkpoints_skipped += 1;
+            }
+            let gen = st.release_gen;
+            st.announced = st.announced.max(c.serial);
+            st.job = Some(Job {
+                serial: c.serial,
+                slot: c.slot_bytes.to_vec(),
+                gen,
+            });
+            sh.cv.notify_all();
+        }))
+    }
+
+    /// The serial of the newest checkpoint object in the store.
+    pub fn uploaded(&self) -> u64 {
+        self.shared.state.lock().unwrap().uploaded
+    }
+
+    /// The serial of the newest durable checkpoint lld announced.
+    pub fn announced(&self) -> u64 {
+        self.shared.state.lock().unwrap().announced
+    }
+
+    pub fn stats(&self) -> UploadStats {
+        self.shared.state.lock().unwrap().stats
+    }
+
+    /// Waits until checkpoint `serial` (or a newer one) is in the store; an error if the
+    /// uploader stopped on a final error, or `timeout` passed.
+    pub fn wait_uploaded(&self, serial: u64, timeout: Duration) -> LayerResult<()> {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.shared.state.lock().unwrap();
+        loop {
+            if st.uploaded >= serial {
+                return Ok(());
+            }
+            if let Some(why) = &st.failed {
+                return Err(LayerError::Other(format!("uploader stopped: {why}")));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(LayerError::Other(format!(
+                    "checkpoint {serial} not uploaded after {timeout:?} (newest in the store: {})",
+                    st.uploaded
+                )));
+            }
+            st = self.shared.cv.wait_timeout(st, deadline - now).unwrap().0;
+        }
+    }
+
+    /// Stops the uploader (what it has not uploaded stays in the cache for the next start).
+    pub fn stop(&mut self) {
+        self.shared.state.lock().unwrap().stop = true;
+        self.shared.cv.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for SegmentStore {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Deletes what no kept checkpoint object names: objects of uploads a stopped or crashed
+/// writer never finished, and puts that landed after their key was deleted (a request the
+/// client gave up on may still arrive). One writer at a time (the lease), so nothing else is
+/// putting meanwhile. Returns the newest checkpoint serial in the store and how many objects
+/// were deleted.
+pub fn sweep(store: &dyn ObjectStore) -> LayerResult<(u64, u64)> {
+    let (kept, deleted) = sweep_kept(store)?;
+    Ok((kept.last().map_or(0, |(s, _)| *s), deleted))
+}
+
+/// The kept checkpoint objects: serial and entries, oldest first.
+type Kept = Vec<(u64, Vec<SegmentEntry>)>;
+
+/// `sweep`, returning the kept checkpoint objects and how many objects it deleted.
+fn sweep_kept(store: &dyn ObjectStore) -> LayerResult<(Kept, u64)> {
+    let ckpts = store.list("ckpt/")?;
+    let mut kept = Vec::new();
+    let mut deleted = 0;
+    let keep = ckpts.len().saturating_sub(2);
+    for (i, c) in ckpts.iter().enumerate() {
+        let Some(serial) = parse_checkpoint_key(&c.key) else {
+            continue;
+        };
+        if i < keep {
+            store.delete(&c.key)?;
+            deleted += 1;
+            continue;
+        }
+        let obj = decode_checkpoint_object(&c.key, &store.get(&c.key)?)?;
+        kept.push((serial, obj.entries));
+    }
+    let named: BTreeSet<String> = kept
+        .iter()
+        .flat_map(|(_, es)| es.iter().map(|e| e.key()))
+        .collect();
+    for o in store.list("seg/")? {
+        if !named.contains(&o.key) {
+            store.delete(&o.key)?;
+            deleted += 1;
+        }
+    }
+    Ok((kept, deleted))
+}
+
+fn parse_checkpoint_key(key: &str) -> Option<u64> {
+    u64::from_str_radix(key.strip_prefix("ckpt/")?, 16).ok()
+}
+
+enum Outcome {
+    Done,
+    /// A segment was released while it was read: a newer job exists.
+    Skipped,
+    Stopped,
+}
+
+/// `known`: the segment objects in the store the cache still matches; `named`: what the kept
+/// (newest two) checkpoint objects name, oldest first.
+fn uploader(sh: &Shared, mut known: BTreeMap<u32, Known>, mut named: Vec<(u64, BTreeSet<String>)>) {
+    loop {
+        let job = {
+            let mut st = sh.state.lock().unwrap();
+            loop {
+                if st.stop {
+                    return;
+                }
+                if let Some(j) = st.job.take() {
+                    break j;
+                }
+                st = sh.cv.wait(st).unwrap();
+            }
+        };
+        match upload(sh, &job, &mut known, &mut named) {
+            Ok(Outcome::Done) => {
+                let mut st = sh.state.lock().unwrap();
+                st.uploaded = st.uploaded.max(job.serial);
+                st.stats.checkpoints_put += 1;
+                sh.cv.notify_all();
+            }
+            Ok(Outcome::Skipped) => {
+                sh.state.lock().unwrap().stats.checkpoints_skipped += 1;
+            }
+            Ok(Outcome::Stopped) => return,
+            Err(e) => {
+                eprintln!("ldfs: uploads to the store stopped: {e}");
+                let mut st = sh.state.lock().unwrap();
+                st.failed = Some(e.to_string());
+                sh.cv.notify_all();
+                return;
+            }
+        }
+    }
+}
+
+/// Runs `f` until it succeeds, fails for good, or the uploader is stopped (`None`).
+fn retry<T>(sh: &Shared, mut f: impl FnMut() -> StoreResult<T>) -> LayerResult<Option<T>> {
+    let mut wait = sh.backoff.0;
+    loop {
+        match f() {
+            Ok(v) => return Ok(Some(v)),
+            Err(e) if e.is_transient() => {
+                let mut st = sh.state.lock().unwrap();
+                st.stats.retries += 1;
+                if st.stop {
+                    return Ok(None);
+                }
+                st = sh.cv.wait_timeout(st, wait).unwrap().0;
+                if st.stop {
+                    return Ok(None);
+                }
+                wait = (wait * 2).min(sh.backoff.1);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+fn upload(
+    sh: &Shared,
+    job: &Job,
+    known: &mut BTreeMap<u32, Known>,
+    named: &mut Vec<(u64, BTreeSet<String>)>,
+) -> LayerResult<Outcome> {
+    let geo = &sh.geo;
+    let (hdr, usage) = checkpoint::decode(geo, &job.slot, 0).map_err(|e| LayerError::Corrupt {
+        what: "durable slot",
+        key: job.serial.to_string(),
+        detail: e.to_string(),
+    })?;
+    assert_eq!(hdr.serial, job.serial, "hook gave a slot of another serial");
+    let mut entries = Vec::new();
+    for (seg, u) in usage.iter() {
+        let pages = match u.state {
+            SegmentState::Dirty if u.live_bytes > 0 || u.pins != 0 => geo.segment_pages,
+            SegmentState::Active if seg.0 == hdr.log_segment && hdr.log_page > 0 => hdr.log_page,
+            _ => continue,
+        };
+        let released_at = sh.state.lock().unwrap().released_at[seg.0 as usize];
+        if released_at > job.gen {
+            return Ok(Outcome::Skipped);
+        }
+        if let Some(k) = known.get(&seg.0) {
+            if k.entry.pages == pages && released_at <= k.read_gen {
+                entries.push(k.entry);
+                continue;
+            }
+        }
+        let mut bytes = vec![0u8; pages as usize * PAGE_BYTES];
+        sh.dev.read_at(&mut bytes, geo.page_addr(seg, 0))?;
+        // Released (and maybe rewritten) while we read: this job is stale.
+        if sh.state.lock().unwrap().released_at[seg.0 as usize] > job.gen {
+            return Ok(Outcome::Skipped);
+        }
+        let first_seq = first_seq_of(geo, seg, &bytes)?;
+        let entry = SegmentEntry {
+            segment: seg.0,
+            pages,
+            first_seq,
+            crc: crc32c::crc32c(&bytes),
+        };
+        let key = entry.key();
+        if retry(sh, || sh.store.put(&key, &bytes))?.is_none() {
+            return Ok(Outcome::Stopped);
+        }
+        {
+            let mut st = sh.state.lock().unwrap();
+            st.stats.segments_put += 1;
+            st.stats.segment_bytes_put += bytes.len() as u64;
+        }
+        if let Some(old) = known.insert(
+            seg.0,
+            Known {
+                entry,
+                read_gen: job.gen,
+            },
+        ) {
+            // Superseded (a longer prefix, or a new use): deletable once no kept checkpoint
+            // object names it.
+            orphan(sh, old.entry.key(), named)?;
+        }
+        entries.push(entry);
+    }
+    let object = encode_checkpoint_object(geo, &sh.superblock, job.serial, &job.slot, &entries);
+    let key = checkpoint_key(job.serial);
+    match retry(sh, || sh.store.put_if_absent(&key, &object))? {
+        None => return Ok(Outcome::Stopped),
+        Some(PutOutcome::Created) => {}
+        Some(PutOutcome::Exists) => {
+            // Ours, if an earlier try landed and its answer was lost.
+            let there = retry(sh, || sh.store.get(&key))?;
+            match there {
+                None => return Ok(Outcome::Stopped),
+                Some(b) if b == object => {}
+                Some(_) => return Err(LayerError::Conflict { key }),
+            }
+        }
+    }
+    named.push((job.serial, entries.iter().map(|e| e.key()).collect()));
+    // Keep the newest two checkpoint objects and what they name.
+    while named.len() > 2 {
+        let (old_serial, old_keys) = named.remove(0);
+        for k in old_keys {
+            orphan(sh, k, named)?;
+        }
+        let ck = checkpoint_key(old_serial);
+        if retry(sh, || sh.store.delete(&ck))?.is_none() {
+            return Ok(Outcome::Stopped);
+        }
+        sh.state.lock().unwrap().stats.objects_deleted += 1;
+    }
+    Ok(Outcome::Done)
+}
+
+/// Deletes `key` unless a kept checkpoint object names it.
+fn orphan(sh: &Shared, key: String, named: &[(u64, BTreeSet<String>)]) -> LayerResult<()> {
+    if named.iter().any(|(_, keys)| keys.contains(&key)) {
+        return Ok(());
+    }
+    if retry(sh, || sh.store.delete(&key))?.is_some() {
+        sh.state.lock().unwrap().stats.objects_deleted += 1;
+    }
+    Ok(())
+}
+
+/// The sequence number of the partial segment at page 0: which use of the segment this is.
+fn first_seq_of(geo: &Geometry, seg: SegmentId, bytes: &[u8]) -> LayerResult<u64> {
+    let ex = Expect {
+        fs_id: geo.fs_id,
+        segment: seg.0,
+        page: 0,
+        pages_left: geo.segment_pages,
+        segment_count: geo.segment_count,
+        max_block_bytes: geo.max_block_bytes,
+    };
+    summary::decode_header(&bytes[..PAGE_BYTES], geo.page_addr(seg, 0), &ex)
+        .map(|h| h.seq)
+        .map_err(|e| LayerError::Corrupt {
+            what: "cache segment named by a durable checkpoint",
+            key: format!("segment {}", seg.0),
+            detail: e.to_string(),
+        })
+}
+
+/// What [`restore`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RestoreReport {
+    pub serial: u64,
+    pub segments: usize,
+    pub bytes: u64,
+}
+
+/// Rebuilds a cache on `dev` (at least the file system's size; what it held is overwritten
+/// where the file system keeps anything) from the newest checkpoint object in `store`, so
+/// that lld opens the tree of that checkpoint.
+pub fn restore(store: &dyn ObjectStore, dev: &dyn Device) -> LayerResult<RestoreReport> {
+    let listed = store.list("ckpt/")?;
+    let Some(newest) = listed.last() else {
+        return Err(LayerError::Other(
+            "the store holds no checkpoint object".into(),
+        ));
+    };
+    let key = newest.key.clone();
+    let obj = decode_checkpoint_object(&key, &store.get(&key)?)?;
+    if parse_checkpoint_key(&key) != Some(obj.serial) {
+        return Err(LayerError::Corrupt {
+            what: "checkpoint object",
+            key,
+            detail: format!("holds serial {}", obj.serial),
+        });
+    }
+    let geo = &obj.geo;
+    let need = geo.total_pages * PAGE_BYTES as u64;
+    if dev.size_bytes() < need {
+        return Err(LayerError::Other(format!(
+            "the cache holds {} bytes; this file system needs {need}",
+            dev.size_bytes()
+        )));
+    }
+    let mut bytes = 0u64;
+    for e in &obj.entries {
+        let k = e.key();
+        let b = store.get(&k)?;
+        if b.len() != e.pages as usize * PAGE_BYTES || crc32c::crc32c(&b) != e.crc {
+            return Err(LayerError::Corrupt {
+                what: "segment object",
+                key: k,
+                detail: format!(
+                    "{} bytes with crc {:#x}; the checkpoint names {} pages with crc {:#x}",
+                    b.len(),
+                    crc32c::crc32c(&b),
+                    e.pages,
+                    e.crc
+                ),
+            });
+        }
+        dev.write_at(&b, geo.page_addr(SegmentId(e.segment), 0))?;
+        bytes += b.len() as u64;
+    }
+    let [sb0, sb1] = geo.superblock_addrs();
+    dev.write_at(&obj.superblock, sb0)?;
+    dev.write_at(&geo.encode_superblock(1), sb1)?;
+    let slot = (obj.serial % 2) as usize;
+    dev.write_at(&obj.slot, geo.slot_addr(slot))?;
+    dev.write_at(&vec![0u8; obj.slot.len()], geo.slot_addr(1 - slot))?;
+    // Roll-forward starts at the slot's log head and may go on at page 0 of the next
+    // segment: zeros there end the log, whatever the device held before.
+    let (hdr, _) = checkpoint::decode(geo, &obj.slot, 0).map_err(|e| LayerError::Corrupt {
+        what: "checkpoint object",
+        key: key.clone(),
+        detail: format!("slot: {e}"),
+    })?;
+    let zero = vec![0u8; PAGE_BYTES];
+    if hdr.log_page < geo.segment_pages {
+        dev.write_at(
+            &zero,
+            geo.page_addr(SegmentId(hdr.log_segment), hdr.log_page),
+        )?;
+    }
+    if hdr.next_segment != hdr.log_segment {
+        dev.write_at(&zero, geo.page_addr(SegmentId(hdr.next_segment), 0))?;
+    }
+    dev.flush()?;
+    Ok(RestoreReport {
+        serial: obj.serial,
+        segments: obj.entries.len(),
+        bytes,
+    })
+}
