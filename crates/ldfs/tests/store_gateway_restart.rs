@@ -38,6 +38,7 @@ fn uploads_resume_after_the_gateway_restarts() {
         max_block_bytes: 32 << 10,
         reserved_segments: Some(4),
         fs_id: 2022,
+        max_bytes: None,
     };
     ldfs::lld::mkfs::mkfs(&*dev, &mk).unwrap();
     let seg = SegmentStore::start(

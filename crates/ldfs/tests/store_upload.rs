@@ -30,6 +30,7 @@ fn mkfs_opts() -> MkfsOptions {
         max_block_bytes: 32 << 10,
         reserved_segments: Some(4),
         fs_id: 2020,
+        max_bytes: None,
     }
 }
 
@@ -355,6 +356,7 @@ fn upload_throughput_against_the_gateways_put() {
         max_block_bytes: 64 << 10,
         reserved_segments: Some(4),
         fs_id: 2021,
+        max_bytes: None,
     };
     ldfs::lld::mkfs::mkfs(&*dev, &mk).unwrap();
     let seg = SegmentStore::start(s3.clone(), dev.clone(), fast_backoff()).unwrap();
