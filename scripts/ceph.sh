@@ -89,10 +89,13 @@ s3_answers() {
 }
 
 wait_for() { # what seconds command...
+  # A wall-clock deadline; each command bounds its own try (`ceph_`:
+  # --connect-timeout and timeout), so one that blocks (the ceph client
+  # against a monitor that is not there) cannot stretch the wait for ever.
   local what=$1 secs=$2
   shift 2
-  local i
-  for i in $(seq 1 $((secs * 5))); do
+  local deadline=$((SECONDS + secs))
+  while [ "$SECONDS" -lt "$deadline" ]; do
     if "$@" >/dev/null 2>&1; then return 0; fi
     sleep 0.2
   done
@@ -100,7 +103,7 @@ wait_for() { # what seconds command...
   return 1
 }
 
-ceph_() { timeout 60 ceph -c "$conf" "$@"; }
+ceph_() { timeout 30 ceph --connect-timeout 5 -c "$conf" "$@"; }
 
 create() {
   local fsid mon_port rgw_port
@@ -204,7 +207,7 @@ start() {
   if [ ! -f "$dir/rgw/keyring" ]; then
     ceph_ auth get-or-create client.rgw.a mon 'allow rw' osd 'allow rwx' -o "$dir/rgw/keyring"
   fi
-  wait_for "the OSD to come up" 120 sh -c "ceph -c '$conf' osd stat | grep -q '1 up'"
+  wait_for "the OSD to come up" 120 timeout 15 sh -c "ceph --connect-timeout 5 -c '$conf' osd stat | grep -q '1 up'"
   pid_alive client.rgw.a || radosgw -c "$conf" -n client.rgw.a 9>&- 2>>"$dir/log/daemons.err"
   wait_for "the S3 gateway" 120 s3_answers
 

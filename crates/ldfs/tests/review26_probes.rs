@@ -26,6 +26,7 @@ fn mkfs_opts() -> MkfsOptions {
         max_block_bytes: 32 << 10,
         reserved_segments: Some(4),
         fs_id: 2626,
+        max_bytes: None,
     }
 }
 
@@ -96,7 +97,6 @@ fn mismatch(lld: &Lld, lists: &[ListId], model: &Model) -> Option<String> {
 /// use's sequence numbers, e.g. `seg/00000000-0000000000000001-0020`): a machine lost then
 /// cannot be rebuilt. Later cleaning happened to repair it by round 30.
 #[test]
-#[ignore = "open defect: stale `known` entries after a remount name superseded segment objects"]
 fn a_remount_must_not_reuse_objects_of_segments_released_before_it() {
     let mut failures = Vec::new();
     for seed in [1u64, 2, 3] {
@@ -198,7 +198,7 @@ fn a_remount_must_not_reuse_objects_of_segments_released_before_it() {
 /// heals; the lease does not fence the uploader's requests) replaces the new writer's object:
 /// the newest checkpoint object then fails its crc at restore.
 #[test]
-#[ignore = "open defect: two writers produce the same segment key for different bytes"]
+#[ignore = "open defect (review 26, finding 2): two writers produce the same segment key for different bytes; needs a writer-unique part in the key (the lease generation) once the lease is held by mounts"]
 fn a_stale_writers_late_put_must_not_replace_the_new_writers_object() {
     let store: Arc<MemoryStore> = Arc::new(MemoryStore::new());
     let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
@@ -264,12 +264,10 @@ fn a_stale_writers_late_put_must_not_replace_the_new_writers_object() {
     assert!(outcome.is_none(), "{outcome:?}");
 }
 
-/// Defect (low): a hook that panics inside phase 2 leaves the checkpoint `Running` for ever:
-/// the next checkpoint waits for it and never returns (the engine hangs instead of turning
-/// read-only). The store layer's own hook only panics on a poisoned lock, but the contract
-/// ("must only take note") is not enforced.
+/// Review 26 (low): a hook that panics inside phase 2 left the checkpoint `Running` for ever:
+/// the next checkpoint waited for it and never returned. Now the panic is caught, that
+/// checkpoint fails and the engine turns read-only, and the next one returns at once.
 #[test]
-#[ignore = "open defect: a panicking checkpoint hook hangs every later checkpoint"]
 fn a_panicking_hook_does_not_hang_the_engine() {
     let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
     ldfs::lld::mkfs::mkfs(&*dev, &mkfs_opts()).unwrap();
@@ -286,10 +284,9 @@ fn a_panicking_hook_does_not_hang_the_engine() {
     armed.store(true, Ordering::SeqCst);
     let l2 = lld.clone();
     let first = std::thread::spawn(move || l2.checkpoint_now()).join();
-    assert!(
-        first.is_err(),
-        "the hook's panic reaches the checkpointing thread"
-    );
+    // Caught: the checkpoint fails (the engine turns read-only) rather
+    // than the panic unwinding through it.
+    assert!(matches!(first, Ok(Err(_))), "the hook's panic: {first:?}");
     let (tx, rx) = std::sync::mpsc::channel();
     let l3 = lld.clone();
     std::thread::spawn(move || {

@@ -130,12 +130,22 @@ impl PendingCheckpoint {
         dev.flush()?;
         // Before any released segment is discarded or reused: the store
         // layer must hear of a release before the bytes can change.
+        // A hook that panics must not leave this phase running for ever
+        // (review 26): its checkpoint counts as failed, which turns the
+        // engine read-only.
         if let Some(hook) = &self.plan.hook {
-            (hook.0)(&super::engine::DurableCheckpoint {
-                serial: self.plan.serial,
-                slot_bytes: &self.plan.slot_bytes,
-                released: &self.plan.released,
-            });
+            let told = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                (hook.0)(&super::engine::DurableCheckpoint {
+                    serial: self.plan.serial,
+                    slot_bytes: &self.plan.slot_bytes,
+                    released: &self.plan.released,
+                })
+            }));
+            if told.is_err() {
+                return Err(LdError::ReadOnly(
+                    "the checkpoint hook panicked: the engine is now read-only".into(),
+                ));
+            }
         }
         // TRIM is advice: a device that refuses or fails it keeps the
         // bytes, which nothing reads again before writing them.

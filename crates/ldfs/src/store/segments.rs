@@ -314,10 +314,25 @@ impl SegmentStore {
         // A restart on the same cache: what the newest checkpoint object names and the cache
         // still holds in the same use of its segment (the sequence number at page 0 matches)
         // is not uploaded again. One page read per named segment.
+        // Only a segment the cache's own newest durable checkpoint still
+        // holds (Dirty or Active) can be the use that object holds (review
+        // 26: one released since, Clean but not yet written over, kept its
+        // page 0, and its new use was taken for the old object, which by
+        // then was deleted).
+        let holds = newest_slot_states(&*dev, &geo);
         let mut known = BTreeMap::new();
         if let Some((_, entries)) = kept.last() {
             let mut page = vec![0u8; PAGE_BYTES];
             for e in entries {
+                let held = holds.as_ref().is_some_and(|st| {
+                    matches!(
+                        st.get(e.segment as usize),
+                        Some(SegmentState::Dirty | SegmentState::Active)
+                    )
+                });
+                if !held {
+                    continue;
+                }
                 dev.read_at(&mut page, geo.page_addr(SegmentId(e.segment), 0))?;
                 if first_seq_of(&geo, SegmentId(e.segment), &page).ok() == Some(e.first_seq) {
                     known.insert(
@@ -667,6 +682,14 @@ fn orphan(sh: &Shared, key: String, named: &[(u64, BTreeSet<String>)]) -> LayerR
         sh.state.lock().unwrap().stats.objects_deleted += 1;
     }
     Ok(())
+}
+
+/// The segments' states in the cache's newest valid checkpoint slot (`None`
+/// if neither decodes: nothing from the store is then taken as held).
+fn newest_slot_states(dev: &dyn Device, geo: &Geometry) -> Option<Vec<SegmentState>> {
+    let slots = crate::lld::mkfs::read_checkpoints(dev, geo).ok()?;
+    let newest = slots.into_iter().flatten().max_by_key(|(h, _)| h.serial)?;
+    Some(newest.1.iter().map(|(_, u)| u.state).collect())
 }
 
 /// The sequence number of the partial segment at page 0: which use of the segment this is.
