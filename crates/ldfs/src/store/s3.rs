@@ -104,6 +104,32 @@ impl std::fmt::Debug for S3Store {
     }
 }
 
+/// A request that got no HTTP answer: transient (no connection, a timeout,
+/// a reset) unless retrying cannot help — a malformed request or URL, a
+/// proxy setting, TLS that does not verify — which is final, so the
+/// uploader reports it instead of retrying for ever (review 26).
+fn unanswered(op: StoreOp, key: &str, e: ureq::Error) -> StoreError {
+    let final_ = matches!(
+        e,
+        ureq::Error::Http(_)
+            | ureq::Error::BadUri(_)
+            | ureq::Error::InvalidProxyUrl
+            | ureq::Error::Tls(_)
+            | ureq::Error::Rustls(_)
+            | ureq::Error::Pem(_)
+    );
+    if final_ {
+        StoreError::Refused {
+            op,
+            key: key.to_string(),
+            status: 0,
+            detail: format!("no request could be made: {e}"),
+        }
+    } else {
+        transient(op, key, e)
+    }
+}
+
 fn transient(op: StoreOp, key: &str, reason: impl ToString) -> StoreError {
     StoreError::Unavailable {
         op,
@@ -169,7 +195,7 @@ impl S3Store {
             .agent
             .put(url.as_str())
             .send_empty()
-            .map_err(|e| transient(op, &name, e))?;
+            .map_err(|e| unanswered(op, &name, e))?;
         let status = resp.status().as_u16();
         match status {
             200 => Ok(()),
@@ -197,7 +223,7 @@ impl S3Store {
         if op == StoreOp::PutIfAbsent {
             req = req.header("if-none-match", "*");
         }
-        let mut resp = req.send(bytes).map_err(|e| transient(op, key, e))?;
+        let mut resp = req.send(bytes).map_err(|e| unanswered(op, key, e))?;
         let status = resp.status().as_u16();
         match status {
             200 => Ok(PutOutcome::Created),
@@ -262,14 +288,14 @@ impl ObjectStore for S3Store {
             .agent
             .get(url.as_str())
             .call()
-            .map_err(|e| transient(op, key, e))?;
+            .map_err(|e| unanswered(op, key, e))?;
         match resp.status().as_u16() {
             200 => resp
                 .body_mut()
                 .with_config()
                 .limit(MAX_OBJECT_BYTES)
                 .read_to_vec()
-                .map_err(|e| transient(op, key, e)),
+                .map_err(|e| unanswered(op, key, e)),
             404 => Err(StoreError::NotFound {
                 key: key.to_string(),
             }),
@@ -295,7 +321,7 @@ impl ObjectStore for S3Store {
             .get(url.as_str())
             .header("range", format!("bytes={offset}-{last}"))
             .call()
-            .map_err(|e| transient(op, key, e))?;
+            .map_err(|e| unanswered(op, key, e))?;
         let status = resp.status().as_u16();
         let body = match status {
             // 200: a store that ignores ranges sends everything.
@@ -304,7 +330,7 @@ impl ObjectStore for S3Store {
                 .with_config()
                 .limit(MAX_OBJECT_BYTES)
                 .read_to_vec()
-                .map_err(|e| transient(op, key, e))?,
+                .map_err(|e| unanswered(op, key, e))?,
             404 => {
                 return Err(StoreError::NotFound {
                     key: key.to_string(),
@@ -348,7 +374,7 @@ impl ObjectStore for S3Store {
             .agent
             .delete(url.as_str())
             .call()
-            .map_err(|e| transient(op, key, e))?;
+            .map_err(|e| unanswered(op, key, e))?;
         match resp.status().as_u16() {
             200 | 204 | 404 => Ok(()),
             s => Err(status_error(op, key, s, body_text(&mut resp))),
@@ -373,7 +399,7 @@ impl ObjectStore for S3Store {
                 .agent
                 .get(url.as_str())
                 .call()
-                .map_err(|e| transient(op, prefix, e))?;
+                .map_err(|e| unanswered(op, prefix, e))?;
             let status = resp.status().as_u16();
             if status != 200 {
                 return Err(status_error(op, prefix, status, body_text(&mut resp)));
@@ -383,7 +409,7 @@ impl ObjectStore for S3Store {
                 .with_config()
                 .limit(64 << 20)
                 .read_to_string()
-                .map_err(|e| transient(op, prefix, e))?;
+                .map_err(|e| unanswered(op, prefix, e))?;
             let page = ListObjectsV2::parse_response(&text).map_err(|e| StoreError::BadAnswer {
                 op,
                 key: prefix.to_string(),
@@ -409,5 +435,28 @@ impl ObjectStore for S3Store {
         }
         out.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Review 26: an error retrying cannot cure (a bad URL, TLS that does
+    /// not verify) is final; no connection or a timeout is transient.
+    #[test]
+    fn requests_that_cannot_be_made_are_final_and_lost_connections_transient() {
+        for e in [
+            ureq::Error::BadUri("no scheme".into()),
+            ureq::Error::InvalidProxyUrl,
+            ureq::Error::Tls("no certificate"),
+        ] {
+            let got = unanswered(StoreOp::Put, "seg/1", e);
+            assert!(!got.is_transient(), "{got}");
+        }
+        for e in [ureq::Error::ConnectionFailed, ureq::Error::HostNotFound] {
+            let got = unanswered(StoreOp::Put, "seg/1", e);
+            assert!(got.is_transient(), "{got}");
+        }
     }
 }

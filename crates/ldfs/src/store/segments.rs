@@ -532,7 +532,13 @@ fn uploader(sh: &Shared, mut known: BTreeMap<u32, Known>, mut named: Vec<(u64, B
                 st = sh.cv.wait(st).unwrap();
             }
         };
-        match upload(sh, &job, &mut known, &mut named) {
+        // A panic in one upload ends the uploader like an error does,
+        // saying so, rather than leaving `wait_uploaded` to time out.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            upload(sh, &job, &mut known, &mut named)
+        }))
+        .unwrap_or_else(|_| Err(LayerError::Other("the uploader panicked".into())));
+        match r {
             Ok(Outcome::Done) => {
                 let mut st = sh.state.lock().unwrap();
                 st.uploaded = st.uploaded.max(job.serial);
@@ -545,7 +551,7 @@ fn uploader(sh: &Shared, mut known: BTreeMap<u32, Known>, mut named: Vec<(u64, B
             Ok(Outcome::Stopped) => return,
             Err(e) => {
                 eprintln!("ldfs: uploads to the store stopped: {e}");
-                let mut st = sh.state.lock().unwrap();
+                let mut st = sh.state.lock().unwrap_or_else(|p| p.into_inner());
                 st.failed = Some(e.to_string());
                 sh.cv.notify_all();
                 return;
@@ -662,7 +668,11 @@ fn upload(
     while named.len() > 2 {
         let (old_serial, old_keys) = named.remove(0);
         for k in old_keys {
-            orphan(sh, k, named)?;
+            if orphan(sh, k.clone(), named)? {
+                // Gone from the store: no later checkpoint object may name
+                // it as uploaded (review 26).
+                known.retain(|_, kn| kn.entry.key() != k);
+            }
         }
         let ck = checkpoint_key(old_serial);
         if retry(sh, || sh.store.delete(&ck))?.is_none() {
@@ -673,15 +683,17 @@ fn upload(
     Ok(Outcome::Done)
 }
 
-/// Deletes `key` unless a kept checkpoint object names it.
-fn orphan(sh: &Shared, key: String, named: &[(u64, BTreeSet<String>)]) -> LayerResult<()> {
+/// Deletes `key` unless a kept checkpoint object names it; true if it was
+/// deleted (or asked to be: the store holds it no more).
+fn orphan(sh: &Shared, key: String, named: &[(u64, BTreeSet<String>)]) -> LayerResult<bool> {
     if named.iter().any(|(_, keys)| keys.contains(&key)) {
-        return Ok(());
+        return Ok(false);
     }
     if retry(sh, || sh.store.delete(&key))?.is_some() {
         sh.state.lock().unwrap().stats.objects_deleted += 1;
+        return Ok(true);
     }
-    Ok(())
+    Ok(false)
 }
 
 /// The segments' states in the cache's newest valid checkpoint slot (`None`
