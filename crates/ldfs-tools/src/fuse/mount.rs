@@ -2461,23 +2461,7 @@ mod tests {
     fn a_live_mount_remounted_read_only_refuses_snapshot_trim_and_clean() {
         let (_t, image, lld) = engine();
         let (fs, _) = formatted(&lld, 0);
-        let d = Daemon {
-            lld: lld.clone(),
-            dual: None,
-            fs,
-            cleaner_before_ro: std::sync::Mutex::new(None),
-            cancel: AtomicBool::new(false),
-            last_clean: std::sync::Mutex::new(String::new()),
-            transport: Arc::new(std::sync::Mutex::new(String::new())),
-            ring_served: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
-            scrub: Arc::new(Scrub::default()),
-            last_trim: std::sync::Mutex::new(String::new()),
-            last_resize: std::sync::Mutex::new(String::new()),
-            image: image.clone(),
-            snapshot: None,
-            snapshot_results: std::sync::Mutex::new(std::collections::VecDeque::new()),
-            history: Arc::new(ProtectedHistory::new(lld.clone(), image)),
-        };
+        let d = daemon_on(&lld, &image, fs);
         d.get("remount-ro").unwrap();
         let kept = lld.snapshots().len();
         for (name, value) in [

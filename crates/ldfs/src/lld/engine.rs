@@ -1255,6 +1255,33 @@ impl Engine {
         }
     }
 
+    /// Logs list `id`'s hints block (its entry in list 0), already
+    /// admitted, and keeps the hints.
+    fn write_hints(
+        &self,
+        g: &mut Inner,
+        aru_id: u64,
+        id: u64,
+        hints: ListHints,
+        data: Vec<u8>,
+    ) -> LdResult<()> {
+        let crc = crc32c::crc32c(&data);
+        self.log_write(
+            g,
+            PendingWrite {
+                aru: aru_id,
+                key: Key { list: 0, index: id },
+                data,
+                crc,
+                flags: 0,
+                age: 0,
+            },
+        )?;
+        g.hints.insert(id, hints);
+        self.after_op(g);
+        Ok(())
+    }
+
     fn hints_of(&self, g: &mut Inner, list: ListId) -> LdResult<ListHints> {
         if let Some(h) = g.hints.get(&list.0) {
             return Ok(*h);
@@ -2722,21 +2749,7 @@ impl LogicalDisk for Engine {
         )?;
         let id = g.next_list;
         g.next_list += 1;
-        let crc = crc32c::crc32c(&data);
-        let key = Key { list: 0, index: id };
-        self.log_write(
-            &mut g,
-            PendingWrite {
-                aru: aru_id,
-                key,
-                data,
-                crc,
-                flags: 0,
-                age: 0,
-            },
-        )?;
-        g.hints.insert(id, hints);
-        self.after_op(&mut g);
+        self.write_hints(&mut g, aru_id, id, hints, data)?;
         Ok(ListId(id))
     }
 
@@ -2827,24 +2840,7 @@ impl LogicalDisk for Engine {
             1,
             None,
         )?;
-        let crc = crc32c::crc32c(&data);
-        self.log_write(
-            &mut g,
-            PendingWrite {
-                aru: aru_id,
-                key: Key {
-                    list: 0,
-                    index: list.0,
-                },
-                data,
-                crc,
-                flags: 0,
-                age: 0,
-            },
-        )?;
-        g.hints.insert(list.0, hints);
-        self.after_op(&mut g);
-        Ok(())
+        self.write_hints(&mut g, aru_id, list.0, hints, data)
     }
 
     fn list_hints(&self, list: ListId) -> LdResult<Option<ListHints>> {
