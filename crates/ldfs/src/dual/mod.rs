@@ -1026,7 +1026,15 @@ impl Dual {
                 let Some((start, len)) = free_run(&st.inuse, at, self.geo.blocks) else {
                     break;
                 };
-                let len = len.min(DISCARD_PIECE_BLOCKS);
+                // Never the blocks open ARUs reserved: their allocations
+                // count on finding them (review 27: a trim holding the last
+                // free run made a reserved write panic).
+                let free: u64 = st.group_free.iter().map(|&f| f as u64).sum();
+                let spare = free.saturating_sub(st.reserved);
+                let len = len.min(DISCARD_PIECE_BLOCKS).min(spare);
+                if len == 0 {
+                    break;
+                }
                 self.hold(&mut st, start, len, true);
                 (start, len)
             };

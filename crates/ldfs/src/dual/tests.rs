@@ -1043,3 +1043,38 @@ fn a_metadata_read_does_not_wait_for_a_trim() {
         "a metadata read waited {waited:?} for a trim of the data device"
     );
 }
+
+/// Review 27: a trim held the only free run, blocks an ARU had reserved
+/// included; the ARU's reserved allocation found none and panicked with the
+/// state lock held (every later operation failed). A trim now leaves the
+/// reserved blocks free.
+#[test]
+fn a_trim_leaves_reserved_blocks_to_their_aru() {
+    let p = Pair::new(256);
+    let d = Arc::new(
+        Dual::open(
+            p.meta.clone(),
+            Arc::new(SlowDiscard(p.data.clone())),
+            opts(),
+        )
+        .unwrap(),
+    );
+    let f = data_list(&d);
+    d.flush().unwrap();
+    let a = d.begin_aru().unwrap();
+    d.reserve(a, 4096).unwrap();
+    let t = {
+        let d = d.clone();
+        std::thread::spawn(move || d.trim_data().unwrap())
+    };
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        d.write(Some(a), f, 0, &block(1, 4096))
+    }));
+    t.join().ok();
+    assert!(
+        matches!(r, Ok(Ok(()))),
+        "reserved write during trim: {:?}",
+        r.map(|x| x.map_err(|e| e.to_string()))
+    );
+}
