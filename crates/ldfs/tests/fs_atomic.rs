@@ -1105,3 +1105,173 @@ fn operations_refused_on_a_full_file_system_keep_the_long_capability_they_would_
     assert_eq!(snapshot(&m.fs), before);
     check_clean(&m.fs, "after a crash");
 }
+
+/// Resolves `path` ("/a/b") name by name with `lookup`, as the kernel does.
+fn resolve(fs: &Fs, path: &str) -> Result<u64, FsError> {
+    let mut ino = ROOT_INO;
+    for name in path.split('/').filter(|n| !n.is_empty()) {
+        ino = fs.lookup(ino, name.as_bytes())?.ino;
+    }
+    Ok(ino)
+}
+
+/// Every path of `want` resolves by lookups to the inode its description
+/// names, and every path only `other` has is not found: what lookups see
+/// (the directory bucket cache) agrees with what readdir reads from the LD.
+fn check_lookups(fs: &Fs, want: &Tree, other: &Tree, when: &str) {
+    for (path, what) in want {
+        let ino: u64 = what
+            .split(' ')
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{when}: no inode in {what:?}"));
+        match resolve(fs, path) {
+            Ok(got) => assert_eq!(got, ino, "{when}: lookup of {path}"),
+            Err(e) => panic!("{when}: lookup of {path}: {e}"),
+        }
+    }
+    for path in other.keys().filter(|p| !want.contains_key(*p)) {
+        let r = resolve(fs, path);
+        assert!(
+            matches!(r, Err(FsError::NotFound | FsError::NotDir)),
+            "{when}: {path} is gone, yet its lookup gives {r:?}"
+        );
+    }
+}
+
+/// Every rename and every other operation of the read-failure tests, with
+/// each of its changes failing in turn after the caches were warmed by
+/// lookups of every name (and of names still to come): a failed operation
+/// leaves every lookup as before, so the bucket cache forgot what its
+/// aborted ARU wrote; one that succeeds is seen by lookups at once.
+#[test]
+fn lookups_agree_with_the_tree_after_an_operation_fails_at_any_change() {
+    let (image, inos) = build(Layout::Single, 8 << 20, |fs, _| {
+        let mut inos = Inos::new();
+        let a = fs.mkdir(CTX, ROOT_INO, b"a", 0o755).unwrap().ino;
+        let b = fs.mkdir(CTX, ROOT_INO, b"b", 0o755).unwrap().ino;
+        let f = fs.mknod(CTX, a, b"f", 0o100644, 0).unwrap().ino;
+        fs.write(f, 0, &vec![7u8; 10_000]).unwrap();
+        let g = fs.mknod(CTX, b, b"g", 0o100644, 0).unwrap().ino;
+        fs.write(g, 0, b"gee").unwrap();
+        let d = fs.mkdir(CTX, a, b"d", 0o755).unwrap().ino;
+        fs.mknod(CTX, d, b"x", 0o100644, 0).unwrap();
+        fs.mkdir(CTX, b, b"e", 0o755).unwrap();
+        let e2 = fs.mkdir(CTX, b, b"e2", 0o755).unwrap().ino;
+        fs.mknod(CTX, e2, b"y", 0o100644, 0).unwrap();
+        // What `others` needs too.
+        fs.setxattr(f, b"user.k", b"v", XattrMode::Create).unwrap();
+        let small = fs.mknod(CTX, a, b"small", 0o100644, 0).unwrap().ino;
+        fs.write(small, 0, &[6u8; 1000]).unwrap();
+        fs.setxattr(small, b"user.long", &[5; 65536], XattrMode::Create)
+            .unwrap();
+        inos.extend([("a", a), ("b", b), ("g", g), ("f", f), ("small", small)]);
+        inos
+    });
+    let mut failures = 0;
+    for (name, op) in renames().into_iter().chain(others()) {
+        // The tree the operation makes, for names to warm up.
+        let after = {
+            let m = mount(&image);
+            op(&m.fs, &inos).unwrap_or_else(|e| panic!("{name}: fails without faults: {e}"));
+            snapshot(&m.fs)
+        };
+        for n in 1..=100u64 {
+            let crash = Arc::new(CrashDevice::from_image(image.devices[0].clone()));
+            let lld = Arc::new(Lld::open(crash, LldOptions::default()).unwrap());
+            let ld = Arc::new(FailNth {
+                inner: lld.clone(),
+                changes: Default::default(),
+                fail_at: 0.into(),
+            });
+            let fs = Fs::mount(ld.clone(), FsOptions::default()).unwrap();
+            let before = snapshot(&fs);
+            check_lookups(&fs, &before, &after, &format!("{name}: warming"));
+            let done = ld.changes.load(std::sync::atomic::Ordering::SeqCst);
+            ld.fail_at
+                .store(done + n, std::sync::atomic::Ordering::SeqCst);
+            let r = op(&fs, &inos);
+            let failed = ld.changes.load(std::sync::atomic::Ordering::SeqCst) >= done + n;
+            ld.fail_at.store(0, std::sync::atomic::Ordering::SeqCst);
+            let when = format!("{name}, its change {n} failing ({r:?})");
+            if failed {
+                assert!(r.is_err(), "{when}: succeeded");
+                assert_eq!(snapshot(&fs), before, "{when}: the tree changed");
+                check_lookups(&fs, &before, &after, &when);
+                failures += 1;
+                // And then it works, seen by lookups at once.
+                op(&fs, &inos).unwrap_or_else(|e| panic!("{when}: then, without faults: {e}"));
+            } else {
+                r.unwrap_or_else(|e| panic!("{when}: {e}"));
+            }
+            assert_eq!(snapshot(&fs), after, "{when}: after the operation");
+            check_lookups(
+                &fs,
+                &after,
+                &before,
+                &format!("{when}: after the operation"),
+            );
+            drop(fs);
+            drop(ld);
+            match Arc::try_unwrap(lld) {
+                Ok(l) => l.close().unwrap(),
+                Err(_) => panic!("engine still shared"),
+            }
+            if !failed {
+                break;
+            }
+        }
+    }
+    assert!(
+        failures >= 20,
+        "only {failures} runs failed: the faults missed"
+    );
+}
+
+/// Lookups are served from the bucket cache: once every name (and a
+/// missing one) was looked up, lookups, a create and a rename in the same
+/// directory read no directory bucket from the device (with every device
+/// read failing, they still work). One create first has the engine read
+/// the lists' hints, which it then keeps.
+#[test]
+fn looked_up_names_are_served_without_reading_their_buckets() {
+    let (image, inos) = build(Layout::Single, 12 << 20, |fs, _| {
+        numbered_files(fs, "f", 20, &[])
+    });
+    let m = mount(&image);
+    m.fs.mknod(CTX, ROOT_INO, b"warm", 0o100644, 0).unwrap();
+    for (name, &ino) in &inos {
+        assert_eq!(lookup(&m.fs, ROOT_INO, name), ino);
+    }
+    assert!(matches!(
+        m.fs.lookup(ROOT_INO, b"new"),
+        Err(FsError::NotFound)
+    ));
+    m.fault().set_plan(FaultPlan {
+        fail_read_nth: Some(1),
+        sticky: true,
+        ..FaultPlan::default()
+    });
+    for (name, &ino) in &inos {
+        let r = m.fs.lookup(ROOT_INO, name.as_bytes());
+        assert!(
+            matches!(&r, Ok(a) if a.ino == ino),
+            "{name}: {r:?} (a bucket was read from the device)"
+        );
+    }
+    let new =
+        m.fs.mknod(CTX, ROOT_INO, b"new", 0o100644, 0)
+            .expect("a create in a looked-up bucket read the device")
+            .ino;
+    m.fs.rename(ROOT_INO, b"f3", ROOT_INO, b"new", PLAIN)
+        .expect("a rename of looked-up names read the device");
+    assert!(!m.fault().fired(), "a bucket was read from the device");
+    m.fault().set_plan(FaultPlan::default());
+    assert_eq!(lookup(&m.fs, ROOT_INO, "new"), inos["f3"]);
+    assert!(matches!(
+        m.fs.lookup(ROOT_INO, b"f3"),
+        Err(FsError::NotFound)
+    ));
+    let _ = new;
+    check_clean(&m.fs, "after the cached operations");
+}

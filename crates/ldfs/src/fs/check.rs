@@ -883,6 +883,7 @@ impl Fs {
                     Err(e) => return Err(e.into()),
                 };
                 tx.ld().delete(Some(tx.aru), list, *index)?;
+                tx.forget_bucket(list, *index);
                 // Each entry goes back to the bucket its name hashes to
                 // (reads see the delete above, so its own starts empty). A
                 // name already there, or a bucket that is itself damaged or
@@ -907,7 +908,7 @@ impl Fs {
                 dir, name, kind, ..
             } => {
                 let d = tx.dir_inode(*dir)?;
-                let (idx, mut entries) = tx.fs.bucket(&d, name)?;
+                let (idx, mut entries) = tx.bucket_to_change(&d, name)?;
                 for e in entries.iter_mut().filter(|e| e.name == *name) {
                     e.kind = *kind;
                 }
@@ -991,7 +992,11 @@ fn kind_of(code: u8) -> Kind {
 impl super::Tx<'_> {
     /// A name not yet in directory `d`: `base`, else `base.1` .. `base.16`;
     /// with the bucket it goes into and that bucket's entries.
-    fn free_name(&self, d: &Inode, base: &str) -> Result<(Vec<u8>, u64, Vec<dir::Entry>), FsError> {
+    fn free_name(
+        &mut self,
+        d: &Inode,
+        base: &str,
+    ) -> Result<(Vec<u8>, u64, Vec<dir::Entry>), FsError> {
         let mut name = base.as_bytes().to_vec();
         let mut n = 0;
         loop {

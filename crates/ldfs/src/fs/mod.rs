@@ -67,6 +67,10 @@ const FS_MAGIC: &[u8; 8] = b"LDFS-FS1";
 pub const COMPRESS_XATTR: &[u8] = b"user.ldfs.compress";
 const INO_BATCH: u64 = 1024;
 const INODE_CACHE_MAX: usize = 1 << 16;
+/// Directory buckets kept decoded (`State::buckets`): with 55-bit name
+/// hashes nearly every name has a bucket of its own, so this is about the
+/// number of names whose lookups skip the LD (about 150 bytes each).
+const BUCKET_CACHE_MAX: usize = 1 << 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
@@ -293,6 +297,15 @@ struct State {
     /// and xattrs were cloned on every hit: 5.7% of an operation); a
     /// change writes a new record and caches a new `Arc` (`Tx::put`).
     inodes: FxHashMap<u64, Arc<Inode>>,
+    /// Directory buckets as the LD holds them, keyed by (list, index); an
+    /// empty one is an absent bucket (a name looked up and not found, so
+    /// the create that follows does not ask the LD again). Written through
+    /// by every operation that changes a bucket (`Tx::cache_bucket`) and
+    /// forgotten by its abort; list numbers are never reused, so a deleted
+    /// directory's buckets cannot be read back as another's. Saves each
+    /// lookup the map walk, read, crc and decode of its bucket (issue 16:
+    /// about 6% of the daemon's time in a metadata workload).
+    buckets: BTreeMap<(u64, u64), Arc<Vec<dir::Entry>>>,
     /// References per inode: open handles, or the kernel's lookups.
     open: FxHashMap<u64, u64>,
     next_ino: u64,
@@ -337,6 +350,8 @@ struct Tx<'a> {
     /// Inodes whose records this operation wrote (cached as written): an
     /// abort evicts them, and only them.
     put_inos: Vec<u64>,
+    /// The same for directory buckets, by (list, index).
+    put_buckets: Vec<(u64, u64)>,
     /// Finished (committed or aborted); a `Tx` dropped unfinished aborts.
     done: bool,
 }
@@ -435,6 +450,7 @@ impl Fs {
             ld,
             state: Mutex::new(State {
                 inodes: FxHashMap::default(),
+                buckets: BTreeMap::new(),
                 open: FxHashMap::default(),
                 next_ino: reserved,
                 ino_reserved: reserved,
@@ -501,10 +517,17 @@ impl Fs {
 
     /// Reads a metadata block (an inode record or a directory bucket): a
     /// block failing its checksum is metadata corruption.
-    fn read_meta(&self, list: ListId, index: u64, what: &str) -> FsResult<Option<Vec<u8>>> {
+    /// `what` names the block in an error; it is called only then (a
+    /// string formatted for every read was 1.4% of a metadata workload).
+    fn read_meta(
+        &self,
+        list: ListId,
+        index: u64,
+        what: impl FnOnce() -> String,
+    ) -> FsResult<Option<Vec<u8>>> {
         match self.ld.read(list, index) {
             Ok(b) => Ok(b),
-            Err(LdError::Corrupt(c)) => Err(self.metadata_corrupt(format!("{what}: {c}"))),
+            Err(LdError::Corrupt(c)) => Err(self.metadata_corrupt(format!("{}: {c}", what()))),
             Err(e) => Err(e.into()),
         }
     }
@@ -546,6 +569,7 @@ impl Fs {
             st,
             inos,
             put_inos: Vec::new(),
+            put_buckets: Vec::new(),
             done: false,
         })
     }
@@ -555,7 +579,7 @@ impl Fs {
             return Ok(Arc::clone(i));
         }
         let b = self
-            .read_meta(INODE_LIST, ino, &format!("inode {ino}"))?
+            .read_meta(INODE_LIST, ino, || format!("inode {ino}"))?
             .ok_or(FsError::NotFound)?;
         let i = Inode::decode(ino, &b, ino)
             .map_err(|c| self.metadata_corrupt(format!("inode {ino}: {c}")))?;
@@ -677,26 +701,39 @@ impl Fs {
         let ino = match name {
             b"." => parent,
             b".." => p.parent,
-            _ => self.find(&p, name)?.ok_or(FsError::NotFound)?.ino,
+            _ => self.find(&mut st, &p, name)?.ok_or(FsError::NotFound)?.ino,
         };
         let i = self.get_inode(&mut st, ino)?;
         Ok(self.attr(&i))
     }
 
-    fn bucket(&self, d: &Inode, name: &[u8]) -> FsResult<(u64, Vec<dir::Entry>)> {
+    /// The bucket of directory `d` that `name` hashes to, and its index:
+    /// from the cache, else read, decoded and cached.
+    fn bucket(
+        &self,
+        st: &mut State,
+        d: &Inode,
+        name: &[u8],
+    ) -> FsResult<(u64, Arc<Vec<dir::Entry>>)> {
         let idx = dir::bucket(name);
+        let key = (d.list, idx);
+        if let Some(b) = st.buckets.get(&key) {
+            return Ok((idx, Arc::clone(b)));
+        }
         let what = || format!("directory {} bucket {idx}", d.ino);
-        let entries = match self.read_meta(ListId(d.list), idx, &what())? {
+        let entries = match self.read_meta(ListId(d.list), idx, what)? {
             None => Vec::new(),
             Some(b) => dir::decode(&b, d.ino, idx)
                 .map_err(|c| self.metadata_corrupt(format!("{}: {c}", what())))?,
         };
+        let entries = Arc::new(entries);
+        cache_bucket(st, key, Arc::clone(&entries));
         Ok((idx, entries))
     }
 
-    fn find(&self, d: &Inode, name: &[u8]) -> FsResult<Option<dir::Entry>> {
-        let (_, entries) = self.bucket(d, name)?;
-        Ok(entries.into_iter().find(|e| e.name == name))
+    fn find(&self, st: &mut State, d: &Inode, name: &[u8]) -> FsResult<Option<dir::Entry>> {
+        let (_, entries) = self.bucket(st, d, name)?;
+        Ok(entries.iter().find(|e| e.name == name).cloned())
     }
 
     /// The decoded inode record (`ldfs inspect --inode`): every field,
@@ -811,7 +848,7 @@ impl Fs {
             }
             for b in idx {
                 let what = || format!("directory {ino} bucket {b}");
-                let Some(raw) = self.read_meta(list, b, &what())? else {
+                let Some(raw) = self.read_meta(list, b, what)? else {
                     continue;
                 };
                 let entries = dir::decode(&raw, ino, b)
@@ -1340,6 +1377,9 @@ impl Tx<'_> {
             self.st.inodes.remove(&ino);
             self.fs.blocks_changed(ino);
         }
+        for key in std::mem::take(&mut self.put_buckets) {
+            self.st.buckets.remove(&key);
+        }
         (self.st.next_ino, self.st.ino_reserved) = self.inos;
     }
 
@@ -1400,20 +1440,43 @@ impl Tx<'_> {
     }
 
     fn write_bucket(&mut self, d: &Inode, idx: u64, entries: &[dir::Entry]) -> FsResult<()> {
-        let list = ListId(d.list);
+        self.put_bucket(ListId(d.list), idx, entries.to_vec())
+    }
+
+    /// Writes (or, empty, deletes) bucket `idx` of `list` and caches it as
+    /// written.
+    fn put_bucket(&mut self, list: ListId, idx: u64, entries: Vec<dir::Entry>) -> FsResult<()> {
+        // Noted first, as in `put_owned`: an abort must forget it even if
+        // the write failed after changing the LD's view.
+        self.put_buckets.push((list.0, idx));
         if entries.is_empty() {
             self.ld().delete(Some(self.aru), list, idx)?;
         } else {
             self.ld()
-                .write(Some(self.aru), list, idx, &dir::encode(entries))?;
+                .write(Some(self.aru), list, idx, &dir::encode(&entries))?;
         }
+        cache_bucket(&mut self.st, (list.0, idx), Arc::new(entries));
         Ok(())
+    }
+
+    /// A bucket changed behind the cache (fsck's repair deleting a damaged
+    /// one): the next read goes to the LD.
+    fn forget_bucket(&mut self, list: ListId, idx: u64) {
+        // Noted too: what is read back before an abort is not the old one.
+        self.put_buckets.push((list.0, idx));
+        self.st.buckets.remove(&(list.0, idx));
+    }
+
+    /// The bucket of `d` that `name` hashes to, to be changed.
+    fn bucket_to_change(&mut self, d: &Inode, name: &[u8]) -> FsResult<(u64, Vec<dir::Entry>)> {
+        let (idx, entries) = self.fs.bucket(&mut self.st, d, name)?;
+        Ok((idx, Vec::clone(&entries)))
     }
 
     /// Reads the bucket `name` goes to and checks, before anything changes,
     /// that the name is new and the bucket has room.
-    fn bucket_for_new(&self, d: &Inode, name: &[u8]) -> FsResult<(u64, Vec<dir::Entry>)> {
-        let (idx, entries) = self.fs.bucket(d, name)?;
+    fn bucket_for_new(&mut self, d: &Inode, name: &[u8]) -> FsResult<(u64, Vec<dir::Entry>)> {
+        let (idx, entries) = self.bucket_to_change(d, name)?;
         if entries.iter().any(|e| e.name == name) {
             return Err(FsError::Exists);
         }
@@ -1440,7 +1503,7 @@ impl Tx<'_> {
     }
 
     fn remove_entry(&mut self, d: &mut Inode, name: &[u8]) -> FsResult<()> {
-        let (idx, mut entries) = self.fs.bucket(d, name)?;
+        let (idx, mut entries) = self.bucket_to_change(d, name)?;
         take_entry(&mut entries, name, d.ino)?;
         self.write_bucket(d, idx, &entries)?;
         d.size = d.size.saturating_sub(1);
@@ -1460,7 +1523,7 @@ impl Tx<'_> {
     /// The bucket of directory `d` that `name` hashes to, as `plan` has it,
     /// read into the plan first if need be.
     fn planned_bucket<'p>(
-        &self,
+        &mut self,
         plan: &'p mut Plan,
         d: &Inode,
         name: &[u8],
@@ -1469,7 +1532,9 @@ impl Tx<'_> {
         Ok(match plan.buckets.entry(key) {
             std::collections::btree_map::Entry::Occupied(e) => &mut e.into_mut().1,
             std::collections::btree_map::Entry::Vacant(e) => {
-                &mut e.insert((ListId(d.list), self.fs.bucket(d, name)?.1)).1
+                &mut e
+                    .insert((ListId(d.list), self.bucket_to_change(d, name)?.1))
+                    .1
             }
         })
     }
@@ -1532,13 +1597,8 @@ impl Tx<'_> {
             orphans,
             destroyed,
         } = plan;
-        for ((_, idx), (list, entries)) in &buckets {
-            if entries.is_empty() {
-                self.ld().delete(Some(self.aru), *list, *idx)?;
-            } else {
-                self.ld()
-                    .write(Some(self.aru), *list, *idx, &dir::encode(entries))?;
-            }
+        for ((_, idx), (list, entries)) in buckets {
+            self.put_bucket(list, idx, entries)?;
         }
         for i in inodes.into_values() {
             self.put_owned(i)?;
@@ -1707,6 +1767,16 @@ impl Tx<'_> {
     fn delete_blocks(&mut self, i: &Inode) -> FsResult<()> {
         let lists = i.xattrs.iter().filter_map(|(_, v)| v.list());
         for l in (i.list != 0).then_some(i.list).into_iter().chain(lists) {
+            // Memory only: list numbers are never reused.
+            let gone: Vec<_> = self
+                .st
+                .buckets
+                .range((l, 0)..=(l, u64::MAX))
+                .map(|(k, _)| *k)
+                .collect();
+            for k in gone {
+                self.st.buckets.remove(&k);
+            }
             match self.ld().delete_list(Some(self.aru), ListId(l)) {
                 Ok(()) | Err(LdError::NoSuchList(_)) => {}
                 Err(e) => return Err(e.into()),
@@ -2608,6 +2678,15 @@ impl Drop for Tx<'_> {
             self.abort();
         }
     }
+}
+
+/// Caches a bucket as the LD now holds it; a full cache starts over (as
+/// the inode cache does: simpler than an LRU, and refilled by lookups).
+fn cache_bucket(st: &mut State, key: (u64, u64), entries: Arc<Vec<dir::Entry>>) {
+    if st.buckets.len() >= BUCKET_CACHE_MAX {
+        st.buckets.clear();
+    }
+    st.buckets.insert(key, entries);
 }
 
 /// Appends an entry to a bucket, which holds at most `dir::BUCKET_MAX`.

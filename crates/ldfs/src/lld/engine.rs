@@ -319,6 +319,11 @@ pub(crate) struct Inner {
     snap_change: Option<SnapChange>,
     /// `LldOptions::checkpoint_hook`.
     checkpoint_hook: Option<CheckpointHook>,
+    /// `Engine::geo` as of now, for code holding the lock: the per-write
+    /// admission arithmetic read it through the `RwLock` about fifteen
+    /// times per operation, a shared cache line bounced between cores
+    /// (6% of a metadata workload's daemon time, issue 16).
+    geo: Geometry,
 }
 
 /// A change to the snapshot table, made at a checkpoint's snapshot point.
@@ -336,8 +341,11 @@ enum SnapChange {
 pub struct Engine {
     dev: Arc<dyn Device>,
     /// Changes only in `grow`, under the state lock (a resize, issue 17):
-    /// read it through `geo()`.
+    /// read it through `geo()`, or as `Inner::geo` while holding the lock.
     geo: std::sync::RwLock<Geometry>,
+    /// `geo().max_block_bytes`, which no resize changes: read on every
+    /// block read and write without the lock.
+    max_block_bytes: u32,
     opts: LldOptions,
     /// Shared with the checkpointer thread, which finishes checkpoints.
     inner: Arc<Mutex<Inner>>,
@@ -553,6 +561,7 @@ impl Engine {
             snapshots: recovered.snapshots,
             snap_change: None,
             checkpoint_hook: opts.checkpoint_hook.clone(),
+            geo,
         };
         let flight = Arc::new(Flight::default());
         let opts_policy = opts.cleaner.policy;
@@ -588,6 +597,7 @@ impl Engine {
         let lld = Engine {
             dev,
             geo: std::sync::RwLock::new(geo),
+            max_block_bytes: geo.max_block_bytes,
             opts,
             inner,
             committing: Mutex::new(false),
@@ -741,6 +751,7 @@ impl Engine {
         })?;
         g.usage.grow(count);
         *self.geo.write().expect("geometry poisoned") = new;
+        g.geo = new;
         if let Err(e) = self.checkpoint(&mut g) {
             // The table and the geometry are the new ones and the slot may
             // not be: nothing more may be written (the next open decides).
@@ -1316,7 +1327,7 @@ impl Engine {
         } else {
             self.read_device_block(&e)?
         };
-        decode_stored(&e, stored, self.geo().max_block_bytes).map(Some)
+        decode_stored(&e, stored, g.geo.max_block_bytes).map(Some)
     }
 
     fn read_device_block(&self, e: &MapEntry) -> LdResult<Vec<u8>> {
@@ -1397,7 +1408,7 @@ impl Engine {
     /// its segment where the head would then be — where a checkpoint
     /// following the operation would start.
     fn log_after(&self, g: &Inner, record_bytes: usize, data_bytes: usize) -> LogRoom {
-        let sp = self.geo().segment_pages as i64;
+        let sp = g.geo.segment_pages as i64;
         let page = g.log.page as i64;
         let has_next = (g.log.next != g.log.seg) as i64;
         let others = (g.usage.clean_count() as i64 + has_next) * sp;
@@ -1435,8 +1446,8 @@ impl Engine {
     /// checkpoint always leaves as much as one at the limit would. User
     /// writes leave the upper half on top, for deletes, ARU ends and the
     /// cleaner.
-    fn floor_pages(&self, class: Class, checkpoint: i64) -> i64 {
-        let (lower, upper) = reserve_halves(&self.geo());
+    fn floor_pages(&self, geo: &Geometry, class: Class, checkpoint: i64) -> i64 {
+        let (lower, upper) = reserve_halves(geo);
         let meta = lower + (checkpoint - self.checkpoint_share).max(0);
         match class {
             // The checkpoint's pages on top too: once it is written the
@@ -1445,9 +1456,7 @@ impl Engine {
             // left to move a victim with when writes stop at this floor.
             Class::User => upper + meta + checkpoint.min(self.checkpoint_share),
             Class::Meta => meta,
-            Class::Clean => {
-                meta + checkpoint.min(self.checkpoint_share) + margin_pages(&self.geo())
-            }
+            Class::Clean => meta + checkpoint.min(self.checkpoint_share) + margin_pages(geo),
         }
     }
 
@@ -1455,7 +1464,7 @@ impl Engine {
     /// `new_pages` more map pages, with the head at `page`.
     fn floor_after(&self, g: &Inner, class: Class, page: u32, new_pages: usize) -> i64 {
         let dirty = Self::dirtied_for_recovery(g) + new_pages;
-        let floor = self.floor_pages(class, checkpoint_log_pages(&self.geo(), page, dirty));
+        let floor = self.floor_pages(&g.geo, class, checkpoint_log_pages(&g.geo, page, dirty));
         match class {
             Class::User => floor + self.map_allowance(g),
             Class::Meta | Class::Clean => floor,
@@ -1486,16 +1495,15 @@ impl Engine {
         // victim of small blocks dirties, and cleaning stopped gaining:
         // review 10.)
         let per_victim =
-            self.geo().segment_bytes() as usize / WRITE_RECORD_BYTES + g.map.internal_pages();
+            g.geo.segment_bytes() as usize / WRITE_RECORD_BYTES + g.map.internal_pages();
         // Every page, dirty ones too: the figure must not jump when a
         // checkpoint cleans them (`footprint_bytes` counts it, and a full
         // file system must stay full, not overfull, across one).
-        let m = checkpoint_log_pages_anywhere(&self.geo(), g.map.total_pages().min(per_victim));
+        let m = checkpoint_log_pages_anywhere(&g.geo, g.map.total_pages().min(per_victim));
         if m == 0 {
             return 0;
         }
-        let usable = (self.geo().segment_count - self.geo().reserved_segments) as u64
-            * self.geo().segment_bytes();
+        let usable = (g.geo.segment_count - g.geo.reserved_segments) as u64 * g.geo.segment_bytes();
         // Pinned segments are never victims: counted whole as occupied, the
         // estimate errs towards a larger allowance.
         let live =
@@ -1508,12 +1516,12 @@ impl Engine {
         // allowance planned for passes that could not gain, and writers were
         // refused with a fifth of the capacity free (review 14, F2).
         let chunk =
-            (self.opts.partial_bytes as u64).clamp(PAGE_BYTES as u64, self.geo().segment_bytes());
+            (self.opts.partial_bytes as u64).clamp(PAGE_BYTES as u64, g.geo.segment_bytes());
         let o = 2.0 * PAGE_BYTES as f64 / chunk as f64;
         let u = (u * (1.0 + o)).min(0.95);
         let need = (m as f64 / (1.0 - u).max(0.05)).ceil() as i64;
-        let (_, upper) = reserve_halves(&self.geo());
-        let room = upper + self.checkpoint_share - margin_pages(&self.geo());
+        let (_, upper) = reserve_halves(&g.geo);
+        let room = upper + self.checkpoint_share - margin_pages(&g.geo);
         m.max(need - room)
     }
 
@@ -1674,14 +1682,14 @@ impl Engine {
     /// Makes room in the open partial for one more operation, sealing it or
     /// moving the log to the next segment as needed.
     fn make_room(&self, g: &mut Inner, record_bytes: usize, data_bytes: usize) -> LdResult<()> {
-        let remain = self.geo().segment_pages - g.log.page;
+        let remain = g.geo.segment_pages - g.log.page;
         if g.pending.pages_with(record_bytes, data_bytes) <= remain
             && g.pending.summary_has_room(record_bytes)
         {
             return Ok(());
         }
         self.seal(g)?;
-        let remain = self.geo().segment_pages - g.log.page;
+        let remain = g.geo.segment_pages - g.log.page;
         if writer::pages_for(record_bytes, data_bytes) > remain {
             self.advance(g)?;
         }
@@ -1692,9 +1700,13 @@ impl Engine {
     fn advance(&self, g: &mut Inner) -> LdResult<()> {
         assert!(g.pending.is_empty());
         let Inner {
-            usage, log, clock, ..
+            usage,
+            log,
+            clock,
+            geo,
+            ..
         } = &mut *g;
-        if let Err(e) = enter_next(usage, log, clock, &self.geo()) {
+        if let Err(e) = enter_next(usage, log, clock, geo) {
             return Err(self.fail(g, e));
         }
         Ok(())
@@ -1702,7 +1714,7 @@ impl Engine {
 
     fn summary_header(&self, g: &Inner) -> SummaryHeader {
         SummaryHeader {
-            fs_id: self.geo().fs_id,
+            fs_id: g.geo.fs_id,
             epoch: g.log.epoch,
             seq: g.log.seq,
             segment: g.log.seg.0,
@@ -1720,9 +1732,9 @@ impl Engine {
         }
         let header = self.summary_header(g);
         let pages = g.pending.pages();
-        assert!(pages <= self.geo().segment_pages - g.log.page);
+        assert!(pages <= g.geo.segment_pages - g.log.page);
         let sealed = g.pending.seal(header);
-        let base = self.geo().page_addr(g.log.seg, g.log.page);
+        let base = g.geo.page_addr(g.log.seg, g.log.page);
         let writer = g.writer.as_ref().expect("writable engine has a log writer");
         if let Err(why) = self.flight.submit(writer, base, sealed.bytes) {
             // The operations stay buffered, so reads still see them.
@@ -1769,7 +1781,7 @@ impl Engine {
         g.log.seq += 1;
         g.log_bytes_since_checkpoint += pages as u64 * PAGE_BYTES as u64;
         g.stats.partials_written += 1;
-        if self.geo().segment_pages - g.log.page < 2 {
+        if g.geo.segment_pages - g.log.page < 2 {
             self.advance(g)?;
         }
         Ok(())
@@ -1801,7 +1813,7 @@ impl Engine {
                     aru: old_aru,
                 });
             }
-        } else if let Some(seg) = self.geo().segment_of(old.offset()) {
+        } else if let Some(seg) = g.geo.segment_of(old.offset()) {
             g.usage.sub_live(seg, old.len);
         }
     }
@@ -1937,7 +1949,7 @@ impl Engine {
             // map page, so one per emptied segment would cost more than it
             // frees. Only when even the cleaner's half of the reserve is
             // gone does every operation try to release them.
-            || (g.usage.clean_count() <= self.geo().reserved_segments / 2
+            || (g.usage.clean_count() <= g.geo.reserved_segments / 2
                 && g.usage.releasable_count() > 0)
     }
 
@@ -2005,10 +2017,10 @@ impl Engine {
         self.seal(g)?;
         // Admission kept room for exactly this placement.
         let (entered, page) = (g.log.entered, g.log.page);
-        let predicted = checkpoint_log_pages(&self.geo(), page, g.map.dirty_pages());
+        let predicted = checkpoint_log_pages(&g.geo, page, g.map.dirty_pages());
         let dirtied = g.map.dirtied_pages();
         let root = self.write_map_pages(g)?;
-        let used = (g.log.entered - entered) as i64 * self.geo().segment_pages as i64
+        let used = (g.log.entered - entered) as i64 * g.geo.segment_pages as i64
             + g.log.page as i64
             - page as i64;
         assert!(
@@ -2016,7 +2028,7 @@ impl Engine {
             "checkpoint took {used} log pages, {predicted} predicted"
         );
         for old in g.map.take_obsolete() {
-            if let Some(seg) = self.geo().segment_of(old.addr) {
+            if let Some(seg) = g.geo.segment_of(old.addr) {
                 g.usage.sub_live(seg, PAGE_BYTES as u32);
             }
         }
@@ -2071,13 +2083,13 @@ impl Engine {
             moved_bytes: g.moved_bytes,
             snapshots: g.snapshots.clone(),
         };
-        let slot_bytes = checkpoint::encode(&self.geo(), &header, &g.usage, &released);
+        let slot_bytes = checkpoint::encode(&g.geo, &header, &g.usage, &released);
         let slot = (header.serial % 2) as usize;
         g.log_bytes_since_checkpoint = 0;
         let discard = if self.opts.discard {
             released
                 .iter()
-                .map(|&s| (self.geo().page_addr(s, 0), self.geo().segment_bytes()))
+                .map(|&s| (g.geo.page_addr(s, 0), g.geo.segment_bytes()))
                 .collect()
         } else {
             Vec::new()
@@ -2085,7 +2097,7 @@ impl Engine {
         let p = PendingCheckpoint::new(Plan {
             serial: header.serial,
             ticket: self.flight.submitted(),
-            slot_addr: self.geo().slot_addr(slot),
+            slot_addr: g.geo.slot_addr(slot),
             slot_bytes,
             discard,
             released,
@@ -2103,7 +2115,6 @@ impl Engine {
         // Called even with nothing dirty: a map emptied since the last
         // checkpoint has no dirty page but a new (absent) root.
         let total = g.map.dirty_pages();
-        let geo = &self.geo();
         let flight = &*self.flight;
         let Inner {
             map,
@@ -2112,8 +2123,10 @@ impl Engine {
             stats,
             clock,
             writer,
+            geo,
             ..
         } = &mut *g;
+        let geo = &*geo;
         let writer = writer.as_ref().expect("writable engine has a log writer");
         let mut remaining = total;
         let mut cur: Option<MapPartial> = None;
@@ -2497,7 +2510,7 @@ impl Engine {
             // reserve, its writes may still get NoSpace.)
             let dirty = Self::dirtied_for_recovery(&g) + g.map.change_bound();
             let mut floor =
-                self.floor_pages(class, checkpoint_log_pages_anywhere(&self.geo(), dirty));
+                self.floor_pages(&g.geo, class, checkpoint_log_pages_anywhere(&g.geo, dirty));
             if class == Class::User {
                 floor += self.map_allowance(&g);
             }
@@ -2728,7 +2741,7 @@ fn zstd_decode(stored: &[u8], max_block: u32) -> Result<Vec<u8>, String> {
 
 impl LogicalDisk for Engine {
     fn max_block_bytes(&self) -> usize {
-        self.geo().max_block_bytes as usize
+        self.max_block_bytes as usize
     }
 
     fn create_list(&self, aru: Option<AruId>, hints: ListHints) -> LdResult<ListId> {
@@ -2856,7 +2869,7 @@ impl LogicalDisk for Engine {
     }
 
     fn write(&self, aru: Option<AruId>, list: ListId, index: u64, data: &[u8]) -> LdResult<()> {
-        let max = self.geo().max_block_bytes as usize;
+        let max = self.max_block_bytes as usize;
         if data.is_empty() || data.len() > max {
             return Err(LdError::BadBlockLength {
                 len: data.len(),
@@ -2957,7 +2970,7 @@ impl LogicalDisk for Engine {
         }
         match self.read_stored(Key::new(list, index))? {
             None => Ok(None),
-            Some((e, stored)) => decode_stored(&e, stored, self.geo().max_block_bytes).map(Some),
+            Some((e, stored)) => decode_stored(&e, stored, self.max_block_bytes).map(Some),
         }
     }
 
@@ -3037,10 +3050,7 @@ impl LogicalDisk for Engine {
                 let at = (e.offset() - start) as usize;
                 let b = &buf[at..at + e.len as usize];
                 if crc32c::crc32c(b) == e.crc {
-                    out.push((
-                        *idx,
-                        decode_stored(e, b.to_vec(), self.geo().max_block_bytes)?,
-                    ));
+                    out.push((*idx, decode_stored(e, b.to_vec(), self.max_block_bytes)?));
                 } else if let Some(b) = self.read(list, *idx)? {
                     out.push((*idx, b));
                 }
@@ -3375,7 +3385,7 @@ impl Engine {
                 if old.is_buffered() {
                     // The aborted ARU's own write, still in the partial.
                     g.pending.drop_write(old.addr as usize);
-                } else if let Some(seg) = self.geo().segment_of(old.offset()) {
+                } else if let Some(seg) = g.geo.segment_of(old.offset()) {
                     g.usage.sub_live(seg, old.len);
                 }
             }
@@ -3386,7 +3396,7 @@ impl Engine {
                         "restored {:?} names a dropped write",
                         u.key
                     );
-                } else if let Some(seg) = self.geo().segment_of(e.offset()) {
+                } else if let Some(seg) = g.geo.segment_of(e.offset()) {
                     g.usage.restore_live(seg, e.len);
                 }
             }
@@ -3758,11 +3768,7 @@ impl Engine {
             .get(key, &r)?
             .map_or(0, |e| e.len as u64 + WRITE_RECORD_BYTES as u64);
         let footprint = self.footprint_bytes(g, if metadata { Class::Meta } else { Class::User });
-        let slack = if metadata {
-            self.geo().segment_bytes()
-        } else {
-            0
-        };
+        let slack = if metadata { g.geo.segment_bytes() } else { 0 };
         let capacity = self.capacity_bytes() + slack;
         if footprint + cost > capacity + old {
             return Err(LdError::NoSpace {
@@ -4338,7 +4344,7 @@ impl Engine {
     /// count until the next one subtracts them); and the entries that point
     /// outside every segment.
     pub(crate) fn recount_live(&self, g: &mut Inner) -> LdResult<(Vec<u64>, Vec<Misplaced>)> {
-        let geo = self.geo();
+        let geo = g.geo;
         let mut live = vec![0u64; geo.segment_count as usize];
         let mut outside = Vec::new();
         let r = self.pages();
