@@ -1726,6 +1726,8 @@ pub fn run(
         let _ = p.join();
     }
     scrub.stop_and_join();
+    // Before the final checkpoint, whoever else still holds the file system.
+    fs.write_atimes();
     drop(fs);
     let closed = match &dual {
         Some(d) => d.close(),

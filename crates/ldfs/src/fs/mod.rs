@@ -41,7 +41,7 @@ pub mod scrub;
 
 use std::collections::BTreeMap;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::ld::{
@@ -71,6 +71,9 @@ const INODE_CACHE_MAX: usize = 1 << 16;
 /// hashes nearly every name has a bucket of its own, so this is about the
 /// number of names whose lookups skip the LD (about 150 bytes each).
 const BUCKET_CACHE_MAX: usize = 1 << 16;
+/// Atimes kept in memory (`State::atime_dirty`) before they are written
+/// together in one ARU.
+const ATIME_BATCH: usize = 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
@@ -306,6 +309,12 @@ struct State {
     /// lookup the map walk, read, crc and decode of its bucket (issue 16:
     /// about 6% of the daemon's time in a metadata workload).
     buckets: BTreeMap<(u64, u64), Arc<Vec<dir::Entry>>>,
+    /// Inodes whose cached record has an atime the LD does not have yet
+    /// (`Fs::accessed`): written with the inode's next change, or all
+    /// together at the next flush, remount read-only or unmount, or when
+    /// `ATIME_BATCH` are waiting (`Fs::write_atimes`). Kept in the cache
+    /// until then.
+    atime_dirty: FxHashSet<u64>,
     /// References per inode: open handles, or the kernel's lookups.
     open: FxHashMap<u64, u64>,
     next_ino: u64,
@@ -451,6 +460,7 @@ impl Fs {
             state: Mutex::new(State {
                 inodes: FxHashMap::default(),
                 buckets: BTreeMap::new(),
+                atime_dirty: FxHashSet::default(),
                 open: FxHashMap::default(),
                 next_ino: reserved,
                 ino_reserved: reserved,
@@ -584,9 +594,9 @@ impl Fs {
         let i = Inode::decode(ino, &b, ino)
             .map_err(|c| self.metadata_corrupt(format!("inode {ino}: {c}")))?;
         if st.inodes.len() >= INODE_CACHE_MAX {
-            let open = &st.open;
+            let (open, dirty) = (&st.open, &st.atime_dirty);
             st.inodes
-                .retain(|k, _| open.contains_key(k) || *k == ROOT_INO);
+                .retain(|k, _| open.contains_key(k) || dirty.contains(k) || *k == ROOT_INO);
         }
         let i = Arc::new(i);
         st.inodes.insert(ino, Arc::clone(&i));
@@ -1055,8 +1065,45 @@ impl Fs {
         Ok(())
     }
 
+    /// Makes everything done so far durable, atimes kept in memory too.
     pub fn fsync(&self) -> FsResult<()> {
+        self.write_atimes();
         Ok(self.ld.flush()?)
+    }
+
+    /// Writes the atimes `accessed` kept in memory, in one ARU. They are
+    /// best effort, as the update itself is: on a full or read-only file
+    /// system (or any error) they are dropped, said once, and the flush
+    /// that follows is not failed for them.
+    pub fn write_atimes(&self) {
+        if self.lock().atime_dirty.is_empty() {
+            return;
+        }
+        let mut tx = match self.begin() {
+            Ok(tx) => tx,
+            Err(e) => {
+                self.lock().atime_dirty.clear();
+                if !matches!(e, FsError::ReadOnly) {
+                    eprintln!("ldfs: access times not written: {e}");
+                }
+                return;
+            }
+        };
+        let inos: Vec<u64> = tx.st.atime_dirty.drain().collect();
+        let r = (|| {
+            let recs: Vec<Arc<Inode>> = inos
+                .iter()
+                .filter_map(|ino| tx.st.inodes.get(ino).cloned())
+                .collect();
+            tx.reserve(recs.iter().map(|i| i.encoded_len() as u64).sum())?;
+            for i in recs {
+                tx.put_owned(Inode::clone(&i))?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = tx.finish(r) {
+            eprintln!("ldfs: {} access times not written: {e}", inos.len());
+        }
     }
 
     /// Remount read-only (`ro`) or writable again: from return on, every
@@ -1067,6 +1114,9 @@ impl Fs {
     pub fn set_read_only(&self, ro: bool) -> FsResult<()> {
         if !ro && self.opts.read_only {
             return Err(FsError::ReadOnly);
+        }
+        if ro {
+            self.write_atimes();
         }
         self.remounted_ro
             .store(ro, std::sync::atomic::Ordering::Release);
@@ -1358,6 +1408,11 @@ impl Tx<'_> {
                 .map(|()| v)
                 .map_err(FsError::from)
         });
+        // A record written carried its cached atime; one aborted was
+        // evicted with it (an atime is not worth failing for).
+        for ino in &self.put_inos {
+            self.st.atime_dirty.remove(ino);
+        }
         if r.is_err() {
             self.abort();
         }
@@ -1756,6 +1811,7 @@ impl Tx<'_> {
     fn forget_inode(&mut self, i: &Inode) -> FsResult<()> {
         self.ld().delete(Some(self.aru), INODE_LIST, i.ino)?;
         self.st.inodes.remove(&i.ino);
+        self.st.atime_dirty.remove(&i.ino);
         Ok(())
     }
 
@@ -2666,6 +2722,14 @@ impl Tx<'_> {
     }
 }
 
+/// A file system dropped with atimes still in memory writes them (the LD's
+/// close, which follows, then makes them durable).
+impl Drop for Fs {
+    fn drop(&mut self) {
+        self.write_atimes();
+    }
+}
+
 impl Drop for Tx<'_> {
     /// An operation dropped without `finish` (an early return, a panic)
     /// is taken back rather than left open: an open ARU would hold back
@@ -2746,30 +2810,34 @@ impl Fs {
             return Ok(());
         }
         let now = self.now();
-        let needs = |i: &Inode| atime_needs_update(i, mode, now);
-        {
-            // Every read that reaches ldfs asks: look at the cached inode
-            // in place rather than cloning it (inline data, xattrs).
+        // Kept in memory, not written (an ARU per file read was most of a
+        // read-only workload's log writes): Sprite LFS kept the access
+        // time in its inode map so that reading never rewrote an inode
+        // (BSD-LFS section 4 recalls why). The record goes out with the
+        // inode's next change or the next flush (`write_atimes`), so
+        // after a crash an atime may be older than operations that
+        // survived it, as under Linux's `lazytime`.
+        let full = {
             let mut st = self.lock();
-            let need = match st.inodes.get(&ino) {
-                Some(i) => needs(i),
-                None => needs(&*self.get_inode(&mut st, ino)?),
-            };
-            if !need {
+            // Again under the lock, as `begin` does: `set_read_only`
+            // writes what is kept before its flag, then waits for the lock.
+            if self.is_read_only() {
                 return Ok(());
             }
+            let i = self.get_inode(&mut st, ino)?;
+            if !atime_needs_update(&i, mode, now) {
+                return Ok(());
+            }
+            let mut n = Inode::clone(&i);
+            n.atime = now;
+            st.inodes.insert(ino, Arc::new(n));
+            st.atime_dirty.insert(ino);
+            st.atime_dirty.len() >= ATIME_BATCH
+        };
+        if full {
+            self.write_atimes();
         }
-        let mut tx = self.begin()?;
-        let r = (|| {
-            let mut i = tx.inode(ino)?;
-            if !needs(&i) {
-                return Ok(());
-            }
-            i.atime = now;
-            tx.reserve(i.encoded_len() as u64)?;
-            tx.put(&i)
-        })();
-        tx.finish(r)
+        Ok(())
     }
 }
 
@@ -2877,6 +2945,82 @@ mod tests {
         fs.accessed(f, AtimeMode::Relatime).unwrap();
         tick(24 * 3600);
         assert!(fs.atime_due(f, AtimeMode::Relatime).unwrap(), "a day old");
+    }
+
+    /// An access time is kept in memory: the read that updates it writes
+    /// nothing to the LD; the inode's next change, a flush, a remount
+    /// read-only, a batch of `ATIME_BATCH`, or dropping the file system
+    /// writes it; a destroyed inode's is forgotten.
+    #[test]
+    fn access_times_are_written_lazily() {
+        use std::sync::atomic::AtomicI64;
+        let dev = Arc::new(MemoryDevice::new(64 << 20));
+        let mkfs = MkfsOptions {
+            segment_bytes: 512 << 10,
+            max_block_bytes: 64 << 10,
+            reserved_segments: Some(4),
+            fs_id: 5,
+            max_bytes: None,
+        };
+        let lld = Arc::new(Lld::create(dev, &mkfs, LldOptions::default()).unwrap());
+        let clock = Arc::new(AtomicI64::new(1_000_000));
+        let c = clock.clone();
+        let opts = FsOptions {
+            clock: Box::new(move || Time {
+                secs: c.load(Ordering::Relaxed),
+                nsecs: 0,
+            }),
+            ..Default::default()
+        };
+        Fs::format_at(&*lld, ROOT, (opts.clock)()).unwrap();
+        let fs = Fs::mount(lld.clone(), opts).unwrap();
+        let on_ld = |ino: u64| {
+            let b = lld.read(INODE_LIST, ino).unwrap().unwrap();
+            Inode::decode(ino, &b, ino).unwrap().atime.secs
+        };
+        let files: Vec<u64> = (0..ATIME_BATCH as u64 + 5)
+            .map(|k| {
+                let f = fs.mknod(ROOT, ROOT_INO, format!("f{k}").as_bytes(), 0o100644, 0);
+                f.unwrap().ino
+            })
+            .collect();
+        clock.fetch_add(10, Ordering::Relaxed);
+        let (a, b, c, d) = (files[0], files[1], files[2], files[3]);
+        for &f in &[a, b, c, d] {
+            fs.accessed(f, AtimeMode::Relatime).unwrap();
+            assert_eq!(fs.getattr(f).unwrap().atime.secs, 1_000_010);
+            assert_eq!(on_ld(f), 1_000_000, "a read wrote inode {f}");
+        }
+        // The next change of b carries it; unlinking c forgets it.
+        fs.setxattr(b, b"user.x", b"1", XattrMode::Any).unwrap();
+        assert_eq!(on_ld(b), 1_000_010);
+        fs.unlink(ROOT_INO, b"f2").unwrap();
+        assert!(!fs.lock().atime_dirty.contains(&c));
+        // A flush writes the rest.
+        fs.fsync().unwrap();
+        assert_eq!(on_ld(a), 1_000_010);
+        assert_eq!(on_ld(d), 1_000_010);
+        assert!(fs.lock().atime_dirty.is_empty());
+        // A batch goes out on its own, without a flush.
+        clock.fetch_add(10, Ordering::Relaxed);
+        for &f in &files[4..4 + ATIME_BATCH] {
+            fs.accessed(f, AtimeMode::StrictAtime).unwrap();
+        }
+        assert_eq!(on_ld(files[4]), 1_000_020, "a full batch was not written");
+        // A remount read-only writes what is kept before refusing writes.
+        clock.fetch_add(10, Ordering::Relaxed);
+        let last = files[4 + ATIME_BATCH];
+        fs.accessed(last, AtimeMode::StrictAtime).unwrap();
+        assert_eq!(on_ld(last), 1_000_000);
+        fs.set_read_only(true).unwrap();
+        assert_eq!(on_ld(last), 1_000_030);
+        fs.set_read_only(false).unwrap();
+        // And so does dropping the file system.
+        clock.fetch_add(10, Ordering::Relaxed);
+        fs.accessed(a, AtimeMode::StrictAtime).unwrap();
+        assert_eq!(on_ld(a), 1_000_010);
+        drop(fs);
+        assert_eq!(on_ld(a), 1_000_040);
     }
 
     /// Review probe: `set_read_only(true)` stores the flag, then waits for
