@@ -46,6 +46,8 @@ pub struct FsBench {
     pub out: Option<PathBuf>,
     /// A sentence for the report (for example: the machine was shared).
     pub note: Option<String>,
+    /// Sample the ldfs daemon with `perf` during one workload (`profile`).
+    pub profile: bool,
     pub postmark: super::apps::Postmark,
     pub andrew: super::apps::Andrew,
     pub tpcb: super::apps::Tpcb,
@@ -1023,6 +1025,7 @@ pub fn run_all(b: &FsBench) -> R<()> {
             .collect(),
         rounds: b.rounds.max(1),
         rounds_done: 0,
+        profiles: Vec::new(),
         description: format!(
             "images of {} MiB on {} (ldfs's written whole, as `ldfs mkfs --size` makes them; the others' sparse); targets interleaved in each round",
             b.image_bytes >> 20,
@@ -1036,6 +1039,31 @@ pub fn run_all(b: &FsBench) -> R<()> {
             eprintln!("bench fs: skipping workload {}: {why}", w.key);
         }
     }
+    // The profiled runs: ldfs on /dev/fuse (else the first ldfs target),
+    // and memfs beside it (the ceiling), in the metadata workload (else the
+    // first) of the first round.
+    let profiled: Vec<String> = [
+        b.targets
+            .iter()
+            .find(|t| *t == "ldfs")
+            .or_else(|| b.targets.iter().find(|t| t.starts_with("ldfs"))),
+        b.targets.iter().find(|t| *t == "memfs"),
+    ]
+    .into_iter()
+    .flatten()
+    .cloned()
+    .collect();
+    let profiled_workload = b
+        .workloads
+        .iter()
+        .find(|w| *w == "metadata")
+        .or(b.workloads.first())
+        .cloned()
+        .unwrap_or_default();
+    if b.profile && profiled.is_empty() {
+        eprintln!("bench fs: no profile: no ldfs or memfs target");
+    }
+    let mut profiles = Vec::new();
     stop_on_signals();
     'rounds: for round in 0..results.rounds {
         for (ti, name) in b.targets.iter().enumerate() {
@@ -1067,8 +1095,30 @@ pub fn run_all(b: &FsBench) -> R<()> {
                 }
                 eprintln!("bench fs:   {name}: {}", w.key);
                 let before = ldfs_counters(&t);
+                let recording = (b.profile
+                    && round == 0
+                    && profiled.contains(name)
+                    && w.key == profiled_workload)
+                    .then(|| {
+                        let data = b.dir.join(format!("perf-{name}.data"));
+                        let pid = match &t.child {
+                            Some(c) => Ok(c.id()),
+                            None => super::profile::daemon_of(&t.mnt),
+                        };
+                        pid.and_then(|pid| super::profile::start(pid, &data))
+                            .map_err(|e| eprintln!("bench fs: no profile of {name}: {e}"))
+                            .ok()
+                    })
+                    .flatten();
                 let t0 = Instant::now();
-                match run_workload(&w.key, &t, b, &env) {
+                let outcome = run_workload(&w.key, &t, b, &env);
+                if let Some(rec) = recording {
+                    match rec.finish(name, &w.key) {
+                        Ok(p) => profiles.push(p),
+                        Err(e) => eprintln!("bench fs: no profile of {name}: {e}"),
+                    }
+                }
+                match outcome {
                     Ok(v) => {
                         assert_eq!(v.len(), w.phases.len(), "{}: one value per phase", w.key);
                         // Not-a-number: a figure the program did not print.
@@ -1097,6 +1147,7 @@ pub fn run_all(b: &FsBench) -> R<()> {
             drop(t);
             remove_target_files(b, name);
         }
+        results.profiles.append(&mut profiles);
         results.rounds_done = round + 1;
         if round + 1 < results.rounds {
             // Not fatal here: the run goes on and saves again at its end.

@@ -11,6 +11,7 @@ pub mod fs;
 pub mod fsck;
 pub mod memfs;
 pub mod ops;
+pub mod profile;
 pub mod report;
 pub mod vld;
 pub mod writedel;

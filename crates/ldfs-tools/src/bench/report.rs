@@ -48,6 +48,8 @@ pub struct Results {
     pub rounds_done: usize,
     pub description: String,
     pub machine: Machine,
+    /// `--profile`: where the ldfs daemon's time went (and memfs's).
+    pub profiles: Vec<super::profile::Profile>,
 }
 
 /// The machine a run was measured on.
@@ -288,7 +290,16 @@ pub fn json(r: &Results) -> String {
         })
         .collect();
     j += &body.join(",\n");
-    j += "\n  ]\n}\n";
+    j += "\n  ]";
+    if !r.profiles.is_empty() {
+        let p: Vec<String> = r
+            .profiles
+            .iter()
+            .map(|p| super::profile::json(p, json_str))
+            .collect();
+        let _ = write!(j, ",\n  \"profiles\": [{}]", p.join(", "));
+    }
+    j += "\n}\n";
     j
 }
 
@@ -365,7 +376,30 @@ pub fn from_json(text: &str) -> R<Results> {
             errors: list(&w["errors"], "errors")?.iter().map(s).collect(),
         });
     }
+    let profile = |p: &Value| {
+        let pairs = |v: &Value| -> Vec<(String, f64)> {
+            v.as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|e| Some((e[0].as_str()?.to_string(), e[1].as_f64()?)))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        super::profile::Profile {
+            target: s(&p["target"]),
+            workload: s(&p["workload"]),
+            samples: s(&p["samples"]),
+            areas: pairs(&p["areas"]),
+            top: pairs(&p["top"]),
+        }
+    };
+    let profiles = v["profiles"]
+        .as_array()
+        .map(|a| a.iter().map(profile).collect())
+        .unwrap_or_default();
     Ok(Results {
+        profiles,
         targets,
         skipped,
         workloads,
@@ -521,6 +555,7 @@ pub fn markdown(r: &Results, charts: Option<&str>) -> String {
             md += "\n";
         }
     }
+    md += &super::profile::markdown(&r.profiles);
     md
 }
 
@@ -805,6 +840,23 @@ mod tests {
             rounds_done: 2,
             description: "test".into(),
             machine: Machine::probe(Path::new("/")),
+            profiles: vec![
+                super::super::profile::summarize(
+                    "ldfs",
+                    "smallfiles",
+                    "2K".into(),
+                    &[
+                        ("[k] fuse_dev_do_read".into(), 60.0),
+                        ("[.] malloc".into(), 40.0),
+                    ],
+                ),
+                super::super::profile::summarize(
+                    "memfs",
+                    "smallfiles",
+                    "1K".into(),
+                    &[("[k] fuse_dev_do_read".into(), 100.0)],
+                ),
+            ],
         }
     }
 
@@ -849,6 +901,15 @@ mod tests {
         assert!(j.contains("\"samples\": [[2500.000, 2600.000], [3700.000], [], [150000.000]]"));
         assert!(j.contains("\"median\": [2600.000, 3700.000, null, 150000.000]"));
         assert_eq!(json(&from_json(&j).unwrap()), j);
+        assert!(j.contains("\"profiles\": [{\"target\": \"ldfs\""), "{j}");
+        assert!(md.contains("### Where the daemons' time goes"), "{md}");
+        assert!(
+            md.contains(
+                "| kernel: FUSE (requests, copies to and from the daemon) | 60.0% | 100.0% |"
+            ),
+            "{md}"
+        );
+        assert!(md.contains("| `[.] malloc` | 40.0% |"), "{md}");
         assert_eq!(fmt_value(0.0012), "0.0012");
         assert_eq!(fmt_value(0.5), "0.50");
         if Path::new(FONT).exists() {

@@ -54,6 +54,10 @@ pub struct FsArgs {
     /// Rounds, targets interleaved in each; medians are printed.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
+    /// Sample the ldfs daemon with perf(1) during the metadata workload of
+    /// the first round and report where its time goes, by layer.
+    #[arg(long)]
+    profile: bool,
     /// Seconds of each syncwrite run: 1 thread, 8 on one file, 8 on a file each (5; quick: 1).
     #[arg(long)]
     sync_secs: Option<f64>,
@@ -445,6 +449,7 @@ pub fn run(which: BenchCmd) -> CmdResult {
                 targets,
                 workloads,
                 rounds,
+                profile,
                 sync_secs,
                 sync_creates,
                 postmark_files,
@@ -474,6 +479,7 @@ pub fn run(which: BenchCmd) -> CmdResult {
                 sync_secs: pick(sync_secs, quick, 5.0, 1.0),
                 sync_creates: pick(sync_creates, quick, 2_000, 400),
                 rounds,
+                profile,
                 json,
                 out,
                 note,
