@@ -992,3 +992,40 @@ fn a_change_to_a_cached_bucket_damaged_on_the_device_is_refused_as_designed() {
         fs.check().unwrap().problems
     );
 }
+
+// ---- list numbers are reused by uip ------------------------------------------
+
+/// docs/DESIGN.md (and `State::buckets`) say list numbers are never
+/// reused; uip gives the lowest free one again once its numbers ran out
+/// (`Uip::create_list`). A directory's buckets cached (one holding a
+/// name, one absent), the directory emptied and removed, a new directory
+/// made: it gets the same list number, and none of the old buckets is
+/// seen through it. What keeps the cache right is not that numbers are new
+/// but that a directory is removed only empty (its cached buckets are all
+/// absent ones by then) and `delete_blocks` forgets them anyway.
+#[test]
+fn uip_reuses_a_removed_directorys_list_number_and_lookups_see_none_of_it() {
+    let dev = Arc::new(MemoryDevice::new(UIP_BYTES));
+    let u = Uip::create(dev, uip_options()).unwrap();
+    Fs::format(&u, CTX).unwrap();
+    let fs = Fs::mount(Arc::new(u), FsOptions::default()).unwrap();
+    use_up_list_numbers(&fs);
+    let d = fs.mkdir(CTX, ROOT_INO, b"d", 0o755).unwrap().ino;
+    let x = fs.mknod(CTX, d, b"x", 0o100644, 0).unwrap().ino;
+    fs.link(x, ROOT_INO, b"keep").unwrap();
+    assert_eq!(fs.lookup(d, b"x").unwrap().ino, x);
+    assert!(matches!(fs.lookup(d, b"y"), Err(FsError::NotFound)));
+    let list = fs.inode_record(d).unwrap().list;
+    fs.unlink(d, b"x").unwrap();
+    fs.rmdir(ROOT_INO, b"d").unwrap();
+    let e = fs.mkdir(CTX, ROOT_INO, b"e", 0o755).unwrap().ino;
+    assert_eq!(
+        fs.inode_record(e).unwrap().list,
+        list,
+        "uip did not reuse the number (the probe misses what it is for)"
+    );
+    assert!(matches!(fs.lookup(e, b"x"), Err(FsError::NotFound)));
+    fs.mknod(CTX, e, b"y", 0o100644, 0).unwrap();
+    tree_and_lookups(&fs, "after the reuse");
+    assert!(fs.check().unwrap().problems.is_empty());
+}
