@@ -303,11 +303,11 @@ struct State {
     /// Directory buckets as the LD holds them, keyed by (list, index); an
     /// empty one is an absent bucket (a name looked up and not found, so
     /// the create that follows does not ask the LD again). Written through
-    /// by every operation that changes a bucket (`Tx::cache_bucket`) and
-    /// forgotten by its abort; list numbers are never reused, so a deleted
-    /// directory's buckets cannot be read back as another's. Saves each
-    /// lookup the map walk, read, crc and decode of its bucket (issue 16:
-    /// about 6% of the daemon's time in a metadata workload).
+    /// by every operation that changes a bucket (`Tx::put_bucket`) and
+    /// forgotten by its abort; a deleted list's are forgotten with it
+    /// (`Tx::delete_blocks`: uip may give its number to a new list). Saves
+    /// each lookup the map walk, read, crc and decode of its bucket (issue
+    /// 16: about 6% of the daemon's time in a metadata workload).
     buckets: BTreeMap<(u64, u64), Arc<Vec<dir::Entry>>>,
     /// Inodes whose cached record has an atime the LD does not have yet
     /// (`Fs::accessed`): written with the inode's next change, or all
@@ -1823,7 +1823,8 @@ impl Tx<'_> {
     fn delete_blocks(&mut self, i: &Inode) -> FsResult<()> {
         let lists = i.xattrs.iter().filter_map(|(_, v)| v.list());
         for l in (i.list != 0).then_some(i.list).into_iter().chain(lists) {
-            // Memory only: list numbers are never reused.
+            // uip gives freed list numbers out again (once its table's ran
+            // out): a later list must not find these buckets.
             let gone: Vec<_> = self
                 .st
                 .buckets
