@@ -3054,4 +3054,44 @@ mod tests {
         fs.set_read_only(false).unwrap();
         fs.mkdir(ROOT, ROOT_INO, b"late", 0o755).unwrap();
     }
+
+    /// Review 29 probe: an operation that panicked with the state lock held
+    /// (a bug) poisons it. Before lazy atimes, fsync (an LD flush) and the
+    /// daemon's end (drop the fs, then the LD's close and final checkpoint)
+    /// never took that lock; now `write_atimes`, which both call, and
+    /// `Drop for Fs` do, and `lock()` panics on a poisoned lock: the
+    /// daemon's end panics before its final checkpoint (and a drop during
+    /// unwinding aborts the process). They must not panic.
+    #[test]
+    fn review29_a_poisoned_state_lock_does_not_panic_write_atimes_fsync_or_drop() {
+        let fs = fresh();
+        let f = fs.mknod(ROOT, ROOT_INO, b"f", 0o100644, 0).unwrap().ino;
+        fs.accessed(f, AtimeMode::StrictAtime).unwrap();
+        {
+            let fs = fs.clone();
+            let _ = std::thread::spawn(move || {
+                let _held = fs.lock();
+                panic!("review29: an operation panics with the lock held");
+            })
+            .join();
+        }
+        assert!(fs.state.is_poisoned());
+        // Every result first, then the asserts: a failing assert with the
+        // file system still alive would drop it while unwinding, and its
+        // drop panicking then aborts the whole test binary.
+        let quiet =
+            |f: &mut dyn FnMut()| std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_ok();
+        let write_ok = quiet(&mut || fs.write_atimes());
+        let fsync_ok = quiet(&mut || {
+            let _ = fs.fsync();
+        });
+        let mut fs = Some(fs);
+        let drop_ok = quiet(&mut || drop(fs.take()));
+        assert!(
+            write_ok,
+            "write_atimes (the daemon's last call before its final checkpoint) panicked"
+        );
+        assert!(fsync_ok, "fsync panicked");
+        assert!(drop_ok, "dropping the file system panicked");
+    }
 }
