@@ -3055,6 +3055,37 @@ mod tests {
         fs.mkdir(ROOT, ROOT_INO, b"late", 0o755).unwrap();
     }
 
+    /// Review 29 probe: with no atime kept, fsync is the LD's flush and
+    /// nothing else, as before lazy atimes: it does not wait for the state
+    /// lock, which an operation holds from begin to finish (a long one: a
+    /// large file's truncation, a write of many blocks, an operation
+    /// waiting for space). `write_atimes` takes the lock only to see that
+    /// its set is empty; the commit thread and every FSYNC then queue
+    /// behind whatever operation runs.
+    #[test]
+    fn review29_fsync_with_no_kept_atime_does_not_wait_for_the_state_lock() {
+        let fs = fresh();
+        assert!(fs.lock().atime_dirty.is_empty());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let holder = {
+            let fs = fs.clone();
+            std::thread::spawn(move || {
+                let _held = fs.lock();
+                tx.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(600));
+            })
+        };
+        rx.recv().unwrap();
+        let t = std::time::Instant::now();
+        fs.fsync().unwrap();
+        let waited = t.elapsed();
+        holder.join().unwrap();
+        assert!(
+            waited < Duration::from_millis(300),
+            "fsync with nothing kept waited {waited:?} for an operation holding the state lock"
+        );
+    }
+
     /// Review 29 probe: an operation that panicked with the state lock held
     /// (a bug) poisons it. Before lazy atimes, fsync (an LD flush) and the
     /// daemon's end (drop the fs, then the LD's close and final checkpoint)
