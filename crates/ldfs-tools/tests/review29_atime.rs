@@ -145,7 +145,6 @@ fn an_atime_survives_kill_after_remount_ro() {
 /// `ldfs checkpoint MNT` (the next mount has nothing to roll forward): the
 /// checkpoint holds what stat showed, atimes included?
 #[test]
-#[ignore = "open defect (review 29, finding 3): ldfs checkpoint writes no kept atime, so a crash after it loses them"]
 fn an_atime_survives_kill_after_ldfs_checkpoint() {
     if !fuse_usable() {
         return;

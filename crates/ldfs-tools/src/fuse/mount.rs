@@ -214,6 +214,8 @@ impl Control for Daemon {
         match name {
             "checkpoint" => {
                 self.writable("checkpoints are written")?;
+                // What stat shows goes into it, atimes reads kept too.
+                self.fs.write_atimes();
                 self.lld.checkpoint_now().map_err(|e| e.to_string())
             }
             "clean" => {
@@ -377,6 +379,7 @@ impl Daemon {
                 // only space or a pin bit can be had back from one.
                 ldfs::lld::snapshot::check_name(name)
                     .map_err(|e| format!("no snapshot taken: {e}"))?;
+                self.fs.write_atimes();
                 let n = loop {
                     let seen = self.history.given();
                     if self.lld.snapshots().len() >= ldfs::lld::snapshot::MAX_SNAPSHOTS
