@@ -737,13 +737,12 @@ const PROTECT_GENERATIONS: u64 = 8;
 /// table (capacity at most 24) keeps one every span/8, as before.
 fn protect_schedule(span: Duration, commit_secs: u64, capacity: usize) -> (Duration, u64) {
     let span = span.as_secs().max(1);
-    let records = (capacity as u64)
-        .saturating_sub(PROTECT_GENERATIONS + 2)
-        .max(1);
     let records = if capacity <= ldfs::lld::snapshot::MAX_SNAPSHOTS {
-        PROTECT_GENERATIONS.min(records)
+        // No kept table: a pin bit each, one every span/8 as before (a
+        // full table makes the oldest yield, whatever the snapshots hold).
+        PROTECT_GENERATIONS
     } else {
-        records
+        (capacity as u64).saturating_sub(PROTECT_GENERATIONS + 2)
     };
     let every = commit_secs.max(1).max(span.div_ceil(records));
     let window = span.div_ceil(PROTECT_GENERATIONS).max(every);
@@ -2530,6 +2529,8 @@ mod tests {
         let secs = |(d, w): (Duration, u64)| (d.as_secs(), w);
         assert_eq!(secs(protect_schedule(h, 5, 1365)), (5, 450));
         assert_eq!(secs(protect_schedule(h, 5, 24)), (450, 450));
+        // 20 snapshots leave 4 bits: still span/8 without a table.
+        assert_eq!(secs(protect_schedule(h, 5, 4)), (450, 450));
         assert_eq!(secs(protect_schedule(24 * h, 5, 1365)), (64, 10_800));
         assert_eq!(
             secs(protect_schedule(Duration::from_secs(8), 5, 1365)),
