@@ -18,6 +18,7 @@ fuzz_target!(|data: &[u8]| {
         reserved_segments: None,
         fs_id: data[1] as u64,
         max_bytes: None,
+        kept_pages: 0,
     };
     let Ok(g) = Geometry::plan(size, &opts) else {
         return;

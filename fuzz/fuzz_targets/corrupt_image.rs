@@ -36,6 +36,7 @@ fn base() -> &'static (Vec<u8>, Vec<usize>) {
             reserved_segments: Some(4),
             fs_id: 5,
             max_bytes: None,
+            kept_pages: 0,
         };
         let dev = Arc::new(CrashDevice::new(8 << 20));
         {

@@ -92,6 +92,7 @@ fn make_image(dir: &Path) -> PathBuf {
                 reserved_segments: None,
                 fs_id: 0,
                 max_bytes: None,
+                kept_pages: 0,
             },
             LldOptions::default(),
         )

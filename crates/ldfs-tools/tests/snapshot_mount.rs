@@ -531,6 +531,73 @@ fn available(dir: &Path) -> u64 {
     sv.f_bavail * sv.f_frsize
 }
 
+/// `-o protect=` keeps the state of every commit interval (issue 18): six
+/// states a second or so apart on a freshly made image (kept table by
+/// default) are six protected checkpoints (before generations, one every
+/// span/8 = 7.5 s would have kept at most one of them), and each, mounted
+/// read-only, holds exactly the files of its moment.
+#[test]
+fn protect_keeps_every_commit_intervals_state() {
+    if !fuse_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("every.img");
+    mkfs(&img, "64M");
+    let live_dir = t.path().join("live");
+    let snap_dir = t.path().join("snap");
+    let live = Mount::new(&img, &live_dir, &["protect=60s,commit=1"]);
+    let mut moments = Vec::new();
+    let start = std::time::Instant::now();
+    for k in 0..6usize {
+        fs::write(live.path("f"), data(k, 10_000 + k)).unwrap();
+        fs::write(live.path(&format!("g{k}")), data(100 + k, 3000)).unwrap();
+        if k == 3 {
+            fs::remove_file(live.path("g1")).unwrap();
+        }
+        // The second one after the writes: the first may have been under
+        // way (its tree taken) before they landed.
+        protected_after_this(&live_dir);
+        moments.push((protected_after_this(&live_dir), k));
+    }
+    // A commit interval (1 s) apart, not span/8 (7.5 s: 90 s for twelve).
+    let took = start.elapsed();
+    assert!(
+        took.as_secs() < 24,
+        "six protected checkpoints took {took:?}"
+    );
+    let kept = protected(&checkpoints(&live_dir));
+    for (p, _) in &moments {
+        assert!(
+            kept.contains_key(p),
+            "protected checkpoint {p} not listed: {kept:?}"
+        );
+    }
+    let mut numbers: Vec<u64> = moments.iter().map(|m| m.0).collect();
+    numbers.dedup();
+    assert_eq!(
+        numbers.len(),
+        moments.len(),
+        "one state a take: {moments:?}"
+    );
+    for (p, k) in &moments {
+        let snap = Mount::new(&img, &snap_dir, &[&format!("ro,snapshot={p}")]);
+        assert!(
+            fs::read(snap_dir.join("f")).unwrap() == data(*k, 10_000 + *k),
+            "checkpoint {p} (moment {k}): f"
+        );
+        for j in 0..6usize {
+            let there = fs::read(snap_dir.join(format!("g{j}"))).ok();
+            let want = (j <= *k && !(j == 1 && *k >= 3)).then(|| data(100 + j, 3000));
+            assert!(there == want, "checkpoint {p} (moment {k}): g{j}");
+        }
+        snap.unmount();
+    }
+    live.unmount();
+    let (code, out, err) = run(&["fsck", "-n", s(&img)]);
+    assert_eq!(code, 0, "{out}{err}");
+}
+
 /// `-o protect=`: the states of the span are kept as protected checkpoints
 /// (a deleted file is copied back from one, mounted read-only); what only
 /// they hold is available in `df`, and a write that needs it gets it (the

@@ -660,8 +660,12 @@ fn repair_engine(
     }
     // A damaged snapshot is dropped (its pins go with it); the live tree
     // is never changed for it.
+    // In one checkpoint: a damaged page shared by a generation damages
+    // every tree reaching it.
+    bad_snapshots.sort_unstable();
+    bad_snapshots.dedup();
+    lld.delete_kept(&bad_snapshots).map_err(op_err)?;
     for n in bad_snapshots {
-        lld.delete_snapshot(n).map_err(op_err)?;
         fixed.push(format!("snapshot {n} (damaged) deleted"));
     }
     // Recomputed whatever was found: the repairs above move live bytes.

@@ -50,6 +50,7 @@ fn mkfs(segment_bytes: u64, max_block: u32, reserved: u32) -> MkfsOptions {
         reserved_segments: Some(reserved),
         fs_id: 0xc1ea,
         max_bytes: None,
+        kept_pages: 0,
     }
 }
 

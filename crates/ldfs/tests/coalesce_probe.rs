@@ -30,6 +30,7 @@ fn mkfs(segment_bytes: u64) -> MkfsOptions {
         reserved_segments: Some(4),
         fs_id: 0xc0a1,
         max_bytes: None,
+        kept_pages: 0,
     }
 }
 
@@ -867,6 +868,7 @@ fn run_mix(seed: u64, cycles: u64) -> Result<(u64, u64), String> {
         reserved_segments: Some(6),
         fs_id: 0xc0a1,
         max_bytes: None,
+        kept_pages: 0,
     };
     let lld = Lld::create(dev.clone(), &m, mix_options(partial)).map_err(|e| e.to_string())?;
     lld.flush().unwrap();

@@ -19,6 +19,7 @@ fn mkfs() -> MkfsOptions {
         reserved_segments: Some(4),
         fs_id: 91,
         max_bytes: None,
+        kept_pages: 0,
     }
 }
 

@@ -96,13 +96,14 @@ fn engine_options(threads: bool, discard: bool) -> LldOptions {
     }
 }
 
-fn mkfs_options() -> MkfsOptions {
+fn mkfs_options(mode: Mode) -> MkfsOptions {
     MkfsOptions {
         segment_bytes: 64 << 10,
         max_block_bytes: MAX_BLOCK as u32,
         reserved_segments: Some(6),
         fs_id: 0x1df5,
         max_bytes: None,
+        kept_pages: mode.kept_table as u32,
     }
 }
 
@@ -260,7 +261,17 @@ struct Snaps {
     protected: BTreeMap<u64, bool>,
     /// A take that failed at the power cut: the tree it would keep.
     maybe_taken: Option<State>,
+    /// The simulated clock protected checkpoints are taken at (one tick a
+    /// take): with `PROTECT_WINDOW`, generations of three.
+    clock: u64,
+    /// Generations (every record sharing a pin bit) deleted in one call.
+    generations_deleted: u64,
+    /// The most records seen sharing one pin bit.
+    most_sharing: usize,
 }
+
+/// The generation window of the mix's protected checkpoints (clock ticks).
+const PROTECT_WINDOW: u64 = 3;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Certainty {
@@ -269,11 +280,16 @@ enum Certainty {
     MaybeDeleted,
 }
 
-/// Snapshots kept at most by the mix (each pins a share of a small device).
+/// Snapshots kept at most by the mix (each pins a share of a small device);
+/// with a kept table, protected checkpoints of one generation share a pin,
+/// so this bounds distinct pin bits and `MIX_KEPT` the records.
 const MIX_SNAPSHOTS: usize = 3;
+const MIX_KEPT: usize = 8;
 
 struct Cycle<'a> {
     lld: &'a Lld,
+    /// `Mode::kept_table`.
+    kept_table: bool,
     /// Lists are made with a drawn compression choice, which the mix also
     /// changes; some blocks are random bytes (stored plain).
     compress: bool,
@@ -541,9 +557,13 @@ impl Cycle<'_> {
             return;
         }
         let state = self.hist.live();
-        let protected = self.tally.snapshots_taken % 2 == 1;
+        let protected = self.tally.snapshots_taken % 2 == 1 || self.kept_table;
+        let protected =
+            protected && !(self.kept_table && self.tally.snapshots_taken.is_multiple_of(5));
         let r = if protected {
-            self.lld.take_protected(0)
+            let snaps = self.snaps.as_mut().expect("checked above");
+            snaps.clock += 1;
+            self.lld.take_protected(snaps.clock, PROTECT_WINDOW)
         } else {
             self.lld.take_snapshot("mix", 0)
         };
@@ -564,7 +584,9 @@ impl Cycle<'_> {
         }
     }
 
-    /// Deletes the oldest snapshot (only with no ARU open).
+    /// Deletes the oldest snapshot, or (with a kept table, one time in
+    /// two) the oldest one's whole generation: every record sharing its
+    /// pin bit, in one call (only with no ARU open).
     fn delete_snapshot(&mut self) {
         if !self.open.is_empty() {
             return;
@@ -576,19 +598,46 @@ impl Cycle<'_> {
         else {
             return;
         };
-        let r = self.lld.delete_snapshot(n);
+        let mut numbers = vec![n];
+        if self.kept_table && self.rng.gen_bool(0.5) {
+            let listed = self.lld.snapshots();
+            if let Some(pin) = listed.iter().find(|s| s.number == n).map(|s| s.pin) {
+                let snaps = self.snaps.as_ref().expect("checked above");
+                numbers = listed
+                    .iter()
+                    .filter(|s| s.pin == pin && snaps.kept.contains_key(&s.number))
+                    .map(|s| s.number)
+                    .collect();
+            }
+        }
+        let r = self.lld.delete_kept(&numbers);
         let snaps = self.snaps.as_mut().expect("checked above");
         match r {
             Ok(()) => {
-                snaps.kept.remove(&n);
+                for n in &numbers {
+                    snaps.kept.remove(n);
+                }
+                snaps.generations_deleted += (numbers.len() > 1) as u64;
                 self.hist.flushed = self.hist.log.len();
                 self.tally.snapshots_deleted += 1;
             }
             Err(e) => {
-                snaps.kept.get_mut(&n).expect("kept").1 = Certainty::MaybeDeleted;
+                for n in &numbers {
+                    snaps.kept.get_mut(n).expect("kept").1 = Certainty::MaybeDeleted;
+                }
                 self.failed("delete_snapshot", e);
             }
         }
+    }
+
+    /// Distinct pin bits the kept checkpoints hold now.
+    fn pins_held(&self) -> usize {
+        let mask = self
+            .lld
+            .snapshots()
+            .iter()
+            .fold(0u32, |m, s| m | 1 << s.pin);
+        mask.count_ones() as usize
     }
 
     fn one_op(&mut self) {
@@ -599,8 +648,13 @@ impl Cycle<'_> {
         if let Some(kept) = self.snaps.as_ref().map(|s| s.kept.len()) {
             // Drawn only in snapshot mode: the plain mix's seeds replay as
             // before.
+            let room = if self.kept_table {
+                kept < MIX_KEPT && self.pins_held() < MIX_SNAPSHOTS
+            } else {
+                kept < MIX_SNAPSHOTS
+            };
             match self.rng.gen_range(0..100) {
-                0..=2 if kept < MIX_SNAPSHOTS => return self.take_snapshot(),
+                0..=2 if room => return self.take_snapshot(),
                 3..=4 if kept > 0 => return self.delete_snapshot(),
                 _ => {}
             }
@@ -750,6 +804,9 @@ struct Mode {
     digest: bool,
     /// The mix takes and deletes snapshots, and every recovery checks them.
     snapshots: bool,
+    /// The image has a kept table (one page: 85 protected checkpoints),
+    /// so protected checkpoints of one generation share a pin bit.
+    kept_table: bool,
     /// Lists compress (a drawn choice, changed by the mix) and the cleaner
     /// recompresses cold blocks it moves.
     compress: bool,
@@ -780,7 +837,7 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64, mode: Mode) -> Result<u3
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ first_cycle.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let dev = Arc::new(CrashDevice::new(DEVICE_BYTES));
     dev.set_discard_keeps_old(discard_keeps_old(seed, first_cycle));
-    let lld = Lld::create(dev.clone(), &mkfs_options(), mode_options(mode, seed))
+    let lld = Lld::create(dev.clone(), &mkfs_options(mode), mode_options(mode, seed))
         .map_err(|e| format!("create: {e}"))?;
     lld.flush().unwrap();
     // The wide list, checkpointed: its leaves are clean until a long ARU.
@@ -805,6 +862,7 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64, mode: Mode) -> Result<u3
         let engine = lld.take().expect("engine open");
         let mut cy = Cycle {
             lld: &engine,
+            kept_table: mode.kept_table,
             compress: mode.compress,
             snaps: snaps.take(),
             rng: ChaCha8Rng::seed_from_u64(rng.gen()),
@@ -922,7 +980,7 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64, mode: Mode) -> Result<u3
             return Err(format!("cycle {c}: usage check: {problems:?}"));
         }
         if let Some(sn) = snaps.as_mut() {
-            let checked = check_snapshots(&reopened, &dev, sn, next_list)
+            let checked = check_snapshots(&reopened, &dev, sn, next_list, mode.kept_table)
                 .map_err(|e| format!("cycle {c}: snapshots: {e}"))?;
             tally.snapshots_checked += checked;
         }
@@ -964,6 +1022,19 @@ fn run_device(seed: u64, first_cycle: u64, cycles: u64, mode: Mode) -> Result<u3
             "cycles {first_cycle}..: no snapshot taken and deleted: {tally:?}"
         ));
     }
+    if let Some(sn) = snaps.as_ref().filter(|_| mode.kept_table && cycles >= 200) {
+        eprintln!(
+            "generations: {} deleted whole, at most {} records on one pin bit",
+            sn.generations_deleted, sn.most_sharing
+        );
+        if sn.generations_deleted == 0 || sn.most_sharing < 2 {
+            return Err(format!(
+                "cycles {first_cycle}..: no generation shared a pin bit or was deleted whole \
+                 ({} deleted, at most {} sharing): {tally:?}",
+                sn.generations_deleted, sn.most_sharing
+            ));
+        }
+    }
     // 500 cycles (CI's run) recompress a few dozen blocks.
     if mode.compress && cycles >= 400 && (tally.compressed == 0 || tally.recompressed == 0) {
         return Err(format!(
@@ -989,8 +1060,18 @@ fn check_snapshots(
     dev: &Arc<CrashDevice>,
     sn: &mut Snaps,
     universe: u64,
+    kept_table: bool,
 ) -> Result<u64, String> {
     let infos = lld.snapshots();
+    // Pin bits: a snapshot's is its own; protected checkpoints share one
+    // only with a kept table (a generation).
+    for s in &infos {
+        let sharing = infos.iter().filter(|o| o.pin == s.pin).count();
+        sn.most_sharing = sn.most_sharing.max(sharing);
+        if sharing > 1 && (!kept_table || infos.iter().any(|o| o.pin == s.pin && !o.protected)) {
+            return Err(format!("pin bit {} shared by {infos:?}", s.pin));
+        }
+    }
     for s in &infos {
         if let Some(&p) = sn.protected.get(&s.number) {
             if s.protected != p {
@@ -1114,12 +1195,43 @@ fn the_chunk_the_long_run_found_stuck_full_stays_writable() {
 #[test]
 fn crash_recovery_keeps_every_acknowledged_snapshot() {
     let base = base_seed();
-    let seed = base ^ 0x5a9;
-    let total = (cycles() / 2).max(1);
+    let mode = Mode {
+        snapshots: true,
+        kept_table: true,
+        ..Mode::default()
+    };
+    run_snapshot_mix(
+        base,
+        base ^ 0x5a9,
+        2,
+        mode,
+        "crash_recovery_keeps_every_acknowledged_snapshot",
+    );
+}
+
+/// The snapshot mix on an image without a kept table (the format before
+/// generations: protected checkpoints in the slot header, one pin bit
+/// each), on a quarter of the cycles.
+#[test]
+fn crash_recovery_keeps_every_acknowledged_snapshot_without_a_kept_table() {
+    let base = base_seed();
     let mode = Mode {
         snapshots: true,
         ..Mode::default()
     };
+    run_snapshot_mix(
+        base,
+        base ^ 0x5aa,
+        4,
+        mode,
+        "crash_recovery_keeps_every_acknowledged_snapshot_without_a_kept_table",
+    );
+}
+
+/// Runs the snapshot mix with seed `seed` (derived from `base`) over
+/// 1/`share` of the cycles.
+fn run_snapshot_mix(base: u64, seed: u64, share: u64, mode: Mode, name: &str) {
+    let total = (cycles() / share).max(1);
     let mut c: u64 = std::env::var("LDFS_FROM")
         .map(|v| v.parse().expect("LDFS_FROM must be a number"))
         .unwrap_or(0);
@@ -1127,11 +1239,10 @@ fn crash_recovery_keeps_every_acknowledged_snapshot() {
         let n = CYCLES_PER_DEVICE.min(total - c);
         if let Err(e) = run_device(seed, c, n, mode) {
             panic!(
-                "{e}\nreplay: LDFS_SEED={} LDFS_FROM={c} LDFS_CRASH_CYCLES={} \
-                 cargo test --release -p ldfs --test crash crash_recovery_keeps_every_acknowledged_snapshot\n\
-                 (this test xors the seed with 0x5a9 and runs half the cycles)",
-                base,
-                2 * (c + n)
+                "{e}\nreplay: LDFS_SEED={base} LDFS_FROM={c} LDFS_CRASH_CYCLES={} \
+                 cargo test --release -p ldfs --test crash {name}\n\
+                 (this test derives its seed from LDFS_SEED and runs 1/{share} of the cycles)",
+                share * (c + n)
             );
         }
         c += n;
@@ -1177,6 +1288,7 @@ fn a_seed_replays_exactly() {
         threads: false,
         digest: true,
         snapshots: false,
+        kept_table: false,
         compress: false,
     };
     let first = run_device(seed, 0, 60, mode).unwrap();
@@ -1197,6 +1309,7 @@ fn crash_recovery_matches_model_with_the_log_writer_thread() {
         threads: true,
         digest: false,
         snapshots: false,
+        kept_table: false,
         compress: false,
     };
     if let Err(e) = run_device(seed, 0, cycles, mode) {

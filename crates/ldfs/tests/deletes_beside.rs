@@ -35,6 +35,7 @@ fn mkfs() -> MkfsOptions {
         reserved_segments: Some(4),
         fs_id: 0xc1ea,
         max_bytes: None,
+        kept_pages: 0,
     }
 }
 

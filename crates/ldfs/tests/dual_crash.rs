@@ -53,6 +53,7 @@ fn mkfs_opts() -> DualMkfsOptions {
             reserved_segments: Some(8),
             fs_id: 77,
             max_bytes: None,
+            kept_pages: 0,
         },
         group_blocks: 256,
         meta_path: String::new(),

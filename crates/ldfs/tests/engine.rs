@@ -22,6 +22,7 @@ fn small_mkfs() -> MkfsOptions {
         reserved_segments: Some(4),
         fs_id: 77,
         max_bytes: None,
+        kept_pages: 0,
     }
 }
 
@@ -1560,6 +1561,7 @@ fn no_page_is_written_both_whole_and_in_part() {
         reserved_segments: Some(8),
         fs_id: 78,
         max_bytes: None,
+        kept_pages: 0,
     };
     let opts = LldOptions {
         checkpoint_dirty_pages: Some(4),
@@ -1912,6 +1914,7 @@ fn a_dual_flush_after_a_failed_data_flush_fails() {
             reserved_segments: Some(8),
             fs_id: 78,
             max_bytes: None,
+            kept_pages: 0,
         },
         group_blocks: 256,
         meta_path: String::new(),

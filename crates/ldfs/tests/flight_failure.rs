@@ -17,6 +17,7 @@ fn small_mkfs() -> MkfsOptions {
         reserved_segments: Some(4),
         fs_id: 77,
         max_bytes: None,
+        kept_pages: 0,
     }
 }
 

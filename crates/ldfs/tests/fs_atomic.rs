@@ -34,6 +34,7 @@ fn mkfs_options() -> MkfsOptions {
         reserved_segments: Some(8),
         fs_id: 12,
         max_bytes: None,
+        kept_pages: 0,
     }
 }
 

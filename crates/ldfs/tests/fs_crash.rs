@@ -65,6 +65,7 @@ fn run(seed: u64, cycles: u64, digest: bool) -> u32 {
         reserved_segments: Some(8),
         fs_id: 99,
         max_bytes: None,
+        kept_pages: 0,
     };
     let mut dev = Arc::new(CrashDevice::new(48 << 20));
     {
@@ -186,6 +187,7 @@ fn long_xattr_values_and_orphans_survive_crashes() {
         reserved_segments: Some(8),
         fs_id: 98,
         max_bytes: None,
+        kept_pages: 0,
     };
     let mut dev = Arc::new(CrashDevice::new(48 << 20));
     {

@@ -45,6 +45,7 @@ fn build() -> Image {
                 reserved_segments: None,
                 fs_id: 0x77,
                 max_bytes: None,
+                kept_pages: 0,
             },
             LldOptions::default(),
         )
@@ -244,6 +245,7 @@ fn on_the_dual_layout_a_bad_data_block_fails_only_its_reads() {
             reserved_segments: None,
             fs_id: 0x78,
             max_bytes: None,
+            kept_pages: 0,
         },
         group_blocks: 256,
         meta_path: String::new(),

@@ -379,6 +379,7 @@ fn deletes_on_a_full_file_system_with_the_cleaner_running() {
         reserved_segments: Some(6),
         fs_id: 11,
         max_bytes: None,
+        kept_pages: 0,
     };
     let opts = LldOptions {
         cleaner: ldfs::lld::CleanerOptions {

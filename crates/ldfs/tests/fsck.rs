@@ -29,6 +29,7 @@ fn mkfs_opts() -> MkfsOptions {
         reserved_segments: None,
         fs_id: 0x1234,
         max_bytes: None,
+        kept_pages: 0,
     }
 }
 

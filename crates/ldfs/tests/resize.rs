@@ -34,6 +34,7 @@ fn mkfs(max_bytes: Option<u64>) -> MkfsOptions {
         reserved_segments: Some(4),
         fs_id: 0x5e5e,
         max_bytes,
+        kept_pages: 0,
     }
 }
 

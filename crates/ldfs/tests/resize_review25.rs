@@ -29,6 +29,7 @@ fn mkfs(max_bytes: Option<u64>) -> MkfsOptions {
         reserved_segments: Some(4),
         fs_id: 0x5e5e,
         max_bytes,
+        kept_pages: 0,
     }
 }
 
@@ -272,6 +273,7 @@ fn probe_default_mkfs_sets_no_flag() {
         reserved_segments: Some(4),
         fs_id: 1,
         max_bytes: None,
+        kept_pages: 0,
     };
     let mut flagged = Vec::new();
     let mut size = 4u64 << 20;

@@ -27,6 +27,7 @@ fn mkfs_opts() -> MkfsOptions {
         reserved_segments: Some(4),
         fs_id: 2626,
         max_bytes: None,
+        kept_pages: 0,
     }
 }
 

@@ -40,6 +40,7 @@ fn mkfs() -> MkfsOptions {
         reserved_segments: Some(6),
         fs_id: 0x5eed,
         max_bytes: None,
+        kept_pages: 0,
     }
 }
 

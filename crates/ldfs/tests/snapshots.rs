@@ -39,6 +39,7 @@ fn mkfs() -> MkfsOptions {
         reserved_segments: Some(8),
         fs_id: 0x5a95,
         max_bytes: None,
+        kept_pages: 0,
     }
 }
 
@@ -377,7 +378,7 @@ fn a_protected_checkpoints_history_is_available_and_a_snapshots_is_not() {
         fill(&lld, a, 0, 300, &mut rng, &mut then);
         lld.checkpoint_now().unwrap();
         let before = lld.space().available_bytes;
-        let p = lld.take_protected(1_700_000_000).unwrap();
+        let p = lld.take_protected(1_700_000_000, 0).unwrap();
         lld.delete_list(None, a).unwrap();
         lld.checkpoint_now().unwrap();
         let history = lld.history_bytes();
@@ -446,4 +447,165 @@ fn a_take_waiting_for_an_aru_wakes_when_it_ends() {
         );
     }
     assert_eq!(lld.snapshots().len(), 3);
+}
+
+/// `protect=` at the granularity of the commit interval (issue 18): on an
+/// image with a kept table, a protected checkpoint taken after every few
+/// writes (the daemon takes one each commit interval) in generations of
+/// eight "seconds" shares its generation's pin bit; after a reopen every
+/// one of them reads as the model's tree of its moment; fsck reads each
+/// shared leaf once, not once per tree; one record of a generation frees
+/// nothing, the whole generation frees its history, and the others still
+/// read their moments.
+#[test]
+fn every_protected_checkpoint_of_the_span_reads_its_moment() {
+    with_seed("every_protected_checkpoint", 6, |s| {
+        let mut rng = ChaCha8Rng::seed_from_u64(s);
+        let dev = Arc::new(MemoryDevice::new(24 << 20));
+        let kept = MkfsOptions {
+            kept_pages: 1,
+            ..mkfs()
+        };
+        let lld = Lld::create(dev.clone(), &kept, opts()).unwrap();
+        assert_eq!(lld.kept_capacity(), 4096 / 48);
+        let a = lld.create_list(None, ListHints::default()).unwrap();
+        // Small blocks: 2000 entries, 16 leaves in each tree.
+        let mut model = Blocks::new();
+        let small = |rng: &mut ChaCha8Rng, i: u64| {
+            let mut d = vec![rng.gen::<u8>(); 64];
+            d[..8].copy_from_slice(&i.to_le_bytes());
+            d
+        };
+        for i in 0..2000 {
+            let d = small(&mut rng, i);
+            lld.write(None, a, i, &d).unwrap();
+            model.insert(i, d);
+        }
+        const TAKES: u64 = 40;
+        const WINDOW: u64 = 8;
+        let mut moments = Vec::new();
+        for t in 0..TAKES {
+            for _ in 0..3 {
+                let i = rng.gen_range(0..2200);
+                if rng.gen_bool(0.2) {
+                    lld.delete(None, a, i).unwrap();
+                    model.remove(&i);
+                } else {
+                    let d = small(&mut rng, i);
+                    lld.write(None, a, i, &d).unwrap();
+                    model.insert(i, d);
+                }
+            }
+            let n = lld.take_protected(1_700_000_000 + t, WINDOW).unwrap();
+            moments.push((n, model.clone()));
+        }
+        let listed = lld.snapshots();
+        assert_eq!(listed.len(), TAKES as usize);
+        let pins: std::collections::BTreeSet<u32> = listed.iter().map(|s| s.pin).collect();
+        assert_eq!(
+            pins.len(),
+            (TAKES / WINDOW) as usize,
+            "one pin bit a window"
+        );
+        lld.close().unwrap();
+        drop(lld);
+        let lld = Lld::open(dev.clone(), opts()).unwrap();
+        let ids = |v: &[ldfs::lld::SnapshotInfo]| -> Vec<(u64, u64, u32, bool)> {
+            v.iter()
+                .map(|s| (s.number, s.time_secs, s.pin, s.protected))
+                .collect()
+        };
+        assert_eq!(
+            ids(&lld.snapshots()),
+            ids(&listed),
+            "the kept table survives reopening"
+        );
+        for (n, want) in &moments {
+            assert_eq!(
+                read_all(&reader(&dev, *n).unwrap(), a),
+                *want,
+                "checkpoint {n}"
+            );
+        }
+        let (problems, leaves) = lld.check_snapshots_counted(true).unwrap();
+        assert!(problems.is_empty(), "{problems:?}");
+        // At most 3 leaves change a take; one by one it would be 40 x 16+.
+        assert!(
+            leaves <= 17 + 3 * TAKES,
+            "fsck read {leaves} leaves for {TAKES} trees"
+        );
+        // The oldest generation: one record frees nothing (its bit stays on
+        // every segment), all of it takes the bit off every segment.
+        let oldest: Vec<u64> = listed
+            .iter()
+            .filter(|s| s.pin == listed[0].pin)
+            .map(|s| s.number)
+            .collect();
+        assert_eq!(oldest.len(), WINDOW as usize);
+        assert_eq!(lld.kept_bytes_of(&oldest[..1], false), 0);
+        let frees = lld.kept_bytes_of(&oldest, false);
+        let bit = 1u32 << listed[0].pin;
+        let carrying = |l: &Lld| {
+            l.segment_usage()
+                .iter()
+                .filter(|(_, u)| u.pins & bit != 0)
+                .count()
+        };
+        let pinned = carrying(&lld);
+        assert!(pinned > 0);
+        let history = lld.history_bytes();
+        lld.delete_kept(&oldest[..1]).unwrap();
+        assert_eq!(
+            lld.history_bytes(),
+            history,
+            "a generation frees with its last record"
+        );
+        lld.delete_kept(&oldest[1..]).unwrap();
+        assert!(
+            lld.history_bytes() <= history - frees,
+            "history {history} -> {} after freeing {frees}",
+            lld.history_bytes()
+        );
+        assert!(lld.snapshots().iter().all(|s| s.pin != listed[0].pin));
+        assert_eq!(carrying(&lld), 0, "the generation's bit is gone");
+        for (n, want) in &moments[WINDOW as usize..] {
+            assert_eq!(
+                read_all(&reader(&dev, *n).unwrap(), a),
+                *want,
+                "checkpoint {n}"
+            );
+        }
+        assert!(lld.check_snapshots(true).unwrap().is_empty());
+    });
+}
+
+/// An image without a kept table (the older format) keeps protected
+/// checkpoints as before: one pin bit each, whatever the window, at most
+/// 24 with the snapshots, and they read their moments after a reopen.
+#[test]
+fn without_a_kept_table_protected_checkpoints_keep_a_bit_each() {
+    with_seed("without_a_kept_table", 7, |s| {
+        let mut rng = ChaCha8Rng::seed_from_u64(s);
+        let dev = Arc::new(MemoryDevice::new(24 << 20));
+        let lld = Lld::create(dev.clone(), &mkfs(), opts()).unwrap();
+        assert_eq!(lld.kept_capacity(), 24);
+        let a = lld.create_list(None, ListHints::default()).unwrap();
+        let mut model = Blocks::new();
+        let mut moments = Vec::new();
+        for t in 0..4 {
+            fill(&lld, a, t * 10, 10, &mut rng, &mut model);
+            moments.push((lld.take_protected(100 + t, 1000).unwrap(), model.clone()));
+        }
+        lld.take_snapshot("s", 0).unwrap();
+        let pins: std::collections::BTreeSet<u32> = lld.snapshots().iter().map(|s| s.pin).collect();
+        assert_eq!(pins.len(), 5);
+        assert_eq!(lld.kept_capacity(), 23);
+        lld.close().unwrap();
+        drop(lld);
+        let lld = Lld::open(dev.clone(), opts()).unwrap();
+        assert_eq!(lld.snapshots().len(), 5);
+        for (n, want) in &moments {
+            assert_eq!(read_all(&reader(&dev, *n).unwrap(), a), *want);
+        }
+    });
 }

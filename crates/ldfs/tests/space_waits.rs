@@ -43,6 +43,7 @@ fn mkfs(segment_bytes: u64, max_block: u32, reserved: u32) -> MkfsOptions {
         reserved_segments: Some(reserved),
         fs_id: 0x7e15,
         max_bytes: None,
+        kept_pages: 0,
     }
 }
 

@@ -39,6 +39,7 @@ fn uploads_resume_after_the_gateway_restarts() {
         reserved_segments: Some(4),
         fs_id: 2022,
         max_bytes: None,
+        kept_pages: 0,
     };
     ldfs::lld::mkfs::mkfs(&*dev, &mk).unwrap();
     let seg = SegmentStore::start(

@@ -31,6 +31,7 @@ fn mkfs_opts() -> MkfsOptions {
         reserved_segments: Some(4),
         fs_id: 2020,
         max_bytes: None,
+        kept_pages: 0,
     }
 }
 
@@ -357,6 +358,7 @@ fn upload_throughput_against_the_gateways_put() {
         reserved_segments: Some(4),
         fs_id: 2021,
         max_bytes: None,
+        kept_pages: 0,
     };
     ldfs::lld::mkfs::mkfs(&*dev, &mk).unwrap();
     let seg = SegmentStore::start(s3.clone(), dev.clone(), fast_backoff()).unwrap();

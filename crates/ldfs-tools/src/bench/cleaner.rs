@@ -242,6 +242,7 @@ fn mkfs_for(b: &CleanerBench, max_block: u32) -> MkfsOptions {
         reserved_segments: None,
         fs_id: 0,
         max_bytes: None,
+        kept_pages: 0,
     }
 }
 

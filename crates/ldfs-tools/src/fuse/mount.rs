@@ -382,8 +382,7 @@ impl Daemon {
                 self.fs.write_atimes();
                 let n = loop {
                     let seen = self.history.given();
-                    if self.lld.snapshots().len() >= ldfs::lld::snapshot::MAX_SNAPSHOTS
-                        && self.history.give_back_to_snapshot(0, seen)
+                    if self.lld.snapshot_table_full() && self.history.give_back_to_snapshot(0, seen)
                     {
                         continue;
                     }
@@ -727,10 +726,31 @@ pub fn parse_duration(v: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(secs))
 }
 
-/// How many protected checkpoints `protect=` keeps over its span: one
-/// every span/8 (at least a commit interval apart). Each takes a pin bit,
-/// which snapshots share (24 in all).
-const PROTECT_KEPT: u64 = 8;
+/// Generations `protect=` divides its span into: the protected
+/// checkpoints of one window of span/8 share a pin bit (with a kept table;
+/// docs/DESIGN.md "Snapshots"), so at most 9 of the 24 bits are in use
+/// at once and snapshots keep the rest.
+const PROTECT_GENERATIONS: u64 = 8;
+
+/// How often and in which windows `protect=SPAN` keeps a checkpoint on an
+/// image that can keep `capacity` protected checkpoints: every commit
+/// interval, or further apart if the span would need more records than
+/// the image holds (a few spare for the expiry's slack); generations of
+/// span/8, never shorter than the interval. An image without a kept
+/// table (capacity at most 24) keeps one every span/8, as before.
+fn protect_schedule(span: Duration, commit_secs: u64, capacity: usize) -> (Duration, u64) {
+    let span = span.as_secs().max(1);
+    let records = if capacity <= ldfs::lld::snapshot::MAX_SNAPSHOTS {
+        // No kept table: a pin bit each, one every span/8 as before (a
+        // full table makes the oldest yield, whatever the snapshots hold).
+        PROTECT_GENERATIONS
+    } else {
+        (capacity as u64).saturating_sub(PROTECT_GENERATIONS + 2)
+    };
+    let every = commit_secs.max(1).max(span.div_ceil(records));
+    let window = span.div_ceil(PROTECT_GENERATIONS).max(every);
+    (Duration::from_secs(every), window)
+}
 
 /// Seconds since 1970 now.
 fn now_secs() -> u64 {
@@ -764,6 +784,33 @@ fn delete_kept(lld: &Lld, image: &Path, n: u64) -> Result<(), String> {
     })?;
     lld.delete_snapshot(n)
         .map_err(|e| format!("snapshot {n} not deleted: {e}"))
+}
+
+/// Deletes those of the kept checkpoints `numbers` no reader holds, in one
+/// checkpoint (a generation at once); those a reader has mounted stay.
+/// Returns the numbers deleted.
+fn delete_kept_many(lld: &Lld, image: &Path, numbers: &[u64]) -> Result<Vec<u64>, String> {
+    let f = File::options()
+        .read(true)
+        .write(true)
+        .open(image)
+        .map_err(|e| format!("{}: {e}", image.display()))?;
+    let mut locks = Vec::new();
+    for &n in numbers {
+        let c = f
+            .try_clone()
+            .map_err(|e| format!("{}: {e}", image.display()))?;
+        if let Ok(l) = ldfs::lld::SnapshotLock::exclusive(c, n) {
+            locks.push(l);
+        }
+    }
+    let free: Vec<u64> = locks.iter().map(|l| l.number()).collect();
+    if free.is_empty() {
+        return Ok(free);
+    }
+    lld.delete_kept(&free)
+        .map_err(|e| format!("kept checkpoints not deleted: {e}"))?;
+    Ok(free)
 }
 
 /// The protected checkpoints of a live mount, giving space back to
@@ -844,26 +891,47 @@ impl GiveBack for ProtectedHistory {
     }
 }
 
-/// Space is short: deletes the oldest protected checkpoint no one has
-/// mounted, saying so in the log (syslog for a background daemon). True if
-/// one was deleted. Snapshots never yield.
+/// Space is short: deletes the oldest generation of protected
+/// checkpoints (those sharing the oldest one's pin bit: deleting fewer
+/// frees nothing) that no one has mounted, saying so in the log (syslog
+/// for a background daemon). True if any were deleted. Snapshots never
+/// yield.
 fn yield_protected(lld: &Lld, image: &Path) -> bool {
-    for s in lld.snapshots().iter().filter(|s| s.protected) {
-        if delete_kept(lld, image, s.number).is_ok() {
-            eprintln!(
-                "ldfs: space is short: deleted protected checkpoint {} (of {}) to make room",
-                s.number,
-                crate::cli::checkpoints::time_text(s.time_secs)
-            );
-            return true;
+    let listed = lld.snapshots();
+    let mut tried = 0u32;
+    for s in listed.iter().filter(|s| s.protected) {
+        if tried & 1 << s.pin != 0 {
+            continue;
+        }
+        tried |= 1 << s.pin;
+        let gen: Vec<&ldfs::lld::SnapshotInfo> = listed
+            .iter()
+            .filter(|o| o.protected && o.pin == s.pin)
+            .collect();
+        let numbers: Vec<u64> = gen.iter().map(|o| o.number).collect();
+        match delete_kept_many(lld, image, &numbers) {
+            Ok(gone) if !gone.is_empty() => {
+                let last = gen.last().map_or(s.time_secs, |o| o.time_secs);
+                eprintln!(
+                    "ldfs: space is short: deleted {} protected checkpoint(s) {}..{} (of {} to {}) to make room",
+                    gone.len(),
+                    gone[0],
+                    gone[gone.len() - 1],
+                    crate::cli::checkpoints::time_text(s.time_secs),
+                    crate::cli::checkpoints::time_text(last)
+                );
+                return true;
+            }
+            _ => {}
         }
     }
     false
 }
 
 /// `protect=`: every `every` takes a protected checkpoint if anything was
-/// written since the last, and deletes those older than `keep` (plus one
-/// interval, so the state of `keep` ago is still there). Stops with `stop`.
+/// written since the last (in generations of `window` seconds, which share
+/// a pin bit), and deletes those older than `keep` (plus one interval, so
+/// the state of `keep` ago is still there). Stops with `stop`.
 /// Paused while the mount is read-only (`remount,ro`: a shutdown expects
 /// no more writes).
 fn protect_loop(
@@ -872,6 +940,7 @@ fn protect_loop(
     image: PathBuf,
     keep: Duration,
     every: Duration,
+    window: u64,
     stop: &AtomicBool,
 ) {
     let tick = Duration::from_millis(100);
@@ -891,17 +960,21 @@ fn protect_loop(
         }
         let now = now_secs();
         let oldest_kept = now.saturating_sub(keep.as_secs() + every.as_secs());
-        for s in lld.snapshots() {
-            if s.protected && s.time_secs < oldest_kept {
-                // A mounted one stays until it is unmounted.
-                let _ = delete_kept(&lld, &image, s.number);
-            }
+        let expired: Vec<u64> = lld
+            .snapshots()
+            .iter()
+            .filter(|s| s.protected && s.time_secs < oldest_kept)
+            .map(|s| s.number)
+            .collect();
+        // In one checkpoint; a mounted one stays until it is unmounted.
+        if let Err(e) = delete_kept_many(&lld, &image, &expired) {
+            eprintln!("ldfs: protect: {e}");
         }
         let user = lld.write_totals().0;
         if written == Some(user) {
             continue;
         }
-        match lld.take_protected(now) {
+        match lld.take_protected(now, window) {
             Ok(_) => {
                 written = Some(user);
                 said = false;
@@ -1711,9 +1784,8 @@ pub fn run(
     };
     let protector = opts.protect.map(|keep| {
         let (lld, fs, image, stop) = (lld.clone(), fs.clone(), canon_image.clone(), stop.clone());
-        let every =
-            Duration::from_secs(opts.commit_secs.max(keep.as_secs().div_ceil(PROTECT_KEPT)));
-        std::thread::spawn(move || protect_loop(lld, fs, image, keep, every, &stop))
+        let (every, window) = protect_schedule(keep, opts.commit_secs, lld.kept_capacity());
+        std::thread::spawn(move || protect_loop(lld, fs, image, keep, every, window, &stop))
     });
     if let Some(announce) = announce {
         announce();
@@ -2380,7 +2452,7 @@ mod tests {
                 lld.write(None, l, b, &[i as u8 + 1; 4096]).unwrap();
             }
             lld.checkpoint_now().unwrap();
-            lld.take_protected(1_700_000_000 + i as u64).unwrap();
+            lld.take_protected(1_700_000_000 + i as u64, 0).unwrap();
             lld.delete_list(None, l).unwrap();
         }
         lld.checkpoint_now().unwrap();
@@ -2402,6 +2474,12 @@ mod tests {
 
     /// An engine on a fresh 32 MiB image file.
     fn engine() -> (tempfile::TempDir, PathBuf, Arc<Lld>) {
+        engine_kept(0)
+    }
+
+    /// An engine on a fresh 32 MiB image file with `kept_pages` of kept
+    /// table per slot.
+    fn engine_kept(kept_pages: u32) -> (tempfile::TempDir, PathBuf, Arc<Lld>) {
         let t = tempfile::tempdir().unwrap();
         let image = t.path().join("p.img");
         let dev = FileDevice::create(&image, 32 << 20, FileDeviceOptions::default()).unwrap();
@@ -2411,9 +2489,58 @@ mod tests {
             reserved_segments: Some(8),
             fs_id: 0x9e5,
             max_bytes: None,
+            kept_pages,
         };
         let lld = Arc::new(Lld::create(Arc::new(dev), &mk, LldOptions::default()).unwrap());
         (t, image, lld)
+    }
+
+    /// With a kept table, space running short deletes the oldest
+    /// generation whole (its records share a pin bit: fewer would free
+    /// nothing), in one deletion, and the newer generation stays.
+    #[test]
+    fn a_yield_deletes_the_oldest_generation_whole() {
+        use ldfs::ld::ListHints;
+        let (_t, image, lld) = engine_kept(1);
+        for i in 0..6u64 {
+            let l = lld.create_list(None, ListHints::default()).unwrap();
+            for b in 0..16 {
+                lld.write(None, l, b, &[i as u8 + 1; 4096]).unwrap();
+            }
+            // Windows of 3 s: checkpoints 0..3 and 3..6 are two generations.
+            lld.take_protected(1_700_000_001 + i, 3).unwrap();
+            lld.delete_list(None, l).unwrap();
+        }
+        lld.checkpoint_now().unwrap();
+        let before = lld.snapshots();
+        let pins: Vec<u32> = before.iter().map(|s| s.pin).collect();
+        assert_eq!(pins[..3], [pins[0]; 3]);
+        assert_eq!(pins[3..], [pins[3]; 3]);
+        assert_ne!(pins[0], pins[3]);
+        let h = ProtectedHistory::new(lld.clone(), image);
+        let seen = h.given();
+        assert!(h.give_back(4096, seen));
+        assert_eq!(h.given(), seen + 1, "one deletion");
+        let left: Vec<u64> = lld.snapshots().iter().map(|s| s.number).collect();
+        let newer: Vec<u64> = before[3..].iter().map(|s| s.number).collect();
+        assert_eq!(left, newer, "the oldest generation went whole");
+    }
+
+    /// Every commit interval on an image with a kept table, spaced out when
+    /// the span needs more records than it holds; span/8 without one.
+    #[test]
+    fn protect_schedules_by_the_commit_interval_and_the_table() {
+        let h = Duration::from_secs(3600);
+        let secs = |(d, w): (Duration, u64)| (d.as_secs(), w);
+        assert_eq!(secs(protect_schedule(h, 5, 1365)), (5, 450));
+        assert_eq!(secs(protect_schedule(h, 5, 24)), (450, 450));
+        // 20 snapshots leave 4 bits: still span/8 without a table.
+        assert_eq!(secs(protect_schedule(h, 5, 4)), (450, 450));
+        assert_eq!(secs(protect_schedule(24 * h, 5, 1365)), (64, 10_800));
+        assert_eq!(
+            secs(protect_schedule(Duration::from_secs(8), 5, 1365)),
+            (5, 5)
+        );
     }
 
     /// Review 22, finding 3: a request short of more than all protected
@@ -2524,7 +2651,7 @@ mod tests {
             .ino;
         fs.write(f, 0, &[1; 256 << 10]).unwrap();
         lld.checkpoint_now().unwrap();
-        lld.take_protected(1_700_000_000).unwrap();
+        lld.take_protected(1_700_000_000, 0).unwrap();
         fs.unlink(ldfs::fs::ROOT_INO, b"f").unwrap();
         for i in 0..ldfs::lld::snapshot::MAX_SNAPSHOTS - 1 {
             lld.take_snapshot(&format!("s{i}"), 0).unwrap();

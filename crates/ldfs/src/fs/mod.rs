@@ -2967,6 +2967,7 @@ mod tests {
             reserved_segments: Some(4),
             fs_id: 5,
             max_bytes: None,
+            kept_pages: 0,
         };
         let lld = Lld::create(dev, &mkfs, LldOptions::default()).unwrap();
         Fs::format(&lld, ROOT).unwrap();
@@ -2987,6 +2988,7 @@ mod tests {
             reserved_segments: Some(4),
             fs_id: 5,
             max_bytes: None,
+            kept_pages: 0,
         };
         let lld = Lld::create(dev, &mkfs, LldOptions::default()).unwrap();
         let clock = Arc::new(AtomicI64::new(1_000_000));

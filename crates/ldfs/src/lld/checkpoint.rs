@@ -98,7 +98,7 @@ pub fn encode(
     put_u64(&mut b, C_NEXT_LIST, h.next_list);
     put_u64(&mut b, C_USER_BYTES, h.user_bytes);
     put_u64(&mut b, C_MOVED_BYTES, h.moved_bytes);
-    snapshot::encode_table(&mut b, &h.snapshots, h.serial);
+    snapshot::encode_table(&mut b, &h.snapshots, h.serial, g.kept_pages);
     // Only kept snapshots' bits may pin segments (a stray bit would hold
     // its segments for ever).
     let kept = h.snapshots.iter().fold(0u32, |m, s| m | 1 << s.pin);
@@ -109,6 +109,19 @@ pub fn encode(
     );
     usage.encode(released, &mut b);
     b.resize(pages * PAGE_BYTES, 0);
+    if g.kept_table() {
+        // The kept table follows the usage table; the slot names (and its
+        // crc covers) exactly the pages it fills.
+        let table = snapshot::encode_kept(&mut b[..PAGE_BYTES], &h.snapshots);
+        b.extend_from_slice(&table);
+        let all = pages + snapshot::kept_pages_for(table.len() / snapshot::KEPT_RECORD_BYTES);
+        assert!(
+            all <= g.checkpoint_pages as usize,
+            "kept table past the slot"
+        );
+        b.resize(all * PAGE_BYTES, 0);
+        put_u32(&mut b, C_PAGES, all as u32);
+    }
     let crc = crc_with_hole(&b, C_CRC);
     put_u32(&mut b, C_CRC, crc);
     b
@@ -121,7 +134,7 @@ pub fn encode(
 ///
 /// [`INCOMPAT_RESIZE`]: super::layout::INCOMPAT_RESIZE
 pub fn slot_pages_for(g: &Geometry) -> usize {
-    if g.resizable() {
+    if g.named_slot() {
         checkpoint_pages_for(g.segment_count) as usize
     } else {
         g.checkpoint_pages as usize
@@ -133,7 +146,7 @@ pub fn slot_pages_for(g: &Geometry) -> usize {
 /// (the decode then fails on its length or crc). Untrusted bytes, bounded.
 pub fn slot_pages_named(g: &Geometry, header: &[u8]) -> usize {
     let named = get_u32(header, C_PAGES);
-    if g.resizable() && (2..=g.checkpoint_pages).contains(&named) {
+    if g.named_slot() && (2..=g.checkpoint_pages).contains(&named) {
         named as usize
     } else {
         g.checkpoint_pages as usize
@@ -161,7 +174,7 @@ pub fn decode(
     if len > whole
         || len < PAGE_BYTES
         || !len.is_multiple_of(PAGE_BYTES)
-        || (!g.resizable() && len != whole)
+        || (!g.named_slot() && len != whole)
     {
         return Err(bad(CorruptReason::OutOfBounds {
             field: "length",
@@ -205,7 +218,7 @@ pub fn decode(
         get_u32(b, C_PAGES) as u64,
         g.checkpoint_pages as u64 + 1,
     )?;
-    if g.resizable() && pages as usize * PAGE_BYTES != len {
+    if g.named_slot() && pages as usize * PAGE_BYTES != len {
         return Err(bad(CorruptReason::Inconsistent(format!(
             "slot names {pages} pages, {} read",
             len / PAGE_BYTES
@@ -278,9 +291,45 @@ pub fn decode(
     }
     let counter = |field: &'static str, at: usize| check(field, get_u64(b, at), MAX_COUNTER);
     let serial = counter("serial", C_SERIAL)?;
-    let snapshots = snapshot::decode_table(b, offset, serial, |addr| {
-        g.segment_of(addr).is_some() && addr.is_multiple_of(PAGE_BYTES as u64)
-    })?;
+    let root_ok =
+        |addr: u64| g.segment_of(addr).is_some() && addr.is_multiple_of(PAGE_BYTES as u64);
+    let mut snapshots = snapshot::decode_table(b, offset, serial, g.kept_table(), root_ok)?;
+    let kept_count = get_u32(b, snapshot::KEPT_COUNT_AT) as usize;
+    if g.kept_table() {
+        let capacity = snapshot::kept_capacity(g.kept_pages);
+        if kept_count > capacity {
+            return Err(bad(CorruptReason::OutOfBounds {
+                field: "kept-table count",
+                value: kept_count as u64,
+                limit: capacity as u64 + 1,
+            }));
+        }
+        let at = checkpoint_pages_for(count) as usize * PAGE_BYTES;
+        let want = at + snapshot::kept_pages_for(kept_count) * PAGE_BYTES;
+        if want != len {
+            return Err(bad(CorruptReason::Inconsistent(format!(
+                "{kept_count} kept-table records need {} pages, the slot names {}",
+                want / PAGE_BYTES,
+                len / PAGE_BYTES
+            ))));
+        }
+        let kept =
+            snapshot::decode_kept(&b[at..], kept_count, offset + at as u64, serial, root_ok)?;
+        snapshots.extend(kept);
+        snapshots.sort_by_key(|s| s.number);
+        if snapshots.windows(2).any(|w| w[0].number == w[1].number) {
+            return Err(bad(CorruptReason::Inconsistent(
+                "a number in both the snapshot and the kept-checkpoint table".into(),
+            )));
+        }
+    } else if kept_count != 0 || get_u32(b, snapshot::KEPT_COUNT_AT + 4) != 0 {
+        return Err(bad(CorruptReason::Inconsistent(format!(
+            "{kept_count} kept-table records in a slot without a kept table"
+        ))));
+    }
+    if let Err(why) = snapshot::pins_ok(&snapshots, g.kept_table()) {
+        return Err(bad(CorruptReason::Inconsistent(why)));
+    }
     let kept = snapshots.iter().fold(0u32, |m, s| m | 1 << s.pin);
     if (version == CHECKPOINT_VERSION) != snapshots.is_empty() || usage.pin_mask() & !kept != 0 {
         return Err(bad(CorruptReason::Inconsistent(format!(
@@ -422,6 +471,73 @@ mod tests {
         let crc = crc_with_hole(&bad, C_CRC);
         put_u32(&mut bad, C_CRC, crc);
         assert!(decode(&g, &bad, 0).is_err(), "a pin bit of no snapshot");
+    }
+
+    /// With a kept table the protected checkpoints' records follow the
+    /// usage table (a generation sharing a pin bit), the slot names and
+    /// covers exactly those pages, and a bit shared with a snapshot or a
+    /// flipped byte anywhere is refused.
+    #[test]
+    fn a_kept_table_roundtrips_after_the_usage_table() {
+        let (g0, mut h, mut usage) = sample();
+        let g = Geometry::plan(
+            16 << 20,
+            &MkfsOptions {
+                segment_bytes: 64 << 10,
+                max_block_bytes: 16 << 10,
+                fs_id: 9,
+                kept_pages: 2,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(g.segment_count, g0.segment_count);
+        assert!(g.kept_table() && g.named_slot());
+        assert_eq!(g.checkpoint_pages, g0.checkpoint_pages + 2);
+        usage.pin_live(1);
+        usage.pin_live(4);
+        h.serial = 200;
+        let rec = |number: u64, pin: u32, protected: bool| SnapshotRecord {
+            number,
+            time_secs: 1000 + number,
+            map_root: h.map_root,
+            next_list: 11,
+            pin,
+            name: if protected { String::new() } else { "s".into() },
+            protected,
+        };
+        h.snapshots = vec![rec(3, 4, false)];
+        // 100 records: two pages of the table (85 a page).
+        h.snapshots.extend((10..110).map(|n| rec(n, 1, true)));
+        let b = encode(&g, &h, &usage, &[]);
+        assert_eq!(
+            b.len(),
+            (checkpoint_pages_for(g.segment_count) as usize + 2) * PAGE_BYTES
+        );
+        let (h2, _) = decode(&g, &b, 0).unwrap();
+        assert_eq!(h2, h);
+        // Fewer records, fewer pages.
+        h.snapshots.truncate(2);
+        let b1 = encode(&g, &h, &usage, &[]);
+        assert_eq!(
+            b1.len(),
+            (checkpoint_pages_for(g.segment_count) as usize + 1) * PAGE_BYTES
+        );
+        assert_eq!(decode(&g, &b1, 0).unwrap().0, h);
+        for i in 0..b1.len() {
+            let mut c = b1.clone();
+            c[i] ^= 0x40;
+            assert!(decode(&g, &c, 0).is_err(), "byte {i}");
+        }
+        // A protected record on the snapshot's bit, crc made right: refused.
+        let mut c = b1.clone();
+        let at = checkpoint_pages_for(g.segment_count) as usize * PAGE_BYTES;
+        c[at + 29] = 4;
+        let crc = crc_with_hole(&c, C_CRC);
+        put_u32(&mut c, C_CRC, crc);
+        assert!(decode(&g, &c, 0).is_err(), "a snapshot's bit shared");
+        // Without the flag the same table is corrupt.
+        assert!(decode(&g0, &b1, 0).is_err());
     }
 
     #[test]

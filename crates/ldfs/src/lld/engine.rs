@@ -44,7 +44,7 @@
 //!   (`capacity_bytes`); within it, a write short of clean segments waits
 //!   for the cleaner instead of failing.
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -56,7 +56,7 @@ use super::cleaner::policy::UsageSnapshot;
 use super::cleaner::{Background, CleanerOptions, CleanerState, LogClock, SpaceWait};
 use super::flight::{Flight, Writer};
 use super::layout::Geometry;
-use super::map::{DirtySet, Map, MapRoot, PageReader};
+use super::map::{DirtySet, Map, MapRoot, PageReader, SharedPages};
 use super::mkfs;
 use super::recovery;
 use super::snapshot::{self, SnapshotInfo, SnapshotRecord, MAX_SNAPSHOTS};
@@ -332,8 +332,12 @@ enum SnapChange {
         name: String,
         time_secs: u64,
         protected: bool,
+        /// A protected checkpoint's generation window (seconds; 0 = none):
+        /// see `Engine::take_protected`.
+        window_secs: u64,
     },
-    Delete(u64),
+    /// Kept checkpoints deleted in one checkpoint (a generation at once).
+    Delete(Vec<u64>),
 }
 
 /// The engine's state and logic. [`Lld`] owns one behind an `Arc`, so the
@@ -2040,12 +2044,25 @@ impl Engine {
                 name,
                 time_secs,
                 protected,
+                window_secs,
             }) => {
-                let used = g.snapshots.iter().fold(0u32, |m, s| m | 1 << s.pin);
-                let pin = (0..PIN_BITS)
-                    .find(|b| used & (1 << b) == 0)
-                    .expect("snapshot count checked before the checkpoint");
-                g.usage.pin_live(pin);
+                let shared = protected && self.geo().kept_table();
+                let pin = match generation_pin(&g.snapshots, shared, time_secs, window_secs) {
+                    Some(bit) => {
+                        // The generation's bit goes onto the segments this
+                        // tree needs that it does not have yet.
+                        g.usage.pin_live_shared(bit);
+                        bit
+                    }
+                    None => {
+                        let used = g.snapshots.iter().fold(0u32, |m, s| m | 1 << s.pin);
+                        let pin = (0..PIN_BITS)
+                            .find(|b| used & (1 << b) == 0)
+                            .expect("a free pin bit checked before the checkpoint");
+                        g.usage.pin_live(pin);
+                        pin
+                    }
+                };
                 g.snapshots.push(SnapshotRecord {
                     number: g.serial + 1,
                     time_secs,
@@ -2056,17 +2073,30 @@ impl Engine {
                     protected,
                 });
             }
-            Some(SnapChange::Delete(number)) => {
-                let i = g
+            Some(SnapChange::Delete(numbers)) => {
+                let before = g.snapshots.len();
+                let gone_pins = g
                     .snapshots
                     .iter()
-                    .position(|s| s.number == number)
-                    .expect("snapshot checked before the checkpoint");
-                let gone = g.snapshots.remove(i);
+                    .filter(|s| numbers.contains(&s.number))
+                    .fold(0u32, |m, s| m | 1 << s.pin);
+                g.snapshots.retain(|s| !numbers.contains(&s.number));
+                assert_eq!(
+                    before - g.snapshots.len(),
+                    numbers.len(),
+                    "snapshots checked before the checkpoint"
+                );
                 self.kept_deleted.fetch_add(1, Ordering::Release);
-                // Segments it alone pinned and the live tree left empty are
-                // released by this very checkpoint, once durable (inv. 7).
-                g.usage.unpin(gone.pin);
+                // A bit goes when no record is left with it (a generation's
+                // last); segments only such bits pinned and the live tree
+                // left empty are released by this very checkpoint, once
+                // durable (inv. 7).
+                let kept = g.snapshots.iter().fold(0u32, |m, s| m | 1 << s.pin);
+                for b in 0..PIN_BITS {
+                    if gone_pins & !kept & (1 << b) != 0 {
+                        g.usage.unpin(b);
+                    }
+                }
             }
         }
         let released = g.usage.releasable();
@@ -4102,30 +4132,89 @@ impl Engine {
     /// name or when `MAX_SNAPSHOTS` are kept, with `NoSpace` if live data
     /// and what history would hold then no longer fit the capacity.
     pub fn take_snapshot(&self, name: &str, time_secs: u64) -> LdResult<u64> {
-        self.take_kept(name, time_secs, false)
+        self.take_kept(name, time_secs, false, 0)
     }
 
     /// Takes a protected checkpoint (`protect=`): kept and read as a
     /// snapshot, but what only protected checkpoints hold counts as
     /// available in `space()`, since they are deleted, oldest first, when
-    /// space runs short (by the caller: the engine reads no clock).
-    pub fn take_protected(&self, time_secs: u64) -> LdResult<u64> {
-        self.take_kept("", time_secs, true)
+    /// space runs short (by the caller: the engine reads no clock). On an
+    /// image with a kept table, protected checkpoints whose `time_secs`
+    /// fall in the same window of `window_secs` (`time / window` equal) form
+    /// a generation sharing one pin bit (docs/DESIGN.md "Snapshots"), as do
+    /// all of them when no bit is free; `window_secs` 0 gives each its own
+    /// bit, as on an image without a kept table, where the window is
+    /// ignored.
+    pub fn take_protected(&self, time_secs: u64, window_secs: u64) -> LdResult<u64> {
+        self.take_kept("", time_secs, true, window_secs)
     }
 
-    fn take_kept(&self, name: &str, time_secs: u64, protected: bool) -> LdResult<u64> {
+    /// How many protected checkpoints this image can keep: its kept table's
+    /// records, or without one the pin bits no snapshot takes.
+    pub fn kept_capacity(&self) -> usize {
+        let geo = self.geo();
+        if geo.kept_table() {
+            snapshot::kept_capacity(geo.kept_pages)
+        } else {
+            let g = self.lock();
+            MAX_SNAPSHOTS - g.snapshots.iter().filter(|s| !s.protected).count()
+        }
+    }
+
+    /// Whether a snapshot (not protected) taken now would find no room in
+    /// the table or no pin bit: the protected checkpoints must yield one
+    /// (the oldest generation) first.
+    pub fn snapshot_table_full(&self) -> bool {
+        let g = self.lock();
+        self.table_refusal(&g, false, 0, 0).is_some()
+    }
+
+    /// Why a kept checkpoint of this kind cannot be added to the table now
+    /// (no record room, no pin bit), if it cannot.
+    fn table_refusal(&self, g: &Inner, protected: bool, time: u64, window: u64) -> Option<String> {
+        let geo = self.geo();
+        let in_header = g
+            .snapshots
+            .iter()
+            .filter(|s| !geo.kept_table() || !s.protected)
+            .count();
+        if protected && geo.kept_table() {
+            let capacity = snapshot::kept_capacity(geo.kept_pages);
+            if g.snapshots.len() - in_header >= capacity {
+                return Some(format!(
+                    "{capacity} protected checkpoints are kept already (the kept table is full)"
+                ));
+            }
+        } else if in_header >= MAX_SNAPSHOTS {
+            return Some(format!(
+                "{MAX_SNAPSHOTS} snapshots are kept already: delete one first"
+            ));
+        }
+        let used = g.snapshots.iter().fold(0u32, |m, s| m | 1 << s.pin);
+        let free = used.count_ones() < PIN_BITS;
+        if !free
+            && generation_pin(&g.snapshots, protected && geo.kept_table(), time, window).is_none()
+        {
+            return Some(format!(
+                "all {PIN_BITS} pin bits are taken: delete a snapshot first"
+            ));
+        }
+        None
+    }
+
+    fn take_kept(&self, name: &str, time_secs: u64, protected: bool, window: u64) -> LdResult<u64> {
         snapshot::check_name(name).map_err(LdError::InvalidArgument)?;
         let name = name.to_string();
         let serial = self.checkpoint_quiet_with(SNAPSHOT_ARU_WAIT, &mut |e, g| {
-            if g.snapshots.len() >= MAX_SNAPSHOTS {
-                return Err(LdError::InvalidArgument(format!(
-                    "{MAX_SNAPSHOTS} snapshots are kept already: delete one first"
-                )));
+            if let Some(why) = e.table_refusal(g, protected, time_secs, window) {
+                return Err(LdError::InvalidArgument(why));
             }
+            let window_secs = if e.geo().kept_table() { window } else { 0 };
             // What the new pin would add to history: the dead space of
-            // every unpinned segment holding live bytes (the checkpoint's
-            // map pages change it by a few pages; this is a policy bound,
-            // admission stays exact either way).
+            // every segment holding live bytes that the bit it takes does
+            // not pin yet (the checkpoint's map pages change it by a few
+            // pages; this is a policy bound, admission stays exact either
+            // way).
             let seg = e.geo().segment_bytes();
             let added: u64 = g
                 .usage
@@ -4146,6 +4235,7 @@ impl Engine {
                 name: name.clone(),
                 time_secs,
                 protected,
+                window_secs,
             }))
         })?;
         serial.ok_or_else(|| {
@@ -4158,13 +4248,29 @@ impl Engine {
     /// that checkpoint). A snapshot opened elsewhere must be locked out by
     /// the caller first (`SnapshotLock::exclusive`).
     pub fn delete_snapshot(&self, number: u64) -> LdResult<()> {
+        self.delete_kept(&[number])
+    }
+
+    /// Deletes the kept checkpoints `numbers` (snapshots or protected ones)
+    /// in one checkpoint, as `delete_snapshot`: a generation's records go
+    /// together, and its pin bit with the last of them.
+    pub fn delete_kept(&self, numbers: &[u64]) -> LdResult<()> {
+        let mut numbers = numbers.to_vec();
+        numbers.sort_unstable();
+        numbers.dedup();
+        if numbers.is_empty() {
+            return Ok(());
+        }
         let done = self.checkpoint_quiet_with(SNAPSHOT_ARU_WAIT, &mut |_, g| {
-            if !g.snapshots.iter().any(|s| s.number == number) {
+            if let Some(n) = numbers
+                .iter()
+                .find(|&&n| !g.snapshots.iter().any(|s| s.number == n))
+            {
                 return Err(LdError::InvalidArgument(format!(
-                    "snapshot {number} does not exist"
+                    "snapshot {n} does not exist"
                 )));
             }
-            Ok(Some(SnapChange::Delete(number)))
+            Ok(Some(SnapChange::Delete(numbers.clone())))
         })?;
         done.map(|_| ()).ok_or_else(|| {
             LdError::InvalidArgument("ARUs stayed open: the snapshot was not deleted".into())
@@ -4181,7 +4287,13 @@ impl Engine {
                 time_secs: s.time_secs,
                 name: s.name.clone(),
                 entries: s.map_root.map_or(0, |r| r.2),
-                held_alone_bytes: g.usage.held_only_by(s.pin),
+                // A generation's bit frees only with its last record.
+                held_alone_bytes: if g.snapshots.iter().filter(|o| o.pin == s.pin).count() == 1 {
+                    g.usage.held_only_by(s.pin)
+                } else {
+                    0
+                },
+                pin: s.pin,
                 protected: s.protected,
             })
             .collect()
@@ -4227,11 +4339,16 @@ impl Engine {
     /// does not shrink the snapshot's need).
     pub fn kept_bytes_of(&self, numbers: &[u64], empty_only: bool) -> u64 {
         let g = self.lock();
-        let mask = g
-            .snapshots
-            .iter()
-            .filter(|s| numbers.contains(&s.number))
-            .fold(0u32, |m, s| m | 1 << s.pin);
+        // Bits whose every record is among `numbers`: a generation frees
+        // nothing while one of its records stays.
+        let (gone, stay) = g.snapshots.iter().fold((0u32, 0u32), |(a, b), s| {
+            if numbers.contains(&s.number) {
+                (a | 1 << s.pin, b)
+            } else {
+                (a, b | 1 << s.pin)
+            }
+        });
+        let mask = gone & !stay;
         match (mask, empty_only) {
             (0, _) => 0,
             (m, false) => g.usage.held_only_within(m),
@@ -4249,79 +4366,108 @@ impl Engine {
     /// against its crc) and checks that every page and block it names lies
     /// in a segment carrying its pin bit, and with `data`, reads every
     /// block against its crc. Returns the problems found, per snapshot.
+    /// Kept trees share most pages (a generation of protected checkpoints
+    /// differs by what a commit interval changed): each page and block is
+    /// read once for all of them (`SharedPages`), and a damaged one is
+    /// reported for every tree that reaches it.
     pub fn check_snapshots(&self, data: bool) -> LdResult<Vec<(u64, String)>> {
+        Ok(self.check_snapshots_counted(data)?.0)
+    }
+
+    /// `check_snapshots`, also returning how many leaf pages it read.
+    pub fn check_snapshots_counted(&self, data: bool) -> LdResult<(Vec<(u64, String)>, u64)> {
         let (table, pins) = {
             let g = self.lock();
             let pins: Vec<u32> = g.usage.iter().map(|(_, u)| u.pins).collect();
             (g.snapshots.clone(), pins)
         };
         let geo = self.geo();
-        let mut out = Vec::new();
-        for s in &table {
-            let bit = 1u32 << s.pin;
-            let held = |addr: u64| {
-                geo.segment_of(addr)
-                    .is_some_and(|g| pins[g.0 as usize] & bit != 0)
-            };
-            let root = s.map_root.map(|(ptr, height, entries)| MapRoot {
+        let held = |addr: u64, mask: u32| {
+            geo.segment_of(addr)
+                .is_some_and(|g| pins[g.0 as usize] & mask == mask)
+        };
+        let r = DevPages {
+            dev: &*self.dev,
+            flight: None,
+        };
+        let root_of = |s: &SnapshotRecord| {
+            s.map_root.map(|(ptr, height, entries)| MapRoot {
                 ptr,
                 height,
                 entries,
-            });
-            let r = DevPages {
-                dev: &*self.dev,
-                flight: None,
-            };
-            let mut map = match Map::open(geo.fs_id, 4 << 20, root, &r) {
-                Ok(m) => m,
-                Err(LdError::Corrupt(c)) => {
-                    out.push((s.number, format!("map: {c}")));
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            let mut problems = Vec::new();
-            map.for_each_page(&mut |p| {
-                if !held(p.addr) {
-                    problems.push(format!(
-                        "map page at byte {} is in no pinned segment",
-                        p.addr
-                    ));
-                }
-            });
-            let mut blocks = Vec::new();
-            let walked = map.range(Key::MIN, Key::MAX, &r, &mut |k, e| {
-                if e.is_buffered() || e.device() != 0 || !held(e.offset()) {
-                    problems.push(format!("{k:?} at {e:?} is in no pinned segment"));
-                } else if data {
-                    blocks.push((k, *e));
-                }
-                problems.len() < 64
-            });
-            if let Err(e) = walked {
-                match e {
-                    LdError::Corrupt(c) => problems.push(format!("map: {c}")),
-                    e => return Err(e),
+            })
+        };
+        let mut shared = SharedPages::new(geo.fs_id);
+        // Problems found while adding a tree are that tree's; a page or
+        // block found bad afterwards is reported for every tree reaching it.
+        let mut out = Vec::new();
+        for s in &table {
+            if let Some(root) = root_of(s) {
+                for (_, why) in shared.add_tree(root, 1 << s.pin, &r)? {
+                    out.push((s.number, why));
                 }
             }
-            for (k, e) in blocks {
-                let mut b = vec![0u8; e.len as usize];
-                self.dev.read_at(&mut b, e.offset())?;
-                let got = crc32c::crc32c(&b);
-                if got != e.crc {
-                    problems.push(format!("{k:?}: block at byte {} fails its crc", e.offset()));
-                }
-            }
-            problems.truncate(64);
-            out.extend(problems.into_iter().map(|p| (s.number, p)));
         }
-        Ok(out)
+        let mut bad: FxHashMap<u64, String> = FxHashMap::default();
+        shared.for_each_page(&mut |p, mask| {
+            if !held(p.addr, mask) {
+                bad.entry(p.addr).or_insert(format!(
+                    "map page at byte {} is in no segment its pin bits {mask:#x} hold",
+                    p.addr
+                ));
+            }
+        });
+        let mut blocks: Vec<(u64, Key, MapEntry)> = Vec::new();
+        let mut seen_blocks = FxHashSet::default();
+        let unread = shared.for_each_leaf(&r, &mut |leaf, mask, entries| {
+            for (k, e) in entries {
+                if e.is_buffered() || e.device() != 0 || !held(e.offset(), mask) {
+                    bad.entry(leaf.addr).or_insert(format!(
+                        "{k:?} at {e:?} is in no segment its pin bits {mask:#x} hold"
+                    ));
+                } else if data && seen_blocks.insert(e.offset()) {
+                    blocks.push((leaf.addr, *k, *e));
+                }
+            }
+        })?;
+        bad.extend(unread);
+        for (leaf, k, e) in blocks {
+            let mut b = vec![0u8; e.len as usize];
+            self.dev.read_at(&mut b, e.offset())?;
+            let got = crc32c::crc32c(&b);
+            if got != e.crc {
+                bad.entry(leaf)
+                    .or_insert(format!("{k:?}: block at byte {} fails its crc", e.offset()));
+            }
+        }
+        if !bad.is_empty() {
+            for s in &table {
+                if let Some(at) = root_of(s).and_then(|root| shared.reaches(root, &bad)) {
+                    out.push((s.number, bad[&at].clone()));
+                }
+            }
+        }
+        Ok((out, shared.leaves_read))
     }
 
     /// Checkpoints finished (durable so far).
     pub(crate) fn checkpoints_finished(&self) -> u64 {
         self.lock().stats.checkpoints
     }
+}
+
+/// The pin bit a new kept checkpoint shares, if it joins a generation: a
+/// protected one (`shared`: the image has a kept table) joins the newest
+/// protected record's bit when its time falls in the same window of
+/// `window` seconds, or when no bit is free (coarser, never refused).
+fn generation_pin(table: &[SnapshotRecord], shared: bool, time: u64, window: u64) -> Option<u32> {
+    if !shared {
+        return None;
+    }
+    let newest = table.iter().rev().find(|s| s.protected)?;
+    let used = table.iter().fold(0u32, |m, s| m | 1 << s.pin);
+    let same = window > 0 && newest.time_secs / window == time / window;
+    (same || used.count_ones() >= PIN_BITS).then_some(newest.pin)
 }
 
 /// The pin bits of the protected checkpoints in `table`.
@@ -4612,6 +4758,7 @@ mod tests {
                 reserved_segments: Some(reserved),
                 fs_id: 1,
                 max_bytes: None,
+                kept_pages: 0,
             };
             let size = (reserved as u64 + 64) * opts.segment_bytes + (64 << 20);
             out.push(Geometry::plan(size, &opts).unwrap());
@@ -4675,6 +4822,7 @@ mod tests {
                 reserved_segments: Some(4),
                 fs_id: 1,
                 max_bytes: None,
+                kept_pages: 0,
             },
         )
         .unwrap();
@@ -4701,6 +4849,7 @@ mod tests {
                 reserved_segments: Some(8),
                 fs_id: 7,
                 max_bytes: None,
+                kept_pages: 0,
             };
             let lld = Lld::create(dev, &mkfs, opts).unwrap();
             let l = lld.create_list(None, ListHints::default()).unwrap();
@@ -4753,6 +4902,7 @@ mod tests {
             reserved_segments: Some(4),
             fs_id: 7,
             max_bytes: None,
+            kept_pages: 0,
         };
         let lld = Lld::create(dev.clone(), &mkfs, opts).unwrap();
         let filler = lld.create_list(None, ListHints::default()).unwrap();
@@ -4797,6 +4947,7 @@ mod tests {
             reserved_segments: Some(4),
             fs_id: 7,
             max_bytes: None,
+            kept_pages: 0,
         };
         let lld = Lld::create(dev.clone(), &mkfs, LldOptions::default()).unwrap();
         let l = lld.create_list(None, ListHints::default()).unwrap();

@@ -27,8 +27,18 @@ pub const FORMAT_VERSION: u32 = 1;
 /// names (the table for its count, not every page mkfs set aside for
 /// growth). Older binaries refuse such an image rather than misread it.
 pub const INCOMPAT_RESIZE: u32 = 1;
+/// Incompatible feature flag: each checkpoint slot has `kept_pages` pages
+/// of room for the kept-checkpoint table (protected checkpoints, one record
+/// each, docs/DESIGN.md "Snapshots") after the usage table, protected
+/// checkpoints of one generation share a pin bit, and a slot's crc covers
+/// the pages its header names (as with [`INCOMPAT_RESIZE`]). Older binaries
+/// would read a shared pin bit as corruption: they refuse the image.
+pub const INCOMPAT_KEPT_TABLE: u32 = 2;
 /// Incompatible feature flags this build understands.
-pub const INCOMPAT_SUPPORTED: u32 = INCOMPAT_RESIZE;
+pub const INCOMPAT_SUPPORTED: u32 = INCOMPAT_RESIZE | INCOMPAT_KEPT_TABLE;
+/// The most kept-table pages a slot may have (a limit on a value read
+/// from the superblock).
+pub const MAX_KEPT_PAGES: u32 = 256;
 
 // Superblock byte offsets.
 const SB_MAGIC: usize = 0;
@@ -46,6 +56,7 @@ const SB_SEGMENT_COUNT: usize = 72;
 const SB_MAX_BLOCK_BYTES: usize = 76;
 const SB_RESERVED_SEGMENTS: usize = 80;
 const SB_COPY: usize = 84;
+const SB_KEPT_PAGES: usize = 88;
 const SB_CRC: usize = PAGE_BYTES - 4;
 
 /// Limits on geometry; every value read from a superblock is checked against them.
@@ -78,8 +89,11 @@ pub struct Geometry {
     /// Clean segments user writes may not consume: they belong to the
     /// checkpoint (map pages) and the cleaner, so both can always progress.
     pub reserved_segments: u32,
-    /// Incompatible feature flags ([`INCOMPAT_RESIZE`] or 0).
+    /// Incompatible feature flags ([`INCOMPAT_RESIZE`], [`INCOMPAT_KEPT_TABLE`]).
     pub incompat: u32,
+    /// Pages per slot for the kept-checkpoint table (with
+    /// [`INCOMPAT_KEPT_TABLE`]; else 0), part of `checkpoint_pages`.
+    pub kept_pages: u32,
 }
 
 /// Options for formatting.
@@ -97,6 +111,12 @@ pub struct MkfsOptions {
     /// times the size. Room beyond the device's own table sets
     /// [`INCOMPAT_RESIZE`].
     pub max_bytes: Option<u64>,
+    /// Pages per checkpoint slot for the kept-checkpoint table (`protect=`
+    /// keeps one record of 48 bytes per checkpoint there); nonzero sets
+    /// [`INCOMPAT_KEPT_TABLE`]. The library's default is 0 (protected
+    /// checkpoints then live in the slot header, 24 at most, as before);
+    /// `ldfs mkfs` asks for 16 (1365 records).
+    pub kept_pages: u32,
 }
 
 impl Default for MkfsOptions {
@@ -107,6 +127,7 @@ impl Default for MkfsOptions {
             reserved_segments: None,
             fs_id: 0,
             max_bytes: None,
+            kept_pages: 0,
         }
     }
 }
@@ -150,7 +171,13 @@ impl Geometry {
         // Slots sized for the largest size asked for (room to grow).
         let max_pages = opts.max_bytes.unwrap_or(size_bytes).max(size_bytes) / page;
         let most = (max_pages.saturating_sub(2) / segment_pages as u64).min(MAX_SEGMENTS as u64);
-        let checkpoint_pages = checkpoint_pages_for(rough.max(most as u32));
+        if opts.kept_pages > MAX_KEPT_PAGES {
+            return Err(invalid(format!(
+                "{} kept-table pages per slot (at most {MAX_KEPT_PAGES})",
+                opts.kept_pages
+            )));
+        }
+        let checkpoint_pages = checkpoint_pages_for(rough.max(most as u32)) + opts.kept_pages;
         let meta_end = 1 + 2 * checkpoint_pages as u64;
         // Segments start on a segment-size boundary (aligned large writes).
         let first_segment_page = meta_end.div_ceil(segment_pages as u64) * segment_pages as u64;
@@ -187,13 +214,31 @@ impl Geometry {
             // whole, as every unflagged image's are, and older binaries read
             // them.
             incompat: if most > rough as u64
-                && checkpoint_pages > checkpoint_pages_for(segment_count)
+                && checkpoint_pages - opts.kept_pages > checkpoint_pages_for(segment_count)
             {
                 INCOMPAT_RESIZE
             } else {
                 0
+            } | if opts.kept_pages > 0 {
+                INCOMPAT_KEPT_TABLE
+            } else {
+                0
             },
+            kept_pages: opts.kept_pages,
         })
+    }
+
+    /// Whether the slots hold a kept-checkpoint table: see
+    /// [`INCOMPAT_KEPT_TABLE`].
+    pub fn kept_table(&self) -> bool {
+        self.incompat & INCOMPAT_KEPT_TABLE != 0
+    }
+
+    /// Whether a slot's crc covers only the pages its header names (the
+    /// usage table of its count, then its kept table) rather than every
+    /// page of the slot.
+    pub fn named_slot(&self) -> bool {
+        self.resizable() || self.kept_table()
     }
 
     /// Whether the segment count may change (a resize happened or mkfs
@@ -216,8 +261,9 @@ impl Geometry {
 
     /// The most segments the checkpoint slots can describe.
     pub fn max_segments(&self) -> u32 {
-        let entries =
-            (self.checkpoint_pages as u64 - 1) * PAGE_BYTES as u64 / USAGE_ENTRY_BYTES as u64;
+        let entries = (self.checkpoint_pages as u64 - 1 - self.kept_pages as u64)
+            * PAGE_BYTES as u64
+            / USAGE_ENTRY_BYTES as u64;
         entries.min(MAX_SEGMENTS as u64) as u32
     }
 
@@ -291,7 +337,8 @@ impl Geometry {
         if a.len() != PAGE_BYTES || b.len() != PAGE_BYTES {
             return None;
         }
-        let diff: Vec<usize> = (0..SB_COPY).filter(|&i| a[i] != b[i]).collect();
+        let fields = (0..SB_COPY).chain(SB_KEPT_PAGES..SB_KEPT_PAGES + 4);
+        let diff: Vec<usize> = fields.filter(|&i| a[i] != b[i]).collect();
         if diff.len() > MAX_DIFF {
             return None;
         }
@@ -299,6 +346,8 @@ impl Geometry {
         for mask in 0u32..(1 << diff.len()) {
             let mut c = vec![0u8; PAGE_BYTES];
             c[..SB_COPY].copy_from_slice(&a[..SB_COPY]);
+            c[SB_KEPT_PAGES..SB_KEPT_PAGES + 4]
+                .copy_from_slice(&a[SB_KEPT_PAGES..SB_KEPT_PAGES + 4]);
             for (k, &i) in diff.iter().enumerate() {
                 if mask >> k & 1 == 1 {
                     c[i] = b[i];
@@ -342,6 +391,7 @@ impl Geometry {
         put_u32(&mut b, SB_MAX_BLOCK_BYTES, self.max_block_bytes);
         put_u32(&mut b, SB_RESERVED_SEGMENTS, self.reserved_segments);
         put_u32(&mut b, SB_COPY, copy);
+        put_u32(&mut b, SB_KEPT_PAGES, self.kept_pages);
         let crc = crc_with_hole(&b, SB_CRC);
         put_u32(&mut b, SB_CRC, crc);
         b
@@ -432,11 +482,21 @@ impl Geometry {
             1,
             MAX_SEGMENTS as u64,
         )? as u32;
+        let kept_pages = if incompat & INCOMPAT_KEPT_TABLE != 0 {
+            bound(
+                "kept-table pages",
+                get_u32(b, SB_KEPT_PAGES) as u64,
+                1,
+                MAX_KEPT_PAGES as u64,
+            )? as u32
+        } else {
+            bound("kept-table pages", get_u32(b, SB_KEPT_PAGES) as u64, 0, 0)? as u32
+        };
         let checkpoint_pages = bound(
             "checkpoint pages",
             get_u64(b, SB_CHECKPOINT_PAGES),
-            checkpoint_pages_for(segment_count) as u64,
-            checkpoint_pages_for(MAX_SEGMENTS) as u64,
+            (checkpoint_pages_for(segment_count) + kept_pages) as u64,
+            (checkpoint_pages_for(MAX_SEGMENTS) + kept_pages) as u64,
         )? as u32;
         let slot0 = get_u64(b, SB_SLOT0_PAGE);
         let slot1 = get_u64(b, SB_SLOT1_PAGE);
@@ -479,6 +539,7 @@ impl Geometry {
             slot_pages: [slot0, slot1],
             max_block_bytes,
             reserved_segments,
+            kept_pages,
         })
     }
 }

@@ -1105,45 +1105,7 @@ impl Map {
     /// Reads, checks and decodes the page at `ptr`, expected at `level`
     /// with keys within `b`.
     fn read_node(&self, ptr: PagePtr, level: u8, b: Bounds, r: &dyn PageReader) -> LdResult<Page> {
-        let page = r.read_page(ptr)?;
-        if page.len() == PAGE_BYTES {
-            let got = crc32c::crc32c(&page);
-            if got != ptr.crc {
-                return Err(corrupt(
-                    ptr.addr,
-                    CorruptReason::BadChecksum {
-                        expected: ptr.crc,
-                        got,
-                    },
-                )
-                .into());
-            }
-        }
-        let p = decode_page(&page, ptr.addr, self.fs_id, level)?;
-        let (first, last) = p.first_last();
-        if let Some(lo) = b.lo {
-            if first != lo {
-                return Err(corrupt(
-                    ptr.addr,
-                    CorruptReason::Inconsistent(format!(
-                        "first key {first:?} is not the parent's key {lo:?}"
-                    )),
-                )
-                .into());
-            }
-        }
-        if let Some(hi) = b.hi {
-            if last >= hi {
-                return Err(corrupt(
-                    ptr.addr,
-                    CorruptReason::Inconsistent(format!(
-                        "key {last:?} is not below the next sibling's key {hi:?}"
-                    )),
-                )
-                .into());
-            }
-        }
-        Ok(p)
+        read_checked(self.fs_id, ptr, level, b, r)
     }
 
     fn load_leaf(&mut self, id: NodeId, r: &dyn PageReader) -> LdResult<()> {
@@ -1545,6 +1507,226 @@ fn decode_page(b: &[u8], addr: u64, fs_id: u64, level: u8) -> Result<Page, Corru
             ));
         }
         Ok(Page::Internal(c))
+    }
+}
+
+/// Reads the page at `ptr` as a node of `level` within bounds `b`: its crc
+/// (kept in the parent), then its contents (`decode_page`), then its keys
+/// against the parent's.
+fn read_checked(
+    fs_id: u64,
+    ptr: PagePtr,
+    level: u8,
+    b: Bounds,
+    r: &dyn PageReader,
+) -> LdResult<Page> {
+    let page = r.read_page(ptr)?;
+    if page.len() == PAGE_BYTES {
+        let got = crc32c::crc32c(&page);
+        if got != ptr.crc {
+            return Err(corrupt(
+                ptr.addr,
+                CorruptReason::BadChecksum {
+                    expected: ptr.crc,
+                    got,
+                },
+            )
+            .into());
+        }
+    }
+    let p = decode_page(&page, ptr.addr, fs_id, level)?;
+    let (first, last) = p.first_last();
+    if let Some(lo) = b.lo {
+        if first != lo {
+            return Err(corrupt(
+                ptr.addr,
+                CorruptReason::Inconsistent(format!(
+                    "first key {first:?} is not the parent's key {lo:?}"
+                )),
+            )
+            .into());
+        }
+    }
+    if let Some(hi) = b.hi {
+        if last >= hi {
+            return Err(corrupt(
+                ptr.addr,
+                CorruptReason::Inconsistent(format!(
+                    "key {last:?} is not below the next sibling's key {hi:?}"
+                )),
+            )
+            .into());
+        }
+    }
+    Ok(p)
+}
+
+/// What `SharedPages::for_each_leaf` calls: a leaf, the pin bits of the
+/// trees reaching it, its entries.
+pub type LeafVisitor<'a> = dyn FnMut(PagePtr, u32, &[(Key, MapEntry)]) + 'a;
+
+/// One page of `SharedPages`.
+struct SharedPage {
+    ptr: PagePtr,
+    level: u8,
+    /// Bounds of the first tree that reached it (a page at an address is
+    /// the same page in every tree: pinned segments are never rewritten).
+    bounds: Bounds,
+    /// The pin bits of every tree reaching it.
+    mask: u32,
+    /// An internal page's children.
+    children: Vec<(Key, PagePtr)>,
+}
+
+/// The pages of several map trees, each read once: kept checkpoints'
+/// trees share most of their pages, so checking them one by one would
+/// read a page once per tree (fsck, `Engine::check_snapshots`). A tree
+/// added descends only into pages it reaches with a pin bit they do not
+/// have yet; leaves are read in one pass at the end.
+pub struct SharedPages {
+    fs_id: u64,
+    pages: FxHashMap<u64, SharedPage>,
+    /// Leaf pages read by `for_each_leaf` (a statistic for tests).
+    pub leaves_read: u64,
+}
+
+impl SharedPages {
+    pub fn new(fs_id: u64) -> SharedPages {
+        SharedPages {
+            fs_id,
+            pages: FxHashMap::default(),
+            leaves_read: 0,
+        }
+    }
+
+    /// Adds the tree at `root`, whose pages need pin bits `mask`: reads
+    /// every internal page not read before. Returns the problems found
+    /// (address, text); device errors other than corruption are errors.
+    pub fn add_tree(
+        &mut self,
+        root: MapRoot,
+        mask: u32,
+        r: &dyn PageReader,
+    ) -> LdResult<Vec<(u64, String)>> {
+        let mut problems = Vec::new();
+        if root.height == 0 || root.height > MAX_HEIGHT {
+            problems.push((root.ptr.addr, format!("map height {}", root.height)));
+            return Ok(problems);
+        }
+        let mut stack = vec![(root.ptr, root.height - 1, Bounds::ALL)];
+        while let Some((ptr, level, b)) = stack.pop() {
+            if let Some(p) = self.pages.get_mut(&ptr.addr) {
+                if p.ptr.crc != ptr.crc || p.level != level {
+                    problems.push((
+                        ptr.addr,
+                        format!(
+                            "map page at byte {} named with crc {:#x} at level {level}, \
+                             elsewhere with crc {:#x} at level {}",
+                            ptr.addr, ptr.crc, p.ptr.crc, p.level
+                        ),
+                    ));
+                    continue;
+                }
+                if p.mask & mask == mask {
+                    continue;
+                }
+                p.mask |= mask;
+                push_children(&mut stack, &p.children, level, p.bounds);
+                continue;
+            }
+            let children = if level == 0 {
+                Vec::new()
+            } else {
+                match read_checked(self.fs_id, ptr, level, b, r) {
+                    Ok(Page::Internal(c)) => c,
+                    Ok(Page::Leaf(_)) => {
+                        unreachable!("decode_page returns internal pages for level > 0")
+                    }
+                    Err(LdError::Corrupt(c)) => {
+                        problems.push((ptr.addr, format!("map: {c}")));
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
+            push_children(&mut stack, &children, level, b);
+            self.pages.insert(
+                ptr.addr,
+                SharedPage {
+                    ptr,
+                    level,
+                    bounds: b,
+                    mask,
+                    children,
+                },
+            );
+        }
+        Ok(problems)
+    }
+
+    /// Calls `f` with every page (internal pages and leaves) and the pin
+    /// bits of the trees reaching it.
+    pub fn for_each_page(&self, f: &mut dyn FnMut(PagePtr, u32)) {
+        for p in self.pages.values() {
+            f(p.ptr, p.mask);
+        }
+    }
+
+    /// Reads every leaf once (in address order) and calls `f` with it, the
+    /// pin bits of the trees reaching it and its entries. Returns the
+    /// leaves that could not be read (address, text).
+    pub fn for_each_leaf(
+        &mut self,
+        r: &dyn PageReader,
+        f: &mut LeafVisitor,
+    ) -> LdResult<Vec<(u64, String)>> {
+        let mut leaves: Vec<&SharedPage> = self.pages.values().filter(|p| p.level == 0).collect();
+        leaves.sort_unstable_by_key(|p| p.ptr.addr);
+        let mut problems = Vec::new();
+        for p in leaves {
+            self.leaves_read += 1;
+            match read_checked(self.fs_id, p.ptr, 0, p.bounds, r) {
+                Ok(Page::Leaf(d)) => f(p.ptr, p.mask, &d),
+                Ok(Page::Internal(_)) => unreachable!("decode_page returns leaves at level 0"),
+                Err(LdError::Corrupt(c)) => problems.push((p.ptr.addr, format!("map: {c}"))),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(problems)
+    }
+
+    /// The first page of `bad` the tree at `root` reaches, through pages
+    /// read already (no device access).
+    pub fn reaches(&self, root: MapRoot, bad: &FxHashMap<u64, String>) -> Option<u64> {
+        let mut stack = vec![root.ptr.addr];
+        let mut seen = FxHashSet::default();
+        while let Some(addr) = stack.pop() {
+            if bad.contains_key(&addr) {
+                return Some(addr);
+            }
+            if !seen.insert(addr) {
+                continue;
+            }
+            if let Some(p) = self.pages.get(&addr) {
+                stack.extend(p.children.iter().map(|c| c.1.addr));
+            }
+        }
+        None
+    }
+}
+
+fn push_children(
+    stack: &mut Vec<(PagePtr, u8, Bounds)>,
+    children: &[(Key, PagePtr)],
+    level: u8,
+    b: Bounds,
+) {
+    for i in 0..children.len() {
+        let cb = Bounds {
+            lo: Some(children[i].0),
+            hi: children.get(i + 1).map(|c| c.0).or(b.hi),
+        };
+        stack.push((children[i].1, level - 1, cb));
     }
 }
 

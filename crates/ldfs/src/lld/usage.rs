@@ -385,6 +385,34 @@ impl Usage {
         n
     }
 
+    /// Gives pin bit `bit`, which a generation of protected checkpoints
+    /// already holds, to every segment holding live bytes now that lacks
+    /// it: the tree of this checkpoint joins the generation. Returns how
+    /// many segments gained it.
+    pub fn pin_live_shared(&mut self, bit: u32) -> u32 {
+        assert!(bit < PIN_BITS, "pin bit {bit} out of range");
+        let mut n = 0;
+        for i in 0..self.segs.len() {
+            let u = self.segs[i];
+            if u.live_bytes == 0 || u.pins & (1 << bit) != 0 {
+                continue;
+            }
+            assert!(
+                u.state != SegmentState::Clean,
+                "live bytes in a Clean segment"
+            );
+            self.set(
+                SegmentId(i as u32),
+                SegmentUsage {
+                    pins: u.pins | 1 << bit,
+                    ..u
+                },
+            );
+            n += 1;
+        }
+        n
+    }
+
     /// Takes pin bit `bit` off every segment (a deleted snapshot); the
     /// segments left with no pin and no live bytes become releasable.
     pub fn unpin(&mut self, bit: u32) {

@@ -1031,6 +1031,7 @@ mod tests {
             reserved_segments: Some(4),
             fs_id: 9,
             max_bytes: None,
+            kept_pages: 0,
         }
     }
 
