@@ -44,6 +44,7 @@ fn mkfs_options() -> MkfsOptions {
         reserved_segments: Some(8),
         fs_id: 28,
         max_bytes: None,
+        kept_pages: 0,
     }
 }
 

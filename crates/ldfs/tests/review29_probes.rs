@@ -56,6 +56,7 @@ fn mkfs_opts() -> MkfsOptions {
         reserved_segments: Some(8),
         fs_id: 29,
         max_bytes: None,
+        kept_pages: 0,
     }
 }
 
@@ -425,6 +426,7 @@ fn clocked(dev_bytes: u64, reserved: u32) -> Clocked {
         reserved_segments: Some(reserved),
         fs_id: 29,
         max_bytes: None,
+        kept_pages: 0,
     };
     let lld = Arc::new(Lld::create(dev, &mkfs, LldOptions::default()).unwrap());
     let clock = Arc::new(AtomicI64::new(1_000_000));

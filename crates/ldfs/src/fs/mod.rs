@@ -3037,6 +3037,7 @@ mod tests {
             reserved_segments: Some(4),
             fs_id: 5,
             max_bytes: None,
+            kept_pages: 0,
         };
         let lld = Arc::new(Lld::create(dev, &mkfs, LldOptions::default()).unwrap());
         let clock = Arc::new(AtomicI64::new(1_000_000));
