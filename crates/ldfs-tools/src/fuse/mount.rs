@@ -788,8 +788,15 @@ fn delete_kept(lld: &Lld, image: &Path, n: u64) -> Result<(), String> {
 
 /// Deletes those of the kept checkpoints `numbers` no reader holds, in one
 /// checkpoint (a generation at once); those a reader has mounted stay.
+/// With `whole`, deletes none unless no reader holds any (a generation
+/// with one held keeps its pin bit: deleting the rest frees nothing).
 /// Returns the numbers deleted.
-fn delete_kept_many(lld: &Lld, image: &Path, numbers: &[u64]) -> Result<Vec<u64>, String> {
+fn delete_kept_many(
+    lld: &Lld,
+    image: &Path,
+    numbers: &[u64],
+    whole: bool,
+) -> Result<Vec<u64>, String> {
     let f = File::options()
         .read(true)
         .write(true)
@@ -805,8 +812,8 @@ fn delete_kept_many(lld: &Lld, image: &Path, numbers: &[u64]) -> Result<Vec<u64>
         }
     }
     let free: Vec<u64> = locks.iter().map(|l| l.number()).collect();
-    if free.is_empty() {
-        return Ok(free);
+    if free.is_empty() || (whole && free.len() < numbers.len()) {
+        return Ok(Vec::new());
     }
     lld.delete_kept(&free)
         .map_err(|e| format!("kept checkpoints not deleted: {e}"))?;
@@ -893,7 +900,7 @@ impl GiveBack for ProtectedHistory {
 
 /// Space is short: deletes the oldest generation of protected
 /// checkpoints (those sharing the oldest one's pin bit: deleting fewer
-/// frees nothing) that no one has mounted, saying so in the log (syslog
+/// frees nothing) no record of which anyone has mounted, saying so in the log (syslog
 /// for a background daemon). True if any were deleted. Snapshots never
 /// yield.
 fn yield_protected(lld: &Lld, image: &Path) -> bool {
@@ -909,7 +916,7 @@ fn yield_protected(lld: &Lld, image: &Path) -> bool {
             .filter(|o| o.protected && o.pin == s.pin)
             .collect();
         let numbers: Vec<u64> = gen.iter().map(|o| o.number).collect();
-        match delete_kept_many(lld, image, &numbers) {
+        match delete_kept_many(lld, image, &numbers, true) {
             Ok(gone) if !gone.is_empty() => {
                 let last = gen.last().map_or(s.time_secs, |o| o.time_secs);
                 eprintln!(
@@ -967,7 +974,7 @@ fn protect_loop(
             .map(|s| s.number)
             .collect();
         // In one checkpoint; a mounted one stays until it is unmounted.
-        if let Err(e) = delete_kept_many(&lld, &image, &expired) {
+        if let Err(e) = delete_kept_many(&lld, &image, &expired, false) {
             eprintln!("ldfs: protect: {e}");
         }
         let user = lld.write_totals().0;
@@ -2793,5 +2800,57 @@ mod tests {
         assert_eq!(lld.snapshots().len(), 1);
         assert_eq!(lld.snapshots()[0].number, newest);
         drop(reader);
+    }
+
+    /// Review 30, finding 3 (low-medium): a yield while a reader holds
+    /// one checkpoint of the oldest generation deletes that generation's
+    /// other records, which frees nothing (the held one keeps the shared
+    /// bit on every segment), and counts it as a deletion; the retry then
+    /// deletes the next generation. History is lost for no space. Fixed on
+    /// review30: a generation a reader holds is skipped whole, the next
+    /// one yields.
+    #[test]
+    fn review30_a_yield_skips_a_generation_a_reader_holds() {
+        use ldfs::ld::ListHints;
+        let (_t, image, lld) = engine_kept(1);
+        for i in 0..6u64 {
+            let l = lld.create_list(None, ListHints::default()).unwrap();
+            for b in 0..16 {
+                lld.write(None, l, b, &[i as u8 + 1; 4096]).unwrap();
+            }
+            lld.take_protected(1_700_000_001 + i, 3).unwrap();
+            lld.delete_list(None, l).unwrap();
+        }
+        lld.checkpoint_now().unwrap();
+        let before: Vec<u64> = lld.snapshots().iter().map(|s| s.number).collect();
+        let reader =
+            ldfs::lld::SnapshotLock::shared(File::open(&image).unwrap(), before[1]).unwrap();
+        let h = ProtectedHistory::new(lld.clone(), image);
+        let seen = h.given();
+        assert!(h.give_back(4096, seen));
+        let left: Vec<u64> = lld.snapshots().iter().map(|s| s.number).collect();
+        assert_eq!(left, before[..3], "the held generation stays whole");
+        drop(reader);
+    }
+
+    /// Review 30, finding 4 (low): on an image without a kept table the
+    /// schedule is documented as before (one every span/8: DESIGN "The
+    /// kept table", README), but `protect_schedule` takes the slack meant
+    /// for the 1360-record table (capacity - 10) from the 24 header
+    /// records: with 8 snapshots kept it is span/6, with 14 or more once
+    /// per span, though 9 protected bits (8 and the one expiring) fit.
+    /// Fixed on gens by 78b2113 (the same change).
+    #[test]
+    fn review30_old_format_protect_keeps_span_over_eight_with_snapshots_kept() {
+        let h = Duration::from_secs(3600);
+        for snapshots in [0usize, 8, 14] {
+            let capacity = ldfs::lld::snapshot::MAX_SNAPSHOTS - snapshots;
+            let (every, window) = protect_schedule(h, 5, capacity);
+            assert_eq!(
+                (every.as_secs(), window),
+                (450, 450),
+                "{snapshots} snapshots kept"
+            );
+        }
     }
 }

@@ -44,7 +44,7 @@
 //!   (`capacity_bytes`); within it, a write short of clean segments waits
 //!   for the cleaner instead of failing.
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -4417,27 +4417,36 @@ impl Engine {
                 ));
             }
         });
-        let mut blocks: Vec<(u64, Key, MapEntry)> = Vec::new();
-        let mut seen_blocks = FxHashSet::default();
+        // A block is read once, but may be named by several leaves (trees
+        // whose leaf changed elsewhere between them): each is charged.
+        let mut blocks: FxHashMap<(u64, u32, u32), (Key, Vec<u64>)> = FxHashMap::default();
         let unread = shared.for_each_leaf(&r, &mut |leaf, mask, entries| {
             for (k, e) in entries {
                 if e.is_buffered() || e.device() != 0 || !held(e.offset(), mask) {
                     bad.entry(leaf.addr).or_insert(format!(
                         "{k:?} at {e:?} is in no segment its pin bits {mask:#x} hold"
                     ));
-                } else if data && seen_blocks.insert(e.offset()) {
-                    blocks.push((leaf.addr, *k, *e));
+                } else if data {
+                    blocks
+                        .entry((e.offset(), e.len, e.crc))
+                        .or_insert_with(|| (*k, Vec::new()))
+                        .1
+                        .push(leaf.addr);
                 }
             }
         })?;
         bad.extend(unread);
-        for (leaf, k, e) in blocks {
-            let mut b = vec![0u8; e.len as usize];
-            self.dev.read_at(&mut b, e.offset())?;
-            let got = crc32c::crc32c(&b);
-            if got != e.crc {
-                bad.entry(leaf)
-                    .or_insert(format!("{k:?}: block at byte {} fails its crc", e.offset()));
+        bad.extend(shared.failed().map(|(a, why)| (a, why.clone())));
+        let mut blocks: Vec<_> = blocks.into_iter().collect();
+        blocks.sort_unstable_by_key(|b| b.0);
+        for ((offset, len, crc), (k, leaves)) in blocks {
+            let mut b = vec![0u8; len as usize];
+            self.dev.read_at(&mut b, offset)?;
+            if crc32c::crc32c(&b) != crc {
+                for leaf in leaves {
+                    bad.entry(leaf)
+                        .or_insert(format!("{k:?}: block at byte {offset} fails its crc"));
+                }
             }
         }
         if !bad.is_empty() {

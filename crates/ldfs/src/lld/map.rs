@@ -1586,6 +1586,10 @@ struct SharedPage {
 pub struct SharedPages {
     fs_id: u64,
     pages: FxHashMap<u64, SharedPage>,
+    /// Internal pages that failed their check (as named: pointer, level),
+    /// with why: a later tree may reach one only through a page added
+    /// already with its bits, where it stops (`failed`, `reaches`).
+    failed: FxHashMap<u64, (PagePtr, u8, String)>,
     /// Leaf pages read by `for_each_leaf` (a statistic for tests).
     pub leaves_read: u64,
 }
@@ -1595,13 +1599,17 @@ impl SharedPages {
         SharedPages {
             fs_id,
             pages: FxHashMap::default(),
+            failed: FxHashMap::default(),
             leaves_read: 0,
         }
     }
 
     /// Adds the tree at `root`, whose pages need pin bits `mask`: reads
-    /// every internal page not read before. Returns the problems found
-    /// (address, text); device errors other than corruption are errors.
+    /// every internal page not read before. Returns the problems of this
+    /// tree's naming (a height, a page named otherwise elsewhere); a page
+    /// that fails its check is kept in `failed` instead, for every tree
+    /// reaching it (`reaches`). Device errors other than corruption are
+    /// errors.
     pub fn add_tree(
         &mut self,
         root: MapRoot,
@@ -1615,6 +1623,19 @@ impl SharedPages {
         }
         let mut stack = vec![(root.ptr, root.height - 1, Bounds::ALL)];
         while let Some((ptr, level, b)) = stack.pop() {
+            if let Some((p, l, _)) = self.failed.get(&ptr.addr) {
+                if p.crc != ptr.crc || *l != level {
+                    problems.push((
+                        ptr.addr,
+                        format!(
+                            "map page at byte {} named with crc {:#x} at level {level}, \
+                             elsewhere with crc {:#x} at level {l}",
+                            ptr.addr, ptr.crc, p.crc
+                        ),
+                    ));
+                }
+                continue;
+            }
             if let Some(p) = self.pages.get_mut(&ptr.addr) {
                 if p.ptr.crc != ptr.crc || p.level != level {
                     problems.push((
@@ -1643,7 +1664,8 @@ impl SharedPages {
                         unreachable!("decode_page returns internal pages for level > 0")
                     }
                     Err(LdError::Corrupt(c)) => {
-                        problems.push((ptr.addr, format!("map: {c}")));
+                        self.failed
+                            .insert(ptr.addr, (ptr, level, format!("map: {c}")));
                         continue;
                     }
                     Err(e) => return Err(e),
@@ -1662,6 +1684,11 @@ impl SharedPages {
             );
         }
         Ok(problems)
+    }
+
+    /// The internal pages that failed their check (address, why).
+    pub fn failed(&self) -> impl Iterator<Item = (u64, &String)> + '_ {
+        self.failed.iter().map(|(&a, (_, _, why))| (a, why))
     }
 
     /// Calls `f` with every page (internal pages and leaves) and the pin
