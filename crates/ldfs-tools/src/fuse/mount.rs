@@ -981,6 +981,10 @@ fn protect_loop(
         if written == Some(user) {
             continue;
         }
+        // What stat shows, atimes reads kept included (only when there are
+        // changes anyway: reads alone take no protected checkpoint).
+        fs.write_atimes();
+        let user = lld.write_totals().0;
         match lld.take_protected(now, window) {
             Ok(_) => {
                 written = Some(user);

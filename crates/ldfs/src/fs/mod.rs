@@ -2791,7 +2791,10 @@ impl Tx<'_> {
 /// close, which follows, then makes them durable).
 impl Drop for Fs {
     fn drop(&mut self) {
-        self.write_atimes();
+        // Not while unwinding: a panic here would abort the process.
+        if !std::thread::panicking() {
+            self.write_atimes();
+        }
     }
 }
 
