@@ -35,9 +35,9 @@ pub struct MkfsArgs {
     #[arg(long, value_parser = parse_size, conflicts_with = "meta")]
     max_size: Option<u64>,
     /// Pages per checkpoint slot for the kept-checkpoint table, where
-    /// `-o protect=` keeps one 48-byte record per checkpoint (85 a page;
-    /// the default 16 keeps 1360: an hour at a commit every 3 s, 24 h at
-    /// one a minute). 0 writes the older format: at most 24 kept
+    /// `-o protect=` keeps one 48-byte record per checkpoint (packed
+    /// across the pages: the default 16 keeps 1365, an hour at a commit
+    /// every 3 s, 24 h at one every 64 s). 0 writes the older format: at most 24 kept
     /// checkpoints, protect= keeps one every span/8, and ldfs binaries
     /// from before the kept table can still read the image.
     #[arg(long, default_value_t = 16, conflicts_with = "meta")]

@@ -2840,7 +2840,7 @@ mod tests {
     /// Review 30, finding 4 (low): on an image without a kept table the
     /// schedule is documented as before (one every span/8: DESIGN "The
     /// kept table", README), but `protect_schedule` takes the slack meant
-    /// for the 1360-record table (capacity - 10) from the 24 header
+    /// for the 1365-record table (capacity - 10) from the 24 header
     /// records: with 8 snapshots kept it is span/6, with 14 or more once
     /// per span, though 9 protected bits (8 and the one expiring) fit.
     /// Fixed on gens by 78b2113 (the same change).
