@@ -912,7 +912,7 @@ impl Fs {
                 for e in entries.iter_mut().filter(|e| e.name == *name) {
                     e.kind = *kind;
                 }
-                tx.write_bucket(&d, idx, &entries)
+                tx.write_bucket(&d, idx, entries)
             }
             Finding::BadInode { ino, .. } => {
                 tx.ld().delete(Some(tx.aru), INODE_LIST, *ino)?;

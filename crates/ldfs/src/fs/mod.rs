@@ -1474,8 +1474,10 @@ impl Tx<'_> {
         });
         // A record written carried its cached atime; one aborted was
         // evicted with it (an atime is not worth failing for).
-        for ino in &self.put_inos {
-            self.st.atime_dirty.remove(ino);
+        if !self.st.atime_dirty.is_empty() {
+            for ino in &self.put_inos {
+                self.st.atime_dirty.remove(ino);
+            }
         }
         if r.is_err() {
             self.abort();
@@ -1558,8 +1560,8 @@ impl Tx<'_> {
         Ok(ino)
     }
 
-    fn write_bucket(&mut self, d: &Inode, idx: u64, entries: &[dir::Entry]) -> FsResult<()> {
-        self.put_bucket(ListId(d.list), idx, entries.to_vec())
+    fn write_bucket(&mut self, d: &Inode, idx: u64, entries: Vec<dir::Entry>) -> FsResult<()> {
+        self.put_bucket(ListId(d.list), idx, entries)
     }
 
     /// Writes (or, empty, deletes) bucket `idx` of `list` and caches it as
@@ -1616,7 +1618,7 @@ impl Tx<'_> {
         kind: Kind,
     ) -> FsResult<()> {
         push_entry(&mut entries, name, ino, kind)?;
-        self.write_bucket(d, idx, &entries)?;
+        self.write_bucket(d, idx, entries)?;
         d.size += 1;
         Ok(())
     }
@@ -1624,7 +1626,7 @@ impl Tx<'_> {
     fn remove_entry(&mut self, d: &mut Inode, name: &[u8]) -> FsResult<()> {
         let (idx, mut entries) = self.bucket_to_change(d, name)?;
         take_entry(&mut entries, name, d.ino)?;
-        self.write_bucket(d, idx, &entries)?;
+        self.write_bucket(d, idx, entries)?;
         d.size = d.size.saturating_sub(1);
         Ok(())
     }
@@ -2977,14 +2979,10 @@ mod tests {
         Arc::new(Fs::mount(Arc::new(lld), FsOptions::default()).unwrap())
     }
 
-    /// `atime_due` says whether a read would update atime, as `accessed`
-    /// decides it: under relatime a file written since its last read is
-    /// due, one read since is not (a day later it is again); strictatime
-    /// is due whenever the clock moved; noatime never.
-    #[test]
-    fn atime_due_agrees_with_what_accessed_writes() {
-        use std::sync::atomic::AtomicI64;
-        let dev = Arc::new(MemoryDevice::new(32 << 20));
+    /// A fresh file system (64 MiB) whose clock is `clock`, in seconds
+    /// from 1,000,000, and its engine.
+    fn clocked() -> (Arc<Lld>, Arc<std::sync::atomic::AtomicI64>, Fs) {
+        let dev = Arc::new(MemoryDevice::new(64 << 20));
         let mkfs = MkfsOptions {
             segment_bytes: 512 << 10,
             max_block_bytes: 64 << 10,
@@ -2993,8 +2991,8 @@ mod tests {
             max_bytes: None,
             kept_pages: 0,
         };
-        let lld = Lld::create(dev, &mkfs, LldOptions::default()).unwrap();
-        let clock = Arc::new(AtomicI64::new(1_000_000));
+        let lld = Arc::new(Lld::create(dev, &mkfs, LldOptions::default()).unwrap());
+        let clock = Arc::new(std::sync::atomic::AtomicI64::new(1_000_000));
         let c = clock.clone();
         let opts = FsOptions {
             clock: Box::new(move || Time {
@@ -3003,8 +3001,18 @@ mod tests {
             }),
             ..Default::default()
         };
-        Fs::format_at(&lld, ROOT, (opts.clock)()).unwrap();
-        let fs = Fs::mount(Arc::new(lld), opts).unwrap();
+        Fs::format_at(&*lld, ROOT, (opts.clock)()).unwrap();
+        let fs = Fs::mount(lld.clone(), opts).unwrap();
+        (lld, clock, fs)
+    }
+
+    /// `atime_due` says whether a read would update atime, as `accessed`
+    /// decides it: under relatime a file written since its last read is
+    /// due, one read since is not (a day later it is again); strictatime
+    /// is due whenever the clock moved; noatime never.
+    #[test]
+    fn atime_due_agrees_with_what_accessed_writes() {
+        let (_, clock, fs) = clocked();
         let f = fs.mknod(ROOT, ROOT_INO, b"f", 0o100644, 0).unwrap().ino;
         fs.write(f, 0, b"data").unwrap();
         let tick = |s: i64| clock.fetch_add(s, Ordering::Relaxed);
@@ -3032,28 +3040,7 @@ mod tests {
     /// writes it; a destroyed inode's is forgotten.
     #[test]
     fn access_times_are_written_lazily() {
-        use std::sync::atomic::AtomicI64;
-        let dev = Arc::new(MemoryDevice::new(64 << 20));
-        let mkfs = MkfsOptions {
-            segment_bytes: 512 << 10,
-            max_block_bytes: 64 << 10,
-            reserved_segments: Some(4),
-            fs_id: 5,
-            max_bytes: None,
-            kept_pages: 0,
-        };
-        let lld = Arc::new(Lld::create(dev, &mkfs, LldOptions::default()).unwrap());
-        let clock = Arc::new(AtomicI64::new(1_000_000));
-        let c = clock.clone();
-        let opts = FsOptions {
-            clock: Box::new(move || Time {
-                secs: c.load(Ordering::Relaxed),
-                nsecs: 0,
-            }),
-            ..Default::default()
-        };
-        Fs::format_at(&*lld, ROOT, (opts.clock)()).unwrap();
-        let fs = Fs::mount(lld.clone(), opts).unwrap();
+        let (lld, clock, fs) = clocked();
         let on_ld = |ino: u64| {
             let b = lld.read(INODE_LIST, ino).unwrap().unwrap();
             Inode::decode(ino, &b, ino).unwrap().atime.secs
