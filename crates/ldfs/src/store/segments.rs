@@ -18,6 +18,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::lease::{HeldLease, LeaseCheck};
 use super::{ObjectStore, PutOutcome, StoreError, StoreResult};
 use crate::device::{Device, DeviceError};
 use crate::lld::checkpoint;
@@ -27,7 +28,7 @@ use crate::lld::usage::SegmentState;
 use crate::lld::{CheckpointHook, DurableCheckpoint, SegmentId, PAGE_BYTES};
 
 pub const CKPT_MAGIC: u64 = u64::from_le_bytes(*b"LDFSSCKP");
-pub const CKPT_VERSION: u32 = 1;
+pub const CKPT_VERSION: u32 = 2;
 const O_MAGIC: usize = 0;
 const O_VERSION: usize = 8;
 const O_COUNT: usize = 12;
@@ -35,9 +36,10 @@ const O_FS_ID: usize = 16;
 const O_SERIAL: usize = 24;
 const O_SLOT_LEN: usize = 32;
 const O_CRC: usize = 36;
-const O_SUPERBLOCK: usize = 40;
+const O_WRITER: usize = 40;
+const O_SUPERBLOCK: usize = 48;
 const O_SLOT: usize = O_SUPERBLOCK + PAGE_BYTES;
-const ENTRY_BYTES: usize = 24;
+const ENTRY_BYTES: usize = 32;
 
 /// The layer's errors.
 #[derive(Debug, thiserror::Error)]
@@ -56,20 +58,39 @@ pub enum LayerError {
     /// Another writer put a checkpoint object this one was about to put.
     #[error("checkpoint object {key} already exists with other bytes: another writer")]
     Conflict { key: String },
+    /// This mount's lease is gone (taken over, or released): it writes nothing more.
+    #[error("{0}")]
+    LeaseLost(#[from] LeaseCheck),
     #[error("{0}")]
     Other(String),
 }
 
 pub type LayerResult<T> = Result<T, LayerError>;
 
-/// The key of a segment object.
-pub fn segment_key(segment: u32, first_seq: u64, pages: u32) -> String {
-    format!("seg/{segment:08x}-{first_seq:016x}-{pages:04x}")
+/// The key of a segment object. `writer` is the lease generation of the mount that put it:
+/// two writers (a stale one whose late puts still land, and the one that took over and
+/// continues the same log from the same checkpoint) never share a key (review 26).
+pub fn segment_key(segment: u32, writer: u64, first_seq: u64, pages: u32) -> String {
+    format!("seg/{segment:08x}-{writer:016x}-{first_seq:016x}-{pages:04x}")
 }
 
-/// The key of a checkpoint object.
-pub fn checkpoint_key(serial: u64) -> String {
-    format!("ckpt/{serial:016x}")
+/// The key of a checkpoint object: writer first, so key order puts every checkpoint of a
+/// later writer after all of an earlier one's (a stale writer's late checkpoint never sorts
+/// newest), then serial.
+pub fn checkpoint_key(writer: u64, serial: u64) -> String {
+    format!("ckpt/{writer:016x}-{serial:016x}")
+}
+
+/// (writer, serial) of a checkpoint key.
+pub fn parse_checkpoint_key(key: &str) -> Option<(u64, u64)> {
+    let (w, n) = key.strip_prefix("ckpt/")?.split_once('-')?;
+    if w.len() != 16 || n.len() != 16 {
+        return None;
+    }
+    Some((
+        u64::from_str_radix(w, 16).ok()?,
+        u64::from_str_radix(n, 16).ok()?,
+    ))
 }
 
 /// One segment object a checkpoint object names.
@@ -78,18 +99,21 @@ pub struct SegmentEntry {
     pub segment: u32,
     pub pages: u32,
     pub first_seq: u64,
+    /// The writer (lease generation) that put the object.
+    pub writer: u64,
     pub crc: u32,
 }
 
 impl SegmentEntry {
     pub fn key(&self) -> String {
-        segment_key(self.segment, self.first_seq, self.pages)
+        segment_key(self.segment, self.writer, self.first_seq, self.pages)
     }
 }
 
 /// A decoded checkpoint object.
 #[derive(Clone, Debug)]
 pub struct CheckpointObject {
+    pub writer: u64,
     pub serial: u64,
     pub geo: Geometry,
     pub superblock: Vec<u8>,
@@ -113,6 +137,7 @@ fn crc_with_hole(b: &[u8], at: usize) -> u32 {
 pub fn encode_checkpoint_object(
     geo: &Geometry,
     superblock: &[u8],
+    writer: u64,
     serial: u64,
     slot: &[u8],
     entries: &[SegmentEntry],
@@ -128,12 +153,14 @@ pub fn encode_checkpoint_object(
     b.extend_from_slice(&serial.to_le_bytes());
     b.extend_from_slice(&(slot.len() as u32).to_le_bytes());
     b.extend_from_slice(&0u32.to_le_bytes());
+    b.extend_from_slice(&writer.to_le_bytes());
     b.extend_from_slice(superblock);
     b.extend_from_slice(slot);
     for e in entries {
         b.extend_from_slice(&e.segment.to_le_bytes());
         b.extend_from_slice(&e.pages.to_le_bytes());
         b.extend_from_slice(&e.first_seq.to_le_bytes());
+        b.extend_from_slice(&e.writer.to_le_bytes());
         b.extend_from_slice(&e.crc.to_le_bytes());
         b.extend_from_slice(&0u32.to_le_bytes());
     }
@@ -143,7 +170,8 @@ pub fn encode_checkpoint_object(
 }
 
 /// Decodes and checks a checkpoint object read from `key`: magic, version, crc, the
-/// superblock, the slot (its own crc, fs id and serial), every entry bounded.
+/// superblock, the slot (its own crc, fs id and serial), every entry bounded, and the key's
+/// writer and serial equal to the object's.
 pub fn decode_checkpoint_object(key: &str, b: &[u8]) -> LayerResult<CheckpointObject> {
     let bad = |detail: String| LayerError::Corrupt {
         what: "checkpoint object",
@@ -194,9 +222,14 @@ pub fn decode_checkpoint_object(key: &str, b: &[u8]) -> LayerResult<CheckpointOb
             segment: get_u32(b, o),
             pages: get_u32(b, o + 4),
             first_seq: get_u64(b, o + 8),
-            crc: get_u32(b, o + 16),
+            writer: get_u64(b, o + 16),
+            crc: get_u32(b, o + 24),
         };
-        if e.segment >= geo.segment_count || e.pages == 0 || e.pages > geo.segment_pages {
+        if e.segment >= geo.segment_count
+            || e.pages == 0
+            || e.pages > geo.segment_pages
+            || e.writer == 0
+        {
             return Err(bad(format!("entry {i}: {e:?} outside the geometry")));
         }
         if entries
@@ -207,7 +240,15 @@ pub fn decode_checkpoint_object(key: &str, b: &[u8]) -> LayerResult<CheckpointOb
         }
         entries.push(e);
     }
+    let writer = get_u64(b, O_WRITER);
+    if parse_checkpoint_key(key) != Some((writer, serial)) {
+        return Err(bad(format!("holds writer {writer} serial {serial}")));
+    }
+    if let Some(e) = entries.iter().find(|e| e.writer > writer) {
+        return Err(bad(format!("names {e:?}, of a later writer than its own")));
+    }
     Ok(CheckpointObject {
+        writer,
         serial,
         geo,
         superblock,
@@ -228,6 +269,8 @@ pub struct UploadStats {
     pub objects_deleted: u64,
     /// Requests that failed transiently and were tried again.
     pub retries: u64,
+    /// Waits before a checkpoint put or delete for a late lease renewal.
+    pub lease_waits: u64,
 }
 
 struct Job {
@@ -261,6 +304,9 @@ struct State {
 
 struct Shared {
     store: Arc<dyn ObjectStore>,
+    /// Checked before every checkpoint put and delete (not segment puts: their keys are this
+    /// writer's own, so a late one harms nobody).
+    lease: Arc<HeldLease>,
     dev: Arc<dyn Device>,
     geo: Geometry,
     superblock: Vec<u8>,
@@ -294,12 +340,15 @@ pub struct SegmentStore {
 }
 
 impl SegmentStore {
-    /// Starts the uploader for the lld image on `dev` (its superblock is read now).
+    /// Starts the uploader for the lld image on `dev` (its superblock is read now), writing as
+    /// the holder of `lease` (its generation is the writer part of every key put).
     pub fn start(
         store: Arc<dyn ObjectStore>,
         dev: Arc<dyn Device>,
+        lease: Arc<HeldLease>,
         opts: SegmentStoreOptions,
     ) -> LayerResult<SegmentStore> {
+        lease.check()?;
         let mut superblock = vec![0u8; PAGE_BYTES];
         dev.read_at(&mut superblock, 0)?;
         let geo = Geometry::decode_superblock(&superblock, 0, dev.size_bytes()).map_err(|e| {
@@ -310,7 +359,16 @@ impl SegmentStore {
             }
         })?;
         let (kept, swept) = sweep_kept(&*store)?;
-        let uploaded = kept.last().map_or(0, |(s, _)| *s);
+        let writer = lease.writer();
+        if let Some(k) = kept.iter().find(|k| k.writer >= writer) {
+            // Generations only grow; the lease objects were removed behind our back.
+            return Err(LayerError::Other(format!(
+                "lease generation {writer} is not above the writer of checkpoint object {}: \
+                 the store's lease objects were removed",
+                k.key
+            )));
+        }
+        let uploaded = kept.last().map_or(0, |k| k.serial);
         // A restart on the same cache: what the newest checkpoint object names and the cache
         // still holds in the same use of its segment (the sequence number at page 0 matches)
         // is not uploaded again. One page read per named segment.
@@ -321,9 +379,9 @@ impl SegmentStore {
         // then was deleted).
         let holds = newest_slot_states(&*dev, &geo);
         let mut known = BTreeMap::new();
-        if let Some((_, entries)) = kept.last() {
+        if let Some(newest) = kept.last() {
             let mut page = vec![0u8; PAGE_BYTES];
-            for e in entries {
+            for e in &newest.entries {
                 let held = holds.as_ref().is_some_and(|st| {
                     matches!(
                         st.get(e.segment as usize),
@@ -345,12 +403,13 @@ impl SegmentStore {
                 }
             }
         }
-        let named: Vec<(u64, BTreeSet<String>)> = kept
+        let named: Vec<(String, BTreeSet<String>)> = kept
             .into_iter()
-            .map(|(s, es)| (s, es.iter().map(|e| e.key()).collect()))
+            .map(|k| (k.key, k.entries.iter().map(|e| e.key()).collect()))
             .collect();
         let shared = Arc::new(Shared {
             store,
+            lease,
             dev,
             superblock,
             state: Mutex::new(State {
@@ -468,11 +527,19 @@ impl Drop for SegmentStore {
 /// were deleted.
 pub fn sweep(store: &dyn ObjectStore) -> LayerResult<(u64, u64)> {
     let (kept, deleted) = sweep_kept(store)?;
-    Ok((kept.last().map_or(0, |(s, _)| *s), deleted))
+    Ok((kept.last().map_or(0, |k| k.serial), deleted))
 }
 
-/// The kept checkpoint objects: serial and entries, oldest first.
-type Kept = Vec<(u64, Vec<SegmentEntry>)>;
+/// A kept checkpoint object.
+struct KeptCheckpoint {
+    key: String,
+    writer: u64,
+    serial: u64,
+    entries: Vec<SegmentEntry>,
+}
+
+/// The kept checkpoint objects, oldest first.
+type Kept = Vec<KeptCheckpoint>;
 
 /// `sweep`, returning the kept checkpoint objects and how many objects it deleted.
 fn sweep_kept(store: &dyn ObjectStore) -> LayerResult<(Kept, u64)> {
@@ -481,7 +548,7 @@ fn sweep_kept(store: &dyn ObjectStore) -> LayerResult<(Kept, u64)> {
     let mut deleted = 0;
     let keep = ckpts.len().saturating_sub(2);
     for (i, c) in ckpts.iter().enumerate() {
-        let Some(serial) = parse_checkpoint_key(&c.key) else {
+        let Some((writer, serial)) = parse_checkpoint_key(&c.key) else {
             continue;
         };
         if i < keep {
@@ -490,11 +557,16 @@ fn sweep_kept(store: &dyn ObjectStore) -> LayerResult<(Kept, u64)> {
             continue;
         }
         let obj = decode_checkpoint_object(&c.key, &store.get(&c.key)?)?;
-        kept.push((serial, obj.entries));
+        kept.push(KeptCheckpoint {
+            key: c.key.clone(),
+            writer,
+            serial,
+            entries: obj.entries,
+        });
     }
     let named: BTreeSet<String> = kept
         .iter()
-        .flat_map(|(_, es)| es.iter().map(|e| e.key()))
+        .flat_map(|k| k.entries.iter().map(|e| e.key()))
         .collect();
     for o in store.list("seg/")? {
         if !named.contains(&o.key) {
@@ -503,10 +575,6 @@ fn sweep_kept(store: &dyn ObjectStore) -> LayerResult<(Kept, u64)> {
         }
     }
     Ok((kept, deleted))
-}
-
-fn parse_checkpoint_key(key: &str) -> Option<u64> {
-    u64::from_str_radix(key.strip_prefix("ckpt/")?, 16).ok()
 }
 
 enum Outcome {
@@ -518,7 +586,11 @@ enum Outcome {
 
 /// `known`: the segment objects in the store the cache still matches; `named`: what the kept
 /// (newest two) checkpoint objects name, oldest first.
-fn uploader(sh: &Shared, mut known: BTreeMap<u32, Known>, mut named: Vec<(u64, BTreeSet<String>)>) {
+fn uploader(
+    sh: &Shared,
+    mut known: BTreeMap<u32, Known>,
+    mut named: Vec<(String, BTreeSet<String>)>,
+) {
     loop {
         let job = {
             let mut st = sh.state.lock().unwrap();
@@ -550,7 +622,10 @@ fn uploader(sh: &Shared, mut known: BTreeMap<u32, Known>, mut named: Vec<(u64, B
             }
             Ok(Outcome::Stopped) => return,
             Err(e) => {
-                eprintln!("ldfs: uploads to the store stopped: {e}");
+                eprintln!(
+                    "ldfs: uploads to the store stopped (writer {}): {e}",
+                    sh.lease.writer()
+                );
                 let mut st = sh.state.lock().unwrap_or_else(|p| p.into_inner());
                 st.failed = Some(e.to_string());
                 sh.cv.notify_all();
@@ -583,11 +658,53 @@ fn retry<T>(sh: &Shared, mut f: impl FnMut() -> StoreResult<T>) -> LayerResult<O
     }
 }
 
+/// `retry` for a request that may harm another writer if it lands after this one lost the
+/// lease (a checkpoint put, a delete): each attempt only while [`HeldLease::check`] passes;
+/// while the lease is late in renewing, wait as for a transient failure; lost, stop for good.
+fn retry_fenced<T>(sh: &Shared, mut f: impl FnMut() -> StoreResult<T>) -> LayerResult<Option<T>> {
+    let mut wait = sh.backoff.0;
+    loop {
+        match sh.lease.check() {
+            Ok(()) => {}
+            Err(e @ LeaseCheck::Lost(_)) => return Err(e.into()),
+            Err(LeaseCheck::Expiring { .. }) => {
+                let mut st = sh.state.lock().unwrap();
+                st.stats.lease_waits += 1;
+                if st.stop {
+                    return Ok(None);
+                }
+                st = sh.cv.wait_timeout(st, wait).unwrap().0;
+                if st.stop {
+                    return Ok(None);
+                }
+                wait = (wait * 2).min(sh.backoff.1);
+                continue;
+            }
+        }
+        match f() {
+            Ok(v) => return Ok(Some(v)),
+            Err(e) if e.is_transient() => {
+                let mut st = sh.state.lock().unwrap();
+                st.stats.retries += 1;
+                if st.stop {
+                    return Ok(None);
+                }
+                st = sh.cv.wait_timeout(st, wait).unwrap().0;
+                if st.stop {
+                    return Ok(None);
+                }
+                wait = (wait * 2).min(sh.backoff.1);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 fn upload(
     sh: &Shared,
     job: &Job,
     known: &mut BTreeMap<u32, Known>,
-    named: &mut Vec<(u64, BTreeSet<String>)>,
+    named: &mut Vec<(String, BTreeSet<String>)>,
 ) -> LayerResult<Outcome> {
     let geo = &sh.geo;
     let (hdr, usage) = checkpoint::decode(geo, &job.slot, 0).map_err(|e| LayerError::Corrupt {
@@ -624,6 +741,7 @@ fn upload(
             segment: seg.0,
             pages,
             first_seq,
+            writer: sh.lease.writer(),
             crc: crc32c::crc32c(&bytes),
         };
         let key = entry.key();
@@ -648,9 +766,11 @@ fn upload(
         }
         entries.push(entry);
     }
-    let object = encode_checkpoint_object(geo, &sh.superblock, job.serial, &job.slot, &entries);
-    let key = checkpoint_key(job.serial);
-    match retry(sh, || sh.store.put_if_absent(&key, &object))? {
+    let writer = sh.lease.writer();
+    let object =
+        encode_checkpoint_object(geo, &sh.superblock, writer, job.serial, &job.slot, &entries);
+    let key = checkpoint_key(writer, job.serial);
+    match retry_fenced(sh, || sh.store.put_if_absent(&key, &object))? {
         None => return Ok(Outcome::Stopped),
         Some(PutOutcome::Created) => {}
         Some(PutOutcome::Exists) => {
@@ -663,10 +783,10 @@ fn upload(
             }
         }
     }
-    named.push((job.serial, entries.iter().map(|e| e.key()).collect()));
+    named.push((key, entries.iter().map(|e| e.key()).collect()));
     // Keep the newest two checkpoint objects and what they name.
     while named.len() > 2 {
-        let (old_serial, old_keys) = named.remove(0);
+        let (ck, old_keys) = named.remove(0);
         for k in old_keys {
             if orphan(sh, k.clone(), named)? {
                 // Gone from the store: no later checkpoint object may name
@@ -674,8 +794,7 @@ fn upload(
                 known.retain(|_, kn| kn.entry.key() != k);
             }
         }
-        let ck = checkpoint_key(old_serial);
-        if retry(sh, || sh.store.delete(&ck))?.is_none() {
+        if retry_fenced(sh, || sh.store.delete(&ck))?.is_none() {
             return Ok(Outcome::Stopped);
         }
         sh.state.lock().unwrap().stats.objects_deleted += 1;
@@ -685,11 +804,11 @@ fn upload(
 
 /// Deletes `key` unless a kept checkpoint object names it; true if it was
 /// deleted (or asked to be: the store holds it no more).
-fn orphan(sh: &Shared, key: String, named: &[(u64, BTreeSet<String>)]) -> LayerResult<bool> {
+fn orphan(sh: &Shared, key: String, named: &[(String, BTreeSet<String>)]) -> LayerResult<bool> {
     if named.iter().any(|(_, keys)| keys.contains(&key)) {
         return Ok(false);
     }
-    if retry(sh, || sh.store.delete(&key))?.is_some() {
+    if retry_fenced(sh, || sh.store.delete(&key))?.is_some() {
         sh.state.lock().unwrap().stats.objects_deleted += 1;
         return Ok(true);
     }
@@ -736,20 +855,17 @@ pub struct RestoreReport {
 /// that lld opens the tree of that checkpoint.
 pub fn restore(store: &dyn ObjectStore, dev: &dyn Device) -> LayerResult<RestoreReport> {
     let listed = store.list("ckpt/")?;
-    let Some(newest) = listed.last() else {
+    let Some(newest) = listed
+        .iter()
+        .rev()
+        .find(|o| parse_checkpoint_key(&o.key).is_some())
+    else {
         return Err(LayerError::Other(
             "the store holds no checkpoint object".into(),
         ));
     };
     let key = newest.key.clone();
     let obj = decode_checkpoint_object(&key, &store.get(&key)?)?;
-    if parse_checkpoint_key(&key) != Some(obj.serial) {
-        return Err(LayerError::Corrupt {
-            what: "checkpoint object",
-            key,
-            detail: format!("holds serial {}", obj.serial),
-        });
-    }
     let geo = &obj.geo;
     let need = geo.total_pages * PAGE_BYTES as u64;
     if dev.size_bytes() < need {
