@@ -117,7 +117,7 @@ fn run(seed: u64, store: Arc<dyn ObjectStore>, settle: &dyn Fn()) {
     ldfs::lld::mkfs::mkfs(&*dev, &mkfs_opts()).unwrap();
     let clock = TestClock::default();
     let lease = take_lease(store.clone(), &clock, false);
-    let mut seg =
+    let seg =
         SegmentStore::start(store.clone(), dev.clone(), lease.clone(), fast_backoff()).unwrap();
     let lld = open(&dev, &seg);
     let lists: Vec<ListId> = (0..4)
@@ -280,7 +280,7 @@ fn a_crash_mid_upload_then_a_remount_on_the_same_cache() {
         crash.flush().unwrap();
         let clock = TestClock::default();
         let lease = take_lease(store.clone(), &clock, false);
-        let mut seg =
+        let seg =
             SegmentStore::start(store.clone(), dev.clone(), lease.clone(), fast_backoff()).unwrap();
         let lld = open(&dev, &seg);
         let lists: Vec<ListId> = (0..4)
@@ -485,4 +485,53 @@ fn a_writer_whose_lease_was_taken_over_stops_writing_to_the_store() {
     restore(&*store, &*dev3).unwrap();
     let lld3 = Lld::open(dev3, LldOptions::default()).unwrap();
     check(&lld3, &lists, &model_b, 26, "B's tree");
+}
+
+/// The upload backlog a mount's writers wait on: the bytes written to the cache since the
+/// newest uploaded checkpoint was taken. It grows while the store refuses every put, a wait for
+/// it to fall times out, and once the store is back the next checkpoint's upload brings it
+/// under the bound and the wait returns.
+#[test]
+fn the_upload_backlog_grows_while_the_store_is_down_and_falls_after() {
+    let mut rng = ChaCha8Rng::seed_from_u64(20);
+    let store: Arc<MemoryStore> = Arc::new(MemoryStore::new());
+    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
+    ldfs::lld::mkfs::mkfs(&*dev, &mkfs_opts()).unwrap();
+    let lease = take_lease(store.clone(), &TestClock::default(), false);
+    let seg = SegmentStore::start(store.clone(), dev.clone(), lease, fast_backoff()).unwrap();
+    let lld = Lld::open(
+        seg.device(),
+        LldOptions {
+            checkpoint_hook: Some(seg.hook()),
+            ..LldOptions::default()
+        },
+    )
+    .unwrap();
+    let lists: Vec<ListId> = (0..2)
+        .map(|_| lld.create_list(None, ListHints::default()).unwrap())
+        .collect();
+    let mut model = Model::new();
+    churn(&lld, &lists, &mut model, &mut rng, 100);
+    lld.checkpoint_now().unwrap();
+    seg.wait_uploaded(seg.announced(), Duration::from_secs(10))
+        .unwrap();
+    let low = seg.backlog_bytes();
+    // The store refuses every put.
+    store.set_faults(MemoryStoreFaults {
+        seed: 1,
+        lost_ppm: 1_000_000,
+        ..MemoryStoreFaults::default()
+    });
+    churn(&lld, &lists, &mut model, &mut rng, 400);
+    lld.checkpoint_now().unwrap();
+    let high = seg.backlog_bytes();
+    assert!(high > low + (1 << 20), "backlog {low} -> {high}");
+    let bound = high / 2;
+    assert!(!seg.wait_backlog(bound, Duration::from_millis(300)));
+    // Back: the pending checkpoint goes up and the backlog falls under the bound.
+    store.set_faults(MemoryStoreFaults::default());
+    assert!(seg.wait_backlog(bound, Duration::from_secs(10)));
+    assert!(seg.backlog_bytes() <= bound);
+    let (_, in_store) = seg.uploaded_at();
+    assert!(in_store > 0);
 }

@@ -278,6 +278,8 @@ struct Job {
     slot: Vec<u8>,
     /// `State::release_gen` when the hook ran.
     gen: u64,
+    /// Bytes lld had written to the cache when the hook ran.
+    written: u64,
 }
 
 /// A segment object in the store, and when its bytes were read.
@@ -300,9 +302,18 @@ struct State {
     failed: Option<String>,
     stop: bool,
     stats: UploadStats,
+    /// Bytes lld had written to the cache at the newest uploaded checkpoint.
+    uploaded_written: u64,
+    /// When the newest checkpoint object was put (by this process), and its size plus the
+    /// sizes of the segment objects it names.
+    uploaded_at: Option<std::time::SystemTime>,
+    store_bytes: u64,
 }
 
 struct Shared {
+    /// Bytes written through [`SegmentStore::device`]: the upload backlog is what was written
+    /// since the newest uploaded checkpoint.
+    written: std::sync::atomic::AtomicU64,
     store: Arc<dyn ObjectStore>,
     /// Checked before every checkpoint put and delete (not segment puts: their keys are this
     /// writer's own, so a late one harms nobody).
@@ -336,7 +347,7 @@ impl Default for SegmentStoreOptions {
 /// (`LldOptions::checkpoint_hook`) before opening the engine on `dev`.
 pub struct SegmentStore {
     shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl SegmentStore {
@@ -369,6 +380,12 @@ impl SegmentStore {
             )));
         }
         let uploaded = kept.last().map_or(0, |k| k.serial);
+        let store_bytes = kept.last().map_or(0, |k| {
+            k.entries
+                .iter()
+                .map(|e| e.pages as u64 * PAGE_BYTES as u64)
+                .sum()
+        });
         // A restart on the same cache: what the newest checkpoint object names and the cache
         // still holds in the same use of its segment (the sequence number at page 0 matches)
         // is not uploaded again. One page read per named segment.
@@ -408,6 +425,7 @@ impl SegmentStore {
             .map(|k| (k.key, k.entries.iter().map(|e| e.key()).collect()))
             .collect();
         let shared = Arc::new(Shared {
+            written: std::sync::atomic::AtomicU64::new(0),
             store,
             lease,
             dev,
@@ -424,6 +442,9 @@ impl SegmentStore {
                     objects_deleted: swept,
                     ..UploadStats::default()
                 },
+                uploaded_written: 0,
+                uploaded_at: None,
+                store_bytes,
             }),
             geo,
             cv: Condvar::new(),
@@ -436,7 +457,7 @@ impl SegmentStore {
             .expect("spawn uploader thread");
         Ok(SegmentStore {
             shared,
-            thread: Some(thread),
+            thread: Mutex::new(Some(thread)),
         })
     }
 
@@ -462,6 +483,7 @@ impl SegmentStore {
                 serial: c.serial,
                 slot: c.slot_bytes.to_vec(),
                 gen,
+                written: sh.written.load(std::sync::atomic::Ordering::Relaxed),
             });
             sh.cv.notify_all();
         }))
@@ -470,6 +492,56 @@ impl SegmentStore {
     /// The serial of the newest checkpoint object in the store.
     pub fn uploaded(&self) -> u64 {
         self.shared.state.lock().unwrap().uploaded
+    }
+
+    /// The cache device for lld: `dev` as given to `start`, counting the bytes written to it
+    /// (the upload backlog).
+    pub fn device(&self) -> Arc<dyn Device> {
+        Arc::new(CountingDevice(self.shared.clone()))
+    }
+
+    /// Bytes written to the cache since the newest checkpoint this process uploaded was
+    /// taken (everything since the start before the first): what a machine lost now loses,
+    /// at most, and what the uploader has yet to catch up with.
+    pub fn backlog_bytes(&self) -> u64 {
+        let w = self
+            .shared
+            .written
+            .load(std::sync::atomic::Ordering::Relaxed);
+        w.saturating_sub(self.shared.state.lock().unwrap().uploaded_written)
+    }
+
+    /// The newest uploaded checkpoint's time (by this process; `None` before its first) and
+    /// the bytes of the segment objects it names.
+    pub fn uploaded_at(&self) -> (Option<std::time::SystemTime>, u64) {
+        let st = self.shared.state.lock().unwrap();
+        (st.uploaded_at, st.store_bytes)
+    }
+
+    /// Why the uploader stopped for good, if it did.
+    pub fn failed(&self) -> Option<String> {
+        self.shared.state.lock().unwrap().failed.clone()
+    }
+
+    /// Waits until the backlog is at most `bytes`, the uploader fails, or `timeout` passes;
+    /// returns whether it is.
+    pub fn wait_backlog(&self, bytes: u64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.shared.state.lock().unwrap();
+        loop {
+            let w = self
+                .shared
+                .written
+                .load(std::sync::atomic::Ordering::Relaxed);
+            if w.saturating_sub(st.uploaded_written) <= bytes {
+                return true;
+            }
+            let now = Instant::now();
+            if st.failed.is_some() || st.stop || now >= deadline {
+                return false;
+            }
+            st = self.shared.cv.wait_timeout(st, deadline - now).unwrap().0;
+        }
     }
 
     /// The serial of the newest durable checkpoint lld announced.
@@ -505,12 +577,18 @@ impl SegmentStore {
     }
 
     /// Stops the uploader (what it has not uploaded stays in the cache for the next start).
-    pub fn stop(&mut self) {
+    pub fn stop(&self) {
         self.shared.state.lock().unwrap().stop = true;
         self.shared.cv.notify_all();
-        if let Some(t) = self.thread.take() {
+        let t = self.thread.lock().unwrap().take();
+        if let Some(t) = t {
             let _ = t.join();
         }
+    }
+
+    /// The lease this layer writes under.
+    pub fn lease(&self) -> &Arc<HeldLease> {
+        &self.shared.lease
     }
 }
 
@@ -518,6 +596,57 @@ impl Drop for SegmentStore {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The cache device as lld sees it through the layer: every write counted.
+struct CountingDevice(Arc<Shared>);
+
+impl Device for CountingDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        self.0.dev.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+        self.0.dev.write_at(buf, offset)?;
+        self.0
+            .written
+            .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+    fn flush(&self) -> Result<(), DeviceError> {
+        self.0.dev.flush()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.0.dev.size_bytes()
+    }
+    fn will_need(&self, ranges: &[(u64, u64)]) {
+        self.0.dev.will_need(ranges)
+    }
+    fn write_unit_bytes(&self) -> u64 {
+        self.0.dev.write_unit_bytes()
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<bool, DeviceError> {
+        self.0.dev.discard(offset, len)
+    }
+    // Not `resize`: the default (the size is not ldfs's to set) keeps a store-backed file
+    // system at the size its cache was made with.
+}
+
+/// The newest checkpoint object in the store, decoded (its key first), or `None` if the store
+/// holds none: what a mount checks its cache against and sizes a fresh cache by.
+pub fn newest_checkpoint(
+    store: &dyn ObjectStore,
+) -> LayerResult<Option<(String, CheckpointObject)>> {
+    let listed = store.list("ckpt/")?;
+    let Some(newest) = listed
+        .iter()
+        .rev()
+        .find(|o| parse_checkpoint_key(&o.key).is_some())
+    else {
+        return Ok(None);
+    };
+    let key = newest.key.clone();
+    let obj = decode_checkpoint_object(&key, &store.get(&key)?)?;
+    Ok(Some((key, obj)))
 }
 
 /// Deletes what no kept checkpoint object names: objects of uploads a stopped or crashed
@@ -614,6 +743,8 @@ fn uploader(
             Ok(Outcome::Done) => {
                 let mut st = sh.state.lock().unwrap();
                 st.uploaded = st.uploaded.max(job.serial);
+                st.uploaded_written = st.uploaded_written.max(job.written);
+                st.uploaded_at = Some(std::time::SystemTime::now());
                 st.stats.checkpoints_put += 1;
                 sh.cv.notify_all();
             }
@@ -784,6 +915,10 @@ fn upload(
         }
     }
     named.push((key, entries.iter().map(|e| e.key()).collect()));
+    sh.state.lock().unwrap().store_bytes = entries
+        .iter()
+        .map(|e| e.pages as u64 * PAGE_BYTES as u64)
+        .sum();
     // Keep the newest two checkpoint objects and what they name.
     while named.len() > 2 {
         let (ck, old_keys) = named.remove(0);
@@ -854,18 +989,11 @@ pub struct RestoreReport {
 /// where the file system keeps anything) from the newest checkpoint object in `store`, so
 /// that lld opens the tree of that checkpoint.
 pub fn restore(store: &dyn ObjectStore, dev: &dyn Device) -> LayerResult<RestoreReport> {
-    let listed = store.list("ckpt/")?;
-    let Some(newest) = listed
-        .iter()
-        .rev()
-        .find(|o| parse_checkpoint_key(&o.key).is_some())
-    else {
+    let Some((key, obj)) = newest_checkpoint(store)? else {
         return Err(LayerError::Other(
             "the store holds no checkpoint object".into(),
         ));
     };
-    let key = newest.key.clone();
-    let obj = decode_checkpoint_object(&key, &store.get(&key)?)?;
     let geo = &obj.geo;
     let need = geo.total_pages * PAGE_BYTES as u64;
     if dev.size_bytes() < need {
