@@ -1528,17 +1528,18 @@ pub fn run(
         }
         None
     };
+    // A snapshot mount is a daemon of its own beside the live one. (A store mount's image is
+    // its cache.)
+    if opts.snapshot.is_none() {
+        if let Some(on) = mounted_on(store_args.cache.as_ref().unwrap_or(&image)) {
+            return bind_mount(&on, &dir, &opts);
+        }
+    }
     if !foreground {
         return spawn_daemon(&image, &dir, &options, &store_args);
     }
     // From here on a store mount's image is its cache.
     let image = store_args.cache.clone().unwrap_or(image);
-    // A snapshot mount is a daemon of its own beside the live one.
-    if opts.snapshot.is_none() {
-        if let Some(on) = mounted_on(&image) {
-            return bind_mount(&on, &dir, &opts);
-        }
-    }
     if daemon_child {
         unsafe { libc::setsid() };
     }
