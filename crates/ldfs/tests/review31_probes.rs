@@ -184,12 +184,11 @@ fn write_and_upload(lld: &Lld, seg: &SegmentStore, byte: u8, n: u64) -> ListId {
     l
 }
 
-/// Finding 2 (medium): `sweep_kept` (run by every `SegmentStore::start`) keeps "the newest
+/// Finding 2 (medium; fixed on review31): `sweep_kept` (run by every `SegmentStore::start`) keeps "the newest
 /// two" by counting every key under `ckpt/`, parsable or not. Two foreign objects there that
 /// sort after the checkpoint keys (a README, a `.bak` copy, another tool's marker) make it
 /// delete every real checkpoint object and then every segment object: the file system is gone.
 #[test]
-#[ignore = "review 31 finding 2: foreign keys under ckpt/ make the sweep delete the file system"]
 fn foreign_objects_under_ckpt_do_not_get_the_file_system_deleted() {
     let store = Arc::new(MemoryStore::new());
     let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));

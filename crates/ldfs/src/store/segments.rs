@@ -19,7 +19,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::lease::{HeldLease, LeaseCheck};
-use super::{ObjectStore, PutOutcome, StoreError, StoreResult};
+use super::{ObjectInfo, ObjectStore, PutOutcome, StoreError, StoreResult};
 use crate::device::{Device, DeviceError};
 use crate::lld::checkpoint;
 use crate::lld::layout::Geometry;
@@ -672,14 +672,18 @@ type Kept = Vec<KeptCheckpoint>;
 
 /// `sweep`, returning the kept checkpoint objects and how many objects it deleted.
 fn sweep_kept(store: &dyn ObjectStore) -> LayerResult<(Kept, u64)> {
-    let ckpts = store.list("ckpt/")?;
+    // Only checkpoint keys count towards the newest two: an object of another kind under
+    // `ckpt/` (review 31) is left alone, and never pushes a checkpoint out.
+    let ckpts: Vec<(ObjectInfo, u64, u64)> = store
+        .list("ckpt/")?
+        .into_iter()
+        .filter_map(|o| parse_checkpoint_key(&o.key).map(|(w, s)| (o, w, s)))
+        .collect();
     let mut kept = Vec::new();
     let mut deleted = 0;
     let keep = ckpts.len().saturating_sub(2);
-    for (i, c) in ckpts.iter().enumerate() {
-        let Some((writer, serial)) = parse_checkpoint_key(&c.key) else {
-            continue;
-        };
+    for (i, (c, writer, serial)) in ckpts.iter().enumerate() {
+        let (writer, serial) = (*writer, *serial);
         if i < keep {
             store.delete(&c.key)?;
             deleted += 1;
