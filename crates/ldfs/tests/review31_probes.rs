@@ -418,13 +418,12 @@ impl Device for DyingDevice {
     }
 }
 
-/// Finding 11 (low): `restore` writes the superblock before the checkpoint slot. A rebuild
+/// Finding 11 (low; fixed on review31): `restore` writes the superblock before the checkpoint slot. A rebuild
 /// killed between the two (kill -9, a full disk) leaves a cache with this file system's
 /// superblock and no valid slot: the next mount no longer sees an empty cache to rebuild but
 /// "the same file system", refused as a branch (no note yet) or, with an old note, opened and
 /// failing. Written last, the superblock makes a partial rebuild an empty cache again.
 #[test]
-#[ignore = "review 31 finding 11: restore writes the superblock before the slot"]
 fn a_rebuild_killed_part_way_leaves_a_cache_that_is_rebuilt_again() {
     let store = Arc::new(MemoryStore::new());
     let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));

@@ -991,7 +991,8 @@ pub struct RestoreReport {
 
 /// Rebuilds a cache on `dev` (at least the file system's size; what it held is overwritten
 /// where the file system keeps anything) from the newest checkpoint object in `store`, so
-/// that lld opens the tree of that checkpoint.
+/// that lld opens the tree of that checkpoint. Page 0 (the superblock) is written last: a
+/// rebuild cut short leaves a cache with zeros there, which a mount rebuilds again.
 pub fn restore(store: &dyn ObjectStore, dev: &dyn Device) -> LayerResult<RestoreReport> {
     let Some((key, obj)) = newest_checkpoint(store)? else {
         return Err(LayerError::Other(
@@ -1026,9 +1027,6 @@ pub fn restore(store: &dyn ObjectStore, dev: &dyn Device) -> LayerResult<Restore
         dev.write_at(&b, geo.page_addr(SegmentId(e.segment), 0))?;
         bytes += b.len() as u64;
     }
-    let [sb0, sb1] = geo.superblock_addrs();
-    dev.write_at(&obj.superblock, sb0)?;
-    dev.write_at(&geo.encode_superblock(1), sb1)?;
     let slot = (obj.serial % 2) as usize;
     dev.write_at(&obj.slot, geo.slot_addr(slot))?;
     dev.write_at(&vec![0u8; obj.slot.len()], geo.slot_addr(1 - slot))?;
@@ -1049,6 +1047,13 @@ pub fn restore(store: &dyn ObjectStore, dev: &dyn Device) -> LayerResult<Restore
     if hdr.next_segment != hdr.log_segment {
         dev.write_at(&zero, geo.page_addr(SegmentId(hdr.next_segment), 0))?;
     }
+    // The superblocks last (page 0's the very last), after everything else is durable: a
+    // rebuild cut short leaves zeros at page 0, which the next mount takes for an empty cache
+    // and rebuilds (review 31).
+    dev.flush()?;
+    let [sb0, sb1] = geo.superblock_addrs();
+    dev.write_at(&geo.encode_superblock(1), sb1)?;
+    dev.write_at(&obj.superblock, sb0)?;
     dev.flush()?;
     Ok(RestoreReport {
         serial: obj.serial,
