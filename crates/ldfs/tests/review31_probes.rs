@@ -125,12 +125,11 @@ impl ObjectStore for Probe {
     }
 }
 
-/// Finding 1 (medium): a renewal whose put landed but whose answer was lost (the transient
+/// Finding 1 (medium; fixed on review31): a renewal whose put landed but whose answer was lost (the transient
 /// failure S3 clients see most) makes the next renewal put the same generation with another
 /// expiry; `put_next` compares whole bytes, finds them different and calls the lease lost.
 /// The mount turns read-only and stops uploading for good although nobody else holds the lease.
 #[test]
-#[ignore = "review 31 finding 1: a renewal after a lost answer calls the lease lost"]
 fn a_renewal_whose_answer_was_lost_keeps_the_lease() {
     let store = Arc::new(Probe::default());
     let clock = TestClock::default();
@@ -153,7 +152,6 @@ fn a_renewal_whose_answer_was_lost_keeps_the_lease() {
 /// (transient); `renew` returns the delete's error, the keeper never records the new
 /// generation, and the next renewal collides with its own object: lease lost.
 #[test]
-#[ignore = "review 31 finding 1: a failed clean-up delete loses the lease"]
 fn a_renewal_whose_cleanup_delete_failed_keeps_the_lease() {
     let store = Arc::new(Probe::default());
     let clock = TestClock::default();
@@ -320,7 +318,7 @@ fn a_resizable_image_uploads_and_restores() {
     assert_eq!(lld2.read(l, 0).unwrap().as_deref(), Some(&[9u8; 5000][..]));
 }
 
-/// Finding 0 (high: split brain): only the newest two lease generations are kept, so a
+/// Finding 0 (high: split brain; fixed on review31): only the newest two lease generations are kept, so a
 /// holder cut off from the store for longer than the lease, whose taker has renewed twice
 /// since, renews into a generation the taker already deleted: `put_if_absent` of its next
 /// generation succeeds, and it believes it holds the lease again (fresh expiry, `check`
@@ -328,7 +326,6 @@ fn a_resizable_image_uploads_and_restores() {
 /// (a backlog from the partition waiting) puts checkpoints and deletes what its own newest two
 /// no longer name: segment objects the taker's checkpoints name.
 #[test]
-#[ignore = "review 31 finding 0: a stale holder renews into a deleted generation (two writers)"]
 fn a_holder_back_from_a_partition_never_renews_into_a_deleted_generation() {
     let store = Arc::new(MemoryStore::new());
     let clock = TestClock::default();

@@ -8,7 +8,11 @@
 //! duration; a taker compares it with its own clock, so the duration must be much longer than
 //! the clock skew between hosts (minutes against NTP's milliseconds).
 //!
-//! Only the newest two generations are kept (older ones deleted by whoever puts a new one).
+//! Only the newest two generations are kept (older ones deleted by whoever puts a new one), so
+//! a put can land in a generation deleted long ago (a holder back from a partition renewing):
+//! each put lists the generations after it lands and has lost if a later one is there. A put
+//! that finds its generation taken by its own owner (an earlier try whose answer was lost) has
+//! it, with the landed record's expiry.
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -182,7 +186,21 @@ pub fn renew(
 /// Gives the lease up (a clean unmount): a next generation with expiry 0, which the next writer
 /// takes without waiting or forcing.
 pub fn release(store: &dyn ObjectStore, lease: &Lease) -> Result<(), LeaseError> {
-    renew(store, lease, 0).map(|_| ())
+    let l = renew(store, lease, 0)?;
+    if l.record.expires_secs != 0 {
+        // The generation held an earlier renewal of ours whose answer was lost: one more.
+        renew(store, &l, 0)?;
+    }
+    Ok(())
+}
+
+/// Every lease generation in the store.
+fn generations(store: &dyn ObjectStore) -> Result<Vec<u64>, LeaseError> {
+    Ok(store
+        .list("lease/")?
+        .into_iter()
+        .filter_map(|o| u64::from_str_radix(o.key.strip_prefix("lease/")?, 16).ok())
+        .collect())
 }
 
 fn put_next(
@@ -192,22 +210,30 @@ fn put_next(
 ) -> Result<Lease, LeaseError> {
     let k = key(generation);
     let bytes = me.encode();
-    match store.put_if_absent(&k, &bytes)? {
-        PutOutcome::Created => {}
+    let record = match store.put_if_absent(&k, &bytes)? {
+        PutOutcome::Created => me,
         PutOutcome::Exists => {
-            // Ours if an earlier try landed with its answer lost.
-            if store.get(&k)? != bytes {
-                return Err(LeaseError::Lost { generation });
+            // Ours if an earlier try landed with its answer lost: the same owner (random per
+            // mount), perhaps another expiry. The landed record is the lease: its expiry is
+            // what a taker reads (review 31).
+            match LeaseRecord::decode(&store.get(&k)?) {
+                Ok(r) if r.owner == me.owner => r,
+                _ => return Err(LeaseError::Lost { generation }),
             }
         }
+    };
+    // A later generation in the store means another writer took the lease and went on: this
+    // put landed only because the generation it names was deleted (only the newest two are
+    // kept), and it holds nothing (review 31: a holder back from a partition). Generations
+    // below the one before this are deleted (best effort: a leftover is only an object).
+    let all = generations(store)?;
+    if let Some(&newest) = all.iter().max().filter(|&&g| g > generation) {
+        return Err(LeaseError::Lost { generation: newest });
     }
-    if generation > 2 {
-        store.delete(&key(generation - 2))?;
+    for g in all.into_iter().filter(|&g| g + 1 < generation) {
+        let _ = store.delete(&key(g));
     }
-    Ok(Lease {
-        generation,
-        record: me,
-    })
+    Ok(Lease { generation, record })
 }
 
 /// Seconds since 1970 by some clock: this host's ([`system_clock`]), or a test's.
