@@ -257,3 +257,51 @@ fn a_lease_shorter_than_twice_the_request_timeout_is_refused() {
         "lease=60 accepted: half of it is below the 120 s request timeout"
     );
 }
+
+/// Finding 12 (low): `ldfs mount` of a prefix that holds no file system (a typo, a bucket
+/// never made with `mkfs --store`) is refused, but only after it created the cache file
+/// (empty) and took and released the lease: a prefix the user never meant gets `lease/`
+/// objects, and a stray empty file sits where the cache was named. Against the gateway
+/// (skipped loudly without one); nothing is mounted.
+#[test]
+#[ignore = "review 31 finding 12: a refused mount of an empty prefix leaves lease objects and an empty cache"]
+fn a_mount_of_a_prefix_without_a_file_system_leaves_nothing_behind() {
+    use ldfs::store::{S3Config, S3Store};
+    use ldfs::testing::ceph::{gateway, unique_bucket, Gateway};
+    let vars = match gateway() {
+        Gateway::Ready(v) => v,
+        Gateway::Skip(why) => {
+            eprintln!("*** SKIPPING the empty-prefix mount probe: {why} ***");
+            return;
+        }
+    };
+    let bucket = unique_bucket("r31empty");
+    let cfg = S3Config::from_vars(&bucket, "typo", |k| vars.get(k).cloned()).unwrap();
+    let s3 = S3Store::new(&cfg).unwrap();
+    s3.create_bucket().unwrap();
+    let d = tempfile::tempdir_in("/var/tmp").unwrap();
+    let cache = d.path().join("cache.img");
+    let dir = d.path().join("mnt");
+    std::fs::create_dir(&dir).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ldfs"))
+        .envs(&vars)
+        .arg("mount")
+        .arg(format!("s3://{bucket}/typo"))
+        .arg(&dir)
+        .arg("--cache")
+        .arg(&cache)
+        .arg("-f")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("holds no file system"),
+        "{err}"
+    );
+    let leases = s3.list("lease/").unwrap();
+    assert!(
+        leases.is_empty() && !cache.exists(),
+        "a refused mount left {leases:?} in the store, cache file there: {}",
+        cache.exists()
+    );
+}
