@@ -137,13 +137,14 @@ pub fn write_note(cache: &Path, url: &StoreUrl, fs_id: u64, writer: u64) -> Resu
 /// The cache's superblock geometry, `None` if it holds none (absent, empty, or zeros where
 /// the superblock goes); an error if it holds something else.
 fn cache_geometry(cache: &Path) -> Result<Option<Geometry>, String> {
-    let Ok(meta) = std::fs::metadata(cache) else {
-        return Ok(None);
-    };
-    if meta.len() < PAGE_BYTES as u64 {
+    if !cache.exists() {
         return Ok(None);
     }
+    // The device's size, not the file's length: a block device's st_size is 0 (review 31).
     let dev = FileDevice::open_read_only(cache).map_err(|e| format!("{}: {e}", cache.display()))?;
+    if dev.size_bytes() < PAGE_BYTES as u64 {
+        return Ok(None);
+    }
     let mut page = vec![0u8; PAGE_BYTES];
     dev.read_at(&mut page, 0)
         .map_err(|e| format!("{}: {e}", cache.display()))?;
@@ -211,7 +212,12 @@ pub fn prepare_cache(
                 .write(true)
                 .open(cache)
                 .map_err(|e| format!("{}: {e}", cache.display()))?;
-            if f.metadata().map(|m| m.len()).unwrap_or(0) < need {
+            // A file grows to the file system's size (sparse); a block device is its size
+            // (`restore` refuses one too small).
+            let meta = f
+                .metadata()
+                .map_err(|e| format!("{}: {e}", cache.display()))?;
+            if meta.file_type().is_file() && meta.len() < need {
                 f.set_len(need)
                     .map_err(|e| format!("{}: {e}", cache.display()))?;
             }
