@@ -42,9 +42,15 @@ fn uploads_resume_after_the_gateway_restarts() {
         kept_pages: 0,
     };
     ldfs::lld::mkfs::mkfs(&*dev, &mk).unwrap();
+    let lease = ldfs::testing::store::take_lease(
+        s3.clone(),
+        &ldfs::testing::store::TestClock::default(),
+        false,
+    );
     let seg = SegmentStore::start(
         s3.clone(),
         dev.clone(),
+        lease,
         SegmentStoreOptions {
             backoff_initial: Duration::from_millis(50),
             backoff_max: Duration::from_secs(1),
