@@ -31,6 +31,7 @@ fn mkfs_opts() -> MkfsOptions {
         reserved_segments: Some(4),
         fs_id: 3131,
         max_bytes: None,
+        kept_pages: 0,
     }
 }
 
@@ -76,8 +77,9 @@ fn write(lld: &Lld, l: ListId, byte: u8) {
 /// ..., and the next mount on that cache uploads it", says the unmount) are overwritten. The
 /// README promises a cache is kept across mounts unless another machine wrote to the store;
 /// nothing stops a user from looking at a cache read-only first.
+/// Fixed: a read-only mount rebuilds only an empty cache or one only read-only mounts used
+/// (its note says writer 0); a writer's cache, or one without a note, is refused.
 #[test]
-#[ignore = "review 31 finding 5: -o ro rebuilds a cache holding unuploaded writes"]
 fn a_read_only_mount_never_rebuilds_a_cache_holding_unuploaded_writes() {
     let d = tempfile::tempdir().unwrap();
     let (cache, dev) = cache_file(d.path());
@@ -104,8 +106,13 @@ fn a_read_only_mount_never_rebuilds_a_cache_holding_unuploaded_writes() {
     seg.stop();
     lease.abandon();
     store.set_faults(MemoryStoreFaults::default());
-    // Later: a read-only look at the same cache.
-    prepare_cache(&*store, &url(), &cache, None).unwrap();
+    // Later: a read-only look at the same cache is refused (it would be rebuilt from the
+    // store), saying what to do.
+    let r = prepare_cache(&*store, &url(), &cache, None);
+    assert!(
+        r.as_ref().is_err_and(|e| e.contains("cache of its own")),
+        "a read-only mount took a writer's cache: {r:?}"
+    );
     let dev = FileDevice::open(&cache, FileDeviceOptions::default()).unwrap();
     let lld = Lld::open(Arc::new(dev), LldOptions::default()).unwrap();
     let first = lld.read(l, 0).unwrap().map(|v| (v.len(), v[0]));
@@ -116,12 +123,62 @@ fn a_read_only_mount_never_rebuilds_a_cache_holding_unuploaded_writes() {
     );
 }
 
+/// With finding 5's fix: a read-only mount's own cache (note: writer 0) follows the store,
+/// rebuilt at each read-only mount to the newest upload, and a read-write mount takes it
+/// (rebuilt: it holds nothing of its own).
+#[test]
+fn a_read_only_mounts_cache_follows_the_store() {
+    let wd = tempfile::tempdir().unwrap();
+    let (wcache, wdev) = cache_file(wd.path());
+    let store = Arc::new(MemoryStore::new());
+    let clock = TestClock::default();
+    let lease = take_lease(store.clone(), &clock, false);
+    write_note(&wcache, &url(), 3131, lease.writer()).unwrap();
+    let seg = SegmentStore::start(store.clone(), wdev, lease.clone(), fast()).unwrap();
+    let lld = open(&seg);
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    let upload = |byte: u8| {
+        write(&lld, l, byte);
+        lld.checkpoint_now().unwrap();
+        seg.wait_uploaded(seg.announced(), Duration::from_secs(30))
+            .unwrap();
+    };
+    let rd = tempfile::tempdir().unwrap();
+    let rcache = rd.path().join("ro.img");
+    let read_first = |p: &Path| {
+        let dev = FileDevice::open(p, FileDeviceOptions::default()).unwrap();
+        let lld = Lld::open(Arc::new(dev), LldOptions::default()).unwrap();
+        let v = lld.read(l, 0).unwrap().map(|v| v[0]);
+        lld.close().unwrap();
+        v
+    };
+    upload(1);
+    prepare_cache(&*store, &url(), &rcache, None).unwrap();
+    assert_eq!(read_first(&rcache), Some(1));
+    upload(2);
+    prepare_cache(&*store, &url(), &rcache, None).unwrap();
+    assert_eq!(
+        read_first(&rcache),
+        Some(2),
+        "a read-only mount's cache kept an older upload"
+    );
+    upload(3);
+    lld.close().unwrap();
+    seg.wait_uploaded(seg.announced(), Duration::from_secs(30))
+        .unwrap();
+    drop(lld);
+    seg.stop();
+    lease.release().unwrap();
+    let lease2 = take_lease(store.clone(), &clock, false);
+    prepare_cache(&*store, &url(), &rcache, Some(lease2.writer())).unwrap();
+    assert_eq!(read_first(&rcache), Some(3));
+}
+
 /// Finding 6 (medium): a block device cache's note goes to `/dev/NAME.ldfs-store`: a
 /// devtmpfs, emptied at every boot. After a reboot (the case fsync-durable-on-the-cache is
 /// for) the note is gone, the cache is refused as a branch ("move it away"), and the writes
 /// only it holds cannot be mounted or uploaded. The README says fsync survives a reboot.
 #[test]
-#[ignore = "review 31 finding 6: a block device cache note lives in /dev"]
 fn a_block_device_caches_note_survives_a_reboot() {
     let p = note_path(Path::new("/dev/nvme0n1p3"));
     assert!(
@@ -171,7 +228,6 @@ impl ObjectStore for QuotaStore {
 /// the next mount", are stranded. Keeping the lease (it expires; a taker must force) would
 /// let the next mount on this cache upload them.
 #[test]
-#[ignore = "review 31 finding 7: unmount releases the lease with the final upload missing"]
 fn an_unmount_whose_final_upload_failed_keeps_the_lease() {
     let d = tempfile::tempdir().unwrap();
     let (cache, dev) = cache_file(d.path());
@@ -206,7 +262,6 @@ fn an_unmount_whose_final_upload_failed_keeps_the_lease() {
 /// spins on a core), not the end of the mount, not a signal to the writer. A FUSE write
 /// blocked there keeps the mount busy: unmount never happens, nor the final checkpoint.
 #[test]
-#[ignore = "review 31 finding 8: nothing ends a backlog wait"]
 fn a_writer_waiting_on_the_backlog_is_released_when_the_uploader_stops() {
     let d = tempfile::tempdir().unwrap();
     let (_cache, dev) = cache_file(d.path());
@@ -248,14 +303,34 @@ fn a_writer_waiting_on_the_backlog_is_released_when_the_uploader_stops() {
 /// request timeout is 120 s, so any lease under 240 s lets a stale writer's checkpoint put or
 /// delete land after a taker took over (see the library probe
 /// `a_stale_writers_late_checkpoint_never_leaves_the_store_unrestorable`).
+///
+/// Fixed: a writer's requests time out at two fifths of its lease (at most 120 s), and a
+/// lease is at least 10 s.
 #[test]
-#[ignore = "review 31 finding 9: lease= below twice the request timeout accepted"]
 fn a_lease_shorter_than_twice_the_request_timeout_is_refused() {
-    let r = ldfs_tools::fuse::mount::parse_options(&["lease=60".to_string()]);
-    assert!(
-        r.is_err(),
-        "lease=60 accepted: half of it is below the 120 s request timeout"
-    );
+    use ldfs::store::lease::{request_timeout_for, MIN_LEASE};
+    for secs in [
+        MIN_LEASE.as_secs(),
+        11,
+        60,
+        239,
+        240,
+        241,
+        300,
+        3600,
+        86_400,
+    ] {
+        let d = Duration::from_secs(secs);
+        let r = ldfs_tools::fuse::mount::parse_options(&[format!("lease={secs}")]);
+        assert!(r.is_ok(), "lease={secs}: {:?}", r.err());
+        let t = request_timeout_for(d);
+        assert!(
+            t * 2 < d && t <= Duration::from_secs(120),
+            "lease={secs}: requests time out at {t:?}, not under half of it"
+        );
+    }
+    let r = ldfs_tools::fuse::mount::parse_options(&[format!("lease={}", MIN_LEASE.as_secs() - 1)]);
+    assert!(r.is_err(), "a lease under {MIN_LEASE:?} accepted");
 }
 
 /// Finding 12 (low): `ldfs mount` of a prefix that holds no file system (a typo, a bucket
@@ -264,7 +339,6 @@ fn a_lease_shorter_than_twice_the_request_timeout_is_refused() {
 /// objects, and a stray empty file sits where the cache was named. Against the gateway
 /// (skipped loudly without one); nothing is mounted.
 #[test]
-#[ignore = "review 31 finding 12: a refused mount of an empty prefix leaves lease objects and an empty cache"]
 fn a_mount_of_a_prefix_without_a_file_system_leaves_nothing_behind() {
     use ldfs::store::{S3Config, S3Store};
     use ldfs::testing::ceph::{gateway, unique_bucket, Gateway};

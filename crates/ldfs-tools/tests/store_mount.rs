@@ -280,15 +280,15 @@ fn kill_9_mid_upload_then_a_remount_on_the_same_cache() {
     let c1 = e.path("c1.img");
     e.mkfs(&c1);
     let d1 = e.path("d1");
-    let m = e.mount(&c1, &d1, &["upload=1", "lease=6"], false);
+    let m = e.mount(&c1, &d1, &["upload=1", "lease=10"], false);
     let tree = write_tree(&d1, 3, 30);
     // Uploads are under way (a checkpoint a second).
     std::thread::sleep(Duration::from_millis(1500));
     m.kill9();
     let why = e.mount_refused(&c1, &d1);
     assert!(why.contains("lease until"), "{why}");
-    std::thread::sleep(Duration::from_secs(7));
-    let m = e.mount(&c1, &d1, &["lease=6"], true);
+    std::thread::sleep(Duration::from_secs(11));
+    let m = e.mount(&c1, &d1, &["lease=10"], true);
     assert_same(&read_tree(&d1), &tree, "same cache after kill -9");
     e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
     m.unmount();

@@ -27,6 +27,7 @@ fn mkfs_opts() -> MkfsOptions {
         reserved_segments: Some(4),
         fs_id: 3131,
         max_bytes: None,
+        kept_pages: 0,
     }
 }
 
@@ -227,7 +228,6 @@ fn foreign_objects_under_ckpt_do_not_get_the_file_system_deleted() {
 /// fails on a missing segment object: a machine lost now cannot get the file system back,
 /// though a complete older checkpoint is in the store.
 #[test]
-#[ignore = "review 31 finding 3: a stale late checkpoint sorts newest and names swept objects"]
 fn a_stale_writers_late_checkpoint_never_leaves_the_store_unrestorable() {
     let store = Arc::new(Probe::default());
     let clock = TestClock::default();
@@ -285,7 +285,6 @@ fn a_stale_writers_late_checkpoint_never_leaves_the_store_unrestorable() {
 /// pages its segment count needs: the uploader panics on its first checkpoint, nothing is
 /// ever uploaded.
 #[test]
-#[ignore = "review 31 finding 4: the checkpoint object assumes a full-length slot"]
 fn a_resizable_image_uploads_and_restores() {
     let store = Arc::new(MemoryStore::new());
     let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
@@ -353,7 +352,6 @@ fn a_holder_back_from_a_partition_never_renews_into_a_deleted_generation() {
 /// system over the first's (its checkpoint sorts newest; two uploads later the first's
 /// objects are swept). Any caller that skips `prepare_cache` does the same.
 #[test]
-#[ignore = "review 31 finding 10: start does not compare fs ids"]
 fn a_start_on_another_file_systems_cache_is_refused() {
     let store = Arc::new(MemoryStore::new());
     let clock = TestClock::default();

@@ -102,7 +102,7 @@ fn mkfs_store(url: &str, cache: &std::path::Path, a: &MkfsArgs) -> CmdResult {
     use ldfs::store::segments::newest_checkpoint;
     use ldfs::store::{SegmentStore, SegmentStoreOptions};
     let url = super::store::StoreUrl::parse(url)?;
-    let s3 = url.open()?;
+    let s3 = url.open(None)?;
     s3.create_bucket().map_err(|e| format!("{url}: {e}"))?;
     let store: std::sync::Arc<dyn ldfs::store::ObjectStore> = s3;
     if let Some((key, obj)) = newest_checkpoint(&*store).map_err(|e| format!("{url}: {e}"))? {
@@ -124,7 +124,11 @@ fn mkfs_store(url: &str, cache: &std::path::Path, a: &MkfsArgs) -> CmdResult {
         a.size,
         a.segment_size,
         a.max_block,
-        (a.reserved_segments, Some(a.max_size.unwrap_or(size))),
+        (
+            a.reserved_segments,
+            Some(a.max_size.unwrap_or(size)),
+            a.kept_table_pages,
+        ),
         !a.sparse,
         None,
     )?;

@@ -5,10 +5,13 @@
 //! or rebuilt from the store when it is empty or absent).
 //!
 //! The cache keeps a note beside it, `PATH.ldfs-store` (fs id, writer): the lease generation
-//! of the last read-write mount on it. A cache is used as it is only if no later writer has
-//! uploaded a checkpoint since (the newest checkpoint object's writer is not above the note's):
-//! otherwise another machine took the file system over and went on, and this cache's tree is
-//! a branch the store no longer has; the mount is refused, naming both.
+//! of the last read-write mount on it, or 0 for a cache a read-only mount rebuilt. A writer's
+//! cache is used as it is only if no later writer has uploaded a checkpoint since (the newest
+//! checkpoint object's writer is not above the note's): otherwise another machine took the
+//! file system over and went on, and this cache's tree is a branch the store no longer has;
+//! the mount is refused, naming both. A read-only mount shows the last uploaded checkpoint, so
+//! it rebuilds its cache from the store: only an empty cache or a read-only mount's own, never
+//! a writer's, which may hold writes the store lacks (review 31).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -49,9 +52,13 @@ impl StoreUrl {
         })
     }
 
-    /// Opens the bucket; configuration from the environment and the AWS shared files.
-    pub fn open(&self) -> Result<Arc<S3Store>, String> {
-        let cfg = S3Config::from_env(&self.bucket, &self.prefix).map_err(|e| e.to_string())?;
+    /// Opens the bucket; configuration from the environment and the AWS shared files;
+    /// `timeout` for each request if given (a writer's, by its lease), else the default.
+    pub fn open(&self, timeout: Option<Duration>) -> Result<Arc<S3Store>, String> {
+        let mut cfg = S3Config::from_env(&self.bucket, &self.prefix).map_err(|e| e.to_string())?;
+        if let Some(t) = timeout {
+            cfg.timeout = t;
+        }
         Ok(Arc::new(S3Store::new(&cfg).map_err(|e| e.to_string())?))
     }
 }
@@ -95,12 +102,28 @@ pub fn take_lease(
     }
 }
 
-/// The note beside a cache.
+/// Where the notes of caches under `/dev` go: beside a block device the note would be on a
+/// devtmpfs, emptied at every boot (review 31), and the cache then refused after a reboot.
+pub const DEVICE_NOTES: &str = "/var/lib/ldfs/store-notes";
+
+/// The note of a cache: beside it (`PATH.ldfs-store`), or for a cache under `/dev` (a block
+/// device) in [`DEVICE_NOTES`], named by its path (`/` as `%`).
 pub fn note_path(cache: &Path) -> PathBuf {
-    let mut p = cache.as_os_str().to_owned();
+    let mut p = match cache.strip_prefix("/dev") {
+        Ok(rest) => {
+            let name = rest.to_string_lossy().replace('/', "%");
+            Path::new(DEVICE_NOTES)
+                .join(format!("dev%{name}"))
+                .into_os_string()
+        }
+        Err(_) => cache.as_os_str().to_owned(),
+    };
     p.push(".ldfs-store");
     PathBuf::from(p)
 }
+
+/// The note's writer of a cache only read-only mounts used.
+pub const READER: u64 = 0;
 
 /// (fs id, writer) from the note, if it reads.
 fn read_note(cache: &Path) -> Option<(u64, u64)> {
@@ -122,6 +145,9 @@ pub fn write_note(cache: &Path, url: &StoreUrl, fs_id: u64, writer: u64) -> Resu
     let p = note_path(cache);
     let tmp = p.with_extension("ldfs-store.tmp");
     let err = |e: std::io::Error| format!("{}: {e}", p.display());
+    if p.starts_with(DEVICE_NOTES) {
+        std::fs::create_dir_all(DEVICE_NOTES).map_err(err)?;
+    }
     let mut f = std::fs::File::create(&tmp).map_err(err)?;
     writeln!(f, "store={url}\nfs_id={fs_id:016x}\nwriter={writer}").map_err(err)?;
     f.sync_all().map_err(err)?;
@@ -132,6 +158,18 @@ pub fn write_note(cache: &Path, url: &StoreUrl, fs_id: u64, writer: u64) -> Resu
         }
     }
     Ok(())
+}
+
+fn no_file_system(url: &StoreUrl) -> String {
+    format!("{url} holds no file system (no checkpoint object): make one with ldfs mkfs --store")
+}
+
+/// An error unless `store` holds a file system (a checkpoint object).
+pub fn holds_file_system(store: &dyn ObjectStore, url: &StoreUrl) -> Result<(), String> {
+    match newest_checkpoint(store).map_err(|e| format!("{url}: {e}"))? {
+        Some(_) => Ok(()),
+        None => Err(no_file_system(url)),
+    }
 }
 
 /// The cache's superblock geometry, `None` if it holds none (absent, empty, or zeros where
@@ -158,10 +196,11 @@ fn cache_geometry(cache: &Path) -> Result<Option<Geometry>, String> {
 
 /// Gets `cache` ready for a mount of the file system in `store`: a cache that is absent, empty
 /// or zeros is made the file system's size (sparse) and rebuilt from the newest checkpoint
-/// object; a read-only mount's cache is always rebuilt (it shows the last uploaded
-/// checkpoint); a read-write mount's cache of the same file system is kept unless a later
-/// writer uploaded since it was last mounted (see the module documentation). `writer` is the
-/// lease generation of this mount (read-write), written to the note.
+/// object, as is a cache only read-only mounts used; a read-only mount refuses a writer's
+/// cache (rebuilding it would overwrite what it has not uploaded); a read-write mount keeps
+/// a writer's cache of the same file system unless a later writer uploaded since it was last
+/// mounted (see the module documentation). `writer` is the lease generation of this mount
+/// (read-write; `None` read-only), written to the note.
 pub fn prepare_cache(
     store: &dyn ObjectStore,
     url: &StoreUrl,
@@ -169,9 +208,7 @@ pub fn prepare_cache(
     writer: Option<u64>,
 ) -> Result<(), String> {
     let Some((key, newest)) = newest_checkpoint(store).map_err(|e| format!("{url}: {e}"))? else {
-        return Err(format!(
-            "{url} holds no file system (no checkpoint object): make one with ldfs mkfs --store"
-        ));
+        return Err(no_file_system(url));
     };
     let (newest_writer, _) = parse_checkpoint_key(&key).expect("newest_checkpoint parsed it");
     let fs_id = newest.geo.fs_id;
@@ -184,10 +221,29 @@ pub fn prepare_cache(
                 g.fs_id
             ))
         }
-        Some(_) if writer.is_none() => true,
         Some(_) => {
             let noted = read_note(cache).filter(|(id, _)| *id == fs_id).map(|n| n.1);
             match noted {
+                Some(READER) => true,
+                Some(w) if writer.is_none() => {
+                    return Err(format!(
+                        "{} is the cache of read-write mounts of {url} (as writer {w}): it may \
+                         hold writes not yet in the store, which a read-only mount (rebuilt \
+                         from the store's last checkpoint) would overwrite. Give the \
+                         read-only mount a cache of its own, or mount this one read-write \
+                         (which uploads them)",
+                        cache.display()
+                    ))
+                }
+                None if writer.is_none() => {
+                    return Err(format!(
+                        "{} holds this file system but no note ({}) says which mount last \
+                         used it: it may hold writes not yet in the store. Give the read-only \
+                         mount a cache of its own, or mount this one read-write",
+                        cache.display(),
+                        note_path(cache).display()
+                    ))
+                }
                 Some(w) if w >= newest_writer => false,
                 _ => {
                     return Err(format!(
@@ -202,6 +258,11 @@ pub fn prepare_cache(
             }
         }
     };
+    if rebuild && writer.is_none() {
+        // Before the rebuild: a rebuild cut short leaves a cache a later read-only mount may
+        // rebuild again, not one taken for a writer's.
+        write_note(cache, url, fs_id, READER)?;
+    }
     if rebuild {
         let need = newest.geo.total_pages * PAGE_BYTES as u64;
         let t = Instant::now();
@@ -272,5 +333,9 @@ mod tests {
         write_note(&cache, &u, 0xabc, 7).unwrap();
         assert_eq!(read_note(&cache), Some((0xabc, 7)));
         assert!(note_path(&cache).ends_with("c.img.ldfs-store"));
+        assert_eq!(
+            note_path(Path::new("/dev/mapper/vg-cache")),
+            Path::new("/var/lib/ldfs/store-notes/dev%mapper%vg-cache.ldfs-store")
+        );
     }
 }

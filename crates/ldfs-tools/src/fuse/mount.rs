@@ -692,8 +692,15 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
                 o.lease = Some(Duration::from_secs(
                     v.parse()
                         .ok()
-                        .filter(|&s: &u64| (4..=86_400).contains(&s))
-                        .ok_or_else(|| format!("lease={v}: seconds from 4 to 86400"))?,
+                        .filter(|&s: &u64| {
+                            (ldfs::store::lease::MIN_LEASE.as_secs()..=86_400).contains(&s)
+                        })
+                        .ok_or_else(|| {
+                            format!(
+                                "lease={v}: seconds from {} to 86400",
+                                ldfs::store::lease::MIN_LEASE.as_secs()
+                            )
+                        })?,
                 ));
             }
             ("upload_backlog", Some(v)) => {
@@ -1640,6 +1647,25 @@ pub fn run(
     // slot: a deletion is then refused while it is mounted (DESIGN
     // "Snapshots"). It opens the image read-only: the kernel refuses any
     // write it could make.
+    // A store mount: the bucket opened and found to hold a file system before anything is
+    // made or taken (review 31: a mistyped prefix got lease objects and an empty cache file).
+    let store = match &url {
+        Some(u) => {
+            // A writer's requests end before its lease can expire (the fence, review 31).
+            let timeout = match opts.read_only {
+                true => None,
+                false => Some(ldfs::store::lease::request_timeout_for(
+                    opts.lease
+                        .unwrap_or(ldfs::store::LeaseOptions::default().duration),
+                )),
+            };
+            let s3 = u.open(timeout)?;
+            let store: Arc<dyn ldfs::store::ObjectStore> = s3;
+            crate::cli::store::holds_file_system(&*store, u)?;
+            Some(store)
+        }
+        None => None,
+    };
     if url.is_some() && !image.exists() {
         // Made (empty) to be locked; `prepare_cache` sizes it and rebuilds it from the store.
         File::create(&image).map_err(|e| format!("{}: {e}", image.display()))?;
@@ -1652,10 +1678,8 @@ pub fn run(
         Some(n) => (None, Some(lock_snapshot(&image, n)?)),
     };
     // A store mount: the lease (read-write), then the cache kept or rebuilt from the store.
-    let store_ctx = match &url {
-        Some(u) => {
-            let s3 = u.open()?;
-            let store: Arc<dyn ldfs::store::ObjectStore> = s3;
+    let store_ctx = match (&url, store) {
+        (Some(u), Some(store)) => {
             let lease = if opts.read_only {
                 None
             } else {
@@ -1675,7 +1699,7 @@ pub fn run(
             )?;
             Some((u.clone(), store, lease))
         }
-        None => None,
+        _ => None,
     };
     let sigset = block_signals();
     let dev: Arc<dyn Device> = if opts.snapshot.is_some() {

@@ -168,21 +168,33 @@ impl StoreMount {
     }
 
     /// The end of the mount, after the engine's final checkpoint: wait (bounded) for its
-    /// upload, stop the uploader, release the lease.
+    /// upload, stop the uploader, release the lease. If the final checkpoint is not in the
+    /// store the lease is kept (not renewed, not released): until it expires no other machine
+    /// mounts the older tree the store holds, and after, only with `--force-takeover`; the next
+    /// mount on this cache (with `--force-takeover` once it expired) uploads it (review 31).
     pub fn finish(&self, cache: &std::path::Path) {
         let due = self.seg.announced();
-        match self.seg.wait_uploaded(due, FINAL_UPLOAD_WAIT) {
-            Ok(()) => eprintln!("ldfs: final checkpoint {due} uploaded to {}", self.url),
-            Err(e) => eprintln!(
-                "ldfs: the final checkpoint {due} is not in {} ({e}): it stays in the cache {}, \
-                 and the next mount on that cache uploads it",
-                self.url,
-                cache.display()
-            ),
-        }
+        let uploaded = self.seg.wait_uploaded(due, FINAL_UPLOAD_WAIT);
         self.seg.stop();
-        if let Err(e) = self.seg.lease().release() {
-            eprintln!("ldfs: {}: releasing the lease: {e}", self.url);
+        match uploaded {
+            Ok(()) => {
+                eprintln!("ldfs: final checkpoint {due} uploaded to {}", self.url);
+                if let Err(e) = self.seg.lease().release() {
+                    eprintln!("ldfs: {}: releasing the lease: {e}", self.url);
+                }
+            }
+            Err(e) => {
+                let (_, rec) = self.seg.lease().current();
+                self.seg.lease().abandon();
+                eprintln!(
+                    "ldfs: the final checkpoint {due} is not in {} ({e}): it stays in the cache \
+                     {}, and the next mount on that cache uploads it. The lease is kept until \
+                     it expires ({} s since 1970), then taken with --force-takeover",
+                    self.url,
+                    cache.display(),
+                    rec.expires_secs
+                );
+            }
         }
     }
 }
@@ -213,6 +225,11 @@ impl WriteGate for StoreMount {
             if self.seg.failed().is_some() {
                 // The uploader stopped for good (the lease lost): the file system turns
                 // read-only (`run_window`); the write then fails as on any read-only mount.
+                break;
+            }
+            if self.seg.is_stopped() {
+                // The mount is ending (review 31): the write goes to the cache, whose
+                // backlog the next mount on it uploads.
                 break;
             }
         }

@@ -248,12 +248,24 @@ pub fn system_clock() -> Clock {
     })
 }
 
+/// The longest a request to the store may take for a holder of a lease of `duration`: under
+/// half of it (two fifths, at most 120 s), so that a request [`HeldLease::check`] let go
+/// lands or times out before the lease can expire and be taken (review 31: a fixed 120 s
+/// timeout under a 60 s lease let a stale writer's put land after a takeover).
+pub fn request_timeout_for(duration: Duration) -> Duration {
+    (duration * 2 / 5).min(Duration::from_secs(120))
+}
+
+/// The shortest lease a mount may ask for: its requests get two fifths of it
+/// ([`request_timeout_for`]), 4 s, enough for a segment object to a nearby gateway.
+pub const MIN_LEASE: Duration = Duration::from_secs(10);
+
 /// How a mount holds its lease.
 #[derive(Clone)]
 pub struct LeaseOptions {
     /// How long one renewal lasts. A taker waits this long after a crashed holder's last
     /// renewal (then `--force-takeover`); it must dwarf the hosts' clock skew and exceed twice
-    /// the store's request timeout (see [`HeldLease::check`]).
+    /// the store's request timeout (see [`HeldLease::check`] and [`request_timeout_for`]).
     pub duration: Duration,
     pub force_takeover: bool,
     pub clock: Clock,
@@ -449,7 +461,8 @@ impl HeldLease {
         r
     }
 
-    /// Stops renewing without releasing: what a crash leaves (tests).
+    /// Stops renewing without releasing: what a crash leaves (tests), and what an unmount
+    /// leaves whose final checkpoint is not in the store (the lease then expires).
     pub fn abandon(&self) {
         self.stop_thread();
         self.k.state.lock().unwrap().released = true;

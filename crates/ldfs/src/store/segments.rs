@@ -5,7 +5,7 @@
 //! durable slot to [`SegmentStore`] (no I/O in the hook: the newest one is kept as
 //! the next job); the uploader thread puts every segment the slot names that the store lacks,
 //! then the checkpoint object, then deletes what neither of the newest two checkpoint objects
-//! names. [`restore`] rebuilds a fresh cache device from the newest checkpoint object.
+//! names. [`restore`] rebuilds a fresh cache device from the newest complete checkpoint object.
 //!
 //! Invariants: a checkpoint object is put only after every segment object it names was
 //! acknowledged; a key always names the same bytes (only content a durable checkpoint names is
@@ -22,7 +22,7 @@ use super::lease::{HeldLease, LeaseCheck};
 use super::{ObjectInfo, ObjectStore, PutOutcome, StoreError, StoreResult};
 use crate::device::{Device, DeviceError};
 use crate::lld::checkpoint;
-use crate::lld::layout::Geometry;
+use crate::lld::layout::{recorded_total_pages, Geometry};
 use crate::lld::summary::{self, Expect};
 use crate::lld::usage::SegmentState;
 use crate::lld::{CheckpointHook, DurableCheckpoint, SegmentId, PAGE_BYTES};
@@ -133,6 +133,18 @@ fn crc_with_hole(b: &[u8], at: usize) -> u32 {
     crc32c::crc32c_append(c, &b[at + 4..])
 }
 
+/// Whether `len` is a slot's length for `geo`: every page of the slot, or, with a named slot
+/// (RESIZE or KEPT_TABLE), the pages it names, from its header page up (review 31: such
+/// slots are as long as their usage and kept tables, not the room the superblock leaves).
+fn slot_len_ok(geo: &Geometry, len: usize) -> bool {
+    let whole = geo.checkpoint_pages as usize * PAGE_BYTES;
+    if geo.named_slot() {
+        len >= PAGE_BYTES && len <= whole && len.is_multiple_of(PAGE_BYTES)
+    } else {
+        len == whole
+    }
+}
+
 /// Encodes a checkpoint object (FORMAT "Object store layout").
 pub fn encode_checkpoint_object(
     geo: &Geometry,
@@ -143,7 +155,12 @@ pub fn encode_checkpoint_object(
     entries: &[SegmentEntry],
 ) -> Vec<u8> {
     assert_eq!(superblock.len(), PAGE_BYTES);
-    assert_eq!(slot.len(), geo.checkpoint_pages as usize * PAGE_BYTES);
+    assert!(
+        slot_len_ok(geo, slot.len()),
+        "a slot of {} bytes for {} pages",
+        slot.len(),
+        geo.checkpoint_pages
+    );
     assert!(entries.windows(2).all(|w| w[0].segment < w[1].segment));
     let mut b = Vec::with_capacity(O_SLOT + slot.len() + entries.len() * ENTRY_BYTES);
     b.extend_from_slice(&CKPT_MAGIC.to_le_bytes());
@@ -194,6 +211,16 @@ pub fn decode_checkpoint_object(key: &str, b: &[u8]) -> LayerResult<CheckpointOb
     let superblock = b[O_SUPERBLOCK..O_SLOT].to_vec();
     let geo = Geometry::decode_superblock(&superblock, 0, u64::MAX)
         .map_err(|e| bad(format!("superblock: {e}")))?;
+    // A resizable image takes its size from the device it is on; here that is the size it
+    // records (the cache's when it was made), which a rebuild needs (review 31).
+    let geo = match geo.resizable() {
+        false => geo,
+        true => {
+            let bytes = recorded_total_pages(&superblock).saturating_mul(PAGE_BYTES as u64);
+            Geometry::decode_superblock(&superblock, 0, bytes)
+                .map_err(|e| bad(format!("superblock: {e}")))?
+        }
+    };
     let fs_id = get_u64(b, O_FS_ID);
     if fs_id != geo.fs_id {
         return Err(bad(format!(
@@ -202,11 +229,16 @@ pub fn decode_checkpoint_object(key: &str, b: &[u8]) -> LayerResult<CheckpointOb
         )));
     }
     let slot_len = get_u32(b, O_SLOT_LEN) as usize;
-    if slot_len != geo.checkpoint_pages as usize * PAGE_BYTES {
+    if !slot_len_ok(&geo, slot_len) {
         return Err(bad(format!("slot of {slot_len} bytes")));
     }
     let count = get_u32(b, O_COUNT) as usize;
-    if count > geo.segment_count as usize || b.len() != O_SLOT + slot_len + count * ENTRY_BYTES {
+    if count > geo.segment_count as usize
+        || b.len()
+            != O_SLOT
+                .saturating_add(slot_len)
+                .saturating_add(count * ENTRY_BYTES)
+    {
         return Err(bad(format!("{count} entries in {} bytes", b.len())));
     }
     let slot = b[O_SLOT..O_SLOT + slot_len].to_vec();
@@ -369,7 +401,24 @@ impl SegmentStore {
                 detail: e.to_string(),
             }
         })?;
+        // The store's file system must be this cache's (review 31: two `mkfs --store` racing
+        // on one prefix, or a caller skipping the cache check), before anything is deleted.
+        if let Some((key, obj)) = newest_checkpoint(&*store)? {
+            if obj.geo.fs_id != geo.fs_id {
+                return Err(LayerError::Other(format!(
+                    "the store holds file system {:016x} ({key}); this cache is of {:016x}",
+                    obj.geo.fs_id, geo.fs_id
+                )));
+            }
+        }
         let (kept, swept) = sweep_kept(&*store)?;
+        if let Some(k) = kept.iter().find(|k| k.fs_id != geo.fs_id) {
+            return Err(LayerError::Other(format!(
+                "the store holds checkpoint object {} of file system {:016x}; this cache is of \
+                 {:016x}",
+                k.key, k.fs_id, geo.fs_id
+            )));
+        }
         let writer = lease.writer();
         if let Some(k) = kept.iter().find(|k| k.writer >= writer) {
             // Generations only grow; the lease objects were removed behind our back.
@@ -379,8 +428,11 @@ impl SegmentStore {
                 k.key
             )));
         }
-        let uploaded = kept.last().map_or(0, |k| k.serial);
-        let store_bytes = kept.last().map_or(0, |k| {
+        // What the store holds is its newest complete checkpoint (a stale writer's late one
+        // may name objects the sweep deleted: nothing it names is taken as uploaded).
+        let base = kept.iter().rev().find(|k| k.complete);
+        let uploaded = base.map_or(0, |k| k.serial);
+        let store_bytes = base.map_or(0, |k| {
             k.entries
                 .iter()
                 .map(|e| e.pages as u64 * PAGE_BYTES as u64)
@@ -396,7 +448,7 @@ impl SegmentStore {
         // then was deleted).
         let holds = newest_slot_states(&*dev, &geo);
         let mut known = BTreeMap::new();
-        if let Some(newest) = kept.last() {
+        if let Some(newest) = base {
             let mut page = vec![0u8; PAGE_BYTES];
             for e in &newest.entries {
                 let held = holds.as_ref().is_some_and(|st| {
@@ -586,6 +638,11 @@ impl SegmentStore {
         }
     }
 
+    /// Whether [`SegmentStore::stop`] was called: nothing more is uploaded.
+    pub fn is_stopped(&self) -> bool {
+        self.shared.state.lock().unwrap().stop
+    }
+
     /// The lease this layer writes under.
     pub fn lease(&self) -> &Arc<HeldLease> {
         &self.shared.lease
@@ -649,6 +706,28 @@ pub fn newest_checkpoint(
     Ok(Some((key, obj)))
 }
 
+/// The newest checkpoint object whose every named segment object is in the store, decoded
+/// (its key first); `None` if there is none. What a rebuild restores: a stale writer's
+/// checkpoint put that landed after the next writer's start swept the segment objects it
+/// names sorts newest but names objects that are gone (review 31); the complete one before
+/// it is the file system.
+pub fn newest_complete_checkpoint(
+    store: &dyn ObjectStore,
+) -> LayerResult<Option<(String, CheckpointObject)>> {
+    let segments: BTreeSet<String> = store.list("seg/")?.into_iter().map(|o| o.key).collect();
+    let listed = store.list("ckpt/")?;
+    for o in listed.iter().rev() {
+        if parse_checkpoint_key(&o.key).is_none() {
+            continue;
+        }
+        let obj = decode_checkpoint_object(&o.key, &store.get(&o.key)?)?;
+        if obj.entries.iter().all(|e| segments.contains(&e.key())) {
+            return Ok(Some((o.key.clone(), obj)));
+        }
+    }
+    Ok(None)
+}
+
 /// Deletes what no kept checkpoint object names: objects of uploads a stopped or crashed
 /// writer never finished, and puts that landed after their key was deleted (a request the
 /// client gave up on may still arrive). One writer at a time (the lease), so nothing else is
@@ -664,7 +743,10 @@ struct KeptCheckpoint {
     key: String,
     writer: u64,
     serial: u64,
+    fs_id: u64,
     entries: Vec<SegmentEntry>,
+    /// Every segment object it names is in the store (see [`newest_complete_checkpoint`]).
+    complete: bool,
 }
 
 /// The kept checkpoint objects, oldest first.
@@ -694,18 +776,26 @@ fn sweep_kept(store: &dyn ObjectStore) -> LayerResult<(Kept, u64)> {
             key: c.key.clone(),
             writer,
             serial,
+            fs_id: obj.geo.fs_id,
             entries: obj.entries,
+            complete: false,
         });
     }
     let named: BTreeSet<String> = kept
         .iter()
         .flat_map(|k| k.entries.iter().map(|e| e.key()))
         .collect();
+    let mut present = BTreeSet::new();
     for o in store.list("seg/")? {
         if !named.contains(&o.key) {
             store.delete(&o.key)?;
             deleted += 1;
+        } else {
+            present.insert(o.key);
         }
+    }
+    for k in &mut kept {
+        k.complete = k.entries.iter().all(|e| present.contains(&e.key()));
     }
     Ok((kept, deleted))
 }
@@ -990,14 +1080,20 @@ pub struct RestoreReport {
 }
 
 /// Rebuilds a cache on `dev` (at least the file system's size; what it held is overwritten
-/// where the file system keeps anything) from the newest checkpoint object in `store`, so
+/// where the file system keeps anything) from the newest complete checkpoint object in
+/// `store` ([`newest_complete_checkpoint`]), so
 /// that lld opens the tree of that checkpoint. Page 0 (the superblock) is written last: a
 /// rebuild cut short leaves a cache with zeros there, which a mount rebuilds again.
 pub fn restore(store: &dyn ObjectStore, dev: &dyn Device) -> LayerResult<RestoreReport> {
-    let Some((key, obj)) = newest_checkpoint(store)? else {
-        return Err(LayerError::Other(
-            "the store holds no checkpoint object".into(),
-        ));
+    let Some((key, obj)) = newest_complete_checkpoint(store)? else {
+        return Err(match newest_checkpoint(store)? {
+            Some((key, _)) => LayerError::Corrupt {
+                what: "store",
+                key,
+                detail: "no checkpoint object whose segment objects are all there".into(),
+            },
+            None => LayerError::Other("the store holds no checkpoint object".into()),
+        });
     };
     let geo = &obj.geo;
     let need = geo.total_pages * PAGE_BYTES as u64;
