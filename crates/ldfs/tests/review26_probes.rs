@@ -1,5 +1,5 @@
-//! Review 26's probes of the segment store layer (issue 20 step 1). Each ignored test shows an
-//! open defect; its doc comment says what it shows.
+//! Review 26's probes of the segment store layer (issue 20 step 1). Each doc comment says
+//! what the probe showed and what fixed it.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,6 +14,7 @@ use ldfs::store::segments::decode_checkpoint_object;
 use ldfs::store::{
     restore, MemoryStore, MemoryStoreFaults, ObjectStore, SegmentStore, SegmentStoreOptions,
 };
+use ldfs::testing::store::{crash_lease, take_lease, TestClock};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -108,7 +109,8 @@ fn a_remount_must_not_reuse_objects_of_segments_released_before_it() {
         let mut model = Model::new();
         // Mount 1: uploads checkpoint N, then goes on (the store unreachable, or the uploader
         // behind at unmount): later checkpoints clean and release segments N names.
-        let seg = SegmentStore::start(store.clone(), dev.clone(), fast()).unwrap();
+        let lease = take_lease(store.clone(), &TestClock::default(), false);
+        let seg = SegmentStore::start(store.clone(), dev.clone(), lease, fast()).unwrap();
         let lld = open(&dev, Some(seg.hook()));
         let lists: Vec<ListId> = (0..4)
             .map(|_| lld.create_list(None, ListHints::default()).unwrap())
@@ -119,7 +121,7 @@ fn a_remount_must_not_reuse_objects_of_segments_released_before_it() {
         }
         seg.wait_uploaded(seg.announced(), Duration::from_secs(60))
             .unwrap();
-        drop(seg); // nothing after this reaches the store
+        drop(seg); // nothing after this reaches the store (the lease is released)
         for _ in 0..4 {
             churn(&lld, &lists, &mut model, &mut rng, 400);
             clean(&lld);
@@ -127,7 +129,8 @@ fn a_remount_must_not_reuse_objects_of_segments_released_before_it() {
         }
         drop(lld);
         // Mount 2 on the same cache: runs long enough for the log to reuse those segments.
-        let seg2 = SegmentStore::start(store.clone(), dev.clone(), fast()).unwrap();
+        let lease2 = take_lease(store.clone(), &TestClock::default(), false);
+        let seg2 = SegmentStore::start(store.clone(), dev.clone(), lease2, fast()).unwrap();
         let lld2 = open(&dev, Some(seg2.hook()));
         for round in 0..30 {
             churn(&lld2, &lists, &mut model, &mut rng, 400);
@@ -191,20 +194,21 @@ fn a_remount_must_not_reuse_objects_of_segments_released_before_it() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-/// Defect (medium): segment keys are not unique across writers. After a rebuild from
-/// checkpoint N, the new writer continues the log at the same head with the same sequence
-/// numbers and picks the same clean segments, so its objects get the very keys the previous
-/// writer used (or is still retrying) for other bytes after N. A put of the old writer that
-/// lands after the new writer's (a partitioned writer whose retries succeed once the network
-/// heals; the lease does not fence the uploader's requests) replaces the new writer's object:
-/// the newest checkpoint object then fails its crc at restore.
+/// Was a defect (medium; fixed: keys carry the writer's lease generation): segment keys were
+/// not unique across writers. After a rebuild from checkpoint N, the new writer continues the
+/// log at the same head with the same sequence numbers and picks the same clean segments, so
+/// its objects got the very keys the previous writer used (or was still retrying) for other
+/// bytes after N. A put of the old writer that lands after the new writer's (a partitioned
+/// writer whose retries succeed once the network heals) replaced the new writer's object: the
+/// newest checkpoint object then failed its crc at restore.
 #[test]
-#[ignore = "open defect (review 26, finding 2): two writers produce the same segment key for different bytes; needs a writer-unique part in the key (the lease generation) once the lease is held by mounts"]
 fn a_stale_writers_late_put_must_not_replace_the_new_writers_object() {
     let store: Arc<MemoryStore> = Arc::new(MemoryStore::new());
     let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
     ldfs::lld::mkfs::mkfs(&*dev, &mkfs_opts()).unwrap();
-    let seg = SegmentStore::start(store.clone(), dev.clone(), fast()).unwrap();
+    let clock = TestClock::default();
+    let lease_a = take_lease(store.clone(), &clock, false);
+    let seg = SegmentStore::start(store.clone(), dev.clone(), lease_a.clone(), fast()).unwrap();
     let lld = open(&dev, Some(seg.hook()));
     let l = lld.create_list(None, ListHints::default()).unwrap();
     for i in 0..20u64 {
@@ -227,11 +231,14 @@ fn a_stale_writers_late_put_must_not_replace_the_new_writers_object() {
     let a_keys: std::collections::BTreeSet<String> = store.keys().into_iter().collect();
     drop(lld);
     drop(seg);
+    // A never comes back to release its lease; B takes it over once it expired.
+    crash_lease(&lease_a, &clock);
     store.set_faults(MemoryStoreFaults::default());
     // Writer B: a fresh cache from the store, the same amount of other bytes.
     let dev2: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
     restore(&*store, &*dev2).unwrap();
-    let seg2 = SegmentStore::start(store.clone(), dev2.clone(), fast()).unwrap();
+    let lease_b = take_lease(store.clone(), &clock, true);
+    let seg2 = SegmentStore::start(store.clone(), dev2.clone(), lease_b, fast()).unwrap();
     let lld2 = open(&dev2, Some(seg2.hook()));
     let mut model = Model::new();
     for i in 0..20u64 {

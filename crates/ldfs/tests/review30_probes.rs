@@ -537,7 +537,6 @@ fn with_no_bit_free_a_protected_checkpoint_joins_the_newest_generation() {
 /// uploader panics on the first checkpoint and nothing is uploaded. Both
 /// flags are tried; a plain image (kept 0, no room) is the control.
 #[test]
-#[ignore = "review 30 finding 5: the segment store cannot upload a named (KEPT_TABLE/RESIZE) slot"]
 fn the_segment_store_uploads_an_image_with_a_kept_table() {
     use ldfs::store::{restore, MemoryStore, SegmentStore, SegmentStoreOptions};
     use std::time::Duration;
@@ -552,7 +551,12 @@ fn the_segment_store_uploads_an_image_with_a_kept_table() {
                 backoff_initial: Duration::from_millis(1),
                 backoff_max: Duration::from_millis(20),
             };
-            let seg = SegmentStore::start(store.clone(), dev.clone(), fast).unwrap();
+            let lease = ldfs::testing::store::take_lease(
+                store.clone(),
+                &ldfs::testing::store::TestClock::default(),
+                false,
+            );
+            let seg = SegmentStore::start(store.clone(), dev.clone(), lease, fast).unwrap();
             let lld = Lld::open(
                 dev.clone(),
                 LldOptions {

@@ -17,6 +17,7 @@ use ldfs::store::{
     SegmentStoreOptions,
 };
 use ldfs::testing::ceph::{gateway, unique_bucket, Gateway};
+use ldfs::testing::store::{crash_lease, take_lease, TestClock};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -96,7 +97,7 @@ fn check_store_is_tidy(store: &dyn ObjectStore) {
     for c in &ckpts {
         let obj = decode_checkpoint_object(&c.key, &store.get(&c.key).unwrap()).unwrap();
         for e in &obj.entries {
-            named.insert(segment_key(e.segment, e.first_seq, e.pages));
+            named.insert(segment_key(e.segment, e.writer, e.first_seq, e.pages));
         }
     }
     let segs: std::collections::BTreeSet<String> = store
@@ -115,7 +116,10 @@ fn run(seed: u64, store: Arc<dyn ObjectStore>, settle: &dyn Fn()) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
     ldfs::lld::mkfs::mkfs(&*dev, &mkfs_opts()).unwrap();
-    let mut seg = SegmentStore::start(store.clone(), dev.clone(), fast_backoff()).unwrap();
+    let clock = TestClock::default();
+    let lease = take_lease(store.clone(), &clock, false);
+    let seg =
+        SegmentStore::start(store.clone(), dev.clone(), lease.clone(), fast_backoff()).unwrap();
     let lld = open(&dev, &seg);
     let lists: Vec<ListId> = (0..4)
         .map(|_| lld.create_list(None, ListHints::default()).unwrap())
@@ -150,6 +154,8 @@ fn run(seed: u64, store: Arc<dyn ObjectStore>, settle: &dyn Fn()) {
     churn(&lld, &lists, &mut model, &mut rng, 200);
     lld.flush().unwrap();
     seg.stop();
+    // Lost with the machine: the lease is never released; the next writer takes it over.
+    crash_lease(&lease, &clock);
     settle();
     // What landed late (held puts) or was left by the stop is swept by the next start.
     let swept = ldfs::store::segments::sweep(&*store).unwrap();
@@ -160,7 +166,10 @@ fn run(seed: u64, store: Arc<dyn ObjectStore>, settle: &dyn Fn()) {
     let dev2: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
     let report = restore(&*store, &*dev2).unwrap();
     assert!(report.segments > 0, "{report:?}");
-    let seg2 = SegmentStore::start(store.clone(), dev2.clone(), fast_backoff()).unwrap();
+    let lease2 = take_lease(store.clone(), &clock, true);
+    assert!(lease2.writer() > lease.writer());
+    let seg2 =
+        SegmentStore::start(store.clone(), dev2.clone(), lease2.clone(), fast_backoff()).unwrap();
     let lld2 = open(&dev2, &seg2);
     check(&lld2, &lists, &uploaded_model, seed, "rebuilt cache");
     assert_ne!(
@@ -221,7 +230,8 @@ fn a_damaged_segment_object_fails_the_rebuild() {
     let store = Arc::new(MemoryStore::new());
     let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
     ldfs::lld::mkfs::mkfs(&*dev, &mkfs_opts()).unwrap();
-    let seg = SegmentStore::start(store.clone(), dev.clone(), fast_backoff()).unwrap();
+    let lease = take_lease(store.clone(), &TestClock::default(), false);
+    let seg = SegmentStore::start(store.clone(), dev.clone(), lease, fast_backoff()).unwrap();
     let lld = open(&dev, &seg);
     let l = lld.create_list(None, ListHints::default()).unwrap();
     lld.write(None, l, 0, &[7u8; 5000]).unwrap();
@@ -269,7 +279,10 @@ fn a_crash_mid_upload_then_a_remount_on_the_same_cache() {
         let dev: Arc<dyn Device> = crash.clone();
         ldfs::lld::mkfs::mkfs(&*dev, &mkfs_opts()).unwrap();
         crash.flush().unwrap();
-        let mut seg = SegmentStore::start(store.clone(), dev.clone(), fast_backoff()).unwrap();
+        let clock = TestClock::default();
+        let lease = take_lease(store.clone(), &clock, false);
+        let seg =
+            SegmentStore::start(store.clone(), dev.clone(), lease.clone(), fast_backoff()).unwrap();
         let lld = open(&dev, &seg);
         let lists: Vec<ListId> = (0..4)
             .map(|_| lld.create_list(None, ListHints::default()).unwrap())
@@ -288,12 +301,15 @@ fn a_crash_mid_upload_then_a_remount_on_the_same_cache() {
         // The crash: the cache as a power cut leaves it, the uploader gone mid-way.
         let image = crash.crash_image(seed, &CrashOptions::default());
         seg.stop();
+        crash_lease(&lease, &clock);
         drop(lld);
         store.settle();
 
         let dev2: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
         dev2.write_at(&image, 0).unwrap();
-        let seg2 = SegmentStore::start(store.clone(), dev2.clone(), fast_backoff()).unwrap();
+        let lease2 = take_lease(store.clone(), &clock, true);
+        let seg2 =
+            SegmentStore::start(store.clone(), dev2.clone(), lease2, fast_backoff()).unwrap();
         let lld2 = open(&dev2, &seg2);
         check(&lld2, &lists, &model, seed, "same cache after the crash");
         seg2.wait_uploaded(seg2.announced(), Duration::from_secs(60))
@@ -361,7 +377,8 @@ fn upload_throughput_against_the_gateways_put() {
         kept_pages: 0,
     };
     ldfs::lld::mkfs::mkfs(&*dev, &mk).unwrap();
-    let seg = SegmentStore::start(s3.clone(), dev.clone(), fast_backoff()).unwrap();
+    let lease = take_lease(s3.clone(), &TestClock::default(), false);
+    let seg = SegmentStore::start(s3.clone(), dev.clone(), lease, fast_backoff()).unwrap();
     let lld = open(&dev, &seg);
     let l = lld.create_list(None, ListHints::default()).unwrap();
     for (i, chunk) in data
@@ -391,4 +408,132 @@ fn upload_throughput_against_the_gateways_put() {
         up >= payload as u64,
         "{up} bytes of segments uploaded for {payload} written"
     );
+}
+
+/// The lease fences the uploader: writer A still runs when B takes the file system over
+/// (A's lease expired by both clocks). A puts no checkpoint object and deletes nothing once its
+/// own clock says its lease is near expiry, and stops for good ("lease lost") when its renewal
+/// finds B's generation; B's tree is what the store rebuilds.
+#[test]
+fn a_writer_whose_lease_was_taken_over_stops_writing_to_the_store() {
+    let mut rng = ChaCha8Rng::seed_from_u64(26);
+    let store: Arc<MemoryStore> = Arc::new(MemoryStore::new());
+    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
+    ldfs::lld::mkfs::mkfs(&*dev, &mkfs_opts()).unwrap();
+    let clock = TestClock::default();
+    let lease_a = take_lease(store.clone(), &clock, false);
+    let seg_a =
+        SegmentStore::start(store.clone(), dev.clone(), lease_a.clone(), fast_backoff()).unwrap();
+    let lld_a = open(&dev, &seg_a);
+    let lists: Vec<ListId> = (0..2)
+        .map(|_| lld_a.create_list(None, ListHints::default()).unwrap())
+        .collect();
+    let mut model_a = Model::new();
+    churn(&lld_a, &lists, &mut model_a, &mut rng, 300);
+    lld_a.checkpoint_now().unwrap();
+    seg_a
+        .wait_uploaded(seg_a.announced(), Duration::from_secs(10))
+        .unwrap();
+    // A is partitioned from the store long enough for its lease to expire (its renewals do not
+    // arrive): B restores and takes over with force.
+    clock.advance(61);
+    let dev_b: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
+    restore(&*store, &*dev_b).unwrap();
+    let lease_b = take_lease(store.clone(), &clock, true);
+    let seg_b = SegmentStore::start(
+        store.clone(),
+        dev_b.clone(),
+        lease_b.clone(),
+        fast_backoff(),
+    )
+    .unwrap();
+    let lld_b = open(&dev_b, &seg_b);
+    let mut model_b = model_a.clone();
+    churn(&lld_b, &lists, &mut model_b, &mut rng, 300);
+    lld_b.checkpoint_now().unwrap();
+    seg_b
+        .wait_uploaded(seg_b.announced(), Duration::from_secs(10))
+        .unwrap();
+    let before = store.keys();
+    // A writes and checkpoints on: by its own clock the lease is expiring, so it waits.
+    churn(&lld_a, &lists, &mut model_a, &mut rng, 300);
+    lld_a.checkpoint_now().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(seg_a.stats().lease_waits > 0, "{:?}", seg_a.stats());
+    let a_ckpt = format!("ckpt/{:016x}-", lease_a.writer());
+    let a_put: Vec<String> = store
+        .keys()
+        .into_iter()
+        .filter(|k| k.starts_with(&a_ckpt) && !before.contains(k))
+        .collect();
+    assert!(a_put.is_empty(), "A put {a_put:?} after losing its lease");
+    // Its renewal finds B's generation: lost, final.
+    assert!(lease_a.renew_now().is_err());
+    let e = seg_a
+        .wait_uploaded(seg_a.announced(), Duration::from_secs(10))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("lease lost"), "{e}");
+    let gone: Vec<&String> = before
+        .iter()
+        .filter(|k| !k.starts_with("lease/") && !store.keys().contains(k))
+        .collect();
+    assert!(gone.is_empty(), "A deleted {gone:?}");
+    drop(lld_a);
+    drop(seg_a);
+    drop(lld_b);
+    drop(seg_b);
+    let dev3: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
+    restore(&*store, &*dev3).unwrap();
+    let lld3 = Lld::open(dev3, LldOptions::default()).unwrap();
+    check(&lld3, &lists, &model_b, 26, "B's tree");
+}
+
+/// The upload backlog a mount's writers wait on: the bytes written to the cache since the
+/// newest uploaded checkpoint was taken. It grows while the store refuses every put, a wait for
+/// it to fall times out, and once the store is back the next checkpoint's upload brings it
+/// under the bound and the wait returns.
+#[test]
+fn the_upload_backlog_grows_while_the_store_is_down_and_falls_after() {
+    let mut rng = ChaCha8Rng::seed_from_u64(20);
+    let store: Arc<MemoryStore> = Arc::new(MemoryStore::new());
+    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
+    ldfs::lld::mkfs::mkfs(&*dev, &mkfs_opts()).unwrap();
+    let lease = take_lease(store.clone(), &TestClock::default(), false);
+    let seg = SegmentStore::start(store.clone(), dev.clone(), lease, fast_backoff()).unwrap();
+    let lld = Lld::open(
+        seg.device(),
+        LldOptions {
+            checkpoint_hook: Some(seg.hook()),
+            ..LldOptions::default()
+        },
+    )
+    .unwrap();
+    let lists: Vec<ListId> = (0..2)
+        .map(|_| lld.create_list(None, ListHints::default()).unwrap())
+        .collect();
+    let mut model = Model::new();
+    churn(&lld, &lists, &mut model, &mut rng, 100);
+    lld.checkpoint_now().unwrap();
+    seg.wait_uploaded(seg.announced(), Duration::from_secs(10))
+        .unwrap();
+    let low = seg.backlog_bytes();
+    // The store refuses every put.
+    store.set_faults(MemoryStoreFaults {
+        seed: 1,
+        lost_ppm: 1_000_000,
+        ..MemoryStoreFaults::default()
+    });
+    churn(&lld, &lists, &mut model, &mut rng, 400);
+    lld.checkpoint_now().unwrap();
+    let high = seg.backlog_bytes();
+    assert!(high > low + (1 << 20), "backlog {low} -> {high}");
+    let bound = high / 2;
+    assert!(!seg.wait_backlog(bound, Duration::from_millis(300)));
+    // Back: the pending checkpoint goes up and the backlog falls under the bound.
+    store.set_faults(MemoryStoreFaults::default());
+    assert!(seg.wait_backlog(bound, Duration::from_secs(10)));
+    assert!(seg.backlog_bytes() <= bound);
+    let (_, in_store) = seg.uploaded_at();
+    assert!(in_store > 0);
 }

@@ -15,7 +15,19 @@ const DEFAULT_GROWTH: u64 = 16;
 /// The options of `ldfs mkfs`.
 #[derive(clap::Args)]
 pub struct MkfsArgs {
-    image: PathBuf,
+    /// The image file or block device (not with --store: then --cache).
+    #[arg(required_unless_present = "store")]
+    image: Option<PathBuf>,
+    /// Make the file system's durable home an object store, s3://BUCKET[/PREFIX] (the bucket
+    /// is created if absent; a prefix holding a file system already is refused). Endpoint,
+    /// region and keys from AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY or the AWS shared files (AWS_PROFILE), never the command line.
+    #[arg(long, requires = "cache", conflicts_with_all = ["image", "meta"])]
+    store: Option<String>,
+    /// With --store: the local cache and write log (a file, made --size large, or a block
+    /// device), formatted here and uploaded.
+    #[arg(long, requires = "store")]
+    cache: Option<PathBuf>,
     /// Size of the image file to create, e.g. 1G, 512M. Omit for a block device or an existing file.
     #[arg(long, value_parser = parse_size)]
     size: Option<u64>,
@@ -67,10 +79,13 @@ pub fn run(a: MkfsArgs) -> CmdResult {
     if a.preallocate && a.size.is_none() {
         return Err("--preallocate needs --size".into());
     }
+    if let (Some(url), Some(cache)) = (&a.store, &a.cache) {
+        return mkfs_store(url, cache, &a);
+    }
     // Files mkfs makes are preallocated unless --sparse (issue 16: the
     // figures users get are those of `bench fs`, whose images always were).
     format(
-        a.image,
+        a.image.expect("clap requires IMAGE without --store"),
         a.size,
         a.segment_size,
         a.max_block,
@@ -78,6 +93,80 @@ pub fn run(a: MkfsArgs) -> CmdResult {
         !a.sparse,
         a.meta.map(|m| (m, a.meta_size)),
     )
+}
+
+/// `ldfs mkfs --store URL --cache PATH`: formats the cache as an image (no growth: the
+/// store's objects carry the geometry), then, holding the lease, uploads its first checkpoint
+/// and releases the lease.
+fn mkfs_store(url: &str, cache: &std::path::Path, a: &MkfsArgs) -> CmdResult {
+    use ldfs::store::segments::newest_checkpoint;
+    use ldfs::store::{SegmentStore, SegmentStoreOptions};
+    let url = super::store::StoreUrl::parse(url)?;
+    let s3 = url.open(None)?;
+    s3.create_bucket().map_err(|e| format!("{url}: {e}"))?;
+    let store: std::sync::Arc<dyn ldfs::store::ObjectStore> = s3;
+    if let Some((key, obj)) = newest_checkpoint(&*store).map_err(|e| format!("{url}: {e}"))? {
+        return Err(format!(
+            "{url} holds a file system already (fs id {:016x}, {key}); mount it, or choose              another bucket or prefix",
+            obj.geo.fs_id
+        )
+        .into());
+    }
+    if a.size.is_none() && !cache.exists() {
+        return Err(format!("{}: absent; give --size to make it", cache.display()).into());
+    }
+    let size = match a.size {
+        Some(s) => s,
+        None => FileDevice::open(cache, FileDeviceOptions::default())?.size_bytes(),
+    };
+    format(
+        cache.to_path_buf(),
+        a.size,
+        a.segment_size,
+        a.max_block,
+        (
+            a.reserved_segments,
+            Some(a.max_size.unwrap_or(size)),
+            a.kept_table_pages,
+        ),
+        !a.sparse,
+        None,
+    )?;
+    let lease = super::store::take_lease(
+        store.clone(),
+        &url,
+        ldfs::store::LeaseOptions::default().duration,
+        false,
+    )?;
+    let _lock =
+        crate::fuse::mount::lock_image(cache, true, "ldfs mkfs").map_err(|e| e.to_string())?;
+    let dev: std::sync::Arc<dyn Device> =
+        std::sync::Arc::new(FileDevice::open(cache, FileDeviceOptions::default())?);
+    let seg = SegmentStore::start(
+        store.clone(),
+        dev,
+        lease.clone(),
+        SegmentStoreOptions::default(),
+    )?;
+    let lld = ldfs::lld::Lld::open(
+        seg.device(),
+        ldfs::lld::LldOptions {
+            checkpoint_hook: Some(seg.hook()),
+            ..Default::default()
+        },
+    )?;
+    super::store::write_note(cache, &url, lld.geometry().fs_id, lease.writer())?;
+    lld.checkpoint_now()?;
+    lld.close()?;
+    seg.wait_uploaded(seg.announced(), std::time::Duration::from_secs(300))?;
+    seg.stop();
+    lease.release()?;
+    println!(
+        "uploaded to {url}: checkpoint {}, {} bytes of segment objects",
+        seg.uploaded(),
+        seg.uploaded_at().1
+    );
+    Ok(())
 }
 
 /// Writes every byte of a device just created (zeros), then flushes: the

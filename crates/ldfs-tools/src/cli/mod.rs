@@ -18,6 +18,7 @@ pub mod resize;
 pub mod scrub;
 pub mod snapshot;
 pub mod stats;
+pub mod store;
 pub mod sync;
 pub mod trim;
 
@@ -54,9 +55,21 @@ enum Cmd {
     Inspect(inspect::InspectArgs),
     /// Mount an image through FUSE. Returns once mounted and serves in the
     /// background; unmount with `fusermount3 -u DIR` or `umount DIR`.
+    /// IMAGE may be a store, s3://BUCKET[/PREFIX] (made by `ldfs mkfs
+    /// --store`), with --cache PATH: a read-write mount holds the store's
+    /// lease while mounted (a second one anywhere is refused naming the
+    /// holder), an empty or absent cache is rebuilt from the store, and the
+    /// unmount waits for the final checkpoint's upload.
     Mount {
         image: PathBuf,
         dir: PathBuf,
+        /// A store mount's local cache and write log (file or block device).
+        #[arg(long)]
+        cache: Option<PathBuf>,
+        /// A store mount: take over a lease that expired without being
+        /// released (its holder crashed or lost the store).
+        #[arg(long)]
+        force_takeover: bool,
         /// Stay in the foreground (SIGINT/SIGTERM unmount).
         #[arg(short = 'f', long)]
         foreground: bool,
@@ -69,6 +82,10 @@ enum Cmd {
         /// snapshot (or protected checkpoint) N read-only beside the live
         /// mount; protect=DURATION keeps a protected checkpoint every
         /// DURATION/8 for DURATION (they yield when space runs short).
+        /// A store mount: upload=SECONDS (a checkpoint uploaded at least
+        /// that often while there are changes; default 30), lease=SECONDS
+        /// (default 300), upload_backlog=SIZE (writers wait while uploads
+        /// are behind by more; default a quarter of the cache).
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,
         #[arg(long, hide = true)]
@@ -77,10 +94,23 @@ enum Cmd {
     /// Make everything written to a mounted ldfs before this call durable,
     /// open files included (the kernel does not pass sync(2) on to FUSE
     /// file systems).
-    Sync { mountpoint: PathBuf },
+    Sync {
+        mountpoint: PathBuf,
+        /// A store-backed mount: return when everything written before
+        /// this call is in the store (a checkpoint, and its upload).
+        #[arg(long)]
+        remote: bool,
+    },
     /// Print a mounted ldfs's figures: cleaner (policy, watermarks, segments
-    /// cleaned, blocks moved, write cost), segments, space, checkpoints.
-    Stats { mountpoint: PathBuf },
+    /// cleaned, blocks moved, write cost), segments, space, checkpoints;
+    /// on a store mount the upload backlog, bytes in the store, the last
+    /// uploaded checkpoint and its age, and the lease.
+    Stats {
+        mountpoint: PathBuf,
+        /// Print a JSON object (space, checkpoints, and "store").
+        #[arg(long)]
+        json: bool,
+    },
     /// Write a checkpoint of a mounted ldfs now (the next mount, even after
     /// a crash, then has nothing to roll forward).
     Checkpoint { mountpoint: PathBuf },
@@ -181,11 +211,23 @@ pub fn main() -> ExitCode {
         Cmd::Mount {
             image,
             dir,
+            cache,
+            force_takeover,
             foreground,
             options,
             daemon_child,
-        } => crate::fuse::mount::run(image, dir, foreground, options, daemon_child)
-            .map_err(Into::into),
+        } => crate::fuse::mount::run(
+            image,
+            dir,
+            foreground,
+            options,
+            daemon_child,
+            crate::fuse::mount::StoreArgs {
+                cache,
+                force_takeover,
+            },
+        )
+        .map_err(Into::into),
         Cmd::Fsck(_) => unreachable!("fsck is dispatched before the other commands"),
         Cmd::BenchMemfs {
             dir,
@@ -194,11 +236,19 @@ pub fn main() -> ExitCode {
             uring,
         } => crate::bench::memfs::serve(&dir, writeback_cache, flush_file.as_deref(), uring)
             .map_err(Into::into),
-        Cmd::Stats { mountpoint } => stats::run(&mountpoint),
+        Cmd::Stats { mountpoint, json } => stats::run(&mountpoint, json),
         Cmd::Checkpoint { mountpoint } => checkpoint::run(&mountpoint),
         Cmd::Snapshot(a) => snapshot::run(a),
         Cmd::Checkpoints(a) => checkpoints::run(a),
-        Cmd::Sync { mountpoint } => sync::run(&mountpoint).map_err(Into::into),
+        Cmd::Sync { mountpoint, remote } => {
+            sync::run(&mountpoint).map_err(Into::into).and_then(|()| {
+                if remote {
+                    control::control_set(&mountpoint, "upload", b"")
+                } else {
+                    Ok(())
+                }
+            })
+        }
         Cmd::Clean(a) => clean::run(a),
         Cmd::Scrub(a) => return scrub::main(a),
         Cmd::Trim(a) => trim::run(a),

@@ -33,7 +33,14 @@ pub fn helper() -> ExitCode {
     if unsafe { libc::geteuid() } == 0 && !named("nodev") && !named("dev") && !named("remount") {
         options.push("dev".into());
     }
-    match mount::run(image.into(), dir.into(), false, options, false) {
+    match mount::run(
+        image.into(),
+        dir.into(),
+        false,
+        options,
+        false,
+        mount::StoreArgs::default(),
+    ) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ldfs: {e}");

@@ -8,9 +8,12 @@ use ldfs::lld::usage::SegmentState;
 use super::{control::control_get, CmdResult};
 
 /// Prints what the daemon of the ldfs mounted on `mountpoint` reports.
-pub fn run(mountpoint: &Path) -> CmdResult {
-    let t = control_get(mountpoint, "stats")?;
+pub fn run(mountpoint: &Path, json: bool) -> CmdResult {
+    let t = control_get(mountpoint, if json { "stats-json" } else { "stats" })?;
     print!("{}", String::from_utf8_lossy(&t));
+    if json {
+        println!();
+    }
     Ok(())
 }
 

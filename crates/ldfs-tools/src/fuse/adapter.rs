@@ -60,6 +60,15 @@ pub struct FuseFs {
     /// Gives space back when an operation finds none (`-o protect=`:
     /// deletes the oldest protected checkpoint).
     pub yield_space: Option<Arc<dyn GiveBack>>,
+    /// Holds writes back while something behind the file system is behind (a store-backed
+    /// mount's upload backlog over its bound): called before each write.
+    pub write_gate: Option<Arc<dyn WriteGate>>,
+}
+
+/// See `FuseFs::write_gate`.
+pub trait WriteGate: Send + Sync {
+    /// Returns when the write may go on (it waits, it does not fail).
+    fn before_write(&self);
 }
 
 /// Space held by history that yields when a write needs it (`-o protect=`;
@@ -662,6 +671,9 @@ impl FuseOps for FuseFs {
         } else {
             Kill::Nothing
         };
+        if let Some(g) = &self.write_gate {
+            g.before_write();
+        }
         let n = self
             .room(|| self.fs.write_killing_suidgid(ino, offset, data, kill))
             .map_err(|e| errno(&e))?;

@@ -4,6 +4,7 @@
 
 pub mod adapter;
 pub mod mount;
+pub mod store_mount;
 pub mod transport;
 
 /// FUSE worker threads. Requests such as fsync block their thread on the

@@ -26,7 +26,9 @@ use ldfs::fs::{Fs, FsOptions};
 use ldfs::ld::LogicalDisk;
 use ldfs::lld::{Lld, LldOptions};
 
-use crate::fuse::adapter::{Control, FuseFs, GiveBack};
+use crate::cli::store::StoreUrl;
+use crate::fuse::adapter::{Control, FuseFs, GiveBack, WriteGate};
+use crate::fuse::store_mount::StoreMount;
 use crate::fuse::transport::{self, dev::Dev, uring, Transport};
 
 /// What `ldfs stats` and `ldfs clean` reach on a mounted file system.
@@ -62,6 +64,8 @@ struct Daemon {
     snapshot_results: std::sync::Mutex<std::collections::VecDeque<(String, String)>>,
     /// Protected checkpoints, yielding space to writes and to snapshots.
     history: Arc<ProtectedHistory>,
+    /// A store-backed file system's layer and lease (read-write mounts of one).
+    store: Option<Arc<StoreMount>>,
 }
 
 /// How many `snapshot` command results the daemon keeps.
@@ -150,7 +154,25 @@ impl Control for Daemon {
                     t += "data device (dual):\n";
                     t += &crate::cli::stats::dual_text(&d.stats());
                 }
+                if let Some(s) = &self.store {
+                    t += &s.text();
+                }
                 Ok(t.into_bytes())
+            }
+            "stats-json" => {
+                use ldfs::ld::LogicalDisk;
+                let st = self.lld.stats();
+                let sp = self.lld.space();
+                Ok(serde_json::json!({
+                    "checkpoint_serial": self.lld.checkpoint_serial(),
+                    "checkpoints": st.checkpoints,
+                    "live_bytes": sp.live_bytes,
+                    "capacity_bytes": sp.capacity_bytes,
+                    "available_bytes": sp.available_bytes,
+                    "store": self.store.as_ref().map(|s| s.json()),
+                })
+                .to_string()
+                .into_bytes())
             }
             "clean" => Ok(self
                 .last_clean
@@ -217,6 +239,14 @@ impl Control for Daemon {
                 // What stat shows goes into it, atimes reads kept too.
                 self.fs.write_atimes();
                 self.lld.checkpoint_now().map_err(|e| e.to_string())
+            }
+            // `ldfs sync --remote`.
+            "upload" => {
+                let s = self.store.as_ref().ok_or(
+                    "not a read-write mount of a store-backed file system: nothing to upload",
+                )?;
+                self.writable("uploads are made")?;
+                s.sync_remote(&self.fs)
             }
             "clean" => {
                 self.writable("the cleaner runs")?;
@@ -523,6 +553,15 @@ pub struct MountOpts {
     /// Keep the states of this last span as protected checkpoints
     /// (`protect=DURATION`; off by default): see `protect_loop`.
     pub protect: Option<Duration>,
+    /// A store-backed mount: a checkpoint (an upload) at least this often while there are
+    /// changes (`upload=SECONDS`, default 30).
+    pub upload: Option<Duration>,
+    /// A store-backed mount's lease duration (`lease=SECONDS`, default 300; see
+    /// `HeldLease::check` for why it must exceed twice the request timeout).
+    pub lease: Option<Duration>,
+    /// A store-backed mount's upload backlog bound (`upload_backlog=SIZE`; default a
+    /// quarter of the cache).
+    pub upload_backlog: Option<u64>,
 }
 
 /// An option that is on, off, or on where it can be had (the default).
@@ -557,6 +596,9 @@ impl Default for MountOpts {
             compress_cold: None,
             snapshot: None,
             protect: None,
+            upload: None,
+            lease: None,
+            upload_backlog: None,
         }
     }
 }
@@ -638,6 +680,34 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
                 })?);
             }
             ("transport", Some(v)) => o.transport = v.parse()?,
+            ("upload", Some(v)) => {
+                o.upload = Some(Duration::from_secs(
+                    v.parse()
+                        .ok()
+                        .filter(|&s: &u64| (1..=86_400).contains(&s))
+                        .ok_or_else(|| format!("upload={v}: seconds from 1 to 86400"))?,
+                ));
+            }
+            ("lease", Some(v)) => {
+                o.lease = Some(Duration::from_secs(
+                    v.parse()
+                        .ok()
+                        .filter(|&s: &u64| {
+                            (ldfs::store::lease::MIN_LEASE.as_secs()..=86_400).contains(&s)
+                        })
+                        .ok_or_else(|| {
+                            format!(
+                                "lease={v}: seconds from {} to 86400",
+                                ldfs::store::lease::MIN_LEASE.as_secs()
+                            )
+                        })?,
+                ));
+            }
+            ("upload_backlog", Some(v)) => {
+                o.upload_backlog = Some(
+                    crate::cli::parse_size(v).map_err(|e| format!("upload_backlog={v}: {e}"))?,
+                );
+            }
             ("dev", None) => o.fuse.push(MountOption::Dev),
             ("nodev", None) => o.fuse.push(MountOption::NoDev),
             ("suid", None) => o.fuse.push(MountOption::Suid),
@@ -751,6 +821,9 @@ fn protect_schedule(span: Duration, commit_secs: u64, capacity: usize) -> (Durat
     let window = span.div_ceil(PROTECT_GENERATIONS).max(every);
     (Duration::from_secs(every), window)
 }
+
+/// A store mount's upload window when `upload=` is not given.
+const DEFAULT_UPLOAD: Duration = Duration::from_secs(30);
 
 /// Seconds since 1970 now.
 fn now_secs() -> u64 {
@@ -1501,26 +1574,66 @@ fn block_signals() -> libc::sigset_t {
     }
 }
 
+/// What `ldfs mount s3://BUCKET[/PREFIX] DIR` takes beside the options.
+#[derive(Clone, Debug, Default)]
+pub struct StoreArgs {
+    /// `--cache PATH`: the local cache and write log.
+    pub cache: Option<PathBuf>,
+    /// `--force-takeover`: take an expired lease of a writer that did not release it.
+    pub force_takeover: bool,
+}
+
 pub fn run(
     image: PathBuf,
     dir: PathBuf,
     foreground: bool,
     options: Vec<String>,
     daemon_child: bool,
+    store_args: StoreArgs,
 ) -> Result<(), String> {
     let opts = parse_options(&options)?;
     if opts.remount {
         return remount(&dir, &opts);
     }
-    // A snapshot mount is a daemon of its own beside the live one.
+    let url = if StoreUrl::is_store(&image) {
+        let u = StoreUrl::parse(&image.to_string_lossy())?;
+        if store_args.cache.is_none() {
+            return Err(format!(
+                "{u}: a store mount needs --cache PATH (its local cache)"
+            ));
+        }
+        if opts.snapshot.is_some() || opts.protect.is_some() {
+            return Err(format!(
+                "{u}: snapshot= and protect= are not for a store-backed file system (yet)"
+            ));
+        }
+        Some(u)
+    } else {
+        if store_args.cache.is_some() || store_args.force_takeover {
+            return Err(
+                "--cache and --force-takeover are for a store mount (s3://BUCKET[/PREFIX])".into(),
+            );
+        }
+        if opts.upload.is_some() || opts.lease.is_some() || opts.upload_backlog.is_some() {
+            return Err(
+                "upload=, lease= and upload_backlog= are for a store mount (s3://BUCKET[/PREFIX])"
+                    .into(),
+            );
+        }
+        None
+    };
+    // A snapshot mount is a daemon of its own beside the live one. (A store mount's image is
+    // its cache.)
     if opts.snapshot.is_none() {
-        if let Some(on) = mounted_on(&image) {
+        if let Some(on) = mounted_on(store_args.cache.as_ref().unwrap_or(&image)) {
             return bind_mount(&on, &dir, &opts);
         }
     }
     if !foreground {
-        return spawn_daemon(&image, &dir, &options);
+        return spawn_daemon(&image, &dir, &options, &store_args);
     }
+    // From here on a store mount's image is its cache.
+    let image = store_args.cache.clone().unwrap_or(image);
     if daemon_child {
         unsafe { libc::setsid() };
     }
@@ -1534,12 +1647,59 @@ pub fn run(
     // slot: a deletion is then refused while it is mounted (DESIGN
     // "Snapshots"). It opens the image read-only: the kernel refuses any
     // write it could make.
+    // A store mount: the bucket opened and found to hold a file system before anything is
+    // made or taken (review 31: a mistyped prefix got lease objects and an empty cache file).
+    let store = match &url {
+        Some(u) => {
+            // A writer's requests end before its lease can expire (the fence, review 31).
+            let timeout = match opts.read_only {
+                true => None,
+                false => Some(ldfs::store::lease::request_timeout_for(
+                    opts.lease
+                        .unwrap_or(ldfs::store::LeaseOptions::default().duration),
+                )),
+            };
+            let s3 = u.open(timeout)?;
+            let store: Arc<dyn ldfs::store::ObjectStore> = s3;
+            crate::cli::store::holds_file_system(&*store, u)?;
+            Some(store)
+        }
+        None => None,
+    };
+    if url.is_some() && !image.exists() {
+        // Made (empty) to be locked; `prepare_cache` sizes it and rebuilds it from the store.
+        File::create(&image).map_err(|e| format!("{}: {e}", image.display()))?;
+    }
     let (_lock, _snapshot_lock) = match opts.snapshot {
         None => (
             Some(lock_image(&image, true, "ldfs").map_err(|e| e.to_string())?),
             None,
         ),
         Some(n) => (None, Some(lock_snapshot(&image, n)?)),
+    };
+    // A store mount: the lease (read-write), then the cache kept or rebuilt from the store.
+    let store_ctx = match (&url, store) {
+        (Some(u), Some(store)) => {
+            let lease = if opts.read_only {
+                None
+            } else {
+                Some(crate::cli::store::take_lease(
+                    store.clone(),
+                    u,
+                    opts.lease
+                        .unwrap_or(ldfs::store::LeaseOptions::default().duration),
+                    store_args.force_takeover,
+                )?)
+            };
+            crate::cli::store::prepare_cache(
+                &*store,
+                u,
+                &image,
+                lease.as_ref().map(|l| l.writer()),
+            )?;
+            Some((u.clone(), store, lease))
+        }
+        _ => None,
     };
     let sigset = block_signals();
     let dev: Arc<dyn Device> = if opts.snapshot.is_some() {
@@ -1563,7 +1723,29 @@ pub fn run(
             image.display()
         ));
     }
+    if store_ctx.is_some() && ldfs::dual::is_data_device(&*dev) {
+        return Err(format!(
+            "{}: a dual file system cannot be store-backed",
+            image.display()
+        ));
+    }
+    // A read-write store mount: lld writes the cache through the layer (its writes counted for
+    // the backlog), and tells it of each durable checkpoint.
+    let (dev, seg) = match &store_ctx {
+        Some((u, store, Some(lease))) => {
+            let seg = ldfs::store::SegmentStore::start(
+                store.clone(),
+                dev,
+                lease.clone(),
+                ldfs::store::SegmentStoreOptions::default(),
+            )
+            .map_err(|e| format!("{u}: {e}"))?;
+            (seg.device(), Some(seg))
+        }
+        _ => (dev, None),
+    };
     let lld_opts = LldOptions {
+        checkpoint_hook: seg.as_ref().map(|s| s.hook()),
         snapshot: opts.snapshot,
         read_only: opts.read_only,
         map_budget_bytes: opts.cache_bytes,
@@ -1620,6 +1802,24 @@ pub fn run(
         )
         .map_err(|e| format!("{}: {e}", image.display()))?,
     );
+    let store_mount = match (seg, &store_ctx) {
+        (Some(seg), Some((u, _, _))) => {
+            let bound = opts.upload_backlog.unwrap_or(lld.device_bytes() / 4).max(1);
+            eprintln!(
+                "ldfs: {u}: writer {} (lease generation), cache {}, upload window {} s, backlog bound {bound} bytes",
+                seg.lease().writer(),
+                image.display(),
+                opts.upload.unwrap_or(DEFAULT_UPLOAD).as_secs()
+            );
+            Some(Arc::new(StoreMount::new(
+                u.clone(),
+                seg,
+                lld.clone(),
+                bound,
+            )))
+        }
+        _ => None,
+    };
 
     // By its absolute path: a mount or fsck of the image, from any
     // directory, finds this mount in /proc/self/mounts. A snapshot mount's
@@ -1670,6 +1870,7 @@ pub fn run(
         snapshot: opts.snapshot,
         snapshot_results: std::sync::Mutex::new(std::collections::VecDeque::new()),
         history: history.clone(),
+        store: store_mount.clone(),
     });
     let want_uring = transport::choose(opts.transport)?;
     // Protected checkpoints yield to writes whether or not this mount
@@ -1685,6 +1886,7 @@ pub fn run(
         nodiratime: opts.nodiratime,
         forgets: std::sync::atomic::AtomicU64::new(0),
         yield_space,
+        write_gate: store_mount.clone().map(|s| s as Arc<dyn WriteGate>),
     });
     let start = want_uring.then(|| Arc::new(uring::Start::default()));
     let session = Session::new(
@@ -1793,6 +1995,11 @@ pub fn run(
             }
         })
     };
+    let uploader_window = store_mount.clone().map(|s| {
+        let (fs, stop) = (fs.clone(), stop.clone());
+        let every = opts.upload.unwrap_or(DEFAULT_UPLOAD);
+        std::thread::spawn(move || s.run_window(&fs, every, &stop))
+    });
     let protector = opts.protect.map(|keep| {
         let (lld, fs, image, stop) = (lld.clone(), fs.clone(), canon_image.clone(), stop.clone());
         let (every, window) = protect_schedule(keep, opts.commit_secs, lld.kept_capacity());
@@ -1811,6 +2018,9 @@ pub fn run(
     if let Some(p) = protector {
         let _ = p.join();
     }
+    if let Some(w) = uploader_window {
+        let _ = w.join();
+    }
     scrub.stop_and_join();
     // Before the final checkpoint, whoever else still holds the file system.
     fs.write_atimes();
@@ -1819,6 +2029,9 @@ pub fn run(
         Some(d) => d.close(),
         None => lld.close(),
     };
+    if let Some(s) = &store_mount {
+        s.finish(&image);
+    }
     served.map_err(|e| format!("serving {}: {e}", dir.display()))?;
     closed.map_err(|e| format!("final checkpoint of {}: {e}", image.display()))?;
     ring
@@ -2188,10 +2401,21 @@ fn detach_output(image: &Path) {
 
 /// Starts `ldfs mount -f` in the background and waits until it has mounted
 /// (or failed, in which case its error has already been printed).
-fn spawn_daemon(image: &Path, dir: &Path, options: &[String]) -> Result<(), String> {
+fn spawn_daemon(
+    image: &Path,
+    dir: &Path,
+    options: &[String],
+    store: &StoreArgs,
+) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| format!("finding ldfs: {e}"))?;
     let mut cmd = Command::new(exe);
     cmd.arg("mount").arg("-f").arg("--daemon-child");
+    if let Some(c) = &store.cache {
+        cmd.arg("--cache").arg(c);
+    }
+    if store.force_takeover {
+        cmd.arg("--force-takeover");
+    }
     for o in options {
         cmd.arg("-o").arg(o);
     }
@@ -2643,6 +2867,7 @@ mod tests {
             snapshot: None,
             snapshot_results: std::sync::Mutex::new(std::collections::VecDeque::new()),
             history,
+            store: None,
         }
     }
 
@@ -2763,6 +2988,7 @@ mod tests {
             nodiratime: false,
             forgets: std::sync::atomic::AtomicU64::new(0),
             yield_space: None,
+            write_gate: None,
         };
         let who = |uid| Caller {
             uid,

@@ -546,6 +546,14 @@ impl Geometry {
 
 /// Pages of one checkpoint slot for `segments` segments: a header page plus
 /// the usage table.
+/// The total pages a superblock page records, unchecked: with [`INCOMPAT_RESIZE`] the
+/// device's size when copy 1 was last written (decoding takes the device's own size instead),
+/// which is what a copy of the image elsewhere needs (the segment store's rebuild). Decode
+/// with it to check it.
+pub fn recorded_total_pages(page: &[u8]) -> u64 {
+    get_u64(page, SB_TOTAL_PAGES)
+}
+
 pub fn checkpoint_pages_for(segments: u32) -> u32 {
     1 + (segments as usize * USAGE_ENTRY_BYTES).div_ceil(PAGE_BYTES) as u32
 }

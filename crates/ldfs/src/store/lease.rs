@@ -8,7 +8,15 @@
 //! duration; a taker compares it with its own clock, so the duration must be much longer than
 //! the clock skew between hosts (minutes against NTP's milliseconds).
 //!
-//! Only the newest two generations are kept (older ones deleted by whoever puts a new one).
+//! Only the newest two generations are kept (older ones deleted by whoever puts a new one), so
+//! a put can land in a generation deleted long ago (a holder back from a partition renewing):
+//! each put lists the generations after it lands and has lost if a later one is there. A put
+//! that finds its generation taken by its own owner (an earlier try whose answer was lost) has
+//! it, with the landed record's expiry.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::{ObjectStore, PutOutcome, StoreError};
 
@@ -178,7 +186,21 @@ pub fn renew(
 /// Gives the lease up (a clean unmount): a next generation with expiry 0, which the next writer
 /// takes without waiting or forcing.
 pub fn release(store: &dyn ObjectStore, lease: &Lease) -> Result<(), LeaseError> {
-    renew(store, lease, 0).map(|_| ())
+    let l = renew(store, lease, 0)?;
+    if l.record.expires_secs != 0 {
+        // The generation held an earlier renewal of ours whose answer was lost: one more.
+        renew(store, &l, 0)?;
+    }
+    Ok(())
+}
+
+/// Every lease generation in the store.
+fn generations(store: &dyn ObjectStore) -> Result<Vec<u64>, LeaseError> {
+    Ok(store
+        .list("lease/")?
+        .into_iter()
+        .filter_map(|o| u64::from_str_radix(o.key.strip_prefix("lease/")?, 16).ok())
+        .collect())
 }
 
 fn put_next(
@@ -188,22 +210,340 @@ fn put_next(
 ) -> Result<Lease, LeaseError> {
     let k = key(generation);
     let bytes = me.encode();
-    match store.put_if_absent(&k, &bytes)? {
-        PutOutcome::Created => {}
+    let record = match store.put_if_absent(&k, &bytes)? {
+        PutOutcome::Created => me,
         PutOutcome::Exists => {
-            // Ours if an earlier try landed with its answer lost.
-            if store.get(&k)? != bytes {
-                return Err(LeaseError::Lost { generation });
+            // Ours if an earlier try landed with its answer lost: the same owner (random per
+            // mount), perhaps another expiry. The landed record is the lease: its expiry is
+            // what a taker reads (review 31).
+            match LeaseRecord::decode(&store.get(&k)?) {
+                Ok(r) if r.owner == me.owner => r,
+                _ => return Err(LeaseError::Lost { generation }),
+            }
+        }
+    };
+    // A later generation in the store means another writer took the lease and went on: this
+    // put landed only because the generation it names was deleted (only the newest two are
+    // kept), and it holds nothing (review 31: a holder back from a partition). Generations
+    // below the one before this are deleted (best effort: a leftover is only an object).
+    let all = generations(store)?;
+    if let Some(&newest) = all.iter().max().filter(|&&g| g > generation) {
+        return Err(LeaseError::Lost { generation: newest });
+    }
+    for g in all.into_iter().filter(|&g| g + 1 < generation) {
+        let _ = store.delete(&key(g));
+    }
+    Ok(Lease { generation, record })
+}
+
+/// Seconds since 1970 by some clock: this host's ([`system_clock`]), or a test's.
+pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// This host's wall clock.
+pub fn system_clock() -> Clock {
+    Arc::new(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    })
+}
+
+/// The longest a request to the store may take for a holder of a lease of `duration`: under
+/// half of it (two fifths, at most 120 s), so that a request [`HeldLease::check`] let go
+/// lands or times out before the lease can expire and be taken (review 31: a fixed 120 s
+/// timeout under a 60 s lease let a stale writer's put land after a takeover).
+pub fn request_timeout_for(duration: Duration) -> Duration {
+    (duration * 2 / 5).min(Duration::from_secs(120))
+}
+
+/// The shortest lease a mount may ask for: its requests get two fifths of it
+/// ([`request_timeout_for`]), 4 s, enough for a segment object to a nearby gateway.
+pub const MIN_LEASE: Duration = Duration::from_secs(10);
+
+/// How a mount holds its lease.
+#[derive(Clone)]
+pub struct LeaseOptions {
+    /// How long one renewal lasts. A taker waits this long after a crashed holder's last
+    /// renewal (then `--force-takeover`); it must dwarf the hosts' clock skew and exceed twice
+    /// the store's request timeout (see [`HeldLease::check`] and [`request_timeout_for`]).
+    pub duration: Duration,
+    pub force_takeover: bool,
+    pub clock: Clock,
+}
+
+impl Default for LeaseOptions {
+    fn default() -> Self {
+        LeaseOptions {
+            duration: Duration::from_secs(300),
+            force_takeover: false,
+            clock: system_clock(),
+        }
+    }
+}
+
+impl std::fmt::Debug for LeaseOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseOptions")
+            .field("duration", &self.duration)
+            .field("force_takeover", &self.force_takeover)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why the holder may not write to the store now.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LeaseCheck {
+    /// Too close to its expiry by this host's clock: a renewal is late (the store is
+    /// unreachable or slow). Transient: the next renewal restores it, unless someone took it.
+    #[error("lease generation {generation} expires at {expires_secs} s, now {now_secs} s: not renewed in time")]
+    Expiring {
+        generation: u64,
+        expires_secs: u64,
+        now_secs: u64,
+    },
+    /// Final: another writer holds it now, or it was released.
+    #[error("lease lost: {0}")]
+    Lost(String),
+}
+
+struct KeeperState {
+    lease: Lease,
+    lost: Option<String>,
+    stop: bool,
+    released: bool,
+}
+
+struct Keeper {
+    store: Arc<dyn ObjectStore>,
+    opts: LeaseOptions,
+    /// The generation taken at acquire: this mount's writer number (keys of its objects).
+    writer: u64,
+    state: Mutex<KeeperState>,
+    cv: Condvar,
+}
+
+/// A lease this mount holds, renewed by a thread of its own every fifth of the duration until
+/// [`HeldLease::release`] (a clean unmount), [`HeldLease::abandon`] (a simulated crash), or
+/// drop (released).
+pub struct HeldLease {
+    k: Arc<Keeper>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for HeldLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HeldLease(writer {})", self.k.writer)
+    }
+}
+
+fn secs(d: Duration) -> u64 {
+    d.as_secs().max(1)
+}
+
+impl HeldLease {
+    /// Takes the lease (refused naming the holder, as [`acquire`]) for `host`/`pid` with a fresh
+    /// random owner, and starts renewing it.
+    pub fn acquire(
+        store: Arc<dyn ObjectStore>,
+        host: &str,
+        pid: u32,
+        opts: LeaseOptions,
+    ) -> Result<HeldLease, LeaseError> {
+        let owner = rand::random::<u64>() | 1;
+        // A store that is down or slow now is retried for up to half the duration; a refusal
+        // or a loss is final. A put that landed with its answer lost is found as ours by the
+        // next try (same owner) and the generation after it taken.
+        let give_up = Instant::now() + opts.duration / 2;
+        let mut wait = Duration::from_millis(50);
+        let lease = loop {
+            let now = (opts.clock)();
+            let me = LeaseRecord {
+                owner,
+                expires_secs: now + secs(opts.duration),
+                pid,
+                host: host.to_string(),
+            };
+            match acquire(&*store, me, now, opts.force_takeover) {
+                Ok(l) => break l,
+                Err(LeaseError::Store(e)) if e.is_transient() && Instant::now() < give_up => {
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let k = Arc::new(Keeper {
+            store,
+            writer: lease.generation,
+            opts,
+            state: Mutex::new(KeeperState {
+                lease,
+                lost: None,
+                stop: false,
+                released: false,
+            }),
+            cv: Condvar::new(),
+        });
+        let k2 = k.clone();
+        let thread = std::thread::Builder::new()
+            .name("ldfs-lease".into())
+            .spawn(move || renewer(&k2))
+            .expect("spawn lease thread");
+        Ok(HeldLease {
+            k,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// The generation this mount took at acquire: the writer part of its objects' keys,
+    /// above every earlier writer's (generations only grow).
+    pub fn writer(&self) -> u64 {
+        self.k.writer
+    }
+
+    /// The newest generation and record this mount put.
+    pub fn current(&self) -> (u64, LeaseRecord) {
+        let st = self.k.state.lock().unwrap();
+        (st.lease.generation, st.lease.record.clone())
+    }
+
+    /// Whether this mount may write to the store now: the lease not lost, and by this host's
+    /// clock more than half its duration from expiry. The half is the fence against a taker:
+    /// a request sent now lands (or times out) within the store's request timeout, which is
+    /// below half the duration, so it lands before the lease expires and anyone may take it.
+    pub fn check(&self) -> Result<(), LeaseCheck> {
+        let st = self.k.state.lock().unwrap();
+        if let Some(why) = &st.lost {
+            return Err(LeaseCheck::Lost(why.clone()));
+        }
+        if st.released {
+            return Err(LeaseCheck::Lost("released".into()));
+        }
+        let now = (self.k.opts.clock)();
+        let margin = secs(self.k.opts.duration) / 2;
+        if now + margin >= st.lease.record.expires_secs {
+            return Err(LeaseCheck::Expiring {
+                generation: st.lease.generation,
+                expires_secs: st.lease.record.expires_secs,
+                now_secs: now,
+            });
+        }
+        Ok(())
+    }
+
+    /// Renews now (tests; the thread renews on its own).
+    pub fn renew_now(&self) -> Result<(), LeaseError> {
+        renew_once(&self.k)
+    }
+
+    fn stop_thread(&self) {
+        self.k.state.lock().unwrap().stop = true;
+        self.k.cv.notify_all();
+        if let Some(t) = self.thread.lock().unwrap().take() {
+            let _ = t.join();
+        }
+    }
+
+    /// Gives the lease up (a clean unmount, after the last upload): the next writer takes it
+    /// at once. Idempotent; after it, [`HeldLease::check`] fails.
+    pub fn release(&self) -> Result<(), LeaseError> {
+        self.stop_thread();
+        let mut st = self.k.state.lock().unwrap();
+        if st.released || st.lost.is_some() {
+            st.released = true;
+            return Ok(());
+        }
+        st.released = true;
+        let r = release(&*self.k.store, &st.lease);
+        if let Err(LeaseError::Lost { .. }) = &r {
+            return Ok(());
+        }
+        r
+    }
+
+    /// Stops renewing without releasing: what a crash leaves (tests), and what an unmount
+    /// leaves whose final checkpoint is not in the store (the lease then expires).
+    pub fn abandon(&self) {
+        self.stop_thread();
+        self.k.state.lock().unwrap().released = true;
+    }
+}
+
+impl Drop for HeldLease {
+    fn drop(&mut self) {
+        if let Err(e) = self.release() {
+            eprintln!("ldfs: releasing the store lease: {e}");
+        }
+    }
+}
+
+fn renew_once(k: &Keeper) -> Result<(), LeaseError> {
+    let lease = {
+        let st = k.state.lock().unwrap();
+        if st.lost.is_some() {
+            return Err(LeaseError::Lost {
+                generation: st.lease.generation + 1,
+            });
+        }
+        Lease {
+            generation: st.lease.generation,
+            record: st.lease.record.clone(),
+        }
+    };
+    let expires = (k.opts.clock)() + secs(k.opts.duration);
+    match renew(&*k.store, &lease, expires) {
+        Ok(l) => {
+            let mut st = k.state.lock().unwrap();
+            st.lease = l;
+            Ok(())
+        }
+        Err(e @ LeaseError::Lost { .. }) => {
+            let mut st = k.state.lock().unwrap();
+            st.lost = Some(e.to_string());
+            k.cv.notify_all();
+            Err(e)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Renews every fifth of the duration (every second while renewals fail) until stopped or
+/// lost; logs the first failure of a run of them and the loss.
+fn renewer(k: &Keeper) {
+    let every = k.opts.duration / 5;
+    let mut failing = false;
+    loop {
+        {
+            let st = k.state.lock().unwrap();
+            let wait = if failing {
+                every.min(Duration::from_secs(1))
+            } else {
+                every
+            };
+            let st = k.cv.wait_timeout_while(st, wait, |s| !s.stop).unwrap().0;
+            if st.stop {
+                return;
+            }
+        }
+        match renew_once(k) {
+            Ok(()) => {
+                if failing {
+                    eprintln!("ldfs: store lease renewed again");
+                }
+                failing = false;
+            }
+            Err(e @ LeaseError::Lost { .. }) => {
+                eprintln!("ldfs: {e}: this mount stops writing to the store");
+                return;
+            }
+            Err(e) => {
+                if !failing {
+                    eprintln!("ldfs: renewing the store lease failed (retrying): {e}");
+                }
+                failing = true;
             }
         }
     }
-    if generation > 2 {
-        store.delete(&key(generation - 2))?;
-    }
-    Ok(Lease {
-        generation,
-        record: me,
-    })
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ mod memory;
 mod s3;
 pub mod segments;
 
+pub use lease::{HeldLease, LeaseOptions};
 pub use memory::{MemoryStore, MemoryStoreFaults};
 pub use s3::{S3Config, S3Store};
 pub use segments::{

@@ -62,31 +62,93 @@ impl S3Config {
     }
 
     /// As `from_env`, with the variables looked up by `var` (tests read an env file).
+    ///
+    /// Without `AWS_ACCESS_KEY_ID` in the environment the keys come from the shared
+    /// credentials file (`AWS_SHARED_CREDENTIALS_FILE`, default `~/.aws/credentials`), profile
+    /// `AWS_PROFILE` (default `default`); the region and endpoint not set in the environment
+    /// from the shared config file (`AWS_CONFIG_FILE`, default `~/.aws/config`: `region`,
+    /// `endpoint_url`), as the AWS CLI reads them.
     pub fn from_vars(
         bucket: &str,
         prefix: &str,
         var: impl Fn(&str) -> Option<String>,
     ) -> StoreResult<S3Config> {
-        let need = |k: &str| {
-            var(k)
-                .filter(|v| !v.is_empty())
-                .ok_or_else(|| StoreError::Config(format!("{k} is not set")))
+        let var = |k: &str| var(k).filter(|v| !v.is_empty());
+        let profile = var("AWS_PROFILE").unwrap_or_else(|| "default".to_string());
+        let home = var("HOME").unwrap_or_default();
+        let config = var("AWS_CONFIG_FILE").unwrap_or_else(|| format!("{home}/.aws/config"));
+        // The config file names profiles `[profile NAME]`, except `[default]`.
+        let config_section = if profile == "default" {
+            profile.clone()
+        } else {
+            format!("profile {profile}")
+        };
+        let from_config = |k: &str| ini_value(&config, &config_section, k);
+        let (access_key_id, secret_access_key, session_token) = match var("AWS_ACCESS_KEY_ID") {
+            Some(id) => (
+                id,
+                var("AWS_SECRET_ACCESS_KEY").ok_or_else(|| {
+                    StoreError::Config(
+                        "AWS_ACCESS_KEY_ID is set, AWS_SECRET_ACCESS_KEY is not".into(),
+                    )
+                })?,
+                var("AWS_SESSION_TOKEN"),
+            ),
+            None => {
+                let file = var("AWS_SHARED_CREDENTIALS_FILE")
+                    .unwrap_or_else(|| format!("{home}/.aws/credentials"));
+                let get = |k: &str| ini_value(&file, &profile, k);
+                match (get("aws_access_key_id"), get("aws_secret_access_key")) {
+                    (Some(id), Some(secret)) => (id, secret, get("aws_session_token")),
+                    _ => {
+                        return Err(StoreError::Config(format!(
+                            "no credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not \
+                             set, and {file} has no aws_access_key_id and \
+                             aws_secret_access_key in [{profile}]"
+                        )))
+                    }
+                }
+            }
         };
         let region = var("AWS_REGION")
             .or_else(|| var("AWS_DEFAULT_REGION"))
-            .filter(|v| !v.is_empty())
+            .or_else(|| from_config("region"))
             .unwrap_or_else(|| "us-east-1".to_string());
         Ok(S3Config {
-            endpoint: var("AWS_ENDPOINT_URL").filter(|v| !v.is_empty()),
+            endpoint: var("AWS_ENDPOINT_URL").or_else(|| from_config("endpoint_url")),
             region,
             bucket: bucket.to_string(),
             prefix: prefix.trim_matches('/').to_string(),
-            access_key_id: need("AWS_ACCESS_KEY_ID")?,
-            secret_access_key: need("AWS_SECRET_ACCESS_KEY")?,
-            session_token: var("AWS_SESSION_TOKEN").filter(|v| !v.is_empty()),
+            access_key_id,
+            secret_access_key,
+            session_token,
             timeout: Duration::from_secs(120),
         })
     }
+}
+
+/// `key = value` in `[section]` of an INI file (the AWS shared files), if the file reads.
+fn ini_value(path: &str, section: &str, key: &str) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let mut inside = false;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with('#') || line.starts_with(';') || line.is_empty() {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            inside = name.trim() == section;
+            continue;
+        }
+        if inside {
+            if let Some((k, v)) = line.split_once('=') {
+                if k.trim() == key {
+                    return Some(v.trim().to_string()).filter(|v| !v.is_empty());
+                }
+            }
+        }
+    }
+    None
 }
 
 /// See the module documentation.
@@ -458,5 +520,74 @@ mod tests {
             let got = unanswered(StoreOp::Put, "seg/1", e);
             assert!(got.is_transient(), "{got}");
         }
+    }
+
+    #[test]
+    fn credentials_from_the_environment_or_the_shared_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let creds = dir.path().join("credentials");
+        let conf = dir.path().join("config");
+        std::fs::write(
+            &creds,
+            "[default]\naws_access_key_id = DEF\naws_secret_access_key = defsecret\n\n\
+             # a comment\n[work]\naws_access_key_id=WORK\naws_secret_access_key=worksecret\n\
+             aws_session_token = tok\n",
+        )
+        .unwrap();
+        std::fs::write(
+            &conf,
+            "[default]\nregion = eu-west-1\n[profile work]\nregion = ap-south-1\n\
+             endpoint_url = http://127.0.0.1:7480\n",
+        )
+        .unwrap();
+        let files = |extra: &'static [(&'static str, &'static str)]| {
+            let creds = creds.display().to_string();
+            let conf = conf.display().to_string();
+            move |k: &str| -> Option<String> {
+                match k {
+                    "AWS_SHARED_CREDENTIALS_FILE" => Some(creds.clone()),
+                    "AWS_CONFIG_FILE" => Some(conf.clone()),
+                    _ => extra
+                        .iter()
+                        .find(|(n, _)| *n == k)
+                        .map(|(_, v)| v.to_string()),
+                }
+            }
+        };
+        let c = S3Config::from_vars("b", "/p/", files(&[])).unwrap();
+        assert_eq!(
+            (c.access_key_id.as_str(), c.secret_access_key.as_str()),
+            ("DEF", "defsecret")
+        );
+        assert_eq!(
+            (c.region.as_str(), c.endpoint, c.prefix.as_str()),
+            ("eu-west-1", None, "p")
+        );
+        let c = S3Config::from_vars("b", "", files(&[("AWS_PROFILE", "work")])).unwrap();
+        assert_eq!(c.access_key_id, "WORK");
+        assert_eq!(c.session_token.as_deref(), Some("tok"));
+        assert_eq!(c.region, "ap-south-1");
+        assert_eq!(c.endpoint.as_deref(), Some("http://127.0.0.1:7480"));
+        // The environment wins over the files.
+        let c = S3Config::from_vars(
+            "b",
+            "",
+            files(&[
+                ("AWS_ACCESS_KEY_ID", "ENV"),
+                ("AWS_SECRET_ACCESS_KEY", "envsecret"),
+                ("AWS_REGION", "us-west-2"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            (c.access_key_id.as_str(), c.region.as_str()),
+            ("ENV", "us-west-2")
+        );
+        // A profile the file lacks is a clear error naming it.
+        let e = S3Config::from_vars("b", "", files(&[("AWS_PROFILE", "none")])).unwrap_err();
+        assert!(e.to_string().contains("[none]"), "{e}");
+        // An id without its secret too.
+        let e = S3Config::from_vars("b", "", files(&[("AWS_ACCESS_KEY_ID", "X")])).unwrap_err();
+        assert!(e.to_string().contains("AWS_SECRET_ACCESS_KEY"), "{e}");
     }
 }

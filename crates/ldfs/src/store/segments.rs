@@ -5,7 +5,7 @@
 //! durable slot to [`SegmentStore`] (no I/O in the hook: the newest one is kept as
 //! the next job); the uploader thread puts every segment the slot names that the store lacks,
 //! then the checkpoint object, then deletes what neither of the newest two checkpoint objects
-//! names. [`restore`] rebuilds a fresh cache device from the newest checkpoint object.
+//! names. [`restore`] rebuilds a fresh cache device from the newest complete checkpoint object.
 //!
 //! Invariants: a checkpoint object is put only after every segment object it names was
 //! acknowledged; a key always names the same bytes (only content a durable checkpoint names is
@@ -18,16 +18,17 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{ObjectStore, PutOutcome, StoreError, StoreResult};
+use super::lease::{HeldLease, LeaseCheck};
+use super::{ObjectInfo, ObjectStore, PutOutcome, StoreError, StoreResult};
 use crate::device::{Device, DeviceError};
 use crate::lld::checkpoint;
-use crate::lld::layout::Geometry;
+use crate::lld::layout::{recorded_total_pages, Geometry};
 use crate::lld::summary::{self, Expect};
 use crate::lld::usage::SegmentState;
 use crate::lld::{CheckpointHook, DurableCheckpoint, SegmentId, PAGE_BYTES};
 
 pub const CKPT_MAGIC: u64 = u64::from_le_bytes(*b"LDFSSCKP");
-pub const CKPT_VERSION: u32 = 1;
+pub const CKPT_VERSION: u32 = 2;
 const O_MAGIC: usize = 0;
 const O_VERSION: usize = 8;
 const O_COUNT: usize = 12;
@@ -35,9 +36,10 @@ const O_FS_ID: usize = 16;
 const O_SERIAL: usize = 24;
 const O_SLOT_LEN: usize = 32;
 const O_CRC: usize = 36;
-const O_SUPERBLOCK: usize = 40;
+const O_WRITER: usize = 40;
+const O_SUPERBLOCK: usize = 48;
 const O_SLOT: usize = O_SUPERBLOCK + PAGE_BYTES;
-const ENTRY_BYTES: usize = 24;
+const ENTRY_BYTES: usize = 32;
 
 /// The layer's errors.
 #[derive(Debug, thiserror::Error)]
@@ -56,20 +58,39 @@ pub enum LayerError {
     /// Another writer put a checkpoint object this one was about to put.
     #[error("checkpoint object {key} already exists with other bytes: another writer")]
     Conflict { key: String },
+    /// This mount's lease is gone (taken over, or released): it writes nothing more.
+    #[error("{0}")]
+    LeaseLost(#[from] LeaseCheck),
     #[error("{0}")]
     Other(String),
 }
 
 pub type LayerResult<T> = Result<T, LayerError>;
 
-/// The key of a segment object.
-pub fn segment_key(segment: u32, first_seq: u64, pages: u32) -> String {
-    format!("seg/{segment:08x}-{first_seq:016x}-{pages:04x}")
+/// The key of a segment object. `writer` is the lease generation of the mount that put it:
+/// two writers (a stale one whose late puts still land, and the one that took over and
+/// continues the same log from the same checkpoint) never share a key (review 26).
+pub fn segment_key(segment: u32, writer: u64, first_seq: u64, pages: u32) -> String {
+    format!("seg/{segment:08x}-{writer:016x}-{first_seq:016x}-{pages:04x}")
 }
 
-/// The key of a checkpoint object.
-pub fn checkpoint_key(serial: u64) -> String {
-    format!("ckpt/{serial:016x}")
+/// The key of a checkpoint object: writer first, so key order puts every checkpoint of a
+/// later writer after all of an earlier one's (a stale writer's late checkpoint never sorts
+/// newest), then serial.
+pub fn checkpoint_key(writer: u64, serial: u64) -> String {
+    format!("ckpt/{writer:016x}-{serial:016x}")
+}
+
+/// (writer, serial) of a checkpoint key.
+pub fn parse_checkpoint_key(key: &str) -> Option<(u64, u64)> {
+    let (w, n) = key.strip_prefix("ckpt/")?.split_once('-')?;
+    if w.len() != 16 || n.len() != 16 {
+        return None;
+    }
+    Some((
+        u64::from_str_radix(w, 16).ok()?,
+        u64::from_str_radix(n, 16).ok()?,
+    ))
 }
 
 /// One segment object a checkpoint object names.
@@ -78,18 +99,21 @@ pub struct SegmentEntry {
     pub segment: u32,
     pub pages: u32,
     pub first_seq: u64,
+    /// The writer (lease generation) that put the object.
+    pub writer: u64,
     pub crc: u32,
 }
 
 impl SegmentEntry {
     pub fn key(&self) -> String {
-        segment_key(self.segment, self.first_seq, self.pages)
+        segment_key(self.segment, self.writer, self.first_seq, self.pages)
     }
 }
 
 /// A decoded checkpoint object.
 #[derive(Clone, Debug)]
 pub struct CheckpointObject {
+    pub writer: u64,
     pub serial: u64,
     pub geo: Geometry,
     pub superblock: Vec<u8>,
@@ -109,16 +133,34 @@ fn crc_with_hole(b: &[u8], at: usize) -> u32 {
     crc32c::crc32c_append(c, &b[at + 4..])
 }
 
+/// Whether `len` is a slot's length for `geo`: every page of the slot, or, with a named slot
+/// (RESIZE or KEPT_TABLE), the pages it names, from its header page up (review 31: such
+/// slots are as long as their usage and kept tables, not the room the superblock leaves).
+fn slot_len_ok(geo: &Geometry, len: usize) -> bool {
+    let whole = geo.checkpoint_pages as usize * PAGE_BYTES;
+    if geo.named_slot() {
+        len >= PAGE_BYTES && len <= whole && len.is_multiple_of(PAGE_BYTES)
+    } else {
+        len == whole
+    }
+}
+
 /// Encodes a checkpoint object (FORMAT "Object store layout").
 pub fn encode_checkpoint_object(
     geo: &Geometry,
     superblock: &[u8],
+    writer: u64,
     serial: u64,
     slot: &[u8],
     entries: &[SegmentEntry],
 ) -> Vec<u8> {
     assert_eq!(superblock.len(), PAGE_BYTES);
-    assert_eq!(slot.len(), geo.checkpoint_pages as usize * PAGE_BYTES);
+    assert!(
+        slot_len_ok(geo, slot.len()),
+        "a slot of {} bytes for {} pages",
+        slot.len(),
+        geo.checkpoint_pages
+    );
     assert!(entries.windows(2).all(|w| w[0].segment < w[1].segment));
     let mut b = Vec::with_capacity(O_SLOT + slot.len() + entries.len() * ENTRY_BYTES);
     b.extend_from_slice(&CKPT_MAGIC.to_le_bytes());
@@ -128,12 +170,14 @@ pub fn encode_checkpoint_object(
     b.extend_from_slice(&serial.to_le_bytes());
     b.extend_from_slice(&(slot.len() as u32).to_le_bytes());
     b.extend_from_slice(&0u32.to_le_bytes());
+    b.extend_from_slice(&writer.to_le_bytes());
     b.extend_from_slice(superblock);
     b.extend_from_slice(slot);
     for e in entries {
         b.extend_from_slice(&e.segment.to_le_bytes());
         b.extend_from_slice(&e.pages.to_le_bytes());
         b.extend_from_slice(&e.first_seq.to_le_bytes());
+        b.extend_from_slice(&e.writer.to_le_bytes());
         b.extend_from_slice(&e.crc.to_le_bytes());
         b.extend_from_slice(&0u32.to_le_bytes());
     }
@@ -143,7 +187,8 @@ pub fn encode_checkpoint_object(
 }
 
 /// Decodes and checks a checkpoint object read from `key`: magic, version, crc, the
-/// superblock, the slot (its own crc, fs id and serial), every entry bounded.
+/// superblock, the slot (its own crc, fs id and serial), every entry bounded, and the key's
+/// writer and serial equal to the object's.
 pub fn decode_checkpoint_object(key: &str, b: &[u8]) -> LayerResult<CheckpointObject> {
     let bad = |detail: String| LayerError::Corrupt {
         what: "checkpoint object",
@@ -166,6 +211,16 @@ pub fn decode_checkpoint_object(key: &str, b: &[u8]) -> LayerResult<CheckpointOb
     let superblock = b[O_SUPERBLOCK..O_SLOT].to_vec();
     let geo = Geometry::decode_superblock(&superblock, 0, u64::MAX)
         .map_err(|e| bad(format!("superblock: {e}")))?;
+    // A resizable image takes its size from the device it is on; here that is the size it
+    // records (the cache's when it was made), which a rebuild needs (review 31).
+    let geo = match geo.resizable() {
+        false => geo,
+        true => {
+            let bytes = recorded_total_pages(&superblock).saturating_mul(PAGE_BYTES as u64);
+            Geometry::decode_superblock(&superblock, 0, bytes)
+                .map_err(|e| bad(format!("superblock: {e}")))?
+        }
+    };
     let fs_id = get_u64(b, O_FS_ID);
     if fs_id != geo.fs_id {
         return Err(bad(format!(
@@ -174,11 +229,16 @@ pub fn decode_checkpoint_object(key: &str, b: &[u8]) -> LayerResult<CheckpointOb
         )));
     }
     let slot_len = get_u32(b, O_SLOT_LEN) as usize;
-    if slot_len != geo.checkpoint_pages as usize * PAGE_BYTES {
+    if !slot_len_ok(&geo, slot_len) {
         return Err(bad(format!("slot of {slot_len} bytes")));
     }
     let count = get_u32(b, O_COUNT) as usize;
-    if count > geo.segment_count as usize || b.len() != O_SLOT + slot_len + count * ENTRY_BYTES {
+    if count > geo.segment_count as usize
+        || b.len()
+            != O_SLOT
+                .saturating_add(slot_len)
+                .saturating_add(count * ENTRY_BYTES)
+    {
         return Err(bad(format!("{count} entries in {} bytes", b.len())));
     }
     let slot = b[O_SLOT..O_SLOT + slot_len].to_vec();
@@ -194,9 +254,14 @@ pub fn decode_checkpoint_object(key: &str, b: &[u8]) -> LayerResult<CheckpointOb
             segment: get_u32(b, o),
             pages: get_u32(b, o + 4),
             first_seq: get_u64(b, o + 8),
-            crc: get_u32(b, o + 16),
+            writer: get_u64(b, o + 16),
+            crc: get_u32(b, o + 24),
         };
-        if e.segment >= geo.segment_count || e.pages == 0 || e.pages > geo.segment_pages {
+        if e.segment >= geo.segment_count
+            || e.pages == 0
+            || e.pages > geo.segment_pages
+            || e.writer == 0
+        {
             return Err(bad(format!("entry {i}: {e:?} outside the geometry")));
         }
         if entries
@@ -207,7 +272,15 @@ pub fn decode_checkpoint_object(key: &str, b: &[u8]) -> LayerResult<CheckpointOb
         }
         entries.push(e);
     }
+    let writer = get_u64(b, O_WRITER);
+    if parse_checkpoint_key(key) != Some((writer, serial)) {
+        return Err(bad(format!("holds writer {writer} serial {serial}")));
+    }
+    if let Some(e) = entries.iter().find(|e| e.writer > writer) {
+        return Err(bad(format!("names {e:?}, of a later writer than its own")));
+    }
     Ok(CheckpointObject {
+        writer,
         serial,
         geo,
         superblock,
@@ -228,6 +301,8 @@ pub struct UploadStats {
     pub objects_deleted: u64,
     /// Requests that failed transiently and were tried again.
     pub retries: u64,
+    /// Waits before a checkpoint put or delete for a late lease renewal.
+    pub lease_waits: u64,
 }
 
 struct Job {
@@ -235,6 +310,8 @@ struct Job {
     slot: Vec<u8>,
     /// `State::release_gen` when the hook ran.
     gen: u64,
+    /// Bytes lld had written to the cache when the hook ran.
+    written: u64,
 }
 
 /// A segment object in the store, and when its bytes were read.
@@ -257,10 +334,22 @@ struct State {
     failed: Option<String>,
     stop: bool,
     stats: UploadStats,
+    /// Bytes lld had written to the cache at the newest uploaded checkpoint.
+    uploaded_written: u64,
+    /// When the newest checkpoint object was put (by this process), and its size plus the
+    /// sizes of the segment objects it names.
+    uploaded_at: Option<std::time::SystemTime>,
+    store_bytes: u64,
 }
 
 struct Shared {
+    /// Bytes written through [`SegmentStore::device`]: the upload backlog is what was written
+    /// since the newest uploaded checkpoint.
+    written: std::sync::atomic::AtomicU64,
     store: Arc<dyn ObjectStore>,
+    /// Checked before every checkpoint put and delete (not segment puts: their keys are this
+    /// writer's own, so a late one harms nobody).
+    lease: Arc<HeldLease>,
     dev: Arc<dyn Device>,
     geo: Geometry,
     superblock: Vec<u8>,
@@ -290,16 +379,19 @@ impl Default for SegmentStoreOptions {
 /// (`LldOptions::checkpoint_hook`) before opening the engine on `dev`.
 pub struct SegmentStore {
     shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl SegmentStore {
-    /// Starts the uploader for the lld image on `dev` (its superblock is read now).
+    /// Starts the uploader for the lld image on `dev` (its superblock is read now), writing as
+    /// the holder of `lease` (its generation is the writer part of every key put).
     pub fn start(
         store: Arc<dyn ObjectStore>,
         dev: Arc<dyn Device>,
+        lease: Arc<HeldLease>,
         opts: SegmentStoreOptions,
     ) -> LayerResult<SegmentStore> {
+        lease.check()?;
         let mut superblock = vec![0u8; PAGE_BYTES];
         dev.read_at(&mut superblock, 0)?;
         let geo = Geometry::decode_superblock(&superblock, 0, dev.size_bytes()).map_err(|e| {
@@ -309,8 +401,43 @@ impl SegmentStore {
                 detail: e.to_string(),
             }
         })?;
+        // The store's file system must be this cache's (review 31: two `mkfs --store` racing
+        // on one prefix, or a caller skipping the cache check), before anything is deleted.
+        if let Some((key, obj)) = newest_checkpoint(&*store)? {
+            if obj.geo.fs_id != geo.fs_id {
+                return Err(LayerError::Other(format!(
+                    "the store holds file system {:016x} ({key}); this cache is of {:016x}",
+                    obj.geo.fs_id, geo.fs_id
+                )));
+            }
+        }
         let (kept, swept) = sweep_kept(&*store)?;
-        let uploaded = kept.last().map_or(0, |(s, _)| *s);
+        if let Some(k) = kept.iter().find(|k| k.fs_id != geo.fs_id) {
+            return Err(LayerError::Other(format!(
+                "the store holds checkpoint object {} of file system {:016x}; this cache is of \
+                 {:016x}",
+                k.key, k.fs_id, geo.fs_id
+            )));
+        }
+        let writer = lease.writer();
+        if let Some(k) = kept.iter().find(|k| k.writer >= writer) {
+            // Generations only grow; the lease objects were removed behind our back.
+            return Err(LayerError::Other(format!(
+                "lease generation {writer} is not above the writer of checkpoint object {}: \
+                 the store's lease objects were removed",
+                k.key
+            )));
+        }
+        // What the store holds is its newest complete checkpoint (a stale writer's late one
+        // may name objects the sweep deleted: nothing it names is taken as uploaded).
+        let base = kept.iter().rev().find(|k| k.complete);
+        let uploaded = base.map_or(0, |k| k.serial);
+        let store_bytes = base.map_or(0, |k| {
+            k.entries
+                .iter()
+                .map(|e| e.pages as u64 * PAGE_BYTES as u64)
+                .sum()
+        });
         // A restart on the same cache: what the newest checkpoint object names and the cache
         // still holds in the same use of its segment (the sequence number at page 0 matches)
         // is not uploaded again. One page read per named segment.
@@ -321,9 +448,9 @@ impl SegmentStore {
         // then was deleted).
         let holds = newest_slot_states(&*dev, &geo);
         let mut known = BTreeMap::new();
-        if let Some((_, entries)) = kept.last() {
+        if let Some(newest) = base {
             let mut page = vec![0u8; PAGE_BYTES];
-            for e in entries {
+            for e in &newest.entries {
                 let held = holds.as_ref().is_some_and(|st| {
                     matches!(
                         st.get(e.segment as usize),
@@ -345,12 +472,14 @@ impl SegmentStore {
                 }
             }
         }
-        let named: Vec<(u64, BTreeSet<String>)> = kept
+        let named: Vec<(String, BTreeSet<String>)> = kept
             .into_iter()
-            .map(|(s, es)| (s, es.iter().map(|e| e.key()).collect()))
+            .map(|k| (k.key, k.entries.iter().map(|e| e.key()).collect()))
             .collect();
         let shared = Arc::new(Shared {
+            written: std::sync::atomic::AtomicU64::new(0),
             store,
+            lease,
             dev,
             superblock,
             state: Mutex::new(State {
@@ -365,6 +494,9 @@ impl SegmentStore {
                     objects_deleted: swept,
                     ..UploadStats::default()
                 },
+                uploaded_written: 0,
+                uploaded_at: None,
+                store_bytes,
             }),
             geo,
             cv: Condvar::new(),
@@ -377,7 +509,7 @@ impl SegmentStore {
             .expect("spawn uploader thread");
         Ok(SegmentStore {
             shared,
-            thread: Some(thread),
+            thread: Mutex::new(Some(thread)),
         })
     }
 
@@ -403,6 +535,7 @@ impl SegmentStore {
                 serial: c.serial,
                 slot: c.slot_bytes.to_vec(),
                 gen,
+                written: sh.written.load(std::sync::atomic::Ordering::Relaxed),
             });
             sh.cv.notify_all();
         }))
@@ -411,6 +544,56 @@ impl SegmentStore {
     /// The serial of the newest checkpoint object in the store.
     pub fn uploaded(&self) -> u64 {
         self.shared.state.lock().unwrap().uploaded
+    }
+
+    /// The cache device for lld: `dev` as given to `start`, counting the bytes written to it
+    /// (the upload backlog).
+    pub fn device(&self) -> Arc<dyn Device> {
+        Arc::new(CountingDevice(self.shared.clone()))
+    }
+
+    /// Bytes written to the cache since the newest checkpoint this process uploaded was
+    /// taken (everything since the start before the first): what a machine lost now loses,
+    /// at most, and what the uploader has yet to catch up with.
+    pub fn backlog_bytes(&self) -> u64 {
+        let w = self
+            .shared
+            .written
+            .load(std::sync::atomic::Ordering::Relaxed);
+        w.saturating_sub(self.shared.state.lock().unwrap().uploaded_written)
+    }
+
+    /// The newest uploaded checkpoint's time (by this process; `None` before its first) and
+    /// the bytes of the segment objects it names.
+    pub fn uploaded_at(&self) -> (Option<std::time::SystemTime>, u64) {
+        let st = self.shared.state.lock().unwrap();
+        (st.uploaded_at, st.store_bytes)
+    }
+
+    /// Why the uploader stopped for good, if it did.
+    pub fn failed(&self) -> Option<String> {
+        self.shared.state.lock().unwrap().failed.clone()
+    }
+
+    /// Waits until the backlog is at most `bytes`, the uploader fails, or `timeout` passes;
+    /// returns whether it is.
+    pub fn wait_backlog(&self, bytes: u64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.shared.state.lock().unwrap();
+        loop {
+            let w = self
+                .shared
+                .written
+                .load(std::sync::atomic::Ordering::Relaxed);
+            if w.saturating_sub(st.uploaded_written) <= bytes {
+                return true;
+            }
+            let now = Instant::now();
+            if st.failed.is_some() || st.stop || now >= deadline {
+                return false;
+            }
+            st = self.shared.cv.wait_timeout(st, deadline - now).unwrap().0;
+        }
     }
 
     /// The serial of the newest durable checkpoint lld announced.
@@ -446,12 +629,23 @@ impl SegmentStore {
     }
 
     /// Stops the uploader (what it has not uploaded stays in the cache for the next start).
-    pub fn stop(&mut self) {
+    pub fn stop(&self) {
         self.shared.state.lock().unwrap().stop = true;
         self.shared.cv.notify_all();
-        if let Some(t) = self.thread.take() {
+        let t = self.thread.lock().unwrap().take();
+        if let Some(t) = t {
             let _ = t.join();
         }
+    }
+
+    /// Whether [`SegmentStore::stop`] was called: nothing more is uploaded.
+    pub fn is_stopped(&self) -> bool {
+        self.shared.state.lock().unwrap().stop
+    }
+
+    /// The lease this layer writes under.
+    pub fn lease(&self) -> &Arc<HeldLease> {
+        &self.shared.lease
     }
 }
 
@@ -461,6 +655,79 @@ impl Drop for SegmentStore {
     }
 }
 
+/// The cache device as lld sees it through the layer: every write counted.
+struct CountingDevice(Arc<Shared>);
+
+impl Device for CountingDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        self.0.dev.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+        self.0.dev.write_at(buf, offset)?;
+        self.0
+            .written
+            .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+    fn flush(&self) -> Result<(), DeviceError> {
+        self.0.dev.flush()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.0.dev.size_bytes()
+    }
+    fn will_need(&self, ranges: &[(u64, u64)]) {
+        self.0.dev.will_need(ranges)
+    }
+    fn write_unit_bytes(&self) -> u64 {
+        self.0.dev.write_unit_bytes()
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<bool, DeviceError> {
+        self.0.dev.discard(offset, len)
+    }
+    // Not `resize`: the default (the size is not ldfs's to set) keeps a store-backed file
+    // system at the size its cache was made with.
+}
+
+/// The newest checkpoint object in the store, decoded (its key first), or `None` if the store
+/// holds none: what a mount checks its cache against and sizes a fresh cache by.
+pub fn newest_checkpoint(
+    store: &dyn ObjectStore,
+) -> LayerResult<Option<(String, CheckpointObject)>> {
+    let listed = store.list("ckpt/")?;
+    let Some(newest) = listed
+        .iter()
+        .rev()
+        .find(|o| parse_checkpoint_key(&o.key).is_some())
+    else {
+        return Ok(None);
+    };
+    let key = newest.key.clone();
+    let obj = decode_checkpoint_object(&key, &store.get(&key)?)?;
+    Ok(Some((key, obj)))
+}
+
+/// The newest checkpoint object whose every named segment object is in the store, decoded
+/// (its key first); `None` if there is none. What a rebuild restores: a stale writer's
+/// checkpoint put that landed after the next writer's start swept the segment objects it
+/// names sorts newest but names objects that are gone (review 31); the complete one before
+/// it is the file system.
+pub fn newest_complete_checkpoint(
+    store: &dyn ObjectStore,
+) -> LayerResult<Option<(String, CheckpointObject)>> {
+    let segments: BTreeSet<String> = store.list("seg/")?.into_iter().map(|o| o.key).collect();
+    let listed = store.list("ckpt/")?;
+    for o in listed.iter().rev() {
+        if parse_checkpoint_key(&o.key).is_none() {
+            continue;
+        }
+        let obj = decode_checkpoint_object(&o.key, &store.get(&o.key)?)?;
+        if obj.entries.iter().all(|e| segments.contains(&e.key())) {
+            return Ok(Some((o.key.clone(), obj)));
+        }
+    }
+    Ok(None)
+}
+
 /// Deletes what no kept checkpoint object names: objects of uploads a stopped or crashed
 /// writer never finished, and puts that landed after their key was deleted (a request the
 /// client gave up on may still arrive). One writer at a time (the lease), so nothing else is
@@ -468,45 +735,69 @@ impl Drop for SegmentStore {
 /// were deleted.
 pub fn sweep(store: &dyn ObjectStore) -> LayerResult<(u64, u64)> {
     let (kept, deleted) = sweep_kept(store)?;
-    Ok((kept.last().map_or(0, |(s, _)| *s), deleted))
+    Ok((kept.last().map_or(0, |k| k.serial), deleted))
 }
 
-/// The kept checkpoint objects: serial and entries, oldest first.
-type Kept = Vec<(u64, Vec<SegmentEntry>)>;
+/// A kept checkpoint object.
+struct KeptCheckpoint {
+    key: String,
+    writer: u64,
+    serial: u64,
+    fs_id: u64,
+    entries: Vec<SegmentEntry>,
+    /// Every segment object it names is in the store (see [`newest_complete_checkpoint`]).
+    complete: bool,
+}
+
+/// The kept checkpoint objects, oldest first.
+type Kept = Vec<KeptCheckpoint>;
 
 /// `sweep`, returning the kept checkpoint objects and how many objects it deleted.
 fn sweep_kept(store: &dyn ObjectStore) -> LayerResult<(Kept, u64)> {
-    let ckpts = store.list("ckpt/")?;
+    // Only checkpoint keys count towards the newest two: an object of another kind under
+    // `ckpt/` (review 31) is left alone, and never pushes a checkpoint out.
+    let ckpts: Vec<(ObjectInfo, u64, u64)> = store
+        .list("ckpt/")?
+        .into_iter()
+        .filter_map(|o| parse_checkpoint_key(&o.key).map(|(w, s)| (o, w, s)))
+        .collect();
     let mut kept = Vec::new();
     let mut deleted = 0;
     let keep = ckpts.len().saturating_sub(2);
-    for (i, c) in ckpts.iter().enumerate() {
-        let Some(serial) = parse_checkpoint_key(&c.key) else {
-            continue;
-        };
+    for (i, (c, writer, serial)) in ckpts.iter().enumerate() {
+        let (writer, serial) = (*writer, *serial);
         if i < keep {
             store.delete(&c.key)?;
             deleted += 1;
             continue;
         }
         let obj = decode_checkpoint_object(&c.key, &store.get(&c.key)?)?;
-        kept.push((serial, obj.entries));
+        kept.push(KeptCheckpoint {
+            key: c.key.clone(),
+            writer,
+            serial,
+            fs_id: obj.geo.fs_id,
+            entries: obj.entries,
+            complete: false,
+        });
     }
     let named: BTreeSet<String> = kept
         .iter()
-        .flat_map(|(_, es)| es.iter().map(|e| e.key()))
+        .flat_map(|k| k.entries.iter().map(|e| e.key()))
         .collect();
+    let mut present = BTreeSet::new();
     for o in store.list("seg/")? {
         if !named.contains(&o.key) {
             store.delete(&o.key)?;
             deleted += 1;
+        } else {
+            present.insert(o.key);
         }
     }
+    for k in &mut kept {
+        k.complete = k.entries.iter().all(|e| present.contains(&e.key()));
+    }
     Ok((kept, deleted))
-}
-
-fn parse_checkpoint_key(key: &str) -> Option<u64> {
-    u64::from_str_radix(key.strip_prefix("ckpt/")?, 16).ok()
 }
 
 enum Outcome {
@@ -518,7 +809,11 @@ enum Outcome {
 
 /// `known`: the segment objects in the store the cache still matches; `named`: what the kept
 /// (newest two) checkpoint objects name, oldest first.
-fn uploader(sh: &Shared, mut known: BTreeMap<u32, Known>, mut named: Vec<(u64, BTreeSet<String>)>) {
+fn uploader(
+    sh: &Shared,
+    mut known: BTreeMap<u32, Known>,
+    mut named: Vec<(String, BTreeSet<String>)>,
+) {
     loop {
         let job = {
             let mut st = sh.state.lock().unwrap();
@@ -542,6 +837,8 @@ fn uploader(sh: &Shared, mut known: BTreeMap<u32, Known>, mut named: Vec<(u64, B
             Ok(Outcome::Done) => {
                 let mut st = sh.state.lock().unwrap();
                 st.uploaded = st.uploaded.max(job.serial);
+                st.uploaded_written = st.uploaded_written.max(job.written);
+                st.uploaded_at = Some(std::time::SystemTime::now());
                 st.stats.checkpoints_put += 1;
                 sh.cv.notify_all();
             }
@@ -550,7 +847,10 @@ fn uploader(sh: &Shared, mut known: BTreeMap<u32, Known>, mut named: Vec<(u64, B
             }
             Ok(Outcome::Stopped) => return,
             Err(e) => {
-                eprintln!("ldfs: uploads to the store stopped: {e}");
+                eprintln!(
+                    "ldfs: uploads to the store stopped (writer {}): {e}",
+                    sh.lease.writer()
+                );
                 let mut st = sh.state.lock().unwrap_or_else(|p| p.into_inner());
                 st.failed = Some(e.to_string());
                 sh.cv.notify_all();
@@ -583,11 +883,53 @@ fn retry<T>(sh: &Shared, mut f: impl FnMut() -> StoreResult<T>) -> LayerResult<O
     }
 }
 
+/// `retry` for a request that may harm another writer if it lands after this one lost the
+/// lease (a checkpoint put, a delete): each attempt only while [`HeldLease::check`] passes;
+/// while the lease is late in renewing, wait as for a transient failure; lost, stop for good.
+fn retry_fenced<T>(sh: &Shared, mut f: impl FnMut() -> StoreResult<T>) -> LayerResult<Option<T>> {
+    let mut wait = sh.backoff.0;
+    loop {
+        match sh.lease.check() {
+            Ok(()) => {}
+            Err(e @ LeaseCheck::Lost(_)) => return Err(e.into()),
+            Err(LeaseCheck::Expiring { .. }) => {
+                let mut st = sh.state.lock().unwrap();
+                st.stats.lease_waits += 1;
+                if st.stop {
+                    return Ok(None);
+                }
+                st = sh.cv.wait_timeout(st, wait).unwrap().0;
+                if st.stop {
+                    return Ok(None);
+                }
+                wait = (wait * 2).min(sh.backoff.1);
+                continue;
+            }
+        }
+        match f() {
+            Ok(v) => return Ok(Some(v)),
+            Err(e) if e.is_transient() => {
+                let mut st = sh.state.lock().unwrap();
+                st.stats.retries += 1;
+                if st.stop {
+                    return Ok(None);
+                }
+                st = sh.cv.wait_timeout(st, wait).unwrap().0;
+                if st.stop {
+                    return Ok(None);
+                }
+                wait = (wait * 2).min(sh.backoff.1);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 fn upload(
     sh: &Shared,
     job: &Job,
     known: &mut BTreeMap<u32, Known>,
-    named: &mut Vec<(u64, BTreeSet<String>)>,
+    named: &mut Vec<(String, BTreeSet<String>)>,
 ) -> LayerResult<Outcome> {
     let geo = &sh.geo;
     let (hdr, usage) = checkpoint::decode(geo, &job.slot, 0).map_err(|e| LayerError::Corrupt {
@@ -624,6 +966,7 @@ fn upload(
             segment: seg.0,
             pages,
             first_seq,
+            writer: sh.lease.writer(),
             crc: crc32c::crc32c(&bytes),
         };
         let key = entry.key();
@@ -648,9 +991,11 @@ fn upload(
         }
         entries.push(entry);
     }
-    let object = encode_checkpoint_object(geo, &sh.superblock, job.serial, &job.slot, &entries);
-    let key = checkpoint_key(job.serial);
-    match retry(sh, || sh.store.put_if_absent(&key, &object))? {
+    let writer = sh.lease.writer();
+    let object =
+        encode_checkpoint_object(geo, &sh.superblock, writer, job.serial, &job.slot, &entries);
+    let key = checkpoint_key(writer, job.serial);
+    match retry_fenced(sh, || sh.store.put_if_absent(&key, &object))? {
         None => return Ok(Outcome::Stopped),
         Some(PutOutcome::Created) => {}
         Some(PutOutcome::Exists) => {
@@ -663,10 +1008,14 @@ fn upload(
             }
         }
     }
-    named.push((job.serial, entries.iter().map(|e| e.key()).collect()));
+    named.push((key, entries.iter().map(|e| e.key()).collect()));
+    sh.state.lock().unwrap().store_bytes = entries
+        .iter()
+        .map(|e| e.pages as u64 * PAGE_BYTES as u64)
+        .sum();
     // Keep the newest two checkpoint objects and what they name.
     while named.len() > 2 {
-        let (old_serial, old_keys) = named.remove(0);
+        let (ck, old_keys) = named.remove(0);
         for k in old_keys {
             if orphan(sh, k.clone(), named)? {
                 // Gone from the store: no later checkpoint object may name
@@ -674,8 +1023,7 @@ fn upload(
                 known.retain(|_, kn| kn.entry.key() != k);
             }
         }
-        let ck = checkpoint_key(old_serial);
-        if retry(sh, || sh.store.delete(&ck))?.is_none() {
+        if retry_fenced(sh, || sh.store.delete(&ck))?.is_none() {
             return Ok(Outcome::Stopped);
         }
         sh.state.lock().unwrap().stats.objects_deleted += 1;
@@ -685,11 +1033,11 @@ fn upload(
 
 /// Deletes `key` unless a kept checkpoint object names it; true if it was
 /// deleted (or asked to be: the store holds it no more).
-fn orphan(sh: &Shared, key: String, named: &[(u64, BTreeSet<String>)]) -> LayerResult<bool> {
+fn orphan(sh: &Shared, key: String, named: &[(String, BTreeSet<String>)]) -> LayerResult<bool> {
     if named.iter().any(|(_, keys)| keys.contains(&key)) {
         return Ok(false);
     }
-    if retry(sh, || sh.store.delete(&key))?.is_some() {
+    if retry_fenced(sh, || sh.store.delete(&key))?.is_some() {
         sh.state.lock().unwrap().stats.objects_deleted += 1;
         return Ok(true);
     }
@@ -732,24 +1080,21 @@ pub struct RestoreReport {
 }
 
 /// Rebuilds a cache on `dev` (at least the file system's size; what it held is overwritten
-/// where the file system keeps anything) from the newest checkpoint object in `store`, so
-/// that lld opens the tree of that checkpoint.
+/// where the file system keeps anything) from the newest complete checkpoint object in
+/// `store` ([`newest_complete_checkpoint`]), so
+/// that lld opens the tree of that checkpoint. Page 0 (the superblock) is written last: a
+/// rebuild cut short leaves a cache with zeros there, which a mount rebuilds again.
 pub fn restore(store: &dyn ObjectStore, dev: &dyn Device) -> LayerResult<RestoreReport> {
-    let listed = store.list("ckpt/")?;
-    let Some(newest) = listed.last() else {
-        return Err(LayerError::Other(
-            "the store holds no checkpoint object".into(),
-        ));
-    };
-    let key = newest.key.clone();
-    let obj = decode_checkpoint_object(&key, &store.get(&key)?)?;
-    if parse_checkpoint_key(&key) != Some(obj.serial) {
-        return Err(LayerError::Corrupt {
-            what: "checkpoint object",
-            key,
-            detail: format!("holds serial {}", obj.serial),
+    let Some((key, obj)) = newest_complete_checkpoint(store)? else {
+        return Err(match newest_checkpoint(store)? {
+            Some((key, _)) => LayerError::Corrupt {
+                what: "store",
+                key,
+                detail: "no checkpoint object whose segment objects are all there".into(),
+            },
+            None => LayerError::Other("the store holds no checkpoint object".into()),
         });
-    }
+    };
     let geo = &obj.geo;
     let need = geo.total_pages * PAGE_BYTES as u64;
     if dev.size_bytes() < need {
@@ -778,9 +1123,6 @@ pub fn restore(store: &dyn ObjectStore, dev: &dyn Device) -> LayerResult<Restore
         dev.write_at(&b, geo.page_addr(SegmentId(e.segment), 0))?;
         bytes += b.len() as u64;
     }
-    let [sb0, sb1] = geo.superblock_addrs();
-    dev.write_at(&obj.superblock, sb0)?;
-    dev.write_at(&geo.encode_superblock(1), sb1)?;
     let slot = (obj.serial % 2) as usize;
     dev.write_at(&obj.slot, geo.slot_addr(slot))?;
     dev.write_at(&vec![0u8; obj.slot.len()], geo.slot_addr(1 - slot))?;
@@ -801,6 +1143,13 @@ pub fn restore(store: &dyn ObjectStore, dev: &dyn Device) -> LayerResult<Restore
     if hdr.next_segment != hdr.log_segment {
         dev.write_at(&zero, geo.page_addr(SegmentId(hdr.next_segment), 0))?;
     }
+    // The superblocks last (page 0's the very last), after everything else is durable: a
+    // rebuild cut short leaves zeros at page 0, which the next mount takes for an empty cache
+    // and rebuilds (review 31).
+    dev.flush()?;
+    let [sb0, sb1] = geo.superblock_addrs();
+    dev.write_at(&geo.encode_superblock(1), sb1)?;
+    dev.write_at(&obj.superblock, sb0)?;
     dev.flush()?;
     Ok(RestoreReport {
         serial: obj.serial,

@@ -1,0 +1,341 @@
+//! A file system whose durable home is an object store (issue 20): `ldfs mkfs --store`,
+//! `ldfs mount s3://BUCKET[/PREFIX] DIR --cache PATH`. What the two share: the store's URL,
+//! opening the bucket (endpoint, region and keys from the environment or the AWS shared
+//! files, never the command line), the lease, and getting the cache ready for a mount (kept,
+//! or rebuilt from the store when it is empty or absent).
+//!
+//! The cache keeps a note beside it, `PATH.ldfs-store` (fs id, writer): the lease generation
+//! of the last read-write mount on it, or 0 for a cache a read-only mount rebuilt. A writer's
+//! cache is used as it is only if no later writer has uploaded a checkpoint since (the newest
+//! checkpoint object's writer is not above the note's): otherwise another machine took the
+//! file system over and went on, and this cache's tree is a branch the store no longer has;
+//! the mount is refused, naming both. A read-only mount shows the last uploaded checkpoint, so
+//! it rebuilds its cache from the store: only an empty cache or a read-only mount's own, never
+//! a writer's, which may hold writes the store lacks (review 31).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ldfs::device::{Device, FileDevice, FileDeviceOptions};
+use ldfs::lld::layout::Geometry;
+use ldfs::lld::PAGE_BYTES;
+use ldfs::store::lease::{HeldLease, LeaseError, LeaseOptions};
+use ldfs::store::segments::{newest_checkpoint, parse_checkpoint_key};
+use ldfs::store::{restore, ObjectStore, S3Config, S3Store};
+
+/// `s3://BUCKET[/PREFIX]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreUrl {
+    pub bucket: String,
+    pub prefix: String,
+}
+
+impl StoreUrl {
+    /// Whether `s` names a store rather than an image.
+    pub fn is_store(s: &Path) -> bool {
+        s.to_str().is_some_and(|s| s.starts_with("s3://"))
+    }
+
+    pub fn parse(s: &str) -> Result<StoreUrl, String> {
+        let rest = s
+            .strip_prefix("s3://")
+            .ok_or_else(|| format!("{s:?}: a store is s3://BUCKET[/PREFIX]"))?;
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(format!("{s:?}: no bucket (s3://BUCKET[/PREFIX])"));
+        }
+        Ok(StoreUrl {
+            bucket: bucket.to_string(),
+            prefix: prefix.trim_matches('/').to_string(),
+        })
+    }
+
+    /// Opens the bucket; configuration from the environment and the AWS shared files;
+    /// `timeout` for each request if given (a writer's, by its lease), else the default.
+    pub fn open(&self, timeout: Option<Duration>) -> Result<Arc<S3Store>, String> {
+        let mut cfg = S3Config::from_env(&self.bucket, &self.prefix).map_err(|e| e.to_string())?;
+        if let Some(t) = timeout {
+            cfg.timeout = t;
+        }
+        Ok(Arc::new(S3Store::new(&cfg).map_err(|e| e.to_string())?))
+    }
+}
+
+impl std::fmt::Display for StoreUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.prefix.is_empty() {
+            write!(f, "s3://{}", self.bucket)
+        } else {
+            write!(f, "s3://{}/{}", self.bucket, self.prefix)
+        }
+    }
+}
+
+/// This host's name (the lease names it to a refused mount).
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        return "unknown-host".into();
+    }
+    let n = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+/// Takes the lease for this process, turning a refusal into the message a user reads.
+pub fn take_lease(
+    store: Arc<dyn ObjectStore>,
+    url: &StoreUrl,
+    duration: Duration,
+    force_takeover: bool,
+) -> Result<Arc<HeldLease>, String> {
+    let opts = LeaseOptions {
+        duration,
+        force_takeover,
+        ..LeaseOptions::default()
+    };
+    match HeldLease::acquire(store, &hostname(), std::process::id(), opts) {
+        Ok(l) => Ok(Arc::new(l)),
+        Err(e @ LeaseError::Held { .. }) => Err(format!("{url}: {e}")),
+        Err(e) => Err(format!("{url}: taking the lease: {e}")),
+    }
+}
+
+/// Where the notes of caches under `/dev` go: beside a block device the note would be on a
+/// devtmpfs, emptied at every boot (review 31), and the cache then refused after a reboot.
+pub const DEVICE_NOTES: &str = "/var/lib/ldfs/store-notes";
+
+/// The note of a cache: beside it (`PATH.ldfs-store`), or for a cache under `/dev` (a block
+/// device) in [`DEVICE_NOTES`], named by its path (`/` as `%`).
+pub fn note_path(cache: &Path) -> PathBuf {
+    let mut p = match cache.strip_prefix("/dev") {
+        Ok(rest) => {
+            let name = rest.to_string_lossy().replace('/', "%");
+            Path::new(DEVICE_NOTES)
+                .join(format!("dev%{name}"))
+                .into_os_string()
+        }
+        Err(_) => cache.as_os_str().to_owned(),
+    };
+    p.push(".ldfs-store");
+    PathBuf::from(p)
+}
+
+/// The note's writer of a cache only read-only mounts used.
+pub const READER: u64 = 0;
+
+/// (fs id, writer) from the note, if it reads.
+fn read_note(cache: &Path) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(note_path(cache)).ok()?;
+    let mut fs_id = None;
+    let mut writer = None;
+    for l in text.lines() {
+        match l.split_once('=') {
+            Some(("fs_id", v)) => fs_id = u64::from_str_radix(v.trim(), 16).ok(),
+            Some(("writer", v)) => writer = v.trim().parse().ok(),
+            _ => {}
+        }
+    }
+    Some((fs_id?, writer?))
+}
+
+/// Writes the note durably (before this writer uploads anything).
+pub fn write_note(cache: &Path, url: &StoreUrl, fs_id: u64, writer: u64) -> Result<(), String> {
+    let p = note_path(cache);
+    let tmp = p.with_extension("ldfs-store.tmp");
+    let err = |e: std::io::Error| format!("{}: {e}", p.display());
+    if p.starts_with(DEVICE_NOTES) {
+        std::fs::create_dir_all(DEVICE_NOTES).map_err(err)?;
+    }
+    let mut f = std::fs::File::create(&tmp).map_err(err)?;
+    writeln!(f, "store={url}\nfs_id={fs_id:016x}\nwriter={writer}").map_err(err)?;
+    f.sync_all().map_err(err)?;
+    std::fs::rename(&tmp, &p).map_err(err)?;
+    if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(())
+}
+
+fn no_file_system(url: &StoreUrl) -> String {
+    format!("{url} holds no file system (no checkpoint object): make one with ldfs mkfs --store")
+}
+
+/// An error unless `store` holds a file system (a checkpoint object).
+pub fn holds_file_system(store: &dyn ObjectStore, url: &StoreUrl) -> Result<(), String> {
+    match newest_checkpoint(store).map_err(|e| format!("{url}: {e}"))? {
+        Some(_) => Ok(()),
+        None => Err(no_file_system(url)),
+    }
+}
+
+/// The cache's superblock geometry, `None` if it holds none (absent, empty, or zeros where
+/// the superblock goes); an error if it holds something else.
+fn cache_geometry(cache: &Path) -> Result<Option<Geometry>, String> {
+    if !cache.exists() {
+        return Ok(None);
+    }
+    // The device's size, not the file's length: a block device's st_size is 0 (review 31).
+    let dev = FileDevice::open_read_only(cache).map_err(|e| format!("{}: {e}", cache.display()))?;
+    if dev.size_bytes() < PAGE_BYTES as u64 {
+        return Ok(None);
+    }
+    let mut page = vec![0u8; PAGE_BYTES];
+    dev.read_at(&mut page, 0)
+        .map_err(|e| format!("{}: {e}", cache.display()))?;
+    if page.iter().all(|&b| b == 0) {
+        return Ok(None);
+    }
+    Geometry::decode_superblock(&page, 0, dev.size_bytes())
+        .map(Some)
+        .map_err(|e| format!("{}: not an ldfs cache: {e}", cache.display()))
+}
+
+/// Gets `cache` ready for a mount of the file system in `store`: a cache that is absent, empty
+/// or zeros is made the file system's size (sparse) and rebuilt from the newest checkpoint
+/// object, as is a cache only read-only mounts used; a read-only mount refuses a writer's
+/// cache (rebuilding it would overwrite what it has not uploaded); a read-write mount keeps
+/// a writer's cache of the same file system unless a later writer uploaded since it was last
+/// mounted (see the module documentation). `writer` is the lease generation of this mount
+/// (read-write; `None` read-only), written to the note.
+pub fn prepare_cache(
+    store: &dyn ObjectStore,
+    url: &StoreUrl,
+    cache: &Path,
+    writer: Option<u64>,
+) -> Result<(), String> {
+    let Some((key, newest)) = newest_checkpoint(store).map_err(|e| format!("{url}: {e}"))? else {
+        return Err(no_file_system(url));
+    };
+    let (newest_writer, _) = parse_checkpoint_key(&key).expect("newest_checkpoint parsed it");
+    let fs_id = newest.geo.fs_id;
+    let rebuild = match cache_geometry(cache)? {
+        None => true,
+        Some(g) if g.fs_id != fs_id => {
+            return Err(format!(
+                "{} is the cache of another file system (fs id {:016x}; {url} holds {fs_id:016x})",
+                cache.display(),
+                g.fs_id
+            ))
+        }
+        Some(_) => {
+            let noted = read_note(cache).filter(|(id, _)| *id == fs_id).map(|n| n.1);
+            match noted {
+                Some(READER) => true,
+                Some(w) if writer.is_none() => {
+                    return Err(format!(
+                        "{} is the cache of read-write mounts of {url} (as writer {w}): it may \
+                         hold writes not yet in the store, which a read-only mount (rebuilt \
+                         from the store's last checkpoint) would overwrite. Give the \
+                         read-only mount a cache of its own, or mount this one read-write \
+                         (which uploads them)",
+                        cache.display()
+                    ))
+                }
+                None if writer.is_none() => {
+                    return Err(format!(
+                        "{} holds this file system but no note ({}) says which mount last \
+                         used it: it may hold writes not yet in the store. Give the read-only \
+                         mount a cache of its own, or mount this one read-write",
+                        cache.display(),
+                        note_path(cache).display()
+                    ))
+                }
+                Some(w) if w >= newest_writer => false,
+                _ => {
+                    return Err(format!(
+                        "{} is older than {url}: a later writer (lease generation \
+                         {newest_writer}) uploaded {key} after this cache was last mounted \
+                         read-write{}; it holds a branch the store no longer has. Move it away \
+                         (or delete it) to mount from the store",
+                        cache.display(),
+                        noted.map_or(String::new(), |w| format!(" (as writer {w})"))
+                    ))
+                }
+            }
+        }
+    };
+    if rebuild && writer.is_none() {
+        // Before the rebuild: a rebuild cut short leaves a cache a later read-only mount may
+        // rebuild again, not one taken for a writer's.
+        write_note(cache, url, fs_id, READER)?;
+    }
+    if rebuild {
+        let need = newest.geo.total_pages * PAGE_BYTES as u64;
+        let t = Instant::now();
+        {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(cache)
+                .map_err(|e| format!("{}: {e}", cache.display()))?;
+            // A file grows to the file system's size (sparse); a block device is its size
+            // (`restore` refuses one too small).
+            let meta = f
+                .metadata()
+                .map_err(|e| format!("{}: {e}", cache.display()))?;
+            if meta.file_type().is_file() && meta.len() < need {
+                f.set_len(need)
+                    .map_err(|e| format!("{}: {e}", cache.display()))?;
+            }
+        }
+        let dev = FileDevice::open(cache, FileDeviceOptions::default())
+            .map_err(|e| format!("{}: {e}", cache.display()))?;
+        let r = restore(store, &dev)
+            .map_err(|e| format!("rebuilding {} from {url}: {e}", cache.display()))?;
+        eprintln!(
+            "ldfs: rebuilt the cache {} from {url}: checkpoint {}, {} segment objects, {} bytes, in {:.1} s",
+            cache.display(),
+            r.serial,
+            r.segments,
+            r.bytes,
+            t.elapsed().as_secs_f64()
+        );
+    }
+    if let Some(w) = writer {
+        write_note(cache, url, fs_id, w)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        assert_eq!(
+            StoreUrl::parse("s3://b").unwrap(),
+            StoreUrl {
+                bucket: "b".into(),
+                prefix: "".into()
+            }
+        );
+        let u = StoreUrl::parse("s3://b/x/y/").unwrap();
+        assert_eq!((u.bucket.as_str(), u.prefix.as_str()), ("b", "x/y"));
+        assert_eq!(u.to_string(), "s3://b/x/y");
+        assert!(StoreUrl::parse("s3:///p").is_err());
+        assert!(StoreUrl::parse("/img").is_err());
+        assert!(StoreUrl::is_store(Path::new("s3://b")));
+        assert!(!StoreUrl::is_store(Path::new("./s3:")));
+    }
+
+    #[test]
+    fn the_note_round_trips() {
+        let d = tempfile::tempdir().unwrap();
+        let cache = d.path().join("c.img");
+        assert_eq!(read_note(&cache), None);
+        let u = StoreUrl::parse("s3://b/p").unwrap();
+        write_note(&cache, &u, 0xabc, 7).unwrap();
+        assert_eq!(read_note(&cache), Some((0xabc, 7)));
+        assert!(note_path(&cache).ends_with("c.img.ldfs-store"));
+        assert_eq!(
+            note_path(Path::new("/dev/mapper/vg-cache")),
+            Path::new("/var/lib/ldfs/store-notes/dev%mapper%vg-cache.ldfs-store")
+        );
+    }
+}

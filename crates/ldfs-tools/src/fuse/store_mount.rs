@@ -1,0 +1,244 @@
+//! What a read-write mount of a store-backed file system runs beside the engine (issue 20):
+//! the segment store layer and the lease (held for the mount's lifetime), the upload window
+//! (`-o upload=SECONDS`: a checkpoint at least that often while there are changes), the
+//! backlog bound (writers wait while uploads are behind by more than it), `ldfs sync
+//! --remote`, the store's figures for `ldfs stats`, and the end: the final checkpoint's upload
+//! waited for (bounded), then the lease released.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ldfs::fs::Fs;
+use ldfs::lld::Lld;
+use ldfs::store::lease::LeaseCheck;
+use ldfs::store::SegmentStore;
+
+use crate::cli::store::StoreUrl;
+use crate::fuse::adapter::WriteGate;
+
+/// How long an unmount waits for the final checkpoint's upload.
+pub const FINAL_UPLOAD_WAIT: Duration = Duration::from_secs(120);
+/// How long `ldfs sync --remote` waits for its checkpoint's upload.
+pub const SYNC_REMOTE_WAIT: Duration = Duration::from_secs(600);
+
+pub struct StoreMount {
+    pub url: StoreUrl,
+    pub seg: SegmentStore,
+    pub lld: Arc<Lld>,
+    /// Writers wait while the upload backlog is above this many bytes.
+    pub backlog_bound: u64,
+    /// A writer is waiting (the log line is written once per wait).
+    waiting: AtomicBool,
+}
+
+impl StoreMount {
+    pub fn new(url: StoreUrl, seg: SegmentStore, lld: Arc<Lld>, backlog_bound: u64) -> Self {
+        StoreMount {
+            url,
+            seg,
+            lld,
+            backlog_bound,
+            waiting: AtomicBool::new(false),
+        }
+    }
+
+    /// A checkpoint the uploader has not been handed yet, if anything was written since the
+    /// last one (a checkpoint of nothing new would upload nothing new).
+    fn hand_over(&self) {
+        if self.seg.announced() <= self.seg.uploaded() {
+            if let Err(e) = self.lld.checkpoint_now() {
+                eprintln!("ldfs: checkpoint for the store failed: {e}");
+            }
+        }
+    }
+
+    /// `ldfs sync --remote`: everything accepted before it, in the store when it returns.
+    pub fn sync_remote(&self, fs: &Fs) -> Result<(), String> {
+        fs.fsync().map_err(|e| e.to_string())?;
+        self.lld.checkpoint_now().map_err(|e| e.to_string())?;
+        let due = self.seg.announced();
+        self.seg
+            .wait_uploaded(due, SYNC_REMOTE_WAIT)
+            .map_err(|e| format!("{}: {e}", self.url))
+    }
+
+    /// The figures `ldfs stats` prints.
+    pub fn text(&self) -> String {
+        let j = self.json();
+        let s = |k: &str| j[k].to_string();
+        format!(
+            "store: {}, writer {}\nlease: generation {}, held by {}, expires in {} s{}\n\
+             upload backlog: {} bytes (writers wait above {})\nbytes in the store: {} (segment objects of the newest checkpoint object)\n\
+             last uploaded checkpoint: {} ({})\nuploads: {} segment objects ({} bytes), {} checkpoint objects, {} skipped for newer, {} objects deleted, {} retries\n",
+            self.url,
+            s("writer"),
+            s("lease_generation"),
+            j["lease_holder"].as_str().unwrap_or(""),
+            s("lease_expires_in_secs"),
+            match j["uploader_failed"].as_str() {
+                Some(why) => format!("\nUPLOADS STOPPED: {why}"),
+                None => String::new(),
+            },
+            s("backlog_bytes"),
+            s("backlog_bound_bytes"),
+            s("store_bytes"),
+            s("uploaded_checkpoint"),
+            match j["uploaded_age_secs"].as_u64() {
+                Some(a) => format!("{a} s ago"),
+                None => "before this mount".to_string(),
+            },
+            s("segments_put"),
+            s("segment_bytes_put"),
+            s("checkpoints_put"),
+            s("checkpoints_skipped"),
+            s("objects_deleted"),
+            s("retries"),
+        )
+    }
+
+    /// `ldfs stats --json`'s "store".
+    pub fn json(&self) -> serde_json::Value {
+        let (generation, rec) = self.seg.lease().current();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let (at, store_bytes) = self.seg.uploaded_at();
+        let age = at.and_then(|t| t.elapsed().ok()).map(|d| d.as_secs());
+        let st = self.seg.stats();
+        serde_json::json!({
+            "url": self.url.to_string(),
+            "writer": self.seg.lease().writer(),
+            "lease_generation": generation,
+            "lease_holder": format!("pid {} on {}", rec.pid, rec.host),
+            "lease_expires_secs": rec.expires_secs,
+            "lease_expires_in_secs": rec.expires_secs.saturating_sub(now),
+            "backlog_bytes": self.seg.backlog_bytes(),
+            "backlog_bound_bytes": self.backlog_bound,
+            "store_bytes": store_bytes,
+            "uploaded_checkpoint": self.seg.uploaded(),
+            "uploaded_age_secs": age,
+            "announced_checkpoint": self.seg.announced(),
+            "segments_put": st.segments_put,
+            "segment_bytes_put": st.segment_bytes_put,
+            "checkpoints_put": st.checkpoints_put,
+            "checkpoints_skipped": st.checkpoints_skipped,
+            "objects_deleted": st.objects_deleted,
+            "retries": st.retries,
+            "lease_waits": st.lease_waits,
+            "uploader_failed": self.seg.failed(),
+        })
+    }
+
+    /// The upload window and the lease watch, until `stop`: a checkpoint every `every` while
+    /// the engine wrote something since the last; the lease lost (another writer took over),
+    /// the file system turns read-only, logged.
+    pub fn run_window(&self, fs: &Fs, every: Duration, stop: &AtomicBool) {
+        let tick = Duration::from_millis(100);
+        let mut waited = Duration::ZERO;
+        let written = |l: &Lld| (l.write_totals(), l.stats().partials_written);
+        let mut seen = written(&self.lld);
+        let mut lost_said = false;
+        while !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(tick);
+            waited += tick;
+            if !lost_said {
+                if let Err(LeaseCheck::Lost(why)) = self.seg.lease().check() {
+                    lost_said = true;
+                    eprintln!(
+                        "ldfs: {}: lease lost ({why}): the file system is read-only from now on",
+                        self.url
+                    );
+                    if let Err(e) = fs.set_read_only(true) {
+                        eprintln!("ldfs: turning read-only: {e}");
+                    }
+                }
+            }
+            if waited >= every {
+                waited = Duration::ZERO;
+                let now = written(&self.lld);
+                if now != seen && !fs.is_read_only() {
+                    if let Err(e) = self.lld.checkpoint_now() {
+                        eprintln!("ldfs: upload window: checkpoint failed: {e}");
+                    }
+                    seen = written(&self.lld);
+                }
+            }
+        }
+    }
+
+    /// The end of the mount, after the engine's final checkpoint: wait (bounded) for its
+    /// upload, stop the uploader, release the lease. If the final checkpoint is not in the
+    /// store the lease is kept (not renewed, not released): until it expires no other machine
+    /// mounts the older tree the store holds, and after, only with `--force-takeover`; the next
+    /// mount on this cache (with `--force-takeover` once it expired) uploads it (review 31).
+    pub fn finish(&self, cache: &std::path::Path) {
+        let due = self.seg.announced();
+        let uploaded = self.seg.wait_uploaded(due, FINAL_UPLOAD_WAIT);
+        self.seg.stop();
+        match uploaded {
+            Ok(()) => {
+                eprintln!("ldfs: final checkpoint {due} uploaded to {}", self.url);
+                if let Err(e) = self.seg.lease().release() {
+                    eprintln!("ldfs: {}: releasing the lease: {e}", self.url);
+                }
+            }
+            Err(e) => {
+                let (_, rec) = self.seg.lease().current();
+                self.seg.lease().abandon();
+                eprintln!(
+                    "ldfs: the final checkpoint {due} is not in {} ({e}): it stays in the cache \
+                     {}, and the next mount on that cache uploads it. The lease is kept until \
+                     it expires ({} s since 1970), then taken with --force-takeover",
+                    self.url,
+                    cache.display(),
+                    rec.expires_secs
+                );
+            }
+        }
+    }
+}
+
+impl WriteGate for StoreMount {
+    /// Writers wait while the backlog is over the bound (issue 20: "writes go on into the
+    /// cache until the backlog reaches its bound; then writers wait, with one log line").
+    fn before_write(&self) {
+        if self.seg.backlog_bytes() <= self.backlog_bound {
+            return;
+        }
+        if !self.waiting.swap(true, Ordering::Relaxed) {
+            eprintln!(
+                "ldfs: {}: upload backlog {} bytes is over its bound ({}): writers wait for the store",
+                self.url,
+                self.seg.backlog_bytes(),
+                self.backlog_bound
+            );
+        }
+        loop {
+            self.hand_over();
+            if self
+                .seg
+                .wait_backlog(self.backlog_bound, Duration::from_secs(1))
+            {
+                break;
+            }
+            if self.seg.failed().is_some() {
+                // The uploader stopped for good (the lease lost): the file system turns
+                // read-only (`run_window`); the write then fails as on any read-only mount.
+                break;
+            }
+            if self.seg.is_stopped() {
+                // The mount is ending (review 31): the write goes to the cache, whose
+                // backlog the next mount on it uploads.
+                break;
+            }
+        }
+        if self.waiting.swap(false, Ordering::Relaxed) {
+            eprintln!(
+                "ldfs: {}: upload backlog {} bytes: writers resume",
+                self.url,
+                self.seg.backlog_bytes()
+            );
+        }
+    }
+}

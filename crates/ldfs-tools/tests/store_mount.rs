@@ -1,0 +1,304 @@
+//! A store-backed file system through real FUSE mounts against the real gateway (issue 20):
+//! `ldfs mkfs --store`, `ldfs mount s3://...`, the lease, `sync --remote`, `stats --json`,
+//! machine loss (a fresh cache rebuilt from the store), a read-only mount beside the writer,
+//! and kill -9 of the daemon mid-upload then a remount on the same cache.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{fuse_usable, is_mounted, ldfs, Succeeds};
+use ldfs::testing::ceph::{gateway, unique_bucket, Gateway};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+type Tree = BTreeMap<String, Vec<u8>>;
+
+struct Env {
+    vars: BTreeMap<String, String>,
+    url: String,
+    scratch: tempfile::TempDir,
+}
+
+fn env(what: &str) -> Option<Env> {
+    if !fuse_usable() {
+        return None;
+    }
+    let vars = match gateway() {
+        Gateway::Ready(v) => v,
+        Gateway::Skip(why) => {
+            eprintln!("*** SKIPPING the store mount test: {why} ***");
+            return None;
+        }
+    };
+    std::fs::create_dir_all("/var/tmp/s3mount-tests").unwrap();
+    Some(Env {
+        vars,
+        url: format!("s3://{}/fs", unique_bucket(what)),
+        scratch: tempfile::tempdir_in("/var/tmp/s3mount-tests").unwrap(),
+    })
+}
+
+impl Env {
+    fn path(&self, p: &str) -> PathBuf {
+        self.scratch.path().join(p)
+    }
+    fn ldfs(&self) -> Command {
+        let mut c = ldfs();
+        c.envs(&self.vars);
+        c
+    }
+    fn mkfs(&self, cache: &Path) {
+        self.ldfs()
+            .args(["mkfs", "--store", &self.url, "--cache"])
+            .arg(cache)
+            .args(["--size", "96M", "--sparse"])
+            .succeeds();
+    }
+    /// `ldfs mount -f` of the store as a child; waits until mounted.
+    fn mount(&self, cache: &Path, dir: &Path, opts: &[&str], force: bool) -> StoreMount {
+        std::fs::create_dir_all(dir).unwrap();
+        let mut c = self.ldfs();
+        c.args(["mount", "-f", &self.url])
+            .arg(dir)
+            .arg("--cache")
+            .arg(cache);
+        if force {
+            c.arg("--force-takeover");
+        }
+        for o in opts {
+            c.args(["-o", o]);
+        }
+        let mut child = c.stdin(Stdio::null()).spawn().unwrap();
+        let t = Instant::now();
+        while !is_mounted(dir) {
+            if let Some(st) = child.try_wait().unwrap() {
+                panic!("ldfs mount {} exited with {st} before mounting", self.url);
+            }
+            assert!(t.elapsed() < Duration::from_secs(60), "mount timed out");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        StoreMount {
+            dir: dir.to_path_buf(),
+            child: Some(child),
+        }
+    }
+    /// A mount that must fail: its stderr.
+    fn mount_refused(&self, cache: &Path, dir: &Path) -> String {
+        std::fs::create_dir_all(dir).unwrap();
+        let out = self
+            .ldfs()
+            .args(["mount", &self.url])
+            .arg(dir)
+            .arg("--cache")
+            .arg(cache)
+            .output()
+            .unwrap();
+        if out.status.success() {
+            let _ = Command::new("fusermount3").arg("-u").arg(dir).status();
+            panic!("a second read-write mount of {} succeeded", self.url);
+        }
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+}
+
+struct StoreMount {
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl StoreMount {
+    fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+    fn unmount(mut self) {
+        for tries in 0.. {
+            let out = Command::new("fusermount3")
+                .arg("-u")
+                .arg(&self.dir)
+                .output()
+                .unwrap();
+            if out.status.success() {
+                break;
+            }
+            assert!(tries < 100, "{}", String::from_utf8_lossy(&out.stderr));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let st = self.child.take().unwrap().wait().unwrap();
+        assert!(st.success(), "ldfs mount exited with {st}");
+    }
+    fn kill9(mut self) {
+        let mut c = self.child.take().unwrap();
+        c.kill().unwrap();
+        c.wait().unwrap();
+        let _ = Command::new("fusermount3")
+            .args(["-u", "-z"])
+            .arg(&self.dir)
+            .status();
+    }
+}
+
+impl Drop for StoreMount {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("fusermount3")
+                .args(["-u", "-z"])
+                .arg(&self.dir)
+                .status();
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Files in a few directories, some of them MiBs (several segments), each fsynced.
+fn write_tree(root: &Path, seed: u64, files: usize) -> Tree {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut tree = Tree::new();
+    for i in 0..files {
+        let rel = format!("d{}/f{seed}-{i}", i % 4);
+        std::fs::create_dir_all(root.join(format!("d{}", i % 4))).unwrap();
+        let len = if i % 7 == 0 {
+            rng.gen_range(1 << 20..3 << 20)
+        } else {
+            rng.gen_range(0..40_000)
+        };
+        let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+        let f = std::fs::File::create(root.join(&rel)).unwrap();
+        std::io::Write::write_all(&mut &f, &data).unwrap();
+        f.sync_all().unwrap();
+        tree.insert(rel, data);
+    }
+    tree
+}
+
+fn read_tree(root: &Path) -> Tree {
+    let mut tree = Tree::new();
+    for d in std::fs::read_dir(root).unwrap() {
+        let d = d.unwrap();
+        if !d.file_type().unwrap().is_dir() {
+            continue;
+        }
+        for f in std::fs::read_dir(d.path()).unwrap() {
+            let f = f.unwrap();
+            let rel = format!(
+                "{}/{}",
+                d.file_name().to_string_lossy(),
+                f.file_name().to_string_lossy()
+            );
+            tree.insert(rel, std::fs::read(f.path()).unwrap());
+        }
+    }
+    tree
+}
+
+fn assert_same(got: &Tree, want: &Tree, what: &str) {
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>(),
+        "{what}: names"
+    );
+    for (k, v) in want {
+        assert!(got[k] == *v, "{what}: {k} differs");
+    }
+}
+
+fn fsck_clean(cache: &Path) {
+    let out = ldfs().args(["fsck", "-n"]).arg(cache).output().unwrap();
+    assert!(
+        out.status.success(),
+        "fsck -n {}: {}{}",
+        cache.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn stats_json(dir: &Path) -> serde_json::Value {
+    let out = ldfs().args(["stats", "--json"]).arg(dir).succeeds();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Machine loss: write, `sync --remote`, unmount, delete the cache, mount with a fresh cache:
+/// the same tree, fsck clean. While the writer is mounted a second read-write mount is refused
+/// naming the holder, and a read-only mount beside it sees the last uploaded checkpoint.
+#[test]
+fn a_fresh_cache_mounts_the_same_tree_and_a_second_writer_is_refused() {
+    let Some(e) = env("mnt") else { return };
+    let c1 = e.path("c1.img");
+    e.mkfs(&c1);
+    let d1 = e.path("d1");
+    let m = e.mount(&c1, &d1, &["upload=2"], false);
+    let tree = write_tree(&d1, 1, 40);
+    // A second writer anywhere (another cache) is refused, naming the holder.
+    let why = e.mount_refused(&e.path("c2.img"), &e.path("d2"));
+    assert!(
+        why.contains(&format!("pid {} on", m.pid())),
+        "the refusal must name the holder: {why}"
+    );
+    e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
+    let st = stats_json(&d1);
+    let store = &st["store"];
+    assert!(store["uploaded_checkpoint"].as_u64().unwrap() >= 1, "{st}");
+    assert!(store["store_bytes"].as_u64().unwrap() > 4 << 20, "{st}");
+    assert!(
+        store["lease_holder"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("pid {}", m.pid())),
+        "{st}"
+    );
+    // A read-only mount beside the writer, on its own cache: the last uploaded checkpoint.
+    let d3 = e.path("d3");
+    let ro = e.mount(&e.path("c3.img"), &d3, &["ro"], false);
+    assert_same(&read_tree(&d3), &tree, "read-only mount beside the writer");
+    ro.unmount();
+    // Written after the upload, then unmounted: the unmount uploads the final checkpoint.
+    let more = write_tree(&d1, 2, 10);
+    m.unmount();
+    let mut want = tree.clone();
+    want.extend(more);
+    // The machine is lost: a fresh cache elsewhere.
+    std::fs::remove_file(&c1).unwrap();
+    let c4 = e.path("c4.img");
+    let m = e.mount(&c4, &d1, &[], false);
+    assert_same(&read_tree(&d1), &want, "fresh cache from the store");
+    m.unmount();
+    fsck_clean(&c4);
+}
+
+/// kill -9 of the daemon in the middle of uploads: the lease is not released; a remount on
+/// the same cache is refused until it expires, then taken over with --force-takeover; every
+/// file fsynced before the kill is there, fsck clean, and after `sync --remote` a cache
+/// rebuilt from the store has them too.
+#[test]
+fn kill_9_mid_upload_then_a_remount_on_the_same_cache() {
+    let Some(e) = env("kill") else { return };
+    let c1 = e.path("c1.img");
+    e.mkfs(&c1);
+    let d1 = e.path("d1");
+    let m = e.mount(&c1, &d1, &["upload=1", "lease=10"], false);
+    let tree = write_tree(&d1, 3, 30);
+    // Uploads are under way (a checkpoint a second).
+    std::thread::sleep(Duration::from_millis(1500));
+    m.kill9();
+    let why = e.mount_refused(&c1, &d1);
+    assert!(why.contains("lease until"), "{why}");
+    std::thread::sleep(Duration::from_secs(11));
+    let m = e.mount(&c1, &d1, &["lease=10"], true);
+    assert_same(&read_tree(&d1), &tree, "same cache after kill -9");
+    e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
+    m.unmount();
+    fsck_clean(&c1);
+    let c2 = e.path("c2.img");
+    let m = e.mount(&c2, &e.path("d2"), &[], false);
+    assert_same(
+        &read_tree(&e.path("d2")),
+        &tree,
+        "rebuilt after the remount",
+    );
+    m.unmount();
+}

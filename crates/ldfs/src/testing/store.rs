@@ -1,0 +1,56 @@
+//! Test support for the store layer: a clock a test moves, and a lease taken by it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::store::lease::{Clock, HeldLease, LeaseOptions};
+use crate::store::ObjectStore;
+
+/// Seconds since 1970 that stand still until the test moves them.
+#[derive(Clone, Debug)]
+pub struct TestClock(Arc<AtomicU64>);
+
+impl Default for TestClock {
+    fn default() -> Self {
+        TestClock(Arc::new(AtomicU64::new(1_000_000)))
+    }
+}
+
+impl TestClock {
+    pub fn now(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+    pub fn advance(&self, secs: u64) {
+        self.0.fetch_add(secs, Ordering::SeqCst);
+    }
+    pub fn clock(&self) -> Clock {
+        let c = self.0.clone();
+        Arc::new(move || c.load(Ordering::SeqCst))
+    }
+}
+
+/// The lease on `store` by `clock` (60 s long; `force` takes over an expired one), host
+/// "test", this pid.
+pub fn take_lease(store: Arc<dyn ObjectStore>, clock: &TestClock, force: bool) -> Arc<HeldLease> {
+    Arc::new(
+        HeldLease::acquire(
+            store,
+            "test",
+            std::process::id(),
+            LeaseOptions {
+                duration: Duration::from_secs(60),
+                force_takeover: force,
+                clock: clock.clock(),
+            },
+        )
+        .expect("take the lease"),
+    )
+}
+
+/// A crash: `lease` stops being renewed, unreleased, and `clock` moves past its expiry, so the
+/// next writer takes it over with force.
+pub fn crash_lease(lease: &HeldLease, clock: &TestClock) {
+    lease.abandon();
+    clock.advance(61);
+}
