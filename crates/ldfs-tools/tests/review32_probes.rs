@@ -74,7 +74,6 @@ fn first_value(p: &Path, l: ListId) -> Option<u8> {
 /// rebuilds a writer's cache from the store, over the writes its final upload never got
 /// there: review 31's finding 5, through a second name.
 #[test]
-#[ignore = "review 32 finding 6: the note is per path, not per cache"]
 fn a_read_only_mount_through_another_name_never_rebuilds_a_writers_cache() {
     let d = tempfile::tempdir().unwrap();
     let store = Arc::new(MemoryStore::new());
@@ -149,7 +148,6 @@ fn a_read_only_mount_through_another_name_never_rebuilds_a_writers_cache() {
 /// lease; the lease must not be left released. Against the gateway (skipped loudly without
 /// one); nothing is mounted.
 #[test]
-#[ignore = "review 32 finding 5: mount error paths release the lease (HeldLease's Drop)"]
 fn a_failed_mount_on_a_cache_with_unuploaded_writes_does_not_release_the_lease() {
     use ldfs::store::{S3Config, S3Store};
     use ldfs::testing::ceph::{gateway, unique_bucket, Gateway};

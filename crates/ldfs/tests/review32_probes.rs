@@ -164,7 +164,6 @@ impl ObjectStore for Probe {
 /// reads: B's uploaded, acknowledged writes are lost). `uploaded` is the stale serial too, so the taker's
 /// first checkpoint of that serial counts as uploaded (`sync --remote`, the unmount).
 #[test]
-#[ignore = "review 32 finding 1: start's known/uploaded come from a checkpoint the cache does not hold"]
 fn a_late_checkpoint_landing_before_the_takers_start_is_never_taken_as_uploaded() {
     let store = Arc::new(Probe::default());
     let clock = TestClock::default();
@@ -254,7 +253,6 @@ fn a_late_checkpoint_landing_before_the_takers_start_is_never_taken_as_uploaded(
 /// `Geometry::page_addr`'s assertion zeroing the log head (the repository's rule: never panic
 /// on data read from a device; a rebuild runs inside `ldfs mount`).
 #[test]
-#[ignore = "review 32 finding 2: restore panics on a hostile checkpoint object"]
 fn a_hostile_checkpoint_object_fails_the_rebuild_without_a_panic() {
     let store = Arc::new(MemoryStore::new());
     let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
@@ -280,7 +278,7 @@ fn a_hostile_checkpoint_object_fails_the_rebuild_without_a_panic() {
     let (hdr, _) = ldfs::lld::checkpoint::decode(&obj.geo, &obj.slot, 0).unwrap();
     assert!(hdr.log_segment > 0, "the log must have moved on");
     // The superblock rewritten to count only the segments below the log's.
-    let mut g = obj.geo.clone();
+    let mut g = obj.geo;
     g.segment_count = hdr.log_segment;
     g.reserved_segments = 1;
     let sb = g.encode_superblock(0);
@@ -311,7 +309,6 @@ fn a_hostile_checkpoint_object_fails_the_rebuild_without_a_panic() {
 /// (before 7748b11 restore took the newest and read its segment objects by key). With one,
 /// the rebuild silently takes the older checkpoint.
 #[test]
-#[ignore = "review 32 finding 3: a rebuild beside an uploading writer calls the store corrupt"]
 fn a_rebuild_beside_an_uploading_writer_restores_the_file_system() {
     let probe = Arc::new(Probe::default());
     let store: Arc<dyn ObjectStore> = probe.inner.clone();
@@ -384,7 +381,6 @@ impl ObjectStore for Slow {
 /// does complete inside `stop`, `finish` has already decided it failed: it abandons the lease
 /// and tells the user to wait for its expiry and `--force-takeover`.
 #[test]
-#[ignore = "review 32 finding 4: stop() waits for the whole upload in progress"]
 fn stopping_the_uploader_mid_upload_returns_promptly() {
     let store = Arc::new(Slow {
         inner: MemoryStore::new(),

@@ -2030,7 +2030,7 @@ pub fn run(
         None => lld.close(),
     };
     if let Some(s) = &store_mount {
-        s.finish(&image);
+        s.finish(&image, closed.is_ok());
     }
     served.map_err(|e| format!("serving {}: {e}", dir.display()))?;
     closed.map_err(|e| format!("final checkpoint of {}: {e}", image.display()))?;

@@ -172,10 +172,22 @@ impl StoreMount {
     /// store the lease is kept (not renewed, not released): until it expires no other machine
     /// mounts the older tree the store holds, and after, only with `--force-takeover`; the next
     /// mount on this cache (with `--force-takeover` once it expired) uploads it (review 31).
-    pub fn finish(&self, cache: &std::path::Path) {
+    /// `closed`: the engine's final checkpoint was written (else fsynced writes may lie past
+    /// the last checkpoint, in the cache only: the lease is kept; review 32).
+    pub fn finish(&self, cache: &std::path::Path, closed: bool) {
         let due = self.seg.announced();
-        let uploaded = self.seg.wait_uploaded(due, FINAL_UPLOAD_WAIT);
+        let uploaded = match closed {
+            true => self.seg.wait_uploaded(due, FINAL_UPLOAD_WAIT),
+            false => Err(ldfs::store::LayerError::Other(
+                "the engine's final checkpoint failed".into(),
+            )),
+        };
         self.seg.stop();
+        // An upload that ended inside `stop` counts (review 32).
+        let uploaded = uploaded.or_else(|e| match self.seg.uploaded() >= due {
+            true => Ok(()),
+            false => Err(e),
+        });
         match uploaded {
             Ok(()) => {
                 eprintln!("ldfs: final checkpoint {due} uploaded to {}", self.url);

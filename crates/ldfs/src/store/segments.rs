@@ -244,6 +244,15 @@ pub fn decode_checkpoint_object(key: &str, b: &[u8]) -> LayerResult<CheckpointOb
     let slot = b[O_SLOT..O_SLOT + slot_len].to_vec();
     let serial = get_u64(b, O_SERIAL);
     let (hdr, _) = checkpoint::decode(&geo, &slot, 0).map_err(|e| bad(format!("slot: {e}")))?;
+    // The slot's count may exceed the superblock's only after a grow, which a store cache
+    // never does: the log must be inside the superblock's segments (review 32: a rebuild
+    // zeroes the log head there).
+    if hdr.log_segment >= geo.segment_count || hdr.next_segment >= geo.segment_count {
+        return Err(bad(format!(
+            "log at segment {} (next {}), beyond the superblock's {} segments",
+            hdr.log_segment, hdr.next_segment, geo.segment_count
+        )));
+    }
     if hdr.serial != serial {
         return Err(bad(format!("slot serial {}, object {serial}", hdr.serial)));
     }
@@ -319,6 +328,10 @@ struct Job {
 struct Known {
     entry: SegmentEntry,
     read_gen: u64,
+    /// Named by the store's newest complete checkpoint object, which the cache does not hold
+    /// (review 32): the object is the cache's segment only if their bytes are the same, so
+    /// the uploader reads the segment and compares crcs before it takes the object as its.
+    verify: bool,
 }
 
 struct State {
@@ -429,10 +442,15 @@ impl SegmentStore {
             )));
         }
         // What the store holds is its newest complete checkpoint (a stale writer's late one
-        // may name objects the sweep deleted: nothing it names is taken as uploaded).
-        let base = kept.iter().rev().find(|k| k.complete);
-        let uploaded = base.map_or(0, |k| k.serial);
-        let store_bytes = base.map_or(0, |k| {
+        // may name objects the sweep deleted: nothing it names is taken as uploaded). It is
+        // this cache's only if the cache holds its slot, byte for byte (review 32: a stale
+        // writer's late checkpoint that landed after a taker rebuilt its cache from the one
+        // before is complete, but of another branch: the sequence numbers after the
+        // checkpoint both continued from are the same in both, so page 0 cannot tell).
+        let newest = kept.iter().rev().find(|k| k.complete);
+        let held = newest.filter(|k| cache_holds_slot(&*dev, &geo, k.serial, &k.slot));
+        let uploaded = held.map_or(0, |k| k.serial);
+        let store_bytes = newest.map_or(0, |k| {
             k.entries
                 .iter()
                 .map(|e| e.pages as u64 * PAGE_BYTES as u64)
@@ -446,9 +464,12 @@ impl SegmentStore {
         // 26: one released since, Clean but not yet written over, kept its
         // page 0, and its new use was taken for the old object, which by
         // then was deleted).
+        // Objects of a newest checkpoint the cache does not hold are only candidates
+        // (`Known::verify`): taken once their crc is the cache segment's.
         let holds = newest_slot_states(&*dev, &geo);
+        let verify = held.is_none();
         let mut known = BTreeMap::new();
-        if let Some(newest) = base {
+        if let Some(newest) = newest {
             let mut page = vec![0u8; PAGE_BYTES];
             for e in &newest.entries {
                 let held = holds.as_ref().is_some_and(|st| {
@@ -467,6 +488,7 @@ impl SegmentStore {
                         Known {
                             entry: *e,
                             read_gen: 0,
+                            verify,
                         },
                     );
                 }
@@ -714,15 +736,27 @@ pub fn newest_checkpoint(
 pub fn newest_complete_checkpoint(
     store: &dyn ObjectStore,
 ) -> LayerResult<Option<(String, CheckpointObject)>> {
-    let segments: BTreeSet<String> = store.list("seg/")?.into_iter().map(|o| o.key).collect();
-    let listed = store.list("ckpt/")?;
-    for o in listed.iter().rev() {
-        if parse_checkpoint_key(&o.key).is_none() {
-            continue;
-        }
-        let obj = decode_checkpoint_object(&o.key, &store.get(&o.key)?)?;
-        if obj.entries.iter().all(|e| segments.contains(&e.key())) {
-            return Ok(Some((o.key.clone(), obj)));
+    // Checkpoint objects listed before segment objects: a writer uploading meanwhile puts
+    // a checkpoint only after its segments, so a listed checkpoint's segments are listed
+    // unless deleted since, by two later uploads; then every listed one may look incomplete
+    // (review 32), and the listing is taken again.
+    for _ in 0..5 {
+        let listed = store.list("ckpt/")?;
+        let segments: BTreeSet<String> = store.list("seg/")?.into_iter().map(|o| o.key).collect();
+        for o in listed.iter().rev() {
+            if parse_checkpoint_key(&o.key).is_none() {
+                continue;
+            }
+            let bytes = match store.get(&o.key) {
+                Ok(b) => b,
+                // Deleted since the listing: a newer one was put.
+                Err(StoreError::NotFound { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let obj = decode_checkpoint_object(&o.key, &bytes)?;
+            if obj.entries.iter().all(|e| segments.contains(&e.key())) {
+                return Ok(Some((o.key.clone(), obj)));
+            }
         }
     }
     Ok(None)
@@ -745,6 +779,8 @@ struct KeptCheckpoint {
     serial: u64,
     fs_id: u64,
     entries: Vec<SegmentEntry>,
+    /// The checkpoint slot it holds.
+    slot: Vec<u8>,
     /// Every segment object it names is in the store (see [`newest_complete_checkpoint`]).
     complete: bool,
 }
@@ -778,6 +814,7 @@ fn sweep_kept(store: &dyn ObjectStore) -> LayerResult<(Kept, u64)> {
             serial,
             fs_id: obj.geo.fs_id,
             entries: obj.entries,
+            slot: obj.slot,
             complete: false,
         });
     }
@@ -945,12 +982,19 @@ fn upload(
             SegmentState::Active if seg.0 == hdr.log_segment && hdr.log_page > 0 => hdr.log_page,
             _ => continue,
         };
-        let released_at = sh.state.lock().unwrap().released_at[seg.0 as usize];
+        let released_at = {
+            let st = sh.state.lock().unwrap();
+            // Stopped (the unmount's wait is over): no more puts (review 32).
+            if st.stop {
+                return Ok(Outcome::Stopped);
+            }
+            st.released_at[seg.0 as usize]
+        };
         if released_at > job.gen {
             return Ok(Outcome::Skipped);
         }
         if let Some(k) = known.get(&seg.0) {
-            if k.entry.pages == pages && released_at <= k.read_gen {
+            if !k.verify && k.entry.pages == pages && released_at <= k.read_gen {
                 entries.push(k.entry);
                 continue;
             }
@@ -962,32 +1006,46 @@ fn upload(
             return Ok(Outcome::Skipped);
         }
         let first_seq = first_seq_of(geo, seg, &bytes)?;
-        let entry = SegmentEntry {
-            segment: seg.0,
-            pages,
-            first_seq,
-            writer: sh.lease.writer(),
-            crc: crc32c::crc32c(&bytes),
+        let crc = crc32c::crc32c(&bytes);
+        // An object in the store whose bytes are these (its length, use and crc) is this
+        // segment's object, whoever put it.
+        let same = known
+            .get(&seg.0)
+            .map(|k| k.entry)
+            .filter(|e| e.pages == pages && e.first_seq == first_seq && e.crc == crc);
+        let entry = match same {
+            Some(e) => e,
+            None => {
+                let entry = SegmentEntry {
+                    segment: seg.0,
+                    pages,
+                    first_seq,
+                    writer: sh.lease.writer(),
+                    crc,
+                };
+                let key = entry.key();
+                if retry(sh, || sh.store.put(&key, &bytes))?.is_none() {
+                    return Ok(Outcome::Stopped);
+                }
+                let mut st = sh.state.lock().unwrap();
+                st.stats.segments_put += 1;
+                st.stats.segment_bytes_put += bytes.len() as u64;
+                entry
+            }
         };
-        let key = entry.key();
-        if retry(sh, || sh.store.put(&key, &bytes))?.is_none() {
-            return Ok(Outcome::Stopped);
-        }
-        {
-            let mut st = sh.state.lock().unwrap();
-            st.stats.segments_put += 1;
-            st.stats.segment_bytes_put += bytes.len() as u64;
-        }
         if let Some(old) = known.insert(
             seg.0,
             Known {
                 entry,
                 read_gen: job.gen,
+                verify: false,
             },
         ) {
             // Superseded (a longer prefix, or a new use): deletable once no kept checkpoint
             // object names it.
-            orphan(sh, old.entry.key(), named)?;
+            if old.entry != entry {
+                orphan(sh, old.entry.key(), named)?;
+            }
         }
         entries.push(entry);
     }
@@ -1042,6 +1100,14 @@ fn orphan(sh: &Shared, key: String, named: &[(String, BTreeSet<String>)]) -> Lay
         return Ok(true);
     }
     Ok(false)
+}
+
+/// Whether the cache's slot for `serial` holds `slot`, byte for byte.
+fn cache_holds_slot(dev: &dyn Device, geo: &Geometry, serial: u64, slot: &[u8]) -> bool {
+    let mut b = vec![0u8; slot.len()];
+    dev.read_at(&mut b, geo.slot_addr((serial % 2) as usize))
+        .is_ok()
+        && b == slot
 }
 
 /// The segments' states in the cache's newest valid checkpoint slot (`None`
