@@ -249,7 +249,7 @@ fn spawn_entries<F: FuseOps>(
     served: Arc<AtomicUsize>,
     threads: &mut Vec<JoinHandle<()>>,
 ) -> Result<(), String> {
-    let (tx, rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let (tx, rx) = std::sync::mpsc::channel::<Result<Registered, String>>();
     for qid in 0..queues {
         for i in 0..per_queue {
             let fd = fuse
@@ -276,13 +276,34 @@ fn spawn_entries<F: FuseOps>(
     drop(tx);
     for _ in 0..queues * per_queue {
         match rx.recv_timeout(Duration::from_secs(10)) {
-            Ok(Ok(())) => {}
+            Ok(Ok(Registered::Serving)) => {}
+            // Unmounted (or aborted) while the entries registered: not a
+            // failure of the ring. The session ends on its own, and so do
+            // the entries, at once or at the teardown.
+            Ok(Ok(Registered::Gone)) => return Ok(()),
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err("ring entries not registered within 10 s".into()),
         }
     }
     Ok(())
 }
+
+/// What an entry's REGISTER came to, when it did not fail.
+enum Registered {
+    Serving,
+    /// The connection ended first (unmount, abort): the kernel says
+    /// ENOTCONN, ECONNABORTED or ENODEV.
+    Gone,
+}
+
+/// Errors with which the kernel ends an entry's command when the connection
+/// is torn down (unmount, abort, the daemon's end).
+const CONNECTION_GONE: [i32; 4] = [
+    libc::ENOTCONN,
+    libc::ECANCELED,
+    libc::ENODEV,
+    libc::ECONNABORTED,
+];
 
 /// Pins the calling thread to `cpu` if the process may run there (a
 /// cpuset without it leaves the thread where the scheduler puts it: the
@@ -451,7 +472,7 @@ impl Ent {
     fn run<F: FuseOps>(
         &mut self,
         fs: &F,
-        registered: &std::sync::mpsc::Sender<Result<(), String>>,
+        registered: &std::sync::mpsc::Sender<Result<Registered, String>>,
         served: &AtomicUsize,
     ) {
         // REGISTER: -EAGAIN until the kernel has taken INIT's reply, which
@@ -474,9 +495,13 @@ impl Ent {
                 Some(r) if r >= 0 => {
                     // Registered, and already a request: serve it below.
                     told = true;
-                    let _ = registered.send(Ok(()));
+                    let _ = registered.send(Ok(Registered::Serving));
                     self.serve_and_commit(fs, served);
                     break;
+                }
+                Some(r) if CONNECTION_GONE.contains(&-r) => {
+                    let _ = registered.send(Ok(Registered::Gone));
+                    return;
                 }
                 Some(r) => {
                     let _ = registered.send(Err(format!(
@@ -489,7 +514,7 @@ impl Ent {
             }
         }
         if !told {
-            let _ = registered.send(Ok(()));
+            let _ = registered.send(Ok(Registered::Serving));
         }
         loop {
             let r = match self.wait() {
@@ -501,14 +526,7 @@ impl Ent {
             };
             if r < 0 {
                 // The kernel's teardown (unmount, abort): the clean end.
-                if ![
-                    libc::ENOTCONN,
-                    libc::ECANCELED,
-                    libc::ENODEV,
-                    libc::ECONNABORTED,
-                ]
-                .contains(&-r)
-                {
+                if !CONNECTION_GONE.contains(&-r) {
                     eprintln!(
                         "ldfs: io_uring queue {}: {}",
                         self.qid,
@@ -914,6 +932,28 @@ mod tests {
                 assert_eq!(allowed, qid.to_string(), "a thread of queue {qid}");
             }
         }
+    }
+
+    #[test]
+    fn a_mount_gone_before_its_entries_register_is_a_clean_end() {
+        let _g = PARAM.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(m) = raw_mount() else { return };
+        let unique = m.read_init();
+        m.reply_init(unique);
+        // Unmounted at once, as `mount; umount` in a script can be while
+        // the ring threads wait for a CPU: REGISTER then finds the
+        // connection gone (ENOTCONN, ECONNABORTED), which ends the ring as
+        // the unmount ends the session, not as a failed start.
+        let c = CString::new(m.dir.path().as_os_str().as_bytes()).unwrap();
+        assert_eq!(
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_FORCE | libc::MNT_DETACH) },
+            0,
+            "umount2: {}",
+            std::io::Error::last_os_error()
+        );
+        let rings = started(start_tiny(&m));
+        drop(m);
+        joined(rings);
     }
 
     #[test]
