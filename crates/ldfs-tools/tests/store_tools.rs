@@ -4,6 +4,8 @@
 //! environment, that every segment object the newest checkpoint object names is there with its
 //! size (a missing or short one is reported naming its key and segment); `fsck -y` and an
 //! offline `clean` are refused, saying to mount and use the online commands, and change nothing.
+//! And the mount's eager hand-over (DESIGN "Upload throughput"): a long write goes up while it
+//! is being written, not at the next upload window.
 
 mod common;
 
@@ -244,3 +246,45 @@ fn fsck_inspect_and_clean_on_a_store_cache() {
     }
 }
 
+/// With an upload window of 10 minutes, a 24 MiB write (12 segments of 2 MiB) is uploaded
+/// while the mount goes on, without `sync --remote`: the idle uploader is handed a checkpoint
+/// once 8 segments were written (`store_mount::EAGER_SEGMENTS`).
+#[test]
+fn a_long_write_goes_up_before_the_upload_window() {
+    let Some(e) = env() else { return };
+    let cache = e.path("c.img");
+    e.ldfs()
+        .args(["mkfs", "--store", &e.url, "--cache"])
+        .arg(&cache)
+        .args(["--size", "96M", "--sparse"])
+        .succeeds();
+    let d = e.path("d");
+    let m = Mounted::with(&e, &cache, &d, &["upload=600"]);
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(d.join("big")).unwrap();
+        for i in 0..24u8 {
+            f.write_all(&vec![i; 1 << 20]).unwrap();
+        }
+        f.sync_all().unwrap();
+    }
+    let t = Instant::now();
+    let put = loop {
+        let out = ldfs().args(["stats", "--json"]).arg(&d).succeeds();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let put = v["store"]["segment_bytes_put"].as_u64().unwrap();
+        if put >= 16 << 20 || t.elapsed() > Duration::from_secs(20) {
+            break put;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        put >= 16 << 20,
+        "{put} bytes of segments uploaded 20 s after a 24 MiB write, with upload=600"
+    );
+    m.unmount();
+    let s = e.store();
+    for o in s.list("").unwrap() {
+        s.delete(&o.key).unwrap();
+    }
+}
