@@ -21,6 +21,12 @@ use crate::fuse::adapter::WriteGate;
 pub const FINAL_UPLOAD_WAIT: Duration = Duration::from_secs(120);
 /// How long `ldfs sync --remote` waits for its checkpoint's upload.
 pub const SYNC_REMOTE_WAIT: Duration = Duration::from_secs(600);
+/// While the uploader is idle, a checkpoint is handed to it as soon as this many segments'
+/// bytes were written since the last uploaded one, not only at the next upload window: a long
+/// write then goes up while it is being written instead of all after it (DESIGN "Upload
+/// throughput"). Each such checkpoint costs a checkpoint object and a put of the Active
+/// segment's prefix, about half a segment: 1/16 more bytes put at 8.
+pub const EAGER_SEGMENTS: u64 = 8;
 
 pub struct StoreMount {
     pub url: StoreUrl,
@@ -131,10 +137,14 @@ impl StoreMount {
     }
 
     /// The upload window and the lease watch, until `stop`: a checkpoint every `every` while
-    /// the engine wrote something since the last; the lease lost (another writer took over),
-    /// the file system turns read-only, logged.
+    /// the engine wrote something since the last, and one as soon as [`EAGER_SEGMENTS`] were
+    /// written while the uploader is idle; the lease lost (another writer took over), the file
+    /// system turns read-only, logged.
     pub fn run_window(&self, fs: &Fs, every: Duration, stop: &AtomicBool) {
-        let tick = Duration::from_millis(100);
+        // Short: the eager hand-over keeps the uploader busy during a long write.
+        let tick = Duration::from_millis(20);
+        let g = self.lld.geometry();
+        let eager = EAGER_SEGMENTS * g.segment_pages as u64 * ldfs::lld::PAGE_BYTES as u64;
         let mut waited = Duration::ZERO;
         let written = |l: &Lld| (l.write_totals(), l.stats().partials_written);
         let mut seen = written(&self.lld);
@@ -153,6 +163,14 @@ impl StoreMount {
                         eprintln!("ldfs: turning read-only: {e}");
                     }
                 }
+            }
+            let idle = self.seg.announced() <= self.seg.uploaded();
+            if idle && self.seg.backlog_bytes() >= eager && !fs.is_read_only() {
+                if let Err(e) = self.lld.checkpoint_now() {
+                    eprintln!("ldfs: upload: checkpoint failed: {e}");
+                }
+                seen = written(&self.lld);
+                waited = Duration::ZERO;
             }
             if waited >= every {
                 waited = Duration::ZERO;

@@ -57,6 +57,7 @@ pub enum StoreOp {
     Delete,
     List,
     CreateBucket,
+    DeleteBucket,
 }
 
 impl fmt::Display for StoreOp {
@@ -69,6 +70,7 @@ impl fmt::Display for StoreOp {
             StoreOp::Delete => "delete",
             StoreOp::List => "list",
             StoreOp::CreateBucket => "bucket creation",
+            StoreOp::DeleteBucket => "bucket deletion",
         })
     }
 }

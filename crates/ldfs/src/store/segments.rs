@@ -41,6 +41,10 @@ const O_SUPERBLOCK: usize = 48;
 const O_SLOT: usize = O_SUPERBLOCK + PAGE_BYTES;
 const ENTRY_BYTES: usize = 32;
 
+/// The most segment objects the uploader puts at once ([`puts_in_flight`]; `ldfs bench fs`
+/// measures the gateway's own PUT throughput with as many in flight).
+pub const UPLOAD_PUTS_IN_FLIGHT: usize = 4;
+
 /// The layer's errors.
 #[derive(Debug, thiserror::Error)]
 pub enum LayerError {
@@ -975,7 +979,9 @@ fn upload(
         detail: e.to_string(),
     })?;
     assert_eq!(hdr.serial, job.serial, "hook gave a slot of another serial");
-    let mut entries = Vec::new();
+    // What the store lacks is put (several at once), the rest is known to be there.
+    let mut entries: Vec<Option<SegmentEntry>> = Vec::new();
+    let mut todo = Vec::new();
     for (seg, u) in usage.iter() {
         let pages = match u.state {
             SegmentState::Dirty if u.live_bytes > 0 || u.pins != 0 => geo.segment_pages,
@@ -995,46 +1001,23 @@ fn upload(
         }
         if let Some(k) = known.get(&seg.0) {
             if !k.verify && k.entry.pages == pages && released_at <= k.read_gen {
-                entries.push(k.entry);
+                entries.push(Some(k.entry));
                 continue;
             }
         }
-        let mut bytes = vec![0u8; pages as usize * PAGE_BYTES];
-        sh.dev.read_at(&mut bytes, geo.page_addr(seg, 0))?;
-        // Released (and maybe rewritten) while we read: this job is stale.
-        if sh.state.lock().unwrap().released_at[seg.0 as usize] > job.gen {
-            return Ok(Outcome::Skipped);
-        }
-        let first_seq = first_seq_of(geo, seg, &bytes)?;
-        let crc = crc32c::crc32c(&bytes);
-        // An object in the store whose bytes are these (its length, use and crc) is this
-        // segment's object, whoever put it.
-        let same = known
-            .get(&seg.0)
-            .map(|k| k.entry)
-            .filter(|e| e.pages == pages && e.first_seq == first_seq && e.crc == crc);
-        let entry = match same {
-            Some(e) => e,
-            None => {
-                let entry = SegmentEntry {
-                    segment: seg.0,
-                    pages,
-                    first_seq,
-                    writer: sh.lease.writer(),
-                    crc,
-                };
-                let key = entry.key();
-                if retry(sh, || sh.store.put(&key, &bytes))?.is_none() {
-                    return Ok(Outcome::Stopped);
-                }
-                let mut st = sh.state.lock().unwrap();
-                st.stats.segments_put += 1;
-                st.stats.segment_bytes_put += bytes.len() as u64;
-                entry
-            }
-        };
+        todo.push(ToPut {
+            slot: entries.len(),
+            seg,
+            pages,
+            candidate: known.get(&seg.0).map(|k| k.entry),
+        });
+        entries.push(None);
+    }
+    let (done, end) = put_segments(sh, job, &todo);
+    // What was acknowledged is in the store, whatever became of the job.
+    for (slot, entry) in done {
         if let Some(old) = known.insert(
-            seg.0,
+            entry.segment,
             Known {
                 entry,
                 read_gen: job.gen,
@@ -1047,8 +1030,18 @@ fn upload(
                 orphan(sh, old.entry.key(), named)?;
             }
         }
-        entries.push(entry);
+        entries[slot] = Some(entry);
     }
+    match end? {
+        Worker::Finished => {}
+        Worker::Skipped => return Ok(Outcome::Skipped),
+        Worker::Stopped => return Ok(Outcome::Stopped),
+    }
+    // Every worker finished: each segment was put or known.
+    let entries: Vec<SegmentEntry> = entries
+        .into_iter()
+        .map(|e| e.expect("a segment neither known nor put"))
+        .collect();
     let writer = sh.lease.writer();
     let object =
         encode_checkpoint_object(geo, &sh.superblock, writer, job.serial, &job.slot, &entries);
@@ -1087,6 +1080,145 @@ fn upload(
         sh.state.lock().unwrap().stats.objects_deleted += 1;
     }
     Ok(Outcome::Done)
+}
+
+/// How many segment objects of `segment_bytes` the uploader puts at once: a PUT's time on a
+/// gateway is mostly its latency (the request's round trips, the gateway's write to its OSDs)
+/// rather than the bytes, so several in flight keep the link busy, as S3 clients do with
+/// multipart parts (measured by `ldfs bench fs`, DESIGN "Upload throughput"). At most
+/// [`UPLOAD_PUTS_IN_FLIGHT`], and at most 32 MiB of segments held in memory at once.
+pub fn puts_in_flight(segment_bytes: u64) -> usize {
+    ((32u64 << 20) / segment_bytes.max(1)).clamp(1, UPLOAD_PUTS_IN_FLIGHT as u64) as usize
+}
+
+/// One segment object a job puts: where its entry goes, the segment, its length.
+#[derive(Clone, Copy)]
+struct ToPut {
+    slot: usize,
+    seg: SegmentId,
+    pages: u32,
+    /// An object in the store this segment may already be (review 32): taken instead of a
+    /// put if its length, use and crc are the cache segment's, whoever put it.
+    candidate: Option<SegmentEntry>,
+}
+
+/// How a put worker ended.
+enum Worker {
+    Finished,
+    Skipped,
+    Stopped,
+}
+
+/// Reads each of `todo` from the cache and puts it, [`puts_in_flight`] at once; every object
+/// acknowledged is returned with its place (also when the job ends early: what is in the store
+/// is known), and how the job goes on. A release seen around a read abandons the job (the
+/// newer one that released the segment has it), as in the one-at-a-time loop this replaced.
+fn put_segments(
+    sh: &Shared,
+    job: &Job,
+    todo: &[ToPut],
+) -> (Vec<(usize, SegmentEntry)>, LayerResult<Worker>) {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let geo = &sh.geo;
+    let next = AtomicUsize::new(0);
+    // Set when a worker ends early: the others take no new segment.
+    let halt = AtomicBool::new(false);
+    let work = || -> (Vec<(usize, SegmentEntry)>, LayerResult<Worker>) {
+        let mut done = Vec::new();
+        let mut bytes = vec![0u8; geo.segment_pages as usize * PAGE_BYTES];
+        let mut one = |t: ToPut| -> LayerResult<Option<Worker>> {
+            let bytes = &mut bytes[..t.pages as usize * PAGE_BYTES];
+            sh.dev.read_at(bytes, geo.page_addr(t.seg, 0))?;
+            // Released (and maybe rewritten) while we read: this job is stale.
+            if sh.state.lock().unwrap().released_at[t.seg.0 as usize] > job.gen {
+                return Ok(Some(Worker::Skipped));
+            }
+            let (first_seq, crc) = (first_seq_of(geo, t.seg, bytes)?, crc32c::crc32c(bytes));
+            if let Some(c) = t
+                .candidate
+                .filter(|c| c.pages == t.pages && c.first_seq == first_seq && c.crc == crc)
+            {
+                done.push((t.slot, c));
+                return Ok(None);
+            }
+            let entry = SegmentEntry {
+                segment: t.seg.0,
+                pages: t.pages,
+                first_seq,
+                writer: sh.lease.writer(),
+                crc,
+            };
+            // Stopped (the unmount's wait is over): no more puts (review 32).
+            if sh.state.lock().unwrap().stop {
+                return Ok(Some(Worker::Stopped));
+            }
+            let key = entry.key();
+            if retry(sh, || sh.store.put(&key, bytes))?.is_none() {
+                return Ok(Some(Worker::Stopped));
+            }
+            {
+                let mut st = sh.state.lock().unwrap();
+                st.stats.segments_put += 1;
+                st.stats.segment_bytes_put += bytes.len() as u64;
+            }
+            done.push((t.slot, entry));
+            Ok(None)
+        };
+        loop {
+            if halt.load(Ordering::Relaxed) {
+                return (done, Ok(Worker::Finished));
+            }
+            let Some(&t) = todo.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                return (done, Ok(Worker::Finished));
+            };
+            match one(t) {
+                Ok(None) => {}
+                Ok(Some(w)) => {
+                    halt.store(true, Ordering::Relaxed);
+                    return (done, Ok(w));
+                }
+                Err(e) => {
+                    halt.store(true, Ordering::Relaxed);
+                    return (done, Err(e));
+                }
+            }
+        }
+    };
+    let workers = puts_in_flight(geo.segment_pages as u64 * PAGE_BYTES as u64).min(todo.len());
+    let ends: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..workers.max(1))
+            .map(|_| {
+                std::thread::Builder::new()
+                    .name("ldfs-upload-put".into())
+                    .spawn_scoped(s, work)
+                    .expect("spawn an upload thread")
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    (
+                        Vec::new(),
+                        Err(LayerError::Other("an upload thread panicked".into())),
+                    )
+                })
+            })
+            .collect()
+    });
+    let mut all = Vec::new();
+    let mut outcome = Ok(Worker::Finished);
+    for (done, end) in ends {
+        all.extend(done);
+        // An error first, then a stop, then an abandoned job.
+        outcome = match (outcome, end) {
+            (Err(e), _) | (_, Err(e)) => Err(e),
+            (Ok(Worker::Stopped), _) | (_, Ok(Worker::Stopped)) => Ok(Worker::Stopped),
+            (Ok(Worker::Skipped), _) | (_, Ok(Worker::Skipped)) => Ok(Worker::Skipped),
+            _ => Ok(Worker::Finished),
+        };
+    }
+    all.sort_by_key(|(slot, _)| *slot);
+    (all, outcome)
 }
 
 /// Deletes `key` unless a kept checkpoint object names it; true if it was
