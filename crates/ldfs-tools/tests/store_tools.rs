@@ -55,6 +55,15 @@ impl Env {
         c.envs(&self.vars);
         c
     }
+    /// Deletes every object of the run's bucket, then the bucket.
+    fn remove_bucket(&self) {
+        let cfg = S3Config::from_vars(&self.bucket, "", |k| self.vars.get(k).cloned()).unwrap();
+        let b = S3Store::new(&cfg).unwrap();
+        for o in b.list("").unwrap() {
+            b.delete(&o.key).unwrap();
+        }
+        b.delete_bucket().unwrap();
+    }
     /// The file system's prefix of the bucket, through the client the mounts use.
     fn store(&self) -> S3Store {
         let cfg = S3Config::from_vars(&self.bucket, "fs", |k| self.vars.get(k).cloned()).unwrap();
@@ -241,9 +250,7 @@ fn fsck_inspect_and_clean_on_a_store_cache() {
         )) && t.contains("is missing"),
         "{t}"
     );
-    for o in s.list("").unwrap() {
-        s.delete(&o.key).unwrap();
-    }
+    e.remove_bucket();
 }
 
 /// With an upload window of 10 minutes, a 24 MiB write (12 segments of 2 MiB) is uploaded
@@ -283,8 +290,5 @@ fn a_long_write_goes_up_before_the_upload_window() {
         "{put} bytes of segments uploaded 20 s after a 24 MiB write, with upload=600"
     );
     m.unmount();
-    let s = e.store();
-    for o in s.list("").unwrap() {
-        s.delete(&o.key).unwrap();
-    }
+    e.remove_bucket();
 }
