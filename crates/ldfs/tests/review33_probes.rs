@@ -126,7 +126,7 @@ fn newest_serial_in_store(store: &dyn ObjectStore, writer: u64) -> u64 {
         .unwrap_or(0)
 }
 
-/// Finding 1 (medium): a checkpoint object acknowledged by the store is counted as uploaded
+/// Finding 1 (medium; fixed on review33): a checkpoint object acknowledged by the store is counted as uploaded
 /// (`State::uploaded`, what `wait_uploaded`, `sync --remote` and an unmount's `finish` read)
 /// only when the whole job returns `Done`, i.e. after the deletes of what the checkpoint
 /// superseded. A delete that fails transiently (503 SlowDown, or the lease late in renewing:
@@ -137,7 +137,6 @@ fn newest_serial_in_store(store: &dyn ObjectStore, writer: u64) -> u64 {
 /// refused for good (`Err`) or the lease lost between the put and the deletes likewise sets
 /// `failed` with the checkpoint in the store.
 #[test]
-#[ignore = "review 33 finding 1: an acknowledged checkpoint object counts as uploaded only after the deletes behind it"]
 fn an_acknowledged_checkpoint_counts_as_uploaded_before_the_deletes_behind_it() {
     let store = Arc::new(Flaky::default());
     let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
@@ -214,7 +213,10 @@ fn an_error_in_one_put_worker_leaves_the_store_restorable() {
     store.refuse_segment_put.store(true, Ordering::SeqCst);
     lld.checkpoint_now().unwrap();
     let e = seg.wait_uploaded(seg.announced(), Duration::from_secs(30));
-    assert!(e.is_err(), "a refused segment put did not stop the uploader");
+    assert!(
+        e.is_err(),
+        "a refused segment put did not stop the uploader"
+    );
     assert_eq!(seg.uploaded(), good);
     seg.stop();
     std::mem::forget(lld);
