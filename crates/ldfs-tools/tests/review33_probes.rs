@@ -85,7 +85,7 @@ fn store_mount() -> (Arc<StoreMount>, Arc<Fs>) {
     (sm, fs)
 }
 
-/// Finding 2 (medium): `sync --remote` (`StoreMount::sync_remote`), the eager hand-over of
+/// Finding 2 (medium; fixed on review33): `sync --remote` (`StoreMount::sync_remote`), the eager hand-over of
 /// a621fe1 (`run_window`, every 20 ms) and the backlog gate's `hand_over` take their checkpoint
 /// with `Lld::checkpoint_now`, which fails at once with "a checkpoint cannot be taken while an
 /// ARU is open" whenever another thread's file system operation holds an ARU that logged
@@ -95,7 +95,6 @@ fn store_mount() -> (Arc<StoreMount>, Arc<Fs>) {
 /// (logged every 20 ms) as long as the write goes on. Here: 20 `sync_remote` calls beside a
 /// thread writing 64 KiB pieces; every one must succeed.
 #[test]
-#[ignore = "review 33 finding 2: sync --remote and the eager hand-over fail while another operation's ARU is open"]
 fn sync_remote_beside_a_writer_does_not_fail_on_an_open_aru() {
     let (sm, fs) = store_mount();
     let ctx = Ctx {
