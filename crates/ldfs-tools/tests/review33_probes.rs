@@ -3,8 +3,10 @@
 //! there. `#[ignore]` marks an open defect:
 //! `cargo test --release -p ldfs-tools --test review33_probes -- --ignored` runs them.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,9 +21,7 @@ use ldfs::testing::store::{take_lease, TestClock};
 use ldfs_tools::cli::store::{write_note, StoreUrl};
 use ldfs_tools::fuse::store_mount::StoreMount;
 
-fn ldfs() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ldfs"))
-}
+use common::{fuse_usable, is_mounted, ldfs};
 
 fn url() -> StoreUrl {
     StoreUrl::parse("s3://probe33/fs").unwrap()
@@ -303,4 +303,126 @@ fn fsck_n_on_a_store_cache_writes_nothing() {
         mtime
     );
     assert_eq!(std::fs::read(&note).unwrap(), note_before);
+}
+
+/// Finding 5 (medium): once the lease is lost (another writer took the store over), the window
+/// thread turns the file system read-only, once (`lost_said`), and the uploader has stopped for
+/// good. `mount -o remount,rw` (`remount_rw`) then makes it writable again without looking at
+/// the store: writes are accepted and fsynced into the cache, the backlog gate lets them
+/// through (`failed` is set), and nothing can ever upload them (the lease is another writer's;
+/// the next read-write mount on this cache refuses it, a later writer having uploaded). Here:
+/// a real mount against the gateway, a lease object of a taker put in the generation after the
+/// holder's, then a remount read-write and a write: the remount or the write must fail.
+#[test]
+#[ignore = "review 33 finding 5: remount,rw after the lease was lost makes the mount writable with no uploads"]
+fn remount_rw_after_the_lease_was_lost_stays_read_only() {
+    use ldfs::store::lease::LeaseRecord;
+    use ldfs::store::{ObjectStore, S3Config, S3Store};
+    use ldfs::testing::ceph::{gateway, unique_bucket, Gateway};
+    if !fuse_usable() {
+        return;
+    }
+    let vars = match gateway() {
+        Gateway::Ready(v) => v,
+        Gateway::Skip(why) => {
+            eprintln!("*** SKIPPING the remount-after-lease-lost probe: {why} ***");
+            return;
+        }
+    };
+    let bucket = unique_bucket("r33remount");
+    let url = format!("s3://{bucket}/fs");
+    std::fs::create_dir_all("/var/tmp/review33").unwrap();
+    let d = tempfile::tempdir_in("/var/tmp/review33").unwrap();
+    let (cache, dir) = (d.path().join("cache.img"), d.path().join("mnt"));
+    std::fs::create_dir(&dir).unwrap();
+    let run = |args: &[&str]| {
+        let mut c = ldfs();
+        c.envs(&vars).args(args);
+        c
+    };
+    let out = run(&["mkfs", "--store", &url, "--cache"])
+        .arg(&cache)
+        .args(["--size", "64M", "--sparse"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let mut child = run(&["mount", "-f", &url])
+        .arg(&dir)
+        .arg("--cache")
+        .arg(&cache)
+        .args(["-o", "lease=10"])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while !is_mounted(&dir) {
+        assert!(child.try_wait().unwrap().is_none(), "the mount exited");
+        assert!(t.elapsed() < Duration::from_secs(60), "mount timed out");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let unmount = |child: &mut std::process::Child| {
+        let _ = Command::new("fusermount3").arg("-u").arg(&dir).status();
+        let t = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if t.elapsed() > Duration::from_secs(150) {
+                let _ = child.kill();
+                let _ = Command::new("fusermount3")
+                    .args(["-u", "-z"])
+                    .arg(&dir)
+                    .status();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    std::fs::write(dir.join("before"), b"uploaded").unwrap();
+    let out = run(&["sync", "--remote"]).arg(&dir).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    // A taker puts the next lease generation (as one would after the holder's expiry).
+    let cfg = S3Config::from_vars(&bucket, "fs", |k| vars.get(k).cloned()).unwrap();
+    let s3 = S3Store::new(&cfg).unwrap();
+    let g = s3
+        .list("lease/")
+        .unwrap()
+        .iter()
+        .filter_map(|o| u64::from_str_radix(o.key.strip_prefix("lease/")?, 16).ok())
+        .max()
+        .unwrap();
+    let rec = LeaseRecord {
+        owner: 0x7a6b_e7,
+        expires_secs: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            + 3600,
+        pid: 1,
+        host: "taker".into(),
+    };
+    s3.put(&format!("lease/{:016x}", g + 1), &rec.encode())
+        .unwrap();
+    // The holder's renewal (every 2 s) finds it; the window turns the mount read-only.
+    let t = Instant::now();
+    loop {
+        if std::fs::write(dir.join("probe"), b"x").is_err() {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(30) {
+            unmount(&mut child);
+            panic!("the mount stayed writable 30 s after its lease was taken");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let remount = run(&["mount", "-o", "remount,rw", &url])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let wrote = std::fs::write(dir.join("after"), b"never uploaded").is_ok();
+    unmount(&mut child);
+    assert!(
+        !wrote,
+        "after the lease was lost, remount,rw ({}: {}) made the mount writable: a write was \
+         accepted that no one can upload",
+        remount.status,
+        text(&remount).trim()
+    );
 }
