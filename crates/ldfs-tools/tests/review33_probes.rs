@@ -305,7 +305,7 @@ fn fsck_n_on_a_store_cache_writes_nothing() {
     assert_eq!(std::fs::read(&note).unwrap(), note_before);
 }
 
-/// Finding 5 (medium): once the lease is lost (another writer took the store over), the window
+/// Finding 5 (medium; fixed on review33): once the lease is lost (another writer took the store over), the window
 /// thread turns the file system read-only, once (`lost_said`), and the uploader has stopped for
 /// good. `mount -o remount,rw` (`remount_rw`) then makes it writable again without looking at
 /// the store: writes are accepted and fsynced into the cache, the backlog gate lets them
@@ -314,7 +314,6 @@ fn fsck_n_on_a_store_cache_writes_nothing() {
 /// a real mount against the gateway, a lease object of a taker put in the generation after the
 /// holder's, then a remount read-write and a write: the remount or the write must fail.
 #[test]
-#[ignore = "review 33 finding 5: remount,rw after the lease was lost makes the mount writable with no uploads"]
 fn remount_rw_after_the_lease_was_lost_stays_read_only() {
     use ldfs::store::lease::LeaseRecord;
     use ldfs::store::{ObjectStore, S3Config, S3Store};
