@@ -213,7 +213,7 @@ fn fsck_repair_through_another_dev_name_of_a_store_cache_is_refused() {
     assert_eq!(after, before, "the cache changed offline");
 }
 
-/// Finding 4 (low): cf4a82b refuses the offline changes `fsck -y`/`-p` and `clean IMAGE` on a
+/// Finding 4 (low; fixed on review33): cf4a82b refuses the offline changes `fsck -y`/`-p` and `clean IMAGE` on a
 /// store cache ("a change made behind the store's back would be either lost at the next
 /// rebuild or uploaded by no one in order"), but the other offline commands that open the
 /// cache read-write are not refused: `ldfs trim IMAGE` opens lld (a recovery checkpoint, a
@@ -222,7 +222,6 @@ fn fsck_repair_through_another_dev_name_of_a_store_cache_is_refused() {
 /// geometry of a file system whose size the store layer keeps fixed (`CountingDevice` has no
 /// `resize`; a checkpoint object's log must lie inside its superblock's segments).
 #[test]
-#[ignore = "review 33 finding 4: offline trim and resize of a store cache are not refused"]
 fn offline_trim_and_resize_of_a_store_cache_are_refused() {
     let d = tempfile::tempdir().unwrap();
     let cache = d.path().join("cache.img");
