@@ -461,7 +461,7 @@ impl<F: Fn() + Send + Sync> ldfs::store::ObjectStore for Racing<F> {
     }
 }
 
-/// Finding 6 (low): `fsck -n` on a store cache checks the store (`store_check::check_store`)
+/// Finding 6 (low; fixed on review33): `fsck -n` on a store cache checks the store (`store_check::check_store`)
 /// by listing `ckpt/`, reading the newest checkpoint object, then listing `seg/`. A writer
 /// that uploads two more checkpoints between the two listings (the eager hand-over of a621fe1
 /// makes one every 8 segments during a long write) deletes segment objects the checkpoint read
@@ -470,7 +470,6 @@ impl<F: Fn() + Send + Sync> ldfs::store::ObjectStore for Racing<F> {
 /// when what it read looks incomplete). `fsck -n` is what one runs beside a mount, or from
 /// another host, to see whether the store is sound.
 #[test]
-#[ignore = "review 33 finding 6: fsck -n's store check reports objects deleted by a writer's later uploads as missing"]
 fn the_store_check_beside_an_uploading_writer_finds_no_problem() {
     use ldfs::ld::{ListHints, LogicalDisk};
     use ldfs_tools::cli::store_check::{check_store, CacheNote};
