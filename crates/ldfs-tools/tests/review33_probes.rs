@@ -387,7 +387,7 @@ fn remount_rw_after_the_lease_was_lost_stays_read_only() {
         .max()
         .unwrap();
     let rec = LeaseRecord {
-        owner: 0x7a6b_e7,
+        owner: 0x007a_6be7,
         expires_secs: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
