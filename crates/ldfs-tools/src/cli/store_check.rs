@@ -107,20 +107,55 @@ pub struct StoreCheck {
 /// every segment object the newest one names is there with the size it names (a listing: one
 /// request per 1,000 objects, nothing downloaded but the checkpoint object). A missing or
 /// short object is a problem naming its key and segment.
+///
+/// A writer uploading meanwhile deletes what a checkpoint named once two newer ones are up, so
+/// problems found about a checkpoint that is no longer the newest when they are found are
+/// checked again with the new newest (review 33; `restore` does the same, review 32).
 pub fn check_store(store: &dyn ObjectStore, note: &CacheNote) -> Result<StoreCheck, String> {
+    let mut tries = 0;
+    loop {
+        let (c, key) = check_store_once(store, note)?;
+        tries += 1;
+        if c.problems.is_empty() || tries >= 5 {
+            return Ok(c);
+        }
+        let now = newest_checkpoint_key(store).map_err(|e| format!("{}: {e}", note.url))?;
+        if now == key {
+            return Ok(c);
+        }
+    }
+}
+
+/// The newest checkpoint key in the store (a listing only).
+fn newest_checkpoint_key(
+    store: &dyn ObjectStore,
+) -> Result<Option<String>, ldfs::store::StoreError> {
+    Ok(store
+        .list("ckpt/")?
+        .into_iter()
+        .rev()
+        .find(|o| parse_checkpoint_key(&o.key).is_some())
+        .map(|o| o.key))
+}
+
+/// One pass of [`check_store`], and the key of the checkpoint object it checked.
+fn check_store_once(
+    store: &dyn ObjectStore,
+    note: &CacheNote,
+) -> Result<(StoreCheck, Option<String>), String> {
     let url = &note.url;
     let mut c = StoreCheck::default();
     let Some((key, obj)) = newest_checkpoint(store).map_err(|e| format!("{url}: {e}"))? else {
         c.problems
             .push(format!("{url} holds no checkpoint object (no file system)"));
-        return Ok(c);
+        return Ok((c, None));
     };
     if obj.geo.fs_id != note.fs_id {
         c.problems.push(format!(
             "{url} holds file system {:016x} ({key}); the cache is of {:016x}",
             obj.geo.fs_id, note.fs_id
         ));
-        return Ok(c);
+        return Ok((c, Some(key)));
     }
     let sizes: BTreeMap<String, u64> = store
         .list("seg/")
@@ -166,7 +201,7 @@ pub fn check_store(store: &dyn ObjectStore, note: &CacheNote) -> Result<StoreChe
             note.writer
         ));
     }
-    Ok(c)
+    Ok((c, Some(key)))
 }
 
 #[cfg(test)]

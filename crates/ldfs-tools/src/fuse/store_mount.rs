@@ -21,6 +21,12 @@ use crate::fuse::adapter::WriteGate;
 pub const FINAL_UPLOAD_WAIT: Duration = Duration::from_secs(120);
 /// How long `ldfs sync --remote` waits for its checkpoint's upload.
 pub const SYNC_REMOTE_WAIT: Duration = Duration::from_secs(600);
+/// How long `ldfs sync --remote` waits for other operations' open ARUs to end before its
+/// checkpoint (each is one file system operation: milliseconds).
+const SYNC_QUIET_WAIT: Duration = Duration::from_secs(10);
+/// The same for the window's and the backlog gate's checkpoints (short: the window thread also
+/// watches the lease; one that finds no quiet moment is tried again at the next tick).
+const QUIET_WAIT: Duration = Duration::from_millis(500);
 /// While the uploader is idle, a checkpoint is handed to it as soon as this many segments'
 /// bytes were written since the last uploaded one, not only at the next upload window: a long
 /// write then goes up while it is being written instead of all after it (DESIGN "Upload
@@ -49,11 +55,24 @@ impl StoreMount {
         }
     }
 
+    /// A checkpoint taken beside running operations: it waits up to `wait` for the ARUs other
+    /// threads' operations hold open to end (`checkpoint_now` fails at once while one is open,
+    /// which beside a steady writer is nearly always; review 33).
+    fn checkpoint(&self, wait: Duration) -> Result<(), String> {
+        match self.lld.checkpoint_when_quiet(wait) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(format!(
+                "operations kept an atomic recovery unit open for {wait:?}: try again"
+            )),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     /// A checkpoint the uploader has not been handed yet, if anything was written since the
     /// last one (a checkpoint of nothing new would upload nothing new).
     fn hand_over(&self) {
         if self.seg.announced() <= self.seg.uploaded() {
-            if let Err(e) = self.lld.checkpoint_now() {
+            if let Err(e) = self.checkpoint(QUIET_WAIT) {
                 eprintln!("ldfs: checkpoint for the store failed: {e}");
             }
         }
@@ -62,7 +81,7 @@ impl StoreMount {
     /// `ldfs sync --remote`: everything accepted before it, in the store when it returns.
     pub fn sync_remote(&self, fs: &Fs) -> Result<(), String> {
         fs.fsync().map_err(|e| e.to_string())?;
-        self.lld.checkpoint_now().map_err(|e| e.to_string())?;
+        self.checkpoint(SYNC_QUIET_WAIT)?;
         let due = self.seg.announced();
         self.seg
             .wait_uploaded(due, SYNC_REMOTE_WAIT)
@@ -166,7 +185,7 @@ impl StoreMount {
             }
             let idle = self.seg.announced() <= self.seg.uploaded();
             if idle && self.seg.backlog_bytes() >= eager && !fs.is_read_only() {
-                if let Err(e) = self.lld.checkpoint_now() {
+                if let Err(e) = self.checkpoint(QUIET_WAIT) {
                     eprintln!("ldfs: upload: checkpoint failed: {e}");
                 }
                 seen = written(&self.lld);
@@ -176,7 +195,7 @@ impl StoreMount {
                 waited = Duration::ZERO;
                 let now = written(&self.lld);
                 if now != seen && !fs.is_read_only() {
-                    if let Err(e) = self.lld.checkpoint_now() {
+                    if let Err(e) = self.checkpoint(QUIET_WAIT) {
                         eprintln!("ldfs: upload window: checkpoint failed: {e}");
                     }
                     seen = written(&self.lld);

@@ -875,14 +875,8 @@ fn uploader(
         }))
         .unwrap_or_else(|_| Err(LayerError::Other("the uploader panicked".into())));
         match r {
-            Ok(Outcome::Done) => {
-                let mut st = sh.state.lock().unwrap();
-                st.uploaded = st.uploaded.max(job.serial);
-                st.uploaded_written = st.uploaded_written.max(job.written);
-                st.uploaded_at = Some(std::time::SystemTime::now());
-                st.stats.checkpoints_put += 1;
-                sh.cv.notify_all();
-            }
+            // Counted as uploaded when its checkpoint object was acknowledged (`upload`).
+            Ok(Outcome::Done) => {}
             Ok(Outcome::Skipped) => {
                 sh.state.lock().unwrap().stats.checkpoints_skipped += 1;
             }
@@ -1060,10 +1054,21 @@ fn upload(
         }
     }
     named.push((key, entries.iter().map(|e| e.key()).collect()));
-    sh.state.lock().unwrap().store_bytes = entries
-        .iter()
-        .map(|e| e.pages as u64 * PAGE_BYTES as u64)
-        .sum();
+    // In the store from now on, whatever becomes of the deletes behind it (review 33: a
+    // delete failing, the lease lost or a stop there left it uncounted, and an unmount said
+    // its final checkpoint was not in the store and kept the lease).
+    {
+        let mut st = sh.state.lock().unwrap();
+        st.store_bytes = entries
+            .iter()
+            .map(|e| e.pages as u64 * PAGE_BYTES as u64)
+            .sum();
+        st.uploaded = st.uploaded.max(job.serial);
+        st.uploaded_written = st.uploaded_written.max(job.written);
+        st.uploaded_at = Some(std::time::SystemTime::now());
+        st.stats.checkpoints_put += 1;
+        sh.cv.notify_all();
+    }
     // Keep the newest two checkpoint objects and what they name.
     while named.len() > 2 {
         let (ck, old_keys) = named.remove(0);
