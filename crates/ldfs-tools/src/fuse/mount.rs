@@ -1646,6 +1646,8 @@ pub fn run(
     // From here on a store mount's image is its cache.
     let image = store_args.cache.clone().unwrap_or(image);
     if daemon_child {
+        // A session of its own: the terminal's hangup must not reach the daemon as the SIGHUP
+        // that unmounts (DESIGN "The daemon's session", which also gives what it costs).
         unsafe { libc::setsid() };
     }
     let canon_dir = check_mountpoint(&dir)?;
