@@ -22,8 +22,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// Files of the file system on `dev` that processes hold open or mapped:
-/// one /proc path per inode, through which the file can be opened again.
-fn held_files(dev: u64) -> Vec<PathBuf> {
+/// one /proc path per inode, through which the file can be opened again,
+/// with the inode number it led to.
+fn held_files(dev: u64) -> Vec<(PathBuf, u64)> {
     let mut seen = HashSet::new();
     let mut out = Vec::new();
     let Ok(procs) = std::fs::read_dir("/proc") else {
@@ -48,7 +49,7 @@ fn held_files(dev: u64) -> Vec<PathBuf> {
                     continue;
                 };
                 if m.dev() == dev && m.file_type().is_file() && seen.insert(m.ino()) {
-                    out.push(path);
+                    out.push((path, m.ino()));
                 }
             }
         }
@@ -60,12 +61,19 @@ fn held_files(dev: u64) -> Vec<PathBuf> {
 /// process that has exited, or whose files this user may not open, is
 /// skipped: its data is then covered by the final flush only if it
 /// reached the daemon (always, without the writeback cache, except for
-/// shared mappings).
-fn fsync_held(path: &Path) -> Result<(), String> {
+/// shared mappings). So is a descriptor that no longer leads to the file
+/// listed (`dev`, `ino`): the process closed it and the number was reused,
+/// perhaps for a pipe, whose fsync fails with EINVAL; the file's data was
+/// written back by that close.
+fn fsync_held(path: &Path, dev: u64, ino: u64) -> Result<(), String> {
     let f = match File::open(path).or_else(|_| File::options().write(true).open(path)) {
         Ok(f) => f,
         Err(_) => return Ok(()),
     };
+    match f.metadata() {
+        Ok(m) if m.dev() == dev && m.ino() == ino && m.file_type().is_file() => {}
+        _ => return Ok(()),
+    }
     match f.sync_all() {
         Ok(()) => Ok(()),
         // The file was deleted and released meanwhile.
@@ -86,8 +94,8 @@ pub fn run(mountpoint: &Path) -> Result<(), String> {
         ));
     }
     let mut failed = Vec::new();
-    for p in held_files(dev) {
-        if let Err(e) = fsync_held(&p) {
+    for (p, ino) in held_files(dev) {
+        if let Err(e) = fsync_held(&p, dev, ino) {
             failed.push(e);
         }
     }
@@ -97,4 +105,33 @@ pub fn run(mountpoint: &Path) -> Result<(), String> {
         return Err(format!("{name}: {}", failed.join("; ")));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A descriptor listed for a file of the mount and reused for a pipe
+    /// before the fsync (snapshot_mount caught it: EINVAL) is skipped.
+    #[test]
+    fn a_reused_descriptor_is_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = File::create(dir.path().join("f")).unwrap();
+        let m = file.metadata().unwrap();
+        let mut fds = [0; 2];
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let pipe = PathBuf::from(format!("/proc/self/fd/{}", fds[0]));
+        // What the fsync would meet without the check.
+        let e = File::open(&pipe).unwrap().sync_all().unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
+        let r = fsync_held(&pipe, m.dev(), m.ino());
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+        assert_eq!(r, Ok(()));
+        // The file itself is synced.
+        let own = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        assert_eq!(fsync_held(&own, m.dev(), m.ino()), Ok(()));
+    }
 }
