@@ -537,3 +537,70 @@ fn the_upload_backlog_grows_while_the_store_is_down_and_falls_after() {
     let (_, in_store) = seg.uploaded_at();
     assert!(in_store > 0);
 }
+
+/// The mount's end lets writers waiting on the backlog go (review 32 finding 7): with the store
+/// refusing every put, a waiter with a minute to wait returns at once when the waits are
+/// ended, a later wait returns at once too, and the uploader is not stopped by it: once the
+/// store is back, the pending checkpoint still goes up (the unmount waits for it).
+#[test]
+fn ending_the_backlog_waits_lets_a_waiter_go_and_keeps_uploading() {
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    let store: Arc<MemoryStore> = Arc::new(MemoryStore::new());
+    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
+    ldfs::lld::mkfs::mkfs(&*dev, &mkfs_opts()).unwrap();
+    let lease = take_lease(store.clone(), &TestClock::default(), false);
+    let seg =
+        Arc::new(SegmentStore::start(store.clone(), dev.clone(), lease, fast_backoff()).unwrap());
+    let lld = Lld::open(
+        seg.device(),
+        LldOptions {
+            checkpoint_hook: Some(seg.hook()),
+            ..LldOptions::default()
+        },
+    )
+    .unwrap();
+    let lists: Vec<ListId> = (0..2)
+        .map(|_| lld.create_list(None, ListHints::default()).unwrap())
+        .collect();
+    let mut model = Model::new();
+    store.set_faults(MemoryStoreFaults {
+        seed: 2,
+        lost_ppm: 1_000_000,
+        ..MemoryStoreFaults::default()
+    });
+    churn(&lld, &lists, &mut model, &mut rng, 300);
+    lld.checkpoint_now().unwrap();
+    let bound = seg.backlog_bytes() / 2;
+    assert!(bound > 0);
+    let waiter = {
+        let seg = seg.clone();
+        std::thread::spawn(move || {
+            let t = std::time::Instant::now();
+            (
+                seg.wait_backlog(bound, Duration::from_secs(60)),
+                t.elapsed(),
+            )
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!waiter.is_finished(), "the waiter did not wait");
+    assert!(!seg.backlog_waits_ended());
+    seg.end_backlog_waits();
+    let (under, waited) = waiter.join().unwrap();
+    assert!(
+        !under,
+        "the backlog cannot have fallen: every put is refused"
+    );
+    assert!(
+        waited < Duration::from_secs(10),
+        "the waiter was let go only after {waited:?}"
+    );
+    let t = std::time::Instant::now();
+    assert!(!seg.wait_backlog(bound, Duration::from_secs(60)));
+    assert!(t.elapsed() < Duration::from_secs(1), "a later wait waited");
+    assert!(seg.backlog_waits_ended() && !seg.is_stopped() && seg.failed().is_none());
+    store.set_faults(MemoryStoreFaults::default());
+    seg.wait_uploaded(seg.announced(), Duration::from_secs(20))
+        .unwrap();
+    assert!(seg.backlog_bytes() <= bound);
+}
