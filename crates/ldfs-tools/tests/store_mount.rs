@@ -302,3 +302,277 @@ fn kill_9_mid_upload_then_a_remount_on_the_same_cache() {
     );
     m.unmount();
 }
+
+/// A TCP proxy in front of the gateway that the test takes down and brings back: down, its
+/// connections are cut and new ones closed at once (to the mount, the gateway is unreachable:
+/// every request fails as transient and is retried).
+struct Proxy {
+    addr: std::net::SocketAddr,
+    /// Whether connections are forwarded, and the open ones (both sides) to cut when not.
+    state: std::sync::Arc<std::sync::Mutex<(bool, Vec<std::net::TcpStream>)>>,
+}
+
+impl Proxy {
+    fn start(endpoint: &str) -> Proxy {
+        use std::net::{TcpListener, TcpStream};
+        let upstream = endpoint
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_string();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = std::sync::Arc::new(std::sync::Mutex::new((true, Vec::new())));
+        let st = state.clone();
+        // Blocked in accept when the test ends: the process's end takes it.
+        std::thread::spawn(move || {
+            for c in listener.incoming() {
+                let Ok(c) = c else { continue };
+                let mut s = st.lock().unwrap();
+                if !s.0 {
+                    continue;
+                }
+                let Ok(u) = TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                s.1.push(c.try_clone().unwrap());
+                s.1.push(u.try_clone().unwrap());
+                for (mut from, mut to) in [(c.try_clone().unwrap(), u.try_clone().unwrap()), (u, c)]
+                {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Write);
+                    });
+                }
+            }
+        });
+        Proxy { addr, state }
+    }
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+    fn down(&self) {
+        let mut s = self.state.lock().unwrap();
+        s.0 = false;
+        for c in s.1.drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// The bytes of the blocked writer's file: a pattern of `seed`.
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..len).map(|_| rng.gen()).collect()
+}
+
+/// Review 32 finding 7: a writer waiting on the upload backlog (the gateway unreachable)
+/// must not keep the daemon from ending on SIGTERM. fuser's session joins every FUSE thread,
+/// one waiting in the backlog gate too, so a gate let go only when the uploader stops (after
+/// the session) kept the daemon alive, its lease renewer with it, for as long as the store
+/// was away. Here: a mount through a proxy with an 8 MiB backlog bound, files fsynced and
+/// uploaded, one fsynced after the proxy went down, then a writer held by the gate; a plain
+/// `fusermount3 -u` is refused (busy: the writer holds its file), SIGTERM must end the daemon
+/// within the final upload's wait and a margin; the lease is kept (the final upload failed),
+/// and the cache, mounted again with the gateway back (`--force-takeover`: the lease expired
+/// unrenewed), holds everything fsynced and every byte the writer was told was written.
+fn a_writer_waiting_on_the_backlog_does_not_keep_the_daemon_alive(transport: &str) {
+    let Some(e) = env(&format!("gate{transport}")) else {
+        return;
+    };
+    let proxy = Proxy::start(&e.vars["AWS_ENDPOINT_URL"]);
+    let c1 = e.path("c1.img");
+    e.mkfs(&c1);
+    let d1 = e.path("d1");
+    std::fs::create_dir_all(&d1).unwrap();
+    let log = e.path("daemon.log");
+    let mut c = e.ldfs();
+    c.env("AWS_ENDPOINT_URL", proxy.url())
+        .args(["mount", "-f", &e.url])
+        .arg(&d1)
+        .arg("--cache")
+        .arg(&c1)
+        .args(["-o", "lease=10,upload=600,upload_backlog=8M"])
+        .args(["-o", &format!("transport={transport}")])
+        .stdin(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    let mut m = StoreMount {
+        dir: d1.clone(),
+        child: Some(c.spawn().unwrap()),
+    };
+    let t = Instant::now();
+    while !is_mounted(&d1) {
+        if let Some(st) = m.child.as_mut().unwrap().try_wait().unwrap() {
+            panic!(
+                "ldfs mount exited with {st}: {}",
+                std::fs::read_to_string(&log).unwrap()
+            );
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "mount timed out");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut want = write_tree(&d1, 11, 12);
+    e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
+    let writer = stats_json(&d1)["store"]["writer"].as_u64().unwrap();
+    proxy.down();
+    // Fsynced after the gateway went away: in the cache only.
+    want.extend(write_tree(&d1, 12, 3));
+    let (seed, len) = (13, 24 << 20);
+    let data = pattern(seed, len);
+    let acked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let w = {
+        let (path, data, acked) = (d1.join("blocked"), data.clone(), acked.clone());
+        std::thread::spawn(move || -> std::io::Result<()> {
+            let mut f = std::fs::File::create(path)?;
+            for chunk in data.chunks(64 << 10) {
+                std::io::Write::write_all(&mut f, chunk)?;
+                acked.fetch_add(chunk.len(), std::sync::atomic::Ordering::SeqCst);
+            }
+            Ok(())
+        })
+    };
+    // The writer waits: no progress for 3 s, the backlog over its bound, the line logged.
+    let t = Instant::now();
+    let mut last = (usize::MAX, Instant::now());
+    loop {
+        let now = acked.load(std::sync::atomic::Ordering::SeqCst);
+        if now != last.0 {
+            last = (now, Instant::now());
+        }
+        let said = std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("writers wait for the store");
+        if said && last.1.elapsed() > Duration::from_secs(3) {
+            break;
+        }
+        assert!(
+            !w.is_finished() && t.elapsed() < Duration::from_secs(60),
+            "the writer was not held by the backlog bound ({now} bytes written): {}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let st = stats_json(&d1);
+    assert!(
+        st["store"]["backlog_bytes"].as_u64().unwrap() > 8 << 20,
+        "{st}"
+    );
+    // A plain unmount: the writer holds its file, the mount is busy (as any mount).
+    let out = Command::new("fusermount3")
+        .arg("-u")
+        .arg(&d1)
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "fusermount3 -u of a mount with a writer inside succeeded"
+    );
+    let pid = m.pid();
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
+    let limit = Duration::from_secs(120 + 45);
+    let t = Instant::now();
+    let ended = loop {
+        if let Some(st) = m.child.as_mut().unwrap().try_wait().unwrap() {
+            break Some(st);
+        }
+        if t.elapsed() > limit {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        ended.is_some(),
+        "the daemon (pid {pid}) did not end within {limit:?} of SIGTERM with a writer waiting \
+         on the backlog ({} bytes acknowledged): {text}",
+        acked.load(std::sync::atomic::Ordering::SeqCst)
+    );
+    m.child = None;
+    let left = is_mounted(&d1);
+    if left {
+        let _ = Command::new("fusermount3")
+            .args(["-u", "-z"])
+            .arg(&d1)
+            .status();
+    }
+    assert!(
+        !left,
+        "the daemon ended ({ended:?}) leaving its mount: {text}"
+    );
+    // Its file was cut off by the end (or completed): either is fine.
+    let _ = w.join().unwrap();
+    let acked = acked.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        text.contains("is not in"),
+        "{ended:?} after {:?}: {text}",
+        t.elapsed()
+    );
+    // Over io_uring the session ends without the ring's threads; one still held by the gate
+    // is given up on after 10 s, and its write then meets a closed engine.
+    assert!(
+        !text.contains("still busy"),
+        "a FUSE thread outlived the session: {text}"
+    );
+    // The lease is kept, to expire: neither released nor taken by anyone.
+    {
+        use ldfs::store::{S3Config, S3Store};
+        let bucket = e.url["s3://".len()..].split('/').next().unwrap();
+        let cfg = S3Config::from_vars(bucket, "fs", |k| e.vars.get(k).cloned()).unwrap();
+        let s3 = S3Store::new(&cfg).unwrap();
+        let (g, rec) = ldfs::store::lease::current(&s3).unwrap().unwrap();
+        assert_eq!(g, writer, "the lease moved: {rec:?}");
+        assert_ne!(rec.expires_secs, 0, "released after a failed final upload");
+        assert_eq!(rec.pid, pid, "{rec:?}");
+    }
+    // The gateway is back; the lease expired unrenewed: the same cache, forced.
+    std::thread::sleep(Duration::from_secs(11).saturating_sub(t.elapsed()));
+    let m = e.mount(&c1, &d1, &["lease=10"], true);
+    let mut got = read_tree(&d1);
+    let blocked = std::fs::read(d1.join("blocked")).unwrap();
+    assert!(
+        blocked.len() >= acked && blocked[..] == data[..blocked.len()],
+        "the writer was told {acked} bytes were written; the cache holds {} bytes of its file, \
+         or other bytes",
+        blocked.len()
+    );
+    got.remove("blocked");
+    assert_same(&got, &want, "the cache after the end");
+    e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
+    m.unmount();
+    fsck_clean(&c1);
+    // And the store has it all.
+    let c2 = e.path("c2.img");
+    let d2 = e.path("d2");
+    let m = e.mount(&c2, &d2, &[], false);
+    assert_same(&read_tree(&d2), &want, "rebuilt from the store");
+    assert!(std::fs::read(d2.join("blocked")).unwrap() == blocked);
+    m.unmount();
+}
+
+#[test]
+fn sigterm_ends_a_daemon_whose_writer_waits_on_the_backlog() {
+    a_writer_waiting_on_the_backlog_does_not_keep_the_daemon_alive("dev");
+}
+
+/// The same over FUSE over io_uring, where the ring's threads, not fuser's, hold the writer.
+/// As root with the fuse module's `enable_uring` off, `transport=uring` turns it on; the test
+/// puts it back as it found it.
+#[test]
+fn sigterm_ends_a_daemon_whose_writer_waits_on_the_backlog_uring() {
+    const PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
+    struct Restore(String);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = std::fs::write(PARAM, self.0.trim());
+        }
+    }
+    let Ok(was) = std::fs::read_to_string(PARAM) else {
+        eprintln!("*** SKIPPING the io_uring backlog gate test: no {PARAM} ***");
+        return;
+    };
+    if was.trim() != "Y" && unsafe { libc::geteuid() } != 0 {
+        eprintln!("*** SKIPPING the io_uring backlog gate test: {PARAM} is off, not root ***");
+        return;
+    }
+    let _restore = Restore(was);
+    a_writer_waiting_on_the_backlog_does_not_keep_the_daemon_alive("uring");
+}

@@ -537,3 +537,203 @@ fn the_upload_backlog_grows_while_the_store_is_down_and_falls_after() {
     let (_, in_store) = seg.uploaded_at();
     assert!(in_store > 0);
 }
+
+/// The mount's end lets writers waiting on the backlog go (review 32 finding 7): with the store
+/// refusing every put, a waiter with a minute to wait returns at once when the waits are
+/// ended, a later wait returns at once too, and the uploader is not stopped by it: once the
+/// store is back, the pending checkpoint still goes up (the unmount waits for it).
+#[test]
+fn ending_the_backlog_waits_lets_a_waiter_go_and_keeps_uploading() {
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    let store: Arc<MemoryStore> = Arc::new(MemoryStore::new());
+    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
+    ldfs::lld::mkfs::mkfs(&*dev, &mkfs_opts()).unwrap();
+    let lease = take_lease(store.clone(), &TestClock::default(), false);
+    let seg =
+        Arc::new(SegmentStore::start(store.clone(), dev.clone(), lease, fast_backoff()).unwrap());
+    let lld = Lld::open(
+        seg.device(),
+        LldOptions {
+            checkpoint_hook: Some(seg.hook()),
+            ..LldOptions::default()
+        },
+    )
+    .unwrap();
+    let lists: Vec<ListId> = (0..2)
+        .map(|_| lld.create_list(None, ListHints::default()).unwrap())
+        .collect();
+    let mut model = Model::new();
+    store.set_faults(MemoryStoreFaults {
+        seed: 2,
+        lost_ppm: 1_000_000,
+        ..MemoryStoreFaults::default()
+    });
+    churn(&lld, &lists, &mut model, &mut rng, 300);
+    lld.checkpoint_now().unwrap();
+    let bound = seg.backlog_bytes() / 2;
+    assert!(bound > 0);
+    let waiter = {
+        let seg = seg.clone();
+        std::thread::spawn(move || {
+            let t = std::time::Instant::now();
+            (
+                seg.wait_backlog(bound, Duration::from_secs(60)),
+                t.elapsed(),
+            )
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!waiter.is_finished(), "the waiter did not wait");
+    assert!(!seg.backlog_waits_ended());
+    seg.end_backlog_waits();
+    let (under, waited) = waiter.join().unwrap();
+    assert!(
+        !under,
+        "the backlog cannot have fallen: every put is refused"
+    );
+    assert!(
+        waited < Duration::from_secs(10),
+        "the waiter was let go only after {waited:?}"
+    );
+    let t = std::time::Instant::now();
+    assert!(!seg.wait_backlog(bound, Duration::from_secs(60)));
+    assert!(t.elapsed() < Duration::from_secs(1), "a later wait waited");
+    assert!(seg.backlog_waits_ended() && !seg.is_stopped() && seg.failed().is_none());
+    store.set_faults(MemoryStoreFaults::default());
+    seg.wait_uploaded(seg.announced(), Duration::from_secs(20))
+        .unwrap();
+    assert!(seg.backlog_bytes() <= bound);
+}
+
+/// A store whose deletes, while `hold` is set, fail as a timeout (the client gives up) and are
+/// applied later by `land` (the gateway had the request): late deletes (DESIGN "One writer: the
+/// lease"). Lease objects pass through.
+struct LateDeletes {
+    inner: Arc<MemoryStore>,
+    hold: std::sync::atomic::AtomicBool,
+    held: std::sync::Mutex<std::collections::BTreeSet<String>>,
+}
+
+impl LateDeletes {
+    fn land(&self) -> usize {
+        let held = std::mem::take(&mut *self.held.lock().unwrap());
+        for k in &held {
+            self.inner.delete(k).unwrap();
+        }
+        held.len()
+    }
+}
+
+impl ObjectStore for LateDeletes {
+    fn put(&self, key: &str, bytes: &[u8]) -> ldfs::store::StoreResult<()> {
+        self.inner.put(key, bytes)
+    }
+    fn put_if_absent(
+        &self,
+        key: &str,
+        bytes: &[u8],
+    ) -> ldfs::store::StoreResult<ldfs::store::PutOutcome> {
+        self.inner.put_if_absent(key, bytes)
+    }
+    fn get(&self, key: &str) -> ldfs::store::StoreResult<Vec<u8>> {
+        self.inner.get(key)
+    }
+    fn get_range(&self, key: &str, offset: u64, len: u64) -> ldfs::store::StoreResult<Vec<u8>> {
+        self.inner.get_range(key, offset, len)
+    }
+    fn delete(&self, key: &str) -> ldfs::store::StoreResult<()> {
+        if key.starts_with("lease/") || !self.hold.load(std::sync::atomic::Ordering::SeqCst) {
+            return self.inner.delete(key);
+        }
+        self.held.lock().unwrap().insert(key.to_string());
+        Err(ldfs::store::StoreError::Unavailable {
+            op: ldfs::store::StoreOp::Delete,
+            key: key.to_string(),
+            reason: "timed out (the gateway applies it later)".into(),
+        })
+    }
+    fn list(&self, prefix: &str) -> ldfs::store::StoreResult<Vec<ldfs::store::ObjectInfo>> {
+        self.inner.list(prefix)
+    }
+}
+
+/// A stale writer's late deletes (review 32: the fence narrows late requests, it does not
+/// rule them out): writer A's deletes behind its third upload time out at the client and
+/// are applied by the store only after B took the file system over, rebuilt its cache, and
+/// uploaded twice. They remove only objects neither of A's two newest checkpoints names, and
+/// B's rebuild started from A's newest: B uploads on, and a cache rebuilt from the store
+/// after they landed holds B's tree (a delete of anything B's checkpoints name would leave
+/// B's newest incomplete, and the rebuild would take an older tree or fail).
+#[test]
+fn a_stale_writers_late_deletes_leave_the_takers_tree_restorable() {
+    let mut rng = ChaCha8Rng::seed_from_u64(27);
+    let inner: Arc<MemoryStore> = Arc::new(MemoryStore::new());
+    let late = Arc::new(LateDeletes {
+        inner: inner.clone(),
+        hold: std::sync::atomic::AtomicBool::new(false),
+        held: std::sync::Mutex::new(std::collections::BTreeSet::new()),
+    });
+    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
+    ldfs::lld::mkfs::mkfs(&*dev, &mkfs_opts()).unwrap();
+    let clock = TestClock::default();
+    let lease_a = take_lease(late.clone(), &clock, false);
+    let seg_a =
+        SegmentStore::start(late.clone(), dev.clone(), lease_a.clone(), fast_backoff()).unwrap();
+    let lld_a = open(&dev, &seg_a);
+    let lists: Vec<ListId> = (0..2)
+        .map(|_| lld_a.create_list(None, ListHints::default()).unwrap())
+        .collect();
+    let mut model = Model::new();
+    for round in 0..3 {
+        if round == 2 {
+            late.hold.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        churn(&lld_a, &lists, &mut model, &mut rng, 200);
+        lld_a.checkpoint_now().unwrap();
+        seg_a
+            .wait_uploaded(seg_a.announced(), Duration::from_secs(10))
+            .unwrap();
+    }
+    let t = std::time::Instant::now();
+    while late.held.lock().unwrap().is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(10), "A deleted nothing");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // A's lease expires unrenewed (partitioned): its retries stop at the fence. B rebuilds
+    // from the store, takes over with force, and uploads twice.
+    clock.advance(61);
+    std::thread::sleep(Duration::from_millis(100));
+    let dev_b: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
+    restore(&*inner, &*dev_b).unwrap();
+    let lease_b = take_lease(inner.clone(), &clock, true);
+    let seg_b = SegmentStore::start(inner.clone(), dev_b.clone(), lease_b, fast_backoff()).unwrap();
+    let lld_b = open(&dev_b, &seg_b);
+    for _ in 0..2 {
+        churn(&lld_b, &lists, &mut model, &mut rng, 200);
+        lld_b.checkpoint_now().unwrap();
+        seg_b
+            .wait_uploaded(seg_b.announced(), Duration::from_secs(10))
+            .unwrap();
+    }
+    // The gateway applies A's deletes now; B goes on.
+    let landed = late.land();
+    assert!(landed > 0);
+    churn(&lld_b, &lists, &mut model, &mut rng, 200);
+    lld_b.checkpoint_now().unwrap();
+    seg_b
+        .wait_uploaded(seg_b.announced(), Duration::from_secs(10))
+        .unwrap();
+    check(&lld_b, &lists, &model, 27, "B after A's late deletes");
+    drop(lld_a);
+    drop(seg_a);
+    let dev3: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
+    restore(&*inner, &*dev3).unwrap();
+    let lld3 = Lld::open(dev3, LldOptions::default()).unwrap();
+    check(
+        &lld3,
+        &lists,
+        &model,
+        27,
+        &format!("rebuilt after {landed} late deletes of A"),
+    );
+}

@@ -69,6 +69,10 @@ pub struct FuseFs {
 pub trait WriteGate: Send + Sync {
     /// Returns when the write may go on (it waits, it does not fail).
     fn before_write(&self);
+    /// The mount is ending (a signal came, or the session ended): writers waiting now go
+    /// on, and later ones do not wait. Called before the FUSE threads are joined: the
+    /// session's end joins every one, a writer's waiting in the gate too (review 32 finding 7).
+    fn let_go(&self);
 }
 
 /// Space held by history that yields when a write needs it (`-o protect=`;

@@ -1398,6 +1398,8 @@ struct Ender {
     source: String,
     /// Set when the session has ended and the final checkpoint runs.
     served: AtomicBool,
+    /// A store mount's backlog gate: let go as the end begins (`WriteGate::let_go`).
+    gate: Option<Arc<dyn WriteGate>>,
 }
 
 impl Ender {
@@ -1416,6 +1418,10 @@ impl Ender {
     /// detach and an abort, dirty pages would be lost), unmount, and if the
     /// mount is busy, detach it and end the connection.
     fn end(&self) {
+        // First: the flush's writes would wait on the gate too, and the
+        // session's end joins a writer's thread held there (review 32
+        // finding 7).
+        self.let_writers_go();
         if !self.attached() {
             return self.abort();
         }
@@ -1461,12 +1467,20 @@ impl Ender {
     /// Detaches the mount lazily if it is still attached, and aborts the
     /// connection: the session then ends whatever holds the mount.
     fn force(&self) {
+        self.let_writers_go();
         if self.attached() {
             if let Err(e) = unmount(&self.dir, true) {
                 eprintln!("ldfs: detaching {}: {e}", self.dir.display());
             }
         }
         self.abort();
+    }
+
+    /// Writers held by a store mount's backlog gate go on (into the cache).
+    fn let_writers_go(&self) {
+        if let Some(g) = &self.gate {
+            g.let_go();
+        }
     }
 
     fn abort(&self) {
@@ -1574,15 +1588,33 @@ fn signal_name(sig: i32) -> &'static str {
 
 /// Blocks the signals the mount handles, so only the signal thread gets them.
 fn block_signals() -> libc::sigset_t {
+    let set = mount_signals();
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    set
+}
+
+/// The signals the mount handles (SIGINT, SIGTERM, SIGHUP).
+fn mount_signals() -> libc::sigset_t {
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
             libc::sigaddset(&mut set, s);
         }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         set
     }
+}
+
+/// Runs `f` with the mount's signals blocked in this thread, then puts its mask back: threads
+/// `f` starts inherit the mask, so they never take a signal meant for the signal thread, while
+/// this thread keeps the default action (before the mount, a signal ends the process).
+fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
+    let set = mount_signals();
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old) };
+    let r = f();
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    r
 }
 
 /// What `ldfs mount s3://BUCKET[/PREFIX] DIR` takes beside the options.
@@ -1693,16 +1725,22 @@ pub fn run(
     // A store mount: the lease (read-write), then the cache kept or rebuilt from the store.
     let store_ctx = match (&url, store) {
         (Some(u), Some(store)) => {
+            // Its renewer thread must never take a signal: a process-directed one goes to a
+            // thread that does not block it, and SIGTERM's default action there ended the
+            // whole daemon at once, no final checkpoint, the mount left dead (found by the
+            // backlog gate's test, review 32 finding 7).
             let lease = if opts.read_only {
                 None
             } else {
-                Some(crate::cli::store::take_lease(
-                    store.clone(),
-                    u,
-                    opts.lease
-                        .unwrap_or(ldfs::store::LeaseOptions::default().duration),
-                    store_args.force_takeover,
-                )?)
+                Some(with_signals_blocked(|| {
+                    crate::cli::store::take_lease(
+                        store.clone(),
+                        u,
+                        opts.lease
+                            .unwrap_or(ldfs::store::LeaseOptions::default().duration),
+                        store_args.force_takeover,
+                    )
+                })?)
             };
             crate::cli::store::prepare_cache(
                 &*store,
@@ -1921,6 +1959,7 @@ pub fn run(
         source,
         dir: canon_dir,
         served: AtomicBool::new(false),
+        gate: store_mount.clone().map(|s| s as Arc<dyn WriteGate>),
     });
     // A background daemon tells `ldfs mount` it serves once the transport
     // is settled: over io_uring, only after the queues are registered (a
@@ -2023,6 +2062,9 @@ pub fn run(
     }
     let served = session.run();
     ender.served.store(true, Ordering::Relaxed);
+    // An unmount that was not a signal's (`fusermount3 -u` with nothing
+    // busy): the ring's threads, joined next, must not wait on the gate.
+    ender.let_writers_go();
     // The kernel ended the ring's queues with the connection: its threads
     // finish the request they hold, if any, and end.
     let ring = rings.map_or(Ok(()), join_uring);
@@ -2683,6 +2725,7 @@ mod tests {
             dev: None,
             source: "/nowhere/ldfs.img".into(),
             served: AtomicBool::new(false),
+            gate: None,
         };
         let attached = e.attached();
         assert_eq!(unsafe { libc::umount2(c.as_ptr(), 0) }, 0);

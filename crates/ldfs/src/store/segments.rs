@@ -350,6 +350,8 @@ struct State {
     announced: u64,
     failed: Option<String>,
     stop: bool,
+    /// The mount is ending: [`SegmentStore::wait_backlog`] returns at once (review 32 finding 7).
+    backlog_waits_ended: bool,
     stats: UploadStats,
     /// Bytes lld had written to the cache at the newest uploaded checkpoint.
     uploaded_written: u64,
@@ -516,6 +518,7 @@ impl SegmentStore {
                 announced: 0,
                 failed: None,
                 stop: false,
+                backlog_waits_ended: false,
                 stats: UploadStats {
                     objects_deleted: swept,
                     ..UploadStats::default()
@@ -601,8 +604,9 @@ impl SegmentStore {
         self.shared.state.lock().unwrap().failed.clone()
     }
 
-    /// Waits until the backlog is at most `bytes`, the uploader fails, or `timeout` passes;
-    /// returns whether it is.
+    /// Waits until the backlog is at most `bytes`, the uploader fails or is stopped, the
+    /// backlog waits are ended ([`SegmentStore::end_backlog_waits`]), or `timeout` passes;
+    /// returns whether the backlog is at most `bytes`.
     pub fn wait_backlog(&self, bytes: u64, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut st = self.shared.state.lock().unwrap();
@@ -615,11 +619,27 @@ impl SegmentStore {
                 return true;
             }
             let now = Instant::now();
-            if st.failed.is_some() || st.stop || now >= deadline {
+            if st.failed.is_some() || st.stop || st.backlog_waits_ended || now >= deadline {
                 return false;
             }
             st = self.shared.cv.wait_timeout(st, deadline - now).unwrap().0;
         }
+    }
+
+    /// The mount is ending (an unmount or a signal began; the FUSE side says so before it
+    /// joins its threads): [`SegmentStore::wait_backlog`] returns at once, for the waiters of
+    /// now and of later, while the uploader goes on (the unmount still waits for the final
+    /// checkpoint's upload). Without it a writer held by the backlog, with the store away,
+    /// was let go only by [`SegmentStore::stop`], which the mount calls after its FUSE
+    /// session, and the session's end joins that writer's thread (review 32 finding 7).
+    pub fn end_backlog_waits(&self) {
+        self.shared.state.lock().unwrap().backlog_waits_ended = true;
+        self.shared.cv.notify_all();
+    }
+
+    /// Whether [`SegmentStore::end_backlog_waits`] was called.
+    pub fn backlog_waits_ended(&self) -> bool {
+        self.shared.state.lock().unwrap().backlog_waits_ended
     }
 
     /// The serial of the newest durable checkpoint lld announced.
