@@ -686,6 +686,17 @@ fn a_stale_writers_late_deletes_leave_the_takers_tree_restorable() {
     let mut model = Model::new();
     for round in 0..3 {
         if round == 2 {
+            // Round 1's deletes run after the acknowledgement wait_uploaded waits for: held,
+            // they would keep that job retrying and round 2's upload behind it (seen under
+            // load). Hold only once they landed: two checkpoint objects left.
+            let t = std::time::Instant::now();
+            while late.inner.list("ckpt/").unwrap().len() > 2 {
+                assert!(
+                    t.elapsed() < Duration::from_secs(10),
+                    "round 1's deletes did not land"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
             late.hold.store(true, std::sync::atomic::Ordering::SeqCst);
         }
         churn(&lld_a, &lists, &mut model, &mut rng, 200);
