@@ -21,9 +21,10 @@ use std::time::{Duration, Instant};
 use ldfs::device::{Device, FileDevice, FileDeviceOptions};
 use ldfs::lld::layout::Geometry;
 use ldfs::lld::PAGE_BYTES;
+use ldfs::store::cache::{map_path_for_note, remove_map};
 use ldfs::store::lease::{HeldLease, LeaseError, LeaseOptions};
 use ldfs::store::segments::{newest_checkpoint, parse_checkpoint_key};
-use ldfs::store::{restore, ObjectStore, S3Config, S3Store};
+use ldfs::store::{restore, restore_lazy, ObjectStore, S3Config, S3Store};
 
 /// `s3://BUCKET[/PREFIX]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -122,8 +123,25 @@ pub fn note_path(cache: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
+/// The residency map of a cache (`store::cache`): beside its note.
+pub fn map_path(cache: &Path) -> PathBuf {
+    map_path_for_note(&note_path(cache))
+}
+
+/// The smallest cache bound, in segments: the Active one, the upload backlog (half the bound)
+/// and room to fetch beside them.
+pub const MIN_CACHE_SEGMENTS: u64 = 8;
+
 /// The note's writer of a cache only read-only mounts used.
 pub const READER: u64 = 0;
+
+/// The cache bound the note remembers (`cache_size=`), if any.
+pub fn noted_cache_size(cache: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(note_path(cache)).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("cache_size="))
+        .and_then(|v| v.trim().parse().ok())
+}
 
 /// (fs id, writer) from the note, if it reads.
 fn read_note(cache: &Path) -> Option<(u64, u64)> {
@@ -140,8 +158,20 @@ fn read_note(cache: &Path) -> Option<(u64, u64)> {
     Some((fs_id?, writer?))
 }
 
-/// Writes the note durably (before this writer uploads anything).
+/// Writes the note durably (before this writer uploads anything), keeping the cache bound it
+/// remembers.
 pub fn write_note(cache: &Path, url: &StoreUrl, fs_id: u64, writer: u64) -> Result<(), String> {
+    write_note_with(cache, url, fs_id, writer, noted_cache_size(cache))
+}
+
+/// [`write_note`] with the cache bound to remember (`None`: none).
+pub fn write_note_with(
+    cache: &Path,
+    url: &StoreUrl,
+    fs_id: u64,
+    writer: u64,
+    cache_size: Option<u64>,
+) -> Result<(), String> {
     let p = note_path(cache);
     let tmp = p.with_extension("ldfs-store.tmp");
     let err = |e: std::io::Error| format!("{}: {e}", p.display());
@@ -150,6 +180,9 @@ pub fn write_note(cache: &Path, url: &StoreUrl, fs_id: u64, writer: u64) -> Resu
     }
     let mut f = std::fs::File::create(&tmp).map_err(err)?;
     writeln!(f, "store={url}\nfs_id={fs_id:016x}\nwriter={writer}").map_err(err)?;
+    if let Some(n) = cache_size {
+        writeln!(f, "cache_size={n}").map_err(err)?;
+    }
     f.sync_all().map_err(err)?;
     std::fs::rename(&tmp, &p).map_err(err)?;
     if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -158,6 +191,60 @@ pub fn write_note(cache: &Path, url: &StoreUrl, fs_id: u64, writer: u64) -> Resu
         }
     }
     Ok(())
+}
+
+/// The store URL the note of `cache` names, if it has a note.
+pub fn noted_store(cache: &Path) -> Option<StoreUrl> {
+    let text = std::fs::read_to_string(note_path(cache)).ok()?;
+    let url = text.lines().find_map(|l| l.strip_prefix("store="))?;
+    StoreUrl::parse(url.trim()).ok()
+}
+
+/// A store-backed file system's cache whose residency map lists segments it does not hold
+/// (fsck, inspect): a read-only view of `dev` that serves those from the store its note names
+/// (credentials from the environment), and a line for each of them whose object is missing or
+/// damaged (each fetched and checked). `None`: the cache holds everything.
+#[allow(clippy::type_complexity)]
+pub fn cache_view(
+    cache: &Path,
+    dev: Arc<dyn Device>,
+) -> Result<Option<(Arc<dyn Device>, Vec<String>)>, String> {
+    let map = map_path(cache);
+    if !map.exists() {
+        return Ok(None);
+    }
+    let Some(url) = noted_store(cache) else {
+        return Err(format!(
+            "{}: a residency map ({}) lists segments this cache does not hold, but no note ({}) \
+             names the store holding them",
+            cache.display(),
+            map.display(),
+            note_path(cache).display()
+        ));
+    };
+    let store: Arc<dyn ObjectStore> = url.open(None)?;
+    let view = ldfs::store::cache::ReadThroughDevice::open(dev, store, &map)
+        .map_err(|e| format!("{}: {e}", cache.display()))?;
+    let evicted = view.evicted();
+    if evicted.is_empty() {
+        return Ok(None);
+    }
+    let mut bad = Vec::new();
+    for e in &evicted {
+        if let Err(err) = view.fetch(e) {
+            bad.push(format!(
+                "segment {} is in {url} only, and its object cannot be read: {err}",
+                e.segment
+            ));
+        }
+    }
+    eprintln!(
+        "ldfs: {}: {} segments are in {url} only: read from there ({} missing or damaged)",
+        cache.display(),
+        evicted.len(),
+        bad.len()
+    );
+    Ok(Some((Arc::new(view), bad)))
 }
 
 fn no_file_system(url: &StoreUrl) -> String {
@@ -207,9 +294,38 @@ pub fn prepare_cache(
     cache: &Path,
     writer: Option<u64>,
 ) -> Result<(), String> {
+    prepare_cache_sized(store, url, cache, writer, None).map(|_| ())
+}
+
+/// [`prepare_cache`] with the mount's `--cache-size` (which wins over, and replaces, the one
+/// the note remembers). A read-write mount's rebuild downloads nothing but what lld appends to
+/// (`restore_lazy`: segments are fetched as read); a read-only mount's downloads everything (a
+/// reader beside a writer must not depend on objects the writer deletes later). Returns the
+/// cache's bound, if it has one.
+pub fn prepare_cache_sized(
+    store: &dyn ObjectStore,
+    url: &StoreUrl,
+    cache: &Path,
+    writer: Option<u64>,
+    cache_size: Option<u64>,
+) -> Result<Option<u64>, String> {
     let Some((key, newest)) = newest_checkpoint(store).map_err(|e| format!("{url}: {e}"))? else {
         return Err(no_file_system(url));
     };
+    let noted_size = match read_note(cache) {
+        Some((id, _)) if id == newest.geo.fs_id => noted_cache_size(cache),
+        _ => None,
+    };
+    let bound = cache_size.or(noted_size);
+    if let Some(b) = bound {
+        let least = MIN_CACHE_SEGMENTS * newest.geo.segment_bytes();
+        if b < least {
+            return Err(format!(
+                "--cache-size {b}: a cache holds at least {MIN_CACHE_SEGMENTS} segments \
+                 ({least} bytes) of this file system"
+            ));
+        }
+    }
     let (newest_writer, _) = parse_checkpoint_key(&key).expect("newest_checkpoint parsed it");
     let fs_id = newest.geo.fs_id;
     let rebuild = match cache_geometry(cache)? {
@@ -261,7 +377,7 @@ pub fn prepare_cache(
     if rebuild && writer.is_none() {
         // Before the rebuild: a rebuild cut short leaves a cache a later read-only mount may
         // rebuild again, not one taken for a writer's.
-        write_note(cache, url, fs_id, READER)?;
+        write_note_with(cache, url, fs_id, READER, bound)?;
     }
     if rebuild {
         let need = newest.geo.total_pages * PAGE_BYTES as u64;
@@ -285,21 +401,31 @@ pub fn prepare_cache(
         }
         let dev = FileDevice::open(cache, FileDeviceOptions::default())
             .map_err(|e| format!("{}: {e}", cache.display()))?;
-        let r = restore(store, &dev)
-            .map_err(|e| format!("rebuilding {} from {url}: {e}", cache.display()))?;
+        let map = map_path(cache);
+        let r = match writer {
+            Some(_) => restore_lazy(store, &dev, &map),
+            None => remove_map(&map)
+                .map_err(|e| ldfs::store::LayerError::Other(format!("{}: {e}", map.display())))
+                .and_then(|()| restore(store, &dev)),
+        }
+        .map_err(|e| format!("rebuilding {} from {url}: {e}", cache.display()))?;
         eprintln!(
-            "ldfs: rebuilt the cache {} from {url}: checkpoint {}, {} segment objects, {} bytes, in {:.1} s",
+            "ldfs: rebuilt the cache {} from {url}: checkpoint {}, {} segment objects ({} bytes) downloaded{}, in {:.1} s",
             cache.display(),
             r.serial,
             r.segments,
             r.bytes,
+            match writer {
+                Some(_) => "; the rest is fetched as read",
+                None => "",
+            },
             t.elapsed().as_secs_f64()
         );
     }
     if let Some(w) = writer {
-        write_note(cache, url, fs_id, w)?;
+        write_note_with(cache, url, fs_id, w, bound)?;
     }
-    Ok(())
+    Ok(bound)
 }
 
 #[cfg(test)]
@@ -332,6 +458,16 @@ mod tests {
         let u = StoreUrl::parse("s3://b/p").unwrap();
         write_note(&cache, &u, 0xabc, 7).unwrap();
         assert_eq!(read_note(&cache), Some((0xabc, 7)));
+        assert_eq!(noted_cache_size(&cache), None);
+        write_note_with(&cache, &u, 0xabc, 7, Some(1 << 30)).unwrap();
+        write_note(&cache, &u, 0xabc, 8).unwrap();
+        assert_eq!(read_note(&cache), Some((0xabc, 8)));
+        assert_eq!(
+            noted_cache_size(&cache),
+            Some(1 << 30),
+            "kept by write_note"
+        );
+        assert!(map_path(&cache).ends_with("c.img.ldfs-resident"));
         assert!(note_path(&cache).ends_with("c.img.ldfs-store"));
         assert_eq!(
             note_path(Path::new("/dev/mapper/vg-cache")),

@@ -834,6 +834,159 @@ impl Device for CacheDevice {
     }
 }
 
+/// A read-only view of a cache whose residency map lists segments it does not hold (fsck and
+/// inspect of a store-backed file system's cache, while it is not mounted): a read of such a
+/// segment is served from its object (fetched whole, its crc checked, the last few kept in
+/// memory), never written into the cache. A missing or damaged object fails the read, naming
+/// segment and key. Writes are refused.
+pub struct ReadThroughDevice {
+    dev: Arc<dyn Device>,
+    store: Arc<dyn ObjectStore>,
+    geo: Geometry,
+    evicted: std::collections::BTreeMap<u32, SegmentEntry>,
+    recent: Mutex<std::collections::VecDeque<(u32, Arc<Vec<u8>>)>>,
+}
+
+/// Segments a [`ReadThroughDevice`] keeps in memory.
+const READ_THROUGH_KEPT: usize = 8;
+
+impl ReadThroughDevice {
+    /// The view of the cache on `dev` with its map at `map_path` (none: `dev` itself serves
+    /// everything).
+    pub fn open(
+        dev: Arc<dyn Device>,
+        store: Arc<dyn ObjectStore>,
+        map_path: &Path,
+    ) -> LayerResult<ReadThroughDevice> {
+        let mut sb = vec![0u8; PAGE_BYTES];
+        dev.read_at(&mut sb, 0)?;
+        let geo = Geometry::decode_superblock(&sb, 0, dev.size_bytes()).map_err(|e| {
+            LayerError::Corrupt {
+                what: "cache device",
+                key: "superblock".into(),
+                detail: e.to_string(),
+            }
+        })?;
+        let evicted = read_map(map_path, &geo)?
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| (e.segment, e))
+            .collect();
+        Ok(ReadThroughDevice {
+            dev,
+            store,
+            geo,
+            evicted,
+            recent: Mutex::new(Default::default()),
+        })
+    }
+
+    /// The segments the cache does not hold, with their objects.
+    pub fn evicted(&self) -> Vec<SegmentEntry> {
+        self.evicted.values().copied().collect()
+    }
+
+    /// Fetches and checks the object of `e`.
+    pub fn fetch(&self, e: &SegmentEntry) -> LayerResult<Arc<Vec<u8>>> {
+        if let Some((_, b)) = self
+            .recent
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|r| r.0 == e.segment)
+        {
+            return Ok(b.clone());
+        }
+        let key = e.key();
+        let b = self.store.get(&key)?;
+        if b.len() != e.pages as usize * PAGE_BYTES || crc32c::crc32c(&b) != e.crc {
+            return Err(LayerError::Corrupt {
+                what: "segment object",
+                key,
+                detail: format!(
+                    "segment {}: {} bytes with crc {:#x}; the cache's map names {} pages with \
+                     crc {:#x}",
+                    e.segment,
+                    b.len(),
+                    crc32c::crc32c(&b),
+                    e.pages,
+                    e.crc
+                ),
+            });
+        }
+        let b = Arc::new(b);
+        let mut r = self.recent.lock().unwrap();
+        if r.len() >= READ_THROUGH_KEPT {
+            r.pop_front();
+        }
+        r.push_back((e.segment, b.clone()));
+        Ok(b)
+    }
+}
+
+impl Device for ReadThroughDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        let len = buf.len() as u64;
+        let mut done = 0u64;
+        while done < len {
+            let at = offset + done;
+            let seg = self.geo.segment_of(at);
+            let (n, entry) = match seg {
+                Some(s) => {
+                    let start = self.geo.page_addr(s, 0);
+                    let n = (start + self.geo.segment_bytes() - at).min(len - done);
+                    (n, self.evicted.get(&s.0).map(|e| (start, e)))
+                }
+                None => {
+                    // Outside the segment area: up to where it starts, or the rest.
+                    let first = self.geo.page_addr(SegmentId(0), 0);
+                    let n = if at < first {
+                        (first - at).min(len - done)
+                    } else {
+                        len - done
+                    };
+                    (n, None)
+                }
+            };
+            let part = &mut buf[done as usize..(done + n) as usize];
+            match entry {
+                None => self.dev.read_at(part, at)?,
+                Some((start, e)) => {
+                    let b = self.fetch(e).map_err(|err| DeviceError::Io {
+                        op: DeviceOp::Read,
+                        offset: at,
+                        len: n,
+                        source: std::io::Error::other(format!(
+                            "segment {} is not in the cache: {err}",
+                            e.segment
+                        )),
+                    })?;
+                    let from = (at - start) as usize;
+                    let have = b.len().saturating_sub(from).min(part.len());
+                    part[..have].copy_from_slice(&b[from..from + have]);
+                    part[have..].fill(0);
+                }
+            }
+            done += n;
+        }
+        Ok(())
+    }
+    fn write_at(&self, _buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+        Err(DeviceError::Io {
+            op: DeviceOp::Write,
+            offset,
+            len: _buf.len() as u64,
+            source: std::io::Error::other("a read-through view of a cache is read-only"),
+        })
+    }
+    fn flush(&self) -> Result<(), DeviceError> {
+        Ok(())
+    }
+    fn size_bytes(&self) -> u64 {
+        self.dev.size_bytes()
+    }
+}
+
 /// Bytes a bounded cache file holds beyond its segments: every page outside the segment area
 /// (the superblocks, both checkpoint slots) and the two end-of-log pages a rebuild writes
 /// (zeros) in segments it does not count.

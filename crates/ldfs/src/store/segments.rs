@@ -704,6 +704,11 @@ impl SegmentStore {
             let _ = t.join();
         }
         if let Some(c) = &self.shared.cache {
+            // What the last upload made evictable goes now: the cache is left within its
+            // bound.
+            if let Err(e) = c.shrink() {
+                eprintln!("ldfs: evicting from the cache: {e}");
+            }
             c.stop();
         }
     }
