@@ -234,8 +234,9 @@ struct CState {
     stats: CacheStats,
     wake: bool,
     stop: bool,
-    /// Said once: the cache is over its bound with nothing evictable.
-    over_said: bool,
+    /// When the log last said the cache is over its bound with nothing evictable (at most
+    /// once a minute: while uploads are behind it happens at every new segment).
+    over_said: Option<Instant>,
 }
 
 impl CState {
@@ -295,7 +296,7 @@ impl Cache {
             stats: CacheStats::default(),
             wake: false,
             stop: false,
-            over_said: false,
+            over_said: None,
         };
         let mut refetch = Vec::new();
         let mut changed = false;
@@ -591,7 +592,6 @@ impl Cache {
                 let held = st.held_count();
                 let over = (held + extra).saturating_sub(self.bound_segments);
                 if over == 0 {
-                    st.over_said = false;
                     return Ok(());
                 }
                 let mut cand: Vec<(u64, usize, SegmentEntry)> = (0..self.seg_count())
@@ -603,8 +603,8 @@ impl Cache {
                 cand.sort_unstable_by_key(|c| (c.0, c.1));
                 cand.truncate(over as usize);
                 if cand.is_empty() {
-                    if !st.over_said {
-                        st.over_said = true;
+                    if st.over_said.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                        st.over_said = Some(Instant::now());
                         eprintln!(
                             "ldfs: the cache holds {held} segments (its bound is {}; {extra} more \
                              wanted) and none may be evicted yet (not uploaded, or the log's): \
