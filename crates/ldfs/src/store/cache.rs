@@ -601,9 +601,14 @@ impl Cache {
                     })
                     .collect();
                 cand.sort_unstable_by_key(|c| (c.0, c.1));
-                cand.truncate(over as usize);
+                // A sixteenth of the bound more than needed: each eviction writes the map
+                // (three fsyncs), so a read sweep pays for it once per batch, not per fetch.
+                cand.truncate((over + self.bound_segments / 16) as usize);
                 if cand.is_empty() {
-                    if st.over_said.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                    if st
+                        .over_said
+                        .is_none_or(|t| t.elapsed() >= Duration::from_secs(60))
+                    {
                         st.over_said = Some(Instant::now());
                         eprintln!(
                             "ldfs: the cache holds {held} segments (its bound is {}; {extra} more \
