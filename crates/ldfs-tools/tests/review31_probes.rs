@@ -430,6 +430,7 @@ impl Loop {
 impl Drop for Loop {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(note_path(&self.dev));
+        let _ = std::fs::remove_file(ldfs_tools::cli::store::map_path(&self.dev));
         let _ = std::process::Command::new("losetup")
             .arg("-d")
             .arg(&self.dev)

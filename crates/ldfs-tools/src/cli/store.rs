@@ -213,15 +213,32 @@ pub fn cache_view(
     if !map.exists() {
         return Ok(None);
     }
-    let Some(url) = noted_store(cache) else {
-        return Err(format!(
-            "{}: a residency map ({}) lists segments this cache does not hold, but no note ({}) \
-             names the store holding them",
+    // Only the map of this cache's file system counts: one left beside a device since
+    // formatted as a plain image (no note, or a note of another fs id) is not its.
+    let mut sb = vec![0u8; PAGE_BYTES];
+    let fs_id = dev
+        .read_at(&mut sb, 0)
+        .ok()
+        .and_then(|()| Geometry::decode_superblock(&sb, 0, dev.size_bytes()).ok())
+        .map(|g| g.fs_id);
+    let (Some(url), Some((noted_id, _))) = (noted_store(cache), read_note(cache)) else {
+        eprintln!(
+            "ldfs: {}: ignoring the residency map {}: no note ({}) names a store",
             cache.display(),
             map.display(),
             note_path(cache).display()
-        ));
+        );
+        return Ok(None);
     };
+    if fs_id != Some(noted_id) {
+        eprintln!(
+            "ldfs: {}: ignoring the residency map {}: its note is of file system {noted_id:016x}, \
+             not this one",
+            cache.display(),
+            map.display()
+        );
+        return Ok(None);
+    }
     let store: Arc<dyn ObjectStore> = url.open(None)?;
     let view = ldfs::store::cache::ReadThroughDevice::open(dev, store, &map)
         .map_err(|e| format!("{}: {e}", cache.display()))?;
