@@ -251,7 +251,7 @@ fn an_unmount_whose_final_upload_failed_keeps_the_lease() {
     write(&lld, l, 3);
     let mount = StoreMount::new(url(), seg, lld.clone(), 1 << 40);
     lld.close().unwrap();
-    mount.finish(&cache);
+    mount.finish(&cache, true);
     let (_, rec) = lease::current(&*store).unwrap().unwrap();
     let other = LeaseRecord {
         owner: 2,

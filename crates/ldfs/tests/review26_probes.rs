@@ -121,6 +121,7 @@ fn a_remount_must_not_reuse_objects_of_segments_released_before_it() {
         }
         seg.wait_uploaded(seg.announced(), Duration::from_secs(60))
             .unwrap();
+        seg.lease().release().unwrap();
         drop(seg); // nothing after this reaches the store (the lease is released)
         for _ in 0..4 {
             churn(&lld, &lists, &mut model, &mut rng, 400);

@@ -19,6 +19,7 @@ use fuser::{
 use crate::fuse::transport::dev::Dev;
 use crate::fuse::transport::{
     uring, Caller, DirEntry, DirEntryPlus, Entry, FuseOps, OpResult, Opened, SetattrIn, Statfs,
+    Xattr,
 };
 
 use crate::fuse::adapter::TTL;
@@ -28,6 +29,12 @@ struct Node {
     data: Vec<u8>,
     children: BTreeMap<OsString, u64>,
     target: PathBuf,
+    /// Extended attributes: kept, as ldfs keeps them, so the kernel asks
+    /// memfs what it asks ldfs (a file's first write(2) asks for
+    /// `security.capability` of a file system that answers GETXATTR; one
+    /// answering ENOSYS is never asked again, a round trip fewer per
+    /// created file than ldfs takes).
+    xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
 }
 
 struct State {
@@ -157,6 +164,7 @@ impl MemFs {
             data: Vec::new(),
             children: BTreeMap::new(),
             target: PathBuf::new(),
+            xattrs: BTreeMap::new(),
         };
         MemFs {
             st: Mutex::new(State {
@@ -199,6 +207,7 @@ impl MemFs {
                 data: Vec::new(),
                 children: BTreeMap::new(),
                 target: target.to_path_buf(),
+                xattrs: BTreeMap::new(),
             },
         );
         Ok(attr)
@@ -208,6 +217,18 @@ impl MemFs {
 impl Default for MemFs {
     fn default() -> Self {
         MemFs::new()
+    }
+}
+
+/// A GETXATTR or LISTXATTR answer for a buffer of `size` bytes (0: the
+/// size it needs).
+fn sized(v: Vec<u8>, size: u32) -> OpResult<Xattr> {
+    if size == 0 {
+        Ok(Xattr::Size(v.len() as u32))
+    } else if v.len() <= size as usize {
+        Ok(Xattr::Data(v))
+    } else {
+        Err(err(libc::ERANGE))
     }
 }
 
@@ -233,8 +254,8 @@ impl FuseOps for MemFs {
                 | InitFlags::FUSE_PARALLEL_DIROPS
                 | InitFlags::FUSE_ASYNC_READ
                 | InitFlags::FUSE_MAX_PAGES
-                // As ldfs asks (no security.capability lookup per write);
-                // memfs keeps no set-id semantics, it is only a ceiling.
+                // As ldfs asks; memfs keeps no set-id semantics, it is
+                // only a ceiling.
                 | InitFlags::FUSE_HANDLE_KILLPRIV_V2,
         );
         let no_open = config
@@ -522,6 +543,51 @@ impl FuseOps for MemFs {
         })
     }
 
+    fn setxattr(
+        &self,
+        _c: &Caller,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        flags: i32,
+    ) -> OpResult<()> {
+        let mut st = self.st.lock().unwrap();
+        let n = st.nodes.get_mut(&ino).ok_or(err(libc::ENOENT))?;
+        let exists = n.xattrs.contains_key(name);
+        if flags & libc::XATTR_CREATE != 0 && exists {
+            return Err(err(libc::EEXIST));
+        }
+        if flags & libc::XATTR_REPLACE != 0 && !exists {
+            return Err(err(libc::ENODATA));
+        }
+        n.xattrs.insert(name.to_vec(), value.to_vec());
+        Ok(())
+    }
+
+    fn getxattr(&self, _c: &Caller, ino: u64, name: &[u8], size: u32) -> OpResult<Xattr> {
+        let st = self.st.lock().unwrap();
+        let n = st.nodes.get(&ino).ok_or(err(libc::ENOENT))?;
+        let v = n.xattrs.get(name).ok_or(err(libc::ENODATA))?;
+        sized(v.clone(), size)
+    }
+
+    fn listxattr(&self, ino: u64, size: u32) -> OpResult<Xattr> {
+        let st = self.st.lock().unwrap();
+        let n = st.nodes.get(&ino).ok_or(err(libc::ENOENT))?;
+        let mut names = Vec::new();
+        for k in n.xattrs.keys() {
+            names.extend_from_slice(k);
+            names.push(0);
+        }
+        sized(names, size)
+    }
+
+    fn removexattr(&self, ino: u64, name: &[u8]) -> OpResult<()> {
+        let mut st = self.st.lock().unwrap();
+        let n = st.nodes.get_mut(&ino).ok_or(err(libc::ENOENT))?;
+        n.xattrs.remove(name).map(drop).ok_or(err(libc::ENODATA))
+    }
+
     fn access(&self, _ino: u64, _mask: i32) -> OpResult<()> {
         Ok(())
     }
@@ -634,6 +700,58 @@ pub fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Extended attributes are kept (so the kernel asks memfs for
+    /// security.capability at a new file's first write, as it asks ldfs),
+    /// with the flags and size queries of getxattr(2) and listxattr(2).
+    #[test]
+    fn xattrs_are_kept_as_ldfs_keeps_them() {
+        let m = MemFs::new();
+        let c = Caller {
+            uid: 0,
+            gid: 0,
+            pid: 1,
+        };
+        let f = m
+            .make(&c, 1, b"f", FileType::RegularFile, 0o644, Path::new(""))
+            .unwrap();
+        let ino = f.ino.0;
+        let no = |r: OpResult<Xattr>| r.err().map(i32::from);
+        assert_eq!(
+            no(m.getxattr(&c, ino, b"security.capability", 0)),
+            Some(libc::ENODATA)
+        );
+        m.setxattr(&c, ino, b"user.a", b"12345", 0).unwrap();
+        assert_eq!(m.getxattr(&c, ino, b"user.a", 0).unwrap(), Xattr::Size(5));
+        assert_eq!(
+            m.getxattr(&c, ino, b"user.a", 5).unwrap(),
+            Xattr::Data(b"12345".to_vec())
+        );
+        assert_eq!(no(m.getxattr(&c, ino, b"user.a", 4)), Some(libc::ERANGE));
+        assert_eq!(
+            m.setxattr(&c, ino, b"user.a", b"x", libc::XATTR_CREATE)
+                .err()
+                .map(i32::from),
+            Some(libc::EEXIST)
+        );
+        assert_eq!(
+            m.setxattr(&c, ino, b"user.b", b"x", libc::XATTR_REPLACE)
+                .err()
+                .map(i32::from),
+            Some(libc::ENODATA)
+        );
+        m.setxattr(&c, ino, b"user.b", b"", 0).unwrap();
+        assert_eq!(
+            m.listxattr(ino, 64).unwrap(),
+            Xattr::Data(b"user.a\0user.b\0".to_vec())
+        );
+        m.removexattr(ino, b"user.a").unwrap();
+        assert_eq!(
+            m.removexattr(ino, b"user.a").err().map(i32::from),
+            Some(libc::ENODATA)
+        );
+        assert_eq!(m.listxattr(ino, 0).unwrap(), Xattr::Size(7));
+    }
 
     /// A miss is a negative entry (node id 0), as ldfs answers it, so the
     /// ceiling takes the same round trips; "." and ".." and a missing

@@ -1,6 +1,6 @@
 //! The benchmarks of `ldfs bench`, one module each, the report they write
 //! (`report`: BENCHMARKS.md and its charts), and memfs, the in-memory FUSE
-//! ceiling they measure against.
+//! ceiling they measure against; `s3`, the S3 gateway of `bench fs`'s ldfs-s3 target.
 
 pub mod apps;
 pub mod cleaner;
@@ -13,5 +13,6 @@ pub mod memfs;
 pub mod ops;
 pub mod profile;
 pub mod report;
+pub mod s3;
 pub mod vld;
 pub mod writedel;

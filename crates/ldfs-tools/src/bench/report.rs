@@ -50,6 +50,8 @@ pub struct Results {
     pub machine: Machine,
     /// `--profile`: where the ldfs daemon's time went (and memfs's).
     pub profiles: Vec<super::profile::Profile>,
+    /// ldfs-s3's upload figures, one per round of the large-file workload.
+    pub uploads: Vec<super::s3::UploadSample>,
 }
 
 /// The machine a run was measured on.
@@ -299,6 +301,27 @@ pub fn json(r: &Results) -> String {
             .collect();
         let _ = write!(j, ",\n  \"profiles\": [{}]", p.join(", "));
     }
+    if !r.uploads.is_empty() {
+        let u: Vec<String> = r
+            .uploads
+            .iter()
+            .map(|u| {
+                format!(
+                    "{{\"bytes\": {}, \"upload_mb_s\": {}, \"after_fsync_mb_s\": {}, \"gateway_mb_s\": {}, \"gateway_one_mb_s\": {}, \"segments_put\": {}, \"segment_bytes_put\": {}, \"object_bytes\": {}, \"in_flight\": {}}}",
+                    u.bytes,
+                    json_num(Some(u.upload_mb_s)),
+                    json_num(Some(u.after_fsync_mb_s)),
+                    json_num(Some(u.gateway_mb_s)),
+                    json_num(Some(u.gateway_one_mb_s)),
+                    u.segments_put,
+                    u.segment_bytes_put,
+                    u.object_bytes,
+                    u.in_flight
+                )
+            })
+            .collect();
+        let _ = write!(j, ",\n  \"s3_uploads\": [{}]", u.join(", "));
+    }
     j += "\n}\n";
     j
 }
@@ -398,8 +421,31 @@ pub fn from_json(text: &str) -> R<Results> {
         .as_array()
         .map(|a| a.iter().map(profile).collect())
         .unwrap_or_default();
+    let uploads = v["s3_uploads"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|u| {
+                    let n = |k: &str| u[k].as_u64().unwrap_or(0);
+                    let f = |k: &str| u[k].as_f64().unwrap_or(f64::NAN);
+                    super::s3::UploadSample {
+                        bytes: n("bytes"),
+                        upload_mb_s: f("upload_mb_s"),
+                        after_fsync_mb_s: f("after_fsync_mb_s"),
+                        gateway_mb_s: f("gateway_mb_s"),
+                        gateway_one_mb_s: f("gateway_one_mb_s"),
+                        segments_put: n("segments_put"),
+                        segment_bytes_put: n("segment_bytes_put"),
+                        object_bytes: n("object_bytes"),
+                        in_flight: n("in_flight") as usize,
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     Ok(Results {
         profiles,
+        uploads,
         targets,
         skipped,
         workloads,
@@ -474,10 +520,18 @@ pub fn markdown(r: &Results, charts: Option<&str>) -> String {
             String::new()
         }
     );
+    let s3 = r.targets.iter().any(|t| t == "ldfs-s3") && r.targets.iter().any(|t| t == "ldfs");
     let _ = writeln!(
         md,
-        "Ratios divide ldfs's median by ext4's and by memfs's (the in-memory FUSE ceiling); for units of time (s, ms, us) lower is better."
+        "Ratios divide ldfs's median by ext4's and by memfs's (the in-memory FUSE ceiling){}; for units of time (s, ms, us) lower is better.",
+        if s3 {
+            ", and ldfs-s3's (ldfs on an object store, served by its cache) by ldfs's"
+        } else {
+            ""
+        }
     );
+    // ldfs-s3 / ldfs over the small-file and metadata phases (issue 20: >= 0.9).
+    let mut s3_lowest: Option<(f64, String)> = None;
     for (t, s) in r.targets.iter().zip(&r.skipped) {
         if let Some(why) = s {
             let _ = writeln!(md, "\nTarget {t} skipped: {why}.");
@@ -495,8 +549,12 @@ pub fn markdown(r: &Results, charts: Option<&str>) -> String {
         let mut head = vec!["phase".to_string(), "unit".to_string()];
         head.extend(r.targets.iter().cloned());
         head.extend(["ldfs / ext4".to_string(), "ldfs / memfs".to_string()]);
+        if s3 {
+            head.push("ldfs-s3 / ldfs".to_string());
+        }
         let mut rows = Vec::new();
-        for ((what, unit, _), s) in w.phases.iter().zip(&w.samples) {
+        for ((what, unit, higher), s) in w.phases.iter().zip(&w.samples) {
+            let higher = *higher;
             let meds: Vec<Option<f64>> = s.iter().map(|t| median(t)).collect();
             let mut row = vec![what.clone(), unit.clone()];
             for (m, skipped) in meds.iter().zip(&r.skipped) {
@@ -518,6 +576,19 @@ pub fn markdown(r: &Results, charts: Option<&str>) -> String {
                     _ => String::new(),
                 });
             }
+            if s3 {
+                let ratio = match (at("ldfs-s3"), at("ldfs")) {
+                    (Some(a), Some(e)) if e > 0.0 => Some(a / e),
+                    _ => None,
+                };
+                if let (Some(x), "smallfiles" | "metadata", true) = (ratio, w.key.as_str(), higher)
+                {
+                    if s3_lowest.as_ref().is_none_or(|(l, _)| x < *l) {
+                        s3_lowest = Some((x, format!("{} {what}", w.key)));
+                    }
+                }
+                row.push(ratio.map_or(String::new(), |x| format!("{x:.2}")));
+            }
             rows.push(row);
         }
         md += &md_table(&head, 2, &rows);
@@ -526,6 +597,13 @@ pub fn markdown(r: &Results, charts: Option<&str>) -> String {
             let _ = writeln!(md, "\nFailed: {first}");
         }
     }
+    if let Some((x, phase)) = &s3_lowest {
+        let _ = writeln!(
+            md,
+            "\nldfs-s3 / ldfs on the small-file and metadata phases: lowest {x:.2} ({phase}); issue 20's target is at least 0.9."
+        );
+    }
+    md += &uploads_markdown(&r.uploads);
     let counted: Vec<&WorkloadResult> = r
         .workloads
         .iter()
@@ -556,6 +634,65 @@ pub fn markdown(r: &Results, charts: Option<&str>) -> String {
         }
     }
     md += &super::profile::markdown(&r.profiles);
+    md
+}
+
+/// ldfs-s3's upload figures (medians over rounds), if any were measured.
+fn uploads_markdown(u: &[super::s3::UploadSample]) -> String {
+    let Some(first) = u.first() else {
+        return String::new();
+    };
+    let med = |f: &dyn Fn(&super::s3::UploadSample) -> f64| {
+        let v: Vec<f64> = u.iter().map(f).filter(|x| x.is_finite()).collect();
+        median(&v).map_or("".into(), fmt_value)
+    };
+    let mut md = String::from("\n### ldfs-s3: upload throughput (large-file workload)\n\n");
+    let _ = writeln!(
+        md,
+        "The sequential write of the large-file workload ({} MiB), timed from its first write until `ldfs sync --remote` returns (everything in the store), against the gateway's own PUT throughput measured right after in the same run with the same client (`S3Store`): {} KiB objects (the segment size), {} in flight (the uploader's). Issue 20's target: a ratio of at least 0.8. Medians of {} round(s).\n",
+        first.bytes >> 20,
+        first.object_bytes >> 10,
+        first.in_flight,
+        u.len()
+    );
+    let rows = vec![
+        vec![
+            "upload: write until in the store".into(),
+            "MB/s".into(),
+            med(&|s| s.upload_mb_s),
+        ],
+        vec![
+            "of it, from the fsync's return to sync --remote's".into(),
+            "MB/s".into(),
+            med(&|s| s.after_fsync_mb_s),
+        ],
+        vec![
+            format!("gateway PUT, same client, {} in flight", first.in_flight),
+            "MB/s".into(),
+            med(&|s| s.gateway_mb_s),
+        ],
+        vec![
+            "gateway PUT, one at a time".into(),
+            "MB/s".into(),
+            med(&|s| s.gateway_one_mb_s),
+        ],
+        vec![
+            "ratio upload / gateway PUT".into(),
+            "".into(),
+            med(&|s| s.ratio()),
+        ],
+        vec![
+            "segment objects put".into(),
+            "".into(),
+            med(&|s| s.segments_put as f64),
+        ],
+        vec![
+            "bytes put / bytes written".into(),
+            "".into(),
+            med(&|s| s.segment_bytes_put as f64 / s.bytes as f64),
+        ],
+    ];
+    md += &md_table(&["figure".into(), "unit".into(), "median".into()], 2, &rows);
     md
 }
 
@@ -857,7 +994,59 @@ mod tests {
                     &[("[k] fuse_dev_do_read".into(), 100.0)],
                 ),
             ],
+            uploads: Vec::new(),
         }
+    }
+
+    #[test]
+    fn the_s3_column_ratio_and_uploads() {
+        let mut r = results();
+        r.targets[1] = "ldfs-s3".into();
+        let sample = |up: f64| super::super::s3::UploadSample {
+            bytes: 32 << 20,
+            upload_mb_s: up,
+            after_fsync_mb_s: 2.0 * up,
+            gateway_mb_s: 100.0,
+            gateway_one_mb_s: 40.0,
+            segments_put: 17,
+            segment_bytes_put: 34 << 20,
+            object_bytes: 2 << 20,
+            in_flight: 4,
+        };
+        r.uploads = vec![sample(50.0), sample(90.0), sample(70.0)];
+        let md = markdown(&r, None);
+        // create: 3700 / 2600; read: 5000 / 8000, the lowest.
+        assert!(
+            md.contains("| create | files/s | 2600 | 3700 | skipped | 150000 | | | 1.42 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("lowest 0.62 (smallfiles read); issue 20's target is at least 0.9"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| upload: write until in the store | MB/s | 70.0 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| ratio upload / gateway PUT | | 0.70 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| bytes put / bytes written | | 1.06 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("2048 KiB objects (the segment size), 4 in flight"),
+            "{md}"
+        );
+        let j = json(&r);
+        let back = from_json(&j).unwrap();
+        assert_eq!(back.uploads, r.uploads);
+        assert_eq!(json(&back), j);
+        // Without ldfs-s3 there is no column and no section.
+        let md = markdown(&results(), None);
+        assert!(!md.contains("ldfs-s3") && !md.contains("upload throughput"));
     }
 
     #[test]

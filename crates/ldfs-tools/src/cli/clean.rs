@@ -137,6 +137,10 @@ fn clean(target: PathBuf, req: CleanRequest, background: Option<String>, stop: b
         )
         .into());
     }
+    // A store cache changes only under a mount holding the store's lease (cli/store_check).
+    if let Some(n) = super::store_check::store_cache(&target)? {
+        return Err(n.refusal(&target, "cleaning it offline").into());
+    }
     // A mounted image has one writer, its daemon: refused (the daemon
     // cleans it: `ldfs clean MOUNTPOINT`), as `ldfs trim` and fsck are.
     let _lock =

@@ -97,6 +97,12 @@ fn install_cancel_handler() {
 fn run(a: &FsckArgs) -> Result<u8, String> {
     let image = &a.image;
     let mut repair = a.yes || a.preen;
+    // A store-backed file system's cache is checked, never changed offline (cli/store_check).
+    let store_note = super::store_check::store_cache(image)?;
+    if let (Some(n), true) = (&store_note, repair) {
+        eprintln!("fsck.ldfs: {}", n.refusal(image, "a repair (-y, -p)"));
+        return Ok(EXIT_USAGE);
+    }
     // Right after an unmount the daemon may still be writing its final
     // checkpoint: lock_image waits for it (a live mount is not waited for).
     // A mount whose daemon died is still listed until it is unmounted.
@@ -137,14 +143,8 @@ fn run(a: &FsckArgs) -> Result<u8, String> {
     let (dev, store_problems, in_store) = match crate::cli::store::cache_view(image, dev.clone())? {
         None => (dev, Vec::new(), false),
         Some((view, bad)) => {
-            if repair {
-                eprintln!(
-                    "fsck.ldfs: {}: segments of this cache are in the store only: checking \
-                     read-only, nothing will be repaired",
-                    image.display()
-                );
-                repair = false;
-            }
+            // A cache with a note: a repair was refused above.
+            debug_assert!(!repair && store_note.is_some());
             (view, bad, true)
         }
     };
@@ -247,11 +247,24 @@ fn run(a: &FsckArgs) -> Result<u8, String> {
             ""
         }
     );
-    let code = match store_problems.is_empty() {
-        true => out.exit_code(),
-        false => 4,
-    };
-    if code == 4 && !out.repaired {
+    let mut code = out.exit_code();
+    if !store_problems.is_empty() {
+        code |= 4;
+    }
+    if let Some(n) = &store_note {
+        match store_report(n, image) {
+            Ok(0) => {}
+            Ok(p) => {
+                println!("{}: {p} problems in the store", image.display());
+                code |= 4;
+            }
+            Err(e) => {
+                eprintln!("fsck.ldfs: {}: the store: {e}", image.display());
+                code |= EXIT_OPERATIONAL;
+            }
+        }
+    }
+    if code & 4 != 0 && !out.repaired && store_note.is_none() {
         println!(
             "{}: errors left; run fsck.ldfs -y to repair",
             image.display()
@@ -259,6 +272,32 @@ fn run(a: &FsckArgs) -> Result<u8, String> {
     }
     drop(lock);
     Ok(code)
+}
+
+/// Says which store `image` is the cache of and checks that store (when its environment is
+/// set, as for a mount): its problems printed, and counted.
+fn store_report(
+    n: &super::store_check::CacheNote,
+    image: &std::path::Path,
+) -> Result<usize, String> {
+    println!("NOTE: {}", n.describe(image));
+    let store = match n.url.open(None) {
+        Ok(s) => s,
+        Err(e) => {
+            println!(
+                "NOTE: the store was not checked: {e} (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY or the AWS shared files, as for a mount)"
+            );
+            return Ok(0);
+        }
+    };
+    let c = super::store_check::check_store(&*store, n)?;
+    for p in &c.problems {
+        println!("PROBLEM: store: {p}");
+    }
+    for l in &c.notes {
+        println!("NOTE: store: {l}");
+    }
+    Ok(c.problems.len())
 }
 
 /// fsck of a dual file system: its metadata device is found as a mount

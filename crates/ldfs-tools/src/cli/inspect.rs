@@ -46,6 +46,11 @@ pub fn run(a: InspectArgs) -> CmdResult {
         path,
         json,
     } = a;
+    // A store-backed file system's cache: said first (its note names the store).
+    let store = super::store_check::store_cache(&image)?;
+    if let (Some(n), false) = (&store, json) {
+        println!("store cache\n  {}", n.describe(&image));
+    }
     let dual = inspect_dual(
         &image,
         json,
@@ -58,7 +63,7 @@ pub fn run(a: InspectArgs) -> CmdResult {
     } else if let Ok(true) = dual {
         Ok(())
     } else if json {
-        cmd_inspect_json(&image, segment, inode, path.as_deref())
+        cmd_inspect_json(&image, segment, inode, path.as_deref(), store.as_ref())
     } else {
         cmd_inspect(image.clone(), segment, all_segments).and_then(|()| {
             match inode_target(inode, path.as_deref()) {
@@ -556,8 +561,19 @@ fn cmd_inspect_json(
     segment: Option<u32>,
     inode: Option<u64>,
     path: Option<&str>,
+    store: Option<&super::store_check::CacheNote>,
 ) -> CmdResult {
-    let v = inspect_json_value(image, segment, inode, path)?;
+    let mut v = inspect_json_value(image, segment, inode, path)?;
+    if let (Some(n), Some(o)) = (store, v.as_object_mut()) {
+        o.insert(
+            "store".into(),
+            serde_json::json!({
+                "url": n.url.to_string(),
+                "fs_id": format!("{:016x}", n.fs_id),
+                "writer": n.writer,
+            }),
+        );
+    }
     println!("{}", serde_json::to_string_pretty(&v)?);
     Ok(())
 }

@@ -19,6 +19,7 @@ pub mod scrub;
 pub mod snapshot;
 pub mod stats;
 pub mod store;
+pub mod store_check;
 pub mod sync;
 pub mod trim;
 

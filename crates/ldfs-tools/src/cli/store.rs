@@ -108,8 +108,19 @@ pub fn take_lease(
 pub const DEVICE_NOTES: &str = "/var/lib/ldfs/store-notes";
 
 /// The note of a cache: beside it (`PATH.ldfs-store`), or for a cache under `/dev` (a block
-/// device) in [`DEVICE_NOTES`], named by its path (`/` as `%`).
+/// device) in [`DEVICE_NOTES`], named by its path (`/` as `%`). A file's path is taken with
+/// its symbolic links resolved, so one cache reached by two names has one note (review 32);
+/// a device's name is kept as given (`/dev/mapper/NAME`, `/dev/disk/by-id/...` are stable
+/// across boots, the `/dev/dm-N` they lead to is not).
 pub fn note_path(cache: &Path) -> PathBuf {
+    let resolved;
+    let cache = match cache.starts_with("/dev") {
+        true => cache,
+        false => {
+            resolved = std::fs::canonicalize(cache).unwrap_or_else(|_| cache.to_path_buf());
+            resolved.as_path()
+        }
+    };
     let mut p = match cache.strip_prefix("/dev") {
         Ok(rest) => {
             let name = rest.to_string_lossy().replace('/', "%");

@@ -33,6 +33,11 @@ pub fn run(a: TrimArgs) -> CmdResult {
         );
         return Ok(());
     }
+    // A store cache changes only under a mount holding the store's lease (cli/store_check;
+    // review 33: as fsck -y and clean).
+    if let Some(n) = super::store_check::store_cache(&target)? {
+        return Err(n.refusal(&target, "trimming it offline").into());
+    }
     let _lock =
         crate::fuse::mount::lock_image(&target, true, "ldfs trim").map_err(|e| e.to_string())?;
     let dev: Arc<dyn Device> = Arc::new(FileDevice::open(&target, FileDeviceOptions::default())?);

@@ -479,6 +479,17 @@ impl Daemon {
     }
 
     fn remount_rw(&self) -> Result<(), String> {
+        // A store mount whose lease was taken over turned read-only for good (`run_window`):
+        // its writes could never be uploaded, and the next read-write mount on this cache
+        // refuses it (review 33).
+        if let Some(s) = &self.store {
+            if let Err(ldfs::store::lease::LeaseCheck::Lost(why)) = s.seg.lease().check() {
+                return Err(format!(
+                    "{}: the store's lease was lost ({why}): this mount stays read-only;                      unmount it",
+                    s.url
+                ));
+            }
+        }
         self.fs.set_read_only(false).map_err(|_| {
             "mounted read-only from the start (the image was opened read-only): unmount it and mount it rw".to_string()
         })?;
@@ -2057,7 +2068,7 @@ pub fn run(
         None => lld.close(),
     };
     if let Some(s) = &store_mount {
-        s.finish(&image);
+        s.finish(&image, closed.is_ok());
     }
     served.map_err(|e| format!("serving {}: {e}", dir.display()))?;
     closed.map_err(|e| format!("final checkpoint of {}: {e}", image.display()))?;

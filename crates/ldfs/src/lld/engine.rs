@@ -4080,8 +4080,11 @@ impl Engine {
     /// Checkpoints (releasing emptied segments) once no ARU that logged
     /// something is open, waiting up to `wait` for such ARUs to end (and
     /// first for a pending checkpoint). Operations go on while the device
-    /// works. Returns whether it checkpointed.
-    pub(crate) fn checkpoint_when_quiet(&self, wait: Duration) -> LdResult<bool> {
+    /// works. Returns whether it checkpointed. What a caller beside running
+    /// operations uses (`checkpoint_now` fails at once while one holds an
+    /// ARU that logged something: a store mount's `sync --remote` beside a
+    /// writer did; review 33).
+    pub fn checkpoint_when_quiet(&self, wait: Duration) -> LdResult<bool> {
         Ok(self
             .checkpoint_quiet_with(wait, &mut |_, _| Ok(None))?
             .is_some())

@@ -324,7 +324,7 @@ struct Keeper {
 
 /// A lease this mount holds, renewed by a thread of its own every fifth of the duration until
 /// [`HeldLease::release`] (a clean unmount), [`HeldLease::abandon`] (a simulated crash), or
-/// drop (released).
+/// drop (abandoned: it expires).
 pub struct HeldLease {
     k: Arc<Keeper>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -470,10 +470,23 @@ impl HeldLease {
 }
 
 impl Drop for HeldLease {
+    /// Stops renewing; never releases (review 32): a mount that ends any other way than
+    /// through its final upload (an error, a panic) may leave its cache holding what the store
+    /// lacks, and a released lease would let another machine mount the older tree without
+    /// `--force-takeover`. The lease expires; [`HeldLease::release`] is the only release.
     fn drop(&mut self) {
-        if let Err(e) = self.release() {
-            eprintln!("ldfs: releasing the store lease: {e}");
+        let released = {
+            let st = self.k.state.lock().unwrap_or_else(|p| p.into_inner());
+            st.released || st.lost.is_some()
+        };
+        if !released {
+            eprintln!(
+                "ldfs: the store lease (writer {}) is kept until it expires: this mount ended \
+                 without uploading its final checkpoint",
+                self.k.writer
+            );
         }
+        self.abandon();
     }
 }
 

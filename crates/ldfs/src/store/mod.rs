@@ -60,6 +60,7 @@ pub enum StoreOp {
     Delete,
     List,
     CreateBucket,
+    DeleteBucket,
 }
 
 impl fmt::Display for StoreOp {
@@ -72,6 +73,7 @@ impl fmt::Display for StoreOp {
             StoreOp::Delete => "delete",
             StoreOp::List => "list",
             StoreOp::CreateBucket => "bucket creation",
+            StoreOp::DeleteBucket => "bucket deletion",
         })
     }
 }

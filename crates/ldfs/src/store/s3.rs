@@ -273,6 +273,26 @@ impl S3Store {
         }
     }
 
+    /// Delete the bucket, which must be empty; `Ok` if it is gone. (`ldfs bench fs` removes
+    /// the bucket it made on a gateway it was given.)
+    pub fn delete_bucket(&self) -> StoreResult<()> {
+        let url = self
+            .bucket
+            .delete_bucket(&self.credentials)
+            .sign(SIGNED_FOR);
+        let op = StoreOp::DeleteBucket;
+        let name = self.bucket.name().to_string();
+        let mut resp = self
+            .agent
+            .delete(url.as_str())
+            .call()
+            .map_err(|e| unanswered(op, &name, e))?;
+        match resp.status().as_u16() {
+            200 | 204 | 404 => Ok(()),
+            status => Err(status_error(op, &name, status, body_text(&mut resp))),
+        }
+    }
+
     fn put_inner(&self, op: StoreOp, key: &str, bytes: &[u8]) -> StoreResult<PutOutcome> {
         let full = self.full(key);
         let mut action = self.bucket.put_object(Some(&self.credentials), &full);

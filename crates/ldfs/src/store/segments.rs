@@ -42,6 +42,10 @@ const O_SUPERBLOCK: usize = 48;
 const O_SLOT: usize = O_SUPERBLOCK + PAGE_BYTES;
 const ENTRY_BYTES: usize = 32;
 
+/// The most segment objects the uploader puts at once ([`puts_in_flight`]; `ldfs bench fs`
+/// measures the gateway's own PUT throughput with as many in flight).
+pub const UPLOAD_PUTS_IN_FLIGHT: usize = 4;
+
 /// The layer's errors.
 #[derive(Debug, thiserror::Error)]
 pub enum LayerError {
@@ -245,6 +249,15 @@ pub fn decode_checkpoint_object(key: &str, b: &[u8]) -> LayerResult<CheckpointOb
     let slot = b[O_SLOT..O_SLOT + slot_len].to_vec();
     let serial = get_u64(b, O_SERIAL);
     let (hdr, _) = checkpoint::decode(&geo, &slot, 0).map_err(|e| bad(format!("slot: {e}")))?;
+    // The slot's count may exceed the superblock's only after a grow, which a store cache
+    // never does: the log must be inside the superblock's segments (review 32: a rebuild
+    // zeroes the log head there).
+    if hdr.log_segment >= geo.segment_count || hdr.next_segment >= geo.segment_count {
+        return Err(bad(format!(
+            "log at segment {} (next {}), beyond the superblock's {} segments",
+            hdr.log_segment, hdr.next_segment, geo.segment_count
+        )));
+    }
     if hdr.serial != serial {
         return Err(bad(format!("slot serial {}, object {serial}", hdr.serial)));
     }
@@ -320,6 +333,10 @@ struct Job {
 struct Known {
     entry: SegmentEntry,
     read_gen: u64,
+    /// Named by the store's newest complete checkpoint object, which the cache does not hold
+    /// (review 32): the object is the cache's segment only if their bytes are the same, so
+    /// the uploader reads the segment and compares crcs before it takes the object as its.
+    verify: bool,
 }
 
 struct State {
@@ -463,10 +480,15 @@ impl SegmentStore {
             )));
         }
         // What the store holds is its newest complete checkpoint (a stale writer's late one
-        // may name objects the sweep deleted: nothing it names is taken as uploaded).
-        let base = kept.iter().rev().find(|k| k.complete);
-        let uploaded = base.map_or(0, |k| k.serial);
-        let store_bytes = base.map_or(0, |k| {
+        // may name objects the sweep deleted: nothing it names is taken as uploaded). It is
+        // this cache's only if the cache holds its slot, byte for byte (review 32: a stale
+        // writer's late checkpoint that landed after a taker rebuilt its cache from the one
+        // before is complete, but of another branch: the sequence numbers after the
+        // checkpoint both continued from are the same in both, so page 0 cannot tell).
+        let newest = kept.iter().rev().find(|k| k.complete);
+        let held = newest.filter(|k| cache_holds_slot(&*dev, &geo, k.serial, &k.slot));
+        let uploaded = held.map_or(0, |k| k.serial);
+        let store_bytes = newest.map_or(0, |k| {
             k.entries
                 .iter()
                 .map(|e| e.pages as u64 * PAGE_BYTES as u64)
@@ -480,8 +502,11 @@ impl SegmentStore {
         // 26: one released since, Clean but not yet written over, kept its
         // page 0, and its new use was taken for the old object, which by
         // then was deleted).
+        // Objects of a newest checkpoint the cache does not hold are only candidates
+        // (`Known::verify`): taken once their crc is the cache segment's.
+        let verify = held.is_none();
         let mut known = BTreeMap::new();
-        if let Some(newest) = base {
+        if let Some(newest) = newest {
             let mut page = vec![0u8; PAGE_BYTES];
             for e in &newest.entries {
                 let held = holds.as_ref().is_some_and(|st| {
@@ -493,7 +518,10 @@ impl SegmentStore {
                 if !held {
                     continue;
                 }
-                // An evicted segment is its object (no read: it would fetch it).
+                // An evicted segment is its object (no read: it would fetch it), also when the
+                // newest checkpoint is not this cache's slot: the map's entry carries the crc
+                // the uploader took of the very bytes it evicted (review 32's doubt is about
+                // a segment the cache holds, whose use page 0 cannot tell).
                 if cache
                     .as_ref()
                     .is_some_and(|c| c.evicted_entry(e.segment) == Some(*e))
@@ -503,6 +531,7 @@ impl SegmentStore {
                         Known {
                             entry: *e,
                             read_gen: 0,
+                            verify: false,
                         },
                     );
                     continue;
@@ -514,6 +543,7 @@ impl SegmentStore {
                         Known {
                             entry: *e,
                             read_gen: 0,
+                            verify,
                         },
                     );
                 }
@@ -522,8 +552,12 @@ impl SegmentStore {
         if let Some(c) = &cache {
             // What the newest complete checkpoint object names in full and the cache holds as
             // it: evictable from the start (a restart need not wait for its first upload).
+            // Only when that checkpoint is this cache's (its slot held byte for byte): a
+            // candidate (`verify`) may be another branch's bytes until the uploader compared
+            // crcs, and evicting the cache's segment for it would lose the segment.
             let full: Vec<SegmentEntry> = known
                 .values()
+                .filter(|k| held.is_some() && !k.verify)
                 .map(|k| k.entry)
                 .filter(|e| {
                     e.pages == geo.segment_pages
@@ -808,15 +842,27 @@ pub fn newest_checkpoint(
 pub fn newest_complete_checkpoint(
     store: &dyn ObjectStore,
 ) -> LayerResult<Option<(String, CheckpointObject)>> {
-    let segments: BTreeSet<String> = store.list("seg/")?.into_iter().map(|o| o.key).collect();
-    let listed = store.list("ckpt/")?;
-    for o in listed.iter().rev() {
-        if parse_checkpoint_key(&o.key).is_none() {
-            continue;
-        }
-        let obj = decode_checkpoint_object(&o.key, &store.get(&o.key)?)?;
-        if obj.entries.iter().all(|e| segments.contains(&e.key())) {
-            return Ok(Some((o.key.clone(), obj)));
+    // Checkpoint objects listed before segment objects: a writer uploading meanwhile puts
+    // a checkpoint only after its segments, so a listed checkpoint's segments are listed
+    // unless deleted since, by two later uploads; then every listed one may look incomplete
+    // (review 32), and the listing is taken again.
+    for _ in 0..5 {
+        let listed = store.list("ckpt/")?;
+        let segments: BTreeSet<String> = store.list("seg/")?.into_iter().map(|o| o.key).collect();
+        for o in listed.iter().rev() {
+            if parse_checkpoint_key(&o.key).is_none() {
+                continue;
+            }
+            let bytes = match store.get(&o.key) {
+                Ok(b) => b,
+                // Deleted since the listing: a newer one was put.
+                Err(StoreError::NotFound { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let obj = decode_checkpoint_object(&o.key, &bytes)?;
+            if obj.entries.iter().all(|e| segments.contains(&e.key())) {
+                return Ok(Some((o.key.clone(), obj)));
+            }
         }
     }
     Ok(None)
@@ -855,6 +901,8 @@ struct KeptCheckpoint {
     serial: u64,
     fs_id: u64,
     entries: Vec<SegmentEntry>,
+    /// The checkpoint slot it holds.
+    slot: Vec<u8>,
     /// Every segment object it names is in the store (see [`newest_complete_checkpoint`]).
     complete: bool,
 }
@@ -888,6 +936,7 @@ fn sweep_kept(store: &dyn ObjectStore) -> LayerResult<(Kept, u64)> {
             serial,
             fs_id: obj.geo.fs_id,
             entries: obj.entries,
+            slot: obj.slot,
             complete: false,
         });
     }
@@ -944,14 +993,8 @@ fn uploader(
         }))
         .unwrap_or_else(|_| Err(LayerError::Other("the uploader panicked".into())));
         match r {
-            Ok(Outcome::Done) => {
-                let mut st = sh.state.lock().unwrap();
-                st.uploaded = st.uploaded.max(job.serial);
-                st.uploaded_written = st.uploaded_written.max(job.written);
-                st.uploaded_at = Some(std::time::SystemTime::now());
-                st.stats.checkpoints_put += 1;
-                sh.cv.notify_all();
-            }
+            // Counted as uploaded when its checkpoint object was acknowledged (`upload`).
+            Ok(Outcome::Done) => {}
             Ok(Outcome::Skipped) => {
                 sh.state.lock().unwrap().stats.checkpoints_skipped += 1;
             }
@@ -1048,68 +1091,74 @@ fn upload(
         detail: e.to_string(),
     })?;
     assert_eq!(hdr.serial, job.serial, "hook gave a slot of another serial");
-    let mut entries = Vec::new();
-    // What the cache may evict once this checkpoint object is in the store: the segments it
-    // names in full (Dirty), never the Active one.
-    let mut full = Vec::new();
+    // What the store lacks is put (several at once), the rest is known to be there.
+    let mut entries: Vec<Option<SegmentEntry>> = Vec::new();
+    let mut todo = Vec::new();
+    // Per entry: named in full (Dirty), never the Active one: what the cache may evict once
+    // this checkpoint object is in the store.
+    let mut whole = Vec::new();
     for (seg, u) in usage.iter() {
         let pages = match u.state {
             SegmentState::Dirty if u.live_bytes > 0 || u.pins != 0 => geo.segment_pages,
             SegmentState::Active if seg.0 == hdr.log_segment && hdr.log_page > 0 => hdr.log_page,
             _ => continue,
         };
-        let released_at = sh.state.lock().unwrap().released_at[seg.0 as usize];
+        let released_at = {
+            let st = sh.state.lock().unwrap();
+            // Stopped (the unmount's wait is over): no more puts (review 32).
+            if st.stop {
+                return Ok(Outcome::Stopped);
+            }
+            st.released_at[seg.0 as usize]
+        };
         if released_at > job.gen {
             return Ok(Outcome::Skipped);
         }
         if let Some(k) = known.get(&seg.0) {
-            if k.entry.pages == pages && released_at <= k.read_gen {
-                entries.push(k.entry);
-                if u.state == SegmentState::Dirty {
-                    full.push(k.entry);
-                }
+            if !k.verify && k.entry.pages == pages && released_at <= k.read_gen {
+                entries.push(Some(k.entry));
+                whole.push(u.state == SegmentState::Dirty);
                 continue;
             }
         }
-        let mut bytes = vec![0u8; pages as usize * PAGE_BYTES];
-        sh.dev.read_at(&mut bytes, geo.page_addr(seg, 0))?;
-        // Released (and maybe rewritten) while we read: this job is stale.
-        if sh.state.lock().unwrap().released_at[seg.0 as usize] > job.gen {
-            return Ok(Outcome::Skipped);
-        }
-        let first_seq = first_seq_of(geo, seg, &bytes)?;
-        let entry = SegmentEntry {
-            segment: seg.0,
+        todo.push(ToPut {
+            slot: entries.len(),
+            seg,
             pages,
-            first_seq,
-            writer: sh.lease.writer(),
-            crc: crc32c::crc32c(&bytes),
-        };
-        let key = entry.key();
-        if retry(sh, || sh.store.put(&key, &bytes))?.is_none() {
-            return Ok(Outcome::Stopped);
-        }
-        {
-            let mut st = sh.state.lock().unwrap();
-            st.stats.segments_put += 1;
-            st.stats.segment_bytes_put += bytes.len() as u64;
-        }
+            candidate: known.get(&seg.0).map(|k| k.entry),
+        });
+        entries.push(None);
+        whole.push(u.state == SegmentState::Dirty);
+    }
+    let (done, end) = put_segments(sh, job, &todo);
+    // What was acknowledged is in the store, whatever became of the job.
+    for (slot, entry) in done {
         if let Some(old) = known.insert(
-            seg.0,
+            entry.segment,
             Known {
                 entry,
                 read_gen: job.gen,
+                verify: false,
             },
         ) {
             // Superseded (a longer prefix, or a new use): deletable once no kept checkpoint
             // object names it.
-            orphan(sh, old.entry.key(), named)?;
+            if old.entry != entry {
+                orphan(sh, old.entry.key(), named)?;
+            }
         }
-        entries.push(entry);
-        if u.state == SegmentState::Dirty {
-            full.push(entry);
-        }
+        entries[slot] = Some(entry);
     }
+    match end? {
+        Worker::Finished => {}
+        Worker::Skipped => return Ok(Outcome::Skipped),
+        Worker::Stopped => return Ok(Outcome::Stopped),
+    }
+    // Every worker finished: each segment was put or known.
+    let entries: Vec<SegmentEntry> = entries
+        .into_iter()
+        .map(|e| e.expect("a segment neither known nor put"))
+        .collect();
     let writer = sh.lease.writer();
     let object =
         encode_checkpoint_object(geo, &sh.superblock, writer, job.serial, &job.slot, &entries);
@@ -1128,16 +1177,34 @@ fn upload(
         }
     }
     named.push((key, entries.iter().map(|e| e.key()).collect()));
-    if let Some(cache) = &sh.cache {
-        // Under the state lock, so that no release slips between the check and the set.
-        let st = sh.state.lock().unwrap();
-        full.retain(|e| st.released_at[e.segment as usize] <= job.gen);
-        cache.set_evictable(&full);
+    // In the store from now on, whatever becomes of the deletes behind it (review 33: a
+    // delete failing, the lease lost or a stop there left it uncounted, and an unmount said
+    // its final checkpoint was not in the store and kept the lease).
+    {
+        let mut st = sh.state.lock().unwrap();
+        if let Some(cache) = &sh.cache {
+            // Evictable from its acknowledgement on: the objects it names stay until a later
+            // checkpoint supersedes them, and each delete settles an evicted segment first
+            // (`orphan`). Under the state lock, so that no release slips between the check
+            // and the set.
+            let full: Vec<SegmentEntry> = entries
+                .iter()
+                .zip(&whole)
+                .filter(|(e, &w)| w && st.released_at[e.segment as usize] <= job.gen)
+                .map(|(e, _)| *e)
+                .collect();
+            cache.set_evictable(&full);
+        }
+        st.store_bytes = entries
+            .iter()
+            .map(|e| e.pages as u64 * PAGE_BYTES as u64)
+            .sum();
+        st.uploaded = st.uploaded.max(job.serial);
+        st.uploaded_written = st.uploaded_written.max(job.written);
+        st.uploaded_at = Some(std::time::SystemTime::now());
+        st.stats.checkpoints_put += 1;
+        sh.cv.notify_all();
     }
-    sh.state.lock().unwrap().store_bytes = entries
-        .iter()
-        .map(|e| e.pages as u64 * PAGE_BYTES as u64)
-        .sum();
     // Keep the newest two checkpoint objects and what they name.
     while named.len() > 2 {
         let (ck, old_keys) = named.remove(0);
@@ -1156,6 +1223,145 @@ fn upload(
     Ok(Outcome::Done)
 }
 
+/// How many segment objects of `segment_bytes` the uploader puts at once: a PUT's time on a
+/// gateway is mostly its latency (the request's round trips, the gateway's write to its OSDs)
+/// rather than the bytes, so several in flight keep the link busy, as S3 clients do with
+/// multipart parts (measured by `ldfs bench fs`, DESIGN "Upload throughput"). At most
+/// [`UPLOAD_PUTS_IN_FLIGHT`], and at most 32 MiB of segments held in memory at once.
+pub fn puts_in_flight(segment_bytes: u64) -> usize {
+    ((32u64 << 20) / segment_bytes.max(1)).clamp(1, UPLOAD_PUTS_IN_FLIGHT as u64) as usize
+}
+
+/// One segment object a job puts: where its entry goes, the segment, its length.
+#[derive(Clone, Copy)]
+struct ToPut {
+    slot: usize,
+    seg: SegmentId,
+    pages: u32,
+    /// An object in the store this segment may already be (review 32): taken instead of a
+    /// put if its length, use and crc are the cache segment's, whoever put it.
+    candidate: Option<SegmentEntry>,
+}
+
+/// How a put worker ended.
+enum Worker {
+    Finished,
+    Skipped,
+    Stopped,
+}
+
+/// Reads each of `todo` from the cache and puts it, [`puts_in_flight`] at once; every object
+/// acknowledged is returned with its place (also when the job ends early: what is in the store
+/// is known), and how the job goes on. A release seen around a read abandons the job (the
+/// newer one that released the segment has it), as in the one-at-a-time loop this replaced.
+fn put_segments(
+    sh: &Shared,
+    job: &Job,
+    todo: &[ToPut],
+) -> (Vec<(usize, SegmentEntry)>, LayerResult<Worker>) {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let geo = &sh.geo;
+    let next = AtomicUsize::new(0);
+    // Set when a worker ends early: the others take no new segment.
+    let halt = AtomicBool::new(false);
+    let work = || -> (Vec<(usize, SegmentEntry)>, LayerResult<Worker>) {
+        let mut done = Vec::new();
+        let mut bytes = vec![0u8; geo.segment_pages as usize * PAGE_BYTES];
+        let mut one = |t: ToPut| -> LayerResult<Option<Worker>> {
+            let bytes = &mut bytes[..t.pages as usize * PAGE_BYTES];
+            sh.dev.read_at(bytes, geo.page_addr(t.seg, 0))?;
+            // Released (and maybe rewritten) while we read: this job is stale.
+            if sh.state.lock().unwrap().released_at[t.seg.0 as usize] > job.gen {
+                return Ok(Some(Worker::Skipped));
+            }
+            let (first_seq, crc) = (first_seq_of(geo, t.seg, bytes)?, crc32c::crc32c(bytes));
+            if let Some(c) = t
+                .candidate
+                .filter(|c| c.pages == t.pages && c.first_seq == first_seq && c.crc == crc)
+            {
+                done.push((t.slot, c));
+                return Ok(None);
+            }
+            let entry = SegmentEntry {
+                segment: t.seg.0,
+                pages: t.pages,
+                first_seq,
+                writer: sh.lease.writer(),
+                crc,
+            };
+            // Stopped (the unmount's wait is over): no more puts (review 32).
+            if sh.state.lock().unwrap().stop {
+                return Ok(Some(Worker::Stopped));
+            }
+            let key = entry.key();
+            if retry(sh, || sh.store.put(&key, bytes))?.is_none() {
+                return Ok(Some(Worker::Stopped));
+            }
+            {
+                let mut st = sh.state.lock().unwrap();
+                st.stats.segments_put += 1;
+                st.stats.segment_bytes_put += bytes.len() as u64;
+            }
+            done.push((t.slot, entry));
+            Ok(None)
+        };
+        loop {
+            if halt.load(Ordering::Relaxed) {
+                return (done, Ok(Worker::Finished));
+            }
+            let Some(&t) = todo.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                return (done, Ok(Worker::Finished));
+            };
+            match one(t) {
+                Ok(None) => {}
+                Ok(Some(w)) => {
+                    halt.store(true, Ordering::Relaxed);
+                    return (done, Ok(w));
+                }
+                Err(e) => {
+                    halt.store(true, Ordering::Relaxed);
+                    return (done, Err(e));
+                }
+            }
+        }
+    };
+    let workers = puts_in_flight(geo.segment_pages as u64 * PAGE_BYTES as u64).min(todo.len());
+    let ends: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..workers.max(1))
+            .map(|_| {
+                std::thread::Builder::new()
+                    .name("ldfs-upload-put".into())
+                    .spawn_scoped(s, work)
+                    .expect("spawn an upload thread")
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    (
+                        Vec::new(),
+                        Err(LayerError::Other("an upload thread panicked".into())),
+                    )
+                })
+            })
+            .collect()
+    });
+    let mut all = Vec::new();
+    let mut outcome = Ok(Worker::Finished);
+    for (done, end) in ends {
+        all.extend(done);
+        // An error first, then a stop, then an abandoned job.
+        outcome = match (outcome, end) {
+            (Err(e), _) | (_, Err(e)) => Err(e),
+            (Ok(Worker::Stopped), _) | (_, Ok(Worker::Stopped)) => Ok(Worker::Stopped),
+            (Ok(Worker::Skipped), _) | (_, Ok(Worker::Skipped)) => Ok(Worker::Skipped),
+            _ => Ok(Worker::Finished),
+        };
+    }
+    all.sort_by_key(|(slot, _)| *slot);
+    (all, outcome)
+}
+
 /// Deletes `key` unless a kept checkpoint object names it; true if it was
 /// deleted (or asked to be: the store holds it no more).
 fn orphan(sh: &Shared, key: String, named: &[(String, BTreeSet<String>)]) -> LayerResult<bool> {
@@ -1171,6 +1377,14 @@ fn orphan(sh: &Shared, key: String, named: &[(String, BTreeSet<String>)]) -> Lay
         return Ok(true);
     }
     Ok(false)
+}
+
+/// Whether the cache's slot for `serial` holds `slot`, byte for byte.
+fn cache_holds_slot(dev: &dyn Device, geo: &Geometry, serial: u64, slot: &[u8]) -> bool {
+    let mut b = vec![0u8; slot.len()];
+    dev.read_at(&mut b, geo.slot_addr((serial % 2) as usize))
+        .is_ok()
+        && b == slot
 }
 
 /// The segments' states in the cache's newest valid checkpoint slot (`None`

@@ -14,11 +14,18 @@
 //! Each entry has a thread and a ring of its own, so a request never waits
 //! for another one of its queue to be served: with one thread per queue a
 //! request assigned to an idle entry waits until that thread is back in
-//! `io_uring_enter`, which serialises every queue. Threads are not pinned
-//! to their queue's CPU (libfuse pins them): measured on 2 CPUs, pinned
-//! threads made ldfs 10-35% slower on metadata phases than unpinned ones,
-//! as ldfs's work then always shares the CPU of the caller it answers
-//! (and its own engine threads), where the scheduler could move it.
+//! `io_uring_enter`, which serialises every queue. Each thread is pinned to
+//! its queue's CPU (as libfuse does), so the thread a request wakes runs on
+//! the CPU of the caller that sent it: the caller blocks, the entry's
+//! thread takes the CPU, and its reply wakes the caller there again, two
+//! context switches and no cross-CPU wake-up per request. Unpinned, the
+//! scheduler put the woken thread on the other, idle CPU whenever there was
+//! one (an inter-processor interrupt and an idle exit each way, costly in a
+//! VM): on an otherwise idle 2-CPU VM memfs served cold stats at 20-30k/s
+//! unpinned and 85-88k/s pinned, with 1-2 function-call IPIs per request
+//! gone (speed2.log). The kernel takes the most recently committed entry of
+//! a queue first (its list of free entries is LIFO), so one thread per
+//! queue does the work while requests come one at a time.
 //!
 //! Invariants: an entry's buffers are touched by the daemon only between
 //! the completion that filled them and the next command for that entry;
@@ -242,7 +249,7 @@ fn spawn_entries<F: FuseOps>(
     served: Arc<AtomicUsize>,
     threads: &mut Vec<JoinHandle<()>>,
 ) -> Result<(), String> {
-    let (tx, rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let (tx, rx) = std::sync::mpsc::channel::<Result<Registered, String>>();
     for qid in 0..queues {
         for i in 0..per_queue {
             let fd = fuse
@@ -252,6 +259,7 @@ fn spawn_entries<F: FuseOps>(
             let t = std::thread::Builder::new()
                 .name(format!("ldfs-uring-{qid}.{i}"))
                 .spawn(move || {
+                    pin_to(qid);
                     let mut e = match Ent::new(fd, qid as u16, payload_bytes) {
                         Ok(e) => e,
                         Err(err) => {
@@ -268,12 +276,51 @@ fn spawn_entries<F: FuseOps>(
     drop(tx);
     for _ in 0..queues * per_queue {
         match rx.recv_timeout(Duration::from_secs(10)) {
-            Ok(Ok(())) => {}
+            Ok(Ok(Registered::Serving)) => {}
+            // Unmounted (or aborted) while the entries registered: not a
+            // failure of the ring. The session ends on its own, and so do
+            // the entries, at once or at the teardown.
+            Ok(Ok(Registered::Gone)) => return Ok(()),
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err("ring entries not registered within 10 s".into()),
         }
     }
     Ok(())
+}
+
+/// What an entry's REGISTER came to, when it did not fail.
+enum Registered {
+    Serving,
+    /// The connection ended first (unmount, abort): the kernel says
+    /// ENOTCONN, ECONNABORTED or ENODEV.
+    Gone,
+}
+
+/// Errors with which the kernel ends an entry's command when the connection
+/// is torn down (unmount, abort, the daemon's end).
+const CONNECTION_GONE: [i32; 4] = [
+    libc::ENOTCONN,
+    libc::ECANCELED,
+    libc::ENODEV,
+    libc::ECONNABORTED,
+];
+
+/// Pins the calling thread to `cpu` if the process may run there (a
+/// cpuset without it leaves the thread where the scheduler puts it: the
+/// queue still serves, only with a cross-CPU wake-up per request).
+fn pin_to(cpu: usize) {
+    unsafe {
+        let mut allowed: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of_val(&allowed), &mut allowed) != 0
+            || cpu >= libc::CPU_SETSIZE as usize
+            || !libc::CPU_ISSET(cpu, &allowed)
+        {
+            return;
+        }
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set);
+    }
 }
 
 /// The starting thread's own ring on the connection: it asks whether the
@@ -425,7 +472,7 @@ impl Ent {
     fn run<F: FuseOps>(
         &mut self,
         fs: &F,
-        registered: &std::sync::mpsc::Sender<Result<(), String>>,
+        registered: &std::sync::mpsc::Sender<Result<Registered, String>>,
         served: &AtomicUsize,
     ) {
         // REGISTER: -EAGAIN until the kernel has taken INIT's reply, which
@@ -448,9 +495,13 @@ impl Ent {
                 Some(r) if r >= 0 => {
                     // Registered, and already a request: serve it below.
                     told = true;
-                    let _ = registered.send(Ok(()));
+                    let _ = registered.send(Ok(Registered::Serving));
                     self.serve_and_commit(fs, served);
                     break;
+                }
+                Some(r) if CONNECTION_GONE.contains(&-r) => {
+                    let _ = registered.send(Ok(Registered::Gone));
+                    return;
                 }
                 Some(r) => {
                     let _ = registered.send(Err(format!(
@@ -463,7 +514,7 @@ impl Ent {
             }
         }
         if !told {
-            let _ = registered.send(Ok(()));
+            let _ = registered.send(Ok(Registered::Serving));
         }
         loop {
             let r = match self.wait() {
@@ -475,14 +526,7 @@ impl Ent {
             };
             if r < 0 {
                 // The kernel's teardown (unmount, abort): the clean end.
-                if ![
-                    libc::ENOTCONN,
-                    libc::ECANCELED,
-                    libc::ENODEV,
-                    libc::ECONNABORTED,
-                ]
-                .contains(&-r)
-                {
+                if !CONNECTION_GONE.contains(&-r) {
                     eprintln!(
                         "ldfs: io_uring queue {}: {}",
                         self.qid,
@@ -835,6 +879,81 @@ mod tests {
         drop(m);
         joined(rings);
         assert_eq!(r, Some(Some(libc::ENOENT)), "a lookup over the ring hung");
+    }
+
+    /// The ring's threads of this process, by queue: (qid, the CPUs each
+    /// may run on, as /proc says them). Names cut to 15 bytes are skipped.
+    fn ring_thread_cpus() -> Vec<(usize, String)> {
+        let mut out = Vec::new();
+        for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            let Some(qid) = comm
+                .trim()
+                .strip_prefix("ldfs-uring-")
+                .and_then(|r| r.split_once('.'))
+                .and_then(|(q, _)| q.parse::<usize>().ok())
+            else {
+                continue;
+            };
+            let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            if let Some(l) = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            {
+                out.push((qid, l.trim().to_string()));
+            }
+        }
+        out
+    }
+
+    fn may_run_on(cpu: usize) -> bool {
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) == 0
+                && libc::CPU_ISSET(cpu, &set)
+        }
+    }
+
+    #[test]
+    fn each_ring_thread_runs_on_its_queues_cpu() {
+        let _g = PARAM.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(m) = raw_mount() else { return };
+        let unique = m.read_init();
+        m.reply_init(unique);
+        let rings = started(start_tiny(&m));
+        let cpus = ring_thread_cpus();
+        let r = m.within("missing", lookup_missing);
+        drop(m);
+        joined(rings);
+        assert_eq!(r, Some(Some(libc::ENOENT)), "a lookup over the ring hung");
+        assert!(cpus.len() >= queue_count(), "ring threads found: {cpus:?}");
+        for (qid, allowed) in cpus {
+            if may_run_on(qid) {
+                assert_eq!(allowed, qid.to_string(), "a thread of queue {qid}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_mount_gone_before_its_entries_register_is_a_clean_end() {
+        let _g = PARAM.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(m) = raw_mount() else { return };
+        let unique = m.read_init();
+        m.reply_init(unique);
+        // Unmounted at once, as `mount; umount` in a script can be while
+        // the ring threads wait for a CPU: REGISTER then finds the
+        // connection gone (ENOTCONN, ECONNABORTED), which ends the ring as
+        // the unmount ends the session, not as a failed start.
+        let c = CString::new(m.dir.path().as_os_str().as_bytes()).unwrap();
+        assert_eq!(
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_FORCE | libc::MNT_DETACH) },
+            0,
+            "umount2: {}",
+            std::io::Error::last_os_error()
+        );
+        let rings = started(start_tiny(&m));
+        drop(m);
+        joined(rings);
     }
 
     #[test]
