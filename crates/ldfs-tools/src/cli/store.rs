@@ -111,8 +111,68 @@ pub const DEVICE_NOTES: &str = "/var/lib/ldfs/store-notes";
 /// device) in [`DEVICE_NOTES`], named by its path (`/` as `%`). A file's path is taken with
 /// its symbolic links resolved, so one cache reached by two names has one note (review 32);
 /// a device's name is kept as given (`/dev/mapper/NAME`, `/dev/disk/by-id/...` are stable
-/// across boots, the `/dev/dm-N` they lead to is not).
+/// across boots, the `/dev/dm-N` they lead to is not). A device reached by a name no note
+/// has is found by identity (review 33: `/dev/sdX` for a cache mounted as
+/// `/dev/disk/by-id/X` was repaired offline): the note of another name that leads to the same
+/// device now ([`device_note_by_identity`]).
 pub fn note_path(cache: &Path) -> PathBuf {
+    let by_name = note_path_by_name(cache);
+    if cache.starts_with("/dev") && !by_name.exists() {
+        if let Some(p) = device_note_by_identity(cache) {
+            return p;
+        }
+    }
+    by_name
+}
+
+/// What a path leads to, symbolic links followed: a block or character device by its device
+/// number (`st_rdev`: one device has one, whatever its name), anything else by its file system
+/// and inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Identity {
+    Device { block: bool, rdev: u64 },
+    File { dev: u64, ino: u64 },
+}
+
+fn identity(path: &Path) -> Option<Identity> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let m = std::fs::metadata(path).ok()?;
+    let t = m.file_type();
+    Some(match t.is_block_device() || t.is_char_device() {
+        true => Identity::Device {
+            block: t.is_block_device(),
+            rdev: m.rdev(),
+        },
+        false => Identity::File {
+            dev: m.dev(),
+            ino: m.ino(),
+        },
+    })
+}
+
+/// The note in [`DEVICE_NOTES`] of another name under `/dev` that leads to the same device as
+/// `cache` does now. Each note's name is looked up again (not an identity recorded in the
+/// note: device numbers change across boots, the names a note is kept by do not), so a note
+/// counts only for the device its name leads to today.
+fn device_note_by_identity(cache: &Path) -> Option<PathBuf> {
+    let want = identity(cache)?;
+    let mut found: Vec<PathBuf> = std::fs::read_dir(DEVICE_NOTES)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let dev = name.strip_suffix(".ldfs-store")?.strip_prefix("dev%")?;
+            let path = PathBuf::from(format!("/dev/{}", dev.replace('%', "/")));
+            (identity(&path) == Some(want)).then(|| e.path())
+        })
+        .collect();
+    // Several names of one device each with a note: the same one every time.
+    found.sort();
+    found.into_iter().next()
+}
+
+/// [`note_path`] by the name given alone.
+fn note_path_by_name(cache: &Path) -> PathBuf {
     let resolved;
     let cache = match cache.starts_with("/dev") {
         true => cache,
