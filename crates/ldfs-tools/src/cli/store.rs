@@ -272,7 +272,7 @@ pub fn noted_store(cache: &Path) -> Option<StoreUrl> {
 }
 
 /// A store-backed file system's cache whose residency map lists segments it does not hold
-/// (fsck, inspect): a read-only view of `dev` that serves those from the store its note names
+/// (fsck): a read-only view of `dev` that serves those from the store its note names
 /// (credentials from the environment), and a line for each of them whose object is missing or
 /// damaged (each fetched and checked). `None`: the cache holds everything.
 #[allow(clippy::type_complexity)]
@@ -280,6 +280,35 @@ pub fn cache_view(
     cache: &Path,
     dev: Arc<dyn Device>,
 ) -> Result<Option<(Arc<dyn Device>, Vec<String>)>, String> {
+    let Some((view, url)) = read_through(cache, dev)? else {
+        return Ok(None);
+    };
+    let evicted = view.evicted();
+    let mut bad = Vec::new();
+    for e in &evicted {
+        if let Err(err) = view.fetch(e) {
+            bad.push(format!(
+                "segment {} is in {url} only, and its object cannot be read: {err}",
+                e.segment
+            ));
+        }
+    }
+    eprintln!(
+        "ldfs: {}: {} segments are in {url} only: read from there ({} missing or damaged)",
+        cache.display(),
+        evicted.len(),
+        bad.len()
+    );
+    Ok(Some((view as Arc<dyn Device>, bad)))
+}
+
+/// A read-only view of a store cache whose residency map lists segments it does not hold: a
+/// read of one of them is served from its object, fetched then (`inspect`). `None`: the cache
+/// holds everything (or its map is not this file system's).
+pub fn read_through(
+    cache: &Path,
+    dev: Arc<dyn Device>,
+) -> Result<Option<(Arc<ldfs::store::cache::ReadThroughDevice>, StoreUrl)>, String> {
     let map = map_path(cache);
     if !map.exists() {
         return Ok(None);
@@ -313,26 +342,10 @@ pub fn cache_view(
     let store: Arc<dyn ObjectStore> = url.open(None)?;
     let view = ldfs::store::cache::ReadThroughDevice::open(dev, store, &map)
         .map_err(|e| format!("{}: {e}", cache.display()))?;
-    let evicted = view.evicted();
-    if evicted.is_empty() {
+    if view.evicted().is_empty() {
         return Ok(None);
     }
-    let mut bad = Vec::new();
-    for e in &evicted {
-        if let Err(err) = view.fetch(e) {
-            bad.push(format!(
-                "segment {} is in {url} only, and its object cannot be read: {err}",
-                e.segment
-            ));
-        }
-    }
-    eprintln!(
-        "ldfs: {}: {} segments are in {url} only: read from there ({} missing or damaged)",
-        cache.display(),
-        evicted.len(),
-        bad.len()
-    );
-    Ok(Some((Arc::new(view), bad)))
+    Ok(Some((Arc::new(view), url)))
 }
 
 fn no_file_system(url: &StoreUrl) -> String {
