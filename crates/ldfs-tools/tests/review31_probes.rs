@@ -145,9 +145,21 @@ fn a_read_only_mounts_cache_follows_the_store() {
     };
     let rd = tempfile::tempdir().unwrap();
     let rcache = rd.path().join("ro.img");
+    // Through the cache's residency map: a read-write mount's rebuild fetches segments as
+    // they are read (issue 20 step C).
     let read_first = |p: &Path| {
         let dev = FileDevice::open(p, FileDeviceOptions::default()).unwrap();
-        let lld = Lld::open(Arc::new(dev), LldOptions::default()).unwrap();
+        let view = ldfs::store::cache::ReadThroughDevice::open(
+            Arc::new(dev),
+            store.clone(),
+            &ldfs_tools::cli::store::map_path(p),
+        )
+        .unwrap();
+        let ro = LldOptions {
+            read_only: true,
+            ..LldOptions::default()
+        };
+        let lld = Lld::open(Arc::new(view), ro).unwrap();
         let v = lld.read(l, 0).unwrap().map(|v| v[0]);
         lld.close().unwrap();
         v
@@ -418,6 +430,7 @@ impl Loop {
 impl Drop for Loop {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(note_path(&self.dev));
+        let _ = std::fs::remove_file(ldfs_tools::cli::store::map_path(&self.dev));
         let _ = std::process::Command::new("losetup")
             .arg("-d")
             .arg(&self.dev)
@@ -480,7 +493,18 @@ fn a_block_device_cache_is_kept_across_mounts() {
     drop(dev);
     prepare_cache(&*store, &url(), &lo.dev, Some(lease.writer() + 4)).unwrap();
     let dev = FileDevice::open(&lo.dev, FileDeviceOptions::default()).unwrap();
-    let lld = Lld::open(Arc::new(dev), LldOptions::default()).unwrap();
+    // Rebuilt for a read-write mount: segments are fetched as read (issue 20 step C).
+    let view = ldfs::store::cache::ReadThroughDevice::open(
+        Arc::new(dev),
+        store.clone(),
+        &ldfs_tools::cli::store::map_path(&lo.dev),
+    )
+    .unwrap();
+    let ro = LldOptions {
+        read_only: true,
+        ..LldOptions::default()
+    };
+    let lld = Lld::open(Arc::new(view), ro).unwrap();
     let first = lld.read(l, 0).unwrap().map(|v| (v.len(), v[0]));
     assert_eq!(
         first,

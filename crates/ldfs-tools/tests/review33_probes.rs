@@ -155,15 +155,15 @@ fn digest(p: &Path) -> Vec<u8> {
     std::fs::read(p).unwrap()
 }
 
-/// Finding 3 (low): the refusal of `fsck -y`/`-p` and of an offline `clean` on a store cache
-/// rests on finding the cache's note, and a cache under `/dev` has its note by the name given
+/// Finding 3 (low; fixed on s3cache: a device's note is also found by identity, the note of
+/// another name under `/dev` that leads to the same device): the refusal of `fsck -y`/`-p`
+/// and of an offline `clean` on a store cache rests on finding the cache's note, and a cache under `/dev` has its note by the name given
 /// (`note_path` resolves no link there, by design: `/dev/disk/by-id/...` is stable, the
 /// `/dev/sdX` it leads to is not). A cache mounted as `/dev/disk/by-id/X` and repaired as
 /// `/dev/sdX` (or the reverse) is therefore not recognised: `fsck -y` repairs it offline and
 /// `clean` cleans it, behind the store's back. Modelled with a file in /dev/shm reached through
 /// a symbolic link beside it (both names start with /dev, as a by-id link and its device do).
 #[test]
-#[ignore = "review 33 finding 3: fsck -y/clean through another /dev name of a store cache are not refused"]
 fn fsck_repair_through_another_dev_name_of_a_store_cache_is_refused() {
     if !Path::new("/dev/shm").is_dir()
         || !nix_writable(Path::new(ldfs_tools::cli::store::DEVICE_NOTES))

@@ -60,15 +60,18 @@ impl Env {
     }
     /// `ldfs mount -f` of the store as a child; waits until mounted.
     fn mount(&self, cache: &Path, dir: &Path, opts: &[&str], force: bool) -> StoreMount {
+        let force: &[&str] = if force { &["--force-takeover"] } else { &[] };
+        self.mount_with(cache, dir, opts, force)
+    }
+    /// `mount` with more arguments.
+    fn mount_with(&self, cache: &Path, dir: &Path, opts: &[&str], args: &[&str]) -> StoreMount {
         std::fs::create_dir_all(dir).unwrap();
         let mut c = self.ldfs();
         c.args(["mount", "-f", &self.url])
             .arg(dir)
             .arg("--cache")
-            .arg(cache);
-        if force {
-            c.arg("--force-takeover");
-        }
+            .arg(cache)
+            .args(args);
         for o in opts {
             c.args(["-o", o]);
         }
@@ -206,8 +209,10 @@ fn assert_same(got: &Tree, want: &Tree, what: &str) {
     }
 }
 
-fn fsck_clean(cache: &Path) {
-    let out = ldfs().args(["fsck", "-n"]).arg(cache).output().unwrap();
+/// fsck of a cache: segments it does not hold are read from the store (with the gateway's
+/// credentials in the environment).
+fn fsck_clean(e: &Env, cache: &Path) {
+    let out = e.ldfs().args(["fsck", "-n"]).arg(cache).output().unwrap();
     assert!(
         out.status.success(),
         "fsck -n {}: {}{}",
@@ -267,7 +272,7 @@ fn a_fresh_cache_mounts_the_same_tree_and_a_second_writer_is_refused() {
     let m = e.mount(&c4, &d1, &[], false);
     assert_same(&read_tree(&d1), &want, "fresh cache from the store");
     m.unmount();
-    fsck_clean(&c4);
+    fsck_clean(&e, &c4);
 }
 
 /// kill -9 of the daemon in the middle of uploads: the lease is not released; a remount on
@@ -292,7 +297,7 @@ fn kill_9_mid_upload_then_a_remount_on_the_same_cache() {
     assert_same(&read_tree(&d1), &tree, "same cache after kill -9");
     e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
     m.unmount();
-    fsck_clean(&c1);
+    fsck_clean(&e, &c1);
     let c2 = e.path("c2.img");
     let m = e.mount(&c2, &e.path("d2"), &[], false);
     assert_same(
@@ -538,7 +543,7 @@ fn a_writer_waiting_on_the_backlog_does_not_keep_the_daemon_alive(transport: &st
     assert_same(&got, &want, "the cache after the end");
     e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
     m.unmount();
-    fsck_clean(&c1);
+    fsck_clean(&e, &c1);
     // And the store has it all.
     let c2 = e.path("c2.img");
     let d2 = e.path("d2");
@@ -575,4 +580,157 @@ fn sigterm_ends_a_daemon_whose_writer_waits_on_the_backlog_uring() {
     }
     let _restore = Restore(was);
     a_writer_waiting_on_the_backlog_does_not_keep_the_daemon_alive("uring");
+}
+
+/// Allocated bytes of a file (st_blocks).
+fn allocated(p: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).unwrap().blocks() * 512
+}
+
+/// Files of 1 MiB and small ones, `bytes` in all, each fsynced.
+fn write_bytes(root: &Path, seed: u64, bytes: u64) -> Tree {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut tree = Tree::new();
+    let mut total = 0;
+    let mut i = 0;
+    while total < bytes {
+        let rel = format!("d{}/b{seed}-{i}", i % 4);
+        std::fs::create_dir_all(root.join(format!("d{}", i % 4))).unwrap();
+        let len = if i % 3 == 0 {
+            rng.gen_range(0..40_000)
+        } else {
+            1 << 20
+        };
+        let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+        let f = std::fs::File::create(root.join(&rel)).unwrap();
+        std::io::Write::write_all(&mut &f, &data).unwrap();
+        f.sync_all().unwrap();
+        total += len as u64;
+        tree.insert(rel, data);
+        i += 1;
+    }
+    tree
+}
+
+/// Issue 20 step C through FUSE against the gateway: `--cache-size` a quarter of the data.
+/// The writer's cache file stays within the bound (plus its superblocks and slots) while
+/// mounted and after; a remount on the same cache and a mount on an empty cache (a cold mount:
+/// nothing downloaded up front, timed) read every file back by fetching, within the bound;
+/// `ldfs stats` counts the misses, bytes fetched and evictions; fsck of a cache holding only
+/// some segments reads the rest from the store and is clean.
+#[test]
+fn a_cache_a_quarter_of_the_data_reads_every_file_back() {
+    let Some(e) = env("bounded") else { return };
+    const DATA: u64 = 32 << 20;
+    const BOUND: u64 = DATA / 4;
+    let c1 = e.path("c1.img");
+    e.ldfs()
+        .args(["mkfs", "--store", &e.url, "--cache"])
+        .arg(&c1)
+        .args(["--size", "128M", "--segment-size", "512K"])
+        .args(["--cache-size", &BOUND.to_string()])
+        .succeeds();
+    let within = |cache: &Path, st: &serde_json::Value, what: &str| {
+        let s = &st["store"];
+        assert_eq!(s["cache_bound_bytes"].as_u64(), Some(BOUND), "{what}: {st}");
+        let meta = s["cache_metadata_bytes"].as_u64().unwrap();
+        let a = allocated(cache);
+        assert!(
+            a <= BOUND + meta,
+            "{what}: the cache file holds {a} bytes, over the bound {BOUND} + {meta}: {st}"
+        );
+    };
+    let d1 = e.path("d1");
+    // The bound comes from the note mkfs wrote.
+    let m = e.mount(&c1, &d1, &["upload=1"], false);
+    let tree = write_bytes(&d1, 5, DATA);
+    e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
+    // The eviction thread runs after the upload: give it a moment.
+    std::thread::sleep(Duration::from_millis(500));
+    let st = stats_json(&d1);
+    within(&c1, &st, "after writing");
+    assert!(st["store"]["cache_evictions"].as_u64().unwrap() > 0, "{st}");
+    assert_same(&read_tree(&d1), &tree, "the writer reads back");
+    let st = stats_json(&d1);
+    within(&c1, &st, "after reading");
+    assert!(st["store"]["cache_misses"].as_u64().unwrap() > 0, "{st}");
+    m.unmount();
+    assert!(
+        allocated(&c1) <= BOUND + (1 << 20),
+        "after the unmount the cache file holds {} bytes",
+        allocated(&c1)
+    );
+    // The same cache again.
+    let m = e.mount(&c1, &d1, &[], false);
+    assert_same(&read_tree(&d1), &tree, "a remount on the same cache");
+    let st = stats_json(&d1);
+    within(&c1, &st, "the remount after reading");
+    m.unmount();
+    fsck_clean(&e, &c1);
+    // An empty cache: a cold mount, timed; every file fetched as read.
+    let c2 = e.path("c2.img");
+    let d2 = e.path("d2");
+    let t = Instant::now();
+    let m = e.mount_with(&c2, &d2, &[], &["--cache-size", &BOUND.to_string()]);
+    let cold = t.elapsed();
+    assert!(
+        allocated(&c2) <= 2 << 20,
+        "a cold mount wrote {} bytes before any read",
+        allocated(&c2)
+    );
+    let t = Instant::now();
+    assert_same(&read_tree(&d2), &tree, "a cold mount on an empty cache");
+    let read = t.elapsed();
+    let st = stats_json(&d2);
+    within(&c2, &st, "the cold mount after reading");
+    let s = &st["store"];
+    assert!(
+        s["cache_misses"].as_u64().unwrap() > 0 && s["cache_evictions"].as_u64().unwrap() > 0,
+        "{st}"
+    );
+    println!(
+        "cold mount of {} MiB in the store: usable in {:.2} s; every file read in {:.2} s ({:.1} MiB/s, {} bytes fetched)",
+        DATA >> 20,
+        cold.as_secs_f64(),
+        read.as_secs_f64(),
+        (DATA >> 20) as f64 / read.as_secs_f64(),
+        s["cache_bytes_fetched"]
+    );
+    m.unmount();
+    fsck_clean(&e, &c2);
+    inspect_reads_from_the_store(&e, &c2);
+}
+
+/// `ldfs inspect --segment S` of a segment the cache `cache` holds only in the store shows
+/// its partial segments (read from its object), not the hole's "no valid summary".
+fn inspect_reads_from_the_store(e: &Env, cache: &Path) {
+    use ldfs::device::{Device, FileDevice};
+    let dev = FileDevice::open_read_only(cache).unwrap();
+    let (geo, _) = ldfs::lld::mkfs::read_superblock(&dev).unwrap();
+    let map = ldfs_tools::cli::store::map_path(cache);
+    let evicted = ldfs::store::cache::read_map(&map, &geo).unwrap().unwrap();
+    // The durable map may still list a segment fetched back since (it leaves the map at a
+    // later write of it): take one that is a hole.
+    let mut page = vec![0u8; 4096];
+    let s = evicted
+        .iter()
+        .map(|e| e.segment)
+        .find(|&s| {
+            dev.read_at(&mut page, geo.page_addr(ldfs::lld::SegmentId(s), 0))
+                .unwrap();
+            page.iter().all(|&b| b == 0)
+        })
+        .expect("no segment of the cache is a hole");
+    let out = e
+        .ldfs()
+        .arg("inspect")
+        .arg(cache)
+        .args(["--segment", &s.to_string()])
+        .succeeds();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("segment {s} summaries\n  page 0: epoch")),
+        "inspect of segment {s}, in the store only: {text}"
+    );
 }

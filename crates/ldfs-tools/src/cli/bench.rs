@@ -7,7 +7,9 @@ use clap::Subcommand;
 use ldfs::lld::PolicyKind;
 
 use super::{parse_size, CmdResult};
-use crate::bench::{apps, cleaner, compress, dual, engine, fs, fsck, ops, report, vld, writedel};
+use crate::bench::{
+    apps, cleaner, compress, dual, engine, fs, fsck, ops, report, store_cold, vld, writedel,
+};
 
 /// The options of `ldfs bench fs`.
 #[derive(clap::Args)]
@@ -313,6 +315,47 @@ pub enum BenchCmd {
     /// missing packages with apt-get as root and skips targets or workloads
     /// whose tools are still missing.
     Fs(Box<FsArgs>),
+    /// Issue 20's cold-mount figure: a store-backed file system of --size bytes of files is
+    /// written through a mount whose cache is bounded (--cache-size) and uploaded to an S3
+    /// gateway (the AWS_* environment's, or a one-node Ceph cluster the run starts and
+    /// destroys); then a read-write mount on an empty cache is timed to a usable mount and
+    /// every file read once (cold sequential read MB/s, bytes fetched), and a read-only mount
+    /// on an empty cache (which downloads everything) is timed. Needs root (FUSE,
+    /// drop_caches).
+    StoreCold {
+        /// Directory for the caches (needs about --size free for the read-only mount).
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// Smaller sizes: 512 MiB of files, a 64 MiB cache bound, 64 MiB files.
+        #[arg(long)]
+        quick: bool,
+        /// Bytes of files written (10 GiB; quick: 512 MiB); the file system is a quarter
+        /// larger.
+        #[arg(long, value_parser = parse_size)]
+        size: Option<u64>,
+        /// Size of each file (256 MiB; quick: 64 MiB).
+        #[arg(long, value_parser = parse_size)]
+        file_size: Option<u64>,
+        /// The cache bound of the writer and of the cold mount (512 MiB; quick: 64 MiB).
+        #[arg(long, value_parser = parse_size)]
+        cache_size: Option<u64>,
+        /// Segment size (the size of each object).
+        #[arg(long, default_value = "2M", value_parser = parse_size)]
+        segment_size: u64,
+        /// Leave out the read-only mount (it needs --size of free disk).
+        #[arg(long)]
+        no_read_only: bool,
+        /// Write the figures to this JSON file.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Write the store-cold section of OUT/BENCHMARKS.md (kept when `bench fs --out` or
+        /// `bench report` rewrites the file).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// A sentence added to the section.
+        #[arg(long)]
+        note: Option<String>,
+    },
     /// Redraw the report (BENCHMARKS.md and charts) of an earlier
     /// `bench fs --json` run without measuring again.
     Report {
@@ -586,6 +629,34 @@ pub fn run(which: BenchCmd) -> CmdResult {
                 clean_every_secs: pick(clean_every, quick, 5.0, 0.5),
                 procs,
                 repeat,
+                json,
+                out,
+                note,
+            })
+            .map_err(Into::into)
+        }
+        BenchCmd::StoreCold {
+            dir,
+            quick,
+            size,
+            file_size,
+            cache_size,
+            segment_size,
+            no_read_only,
+            json,
+            out,
+            note,
+        } => {
+            let pick = |v: Option<u64>, full: u64, small: u64| {
+                v.unwrap_or(if quick { small } else { full })
+            };
+            store_cold::run_bench(&store_cold::ColdBench {
+                dir,
+                data_bytes: pick(size, 10 << 30, 512 << 20),
+                file_bytes: pick(file_size, 256 << 20, 64 << 20),
+                cache_bytes: pick(cache_size, 512 << 20, 64 << 20),
+                segment_bytes: segment_size,
+                read_only: !no_read_only,
                 json,
                 out,
                 note,

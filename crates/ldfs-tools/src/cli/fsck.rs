@@ -138,6 +138,16 @@ fn run(a: &FsckArgs) -> Result<u8, String> {
     } else {
         Arc::new(FileDevice::open_read_only(image).map_err(|e| e.to_string())?)
     };
+    // A store-backed file system's cache holding only some segments (issue 20 step C): the
+    // rest is read from the store, each object checked; nothing is repaired.
+    let (dev, store_problems, in_store) = match crate::cli::store::cache_view(image, dev.clone())? {
+        None => (dev, Vec::new(), false),
+        Some((view, bad)) => {
+            // A cache with a note: a repair was refused above.
+            debug_assert!(!repair && store_note.is_some());
+            (view, bad, true)
+        }
+    };
     println!(
         "fsck.ldfs {}: {}",
         image.display(),
@@ -167,6 +177,7 @@ fn run(a: &FsckArgs) -> Result<u8, String> {
                 // (not on tmpfs): no copy, no cache filled with data.
                 bulk: FileDevice::open_read_only_with(image, FileDeviceOptions { direct: true })
                     .ok()
+                    .filter(|_| !in_store)
                     .map(|d| Arc::new(d) as Arc<dyn Device>),
                 repair,
                 data_checksums: !a.no_data,
@@ -178,6 +189,9 @@ fn run(a: &FsckArgs) -> Result<u8, String> {
     if !a.no_progress && unsafe { libc::isatty(2) } == 1 {
         // Clear the progress line.
         eprint!("\r\x1b[K");
+    }
+    for l in &store_problems {
+        println!("PROBLEM: {l}");
     }
     let out = match result {
         Ok(o) => o,
@@ -213,9 +227,9 @@ fn run(a: &FsckArgs) -> Result<u8, String> {
     println!(
         "{}: {} problems found, {} repairs, {} problems left; {} map entries, {} blocks checked in {} partial segments; {} inodes ({} directories, {} other files)",
         image.display(),
-        found.len(),
+        found.len() + store_problems.len(),
         out.fixed.len(),
-        out.remaining.len(),
+        out.remaining.len() + store_problems.len(),
         f.map_entries,
         f.blocks_checked,
         f.partials,
@@ -234,6 +248,9 @@ fn run(a: &FsckArgs) -> Result<u8, String> {
         }
     );
     let mut code = out.exit_code();
+    if !store_problems.is_empty() {
+        code |= 4;
+    }
     if let Some(n) = &store_note {
         match store_report(n, image) {
             Ok(0) => {}

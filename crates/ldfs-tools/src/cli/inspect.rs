@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use ldfs::device::{Device, FileDevice, FileDeviceOptions};
+use ldfs::device::{Device, FileDevice};
 use ldfs::lld::mkfs::{read_checkpoints, read_superblock};
 use ldfs::lld::usage::SegmentState;
 use ldfs::lld::{Lld, LldOptions, SegmentId, PAGE_BYTES};
@@ -137,8 +137,8 @@ fn inspect_dual(
 }
 
 fn cmd_inspect(image: PathBuf, segment: Option<u32>, all: bool) -> CmdResult {
-    let dev = FileDevice::open(&image, FileDeviceOptions::default())?;
-    let (g, sb_errs) = read_superblock(&dev)?;
+    let dev = log_device(&image)?;
+    let (g, sb_errs) = read_superblock(&*dev)?;
     println!("superblock");
     for (i, e) in sb_errs.iter().enumerate() {
         match e {
@@ -170,7 +170,7 @@ fn cmd_inspect(image: PathBuf, segment: Option<u32>, all: bool) -> CmdResult {
             ""
         }
     );
-    let slots = read_checkpoints(&dev, &g)?;
+    let slots = read_checkpoints(&*dev, &g)?;
     let mut newest: Option<(u64, usize)> = None;
     for (i, s) in slots.iter().enumerate() {
         match s {
@@ -255,7 +255,7 @@ fn cmd_inspect(image: PathBuf, segment: Option<u32>, all: bool) -> CmdResult {
     }
     if let Some(seg) = segment {
         println!("segment {seg} summaries");
-        let (partials, end) = segment_partials(&dev, &g, seg)?;
+        let (partials, end) = segment_partials(&*dev, &g, seg)?;
         for p in &partials {
             let h = &p.header;
             println!(
@@ -273,11 +273,40 @@ fn cmd_inspect(image: PathBuf, segment: Option<u32>, all: bool) -> CmdResult {
     Ok(())
 }
 
+/// The image read-only; for a store cache whose residency map lists segments it does not hold,
+/// a view that reads those from their objects in the store (its note names it; credentials as
+/// for a mount), as fsck does: without it they would read as the holes they are. A store that
+/// cannot be reached is said, and the cache is read as it is.
+fn log_device(
+    image: &std::path::Path,
+) -> Result<std::sync::Arc<dyn Device>, Box<dyn std::error::Error>> {
+    let dev: std::sync::Arc<dyn Device> = std::sync::Arc::new(FileDevice::open_read_only(image)?);
+    Ok(match super::store::read_through(image, dev.clone()) {
+        Ok(None) => dev,
+        Ok(Some((view, url))) => {
+            eprintln!(
+                "ldfs inspect: {}: {} segments are in {url} only: read from there",
+                image.display(),
+                view.evicted().len()
+            );
+            view as std::sync::Arc<dyn Device>
+        }
+        Err(e) => {
+            eprintln!(
+                "ldfs inspect: {}: segments of this cache are in its store only, which cannot be \
+                 reached ({e}): they read as holes here",
+                image.display()
+            );
+            dev
+        }
+    })
+}
+
 /// The partial segments of segment `seg` as recovery reads them (summary
 /// verified), in log order, up to the first page without a valid one; and
 /// why the scan ended before the segment's end, if it did.
 fn segment_partials(
-    dev: &FileDevice,
+    dev: &dyn Device,
     g: &ldfs::lld::layout::Geometry,
     seg: u32,
 ) -> Result<(Vec<ldfs::lld::ScannedPartial>, Option<String>), Box<dyn std::error::Error>> {
@@ -322,7 +351,7 @@ fn inode_report(
     target: InodeTarget<'_>,
 ) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
     use ldfs::ld::LogicalDisk;
-    let dev: std::sync::Arc<dyn Device> = std::sync::Arc::new(FileDevice::open_read_only(image)?);
+    let dev = log_device(image)?;
     let ro = LldOptions {
         read_only: true,
         ..Default::default()
@@ -585,9 +614,9 @@ fn inspect_json_value(
     inode: Option<u64>,
     path: Option<&str>,
 ) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
-    let dev = FileDevice::open_read_only(image)?;
-    let (g, sb_errs) = read_superblock(&dev)?;
-    let slots = read_checkpoints(&dev, &g)?;
+    let dev = log_device(image)?;
+    let (g, sb_errs) = read_superblock(&*dev)?;
+    let slots = read_checkpoints(&*dev, &g)?;
     let slot_json: Vec<serde_json::Value> = slots
         .iter()
         .map(|s| match s {
@@ -635,7 +664,7 @@ fn inspect_json_value(
         "checkpoints": slot_json,
     });
     if let Some(seg) = segment {
-        let (partials, end) = segment_partials(&dev, &g, seg)?;
+        let (partials, end) = segment_partials(&*dev, &g, seg)?;
         let partials: Vec<serde_json::Value> = partials
             .iter()
             .map(|p| {

@@ -28,6 +28,10 @@ pub struct MkfsArgs {
     /// device), formatted here and uploaded.
     #[arg(long, requires = "store")]
     cache: Option<PathBuf>,
+    /// With --store: the most bytes of segments the cache holds (remembered in its note;
+    /// `ldfs mount --cache-size` overrides it). The cache file is then left sparse.
+    #[arg(long, requires = "store", value_parser = parse_size)]
+    cache_size: Option<u64>,
     /// Size of the image file to create, e.g. 1G, 512M. Omit for a block device or an existing file.
     #[arg(long, value_parser = parse_size)]
     size: Option<u64>,
@@ -129,9 +133,21 @@ fn mkfs_store(url: &str, cache: &std::path::Path, a: &MkfsArgs) -> CmdResult {
             Some(a.max_size.unwrap_or(size)),
             a.kept_table_pages,
         ),
-        !a.sparse,
+        // A bounded cache holds only what it must: sparse.
+        !a.sparse && a.cache_size.is_none(),
         None,
     )?;
+    if let Some(n) = a.cache_size {
+        let seg = a.segment_size;
+        if n < super::store::MIN_CACHE_SEGMENTS * seg {
+            return Err(format!(
+                "--cache-size {n}: a cache holds at least {} segments ({} bytes)",
+                super::store::MIN_CACHE_SEGMENTS,
+                super::store::MIN_CACHE_SEGMENTS * seg
+            )
+            .into());
+        }
+    }
     let lease = super::store::take_lease(
         store.clone(),
         &url,
@@ -155,7 +171,13 @@ fn mkfs_store(url: &str, cache: &std::path::Path, a: &MkfsArgs) -> CmdResult {
             ..Default::default()
         },
     )?;
-    super::store::write_note(cache, &url, lld.geometry().fs_id, lease.writer())?;
+    super::store::write_note_with(
+        cache,
+        &url,
+        lld.geometry().fs_id,
+        lease.writer(),
+        a.cache_size,
+    )?;
     lld.checkpoint_now()?;
     lld.close()?;
     seg.wait_uploaded(seg.announced(), std::time::Duration::from_secs(300))?;

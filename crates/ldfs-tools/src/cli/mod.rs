@@ -59,14 +59,22 @@ enum Cmd {
     /// IMAGE may be a store, s3://BUCKET[/PREFIX] (made by `ldfs mkfs
     /// --store`), with --cache PATH: a read-write mount holds the store's
     /// lease while mounted (a second one anywhere is refused naming the
-    /// holder), an empty or absent cache is rebuilt from the store, and the
-    /// unmount waits for the final checkpoint's upload.
+    /// holder), an empty or absent cache is made ready from the store
+    /// (read-write: segments fetched as read; read-only: downloaded whole),
+    /// and the unmount waits for the final checkpoint's upload.
     Mount {
         image: PathBuf,
         dir: PathBuf,
         /// A store mount's local cache and write log (file or block device).
         #[arg(long)]
         cache: Option<PathBuf>,
+        /// A store mount: the most bytes of segments the cache holds (e.g.
+        /// 10G); segments the store holds are evicted, least recently used
+        /// first, and fetched again when read. Remembered in the cache's
+        /// note for later mounts (default: the note's, else the file
+        /// system's size).
+        #[arg(long, requires = "cache", value_parser = parse_size)]
+        cache_size: Option<u64>,
         /// A store mount: take over a lease that expired without being
         /// released (its holder crashed or lost the store).
         #[arg(long)]
@@ -86,7 +94,7 @@ enum Cmd {
         /// A store mount: upload=SECONDS (a checkpoint uploaded at least
         /// that often while there are changes; default 30), lease=SECONDS
         /// (default 300), upload_backlog=SIZE (writers wait while uploads
-        /// are behind by more; default a quarter of the cache).
+        /// are behind by more; default a quarter of the file system, or half the --cache-size).
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,
         #[arg(long, hide = true)]
@@ -213,6 +221,7 @@ pub fn main() -> ExitCode {
             image,
             dir,
             cache,
+            cache_size,
             force_takeover,
             foreground,
             options,
@@ -225,6 +234,7 @@ pub fn main() -> ExitCode {
             daemon_child,
             crate::fuse::mount::StoreArgs {
                 cache,
+                cache_size,
                 force_takeover,
             },
         )

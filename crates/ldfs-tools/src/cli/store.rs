@@ -21,9 +21,10 @@ use std::time::{Duration, Instant};
 use ldfs::device::{Device, FileDevice, FileDeviceOptions};
 use ldfs::lld::layout::Geometry;
 use ldfs::lld::PAGE_BYTES;
+use ldfs::store::cache::{map_path_for_note, remove_map};
 use ldfs::store::lease::{HeldLease, LeaseError, LeaseOptions};
 use ldfs::store::segments::{newest_checkpoint, parse_checkpoint_key};
-use ldfs::store::{restore, ObjectStore, S3Config, S3Store};
+use ldfs::store::{restore, restore_lazy, ObjectStore, S3Config, S3Store};
 
 /// `s3://BUCKET[/PREFIX]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -110,8 +111,68 @@ pub const DEVICE_NOTES: &str = "/var/lib/ldfs/store-notes";
 /// device) in [`DEVICE_NOTES`], named by its path (`/` as `%`). A file's path is taken with
 /// its symbolic links resolved, so one cache reached by two names has one note (review 32);
 /// a device's name is kept as given (`/dev/mapper/NAME`, `/dev/disk/by-id/...` are stable
-/// across boots, the `/dev/dm-N` they lead to is not).
+/// across boots, the `/dev/dm-N` they lead to is not). A device reached by a name no note
+/// has is found by identity (review 33: `/dev/sdX` for a cache mounted as
+/// `/dev/disk/by-id/X` was repaired offline): the note of another name that leads to the same
+/// device now ([`device_note_by_identity`]).
 pub fn note_path(cache: &Path) -> PathBuf {
+    let by_name = note_path_by_name(cache);
+    if cache.starts_with("/dev") && !by_name.exists() {
+        if let Some(p) = device_note_by_identity(cache) {
+            return p;
+        }
+    }
+    by_name
+}
+
+/// What a path leads to, symbolic links followed: a block or character device by its device
+/// number (`st_rdev`: one device has one, whatever its name), anything else by its file system
+/// and inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Identity {
+    Device { block: bool, rdev: u64 },
+    File { dev: u64, ino: u64 },
+}
+
+fn identity(path: &Path) -> Option<Identity> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let m = std::fs::metadata(path).ok()?;
+    let t = m.file_type();
+    Some(match t.is_block_device() || t.is_char_device() {
+        true => Identity::Device {
+            block: t.is_block_device(),
+            rdev: m.rdev(),
+        },
+        false => Identity::File {
+            dev: m.dev(),
+            ino: m.ino(),
+        },
+    })
+}
+
+/// The note in [`DEVICE_NOTES`] of another name under `/dev` that leads to the same device as
+/// `cache` does now. Each note's name is looked up again (not an identity recorded in the
+/// note: device numbers change across boots, the names a note is kept by do not), so a note
+/// counts only for the device its name leads to today.
+fn device_note_by_identity(cache: &Path) -> Option<PathBuf> {
+    let want = identity(cache)?;
+    let mut found: Vec<PathBuf> = std::fs::read_dir(DEVICE_NOTES)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let dev = name.strip_suffix(".ldfs-store")?.strip_prefix("dev%")?;
+            let path = PathBuf::from(format!("/dev/{}", dev.replace('%', "/")));
+            (identity(&path) == Some(want)).then(|| e.path())
+        })
+        .collect();
+    // Several names of one device each with a note: the same one every time.
+    found.sort();
+    found.into_iter().next()
+}
+
+/// [`note_path`] by the name given alone.
+fn note_path_by_name(cache: &Path) -> PathBuf {
     let resolved;
     let cache = match cache.starts_with("/dev") {
         true => cache,
@@ -133,8 +194,25 @@ pub fn note_path(cache: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
+/// The residency map of a cache (`store::cache`): beside its note.
+pub fn map_path(cache: &Path) -> PathBuf {
+    map_path_for_note(&note_path(cache))
+}
+
+/// The smallest cache bound, in segments: the Active one, the upload backlog (half the bound)
+/// and room to fetch beside them.
+pub const MIN_CACHE_SEGMENTS: u64 = 8;
+
 /// The note's writer of a cache only read-only mounts used.
 pub const READER: u64 = 0;
+
+/// The cache bound the note remembers (`cache_size=`), if any.
+pub fn noted_cache_size(cache: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(note_path(cache)).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("cache_size="))
+        .and_then(|v| v.trim().parse().ok())
+}
 
 /// (fs id, writer) from the note, if it reads.
 fn read_note(cache: &Path) -> Option<(u64, u64)> {
@@ -151,8 +229,20 @@ fn read_note(cache: &Path) -> Option<(u64, u64)> {
     Some((fs_id?, writer?))
 }
 
-/// Writes the note durably (before this writer uploads anything).
+/// Writes the note durably (before this writer uploads anything), keeping the cache bound it
+/// remembers.
 pub fn write_note(cache: &Path, url: &StoreUrl, fs_id: u64, writer: u64) -> Result<(), String> {
+    write_note_with(cache, url, fs_id, writer, noted_cache_size(cache))
+}
+
+/// [`write_note`] with the cache bound to remember (`None`: none).
+pub fn write_note_with(
+    cache: &Path,
+    url: &StoreUrl,
+    fs_id: u64,
+    writer: u64,
+    cache_size: Option<u64>,
+) -> Result<(), String> {
     let p = note_path(cache);
     let tmp = p.with_extension("ldfs-store.tmp");
     let err = |e: std::io::Error| format!("{}: {e}", p.display());
@@ -161,6 +251,9 @@ pub fn write_note(cache: &Path, url: &StoreUrl, fs_id: u64, writer: u64) -> Resu
     }
     let mut f = std::fs::File::create(&tmp).map_err(err)?;
     writeln!(f, "store={url}\nfs_id={fs_id:016x}\nwriter={writer}").map_err(err)?;
+    if let Some(n) = cache_size {
+        writeln!(f, "cache_size={n}").map_err(err)?;
+    }
     f.sync_all().map_err(err)?;
     std::fs::rename(&tmp, &p).map_err(err)?;
     if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -169,6 +262,90 @@ pub fn write_note(cache: &Path, url: &StoreUrl, fs_id: u64, writer: u64) -> Resu
         }
     }
     Ok(())
+}
+
+/// The store URL the note of `cache` names, if it has a note.
+pub fn noted_store(cache: &Path) -> Option<StoreUrl> {
+    let text = std::fs::read_to_string(note_path(cache)).ok()?;
+    let url = text.lines().find_map(|l| l.strip_prefix("store="))?;
+    StoreUrl::parse(url.trim()).ok()
+}
+
+/// A store-backed file system's cache whose residency map lists segments it does not hold
+/// (fsck): a read-only view of `dev` that serves those from the store its note names
+/// (credentials from the environment), and a line for each of them whose object is missing or
+/// damaged (each fetched and checked). `None`: the cache holds everything.
+#[allow(clippy::type_complexity)]
+pub fn cache_view(
+    cache: &Path,
+    dev: Arc<dyn Device>,
+) -> Result<Option<(Arc<dyn Device>, Vec<String>)>, String> {
+    let Some((view, url)) = read_through(cache, dev)? else {
+        return Ok(None);
+    };
+    let evicted = view.evicted();
+    let mut bad = Vec::new();
+    for e in &evicted {
+        if let Err(err) = view.fetch(e) {
+            bad.push(format!(
+                "segment {} is in {url} only, and its object cannot be read: {err}",
+                e.segment
+            ));
+        }
+    }
+    eprintln!(
+        "ldfs: {}: {} segments are in {url} only: read from there ({} missing or damaged)",
+        cache.display(),
+        evicted.len(),
+        bad.len()
+    );
+    Ok(Some((view as Arc<dyn Device>, bad)))
+}
+
+/// A read-only view of a store cache whose residency map lists segments it does not hold: a
+/// read of one of them is served from its object, fetched then (`inspect`). `None`: the cache
+/// holds everything (or its map is not this file system's).
+pub fn read_through(
+    cache: &Path,
+    dev: Arc<dyn Device>,
+) -> Result<Option<(Arc<ldfs::store::cache::ReadThroughDevice>, StoreUrl)>, String> {
+    let map = map_path(cache);
+    if !map.exists() {
+        return Ok(None);
+    }
+    // Only the map of this cache's file system counts: one left beside a device since
+    // formatted as a plain image (no note, or a note of another fs id) is not its.
+    let mut sb = vec![0u8; PAGE_BYTES];
+    let fs_id = dev
+        .read_at(&mut sb, 0)
+        .ok()
+        .and_then(|()| Geometry::decode_superblock(&sb, 0, dev.size_bytes()).ok())
+        .map(|g| g.fs_id);
+    let (Some(url), Some((noted_id, _))) = (noted_store(cache), read_note(cache)) else {
+        eprintln!(
+            "ldfs: {}: ignoring the residency map {}: no note ({}) names a store",
+            cache.display(),
+            map.display(),
+            note_path(cache).display()
+        );
+        return Ok(None);
+    };
+    if fs_id != Some(noted_id) {
+        eprintln!(
+            "ldfs: {}: ignoring the residency map {}: its note is of file system {noted_id:016x}, \
+             not this one",
+            cache.display(),
+            map.display()
+        );
+        return Ok(None);
+    }
+    let store: Arc<dyn ObjectStore> = url.open(None)?;
+    let view = ldfs::store::cache::ReadThroughDevice::open(dev, store, &map)
+        .map_err(|e| format!("{}: {e}", cache.display()))?;
+    if view.evicted().is_empty() {
+        return Ok(None);
+    }
+    Ok(Some((Arc::new(view), url)))
 }
 
 fn no_file_system(url: &StoreUrl) -> String {
@@ -218,9 +395,38 @@ pub fn prepare_cache(
     cache: &Path,
     writer: Option<u64>,
 ) -> Result<(), String> {
+    prepare_cache_sized(store, url, cache, writer, None).map(|_| ())
+}
+
+/// [`prepare_cache`] with the mount's `--cache-size` (which wins over, and replaces, the one
+/// the note remembers). A read-write mount's rebuild downloads nothing but what lld appends to
+/// (`restore_lazy`: segments are fetched as read); a read-only mount's downloads everything (a
+/// reader beside a writer must not depend on objects the writer deletes later). Returns the
+/// cache's bound, if it has one.
+pub fn prepare_cache_sized(
+    store: &dyn ObjectStore,
+    url: &StoreUrl,
+    cache: &Path,
+    writer: Option<u64>,
+    cache_size: Option<u64>,
+) -> Result<Option<u64>, String> {
     let Some((key, newest)) = newest_checkpoint(store).map_err(|e| format!("{url}: {e}"))? else {
         return Err(no_file_system(url));
     };
+    let noted_size = match read_note(cache) {
+        Some((id, _)) if id == newest.geo.fs_id => noted_cache_size(cache),
+        _ => None,
+    };
+    let bound = cache_size.or(noted_size);
+    if let Some(b) = bound {
+        let least = MIN_CACHE_SEGMENTS * newest.geo.segment_bytes();
+        if b < least {
+            return Err(format!(
+                "--cache-size {b}: a cache holds at least {MIN_CACHE_SEGMENTS} segments \
+                 ({least} bytes) of this file system"
+            ));
+        }
+    }
     let (newest_writer, _) = parse_checkpoint_key(&key).expect("newest_checkpoint parsed it");
     let fs_id = newest.geo.fs_id;
     let rebuild = match cache_geometry(cache)? {
@@ -272,7 +478,7 @@ pub fn prepare_cache(
     if rebuild && writer.is_none() {
         // Before the rebuild: a rebuild cut short leaves a cache a later read-only mount may
         // rebuild again, not one taken for a writer's.
-        write_note(cache, url, fs_id, READER)?;
+        write_note_with(cache, url, fs_id, READER, bound)?;
     }
     if rebuild {
         let need = newest.geo.total_pages * PAGE_BYTES as u64;
@@ -296,21 +502,31 @@ pub fn prepare_cache(
         }
         let dev = FileDevice::open(cache, FileDeviceOptions::default())
             .map_err(|e| format!("{}: {e}", cache.display()))?;
-        let r = restore(store, &dev)
-            .map_err(|e| format!("rebuilding {} from {url}: {e}", cache.display()))?;
+        let map = map_path(cache);
+        let r = match writer {
+            Some(_) => restore_lazy(store, &dev, &map),
+            None => remove_map(&map)
+                .map_err(|e| ldfs::store::LayerError::Other(format!("{}: {e}", map.display())))
+                .and_then(|()| restore(store, &dev)),
+        }
+        .map_err(|e| format!("rebuilding {} from {url}: {e}", cache.display()))?;
         eprintln!(
-            "ldfs: rebuilt the cache {} from {url}: checkpoint {}, {} segment objects, {} bytes, in {:.1} s",
+            "ldfs: rebuilt the cache {} from {url}: checkpoint {}, {} segment objects ({} bytes) downloaded{}, in {:.1} s",
             cache.display(),
             r.serial,
             r.segments,
             r.bytes,
+            match writer {
+                Some(_) => "; the rest is fetched as read",
+                None => "",
+            },
             t.elapsed().as_secs_f64()
         );
     }
     if let Some(w) = writer {
-        write_note(cache, url, fs_id, w)?;
+        write_note_with(cache, url, fs_id, w, bound)?;
     }
-    Ok(())
+    Ok(bound)
 }
 
 #[cfg(test)]
@@ -343,6 +559,16 @@ mod tests {
         let u = StoreUrl::parse("s3://b/p").unwrap();
         write_note(&cache, &u, 0xabc, 7).unwrap();
         assert_eq!(read_note(&cache), Some((0xabc, 7)));
+        assert_eq!(noted_cache_size(&cache), None);
+        write_note_with(&cache, &u, 0xabc, 7, Some(1 << 30)).unwrap();
+        write_note(&cache, &u, 0xabc, 8).unwrap();
+        assert_eq!(read_note(&cache), Some((0xabc, 8)));
+        assert_eq!(
+            noted_cache_size(&cache),
+            Some(1 << 30),
+            "kept by write_note"
+        );
+        assert!(map_path(&cache).ends_with("c.img.ldfs-resident"));
         assert!(note_path(&cache).ends_with("c.img.ldfs-store"));
         assert_eq!(
             note_path(Path::new("/dev/mapper/vg-cache")),

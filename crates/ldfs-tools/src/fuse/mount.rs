@@ -571,7 +571,7 @@ pub struct MountOpts {
     /// `HeldLease::check` for why it must exceed twice the request timeout).
     pub lease: Option<Duration>,
     /// A store-backed mount's upload backlog bound (`upload_backlog=SIZE`; default a
-    /// quarter of the cache).
+    /// quarter of the file system, or half the cache bound).
     pub upload_backlog: Option<u64>,
 }
 
@@ -1622,6 +1622,8 @@ fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
 pub struct StoreArgs {
     /// `--cache PATH`: the local cache and write log.
     pub cache: Option<PathBuf>,
+    /// `--cache-size N`: the cache's bound (else the note's).
+    pub cache_size: Option<u64>,
     /// `--force-takeover`: take an expired lease of a writer that did not release it.
     pub force_takeover: bool,
 }
@@ -1652,7 +1654,10 @@ pub fn run(
         }
         Some(u)
     } else {
-        if store_args.cache.is_some() || store_args.force_takeover {
+        if store_args.cache.is_some()
+            || store_args.force_takeover
+            || store_args.cache_size.is_some()
+        {
             return Err(
                 "--cache and --force-takeover are for a store mount (s3://BUCKET[/PREFIX])".into(),
             );
@@ -1742,13 +1747,14 @@ pub fn run(
                     )
                 })?)
             };
-            crate::cli::store::prepare_cache(
+            let bound = crate::cli::store::prepare_cache_sized(
                 &*store,
                 u,
                 &image,
                 lease.as_ref().map(|l| l.writer()),
+                store_args.cache_size,
             )?;
-            Some((u.clone(), store, lease))
+            Some((u.clone(), store, lease, bound))
         }
         _ => None,
     };
@@ -1782,19 +1788,26 @@ pub fn run(
     }
     // A read-write store mount: lld writes the cache through the layer (its writes counted for
     // the backlog), and tells it of each durable checkpoint.
+    // Its reads go through the cache's residency (segments the cache does not hold fetched;
+    // with a bound, uploaded ones evicted).
     let (dev, seg) = match &store_ctx {
-        Some((u, store, Some(lease))) => {
-            let seg = ldfs::store::SegmentStore::start(
+        Some((u, store, Some(lease), bound)) => {
+            let seg = ldfs::store::SegmentStore::start_cached(
                 store.clone(),
                 dev,
                 lease.clone(),
                 ldfs::store::SegmentStoreOptions::default(),
+                Some(ldfs::store::CacheConfig::new(
+                    crate::cli::store::map_path(&image),
+                    *bound,
+                )),
             )
             .map_err(|e| format!("{u}: {e}"))?;
             (seg.device(), Some(seg))
         }
         _ => (dev, None),
     };
+    let bounded = matches!(&store_ctx, Some((_, _, Some(_), Some(_))));
     let lld_opts = LldOptions {
         checkpoint_hook: seg.as_ref().map(|s| s.hook()),
         snapshot: opts.snapshot,
@@ -1808,7 +1821,8 @@ pub fn run(
             recompress_cold: opts.compress_cold,
             ..Default::default()
         },
-        discard: opts.discard,
+        // A bounded cache gives released segments back (holes) at once.
+        discard: opts.discard || bounded,
         ..Default::default()
     };
     // A dual file system: IMAGE is its data device; the metadata device is
@@ -1854,20 +1868,33 @@ pub fn run(
         .map_err(|e| format!("{}: {e}", image.display()))?,
     );
     let store_mount = match (seg, &store_ctx) {
-        (Some(seg), Some((u, _, _))) => {
-            let bound = opts.upload_backlog.unwrap_or(lld.device_bytes() / 4).max(1);
+        (Some(seg), Some((u, _, _, cache_bound))) => {
+            // Segments Clean in the cache but still allocated (a mount without discard
+            // before) count against no bound: given back now.
+            if cache_bound.is_some() {
+                if let Err(e) = lld.trim() {
+                    eprintln!("ldfs: giving clean segments of the cache back: {e}");
+                }
+            }
+            // With a cache bound, writers wait at half of it: the rest stays evictable.
+            let default_backlog = match cache_bound {
+                Some(b) => (lld.device_bytes() / 4).min(b / 2),
+                None => lld.device_bytes() / 4,
+            };
+            let bound = opts.upload_backlog.unwrap_or(default_backlog).max(1);
             eprintln!(
-                "ldfs: {u}: writer {} (lease generation), cache {}, upload window {} s, backlog bound {bound} bytes",
+                "ldfs: {u}: writer {} (lease generation), cache {}{}, upload window {} s, backlog bound {bound} bytes",
                 seg.lease().writer(),
                 image.display(),
+                match cache_bound {
+                    Some(b) => format!(" (at most {b} bytes of segments)"),
+                    None => String::new(),
+                },
                 opts.upload.unwrap_or(DEFAULT_UPLOAD).as_secs()
             );
-            Some(Arc::new(StoreMount::new(
-                u.clone(),
-                seg,
-                lld.clone(),
-                bound,
-            )))
+            Some(Arc::new(
+                StoreMount::new(u.clone(), seg, lld.clone(), bound).with_cache_file(image.clone()),
+            ))
         }
         _ => None,
     };
@@ -2467,6 +2494,9 @@ fn spawn_daemon(
     cmd.arg("mount").arg("-f").arg("--daemon-child");
     if let Some(c) = &store.cache {
         cmd.arg("--cache").arg(c);
+    }
+    if let Some(n) = store.cache_size {
+        cmd.arg("--cache-size").arg(n.to_string());
     }
     if store.force_takeover {
         cmd.arg("--force-takeover");

@@ -42,6 +42,8 @@ pub struct StoreMount {
     pub backlog_bound: u64,
     /// A writer is waiting (the log line is written once per wait).
     waiting: AtomicBool,
+    /// The cache file (its allocated bytes are the cache's size).
+    cache: std::path::PathBuf,
 }
 
 impl StoreMount {
@@ -52,7 +54,24 @@ impl StoreMount {
             lld,
             backlog_bound,
             waiting: AtomicBool::new(false),
+            cache: std::path::PathBuf::new(),
         }
+    }
+
+    /// The cache file whose allocated bytes `ldfs stats` shows.
+    pub fn with_cache_file(mut self, cache: std::path::PathBuf) -> Self {
+        self.cache = cache;
+        self
+    }
+
+    /// The cache's allocated bytes (st_blocks; a block device's: its size).
+    fn cache_allocated_bytes(&self) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(&self.cache).ok()?;
+        Some(match m.file_type().is_file() {
+            true => m.blocks() * 512,
+            false => self.lld.device_bytes(),
+        })
     }
 
     /// A checkpoint taken beside running operations: it waits up to `wait` for the ARUs other
@@ -95,7 +114,8 @@ impl StoreMount {
         format!(
             "store: {}, writer {}\nlease: generation {}, held by {}, expires in {} s{}\n\
              upload backlog: {} bytes (writers wait above {})\nbytes in the store: {} (segment objects of the newest checkpoint object)\n\
-             last uploaded checkpoint: {} ({})\nuploads: {} segment objects ({} bytes), {} checkpoint objects, {} skipped for newer, {} objects deleted, {} retries\n",
+             last uploaded checkpoint: {} ({})\nuploads: {} segment objects ({} bytes), {} checkpoint objects, {} skipped for newer, {} objects deleted, {} retries\n\
+             cache: {} bytes allocated, bound {}; {} segments held ({} bytes), {} in the store only; {} hits, {} misses, {} bytes fetched, {} failed fetches, {} evictions\n",
             self.url,
             s("writer"),
             s("lease_generation"),
@@ -119,6 +139,19 @@ impl StoreMount {
             s("checkpoints_skipped"),
             s("objects_deleted"),
             s("retries"),
+            s("cache_allocated_bytes"),
+            match j["cache_bound_bytes"].as_u64() {
+                Some(b) => format!("{b} bytes of segments"),
+                None => "none".to_string(),
+            },
+            s("cache_held_segments"),
+            s("cache_held_bytes"),
+            s("cache_evicted_segments"),
+            s("cache_hits"),
+            s("cache_misses"),
+            s("cache_bytes_fetched"),
+            s("cache_fetch_failures"),
+            s("cache_evictions"),
         )
     }
 
@@ -131,6 +164,7 @@ impl StoreMount {
         let (at, store_bytes) = self.seg.uploaded_at();
         let age = at.and_then(|t| t.elapsed().ok()).map(|d| d.as_secs());
         let st = self.seg.stats();
+        let c = self.seg.cache_stats().unwrap_or_default();
         serde_json::json!({
             "url": self.url.to_string(),
             "writer": self.seg.lease().writer(),
@@ -152,6 +186,18 @@ impl StoreMount {
             "retries": st.retries,
             "lease_waits": st.lease_waits,
             "uploader_failed": self.seg.failed(),
+            "cache_allocated_bytes": self.cache_allocated_bytes(),
+            "cache_bound_bytes": (c.bound_bytes != u64::MAX).then_some(c.bound_bytes),
+            // What the cache file holds beyond the bound: superblocks and checkpoint slots.
+            "cache_metadata_bytes": ldfs::store::cache::metadata_allowance_bytes(&self.lld.geometry()),
+            "cache_held_segments": c.held_segments,
+            "cache_held_bytes": c.held_bytes,
+            "cache_evicted_segments": c.evicted_segments,
+            "cache_hits": c.hits,
+            "cache_misses": c.misses,
+            "cache_bytes_fetched": c.bytes_fetched,
+            "cache_fetch_failures": c.fetch_failures,
+            "cache_evictions": c.evictions,
         })
     }
 

@@ -16,16 +16,19 @@
 //! Transient failures (the gateway down, slow or overloaded) are
 //! [`StoreError::Unavailable`], which callers retry with backoff; everything else is final.
 
+pub mod cache;
 pub mod lease;
 mod memory;
 mod s3;
 pub mod segments;
 
+pub use cache::{CacheConfig, CacheStats};
 pub use lease::{HeldLease, LeaseOptions};
 pub use memory::{MemoryStore, MemoryStoreFaults};
 pub use s3::{S3Config, S3Store};
 pub use segments::{
-    restore, LayerError, RestoreReport, SegmentStore, SegmentStoreOptions, UploadStats,
+    restore, restore_lazy, LayerError, RestoreReport, SegmentStore, SegmentStoreOptions,
+    UploadStats,
 };
 
 use std::fmt;

@@ -18,6 +18,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::cache::{Cache, CacheConfig, CacheDevice, CacheStats};
 use super::lease::{HeldLease, LeaseCheck};
 use super::{ObjectInfo, ObjectStore, PutOutcome, StoreError, StoreResult};
 use crate::device::{Device, DeviceError};
@@ -369,7 +370,9 @@ struct Shared {
     /// Checked before every checkpoint put and delete (not segment puts: their keys are this
     /// writer's own, so a late one harms nobody).
     lease: Arc<HeldLease>,
+    /// The cache device: through the [`Cache`] when there is one.
     dev: Arc<dyn Device>,
+    cache: Option<Arc<Cache>>,
     geo: Geometry,
     superblock: Vec<u8>,
     state: Mutex<State>,
@@ -410,6 +413,19 @@ impl SegmentStore {
         lease: Arc<HeldLease>,
         opts: SegmentStoreOptions,
     ) -> LayerResult<SegmentStore> {
+        Self::start_cached(store, dev, lease, opts, None)
+    }
+
+    /// [`SegmentStore::start`] with the cache's residency (`store::cache`): segments the cache
+    /// does not hold are fetched on a read, and with a bound, uploaded ones are evicted to stay
+    /// within it. Everything lld does must then go through [`SegmentStore::device`].
+    pub fn start_cached(
+        store: Arc<dyn ObjectStore>,
+        dev: Arc<dyn Device>,
+        lease: Arc<HeldLease>,
+        opts: SegmentStoreOptions,
+        cache: Option<CacheConfig>,
+    ) -> LayerResult<SegmentStore> {
         lease.check()?;
         let mut superblock = vec![0u8; PAGE_BYTES];
         dev.read_at(&mut superblock, 0)?;
@@ -430,6 +446,24 @@ impl SegmentStore {
                 )));
             }
         }
+        let holds = newest_slot_states(&*dev, &geo);
+        // The residency: a segment only an object the sweep is about to delete holds is
+        // fetched back (or left as a hole if lld reads nothing of it) first.
+        let (cache, dev) = match cache {
+            None => (None, dev),
+            Some(cfg) => {
+                let c = Cache::open(
+                    dev.clone(),
+                    store.clone(),
+                    geo,
+                    cfg,
+                    holds.as_deref(),
+                    &kept_named(&*store)?,
+                )?;
+                let d: Arc<dyn Device> = Arc::new(CacheDevice(c.clone()));
+                (Some(c), d)
+            }
+        };
         let (kept, swept) = sweep_kept(&*store)?;
         if let Some(k) = kept.iter().find(|k| k.fs_id != geo.fs_id) {
             return Err(LayerError::Other(format!(
@@ -472,7 +506,6 @@ impl SegmentStore {
         // then was deleted).
         // Objects of a newest checkpoint the cache does not hold are only candidates
         // (`Known::verify`): taken once their crc is the cache segment's.
-        let holds = newest_slot_states(&*dev, &geo);
         let verify = held.is_none();
         let mut known = BTreeMap::new();
         if let Some(newest) = newest {
@@ -485,6 +518,24 @@ impl SegmentStore {
                     )
                 });
                 if !held {
+                    continue;
+                }
+                // An evicted segment is its object (no read: it would fetch it), also when the
+                // newest checkpoint is not this cache's slot: the map's entry carries the crc
+                // the uploader took of the very bytes it evicted (review 32's doubt is about
+                // a segment the cache holds, whose use page 0 cannot tell).
+                if cache
+                    .as_ref()
+                    .is_some_and(|c| c.evicted_entry(e.segment) == Some(*e))
+                {
+                    known.insert(
+                        e.segment,
+                        Known {
+                            entry: *e,
+                            read_gen: 0,
+                            verify: false,
+                        },
+                    );
                     continue;
                 }
                 dev.read_at(&mut page, geo.page_addr(SegmentId(e.segment), 0))?;
@@ -500,6 +551,25 @@ impl SegmentStore {
                 }
             }
         }
+        if let Some(c) = &cache {
+            // What the newest complete checkpoint object names in full and the cache holds as
+            // it: evictable from the start (a restart need not wait for its first upload).
+            // Only when that checkpoint is this cache's (its slot held byte for byte): a
+            // candidate (`verify`) may be another branch's bytes until the uploader compared
+            // crcs, and evicting the cache's segment for it would lose the segment.
+            let full: Vec<SegmentEntry> = known
+                .values()
+                .filter(|k| held.is_some() && !k.verify)
+                .map(|k| k.entry)
+                .filter(|e| {
+                    e.pages == geo.segment_pages
+                        && holds.as_ref().is_some_and(|st| {
+                            st.get(e.segment as usize) == Some(&SegmentState::Dirty)
+                        })
+                })
+                .collect();
+            c.set_evictable(&full);
+        }
         let named: Vec<(String, BTreeSet<String>)> = kept
             .into_iter()
             .map(|k| (k.key, k.entries.iter().map(|e| e.key()).collect()))
@@ -509,6 +579,7 @@ impl SegmentStore {
             store,
             lease,
             dev,
+            cache,
             superblock,
             state: Mutex::new(State {
                 release_gen: 0,
@@ -548,6 +619,9 @@ impl SegmentStore {
         CheckpointHook(Arc::new(move |c: &DurableCheckpoint<'_>| {
             let Some(sh) = shared.upgrade() else { return };
             let mut st = sh.state.lock().expect("uploader state poisoned");
+            if let Some(cache) = &sh.cache {
+                cache.note_released(c.released);
+            }
             if !c.released.is_empty() {
                 st.release_gen += 1;
                 let g = st.release_gen;
@@ -674,7 +748,8 @@ impl SegmentStore {
         }
     }
 
-    /// Stops the uploader (what it has not uploaded stays in the cache for the next start).
+    /// Stops the uploader (what it has not uploaded stays in the cache for the next start)
+    /// and the cache's eviction (reads still fetch what the cache lacks).
     pub fn stop(&self) {
         self.shared.state.lock().unwrap().stop = true;
         self.shared.cv.notify_all();
@@ -682,6 +757,33 @@ impl SegmentStore {
         if let Some(t) = t {
             let _ = t.join();
         }
+        if let Some(c) = &self.shared.cache {
+            // What the last upload made evictable goes now: the cache is left within its
+            // bound.
+            if let Err(e) = c.shrink() {
+                eprintln!("ldfs: evicting from the cache: {e}");
+            }
+            c.stop();
+        }
+    }
+
+    /// Evicts now until the cache is within its bound (what the eviction thread does when
+    /// woken); nothing without a cache.
+    pub fn shrink_cache(&self) -> LayerResult<()> {
+        match &self.shared.cache {
+            Some(c) => c.shrink(),
+            None => Ok(()),
+        }
+    }
+
+    /// The entry of a segment the cache evicted (its bytes are in the store only).
+    pub fn evicted_entry(&self, segment: u32) -> Option<SegmentEntry> {
+        self.shared.cache.as_ref()?.evicted_entry(segment)
+    }
+
+    /// The cache's figures, if the layer keeps its residency.
+    pub fn cache_stats(&self) -> Option<CacheStats> {
+        self.shared.cache.as_ref().map(|c| c.stats())
     }
 
     /// Whether [`SegmentStore::stop`] was called: nothing more is uploaded.
@@ -794,6 +896,22 @@ pub fn newest_complete_checkpoint(
 pub fn sweep(store: &dyn ObjectStore) -> LayerResult<(u64, u64)> {
     let (kept, deleted) = sweep_kept(store)?;
     Ok((kept.last().map_or(0, |k| k.serial), deleted))
+}
+
+/// The keys of the segment objects the newest two checkpoint objects name: what a sweep
+/// keeps.
+fn kept_named(store: &dyn ObjectStore) -> LayerResult<BTreeSet<String>> {
+    let ckpts: Vec<ObjectInfo> = store
+        .list("ckpt/")?
+        .into_iter()
+        .filter(|o| parse_checkpoint_key(&o.key).is_some())
+        .collect();
+    let mut named = BTreeSet::new();
+    for c in ckpts.iter().rev().take(2) {
+        let obj = decode_checkpoint_object(&c.key, &store.get(&c.key)?)?;
+        named.extend(obj.entries.iter().map(|e| e.key()));
+    }
+    Ok(named)
 }
 
 /// A kept checkpoint object.
@@ -996,6 +1114,9 @@ fn upload(
     // What the store lacks is put (several at once), the rest is known to be there.
     let mut entries: Vec<Option<SegmentEntry>> = Vec::new();
     let mut todo = Vec::new();
+    // Per entry: named in full (Dirty), never the Active one: what the cache may evict once
+    // this checkpoint object is in the store.
+    let mut whole = Vec::new();
     for (seg, u) in usage.iter() {
         let pages = match u.state {
             SegmentState::Dirty if u.live_bytes > 0 || u.pins != 0 => geo.segment_pages,
@@ -1016,6 +1137,7 @@ fn upload(
         if let Some(k) = known.get(&seg.0) {
             if !k.verify && k.entry.pages == pages && released_at <= k.read_gen {
                 entries.push(Some(k.entry));
+                whole.push(u.state == SegmentState::Dirty);
                 continue;
             }
         }
@@ -1026,6 +1148,7 @@ fn upload(
             candidate: known.get(&seg.0).map(|k| k.entry),
         });
         entries.push(None);
+        whole.push(u.state == SegmentState::Dirty);
     }
     let (done, end) = put_segments(sh, job, &todo);
     // What was acknowledged is in the store, whatever became of the job.
@@ -1079,6 +1202,19 @@ fn upload(
     // its final checkpoint was not in the store and kept the lease).
     {
         let mut st = sh.state.lock().unwrap();
+        if let Some(cache) = &sh.cache {
+            // Evictable from its acknowledgement on: the objects it names stay until a later
+            // checkpoint supersedes them, and each delete settles an evicted segment first
+            // (`orphan`). Under the state lock, so that no release slips between the check
+            // and the set.
+            let full: Vec<SegmentEntry> = entries
+                .iter()
+                .zip(&whole)
+                .filter(|(e, &w)| w && st.released_at[e.segment as usize] <= job.gen)
+                .map(|(e, _)| *e)
+                .collect();
+            cache.set_evictable(&full);
+        }
         st.store_bytes = entries
             .iter()
             .map(|e| e.pages as u64 * PAGE_BYTES as u64)
@@ -1252,6 +1388,10 @@ fn orphan(sh: &Shared, key: String, named: &[(String, BTreeSet<String>)]) -> Lay
     if named.iter().any(|(_, keys)| keys.contains(&key)) {
         return Ok(false);
     }
+    if let Some(cache) = &sh.cache {
+        // A segment the cache evicted may hold nothing but this object.
+        cache.before_delete(&key)?;
+    }
     if retry_fenced(sh, || sh.store.delete(&key))?.is_some() {
         sh.state.lock().unwrap().stats.objects_deleted += 1;
         return Ok(true);
@@ -1346,6 +1486,97 @@ pub fn restore(store: &dyn ObjectStore, dev: &dyn Device) -> LayerResult<Restore
         dev.write_at(&b, geo.page_addr(SegmentId(e.segment), 0))?;
         bytes += b.len() as u64;
     }
+    write_slot_and_superblocks(dev, &key, &obj)?;
+    Ok(RestoreReport {
+        serial: obj.serial,
+        segments: obj.entries.len(),
+        bytes,
+    })
+}
+
+/// Makes a fresh cache on `dev` for the newest complete checkpoint object in `store` without
+/// downloading its segments (a cold mount, issue 20 step C): the residency map at `map_path`
+/// lists every segment the checkpoint names in full (written durably first), the segment area
+/// is given back (a hole, where the device can), the Active segment's prefix is fetched (lld
+/// appends to it), then the slot and the end-of-log zeros, and the superblocks last. lld then
+/// opens it as after a clean shutdown and fetches each segment at its first read
+/// ([`SegmentStore::start_cached`]).
+pub fn restore_lazy(
+    store: &dyn ObjectStore,
+    dev: &dyn Device,
+    map_path: &std::path::Path,
+) -> LayerResult<RestoreReport> {
+    let Some((key, obj)) = newest_complete_checkpoint(store)? else {
+        return Err(match newest_checkpoint(store)? {
+            Some((key, _)) => LayerError::Corrupt {
+                what: "store",
+                key,
+                detail: "no checkpoint object whose segment objects are all there".into(),
+            },
+            None => LayerError::Other("the store holds no checkpoint object".into()),
+        });
+    };
+    let geo = &obj.geo;
+    let need = geo.total_pages * PAGE_BYTES as u64;
+    if dev.size_bytes() < need {
+        return Err(LayerError::Other(format!(
+            "the cache holds {} bytes; this file system needs {need}",
+            dev.size_bytes()
+        )));
+    }
+    // Whatever the device held is no cache from here on: a rebuild cut short is rebuilt.
+    dev.write_at(&vec![0u8; PAGE_BYTES], 0)?;
+    dev.flush()?;
+    let (full, prefix): (Vec<SegmentEntry>, Vec<SegmentEntry>) = obj
+        .entries
+        .iter()
+        .partition(|e| e.pages == geo.segment_pages);
+    super::cache::write_map(map_path, geo.fs_id, &full).map_err(|e| {
+        LayerError::Other(format!(
+            "writing the residency map {}: {e}",
+            map_path.display()
+        ))
+    })?;
+    let first = geo.page_addr(SegmentId(0), 0);
+    dev.discard(first, geo.segment_bytes() * geo.segment_count as u64)?;
+    let mut bytes = 0u64;
+    for e in &prefix {
+        let k = e.key();
+        let b = store.get(&k)?;
+        if b.len() != e.pages as usize * PAGE_BYTES || crc32c::crc32c(&b) != e.crc {
+            return Err(LayerError::Corrupt {
+                what: "segment object",
+                key: k,
+                detail: format!(
+                    "{} bytes with crc {:#x}; the checkpoint names {} pages with crc {:#x}",
+                    b.len(),
+                    crc32c::crc32c(&b),
+                    e.pages,
+                    e.crc
+                ),
+            });
+        }
+        dev.write_at(&b, geo.page_addr(SegmentId(e.segment), 0))?;
+        bytes += b.len() as u64;
+    }
+    write_slot_and_superblocks(dev, &key, &obj)?;
+    Ok(RestoreReport {
+        serial: obj.serial,
+        segments: prefix.len(),
+        bytes,
+    })
+}
+
+/// The end of a rebuild: the checkpoint object's slot (the other zeroed), zeros where the log
+/// ends, a flush, then the superblocks (page 0's the very last) and a flush: a rebuild cut
+/// short leaves zeros at page 0, which the next mount takes for an empty cache and rebuilds
+/// (review 31).
+fn write_slot_and_superblocks(
+    dev: &dyn Device,
+    key: &str,
+    obj: &CheckpointObject,
+) -> LayerResult<()> {
+    let geo = &obj.geo;
     let slot = (obj.serial % 2) as usize;
     dev.write_at(&obj.slot, geo.slot_addr(slot))?;
     dev.write_at(&vec![0u8; obj.slot.len()], geo.slot_addr(1 - slot))?;
@@ -1353,7 +1584,7 @@ pub fn restore(store: &dyn ObjectStore, dev: &dyn Device) -> LayerResult<Restore
     // segment: zeros there end the log, whatever the device held before.
     let (hdr, _) = checkpoint::decode(geo, &obj.slot, 0).map_err(|e| LayerError::Corrupt {
         what: "checkpoint object",
-        key: key.clone(),
+        key: key.to_string(),
         detail: format!("slot: {e}"),
     })?;
     let zero = vec![0u8; PAGE_BYTES];
@@ -1366,17 +1597,10 @@ pub fn restore(store: &dyn ObjectStore, dev: &dyn Device) -> LayerResult<Restore
     if hdr.next_segment != hdr.log_segment {
         dev.write_at(&zero, geo.page_addr(SegmentId(hdr.next_segment), 0))?;
     }
-    // The superblocks last (page 0's the very last), after everything else is durable: a
-    // rebuild cut short leaves zeros at page 0, which the next mount takes for an empty cache
-    // and rebuilds (review 31).
     dev.flush()?;
     let [sb0, sb1] = geo.superblock_addrs();
     dev.write_at(&geo.encode_superblock(1), sb1)?;
     dev.write_at(&obj.superblock, sb0)?;
     dev.flush()?;
-    Ok(RestoreReport {
-        serial: obj.serial,
-        segments: obj.entries.len(),
-        bytes,
-    })
+    Ok(())
 }
