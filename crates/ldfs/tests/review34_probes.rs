@@ -102,7 +102,7 @@ impl Device for GatedFlush {
     }
 }
 
-/// Finding 1 (medium, crash-critical): `CacheDevice::write_at` writes the residency map first
+/// Finding 1 (medium, crash-critical; fixed on review34): `CacheDevice::write_at` writes the residency map first
 /// only when the *durable* map lists the segment (`durable[s]`), but `durable` is set at the
 /// end of a map write. A segment chosen for eviction (`Evicting`) is in the snapshot of a map
 /// write in flight (between its snapshot and its rename: the device flush and three fsyncs);
@@ -116,7 +116,6 @@ impl Device for GatedFlush {
 /// bytes. Fix: `listed |= matches!(st.seg[s], Seg::Evicting(_))` in `write_at` (its persist
 /// then waits for the in-flight one under `persist_lock` and writes a map without it).
 #[test]
-#[ignore = "review 34 finding 1: a write to a segment being evicted races the map write that lists it"]
 fn a_write_during_an_evictions_map_write_never_leaves_the_map_naming_the_old_object() {
     let gated = Arc::new(GatedFlush {
         inner: Some(MemoryDevice::new(8 << 20)),
@@ -338,7 +337,7 @@ fn a_rebuild_whose_checkpoint_is_superseded_twice_mid_download_restores() {
     assert_eq!(l.read(l1, 19).unwrap().as_deref(), Some(&[1u8; 9000][..]));
 }
 
-/// Finding 1b (medium, crash-critical; the same race in `Cache::before_delete`): the uploader
+/// Finding 1b (medium, crash-critical; fixed on review34; the same race in `Cache::before_delete`): the uploader
 /// settles a segment before it deletes the object an eviction in flight names (`Evicting`: a
 /// checkpoint acknowledged meanwhile no longer names that object, so it is orphaned): the
 /// segment is fetched back (its bytes were still there) and `before_delete` writes a map only
@@ -349,7 +348,6 @@ fn a_rebuild_whose_checkpoint_is_superseded_twice_mid_download_restores() {
 /// Fix: `before_delete` writes the map whenever it found the segment `Evicted` or `Evicting`
 /// (its persist waits for the one in flight).
 #[test]
-#[ignore = "review 34 finding 1: a delete settled during an eviction's map write leaves the map naming the deleted object"]
 fn a_delete_during_an_evictions_map_write_never_leaves_the_map_naming_the_deleted_object() {
     let gated = Arc::new(GatedFlush {
         inner: Some(MemoryDevice::new(8 << 20)),

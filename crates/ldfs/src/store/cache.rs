@@ -437,6 +437,9 @@ impl Cache {
         else {
             return Ok(());
         };
+        // Found evicted or being evicted: a map write in flight may list it, though the
+        // durable map does not yet (review 34); a map is written after it, in any case.
+        let mut settled = false;
         loop {
             let mut st = self.state.lock().unwrap();
             match st.seg[s] {
@@ -445,6 +448,7 @@ impl Cache {
                     continue;
                 }
                 Seg::Evicted(e) | Seg::Evicting(e) if e.key() == key => {
+                    settled = true;
                     if st.released[s] {
                         st.seg[s] = Seg::Held;
                     } else {
@@ -456,7 +460,7 @@ impl Cache {
                 }
                 _ => {}
             }
-            let listed = st.durable[s].is_some_and(|e| e.key() == key);
+            let listed = settled || st.durable[s].is_some_and(|e| e.key() == key);
             drop(st);
             if listed {
                 self.persist()?;
@@ -731,8 +735,10 @@ impl Cache {
             st.tick += 1;
             let t = st.tick;
             for s in segs.clone() {
+                // `Evicting`: a map write in flight may list it (`durable` is set only when
+                // that write ends); this one's persist waits for it (review 34).
+                listed |= st.durable[s].is_some() || matches!(st.seg[s], Seg::Evicting(_));
                 st.seg[s] = Seg::Held;
-                listed |= st.durable[s].is_some();
                 st.evictable[s] = None;
                 st.released[s] = false;
                 st.last_use[s] = t;
