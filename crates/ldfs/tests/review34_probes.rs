@@ -262,7 +262,7 @@ impl ObjectStore for HoldAfterChoice {
     }
 }
 
-/// Finding 2 (medium; the cause of review 32's probe failing under load):
+/// Finding 2 (medium; fixed on review34; the cause of review 32's probe failing under load):
 /// `restore` (every read-only mount's rebuild) chooses the newest complete checkpoint object
 /// and then downloads the segment objects it names, one by one. A writer uploading meanwhile
 /// deletes the objects of a checkpoint two uploads older (segment objects first, then the
@@ -278,7 +278,6 @@ impl ObjectStore for HoldAfterChoice {
 /// mid-download makes `restore` choose again (from a fresh listing; segments already written
 /// under the same key need not be fetched again), a few times before it fails.
 #[test]
-#[ignore = "review 34 finding 2: a rebuild whose checkpoint is superseded twice mid-download fails"]
 fn a_rebuild_whose_checkpoint_is_superseded_twice_mid_download_restores() {
     let probe = Arc::new(HoldAfterChoice::default());
     let store: Arc<dyn ObjectStore> = probe.inner.clone();
