@@ -68,7 +68,7 @@ fn note_by_name(dev_path: &Path) -> PathBuf {
 /// record the device identity (st_rdev and size, or a random cache id) in the note and take
 /// a note (by name too) only when it matches.
 #[test]
-#[ignore = "review 34 finding 3: identity picks the first of several notes of one device, a stale reader's"]
+#[ignore = "review 34 finding 3: identity takes the first of several notes of a device"]
 fn a_read_only_mount_through_a_third_name_never_rebuilds_a_writers_cache() {
     if !Path::new("/dev/shm").is_dir() || !writable(Path::new(DEVICE_NOTES)) {
         eprintln!("*** SKIPPING: /dev/shm or the device notes' directory is not writable ***");

@@ -102,19 +102,19 @@ impl Device for GatedFlush {
     }
 }
 
-/// Finding 1 (medium, crash-critical; fixed on review34): `CacheDevice::write_at` writes the residency map first
-/// only when the *durable* map lists the segment (`durable[s]`), but `durable` is set at the
-/// end of a map write. A segment chosen for eviction (`Evicting`) is in the snapshot of a map
-/// write in flight (between its snapshot and its rename: the device flush and three fsyncs);
-/// a checkpoint releases it and lld writes it meanwhile: the write sees `durable[s] == None`,
-/// writes no map and goes to the device; the map write then lands listing the segment with
-/// its old object. The eviction skips the punch (no longer `Evicting`), but the durable map
-/// now names the old object for new bytes until the next write of that segment or the next
-/// map write. A power cut in that window, with the segment Dirty in the cache's slot (written
-/// whole at once, as a cleaner's or a large write's batch may) and its old object still kept:
-/// the restart takes it as evicted and the first read fetches the old object over the new
-/// bytes. Fix: `listed |= matches!(st.seg[s], Seg::Evicting(_))` in `write_at` (its persist
-/// then waits for the in-flight one under `persist_lock` and writes a map without it).
+/// Finding 1 (medium, crash-critical; fixed on review34): `CacheDevice::write_at` writes the
+/// residency map first only when the *durable* map lists the segment (`durable[s]`), but `durable`
+/// is set at the end of a map write. A segment chosen for eviction (`Evicting`) is in the snapshot
+/// of a map write in flight (between its snapshot and its rename: the device flush and three
+/// fsyncs); a checkpoint releases it and lld writes it meanwhile: the write sees `durable[s] ==
+/// None`, writes no map and goes to the device; the map write then lands listing the segment with
+/// its old object. The eviction skips the punch (no longer `Evicting`), but the durable map now
+/// names the old object for new bytes until the next write of that segment or the next map write. A
+/// power cut in that window, with the segment Dirty in the cache's slot (written whole at once, as
+/// a cleaner's or a large write's batch may) and its old object still kept: the restart takes it as
+/// evicted and the first read fetches the old object over the new bytes. Fix: `listed |=
+/// matches!(st.seg[s], Seg::Evicting(_))` in `write_at` (its persist then waits for the in-flight
+/// one under `persist_lock` and writes a map without it).
 #[test]
 fn a_write_during_an_evictions_map_write_never_leaves_the_map_naming_the_old_object() {
     let gated = Arc::new(GatedFlush {
@@ -336,16 +336,16 @@ fn a_rebuild_whose_checkpoint_is_superseded_twice_mid_download_restores() {
     assert_eq!(l.read(l1, 19).unwrap().as_deref(), Some(&[1u8; 9000][..]));
 }
 
-/// Finding 1b (medium, crash-critical; fixed on review34; the same race in `Cache::before_delete`): the uploader
-/// settles a segment before it deletes the object an eviction in flight names (`Evicting`: a
-/// checkpoint acknowledged meanwhile no longer names that object, so it is orphaned): the
-/// segment is fetched back (its bytes were still there) and `before_delete` writes a map only
-/// if the *durable* map lists it, which it does not yet. The object is deleted; the map write
-/// in flight then lands naming it. A power cut before the next map write: the restart finds a
-/// Dirty segment listed with an object no kept checkpoint names, tries to fetch it back before
-/// the sweep, and the mount fails (the object is gone), though the cache holds every byte.
-/// Fix: `before_delete` writes the map whenever it found the segment `Evicted` or `Evicting`
-/// (its persist waits for the one in flight).
+/// Finding 1b (medium, crash-critical; fixed on review34; the same race in `Cache::before_delete`):
+/// the uploader settles a segment before it deletes the object an eviction in flight names
+/// (`Evicting`: a checkpoint acknowledged meanwhile no longer names that object, so it is
+/// orphaned): the segment is fetched back (its bytes were still there) and `before_delete` writes a
+/// map only if the *durable* map lists it, which it does not yet. The object is deleted; the map
+/// write in flight then lands naming it. A power cut before the next map write: the restart finds a
+/// Dirty segment listed with an object no kept checkpoint names, tries to fetch it back before the
+/// sweep, and the mount fails (the object is gone), though the cache holds every byte. Fix:
+/// `before_delete` writes the map whenever it found the segment `Evicted` or `Evicting` (its
+/// persist waits for the one in flight).
 #[test]
 fn a_delete_during_an_evictions_map_write_never_leaves_the_map_naming_the_deleted_object() {
     let gated = Arc::new(GatedFlush {
