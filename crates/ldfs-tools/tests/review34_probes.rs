@@ -166,3 +166,153 @@ fn a_read_only_mount_through_a_third_name_never_rebuilds_a_writers_cache() {
         s.notes[1].display()
     );
 }
+
+/// Guard (passes): a host whose bounded cache evicted segments loses the lease (a crash); the
+/// taker rebuilds its own cache and uploads twice, its deletes superseding objects the old
+/// cache's residency map names. The old host then mounting its cache again is refused, read-
+/// write (with the lease taken back: a later writer uploaded since it was last mounted) and
+/// read-only (a writer's cache), and its cache and map are left as they were: it never starts
+/// on a map naming objects that are gone.
+#[test]
+fn an_evicting_cache_superseded_by_a_taker_is_refused_on_its_return() {
+    use ldfs::store::cache::read_map;
+    use ldfs::store::CacheConfig;
+    use ldfs::testing::store::crash_lease;
+    use ldfs_tools::cli::store::map_path;
+    let d = tempfile::tempdir().unwrap();
+    let a_img = d.path().join("a.img");
+    let b_img = d.path().join("b.img");
+    let store = Arc::new(MemoryStore::new());
+    let url = StoreUrl::parse("s3://probe34/takeover").unwrap();
+    let clock = TestClock::default();
+    let opts = MkfsOptions {
+        segment_bytes: 128 << 10,
+        max_block_bytes: 32 << 10,
+        reserved_segments: Some(4),
+        fs_id: 0x3435,
+        max_bytes: None,
+        kept_pages: 0,
+    };
+    let bound = 8 * (128 << 10);
+    let cfg = |img: &Path| CacheConfig {
+        map_path: map_path(img),
+        bound_bytes: bound,
+        fetch_patience: Duration::from_millis(200),
+    };
+    let open = |seg: &SegmentStore| {
+        Lld::open(
+            seg.device(),
+            LldOptions {
+                checkpoint_hook: Some(seg.hook()),
+                discard: true,
+                ..LldOptions::default()
+            },
+        )
+        .unwrap()
+    };
+    let upload = |lld: &Lld, seg: &SegmentStore, byte: u8, n: u64| {
+        let l = lld.create_list(None, ListHints::default()).unwrap();
+        for i in 0..n {
+            lld.write(None, l, i, &[byte; 9000]).unwrap();
+        }
+        lld.checkpoint_now().unwrap();
+        seg.wait_uploaded(seg.announced(), Duration::from_secs(30))
+            .unwrap();
+        seg.shrink_cache().unwrap();
+        l
+    };
+    // A: a bounded cache that evicted what it uploaded.
+    std::fs::File::create(&a_img)
+        .unwrap()
+        .set_len(DEV_BYTES)
+        .unwrap();
+    let dev_a: Arc<dyn Device> =
+        Arc::new(FileDevice::open(&a_img, FileDeviceOptions::default()).unwrap());
+    ldfs::lld::mkfs::mkfs(&*dev_a, &opts).unwrap();
+    let lease_a = take_lease(store.clone(), &clock, false);
+    write_note(&a_img, &url, 0x3435, lease_a.writer()).unwrap();
+    let seg_a = SegmentStore::start_cached(
+        store.clone(),
+        dev_a,
+        lease_a.clone(),
+        SegmentStoreOptions::default(),
+        Some(cfg(&a_img)),
+    )
+    .unwrap();
+    let lld_a = open(&seg_a);
+    let l1 = upload(&lld_a, &seg_a, 1, 150);
+    let l2 = upload(&lld_a, &seg_a, 2, 150);
+    let geo = lld_a.geometry();
+    let a_map = read_map(&map_path(&a_img), &geo)
+        .unwrap()
+        .unwrap_or_default();
+    assert!(!a_map.is_empty(), "A's cache evicted nothing");
+    // A crashes.
+    seg_a.stop();
+    drop(lld_a);
+    drop(seg_a);
+    crash_lease(&lease_a, &clock);
+    // B takes over with a cache of its own, drops A's data and uploads twice: its deletes
+    // supersede objects A's map names.
+    let lease_b = take_lease(store.clone(), &clock, true);
+    prepare_cache_sized(
+        &*store as &dyn ObjectStore,
+        &url,
+        &b_img,
+        Some(lease_b.writer()),
+        Some(bound),
+    )
+    .unwrap();
+    let dev_b: Arc<dyn Device> =
+        Arc::new(FileDevice::open(&b_img, FileDeviceOptions::default()).unwrap());
+    let seg_b = SegmentStore::start_cached(
+        store.clone(),
+        dev_b,
+        lease_b.clone(),
+        SegmentStoreOptions::default(),
+        Some(cfg(&b_img)),
+    )
+    .unwrap();
+    let lld_b = open(&seg_b);
+    lld_b.delete_list(None, l1).unwrap();
+    lld_b.delete_list(None, l2).unwrap();
+    for b in 3..6 {
+        upload(&lld_b, &seg_b, b, 150);
+    }
+    let gone = a_map
+        .iter()
+        .filter(|e| !store.keys().contains(&e.key()))
+        .count();
+    assert!(
+        gone > 0,
+        "B's uploads deleted none of the objects A's map names"
+    );
+    seg_b.stop();
+    drop(lld_b);
+    drop(seg_b);
+    crash_lease(&lease_b, &clock);
+    // A returns.
+    let before = std::fs::read(&a_img).unwrap();
+    let map_before = std::fs::read(map_path(&a_img)).unwrap();
+    let lease_a2 = take_lease(store.clone(), &clock, true);
+    let rw = prepare_cache_sized(
+        &*store as &dyn ObjectStore,
+        &url,
+        &a_img,
+        Some(lease_a2.writer()),
+        None,
+    );
+    let ro = prepare_cache_sized(&*store as &dyn ObjectStore, &url, &a_img, None, None);
+    assert!(
+        rw.is_err() && ro.is_err(),
+        "A's cache ({gone} of the {} objects its map names are gone) was taken back: \
+         read-write {rw:?}, read-only {ro:?}",
+        a_map.len()
+    );
+    assert_eq!(std::fs::read(&a_img).unwrap(), before, "A's cache changed");
+    assert_eq!(
+        std::fs::read(map_path(&a_img)).unwrap(),
+        map_before,
+        "A's map changed"
+    );
+}
