@@ -458,19 +458,19 @@ impl Device for FailSlotReadOnce {
     }
 }
 
-/// Finding 4 (medium, crash-critical: silent loss of the residency): `SegmentStore::start_cached`
-/// takes the states of the cache's newest slot with `newest_slot_states`, which gives `None`
-/// for an I/O error reading a slot (`read_checkpoints(..).ok()?`) as for no valid slot; and
-/// `Cache::open` with `None` takes every segment its residency map lists for one lld reads
-/// nothing of (not Dirty) and writes the map without them. One transient read error at start
-/// so wipes the map for good: lld (whose own read of the slot then succeeds) reads the holes
-/// of evicted segments as data (zeros), and the uploader, finding no evicted entry, reads page
-/// 0 of those segments (zeros: not known) and would put zeros for them in the next upload, then
-/// delete the good objects two uploads later. Fix: start fails on an error reading the slots
-/// (propagate it instead of `.ok()?`), and `Cache::open` with `states == None` and a non-empty
-/// map refuses (or keeps every entry) rather than dropping them.
+/// Finding 4 (medium, crash-critical: silent loss of the residency; fixed on review34):
+/// `SegmentStore::start_cached` takes the states of the cache's newest slot with
+/// `newest_slot_states`, which gives `None` for an I/O error reading a slot
+/// (`read_checkpoints(..).ok()?`) as for no valid slot; and `Cache::open` with `None` takes every
+/// segment its residency map lists for one lld reads nothing of (not Dirty) and writes the map
+/// without them. One transient read error at start so wipes the map for good: lld (whose own read
+/// of the slot then succeeds) reads the holes of evicted segments as data (zeros), and the
+/// uploader, finding no evicted entry, reads page 0 of those segments (zeros: not known) and would
+/// put zeros for them in the next upload, then delete the good objects two uploads later. Fix:
+/// start fails on an error reading the slots (propagate it instead of `.ok()?`), and `Cache::open`
+/// with `states == None` and a non-empty map refuses (or keeps every entry) rather than dropping
+/// them.
 #[test]
-#[ignore = "review 34 finding 4: one failed slot read at start wipes the residency map"]
 fn a_failed_slot_read_at_start_never_wipes_the_residency_map() {
     let mem = Arc::new(MemoryDevice::new(DEV_BYTES));
     ldfs::lld::mkfs::mkfs(&*mem, &mkfs_opts()).unwrap();

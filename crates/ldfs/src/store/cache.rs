@@ -264,8 +264,9 @@ pub struct Cache {
 impl Cache {
     /// Opens the residency of the cache on `dev` (its superblock decoded as `geo`): the map at
     /// `cfg.map_path` (absent: everything held). `states` are the segments' states in the
-    /// cache's newest durable slot: a listed segment that is not Dirty there holds nothing lld
-    /// reads (released, or beyond the log) and leaves the map as a hole; one Dirty segment's
+    /// cache's newest durable slot (`None`: no slot decodes; every listed segment stays listed):
+    /// a listed segment that is not Dirty there holds nothing lld reads (released, or beyond
+    /// the log) and leaves the map as a hole; one Dirty segment's
     /// object `kept` (what the newest two checkpoint objects name) does not contain is fetched
     /// back before the caller's sweep deletes it. Starts the eviction thread.
     pub fn open(
@@ -278,8 +279,9 @@ impl Cache {
     ) -> LayerResult<Arc<Cache>> {
         let n = geo.segment_count as usize;
         let map = read_map(&cfg.map_path, &geo)?;
+        // No slot to say (none decodes): every listed segment stays listed (review 34).
         let dirty =
-            |s: usize| states.is_some_and(|st| matches!(st.get(s), Some(SegmentState::Dirty)));
+            |s: usize| states.is_none_or(|st| matches!(st.get(s), Some(SegmentState::Dirty)));
         let live = |s: usize| {
             states.is_none_or(|st| {
                 matches!(st.get(s), Some(SegmentState::Dirty | SegmentState::Active))

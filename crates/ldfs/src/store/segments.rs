@@ -444,7 +444,7 @@ impl SegmentStore {
                 )));
             }
         }
-        let holds = newest_slot_states(&*dev, &geo);
+        let holds = newest_slot_states(&*dev, &geo)?;
         // The residency: a segment only an object the sweep is about to delete holds is
         // fetched back (or left as a hole if lld reads nothing of it) first.
         let (cache, dev) = match cache {
@@ -1389,10 +1389,16 @@ fn cache_holds_slot(dev: &dyn Device, geo: &Geometry, serial: u64, slot: &[u8]) 
 
 /// The segments' states in the cache's newest valid checkpoint slot (`None`
 /// if neither decodes: nothing from the store is then taken as held).
-fn newest_slot_states(dev: &dyn Device, geo: &Geometry) -> Option<Vec<SegmentState>> {
-    let slots = crate::lld::mkfs::read_checkpoints(dev, geo).ok()?;
-    let newest = slots.into_iter().flatten().max_by_key(|(h, _)| h.serial)?;
-    Some(newest.1.iter().map(|(_, u)| u.state).collect())
+/// `None`: no slot decodes. An error reading them is an error (review 34: taken for `None`,
+/// one transient read error made the cache's residency map drop every segment it listed).
+fn newest_slot_states(dev: &dyn Device, geo: &Geometry) -> LayerResult<Option<Vec<SegmentState>>> {
+    let slots = crate::lld::mkfs::read_checkpoints(dev, geo)
+        .map_err(|e| LayerError::Other(format!("reading the cache's checkpoint slots: {e}")))?;
+    Ok(slots
+        .into_iter()
+        .flatten()
+        .max_by_key(|(h, _)| h.serial)
+        .map(|newest| newest.1.iter().map(|(_, u)| u.state).collect()))
 }
 
 /// The sequence number of the partial segment at page 0: which use of the segment this is.
