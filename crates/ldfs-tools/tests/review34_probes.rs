@@ -53,22 +53,20 @@ fn note_by_name(dev_path: &Path) -> PathBuf {
     ))
 }
 
-/// Finding 3 (low-medium, data loss on a rare path): `note_path` of a name under `/dev` with
-/// no note of its own takes, by identity, the note of another name that leads to the same
-/// device now, and when several do, the first by name order. Notes are kept by the name a
-/// mount was given and kernel names move across boots: `/dev/sdb` noted at one boot as a
-/// read-only mount's cache (writer 0) of a file system is, at the next, the writer's disk
-/// (noted by its `/dev/disk/by-id/...` name). A read-only mount through a third name of that
-/// disk (`/dev/disk/by-path/...`, `/dev/block/8:16`) finds both notes and takes the stale
-/// reader's one (`dev%disk...` and `dev%sdb` sort; here `a_old` sorts before `z_cache`):
-/// `prepare_cache` then rebuilds the writer's cache from the store, over its writes not yet
-/// uploaded. Its residency map is taken from the same wrong note (a hole read as data by
-/// fsck). Fix: when identity finds more than one note, and they differ (store, fs id or
-/// writer), refuse ("several notes lead to this device: ...") instead of picking one; better,
-/// record the device identity (st_rdev and size, or a random cache id) in the note and take
-/// a note (by name too) only when it matches.
+/// Finding 3 (low-medium, data loss on a rare path; fixed on review34): `note_path` of a name under
+/// `/dev` with no note of its own takes, by identity, the note of another name that leads to the
+/// same device now, and when several do, the first by name order. Notes are kept by the name a
+/// mount was given and kernel names move across boots: `/dev/sdb` noted at one boot as a read-only
+/// mount's cache (writer 0) of a file system is, at the next, the writer's disk (noted by its
+/// `/dev/disk/by-id/...` name). A read-only mount through a third name of that disk
+/// (`/dev/disk/by-path/...`, `/dev/block/8:16`) finds both notes and takes the stale reader's one
+/// (`dev%disk...` and `dev%sdb` sort; here `a_old` sorts before `z_cache`): `prepare_cache` then
+/// rebuilds the writer's cache from the store, over its writes not yet uploaded. Its residency map
+/// is taken from the same wrong note (a hole read as data by fsck). Fix: when identity finds more
+/// than one note, and they differ (store, fs id or writer), refuse ("several notes lead to this
+/// device: ...") instead of picking one; better, record the device identity (st_rdev and size, or a
+/// random cache id) in the note and take a note (by name too) only when it matches.
 #[test]
-#[ignore = "review 34 finding 3: identity takes the first of several notes of a device"]
 fn a_read_only_mount_through_a_third_name_never_rebuilds_a_writers_cache() {
     if !Path::new("/dev/shm").is_dir() || !writable(Path::new(DEVICE_NOTES)) {
         eprintln!("*** SKIPPING: /dev/shm or the device notes' directory is not writable ***");
