@@ -153,11 +153,26 @@ fn identity(path: &Path) -> Option<Identity> {
 /// The note in [`DEVICE_NOTES`] of another name under `/dev` that leads to the same device as
 /// `cache` does now. Each note's name is looked up again (not an identity recorded in the
 /// note: device numbers change across boots, the names a note is kept by do not), so a note
-/// counts only for the device its name leads to today.
+/// counts only for the device its name leads to today. Several such notes that say different
+/// things (a kernel name noted at an earlier boot for another device): none is taken, and
+/// [`ambiguous_note`] makes the mount and the offline tools refuse (review 34).
 fn device_note_by_identity(cache: &Path) -> Option<PathBuf> {
-    let want = identity(cache)?;
-    let mut found: Vec<PathBuf> = std::fs::read_dir(DEVICE_NOTES)
-        .ok()?
+    let found = device_notes_by_identity(cache);
+    if notes_disagree(&found) {
+        return None;
+    }
+    found.into_iter().next()
+}
+
+/// Every note of [`device_note_by_identity`], by name.
+fn device_notes_by_identity(cache: &Path) -> Vec<PathBuf> {
+    let Some(want) = identity(cache) else {
+        return Vec::new();
+    };
+    let Ok(dir) = std::fs::read_dir(DEVICE_NOTES) else {
+        return Vec::new();
+    };
+    let mut found: Vec<PathBuf> = dir
         .filter_map(|e| e.ok())
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
@@ -168,7 +183,48 @@ fn device_note_by_identity(cache: &Path) -> Option<PathBuf> {
         .collect();
     // Several names of one device each with a note: the same one every time.
     found.sort();
-    found.into_iter().next()
+    found
+}
+
+/// Whether notes differ in the store, file system or writer they name.
+fn notes_disagree(notes: &[PathBuf]) -> bool {
+    let facts = |p: &PathBuf| -> Vec<String> {
+        let text = std::fs::read_to_string(p).unwrap_or_default();
+        let mut f: Vec<String> = text
+            .lines()
+            .filter(|l| {
+                ["store=", "fs_id=", "writer="]
+                    .iter()
+                    .any(|k| l.starts_with(k))
+            })
+            .map(|l| l.trim().to_string())
+            .collect();
+        f.sort();
+        f
+    };
+    notes.windows(2).any(|w| facts(&w[0]) != facts(&w[1]))
+}
+
+/// Why the note of `cache` cannot be told: a name under `/dev` without a note of its own that
+/// leads to a device several differing notes of other names lead to as well. Callers refuse.
+pub fn ambiguous_note(cache: &Path) -> Option<String> {
+    if !cache.starts_with("/dev") || note_path_by_name(cache).exists() {
+        return None;
+    }
+    let found = device_notes_by_identity(cache);
+    notes_disagree(&found).then(|| {
+        format!(
+            "{}: the notes of several names of this device differ ({}): one is stale (a name \
+             noted at an earlier boot for another device). Use the name the cache's mounts \
+             use, or remove the stale note",
+            cache.display(),
+            found
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })
 }
 
 /// [`note_path`] by the name given alone.
@@ -410,6 +466,9 @@ pub fn prepare_cache_sized(
     writer: Option<u64>,
     cache_size: Option<u64>,
 ) -> Result<Option<u64>, String> {
+    if let Some(why) = ambiguous_note(cache) {
+        return Err(why);
+    }
     let Some((key, newest)) = newest_checkpoint(store).map_err(|e| format!("{url}: {e}"))? else {
         return Err(no_file_system(url));
     };

@@ -33,6 +33,9 @@ pub struct CacheNote {
 /// The note of `cache` if it is a store cache (its note exists); an error if the note is
 /// there but does not read.
 pub fn store_cache(cache: &Path) -> Result<Option<CacheNote>, String> {
+    if let Some(why) = super::store::ambiguous_note(cache) {
+        return Err(why);
+    }
     let p = note_path(cache);
     let text = match std::fs::read_to_string(&p) {
         Ok(t) => t,

@@ -264,8 +264,9 @@ pub struct Cache {
 impl Cache {
     /// Opens the residency of the cache on `dev` (its superblock decoded as `geo`): the map at
     /// `cfg.map_path` (absent: everything held). `states` are the segments' states in the
-    /// cache's newest durable slot: a listed segment that is not Dirty there holds nothing lld
-    /// reads (released, or beyond the log) and leaves the map as a hole; one Dirty segment's
+    /// cache's newest durable slot (`None`: no slot decodes; every listed segment stays listed):
+    /// a listed segment that is not Dirty there holds nothing lld reads (released, or beyond
+    /// the log) and leaves the map as a hole; one Dirty segment's
     /// object `kept` (what the newest two checkpoint objects name) does not contain is fetched
     /// back before the caller's sweep deletes it. Starts the eviction thread.
     pub fn open(
@@ -278,8 +279,9 @@ impl Cache {
     ) -> LayerResult<Arc<Cache>> {
         let n = geo.segment_count as usize;
         let map = read_map(&cfg.map_path, &geo)?;
+        // No slot to say (none decodes): every listed segment stays listed (review 34).
         let dirty =
-            |s: usize| states.is_some_and(|st| matches!(st.get(s), Some(SegmentState::Dirty)));
+            |s: usize| states.is_none_or(|st| matches!(st.get(s), Some(SegmentState::Dirty)));
         let live = |s: usize| {
             states.is_none_or(|st| {
                 matches!(st.get(s), Some(SegmentState::Dirty | SegmentState::Active))
@@ -437,6 +439,9 @@ impl Cache {
         else {
             return Ok(());
         };
+        // Found evicted or being evicted: a map write in flight may list it, though the
+        // durable map does not yet (review 34); a map is written after it, in any case.
+        let mut settled = false;
         loop {
             let mut st = self.state.lock().unwrap();
             match st.seg[s] {
@@ -445,6 +450,7 @@ impl Cache {
                     continue;
                 }
                 Seg::Evicted(e) | Seg::Evicting(e) if e.key() == key => {
+                    settled = true;
                     if st.released[s] {
                         st.seg[s] = Seg::Held;
                     } else {
@@ -456,7 +462,7 @@ impl Cache {
                 }
                 _ => {}
             }
-            let listed = st.durable[s].is_some_and(|e| e.key() == key);
+            let listed = settled || st.durable[s].is_some_and(|e| e.key() == key);
             drop(st);
             if listed {
                 self.persist()?;
@@ -731,8 +737,10 @@ impl Cache {
             st.tick += 1;
             let t = st.tick;
             for s in segs.clone() {
+                // `Evicting`: a map write in flight may list it (`durable` is set only when
+                // that write ends); this one's persist waits for it (review 34).
+                listed |= st.durable[s].is_some() || matches!(st.seg[s], Seg::Evicting(_));
                 st.seg[s] = Seg::Held;
-                listed |= st.durable[s].is_some();
                 st.evictable[s] = None;
                 st.released[s] = false;
                 st.last_use[s] = t;

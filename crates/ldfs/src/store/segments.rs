@@ -446,7 +446,7 @@ impl SegmentStore {
                 )));
             }
         }
-        let holds = newest_slot_states(&*dev, &geo);
+        let holds = newest_slot_states(&*dev, &geo)?;
         // The residency: a segment only an object the sweep is about to delete holds is
         // fetched back (or left as a hole if lld reads nothing of it) first.
         let (cache, dev) = match cache {
@@ -1409,10 +1409,16 @@ fn cache_holds_slot(dev: &dyn Device, geo: &Geometry, serial: u64, slot: &[u8]) 
 
 /// The segments' states in the cache's newest valid checkpoint slot (`None`
 /// if neither decodes: nothing from the store is then taken as held).
-fn newest_slot_states(dev: &dyn Device, geo: &Geometry) -> Option<Vec<SegmentState>> {
-    let slots = crate::lld::mkfs::read_checkpoints(dev, geo).ok()?;
-    let newest = slots.into_iter().flatten().max_by_key(|(h, _)| h.serial)?;
-    Some(newest.1.iter().map(|(_, u)| u.state).collect())
+/// `None`: no slot decodes. An error reading them is an error (review 34: taken for `None`,
+/// one transient read error made the cache's residency map drop every segment it listed).
+fn newest_slot_states(dev: &dyn Device, geo: &Geometry) -> LayerResult<Option<Vec<SegmentState>>> {
+    let slots = crate::lld::mkfs::read_checkpoints(dev, geo)
+        .map_err(|e| LayerError::Other(format!("reading the cache's checkpoint slots: {e}")))?;
+    Ok(slots
+        .into_iter()
+        .flatten()
+        .max_by_key(|(h, _)| h.serial)
+        .map(|newest| newest.1.iter().map(|(_, u)| u.state).collect()))
 }
 
 /// The sequence number of the partial segment at page 0: which use of the segment this is.
@@ -1448,51 +1454,82 @@ pub struct RestoreReport {
 /// that lld opens the tree of that checkpoint. Page 0 (the superblock) is written last: a
 /// rebuild cut short leaves a cache with zeros there, which a mount rebuilds again.
 pub fn restore(store: &dyn ObjectStore, dev: &dyn Device) -> LayerResult<RestoreReport> {
-    let Some((key, obj)) = newest_complete_checkpoint(store)? else {
-        return Err(match newest_checkpoint(store)? {
-            Some((key, _)) => LayerError::Corrupt {
-                what: "store",
-                key,
-                detail: "no checkpoint object whose segment objects are all there".into(),
-            },
-            None => LayerError::Other("the store holds no checkpoint object".into()),
-        });
-    };
-    let geo = &obj.geo;
-    let need = geo.total_pages * PAGE_BYTES as u64;
-    if dev.size_bytes() < need {
-        return Err(LayerError::Other(format!(
-            "the cache holds {} bytes; this file system needs {need}",
-            dev.size_bytes()
-        )));
-    }
+    // A writer uploading meanwhile deletes the objects two later uploads superseded: a
+    // download that spans two of its upload windows finds one of its objects gone, and
+    // chooses again (review 34). What was written already under the same key and crc is not
+    // fetched again, so each attempt downloads only what changed.
+    let mut written: BTreeMap<u32, (String, u32)> = BTreeMap::new();
     let mut bytes = 0u64;
-    for e in &obj.entries {
-        let k = e.key();
-        let b = store.get(&k)?;
-        if b.len() != e.pages as usize * PAGE_BYTES || crc32c::crc32c(&b) != e.crc {
-            return Err(LayerError::Corrupt {
-                what: "segment object",
-                key: k,
-                detail: format!(
-                    "{} bytes with crc {:#x}; the checkpoint names {} pages with crc {:#x}",
-                    b.len(),
-                    crc32c::crc32c(&b),
-                    e.pages,
-                    e.crc
-                ),
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let Some((key, obj)) = newest_complete_checkpoint(store)? else {
+            return Err(match newest_checkpoint(store)? {
+                Some((key, _)) => LayerError::Corrupt {
+                    what: "store",
+                    key,
+                    detail: "no checkpoint object whose segment objects are all there".into(),
+                },
+                None => LayerError::Other("the store holds no checkpoint object".into()),
             });
+        };
+        let geo = &obj.geo;
+        let need = geo.total_pages * PAGE_BYTES as u64;
+        if dev.size_bytes() < need {
+            return Err(LayerError::Other(format!(
+                "the cache holds {} bytes; this file system needs {need}",
+                dev.size_bytes()
+            )));
         }
-        dev.write_at(&b, geo.page_addr(SegmentId(e.segment), 0))?;
-        bytes += b.len() as u64;
+        let mut gone = false;
+        for e in &obj.entries {
+            let k = e.key();
+            if written
+                .get(&e.segment)
+                .is_some_and(|w| w.0 == k && w.1 == e.crc)
+            {
+                continue;
+            }
+            let b = match store.get(&k) {
+                Ok(b) => b,
+                Err(StoreError::NotFound { .. }) if attempt < RESTORE_ATTEMPTS => {
+                    gone = true;
+                    break;
+                }
+                Err(err) => return Err(err.into()),
+            };
+            if b.len() != e.pages as usize * PAGE_BYTES || crc32c::crc32c(&b) != e.crc {
+                return Err(LayerError::Corrupt {
+                    what: "segment object",
+                    key: k,
+                    detail: format!(
+                        "{} bytes with crc {:#x}; the checkpoint names {} pages with crc {:#x}",
+                        b.len(),
+                        crc32c::crc32c(&b),
+                        e.pages,
+                        e.crc
+                    ),
+                });
+            }
+            dev.write_at(&b, geo.page_addr(SegmentId(e.segment), 0))?;
+            bytes += b.len() as u64;
+            written.insert(e.segment, (k, e.crc));
+        }
+        if gone {
+            continue;
+        }
+        write_slot_and_superblocks(dev, &key, &obj)?;
+        return Ok(RestoreReport {
+            serial: obj.serial,
+            segments: obj.entries.len(),
+            bytes,
+        });
     }
-    write_slot_and_superblocks(dev, &key, &obj)?;
-    Ok(RestoreReport {
-        serial: obj.serial,
-        segments: obj.entries.len(),
-        bytes,
-    })
 }
+
+/// How many times [`restore`] chooses a checkpoint whose objects a writer deleted mid-download
+/// before it gives up.
+const RESTORE_ATTEMPTS: u32 = 5;
 
 /// Makes a fresh cache on `dev` for the newest complete checkpoint object in `store` without
 /// downloading its segments (a cold mount, issue 20 step C): the residency map at `map_path`
