@@ -62,7 +62,6 @@ fn open_handle(dir: &Path, h: &mut Handle) -> Result<fs::File, i32> {
 /// Before b6a6ab8 the FORGET destroyed it and the handle was stale at once
 /// (ESTALE, as on ext4 and as `linux.rs` documents for a deleted file).
 #[test]
-#[ignore = "review 35 finding 1: a deleted, closed small file opens again by its handle until its batch"]
 fn a_deleted_closed_small_file_is_stale_by_handle() {
     if !fuse_usable() {
         return;

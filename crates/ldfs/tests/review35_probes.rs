@@ -639,7 +639,6 @@ fn on_a_full_file_system_the_cache_stays_the_ld() {
 /// timer: at most 5 s by default), and the handle opens the deleted file
 /// again meanwhile (a lookup that pins it keeps it alive past the batch).
 #[test]
-#[ignore = "review 35 finding 1: a released orphan is found again through its number until its batch"]
 fn an_unreferenced_orphan_is_not_found_by_number() {
     let dev = Arc::new(MemoryDevice::new(32 << 20));
     let lld = Arc::new(Lld::create(dev, &mkfs_opts(), lld_opts()).unwrap());

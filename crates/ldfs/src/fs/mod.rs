@@ -731,7 +731,14 @@ impl Fs {
         let p = self.get_inode(&mut st, parent)?;
         // "." of any inode is itself: the kernel looks a file handle's
         // inode up this way (FUSE export support, open_by_handle_at).
+        // An orphan no one references any more is gone, though its destroy
+        // may wait for its batch (`State::released`): a handle to it is
+        // stale, as it was when the last FORGET destroyed it at once
+        // (review 35 finding 1).
         if name == b"." {
+            if p.nlink == 0 && !st.open.contains_key(&parent) {
+                return Err(FsError::NotFound);
+            }
             return Ok(self.attr(&p));
         }
         if p.kind() != Kind::Dir {
