@@ -572,19 +572,28 @@ fn deleted_inodes_are_reclaimed() {
     let Some((_t, m)) = setup("reclaim", false) else {
         return;
     };
+    // Files with blocks (destroyed at their FORGET) and small ones living
+    // in their inodes (destroyed in batches, the last at unmount).
     for i in 0..200 {
         fs::write(m.path(&format!("f{i}")), vec![i as u8; 5000]).unwrap();
+        fs::write(m.path(&format!("s{i}")), vec![i as u8; 100]).unwrap();
     }
     fs::create_dir(m.path("d")).unwrap();
     let held = File::open(m.path("f7")).unwrap();
+    let held_small = File::open(m.path("s7")).unwrap();
     for i in 0..200 {
         fs::remove_file(m.path(&format!("f{i}"))).unwrap();
+        fs::remove_file(m.path(&format!("s{i}"))).unwrap();
     }
     fs::remove_dir(m.path("d")).unwrap();
     let mut back = Vec::new();
     (&held).read_to_end(&mut back).unwrap();
     assert_eq!(back, vec![7u8; 5000], "open unlinked file unreadable");
+    let mut back = Vec::new();
+    (&held_small).read_to_end(&mut back).unwrap();
+    assert_eq!(back, vec![7u8; 100], "open unlinked small file unreadable");
     drop(held);
+    drop(held_small);
     let img = m.img.clone();
     m.unmount();
     // Read-only: this open reclaims no orphans, so what is left is what the

@@ -22,6 +22,8 @@ use ldfs::lld::{Lld, LldOptions};
 
 pub struct OpsBench {
     pub files: usize,
+    /// Bytes written to each file (at most `INLINE_MAX`: kept in the inode).
+    pub file_bytes: usize,
     pub device_bytes: u64,
     pub rounds: usize,
 }
@@ -77,7 +79,7 @@ fn round(b: &OpsBench) -> R<[Cost; PHASES.len()]> {
         .map_err(|e| format!("mkdir: {e}"))?
         .ino;
     let name = |p: &str, i: usize| format!("{p}{i:07}").into_bytes();
-    let data = vec![0x5a_u8; 4096];
+    let data = vec![0x5a_u8; b.file_bytes];
     let mut inos = Vec::with_capacity(b.files);
     let mut us = [Cost::default(); PHASES.len()];
     let mut time = |phase: usize, f: &mut dyn FnMut(usize) -> R<()>| -> R<()> {
@@ -110,9 +112,13 @@ fn round(b: &OpsBench) -> R<[Cost; PHASES.len()]> {
         fs.getattr(inos[i]).map(drop).map_err(|e| e.to_string())
     })?;
     time(3, &mut |i| {
-        let got = fs.read(inos[i], 0, 4096).map_err(|e| e.to_string())?;
+        let got = fs.read(inos[i], 0, 1 << 20).map_err(|e| e.to_string())?;
         if got != data {
-            return Err(format!("read {} bytes, not the 4096 written", got.len()));
+            return Err(format!(
+                "read {} bytes, not the {} written",
+                got.len(),
+                data.len()
+            ));
         }
         Ok(())
     })?;
@@ -142,8 +148,11 @@ fn round(b: &OpsBench) -> R<[Cost; PHASES.len()]> {
 
 /// Medians over the rounds (wall and CPU time apart), in `PHASES` order.
 pub fn measure(b: &OpsBench) -> R<Vec<Cost>> {
-    if b.files == 0 || b.rounds == 0 {
-        return Err("--files and --rounds must be at least 1".into());
+    if b.files == 0 || b.rounds == 0 || b.file_bytes == 0 {
+        return Err("--files, --bytes and --rounds must be at least 1".into());
+    }
+    if b.file_bytes > 1 << 20 {
+        return Err("--bytes: at most 1M (one write)".into());
     }
     let mut all = Vec::new();
     for _ in 0..b.rounds {
@@ -163,8 +172,9 @@ pub fn measure(b: &OpsBench) -> R<Vec<Cost>> {
 
 pub fn run(b: &OpsBench) -> R<()> {
     println!(
-        "# ldfs bench ops: {} files of 4 KiB in one directory, Fs over Lld on a {} MiB MemoryDevice, median of {} rounds",
+        "# ldfs bench ops: {} files of {} bytes in one directory, Fs over Lld on a {} MiB MemoryDevice, median of {} rounds",
         b.files,
+        b.file_bytes,
         b.device_bytes >> 20,
         b.rounds
     );
@@ -192,16 +202,20 @@ mod tests {
     /// what it did (reads return the data, the directory ends empty).
     #[test]
     fn every_phase_is_measured() {
-        let us = measure(&OpsBench {
-            files: 300,
-            device_bytes: 64 << 20,
-            rounds: 1,
-        })
-        .unwrap();
-        assert_eq!(us.len(), PHASES.len());
-        for (p, c) in PHASES.iter().zip(&us) {
-            assert!(c.wall_us.is_finite() && c.wall_us > 0.0, "{p}: {c:?}");
-            assert!(c.cpu_us.is_finite() && c.cpu_us >= 0.0, "{p}: {c:?}");
+        // Files with a list of blocks, and small ones kept in the inode.
+        for file_bytes in [4096, 1024] {
+            let us = measure(&OpsBench {
+                files: 300,
+                file_bytes,
+                device_bytes: 64 << 20,
+                rounds: 1,
+            })
+            .unwrap();
+            assert_eq!(us.len(), PHASES.len());
+            for (p, c) in PHASES.iter().zip(&us) {
+                assert!(c.wall_us.is_finite() && c.wall_us > 0.0, "{p}: {c:?}");
+                assert!(c.cpu_us.is_finite() && c.cpu_us >= 0.0, "{p}: {c:?}");
+            }
         }
     }
 }

@@ -417,9 +417,13 @@ pub enum BenchCmd {
     /// device, timed per operation (microseconds; median of --rounds).
     /// Profile it with `perf record -g ldfs bench ops`.
     Ops {
-        /// Files (4 KiB each, in one directory).
+        /// Files (in one directory).
         #[arg(long, default_value_t = 20_000)]
         files: usize,
+        /// Bytes per file: 4 KiB gets a list of blocks; 2 KiB or less lives
+        /// in the inode (bench fs's small files are 1 KiB).
+        #[arg(long, default_value = "4K", value_parser = parse_size)]
+        bytes: u64,
         /// Size of the memory device.
         #[arg(long, default_value = "1G", value_parser = parse_size)]
         device_size: u64,
@@ -473,10 +477,12 @@ pub fn run(which: BenchCmd) -> CmdResult {
     match which {
         BenchCmd::Ops {
             files,
+            bytes,
             device_size,
             rounds,
         } => ops::run(&ops::OpsBench {
             files,
+            file_bytes: bytes as usize,
             device_bytes: device_size,
             rounds,
         })

@@ -161,10 +161,17 @@ impl FuseFs {
     ///
     /// First, while protected checkpoints hold space, the oldest is given
     /// up and the operation tried again (DESIGN "Snapshots": protection
-    /// yields before a write fails).
+    /// yields before a write fails); before that, the unlinked inodes whose
+    /// destroys wait for a batch (`Fs::destroy_released`) are destroyed and
+    /// the operation tried again, so `rm small*; write` on a full file
+    /// system neither fails nor costs a protected checkpoint.
     fn room<T>(&self, f: impl Fn() -> Result<T, FsError>) -> Result<T, FsError> {
+        let f = || match f() {
+            Err(FsError::NoSpace { .. }) if self.fs.destroy_released()? => f(),
+            r => r,
+        };
         retry_while_forgets(&self.forgets, FORGET_WAIT, FORGET_WAIT_TOTAL, || {
-            give_back_while_short(self.yield_space.as_deref(), &f)
+            give_back_while_short(self.yield_space.as_deref(), f)
         })
     }
 

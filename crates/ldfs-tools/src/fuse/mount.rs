@@ -237,7 +237,7 @@ impl Control for Daemon {
             "checkpoint" => {
                 self.writable("checkpoints are written")?;
                 // What stat shows goes into it, atimes reads kept too.
-                self.fs.write_atimes();
+                self.fs.write_kept();
                 self.lld.checkpoint_now().map_err(|e| e.to_string())
             }
             // `ldfs sync --remote`.
@@ -409,7 +409,7 @@ impl Daemon {
                 // only space or a pin bit can be had back from one.
                 ldfs::lld::snapshot::check_name(name)
                     .map_err(|e| format!("no snapshot taken: {e}"))?;
-                self.fs.write_atimes();
+                self.fs.write_kept();
                 let n = loop {
                     let seen = self.history.given();
                     if self.lld.snapshot_table_full() && self.history.give_back_to_snapshot(0, seen)
@@ -1067,7 +1067,7 @@ fn protect_loop(
         }
         // What stat shows, atimes reads kept included (only when there are
         // changes anyway: reads alone take no protected checkpoint).
-        fs.write_atimes();
+        fs.write_kept();
         let user = lld.write_totals().0;
         match lld.take_protected(now, window) {
             Ok(_) => {
@@ -2105,7 +2105,7 @@ pub fn run(
     }
     scrub.stop_and_join();
     // Before the final checkpoint, whoever else still holds the file system.
-    fs.write_atimes();
+    fs.write_kept();
     drop(fs);
     let closed = match &dual {
         Some(d) => d.close(),
@@ -3091,6 +3091,66 @@ mod tests {
         assert_eq!(a.ioctl(&who(2000), f, 0, GET, &[], 4).unwrap(), c);
         a.ioctl(&who(0), f, 0, SET, &[0; 4], 0).unwrap();
         assert_eq!(a.ioctl(&who(0), f, 0, GET, &[], 4).unwrap(), [0; 4]);
+    }
+
+    /// Issue 16: the destroys of unlinked small files wait for a batch
+    /// (`Fs::unpin`); an operation that finds no space destroys them and
+    /// tries again (`FuseFs::room`), so deleting small files on a full file
+    /// system makes room for the next write at once.
+    #[test]
+    fn a_write_on_a_full_file_system_gets_the_room_of_released_orphans() {
+        use crate::fuse::transport::{Caller, FuseOps};
+        use ldfs::fs::FsError;
+        let (_t, _image, lld) = engine();
+        let (fs, ctx) = formatted(&lld, 0);
+        let root = ldfs::fs::ROOT_INO;
+        let a = FuseFs {
+            fs: fs.clone(),
+            no_open: AtomicBool::new(true),
+            control: None,
+            writeback_cache: false,
+            atime: ldfs::fs::AtimeMode::NoAtime,
+            nodiratime: false,
+            forgets: std::sync::atomic::AtomicU64::new(0),
+            yield_space: None,
+            write_gate: None,
+        };
+        let name = |k: usize| format!("s{k}").into_bytes();
+        let small: Vec<u64> = (0..40)
+            .map(|k| {
+                let i = fs.mknod(ctx, root, &name(k), 0o100644, 0).unwrap().ino;
+                fs.write(i, 0, &[k as u8; 2000]).unwrap();
+                i
+            })
+            .collect();
+        let big = fs.mknod(ctx, root, b"big", 0o100644, 0).unwrap().ino;
+        let mut off = 0;
+        loop {
+            match fs.write(big, off, &[1u8; 4096]) {
+                Ok(_) => off += 4096,
+                Err(FsError::NoSpace { .. }) => break,
+                Err(e) => panic!("filling: {e}"),
+            }
+        }
+        // Looked up by the kernel, unlinked, forgotten.
+        for (k, &i) in small.iter().enumerate() {
+            fs.pin(i, 1);
+            fs.unlink(root, &name(k)).unwrap();
+            a.forget(i, 1);
+        }
+        assert!(
+            matches!(
+                fs.write(big, off, &[1u8; 4096]),
+                Err(FsError::NoSpace { .. })
+            ),
+            "room without destroying the released orphans"
+        );
+        let c = Caller {
+            uid: 0,
+            gid: 0,
+            pid: 1,
+        };
+        assert_eq!(a.write(&c, big, 0, off, &[1u8; 4096], 0), Ok(4096));
     }
 
     /// A protected checkpoint a reader has mounted cannot be deleted, so

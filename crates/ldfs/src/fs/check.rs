@@ -795,8 +795,8 @@ impl Fs {
     fn reattach(&self, lf: u64, ino: u64) -> FsResult<Vec<u8>> {
         let mut tx = self.begin_repair()?;
         let r = (|| {
-            let mut d = tx.dir_inode(lf)?;
-            let mut i = tx.inode(ino)?;
+            let mut d = Inode::clone(&*tx.dir_inode(lf)?);
+            let mut i = tx.inode_mut(ino)?;
             let (name, idx, entries) = tx.free_name(&d, &format!("#{ino}"))?;
             tx.add_found(&mut d, idx, entries, &name, ino, i.kind())?;
             if i.kind() == Kind::Dir {
@@ -861,7 +861,7 @@ impl Fs {
                 xattrs: Vec::new(),
             };
             tx.put(&i)?;
-            let mut d = tx.dir_inode(lf)?;
+            let mut d = Inode::clone(&*tx.dir_inode(lf)?);
             let (name, idx, entries) = tx.free_name(&d, &format!("#list-{list}"))?;
             tx.add_found(&mut d, idx, entries, &name, ino, Kind::File)?;
             tx.put(&d)?;
@@ -875,7 +875,7 @@ impl Fs {
         let mut tx = self.begin_repair()?;
         let r = (|| match f {
             Finding::BadBucket { dir, index, .. } => {
-                let mut d = tx.dir_inode(*dir)?;
+                let mut d = Inode::clone(&*tx.dir_inode(*dir)?);
                 let list = ListId(d.list);
                 let salvaged = match tx.ld().read(list, *index) {
                     Ok(Some(raw)) => dir::salvage(&raw),
@@ -900,7 +900,7 @@ impl Fs {
                 tx.put(&d)
             }
             Finding::Dangling { dir, name, .. } | Finding::DirLinkedTwice { dir, name, .. } => {
-                let mut d = tx.dir_inode(*dir)?;
+                let mut d = Inode::clone(&*tx.dir_inode(*dir)?);
                 tx.remove_entry(&mut d, name)?;
                 tx.put(&d)
             }
@@ -920,42 +920,42 @@ impl Fs {
                 Ok(())
             }
             Finding::WrongParent { ino, parent, .. } => {
-                let mut i = tx.inode(*ino)?;
+                let mut i = tx.inode_mut(*ino)?;
                 i.parent = *parent;
                 tx.put(&i)
             }
             Finding::DirSize { dir, entries, .. } => {
-                let mut d = tx.inode(*dir)?;
+                let mut d = tx.inode_mut(*dir)?;
                 d.size = *entries;
                 tx.put(&d)
             }
             Finding::Nlink { ino, expected, .. } => {
-                let mut i = tx.inode(*ino)?;
+                let mut i = tx.inode_mut(*ino)?;
                 i.nlink = *expected;
                 tx.put(&i)
             }
             Finding::MissingList { ino, list } if tx.inode(*ino)?.list != *list => {
                 // A long attribute value's list: the attribute goes.
-                let mut i = tx.inode(*ino)?;
+                let mut i = tx.inode_mut(*ino)?;
                 i.xattrs.retain(|(_, v)| v.list() != Some(*list));
                 tx.put(&i)
             }
             Finding::SharedValueList { ino, list, .. } => {
                 // The value is lost; the list stays with its other holder.
-                let mut i = tx.inode(*ino)?;
+                let mut i = tx.inode_mut(*ino)?;
                 i.xattrs.retain(|(_, v)| v.list() != Some(*list));
                 tx.put(&i)
             }
             Finding::BadValueList { ino, list, .. } => {
                 // The value is lost: the attribute goes, with its list.
-                let mut i = tx.inode(*ino)?;
+                let mut i = tx.inode_mut(*ino)?;
                 i.xattrs.retain(|(_, v)| v.list() != Some(*list));
                 tx.put(&i)?;
                 tx.ld().delete_list(Some(tx.aru), ListId(*list))?;
                 Ok(())
             }
             Finding::MissingList { ino, .. } => {
-                let mut i = tx.inode(*ino)?;
+                let mut i = tx.inode_mut(*ino)?;
                 let kind = if i.kind() == Kind::Dir {
                     ListKind::Metadata
                 } else {
