@@ -1440,6 +1440,32 @@ fn first_seq_of(geo: &Geometry, seg: SegmentId, bytes: &[u8]) -> LayerResult<u64
         })
 }
 
+/// The checkpoint a rebuild takes: the newest complete one in `store`, if the cache `dev` can
+/// hold its file system ([`restore`], [`restore_lazy`]).
+fn checkpoint_to_rebuild(
+    store: &dyn ObjectStore,
+    dev: &dyn Device,
+) -> LayerResult<(String, CheckpointObject)> {
+    let Some((key, obj)) = newest_complete_checkpoint(store)? else {
+        return Err(match newest_checkpoint(store)? {
+            Some((key, _)) => LayerError::Corrupt {
+                what: "store",
+                key,
+                detail: "no checkpoint object whose segment objects are all there".into(),
+            },
+            None => LayerError::Other("the store holds no checkpoint object".into()),
+        });
+    };
+    let need = obj.geo.total_pages * PAGE_BYTES as u64;
+    if dev.size_bytes() < need {
+        return Err(LayerError::Other(format!(
+            "the cache holds {} bytes; this file system needs {need}",
+            dev.size_bytes()
+        )));
+    }
+    Ok((key, obj))
+}
+
 /// What [`restore`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RestoreReport {
@@ -1463,24 +1489,8 @@ pub fn restore(store: &dyn ObjectStore, dev: &dyn Device) -> LayerResult<Restore
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let Some((key, obj)) = newest_complete_checkpoint(store)? else {
-            return Err(match newest_checkpoint(store)? {
-                Some((key, _)) => LayerError::Corrupt {
-                    what: "store",
-                    key,
-                    detail: "no checkpoint object whose segment objects are all there".into(),
-                },
-                None => LayerError::Other("the store holds no checkpoint object".into()),
-            });
-        };
+        let (key, obj) = checkpoint_to_rebuild(store, dev)?;
         let geo = &obj.geo;
-        let need = geo.total_pages * PAGE_BYTES as u64;
-        if dev.size_bytes() < need {
-            return Err(LayerError::Other(format!(
-                "the cache holds {} bytes; this file system needs {need}",
-                dev.size_bytes()
-            )));
-        }
         let mut gone = false;
         for e in &obj.entries {
             let k = e.key();
@@ -1543,24 +1553,8 @@ pub fn restore_lazy(
     dev: &dyn Device,
     map_path: &std::path::Path,
 ) -> LayerResult<RestoreReport> {
-    let Some((key, obj)) = newest_complete_checkpoint(store)? else {
-        return Err(match newest_checkpoint(store)? {
-            Some((key, _)) => LayerError::Corrupt {
-                what: "store",
-                key,
-                detail: "no checkpoint object whose segment objects are all there".into(),
-            },
-            None => LayerError::Other("the store holds no checkpoint object".into()),
-        });
-    };
+    let (key, obj) = checkpoint_to_rebuild(store, dev)?;
     let geo = &obj.geo;
-    let need = geo.total_pages * PAGE_BYTES as u64;
-    if dev.size_bytes() < need {
-        return Err(LayerError::Other(format!(
-            "the cache holds {} bytes; this file system needs {need}",
-            dev.size_bytes()
-        )));
-    }
     // Whatever the device held is no cache from here on: a rebuild cut short is rebuilt.
     dev.write_at(&vec![0u8; PAGE_BYTES], 0)?;
     dev.flush()?;
