@@ -481,6 +481,8 @@ fn restore_lazy_cut_anywhere_is_rebuilt_again_or_whole() {
         .copied()
         .collect();
     let sb1 = geo.superblock_addrs()[1];
+    let last = DEV_BYTES - PAGE_BYTES as u64;
+    let copy1 = [(sb1, sb1 + PAGE_BYTES as u64), (last, DEV_BYTES)];
     let mut outcomes = BTreeMap::new();
     for n in 0.. {
         std::fs::remove_file(&map).ok();
@@ -500,23 +502,26 @@ fn restore_lazy_cut_anywhere_is_rebuilt_again_or_whole() {
                 *outcomes.entry("zeros").or_insert(0) += 1;
                 continue;
             }
-            if img == old_img {
-                // Cut before its first write: the older cache, as it was.
-                *outcomes.entry("untouched").or_insert(0) += 1;
-                continue;
-            }
             if Geometry::decode_superblock(&img[..PAGE_BYTES], 0, DEV_BYTES).is_err() {
                 // Page 0's zeroing or the last superblock write torn: finding 4
                 // (`prepare_cache` refuses such a cache; ldfs-tools' review36_probes).
                 *outcomes.entry("page 0 torn").or_insert(0) += 1;
                 continue;
             }
+            // Page 0 holds the superblock (the older cache's and the rebuild's are the same
+            // bytes): the image is the older cache untouched (cut before page 0's zeros
+            // landed) or the finished rebuild, but for copy 1 (which a rebuild may zero first).
+            if differs_outside(&img, &old_img, &copy1).is_none() {
+                *outcomes.entry("untouched").or_insert(0) += 1;
+                continue;
+            }
             *outcomes.entry("whole").or_insert(0) += 1;
-            let at = differs_outside(&img, &reference, &[(sb1, sb1 + PAGE_BYTES as u64)]);
+            let at = differs_outside(&img, &reference, &copy1);
             assert!(
                 at.is_none(),
                 "cut after {n} operations (crash seed {cs}; LDFS_SEED={s}): page 0 holds a \
-                 superblock but the image differs from the finished rebuild at byte {at:?}"
+                 superblock but the image is neither the older cache nor the finished rebuild \
+                 (differs from it at byte {at:?})"
             );
             let m = read_map(&map, &geo).unwrap();
             assert_eq!(
@@ -543,8 +548,9 @@ fn restore_lazy_cut_anywhere_is_rebuilt_again_or_whole() {
 /// keeps any subset of them under the old superblock: the new slot with some of its segments
 /// missing opens as a file system whose blocks fail or read the old rebuild's bytes. Today
 /// only the note (`READER`, written before the rebuild) makes the next mount rebuild again; a
-/// caller of the library, or a note lost, mounts it. Fix: zero page 0 and flush before the
-/// first segment write, as `restore_lazy` does (one flush per rebuild).
+/// caller of the library, or a note lost, mounts it. Fix: zero page 0 (and copy 1, finding 3)
+/// and flush before the first segment write, as `restore_lazy` does (one flush per rebuild;
+/// tried on review36, not committed: this probe and finding 3's then pass, the guards too).
 #[test]
 #[ignore = "review 36 finding 1: restore over an older cache, cut short, opens as a mix"]
 fn restore_cut_short_over_an_older_cache_never_opens_a_mix() {
@@ -560,7 +566,7 @@ fn restore_cut_short_over_an_older_cache_never_opens_a_mix() {
         let dev = CrashDevice::from_image(old_img.clone());
         dev.cut_power_after(n);
         let done = restore(&*store, &dev).is_ok();
-        for cs in s..s + 4 {
+        for cs in s..s + 12 {
             let img = dev.crash_image(cs, &CrashOptions::default());
             let what = if img[..PAGE_BYTES].iter().all(|&b| b == 0) {
                 "zeros".to_string()
@@ -572,10 +578,8 @@ fn restore_cut_short_over_an_older_cache_never_opens_a_mix() {
                         bad.push(format!("cut after {n}, crash seed {cs}: {why}"));
                         "broken".to_string()
                     }
-                    Err(e) => {
-                        bad.push(format!("cut after {n}, crash seed {cs}: {e}"));
-                        "no open".to_string()
-                    }
+                    // Refused: no tree served (a torn page 0 is finding 4's).
+                    Err(_) => "no open".to_string(),
                 }
             };
             *outcomes.entry(what).or_insert(0) += 1;
@@ -658,8 +662,12 @@ fn mangled_checkpoint_objects_never_panic_a_rebuild() {
 /// the file as an image (`ldfs mount cache.img`, `ldfs fsck -y cache.img` — a read-write
 /// mount's cut-short cache has no note yet, so the tools take it for a plain image) mounts the
 /// older checkpoint over a segment area given back or half overwritten: holes and new segments
-/// read where its blocks were. Fix: the rebuild's first step zeroes both superblock copies
-/// (page 0 and the device's last page) before its flush.
+/// read where its blocks were (map pages and blocks failing their checksums). A rebuild whole
+/// but for page 0 (its copy 1 written, copy 0 not) is no defect and left out. Fix: the
+/// rebuild's first step zeroes both superblock copies (page 0, the geometry's copy 1 and the
+/// device's last page, where `read_superblock` looks) before its flush, in `restore` (first
+/// attempt) and `restore_lazy` (tried on review36, not committed: this probe and finding 1's
+/// then pass, the guards too).
 #[test]
 #[ignore = "review 36 finding 3: a cut-short rebuild over an older cache opens by copy 1"]
 fn a_rebuild_cut_short_over_an_older_cache_does_not_open() {
@@ -671,15 +679,27 @@ fn a_rebuild_cut_short_over_an_older_cache_does_not_open() {
     let old_img = old.durable_image();
     let d = tempfile::tempdir().unwrap();
     let map = d.path().join("map");
+    let reference = {
+        let dev = CrashDevice::from_image(old_img.clone());
+        restore_lazy(&*store, &dev, &map).unwrap();
+        dev.durable_image()
+    };
     let mut opened = Vec::new();
     let mut zeros = 0;
     for n in 0.. {
         let dev = CrashDevice::from_image(old_img.clone());
         dev.cut_power_after(n);
         let done = restore_lazy(&*store, &dev, &map).is_ok();
-        for cs in s..s + 4 {
+        // A crash seed decides the pending writes in order, so one seed drops the discard at
+        // every cut alike: twelve make a run that never keeps it (1 in 4,096) rare.
+        for cs in s..s + 12 {
             let img = dev.crash_image(cs, &CrashOptions::default());
             if !img[..PAGE_BYTES].iter().all(|&b| b == 0) {
+                continue;
+            }
+            if img[PAGE_BYTES..] == reference[PAGE_BYTES..] {
+                // The rebuild whole but for page 0 (its copy 1 landed, copy 0 not): a cold
+                // cache, whose segments are in the store (read through the map, not here).
                 continue;
             }
             zeros += 1;
