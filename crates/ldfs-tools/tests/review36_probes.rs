@@ -78,7 +78,6 @@ fn store_with_fs() -> (Arc<MemoryStore>, TestClock) {
 /// writer's, is then rebuilt again by any mount (tried on review36 with finding 4's fix, not
 /// committed: both probes pass, and review 31, 32 and 34's tools probes still do).
 #[test]
-#[ignore = "review 36 finding 2: a writer's finished rebuild killed before its note is refused"]
 fn a_writers_rebuild_killed_before_its_note_is_rebuilt_or_used() {
     let d = tempfile::tempdir().unwrap();
     let url = StoreUrl::parse("s3://probe36/note").unwrap();
@@ -128,7 +127,6 @@ fn a_writers_rebuild_killed_before_its_note_is_rebuilt_or_used() {
 /// no note, or a writer's, is refused when page 0 is not a superblock (tried with finding 2's
 /// fix: both probes pass).
 #[test]
-#[ignore = "review 36 finding 4: a reader's rebuild torn at its last write is refused"]
 fn a_readers_rebuild_torn_at_its_last_write_is_rebuilt() {
     let d = tempfile::tempdir().unwrap();
     let url = StoreUrl::parse("s3://probe36/torn").unwrap();

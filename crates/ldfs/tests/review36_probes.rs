@@ -552,7 +552,6 @@ fn restore_lazy_cut_anywhere_is_rebuilt_again_or_whole() {
 /// and flush before the first segment write, as `restore_lazy` does (one flush per rebuild;
 /// tried on review36, not committed: this probe and finding 3's then pass, the guards too).
 #[test]
-#[ignore = "review 36 finding 1: restore over an older cache, cut short, opens as a mix"]
 fn restore_cut_short_over_an_older_cache_never_opens_a_mix() {
     let s = seed();
     let (store, _clock, seg, lld, l) = writer_with(1);
@@ -669,7 +668,6 @@ fn mangled_checkpoint_objects_never_panic_a_rebuild() {
 /// attempt) and `restore_lazy` (tried on review36, not committed: this probe and finding 1's
 /// then pass, the guards too).
 #[test]
-#[ignore = "review 36 finding 3: a cut-short rebuild over an older cache opens by copy 1"]
 fn a_rebuild_cut_short_over_an_older_cache_does_not_open() {
     let s = seed();
     let (store, _clock, seg, lld, l) = writer_with(1);

@@ -488,7 +488,15 @@ pub fn prepare_cache_sized(
     }
     let (newest_writer, _) = parse_checkpoint_key(&key).expect("newest_checkpoint parsed it");
     let fs_id = newest.geo.fs_id;
-    let rebuild = match cache_geometry(cache)? {
+    // A cache noted READER is rebuilt whatever its page 0 holds: the note is written before
+    // every rebuild, so a rebuild torn at its last write (page 0) is rebuilt again, not refused
+    // (review 36 finding 4).
+    let reader_noted = read_note(cache).is_some_and(|(id, w)| id == fs_id && w == READER);
+    let geometry = match cache_geometry(cache) {
+        Err(_) if reader_noted => None,
+        r => r?,
+    };
+    let rebuild = match geometry {
         None => true,
         Some(g) if g.fs_id != fs_id => {
             return Err(format!(
@@ -534,9 +542,10 @@ pub fn prepare_cache_sized(
             }
         }
     };
-    if rebuild && writer.is_none() {
-        // Before the rebuild: a rebuild cut short leaves a cache a later read-only mount may
-        // rebuild again, not one taken for a writer's.
+    if rebuild {
+        // Before every rebuild, a reader's or a writer's: one cut short, or a writer's finished
+        // but killed before its own note, leaves a cache the next mount rebuilds again, not one
+        // refused or taken as a writer's (review 36 finding 2).
         write_note_with(cache, url, fs_id, READER, bound)?;
     }
     if rebuild {

@@ -1466,6 +1466,21 @@ fn checkpoint_to_rebuild(
     Ok((key, obj))
 }
 
+/// The first step of a rebuild: whatever the device held is no cache from here on. Both
+/// superblock copies (and the device's last page, copy 1 of a larger earlier file system) are
+/// zeroed and flushed before anything else is written, so a rebuild cut short leaves no
+/// superblock that `Lld::open` could take over a mix of old and new segments: the next mount
+/// finds no cache and rebuilds (review 36 findings 1 and 3).
+fn forget_cache(dev: &dyn Device, geo: &Geometry) -> LayerResult<()> {
+    let zero = vec![0u8; PAGE_BYTES];
+    dev.write_at(&zero, 0)?;
+    dev.write_at(&zero, geo.superblock_addrs()[1])?;
+    let last = (dev.size_bytes() / PAGE_BYTES as u64 - 1) * PAGE_BYTES as u64;
+    dev.write_at(&zero, last)?;
+    dev.flush()?;
+    Ok(())
+}
+
 /// What [`restore`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RestoreReport {
@@ -1491,6 +1506,10 @@ pub fn restore(store: &dyn ObjectStore, dev: &dyn Device) -> LayerResult<Restore
         attempt += 1;
         let (key, obj) = checkpoint_to_rebuild(store, dev)?;
         let geo = &obj.geo;
+        if attempt == 1 {
+            // Later attempts reuse what this one wrote (same key and crc): only the first forgets.
+            forget_cache(dev, geo)?;
+        }
         let mut gone = false;
         for e in &obj.entries {
             let k = e.key();
@@ -1555,9 +1574,7 @@ pub fn restore_lazy(
 ) -> LayerResult<RestoreReport> {
     let (key, obj) = checkpoint_to_rebuild(store, dev)?;
     let geo = &obj.geo;
-    // Whatever the device held is no cache from here on: a rebuild cut short is rebuilt.
-    dev.write_at(&vec![0u8; PAGE_BYTES], 0)?;
-    dev.flush()?;
+    forget_cache(dev, geo)?;
     let (full, prefix): (Vec<SegmentEntry>, Vec<SegmentEntry>) = obj
         .entries
         .iter()
