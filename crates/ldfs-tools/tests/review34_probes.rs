@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ldfs::device::{Device, FileDevice, FileDeviceOptions};
-use ldfs::ld::{ListHints, LogicalDisk};
+use ldfs::ld::{ListHints, ListId, LogicalDisk};
 use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::{Lld, LldOptions};
 use ldfs::store::{MemoryStore, ObjectStore, SegmentStore, SegmentStoreOptions};
@@ -312,5 +312,170 @@ fn an_evicting_cache_superseded_by_a_taker_is_refused_on_its_return() {
         std::fs::read(map_path(&a_img)).unwrap(),
         map_before,
         "A's map changed"
+    );
+}
+
+/// A cache of one upload's file system (fs id `fs_id`) at `path`, its writer's note written;
+/// what it uploaded: the list returned holds 9000 bytes of 1s; and the writer's generation.
+fn uploaded_cache(
+    path: &Path,
+    url: &StoreUrl,
+    store: &Arc<MemoryStore>,
+    fs_id: u64,
+) -> (ListId, u64) {
+    std::fs::File::create(path)
+        .unwrap()
+        .set_len(DEV_BYTES)
+        .unwrap();
+    let dev: Arc<dyn Device> =
+        Arc::new(FileDevice::open(path, FileDeviceOptions::default()).unwrap());
+    let opts = MkfsOptions {
+        segment_bytes: 128 << 10,
+        max_block_bytes: 32 << 10,
+        reserved_segments: Some(4),
+        fs_id,
+        max_bytes: None,
+        kept_pages: 0,
+    };
+    ldfs::lld::mkfs::mkfs(&*dev, &opts).unwrap();
+    let clock = TestClock::default();
+    let lease = take_lease(store.clone(), &clock, false);
+    write_note(path, url, fs_id, lease.writer()).unwrap();
+    let seg = SegmentStore::start(
+        store.clone(),
+        dev,
+        lease.clone(),
+        SegmentStoreOptions::default(),
+    )
+    .unwrap();
+    let lld = Lld::open(
+        seg.device(),
+        LldOptions {
+            checkpoint_hook: Some(seg.hook()),
+            ..LldOptions::default()
+        },
+    )
+    .unwrap();
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    lld.write(None, l, 0, &[1u8; 9000]).unwrap();
+    lld.checkpoint_now().unwrap();
+    lld.close().unwrap();
+    seg.wait_uploaded(seg.announced(), Duration::from_secs(30))
+        .unwrap();
+    seg.stop();
+    lease.release().unwrap();
+    (l, lease.writer())
+}
+
+/// Opens the cache at `path` as a read-write mount does (through the segment store, its
+/// residency map beside it) and reads list `l`.
+fn read_list(path: &Path, store: &Arc<MemoryStore>, l: ListId) -> Option<Vec<u8>> {
+    let clock = TestClock::default();
+    let lease = take_lease(store.clone(), &clock, false);
+    let dev: Arc<dyn Device> =
+        Arc::new(FileDevice::open(path, FileDeviceOptions::default()).unwrap());
+    let seg = SegmentStore::start_cached(
+        store.clone(),
+        dev,
+        lease.clone(),
+        SegmentStoreOptions::default(),
+        Some(ldfs::store::CacheConfig::new(
+            ldfs_tools::cli::store::map_path(path),
+            None,
+        )),
+    )
+    .unwrap();
+    let lld = Lld::open(seg.device(), LldOptions::default()).unwrap();
+    let v = lld.read(l, 0).unwrap();
+    drop(lld);
+    seg.stop();
+    v
+}
+
+/// Review 34's second note (fixed on store4): a read-write mount of a cache that holds the
+/// store's file system but has no note (a block device cache reached by a name no note has, or
+/// moved from the machine that kept its note) was refused with "older than the store: a later
+/// writer uploaded ... after this cache was last mounted", which nothing said. The refusal must
+/// give the true reason (no note says which writer last mounted it) and a remedy that works:
+/// zeroing its first 4 KiB (a block device) makes the next mount rebuild it from the store.
+#[test]
+fn a_writers_mount_of_a_device_cache_without_a_note_says_why_and_what_to_do() {
+    if !Path::new("/dev/shm").is_dir() || !writable(Path::new(DEVICE_NOTES)) {
+        eprintln!("*** SKIPPING: /dev/shm or the device notes' directory is not writable ***");
+        return;
+    }
+    let dir = PathBuf::from(format!("/dev/shm/store4-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cache = dir.join("cache");
+    let _s = DevScratch {
+        dir: dir.clone(),
+        notes: vec![note_by_name(&cache)],
+    };
+    let store = Arc::new(MemoryStore::new());
+    let url = StoreUrl::parse("s3://store4/nonote").unwrap();
+    let (l, w) = uploaded_cache(&cache, &url, &store, 0x5401);
+    std::fs::remove_file(note_by_name(&cache)).unwrap();
+    let why = prepare_cache_sized(&*store as &dyn ObjectStore, &url, &cache, Some(w + 2), None)
+        .expect_err("a cache without a note was taken for a writer's");
+    eprintln!("the refusal: {why}");
+    assert!(
+        !why.contains("older than") && why.contains("has no note") && why.contains(DEVICE_NOTES),
+        "the refusal does not give the true reason: {why}"
+    );
+    assert!(
+        why.contains("zero its first 4 KiB") && why.contains("rebuilt from the store"),
+        "the refusal names no remedy: {why}"
+    );
+    // The remedy it names: zeros at the first 4 KiB, then the mount rebuilds from the store.
+    let dev = FileDevice::open(&cache, FileDeviceOptions::default()).unwrap();
+    dev.write_at(&[0u8; ldfs::lld::PAGE_BYTES], 0).unwrap();
+    dev.flush().unwrap();
+    drop(dev);
+    prepare_cache_sized(&*store as &dyn ObjectStore, &url, &cache, Some(w + 2), None).unwrap();
+    assert_eq!(
+        read_list(&cache, &store, l).as_deref(),
+        Some(&[1u8; 9000][..])
+    );
+}
+
+/// Review 34's third note (fixed on store4): a damaged residency map failed the mount with the
+/// map's error and nothing more. The message must say what to do, and what it says must work:
+/// the cache moved away, the next mount rebuilds it from the store (its map written anew over
+/// the damaged one) and reads the file system.
+#[test]
+fn a_damaged_residency_map_names_the_remedy_and_the_remedy_works() {
+    let d = tempfile::tempdir().unwrap();
+    let cache = d.path().join("c.img");
+    let store = Arc::new(MemoryStore::new());
+    let url = StoreUrl::parse("s3://store4/damaged").unwrap();
+    let (l, w) = uploaded_cache(&cache, &url, &store, 0x5402);
+    let map = ldfs_tools::cli::store::map_path(&cache);
+    std::fs::write(&map, b"LDFSRESI and then not a map at all").unwrap();
+    let clock = TestClock::default();
+    let lease = take_lease(store.clone(), &clock, false);
+    let dev: Arc<dyn Device> =
+        Arc::new(FileDevice::open(&cache, FileDeviceOptions::default()).unwrap());
+    let e = SegmentStore::start_cached(
+        store.clone(),
+        dev,
+        lease.clone(),
+        SegmentStoreOptions::default(),
+        Some(ldfs::store::CacheConfig::new(map.clone(), None)),
+    )
+    .err()
+    .expect("a damaged map was taken");
+    lease.release().unwrap();
+    let why = ldfs_tools::cli::store::start_failed(&url, &cache, &e);
+    eprintln!("the refusal: {why}");
+    assert!(
+        why.contains("residency map") && why.contains("move the cache away"),
+        "the message names no remedy: {why}"
+    );
+    // The remedy: the cache moved away; the next read-write mount rebuilds it.
+    std::fs::rename(&cache, d.path().join("c.img.damaged")).unwrap();
+    prepare_cache_sized(&*store as &dyn ObjectStore, &url, &cache, Some(w + 4), None).unwrap();
+    assert_eq!(
+        read_list(&cache, &store, l).as_deref(),
+        Some(&[1u8; 9000][..])
     );
 }

@@ -275,6 +275,60 @@ fn a_fresh_cache_mounts_the_same_tree_and_a_second_writer_is_refused() {
     fsck_clean(&e, &c4);
 }
 
+/// Review 34's first and third notes (fixed on store4). `ldfs mkfs --store` over the path of
+/// an earlier file system's cache whose residency map remains (`PATH.ldfs-resident`): mkfs
+/// removes the map and says so (before, every mount failed on the map's fs id until the user
+/// found and removed it). And a damaged map refuses the mount naming the remedy (a new cache
+/// rebuilt from the store), which then works.
+#[test]
+fn mkfs_over_an_earlier_caches_map_removes_it_and_a_damaged_map_names_the_remedy() {
+    let Some(e) = env("staleamap") else { return };
+    let c1 = e.path("c1.img");
+    let map = ldfs_tools::cli::store::map_path(&c1);
+    // An earlier file system's map at the cache's place (a cache it had evicted from).
+    std::fs::write(&map, ldfs::store::cache::encode_map(0x5403, &[])).unwrap();
+    let out = e
+        .ldfs()
+        .args(["mkfs", "--store", &e.url, "--cache"])
+        .arg(&c1)
+        .args(["--size", "96M", "--sparse"])
+        .succeeds();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!map.exists(), "mkfs left the earlier file system's map");
+    assert!(
+        said.contains("removed") && said.contains("0000000000005403"),
+        "mkfs did not say it removed the map: {said}"
+    );
+    let d1 = e.path("d1");
+    let m = e.mount(&c1, &d1, &[], false);
+    let tree = write_tree(&d1, 5, 10);
+    m.unmount();
+    // A damaged map: refused, naming the remedy; the remedy (the cache moved away) works.
+    std::fs::write(&map, b"not a residency map").unwrap();
+    let out = e
+        .ldfs()
+        .args(["mount", "-o", "lease=10", &e.url])
+        .arg(&d1)
+        .arg("--cache")
+        .arg(&c1)
+        .output()
+        .unwrap();
+    let why = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && why.contains("residency map")
+            && why.contains("move the cache away"),
+        "the refusal names no remedy: {why}"
+    );
+    std::fs::rename(&c1, e.path("c1.damaged")).unwrap();
+    // The refused mount took the lease and keeps it until it expires (a mount that did not
+    // end with an upload never releases it, review 32).
+    std::thread::sleep(Duration::from_secs(11));
+    let m = e.mount(&c1, &d1, &[], true);
+    assert_same(&read_tree(&d1), &tree, "a new cache after a damaged map");
+    m.unmount();
+}
+
 /// kill -9 of the daemon in the middle of uploads: the lease is not released; a remount on
 /// the same cache is refused until it expires, then taken over with --force-takeover; every
 /// file fsynced before the kill is there, fsck clean, and after `sync --remote` a cache

@@ -442,6 +442,7 @@ fn setup(name: &str, b: &FsBench, gw: Option<&super::s3::Gateway>) -> R<Target> 
                 put_store: gw.client(&format!("{prefix}-put"))?,
                 segment_bytes,
                 in_flight: ldfs::store::segments::puts_in_flight(segment_bytes),
+                ceph_pids: gw.daemons(),
             });
             run(Command::new(&exe)
                 .envs(gw.env())
@@ -619,6 +620,27 @@ fn sync_remote(t: &Target) -> R<()> {
         .map_err(|e| format!("ldfs sync --remote: {e}"))
 }
 
+/// `ldfs sync --remote` until the uploads of what earlier workloads left are over, deletes
+/// included: an object the newest two checkpoint objects no longer name is deleted only when a
+/// later checkpoint is uploaded (DESIGN "Freeing"), so right after a removal its deletes (one
+/// request each, one at a time) fall into the next upload's time. Measured: the split-CPU
+/// write right after the large-file workload's removal spent most of its time deleting the
+/// workload's ~30 objects. A removal's objects go two uploads after the one that no longer
+/// names them, so three at least; then until one deletes nothing but the oldest checkpoint
+/// object (at most 6).
+fn settle_uploads(t: &Target) -> R<()> {
+    let deleted =
+        |t: &Target| -> R<u64> { Ok(store_stats(t)?["objects_deleted"].as_u64().unwrap_or(0)) };
+    for i in 0..6 {
+        let before = deleted(t)?;
+        sync_remote(t)?;
+        if i >= 2 && deleted(t)? <= before + 1 {
+            break;
+        }
+    }
+    Ok(())
+}
+
 /// The large-file workload. On a store-backed target (ldfs-s3) the sequential write is also
 /// timed until `ldfs sync --remote` returns (everything in the store), and the gateway's own
 /// PUT throughput is measured right after with the same client: one [`UploadSample`] into
@@ -629,14 +651,15 @@ fn large_file(t: &Target, mib: u64, uploads: &mut Vec<super::s3::UploadSample>) 
     let mb = bytes as f64 / 1e6;
     let mut chunk = vec![0u8; 1 << 20];
     ChaCha8Rng::seed_from_u64(1).fill(&mut chunk[..]);
-    // What earlier workloads left to upload goes first, untimed.
+    // What earlier workloads left to upload (and delete) goes first, untimed.
     let before = match &t.s3 {
         Some(_) => {
-            sync_remote(t)?;
+            settle_uploads(t)?;
             Some(store_stats(t)?)
         }
         None => None,
     };
+    let mut sample = None;
     let t0 = Instant::now();
     {
         let mut f = File::create(&p).map_err(|e| e.to_string())?;
@@ -654,7 +677,7 @@ fn large_file(t: &Target, mib: u64, uploads: &mut Vec<super::s3::UploadSample>) 
         let gateway_mb_s = s3.gateway_put_rate(bytes, &chunk, s3.in_flight)?;
         let gateway_one_mb_s = s3.gateway_put_rate(bytes, &chunk, 1)?;
         let delta = |k: &str| after[k].as_u64().unwrap_or(0) - before[k].as_u64().unwrap_or(0);
-        let u = super::s3::UploadSample {
+        sample = Some(super::s3::UploadSample {
             bytes,
             upload_mb_s: mb / total.as_secs_f64(),
             after_fsync_mb_s: mb / (total - written).as_secs_f64(),
@@ -664,9 +687,11 @@ fn large_file(t: &Target, mib: u64, uploads: &mut Vec<super::s3::UploadSample>) 
             segment_bytes_put: delta("segment_bytes_put"),
             object_bytes: s3.segment_bytes,
             in_flight: s3.in_flight,
-        };
+            split: Err("not measured yet".into()),
+        });
+        let u = sample.as_ref().expect("just set");
         eprintln!(
-            "bench fs:   {}: upload {:.1} MB/s (write to sync --remote; {:.1} MB/s after the fsync), gateway PUT {:.1} MB/s ({} KiB objects, {} in flight; {:.1} MB/s one at a time): ratio {:.2}; {} segment objects, {} bytes put",
+            "bench fs:   {}: upload {:.1} MB/s (write to sync --remote; {:.1} MB/s after the fsync), gateway PUT {:.1} MB/s ({} KiB objects, {} in flight; {:.1} MB/s one at a time): ratio {:.2}; {} segment objects, {} bytes put, {} checkpoint objects, {} objects deleted",
             t.name,
             u.upload_mb_s,
             u.after_fsync_mb_s,
@@ -676,9 +701,10 @@ fn large_file(t: &Target, mib: u64, uploads: &mut Vec<super::s3::UploadSample>) 
             u.gateway_one_mb_s,
             u.ratio(),
             u.segments_put,
-            u.segment_bytes_put
+            u.segment_bytes_put,
+            delta("checkpoints_put"),
+            delta("objects_deleted")
         );
-        uploads.push(u);
     }
     let seq_read = |label: &str| -> R<f64> {
         drop_caches();
@@ -733,7 +759,84 @@ fn large_file(t: &Target, mib: u64, uploads: &mut Vec<super::s3::UploadSample>) 
     let seq_read2 = seq_read("sequential re-read")?;
     fs::remove_file(&p).map_err(|e| e.to_string())?;
     t.durable()?;
+    if let (Some(mut u), Some(s3)) = (sample, &t.s3) {
+        u.split = split_upload(t, s3, mib, &chunk);
+        match &u.split {
+            Ok(s) => eprintln!(
+                "bench fs:   {}: with the CPUs split (Ceph on CPU {}, ldfs and the writer on CPU {}): upload {:.1} MB/s ({:.1} MB/s after the fsync), gateway PUT {:.1} MB/s: ratio {:.2}",
+                t.name,
+                s.ceph_cpus,
+                s.ldfs_cpus,
+                s.upload_mb_s,
+                s.after_fsync_mb_s,
+                s.gateway_mb_s,
+                s.ratio()
+            ),
+            Err(why) => eprintln!("bench fs:   {}: no split-CPU figures: {why}", t.name),
+        }
+        uploads.push(u);
+    }
     Ok(vec![seq_write, seq_read1, rand_write, rand_read, seq_read2])
+}
+
+/// The large-file workload's upload and the gateway's PUT throughput measured again with the
+/// gateway's CPU apart from ldfs's ([`super::s3::CpuSplit`]): on a machine of few cores radosgw
+/// and its OSD (about 9 ms of CPU per MB put here) share them with the ldfs daemon and the
+/// writer, and the ratio then measures who gets the CPU as much as the uploader. The same
+/// write (`mib` MiB of `chunk`, a file of its own, removed after), timed from its first write
+/// to `ldfs sync --remote`'s return, then the PUT baseline at the uploader's concurrency, both
+/// pinned; the affinities restored before it returns. `Err`: why it was not measured.
+fn split_upload(
+    t: &Target,
+    s3: &super::s3::S3Target,
+    mib: u64,
+    chunk: &[u8],
+) -> Result<super::s3::SplitUpload, String> {
+    let daemon = t
+        .wait_pid
+        .ok_or("the ldfs daemon's process was not found")?;
+    let p = t.mnt.join("large-split");
+    let bytes = mib << 20;
+    let mb = bytes as f64 / 1e6;
+    // What the workload left (its file's removal, the deletes behind it) goes first,
+    // unpinned and untimed.
+    settle_uploads(t)?;
+    let before = store_stats(t)?;
+    let pin = super::s3::CpuSplit::apply(&s3.ceph_pids, &[daemon, std::process::id()])?;
+    let t0 = Instant::now();
+    {
+        let mut f = File::create(&p).map_err(|e| e.to_string())?;
+        for _ in 0..mib {
+            f.write_all(chunk).map_err(|e| e.to_string())?;
+        }
+        f.sync_all().map_err(|e| e.to_string())?;
+    }
+    let written = t0.elapsed();
+    sync_remote(t)?;
+    let total = t0.elapsed();
+    let after = store_stats(t)?;
+    let delta = |k: &str| after[k].as_u64().unwrap_or(0) - before[k].as_u64().unwrap_or(0);
+    eprintln!(
+        "bench fs:   {}: split CPUs: {} segment objects ({} bytes), {} checkpoint objects put, {} objects deleted, {} retries",
+        t.name,
+        delta("segments_put"),
+        delta("segment_bytes_put"),
+        delta("checkpoints_put"),
+        delta("objects_deleted"),
+        delta("retries")
+    );
+    let gateway_mb_s = s3.gateway_put_rate(bytes, chunk, s3.in_flight)?;
+    let split = super::s3::SplitUpload {
+        upload_mb_s: mb / total.as_secs_f64(),
+        after_fsync_mb_s: mb / (total - written).as_secs_f64(),
+        gateway_mb_s,
+        ldfs_cpus: super::s3::cpu_list(&pin.ldfs_cpus),
+        ceph_cpus: super::s3::cpu_list(&pin.ceph_cpus),
+    };
+    pin.restore();
+    fs::remove_file(&p).map_err(|e| e.to_string())?;
+    t.durable()?;
+    Ok(split)
 }
 
 fn percentile(v: &mut [f64], p: f64) -> f64 {

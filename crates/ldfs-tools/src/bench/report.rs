@@ -306,8 +306,19 @@ pub fn json(r: &Results) -> String {
             .uploads
             .iter()
             .map(|u| {
+                let split = match &u.split {
+                    Ok(s) => format!(
+                        "\"split\": {{\"upload_mb_s\": {}, \"after_fsync_mb_s\": {}, \"gateway_mb_s\": {}, \"ldfs_cpus\": {}, \"ceph_cpus\": {}}}",
+                        json_num(Some(s.upload_mb_s)),
+                        json_num(Some(s.after_fsync_mb_s)),
+                        json_num(Some(s.gateway_mb_s)),
+                        json_str(&s.ldfs_cpus),
+                        json_str(&s.ceph_cpus)
+                    ),
+                    Err(why) => format!("\"split_skipped\": {}", json_str(why)),
+                };
                 format!(
-                    "{{\"bytes\": {}, \"upload_mb_s\": {}, \"after_fsync_mb_s\": {}, \"gateway_mb_s\": {}, \"gateway_one_mb_s\": {}, \"segments_put\": {}, \"segment_bytes_put\": {}, \"object_bytes\": {}, \"in_flight\": {}}}",
+                    "{{\"bytes\": {}, \"upload_mb_s\": {}, \"after_fsync_mb_s\": {}, \"gateway_mb_s\": {}, \"gateway_one_mb_s\": {}, \"segments_put\": {}, \"segment_bytes_put\": {}, \"object_bytes\": {}, \"in_flight\": {}, {split}}}",
                     u.bytes,
                     json_num(Some(u.upload_mb_s)),
                     json_num(Some(u.after_fsync_mb_s)),
@@ -438,6 +449,25 @@ pub fn from_json(text: &str) -> R<Results> {
                         segment_bytes_put: n("segment_bytes_put"),
                         object_bytes: n("object_bytes"),
                         in_flight: n("in_flight") as usize,
+                        // Reports written before the split-CPU figures have neither.
+                        split: match (&u["split"], u["split_skipped"].as_str()) {
+                            (sp, _) if sp.is_object() => {
+                                let f = |k: &str| sp[k].as_f64().unwrap_or(f64::NAN);
+                                let t = |k: &str| sp[k].as_str().unwrap_or("").to_string();
+                                Ok(super::s3::SplitUpload {
+                                    upload_mb_s: f("upload_mb_s"),
+                                    after_fsync_mb_s: f("after_fsync_mb_s"),
+                                    gateway_mb_s: f("gateway_mb_s"),
+                                    ldfs_cpus: t("ldfs_cpus"),
+                                    ceph_cpus: t("ceph_cpus"),
+                                })
+                            }
+                            (_, Some(why)) => Err(why.to_string()),
+                            _ => {
+                                Err("not measured (a report from before the split-CPU figures)"
+                                    .into())
+                            }
+                        },
                     }
                 })
                 .collect()
@@ -694,7 +724,7 @@ fn uploads_markdown(u: &[super::s3::UploadSample]) -> String {
         first.in_flight,
         u.len()
     );
-    let rows = vec![
+    let mut rows = vec![
         vec![
             "upload: write until in the store".into(),
             "MB/s".into(),
@@ -731,6 +761,63 @@ fn uploads_markdown(u: &[super::s3::UploadSample]) -> String {
             med(&|s| s.segment_bytes_put as f64 / s.bytes as f64),
         ],
     ];
+    let splits: Vec<&super::s3::SplitUpload> =
+        u.iter().filter_map(|s| s.split.as_ref().ok()).collect();
+    match splits.first() {
+        Some(first_split) => {
+            let med_split = |f: &dyn Fn(&super::s3::SplitUpload) -> f64| {
+                let v: Vec<f64> = splits
+                    .iter()
+                    .map(|s| f(s))
+                    .filter(|x| x.is_finite())
+                    .collect();
+                median(&v).map_or("".into(), fmt_value)
+            };
+            let _ = writeln!(
+                md,
+                "Two measurements of each. *Shared cores*: as the machine runs them, the Ceph daemons, the ldfs daemon and the writer on the same cores (with whatever else runs), so the ratio also measures who gets the CPU: radosgw and its OSD spend CPU on every MB put. *Split CPUs*: the same write (a file of its own) and the same PUT baseline again with the gateway's CPU apart from ldfs's: every thread of the Ceph daemons (ceph-mon, ceph-mgr, ceph-osd, radosgw) on CPU {} and every thread of the ldfs daemon and of the benchmark (the writer, the PUT client) on CPU {}, the affinities restored after; that ratio compares the uploader with the gateway when neither takes the other's CPU ({} of {} round(s)).\n",
+                first_split.ceph_cpus,
+                first_split.ldfs_cpus,
+                splits.len(),
+                u.len()
+            );
+            rows.extend([
+                vec![
+                    "split CPUs: upload, write until in the store".into(),
+                    "MB/s".into(),
+                    med_split(&|s| s.upload_mb_s),
+                ],
+                vec![
+                    "split CPUs: of it, from the fsync's return to sync --remote's".into(),
+                    "MB/s".into(),
+                    med_split(&|s| s.after_fsync_mb_s),
+                ],
+                vec![
+                    format!(
+                        "split CPUs: gateway PUT, same client, {} in flight",
+                        first.in_flight
+                    ),
+                    "MB/s".into(),
+                    med_split(&|s| s.gateway_mb_s),
+                ],
+                vec![
+                    "split CPUs: ratio upload / gateway PUT".into(),
+                    "".into(),
+                    med_split(&|s| s.ratio()),
+                ],
+            ]);
+        }
+        None => {
+            let why = u
+                .iter()
+                .find_map(|s| s.split.as_ref().err())
+                .map_or("", String::as_str);
+            let _ = writeln!(
+                md,
+                "These are shared-cores figures: the Ceph daemons, the ldfs daemon and the writer on the same cores. The split-CPU figures (the gateway's CPU apart from ldfs's) were not measured: {why}.\n"
+            );
+        }
+    }
     md += &md_table(&["figure".into(), "unit".into(), "median".into()], 2, &rows);
     md
 }
@@ -1084,6 +1171,13 @@ mod tests {
             segment_bytes_put: 34 << 20,
             object_bytes: 2 << 20,
             in_flight: 4,
+            split: Ok(super::super::s3::SplitUpload {
+                upload_mb_s: up + 60.0,
+                after_fsync_mb_s: up,
+                gateway_mb_s: 160.0,
+                ldfs_cpus: "0".into(),
+                ceph_cpus: "1".into(),
+            }),
         };
         r.uploads = vec![sample(50.0), sample(90.0), sample(70.0)];
         let md = markdown(&r, None);
@@ -1112,10 +1206,35 @@ mod tests {
             md.contains("2048 KiB objects (the segment size), 4 in flight"),
             "{md}"
         );
+        // The split-CPU rows: upload 110, 150, 130; ratio against 160: 0.81.
+        assert!(
+            md.contains("| split CPUs: upload, write until in the store | MB/s | 130 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| split CPUs: ratio upload / gateway PUT | | 0.81 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("Ceph daemons (ceph-mon, ceph-mgr, ceph-osd, radosgw) on CPU 1 and every thread of the ldfs daemon and of the benchmark (the writer, the PUT client) on CPU 0"),
+            "{md}"
+        );
         let j = json(&r);
         let back = from_json(&j).unwrap();
         assert_eq!(back.uploads, r.uploads);
         assert_eq!(json(&back), j);
+        // Not measured (one CPU): said, with why, and no split rows; the reason round-trips.
+        for s in &mut r.uploads {
+            s.split = Err("the benchmark may run on 1 CPU(s): nothing to split".into());
+        }
+        let md = markdown(&r, None);
+        assert!(
+            md.contains("were not measured: the benchmark may run on 1 CPU(s): nothing to split."),
+            "{md}"
+        );
+        assert!(!md.contains("| split CPUs"), "{md}");
+        let j = json(&r);
+        assert_eq!(from_json(&j).unwrap().uploads, r.uploads);
         // Without ldfs-s3 there is no column and no section.
         let md = markdown(&results(), None);
         assert!(!md.contains("ldfs-s3") && !md.contains("upload throughput"));

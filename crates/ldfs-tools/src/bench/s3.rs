@@ -168,6 +168,192 @@ impl Drop for Gateway {
     }
 }
 
+/// The names of the processes of a Ceph cluster: what the split-CPU measurement pins apart.
+const CEPH_DAEMONS: [&str; 4] = ["ceph-mon", "ceph-mgr", "ceph-osd", "radosgw"];
+
+impl Gateway {
+    /// The processes of the gateway's cluster: those of the cluster this run started (their
+    /// command line names its folder), or, for a gateway given by the environment, every Ceph
+    /// daemon on the machine (which cluster serves the endpoint is not known).
+    pub fn daemons(&self) -> Vec<u32> {
+        let folder = self.own.as_ref().map(|(_, c)| c.display().to_string());
+        processes()
+            .into_iter()
+            .filter(|&pid| {
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                if !CEPH_DAEMONS.contains(&comm.trim()) {
+                    return false;
+                }
+                match &folder {
+                    None => true,
+                    Some(f) => std::fs::read(format!("/proc/{pid}/cmdline"))
+                        .is_ok_and(|c| String::from_utf8_lossy(&c).contains(f.as_str())),
+                }
+            })
+            .collect()
+    }
+}
+
+/// Every process id in /proc.
+fn processes() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The threads (tasks) of process `pid`.
+fn tasks(pid: u32) -> Vec<i32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The CPUs this process may run on.
+pub fn allowed_cpus() -> Vec<usize> {
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) } != 0 {
+        return Vec::new();
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
+fn cpu_set(cpus: &[usize]) -> libc::cpu_set_t {
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus {
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    set
+}
+
+/// `2,3`: the CPUs of a set, for the report.
+pub fn cpu_list(cpus: &[usize]) -> String {
+    cpus.iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The gateway's CPU apart from ldfs's (issue 20's upload figure on a machine whose cores the
+/// Ceph daemons share with the ldfs daemon and the writer): every thread of the Ceph daemons
+/// on one half of the allowed CPUs, every thread of the ldfs daemon and of this process (the
+/// writer, the PUT baseline's client) on the other, each thread's own affinity restored on
+/// [`CpuSplit::restore`] or drop. Threads started later inherit their starter's affinity, so a
+/// pinned process stays pinned; threads started between the listing and the pinning are
+/// caught by listing again until none is new.
+pub struct CpuSplit {
+    saved: Vec<(i32, libc::cpu_set_t)>,
+    /// Each pinned process and the mask its main thread had (for threads started since).
+    procs: Vec<(u32, libc::cpu_set_t)>,
+    pub ldfs_cpus: Vec<usize>,
+    pub ceph_cpus: Vec<usize>,
+}
+
+impl CpuSplit {
+    /// Pins `ceph` (process ids) and `ldfs` apart; `Err` is why not (fewer than 2 CPUs, no
+    /// daemon, a pin refused), with whatever was pinned restored.
+    pub fn apply(ceph: &[u32], ldfs: &[u32]) -> R<CpuSplit> {
+        let cpus = allowed_cpus();
+        if cpus.len() < 2 {
+            return Err(format!(
+                "the benchmark may run on {} CPU(s): nothing to split",
+                cpus.len()
+            ));
+        }
+        if ceph.is_empty() {
+            return Err("no Ceph daemon (ceph-mon, ceph-mgr, ceph-osd, radosgw) found".into());
+        }
+        let (l, c) = cpus.split_at(cpus.len() / 2);
+        let mut split = CpuSplit {
+            saved: Vec::new(),
+            procs: Vec::new(),
+            ldfs_cpus: l.to_vec(),
+            ceph_cpus: c.to_vec(),
+        };
+        let (lset, cset) = (cpu_set(l), cpu_set(c));
+        for (pids, set) in [(ceph, cset), (ldfs, lset)] {
+            for &pid in pids {
+                split.pin(pid, &set)?;
+            }
+        }
+        Ok(split)
+    }
+
+    fn pin(&mut self, pid: u32, set: &libc::cpu_set_t) -> R<()> {
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        let mut main: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        if unsafe { libc::sched_getaffinity(pid as i32, size, &mut main) } != 0 {
+            return Err(format!(
+                "process {pid}: sched_getaffinity: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        self.procs.push((pid, main));
+        for _round in 0..5 {
+            let new: Vec<i32> = tasks(pid)
+                .into_iter()
+                .filter(|t| !self.saved.iter().any(|(s, _)| s == t))
+                .collect();
+            if new.is_empty() {
+                return Ok(());
+            }
+            for tid in new {
+                let mut old: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+                if unsafe { libc::sched_getaffinity(tid, size, &mut old) } != 0 {
+                    continue; // the thread ended
+                }
+                if unsafe { libc::sched_setaffinity(tid, size, set) } != 0 {
+                    let e = std::io::Error::last_os_error();
+                    if e.raw_os_error() == Some(libc::ESRCH) {
+                        continue;
+                    }
+                    return Err(format!(
+                        "thread {tid} of process {pid}: sched_setaffinity: {e}"
+                    ));
+                }
+                self.saved.push((tid, old));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every pinned thread back to its own affinity; a thread started since, to its process's.
+    pub fn restore(mut self) {
+        self.restore_all();
+    }
+
+    fn restore_all(&mut self) {
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        for (pid, main) in std::mem::take(&mut self.procs) {
+            for tid in tasks(pid) {
+                let set = self
+                    .saved
+                    .iter()
+                    .find(|(t, _)| *t == tid)
+                    .map_or(main, |(_, s)| *s);
+                // A thread that ended meanwhile: nothing to restore.
+                unsafe { libc::sched_setaffinity(tid, size, &set) };
+            }
+        }
+        self.saved.clear();
+    }
+}
+
+impl Drop for CpuSplit {
+    fn drop(&mut self) {
+        self.restore_all();
+    }
+}
+
 /// Deletes every object of `store` (under its prefix); how many.
 pub fn delete_all(store: &dyn ObjectStore) -> R<usize> {
     let objects = store.list("").map_err(|e| e.to_string())?;
@@ -189,6 +375,26 @@ pub struct S3Target {
     /// Segment objects the uploader has in flight at once
     /// (`ldfs::store::segments::puts_in_flight`): the baseline's concurrency.
     pub in_flight: usize,
+    /// The gateway's cluster's processes (pinned apart for the split-CPU figures).
+    pub ceph_pids: Vec<u32>,
+}
+
+/// The upload figures measured again with the CPUs split ([`CpuSplit`]): the Ceph daemons on
+/// `ceph_cpus`, the ldfs daemon and the benchmark (writer, PUT client) on `ldfs_cpus`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SplitUpload {
+    pub upload_mb_s: f64,
+    pub after_fsync_mb_s: f64,
+    /// The gateway's PUT throughput, `in_flight` at once, with the same split.
+    pub gateway_mb_s: f64,
+    pub ldfs_cpus: String,
+    pub ceph_cpus: String,
+}
+
+impl SplitUpload {
+    pub fn ratio(&self) -> f64 {
+        self.upload_mb_s / self.gateway_mb_s
+    }
 }
 
 /// The upload figures of one round's large-file workload on ldfs-s3.
@@ -211,6 +417,8 @@ pub struct UploadSample {
     /// The object size and concurrency of the baseline.
     pub object_bytes: u64,
     pub in_flight: usize,
+    /// The same measured with the gateway's CPU apart from ldfs's: `Ok`, or why not.
+    pub split: Result<SplitUpload, String>,
 }
 
 impl UploadSample {
@@ -300,6 +508,57 @@ mod tests {
         assert_eq!(e["AWS_ENDPOINT_URL"], "http://127.0.0.1:1");
         assert_eq!(e["A"], "b=c");
         assert_eq!(e.len(), 2);
+    }
+
+    /// The CPUs a process's threads may run on, from /proc.
+    fn allowed(pid: u32) -> Vec<Vec<usize>> {
+        let mut v: Vec<Vec<usize>> = tasks(pid)
+            .into_iter()
+            .map(|tid| {
+                let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+                let r =
+                    unsafe { libc::sched_getaffinity(tid, std::mem::size_of_val(&set), &mut set) };
+                assert_eq!(r, 0);
+                (0..libc::CPU_SETSIZE as usize)
+                    .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+                    .collect()
+            })
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    #[test]
+    fn the_cpu_split_pins_every_thread_apart_and_restores_them() {
+        let cpus = allowed_cpus();
+        let spawn = || {
+            Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .expect("spawn sleep")
+        };
+        let (mut a, mut b) = (spawn(), spawn());
+        let before = (allowed(a.id()), allowed(b.id()));
+        let r = CpuSplit::apply(&[a.id()], &[b.id()]);
+        if cpus.len() < 2 {
+            assert!(r.is_err(), "split on {} CPU(s)", cpus.len());
+        } else {
+            let split = r.unwrap();
+            assert!(!split.ldfs_cpus.is_empty() && !split.ceph_cpus.is_empty());
+            assert!(split.ldfs_cpus.iter().all(|c| !split.ceph_cpus.contains(c)));
+            assert_eq!(allowed(a.id()), vec![split.ceph_cpus.clone()]);
+            assert_eq!(allowed(b.id()), vec![split.ldfs_cpus.clone()]);
+            split.restore();
+            assert_eq!((allowed(a.id()), allowed(b.id())), before, "not restored");
+        }
+        // No Ceph daemon: refused, nothing pinned.
+        assert!(CpuSplit::apply(&[], &[b.id()]).is_err());
+        assert_eq!(allowed(b.id()), before.1);
+        for c in [&mut a, &mut b] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 
     #[test]

@@ -111,7 +111,8 @@ fn mkfs_store(url: &str, cache: &std::path::Path, a: &MkfsArgs) -> CmdResult {
     let store: std::sync::Arc<dyn ldfs::store::ObjectStore> = s3;
     if let Some((key, obj)) = newest_checkpoint(&*store).map_err(|e| format!("{url}: {e}"))? {
         return Err(format!(
-            "{url} holds a file system already (fs id {:016x}, {key}); mount it, or choose              another bucket or prefix",
+            "{url} holds a file system already (fs id {:016x}, {key}); mount it, or choose \
+             another bucket or prefix",
             obj.geo.fs_id
         )
         .into());
@@ -156,6 +157,10 @@ fn mkfs_store(url: &str, cache: &std::path::Path, a: &MkfsArgs) -> CmdResult {
     )?;
     let _lock =
         crate::fuse::mount::lock_image(cache, true, "ldfs mkfs").map_err(|e| e.to_string())?;
+    // Under the lock: a mount of the cache (holding its map) would have refused the format.
+    if let Some(removed) = super::store::remove_stale_map(cache)? {
+        eprintln!("ldfs mkfs: {removed}");
+    }
     let dev: std::sync::Arc<dyn Device> =
         std::sync::Arc::new(FileDevice::open(cache, FileDeviceOptions::default())?);
     let seg = SegmentStore::start(

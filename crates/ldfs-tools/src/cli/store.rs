@@ -404,6 +404,94 @@ pub fn read_through(
     Ok(Some((Arc::new(view), url)))
 }
 
+/// What a user can do with a cache whose state cannot be trusted (no note of it, a damaged
+/// residency map): mount from the store, losing what only the cache holds.
+const FROM_THE_STORE: &str = "move the cache away (or delete it; a block device: zero its first \
+     4 KiB) and mount again: a new cache is rebuilt from the store's last uploaded checkpoint, \
+     and writes this cache holds that were never uploaded are lost with it";
+
+/// Why a read-write mount refuses a cache of the store's file system that has no note (or a
+/// note of another file system): the note's writer is what tells a cache the store went on
+/// without (another machine took over) from one it may continue, so with none the cache may be
+/// a branch the store no longer has. Not "older than the store": nothing says it is (review 34).
+fn no_note_refusal(cache: &Path, url: &StoreUrl, fs_id: u64) -> String {
+    let note = note_path(cache);
+    let what = match std::fs::read_to_string(&note) {
+        Ok(_) => format!(
+            "its note {} is of another file system, not of this one (fs id {fs_id:016x})",
+            note.display()
+        ),
+        Err(_) => format!("it has no note ({})", note.display()),
+    };
+    let device = match cache.starts_with("/dev") {
+        true => format!(
+            " The notes of block device caches are kept by the machine that mounted them, in \
+             {DEVICE_NOTES}, under the name the mount was given: a cache moved from another \
+             machine, or reached by a name that leads elsewhere now, has none here."
+        ),
+        false => String::new(),
+    };
+    format!(
+        "{}: {what}, so nothing says which writer of {url} last mounted it read-write, and \
+         whether a later writer went on from the store since (this cache then a branch the \
+         store no longer has) cannot be told.{device} Mount it by the name its earlier mounts \
+         used, or bring its note from the machine that mounted it; or {FROM_THE_STORE}",
+        cache.display()
+    )
+}
+
+/// The message of a store mount whose segment store did not start: a damaged residency map
+/// (`PATH.ldfs-resident`: which segments the cache does not hold, so a hole is never read as
+/// data) cannot be repaired from the cache, and a mount without it could read holes as data;
+/// the remedy is a new cache (review 34).
+pub fn start_failed(url: &StoreUrl, cache: &Path, e: &ldfs::store::LayerError) -> String {
+    match e {
+        ldfs::store::LayerError::Corrupt {
+            what: "residency map",
+            detail,
+            ..
+        } => format!(
+            "{url}: {e}. The cache {} cannot be used without it (it says which segments the \
+             cache holds and which are in the store only): {FROM_THE_STORE}{}",
+            cache.display(),
+            match detail.starts_with("fs id") {
+                // An `ldfs mkfs --store` before review 34 left an earlier file system's map
+                // at a reused cache path: no mount of this cache ever started, so it evicted
+                // nothing.
+                true =>
+                    ". If this cache was made by ldfs mkfs --store at the path of an \
+                         earlier one and no mount has used it since, the map is that earlier file \
+                         system's: removing the map is enough",
+                false => "",
+            }
+        ),
+        _ => format!("{url}: {e}"),
+    }
+}
+
+/// Removes a residency map left at `cache`'s place by an earlier file system (`ldfs mkfs
+/// --store` over an old cache path: every mount then failed on the map's fs id until the user
+/// removed it, review 34). A cache just formatted holds every segment, so any map there is
+/// stale. Returns what it removed, for the message.
+pub fn remove_stale_map(cache: &Path) -> Result<Option<String>, String> {
+    let map = map_path(cache);
+    let Ok(bytes) = std::fs::read(&map) else {
+        return Ok(None);
+    };
+    remove_map(&map).map_err(|e| format!("{}: {e}", map.display()))?;
+    let of = match bytes.get(..24) {
+        Some(h) if h[..8] == ldfs::store::cache::MAP_MAGIC.to_le_bytes() => format!(
+            "of file system {:016x}",
+            u64::from_le_bytes(h[16..24].try_into().expect("8 bytes"))
+        ),
+        _ => "damaged".to_string(),
+    };
+    Ok(Some(format!(
+        "removed {}, the residency map ({of}) of an earlier file system on this cache",
+        map.display()
+    )))
+}
+
 fn no_file_system(url: &StoreUrl) -> String {
     format!("{url} holds no file system (no checkpoint object): make one with ldfs mkfs --store")
 }
@@ -529,7 +617,8 @@ pub fn prepare_cache_sized(
                     ))
                 }
                 Some(w) if w >= newest_writer => false,
-                _ => {
+                None => return Err(no_note_refusal(cache, url, fs_id)),
+                Some(_) => {
                     return Err(format!(
                         "{} is older than {url}: a later writer (lease generation \
                          {newest_writer}) uploaded {key} after this cache was last mounted \

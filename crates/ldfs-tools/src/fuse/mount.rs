@@ -1802,7 +1802,7 @@ pub fn run(
                     *bound,
                 )),
             )
-            .map_err(|e| format!("{u}: {e}"))?;
+            .map_err(|e| crate::cli::store::start_failed(u, &image, &e))?;
             (seg.device(), Some(seg))
         }
         _ => (dev, None),
