@@ -14,8 +14,8 @@ use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::{Lld, LldOptions};
 use ldfs::store::lease::{self, LeaseError, LeaseRecord};
 use ldfs::store::{
-    MemoryStore, MemoryStoreFaults, ObjectInfo, ObjectStore, PutOutcome, SegmentStore,
-    SegmentStoreOptions, StoreError, StoreOp, StoreResult,
+    MemoryStore, MemoryStoreFaults, ObjectInfo, ObjectStore, PutOutcome, SegmentStore, StoreError,
+    StoreOp, StoreResult,
 };
 use ldfs::testing::store::{take_lease, TestClock};
 use ldfs_tools::cli::store::{note_path, prepare_cache, write_note, StoreUrl};
@@ -35,12 +35,7 @@ fn mkfs_opts() -> MkfsOptions {
     }
 }
 
-fn fast() -> SegmentStoreOptions {
-    SegmentStoreOptions {
-        backoff_initial: Duration::from_millis(1),
-        backoff_max: Duration::from_millis(20),
-    }
-}
+use ldfs::testing::store::fast_backoff as fast;
 
 fn url() -> StoreUrl {
     StoreUrl::parse("s3://probe/fs").unwrap()

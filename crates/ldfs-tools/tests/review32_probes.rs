@@ -13,7 +13,6 @@ use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::{Lld, LldOptions};
 use ldfs::store::{
     HeldLease, LeaseOptions, MemoryStore, MemoryStoreFaults, ObjectStore, SegmentStore,
-    SegmentStoreOptions,
 };
 use ldfs::testing::store::{take_lease, TestClock};
 use ldfs_tools::cli::store::{prepare_cache, write_note, StoreUrl};
@@ -31,12 +30,7 @@ fn mkfs_opts() -> MkfsOptions {
     }
 }
 
-fn fast() -> SegmentStoreOptions {
-    SegmentStoreOptions {
-        backoff_initial: Duration::from_millis(1),
-        backoff_max: Duration::from_millis(20),
-    }
-}
+use ldfs::testing::store::fast_backoff as fast;
 
 fn url() -> StoreUrl {
     StoreUrl::parse("s3://probe/fs").unwrap()

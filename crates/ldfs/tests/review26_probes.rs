@@ -11,9 +11,7 @@ use ldfs::ld::{ListHints, ListId, LogicalDisk};
 use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::{CheckpointHook, Lld, LldOptions, PolicyKind, SegmentId, PAGE_BYTES};
 use ldfs::store::segments::decode_checkpoint_object;
-use ldfs::store::{
-    restore, MemoryStore, MemoryStoreFaults, ObjectStore, SegmentStore, SegmentStoreOptions,
-};
+use ldfs::store::{restore, MemoryStore, MemoryStoreFaults, ObjectStore, SegmentStore};
 use ldfs::testing::store::{crash_lease, take_lease, TestClock};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -32,12 +30,7 @@ fn mkfs_opts() -> MkfsOptions {
     }
 }
 
-fn fast() -> SegmentStoreOptions {
-    SegmentStoreOptions {
-        backoff_initial: Duration::from_millis(1),
-        backoff_max: Duration::from_millis(20),
-    }
-}
+use ldfs::testing::store::fast_backoff as fast;
 
 fn open(dev: &Arc<dyn Device>, hook: Option<CheckpointHook>) -> Lld {
     Lld::open(

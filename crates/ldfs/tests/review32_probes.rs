@@ -16,8 +16,7 @@ use ldfs::store::segments::{
     checkpoint_key, encode_checkpoint_object, newest_checkpoint, parse_checkpoint_key,
 };
 use ldfs::store::{
-    restore, MemoryStore, ObjectInfo, ObjectStore, PutOutcome, SegmentStore, SegmentStoreOptions,
-    StoreResult,
+    restore, MemoryStore, ObjectInfo, ObjectStore, PutOutcome, SegmentStore, StoreResult,
 };
 use ldfs::testing::store::{take_lease, TestClock};
 
@@ -34,12 +33,7 @@ fn mkfs_opts() -> MkfsOptions {
     }
 }
 
-fn fast() -> SegmentStoreOptions {
-    SegmentStoreOptions {
-        backoff_initial: Duration::from_millis(1),
-        backoff_max: Duration::from_millis(20),
-    }
-}
+use ldfs::testing::store::fast_backoff as fast;
 
 fn open(dev: Arc<dyn Device>, seg: &SegmentStore) -> Lld {
     Lld::open(

@@ -13,8 +13,8 @@ use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::{Lld, LldOptions};
 use ldfs::store::segments::{checkpoint_key, decode_checkpoint_object, parse_checkpoint_key};
 use ldfs::store::{
-    restore, MemoryStore, ObjectInfo, ObjectStore, PutOutcome, SegmentStore, SegmentStoreOptions,
-    StoreError, StoreOp, StoreResult,
+    restore, MemoryStore, ObjectInfo, ObjectStore, PutOutcome, SegmentStore, StoreError, StoreOp,
+    StoreResult,
 };
 use ldfs::testing::store::{take_lease, TestClock};
 
@@ -31,12 +31,7 @@ fn mkfs_opts() -> MkfsOptions {
     }
 }
 
-fn fast() -> SegmentStoreOptions {
-    SegmentStoreOptions {
-        backoff_initial: Duration::from_millis(1),
-        backoff_max: Duration::from_millis(20),
-    }
-}
+use ldfs::testing::store::fast_backoff as fast;
 
 fn open(dev: Arc<dyn Device>, seg: &SegmentStore) -> Lld {
     Lld::open(

@@ -17,7 +17,7 @@ use ldfs::store::cache::{read_map, Cache, CacheDevice};
 use ldfs::store::segments::{parse_checkpoint_key, SegmentEntry};
 use ldfs::store::{
     restore, CacheConfig, MemoryStore, ObjectInfo, ObjectStore, PutOutcome, SegmentStore,
-    SegmentStoreOptions, StoreResult,
+    StoreResult,
 };
 use ldfs::testing::store::{take_lease, TestClock};
 
@@ -34,12 +34,7 @@ fn mkfs_opts() -> MkfsOptions {
     }
 }
 
-fn fast() -> SegmentStoreOptions {
-    SegmentStoreOptions {
-        backoff_initial: Duration::from_millis(1),
-        backoff_max: Duration::from_millis(20),
-    }
-}
+use ldfs::testing::store::fast_backoff as fast;
 
 fn geometry(dev: &dyn Device) -> Geometry {
     let mut sb = vec![0u8; PAGE_BYTES];

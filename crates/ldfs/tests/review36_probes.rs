@@ -19,7 +19,7 @@ use ldfs::store::segments::{
 };
 use ldfs::store::{
     restore, restore_lazy, LayerError, MemoryStore, ObjectInfo, ObjectStore, PutOutcome,
-    SegmentStore, SegmentStoreOptions, StoreResult,
+    SegmentStore, StoreResult,
 };
 use ldfs::testing::store::{crash_lease, take_lease, TestClock};
 use rand::{Rng, SeedableRng};
@@ -39,12 +39,7 @@ fn mkfs_opts() -> MkfsOptions {
     }
 }
 
-fn fast() -> SegmentStoreOptions {
-    SegmentStoreOptions {
-        backoff_initial: Duration::from_millis(1),
-        backoff_max: Duration::from_millis(20),
-    }
-}
+use ldfs::testing::store::fast_backoff as fast;
 
 fn seed() -> u64 {
     std::env::var("LDFS_SEED")

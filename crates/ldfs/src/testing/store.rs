@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::store::lease::{Clock, HeldLease, LeaseOptions};
+use crate::store::segments::SegmentStoreOptions;
 use crate::store::ObjectStore;
 
 /// Seconds since 1970 that stand still until the test moves them.
@@ -53,4 +54,13 @@ pub fn take_lease(store: Arc<dyn ObjectStore>, clock: &TestClock, force: bool) -
 pub fn crash_lease(lease: &HeldLease, clock: &TestClock) {
     lease.abandon();
     clock.advance(61);
+}
+
+/// An uploader that retries at once (1 ms, at most 20 ms between tries): store tests fail
+/// uploads on purpose and must not wait out the real backoff.
+pub fn fast_backoff() -> SegmentStoreOptions {
+    SegmentStoreOptions {
+        backoff_initial: Duration::from_millis(1),
+        backoff_max: Duration::from_millis(20),
+    }
 }
