@@ -454,6 +454,18 @@ fn a_writer_whose_lease_was_taken_over_stops_writing_to_the_store() {
     seg_b
         .wait_uploaded(seg_b.announced(), Duration::from_secs(10))
         .unwrap();
+    // B's deletes of what its uploads superseded (A's older checkpoint objects among them) run
+    // after the acknowledgement wait_uploaded waits for, each checkpoint object last: wait
+    // until they landed (two checkpoint objects left), or one landing later would be counted
+    // as A's (seen under load).
+    let t = std::time::Instant::now();
+    while store.list("ckpt/").unwrap().len() > 2 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "B's deletes did not land"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let before = store.keys();
     // A writes and checkpoints on: by its own clock the lease is expiring, so it waits.
     churn(&lld_a, &lists, &mut model_a, &mut rng, 300);
