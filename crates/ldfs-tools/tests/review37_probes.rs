@@ -70,7 +70,6 @@ fn store_with_fs() -> Arc<MemoryStore> {
 /// superblock write needs the pass (forget_cache zeroed page 0 first): page 0 should at least
 /// carry the superblock's magic (or the fs id) before the note is trusted over it.
 #[test]
-#[ignore = "review 37 finding 2: a stale READER note makes a mount rebuild over foreign (non-ldfs) data"]
 fn a_stale_reader_note_does_not_rebuild_over_foreign_data() {
     let d = tempfile::tempdir().unwrap();
     let url = StoreUrl::parse("s3://probe37/foreign").unwrap();

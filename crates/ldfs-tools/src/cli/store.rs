@@ -576,14 +576,17 @@ pub fn prepare_cache_sized(
     }
     let (newest_writer, _) = parse_checkpoint_key(&key).expect("newest_checkpoint parsed it");
     let fs_id = newest.geo.fs_id;
-    // A cache noted READER is rebuilt whatever its page 0 holds: the note is written before
-    // every rebuild, so a rebuild torn at its last write (page 0) is rebuilt again, not refused
-    // (review 36 finding 4).
-    let reader_noted = read_note(cache).is_some_and(|(id, w)| id == fs_id && w == READER);
-    let geometry = match cache_geometry(cache) {
-        Err(_) if reader_noted => None,
-        r => r?,
-    };
+    // A page 0 that is neither zeros nor an ldfs superblock is refused, READER note or not: the
+    // note is a file found by the cache's path and outlives the cache (a name reused, a /dev
+    // name given to another disk), so it cannot vouch for what the device holds (review 37
+    // finding 2). A rebuild torn at its very last write is therefore refused too, naming the
+    // remedy (review 36 finding 4, left open).
+    let geometry = cache_geometry(cache).map_err(|e| {
+        format!(
+            "{e}. If it is a cache of this file system whose rebuild was cut short, move it away \
+             (for a device, zero its first 4 KiB): the next mount rebuilds it from {url}"
+        )
+    })?;
     let rebuild = match geometry {
         None => true,
         Some(g) if g.fs_id != fs_id => {
