@@ -795,7 +795,7 @@ impl Fs {
     fn reattach(&self, lf: u64, ino: u64) -> FsResult<Vec<u8>> {
         let mut tx = self.begin_repair()?;
         let r = (|| {
-            let mut d = Inode::clone(&*tx.dir_inode(lf)?);
+            let mut d = tx.dir_inode_mut(lf)?;
             let mut i = tx.inode_mut(ino)?;
             let (name, idx, entries) = tx.free_name(&d, &format!("#{ino}"))?;
             tx.add_found(&mut d, idx, entries, &name, ino, i.kind())?;
@@ -861,7 +861,7 @@ impl Fs {
                 xattrs: Vec::new(),
             };
             tx.put(&i)?;
-            let mut d = Inode::clone(&*tx.dir_inode(lf)?);
+            let mut d = tx.dir_inode_mut(lf)?;
             let (name, idx, entries) = tx.free_name(&d, &format!("#list-{list}"))?;
             tx.add_found(&mut d, idx, entries, &name, ino, Kind::File)?;
             tx.put(&d)?;
@@ -875,7 +875,7 @@ impl Fs {
         let mut tx = self.begin_repair()?;
         let r = (|| match f {
             Finding::BadBucket { dir, index, .. } => {
-                let mut d = Inode::clone(&*tx.dir_inode(*dir)?);
+                let mut d = tx.dir_inode_mut(*dir)?;
                 let list = ListId(d.list);
                 let salvaged = match tx.ld().read(list, *index) {
                     Ok(Some(raw)) => dir::salvage(&raw),
@@ -900,7 +900,7 @@ impl Fs {
                 tx.put(&d)
             }
             Finding::Dangling { dir, name, .. } | Finding::DirLinkedTwice { dir, name, .. } => {
-                let mut d = Inode::clone(&*tx.dir_inode(*dir)?);
+                let mut d = tx.dir_inode_mut(*dir)?;
                 tx.remove_entry(&mut d, name)?;
                 tx.put(&d)
             }

@@ -1134,6 +1134,17 @@ impl Fs {
         tx.finish(r)
     }
 
+    /// `destroy_released_locked` where a failure is said, not returned:
+    /// the orphans stay on the orphan list, reclaimed by the next mount.
+    fn destroy_released_or_say(&self, st: MutexGuard<'_, State>) {
+        let n = st.released.len();
+        if let Err(e) = self.destroy_released_locked(st) {
+            eprintln!(
+                "ldfs: destroying {n} unlinked inodes: {e}; they are reclaimed at the next mount"
+            );
+        }
+    }
+
     /// Destroys the released orphans now (an operation found no space:
     /// theirs may be what it needs). Whether there were any.
     pub fn destroy_released(&self) -> FsResult<bool> {
@@ -1172,12 +1183,7 @@ impl Fs {
         {
             // A poisoned lock: as in `write_atimes`.
             if let Ok(st) = self.state.lock() {
-                let n = st.released.len();
-                if let Err(e) = self.destroy_released_locked(st) {
-                    eprintln!(
-                        "ldfs: destroying {n} unlinked inodes: {e}; they are reclaimed at the next mount"
-                    );
-                }
+                self.destroy_released_or_say(st);
             }
         }
         self.write_atimes();
@@ -1292,12 +1298,7 @@ impl Fs {
             // Its own last writes, past the flag: no operation can start
             // between them (each checks the flag under the lock).
             if !st.released.is_empty() {
-                let n = st.released.len();
-                if let Err(e) = self.destroy_released_locked(st) {
-                    eprintln!(
-                        "ldfs: destroying {n} unlinked inodes: {e}; they are reclaimed at the next mount"
-                    );
-                }
+                self.destroy_released_or_say(st);
                 st = self.lock();
             }
             self.write_atimes_locked(st);
@@ -1717,6 +1718,11 @@ impl Tx<'_> {
             return Err(FsError::NotDir);
         }
         Ok(d)
+    }
+
+    /// The directory to change: a copy of the cached one.
+    fn dir_inode_mut(&mut self, ino: u64) -> FsResult<Inode> {
+        Ok(Inode::clone(&*self.dir_inode(ino)?))
     }
 
     fn put(&mut self, i: &Inode) -> FsResult<()> {
