@@ -173,7 +173,6 @@ fn lld() -> Arc<Lld> {
 /// (and that `released` is not empty) again once the lock is had, as
 /// `unpin` does.
 #[test]
-#[ignore = "review 38 finding 1: write_kept checks writability before the state lock; a destroy ARU lands after the fs turned read-only"]
 fn released_orphans_are_not_destroyed_by_an_fsync_after_the_fs_turned_read_only() {
     not_destroyed_after_damage(|fs| {
         let _ = fs.fsync();
@@ -183,7 +182,6 @@ fn released_orphans_are_not_destroyed_by_an_fsync_after_the_fs_turned_read_only(
 /// Finding 1 through `destroy_released` (`FuseFs::room`: an operation that
 /// found no space destroys the released orphans and tries again).
 #[test]
-#[ignore = "review 38 finding 1: destroy_released checks writability before the state lock; a destroy ARU lands after the fs turned read-only"]
 fn released_orphans_are_not_destroyed_for_room_after_the_fs_turned_read_only() {
     not_destroyed_after_damage(|fs| {
         let _ = fs.destroy_released();

@@ -1154,11 +1154,13 @@ impl Fs {
         {
             return Ok(false);
         }
-        self.check_writable()?;
         let st = self.lock();
         if st.released.is_empty() {
             return Ok(false);
         }
+        // Under the lock: an operation that held it may have found metadata
+        // corrupt and turned the file system read-only (review 38 finding 1).
+        self.check_writable()?;
         self.destroy_released_locked(st)?;
         Ok(true)
     }
@@ -1179,11 +1181,15 @@ impl Fs {
         if self
             .released_kept
             .load(std::sync::atomic::Ordering::Acquire)
-            && self.check_writable().is_ok()
         {
-            // A poisoned lock: as in `write_atimes`.
+            // A poisoned lock: as in `write_atimes`. Writable is checked
+            // under the lock: an operation that held it may have found
+            // metadata corrupt and turned the file system read-only
+            // (review 38 finding 1).
             if let Ok(st) = self.state.lock() {
-                self.destroy_released_or_say(st);
+                if !st.released.is_empty() && self.check_writable().is_ok() {
+                    self.destroy_released_or_say(st);
+                }
             }
         }
         self.write_atimes();
