@@ -41,6 +41,7 @@ fn open(seg: &SegmentStore) -> Lld {
         seg.device(),
         LldOptions {
             checkpoint_hook: Some(seg.hook()),
+            segment_hook: Some(seg.segment_hook()),
             ..LldOptions::default()
         },
     )

@@ -68,6 +68,7 @@ fn store_mount() -> (Arc<StoreMount>, Arc<Fs>) {
             seg.device(),
             LldOptions {
                 checkpoint_hook: Some(seg.hook()),
+                segment_hook: Some(seg.segment_hook()),
                 ..LldOptions::default()
             },
         )
@@ -494,6 +495,7 @@ fn the_store_check_beside_an_uploading_writer_finds_no_problem() {
         seg.device(),
         LldOptions {
             checkpoint_hook: Some(seg.hook()),
+            segment_hook: Some(seg.segment_hook()),
             ..LldOptions::default()
         },
     )

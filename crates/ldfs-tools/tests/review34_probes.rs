@@ -118,6 +118,7 @@ fn a_read_only_mount_through_a_third_name_never_rebuilds_a_writers_cache() {
         seg.device(),
         LldOptions {
             checkpoint_hook: Some(seg.hook()),
+            segment_hook: Some(seg.segment_hook()),
             ..LldOptions::default()
         },
     )
@@ -202,6 +203,7 @@ fn an_evicting_cache_superseded_by_a_taker_is_refused_on_its_return() {
             seg.device(),
             LldOptions {
                 checkpoint_hook: Some(seg.hook()),
+                segment_hook: Some(seg.segment_hook()),
                 discard: true,
                 ..LldOptions::default()
             },
@@ -352,6 +354,7 @@ fn uploaded_cache(
         seg.device(),
         LldOptions {
             checkpoint_hook: Some(seg.hook()),
+            segment_hook: Some(seg.segment_hook()),
             ..LldOptions::default()
         },
     )

@@ -48,6 +48,7 @@ fn store_with_fs() -> (Arc<MemoryStore>, TestClock) {
             seg.device(),
             LldOptions {
                 checkpoint_hook: Some(seg.hook()),
+                segment_hook: Some(seg.segment_hook()),
                 ..LldOptions::default()
             },
         )

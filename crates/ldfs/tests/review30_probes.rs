@@ -561,6 +561,7 @@ fn the_segment_store_uploads_an_image_with_a_kept_table() {
                 dev.clone(),
                 LldOptions {
                     checkpoint_hook: Some(seg.hook()),
+                    segment_hook: Some(seg.segment_hook()),
                     ..LldOptions::default()
                 },
             )

@@ -38,6 +38,7 @@ fn open(dev: Arc<dyn Device>, seg: &SegmentStore) -> Lld {
         dev,
         LldOptions {
             checkpoint_hook: Some(seg.hook()),
+            segment_hook: Some(seg.segment_hook()),
             ..LldOptions::default()
         },
     )

@@ -194,6 +194,7 @@ fn open(dev: Arc<dyn Device>, seg: &SegmentStore) -> Lld {
         dev,
         LldOptions {
             checkpoint_hook: Some(seg.hook()),
+            segment_hook: Some(seg.segment_hook()),
             ..LldOptions::default()
         },
     )
@@ -483,6 +484,7 @@ fn a_failed_slot_read_at_start_never_wipes_the_residency_map() {
             seg.device(),
             LldOptions {
                 checkpoint_hook: Some(seg.hook()),
+                segment_hook: Some(seg.segment_hook()),
                 discard: true,
                 ..LldOptions::default()
             },

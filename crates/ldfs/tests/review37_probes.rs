@@ -40,6 +40,7 @@ fn uploaded_store() -> Arc<MemoryStore> {
         seg.device(),
         LldOptions {
             checkpoint_hook: Some(seg.hook()),
+            segment_hook: Some(seg.segment_hook()),
             ..LldOptions::default()
         },
     )

@@ -61,6 +61,7 @@ fn uploads_resume_after_the_gateway_restarts() {
         dev.clone(),
         LldOptions {
             checkpoint_hook: Some(seg.hook()),
+            segment_hook: Some(seg.segment_hook()),
             ..LldOptions::default()
         },
     )

@@ -95,6 +95,7 @@ fn several_segment_puts_in_flight_and_the_checkpoint_after_them() {
         dev.clone(),
         LldOptions {
             checkpoint_hook: Some(seg.hook()),
+            segment_hook: Some(seg.segment_hook()),
             ..LldOptions::default()
         },
     )

@@ -173,6 +173,7 @@ fn mkfs_store(url: &str, cache: &std::path::Path, a: &MkfsArgs) -> CmdResult {
         seg.device(),
         ldfs::lld::LldOptions {
             checkpoint_hook: Some(seg.hook()),
+            segment_hook: Some(seg.segment_hook()),
             ..Default::default()
         },
     )?;

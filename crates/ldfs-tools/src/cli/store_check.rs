@@ -247,6 +247,7 @@ mod tests {
             seg.device(),
             ldfs::lld::LldOptions {
                 checkpoint_hook: Some(seg.hook()),
+                segment_hook: Some(seg.segment_hook()),
                 ..Default::default()
             },
         )

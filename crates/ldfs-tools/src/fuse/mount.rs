@@ -1810,6 +1810,7 @@ pub fn run(
     let bounded = matches!(&store_ctx, Some((_, _, Some(_), Some(_))));
     let lld_opts = LldOptions {
         checkpoint_hook: seg.as_ref().map(|s| s.hook()),
+        segment_hook: seg.as_ref().map(|s| s.segment_hook()),
         snapshot: opts.snapshot,
         read_only: opts.read_only,
         map_budget_bytes: opts.cache_bytes,

@@ -45,6 +45,7 @@
 //!   for the cleaner instead of failing.
 
 use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -119,6 +120,9 @@ pub struct LldOptions {
     /// Told of every checkpoint once its slot is durable (the segment store
     /// layer, `store::segments`; docs/DESIGN.md "The segment store layer").
     pub checkpoint_hook: Option<CheckpointHook>,
+    /// Told of every segment the log has left once all its writes returned
+    /// (the segment store layer uploads it before a checkpoint names it).
+    pub segment_hook: Option<SegmentHook>,
 }
 
 /// A checkpoint whose slot is durable on the device: everything the slot
@@ -139,6 +143,24 @@ pub struct DurableCheckpoint<'a> {
 /// only take note (no I/O, no engine calls).
 #[derive(Clone)]
 pub struct CheckpointHook(pub Arc<dyn Fn(&DurableCheckpoint<'_>) + Send + Sync>);
+
+/// Called with a segment the log head left, once every write of that use of
+/// it has returned from the device (not yet flushed), under the engine lock;
+/// it must only take note. Its bytes then stay as they are until a
+/// checkpoint releases the segment, and that checkpoint's
+/// [`CheckpointHook`] call comes after this one: a segment the log left
+/// before a checkpoint's snapshot is not reported after it (that
+/// checkpoint names it, or releases it), so the hook never hears of a use
+/// a release already ended. Segments left inside a checkpoint's own
+/// writing (its map pages) are named by it and not reported.
+#[derive(Clone)]
+pub struct SegmentHook(pub Arc<dyn Fn(SegmentId) + Send + Sync>);
+
+impl std::fmt::Debug for SegmentHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SegmentHook")
+    }
+}
 
 impl std::fmt::Debug for CheckpointHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -161,6 +183,7 @@ impl Default for LldOptions {
             log_writer_thread: true,
             discard: false,
             checkpoint_hook: None,
+            segment_hook: None,
         }
     }
 }
@@ -319,6 +342,11 @@ pub(crate) struct Inner {
     snap_change: Option<SnapChange>,
     /// `LldOptions::checkpoint_hook`.
     checkpoint_hook: Option<CheckpointHook>,
+    /// `LldOptions::segment_hook`, and the segments left that it has not
+    /// been told of yet, each with the log writer's item that ends its
+    /// writes (only kept with a hook).
+    segment_hook: Option<SegmentHook>,
+    left: VecDeque<(SegmentId, u64)>,
     /// `Engine::geo` as of now, for code holding the lock: the per-write
     /// admission arithmetic read it through the `RwLock` about fifteen
     /// times per operation, a shared cache line bounced between cores
@@ -565,6 +593,8 @@ impl Engine {
             snapshots: recovered.snapshots,
             snap_change: None,
             checkpoint_hook: opts.checkpoint_hook.clone(),
+            segment_hook: opts.segment_hook.clone(),
+            left: VecDeque::new(),
             geo,
         };
         let flight = Arc::new(Flight::default());
@@ -1703,6 +1733,12 @@ impl Engine {
     /// Moves the log head to the next segment.
     fn advance(&self, g: &mut Inner) -> LdResult<()> {
         assert!(g.pending.is_empty());
+        if g.segment_hook.is_some() && g.log.page > 0 {
+            // Every write to it is queued by now (`seal` submits before it
+            // advances): told once the log writer is past the newest.
+            let left = (g.log.seg, self.flight.submitted());
+            g.left.push_back(left);
+        }
         let Inner {
             usage,
             log,
@@ -1788,7 +1824,24 @@ impl Engine {
         if g.geo.segment_pages - g.log.page < 2 {
             self.advance(g)?;
         }
+        self.tell_left(g);
         Ok(())
+    }
+
+    /// Tells `segment_hook` of the segments left whose writes all returned.
+    fn tell_left(&self, g: &mut Inner) {
+        let Some(hook) = &g.segment_hook else { return };
+        if g.left.is_empty() {
+            return;
+        }
+        let written = self.flight.written();
+        while let Some(&(seg, ticket)) = g.left.front() {
+            if ticket > written {
+                break;
+            }
+            g.left.pop_front();
+            (hook.0)(seg);
+        }
     }
 
     /// Removes a block's current version before it is replaced or deleted:
@@ -2019,6 +2072,9 @@ impl Engine {
         // Taken first: a failure below must not leave it to a later one.
         let change = g.snap_change.take();
         self.seal(g)?;
+        // This checkpoint names (or releases) every segment left so far:
+        // none is told of after its hook (`SegmentHook`).
+        g.left.clear();
         // Admission kept room for exactly this placement.
         let (entered, page) = (g.log.entered, g.log.page);
         let predicted = checkpoint_log_pages(&g.geo, page, g.map.dirty_pages());
@@ -3382,6 +3438,7 @@ impl Engine {
             return Err(self.fail(&mut g, e.into()));
         }
         self.device_failed(&mut g)?;
+        self.tell_left(&mut g);
         self.durable_op.fetch_max(written, Ordering::SeqCst);
         Ok(())
     }

@@ -226,6 +226,11 @@ impl Flight {
         self.lock().quiet = quiet;
     }
 
+    /// How many items are written (all of `1..=written`).
+    pub fn written(&self) -> u64 {
+        self.lock().written
+    }
+
     /// The number of the newest item submitted (0: none yet).
     pub fn submitted(&self) -> u64 {
         self.lock().submitted

@@ -44,7 +44,7 @@ pub use cleaner::policy::PolicyKind;
 pub use cleaner::{CleanReport, CleanSummary, CleanerOptions, CleanerStats};
 pub use engine::{
     decode_list_hints, decode_stored_block, CheckpointHook, DurableCheckpoint, Engine, EngineStats,
-    Lld, LldOptions, OpenReport,
+    Lld, LldOptions, OpenReport, SegmentHook,
 };
 pub use recovery::{read_partial, ScannedPartial, Verify};
 pub use resize::{resize_offline, ResizeReport};

@@ -26,7 +26,7 @@ use crate::lld::checkpoint;
 use crate::lld::layout::{recorded_total_pages, Geometry};
 use crate::lld::summary::{self, Expect};
 use crate::lld::usage::SegmentState;
-use crate::lld::{CheckpointHook, DurableCheckpoint, SegmentId, PAGE_BYTES};
+use crate::lld::{CheckpointHook, DurableCheckpoint, SegmentHook, SegmentId, PAGE_BYTES};
 
 pub const CKPT_MAGIC: u64 = u64::from_le_bytes(*b"LDFSSCKP");
 pub const CKPT_VERSION: u32 = 2;
@@ -308,6 +308,9 @@ pub fn decode_checkpoint_object(key: &str, b: &[u8]) -> LayerResult<CheckpointOb
 pub struct UploadStats {
     pub segments_put: u64,
     pub segment_bytes_put: u64,
+    /// Of `segments_put`: full segments put as soon as the log left them, before any
+    /// checkpoint named them (`LldOptions::segment_hook`).
+    pub segments_put_ahead: u64,
     pub checkpoints_put: u64,
     /// Checkpoints given up for a newer one (a segment they named was released meanwhile, or a
     /// newer one arrived before their upload began).
@@ -345,6 +348,9 @@ struct State {
     /// Per segment: the `release_gen` of its last release (0: never).
     released_at: Vec<u64>,
     job: Option<Job>,
+    /// Segments the log left (`SegmentStore::segment_hook`), each with `release_gen` when told:
+    /// put ahead of the checkpoint that will name them.
+    left: std::collections::VecDeque<(SegmentId, u64)>,
     /// The newest checkpoint object in the store.
     uploaded: u64,
     /// The newest checkpoint the hook announced.
@@ -585,6 +591,7 @@ impl SegmentStore {
                 release_gen: 0,
                 released_at: vec![0; geo.segment_count as usize],
                 job: None,
+                left: std::collections::VecDeque::new(),
                 uploaded,
                 announced: 0,
                 failed: None,
@@ -640,6 +647,23 @@ impl SegmentStore {
                 gen,
                 written: sh.written.load(std::sync::atomic::Ordering::Relaxed),
             });
+            sh.cv.notify_all();
+        }))
+    }
+
+    /// The hook for `LldOptions::segment_hook`: a segment the log left is put as soon as the
+    /// uploader is free, before the checkpoint that names it (issue 20: each full segment is
+    /// uploaded as soon as it is sealed, so a long write uploads while it is written).
+    pub fn segment_hook(&self) -> SegmentHook {
+        let shared = Arc::downgrade(&self.shared);
+        SegmentHook(Arc::new(move |seg: SegmentId| {
+            let Some(sh) = shared.upgrade() else { return };
+            let mut st = sh.state.lock().expect("uploader state poisoned");
+            if st.stop {
+                return;
+            }
+            let gen = st.release_gen;
+            st.left.push_back((seg, gen));
             sh.cv.notify_all();
         }))
     }
@@ -986,30 +1010,45 @@ enum Outcome {
     Stopped,
 }
 
+/// What the uploader does next.
+enum Work {
+    /// A durable checkpoint: put what it names that the store lacks, then its object.
+    Job(Job),
+    /// Segments the log left: put them ahead of the checkpoint that will name them.
+    Ahead,
+}
+
 /// `known`: the segment objects in the store the cache still matches; `named`: what the kept
-/// (newest two) checkpoint objects name, oldest first.
+/// (newest two) checkpoint objects name, oldest first. `ahead` (starts empty): segment objects
+/// put as the log left their segments, which no checkpoint object names yet.
 fn uploader(
     sh: &Shared,
     mut known: BTreeMap<u32, Known>,
     mut named: Vec<(String, BTreeSet<String>)>,
 ) {
+    let mut ahead: BTreeMap<u32, Known> = BTreeMap::new();
     loop {
-        let job = {
+        let work = {
             let mut st = sh.state.lock().unwrap();
             loop {
                 if st.stop {
                     return;
                 }
+                // A checkpoint first: it is what a lost machine comes back to.
                 if let Some(j) = st.job.take() {
-                    break j;
+                    break Work::Job(j);
+                }
+                if !st.left.is_empty() {
+                    break Work::Ahead;
                 }
                 st = sh.cv.wait(st).unwrap();
             }
         };
         // A panic in one upload ends the uploader like an error does,
         // saying so, rather than leaving `wait_uploaded` to time out.
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            upload(sh, &job, &mut known, &mut named)
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &work {
+            Work::Job(job) => upload(sh, job, &mut known, &mut ahead, &mut named),
+            Work::Ahead => put_ahead(sh, &known, &mut ahead, &named),
         }))
         .unwrap_or_else(|_| Err(LayerError::Other("the uploader panicked".into())));
         match r {
@@ -1102,6 +1141,7 @@ fn upload(
     sh: &Shared,
     job: &Job,
     known: &mut BTreeMap<u32, Known>,
+    ahead: &mut BTreeMap<u32, Known>,
     named: &mut Vec<(String, BTreeSet<String>)>,
 ) -> LayerResult<Outcome> {
     let geo = &sh.geo;
@@ -1114,6 +1154,8 @@ fn upload(
     // What the store lacks is put (several at once), the rest is known to be there.
     let mut entries: Vec<Option<SegmentEntry>> = Vec::new();
     let mut todo = Vec::new();
+    // Segment objects put ahead that this checkpoint names: known from now on.
+    let mut taken = Vec::new();
     // Per entry: named in full (Dirty), never the Active one: what the cache may evict once
     // this checkpoint object is in the store.
     let mut whole = Vec::new();
@@ -1141,23 +1183,51 @@ fn upload(
                 continue;
             }
         }
+        // Put as the log left it, and not released since: the same use, whose bytes a
+        // Dirty segment keeps until a release (`SegmentHook`).
+        if let Some(a) = ahead.get(&seg.0) {
+            if a.entry.pages == pages && released_at <= a.read_gen {
+                taken.push(*a);
+                entries.push(Some(a.entry));
+                whole.push(u.state == SegmentState::Dirty);
+                continue;
+            }
+        }
         todo.push(ToPut {
             slot: entries.len(),
             seg,
             pages,
+            gen: job.gen,
             candidate: known.get(&seg.0).map(|k| k.entry),
         });
         entries.push(None);
         whole.push(u.state == SegmentState::Dirty);
     }
-    let (done, end) = put_segments(sh, job, &todo);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let feed = || {
+        todo.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+            .copied()
+    };
+    let workers = puts_in_flight(geo.segment_bytes()).min(todo.len());
+    let (done, end) = put_segments(sh, &feed, workers, false);
     // What was acknowledged is in the store, whatever became of the job.
-    for (slot, entry) in done {
+    let done = done.into_iter().map(|(t, entry)| {
+        entries[t.slot] = Some(entry);
+        (entry, job.gen)
+    });
+    for (entry, read_gen) in done
+        .collect::<Vec<_>>()
+        .into_iter()
+        .chain(taken.iter().map(|a| (a.entry, a.read_gen)))
+    {
+        if ahead.get(&entry.segment).is_some_and(|a| a.entry == entry) {
+            ahead.remove(&entry.segment);
+        }
         if let Some(old) = known.insert(
             entry.segment,
             Known {
                 entry,
-                read_gen: job.gen,
+                read_gen,
                 verify: false,
             },
         ) {
@@ -1167,7 +1237,6 @@ fn upload(
                 orphan(sh, old.entry.key(), named)?;
             }
         }
-        entries[slot] = Some(entry);
     }
     match end? {
         Worker::Finished => {}
@@ -1225,22 +1294,177 @@ fn upload(
         st.stats.checkpoints_put += 1;
         sh.cv.notify_all();
     }
+    // Put ahead for a use that ended before any checkpoint named it (the segment was
+    // released since): no checkpoint object will name it.
+    let gone: Vec<SegmentEntry> = {
+        let st = sh.state.lock().unwrap();
+        ahead
+            .values()
+            .filter(|a| st.released_at[a.entry.segment as usize] > a.read_gen)
+            .map(|a| a.entry)
+            .collect()
+    };
+    for e in &gone {
+        ahead.remove(&e.segment);
+    }
+    let mut deletes: Vec<String> = gone.iter().map(|e| e.key()).collect();
     // Keep the newest two checkpoint objects and what they name.
+    let mut old_checkpoints = Vec::new();
     while named.len() > 2 {
         let (ck, old_keys) = named.remove(0);
-        for k in old_keys {
-            if orphan(sh, k.clone(), named)? {
-                // Gone from the store: no later checkpoint object may name
-                // it as uploaded (review 26).
-                known.retain(|_, kn| kn.entry.key() != k);
-            }
-        }
-        if retry_fenced(sh, || sh.store.delete(&ck))?.is_none() {
-            return Ok(Outcome::Stopped);
-        }
-        sh.state.lock().unwrap().stats.objects_deleted += 1;
+        deletes.extend(old_keys);
+        old_checkpoints.push(ck);
+    }
+    deletes.sort();
+    deletes.dedup();
+    deletes.retain(|k| !named.iter().any(|(_, keys)| keys.contains(k)));
+    let (deleted, end) = delete_objects(sh, &deletes);
+    // Gone from the store: no later checkpoint object may name it as uploaded (review 26).
+    known.retain(|_, kn| !deleted.contains(&kn.entry.key()));
+    if !end? {
+        return Ok(Outcome::Stopped);
+    }
+    // A checkpoint object after what it named: a crash between leaves objects the next
+    // start's sweep removes, never a kept checkpoint naming a deleted object.
+    let (_, end) = delete_objects(sh, &old_checkpoints);
+    if !end? {
+        return Ok(Outcome::Stopped);
     }
     Ok(Outcome::Done)
+}
+
+/// Puts the segments the log left (`State::left`), [`puts_in_flight`] at once, until none is
+/// left, a checkpoint job waits or the uploader stops: each is read whole and put under its
+/// own key, which no checkpoint object names yet (`ahead`), unless the store has its bytes
+/// already. A segment released after it was left (a checkpoint since freed it) is passed
+/// over, as is one released while it was read.
+fn put_ahead(
+    sh: &Shared,
+    known: &BTreeMap<u32, Known>,
+    ahead: &mut BTreeMap<u32, Known>,
+    named: &[(String, BTreeSet<String>)],
+) -> LayerResult<Outcome> {
+    let full = sh.geo.segment_pages;
+    let (done, end) = {
+        let ahead = &*ahead;
+        let feed = || {
+            let mut st = sh.state.lock().unwrap();
+            // A checkpoint waits only for the puts under way.
+            if st.stop || st.job.is_some() {
+                return None;
+            }
+            while let Some((seg, gen)) = st.left.pop_front() {
+                if st.released_at[seg.0 as usize] > gen {
+                    continue;
+                }
+                let candidate = ahead.get(&seg.0).or_else(|| known.get(&seg.0));
+                return Some(ToPut {
+                    slot: 0,
+                    seg,
+                    pages: full,
+                    gen,
+                    candidate: candidate.map(|k| k.entry),
+                });
+            }
+            None
+        };
+        put_segments(sh, &feed, puts_in_flight(sh.geo.segment_bytes()), true)
+    };
+    for (t, entry) in done {
+        if known.get(&entry.segment).is_some_and(|k| k.entry == entry) {
+            continue;
+        }
+        let new = Known {
+            entry,
+            read_gen: t.gen,
+            verify: false,
+        };
+        if let Some(old) = ahead.insert(entry.segment, new) {
+            // An earlier use, which no checkpoint object named.
+            if old.entry != entry {
+                orphan(sh, old.entry.key(), named)?;
+            }
+        }
+    }
+    match end? {
+        Worker::Stopped => Ok(Outcome::Stopped),
+        Worker::Finished | Worker::Skipped => Ok(Outcome::Done),
+    }
+}
+
+/// Deletes `keys` (fenced), [`UPLOAD_PUTS_IN_FLIGHT`] at once: a delete is one short request,
+/// all latency, and an upload after a large removal has many (each settled with the cache
+/// first: `orphan`). Returns the keys deleted, and `Ok(false)` if the uploader was stopped.
+fn delete_objects(sh: &Shared, keys: &[String]) -> (Vec<String>, LayerResult<bool>) {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    let halt = AtomicBool::new(false);
+    let work = || -> (Vec<String>, LayerResult<bool>) {
+        let mut deleted = Vec::new();
+        loop {
+            if halt.load(Ordering::Relaxed) {
+                return (deleted, Ok(true));
+            }
+            let Some(key) = keys.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                return (deleted, Ok(true));
+            };
+            let r = (|| {
+                if let Some(cache) = &sh.cache {
+                    // A segment the cache evicted may hold nothing but this object.
+                    cache.before_delete(key)?;
+                }
+                retry_fenced(sh, || sh.store.delete(key))
+            })();
+            match r {
+                Ok(Some(())) => {
+                    sh.state.lock().unwrap().stats.objects_deleted += 1;
+                    deleted.push(key.clone());
+                }
+                Ok(None) => {
+                    halt.store(true, Ordering::Relaxed);
+                    return (deleted, Ok(false));
+                }
+                Err(e) => {
+                    halt.store(true, Ordering::Relaxed);
+                    return (deleted, Err(e));
+                }
+            }
+        }
+    };
+    let workers = UPLOAD_PUTS_IN_FLIGHT.min(keys.len());
+    if workers <= 1 {
+        return work();
+    }
+    let ends: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..workers)
+            .map(|_| {
+                std::thread::Builder::new()
+                    .name("ldfs-upload-del".into())
+                    .spawn_scoped(s, work)
+                    .expect("spawn a delete thread")
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    (
+                        Vec::new(),
+                        Err(LayerError::Other("a delete thread panicked".into())),
+                    )
+                })
+            })
+            .collect()
+    });
+    let mut all = Vec::new();
+    let mut outcome = Ok(true);
+    for (done, end) in ends {
+        all.extend(done);
+        outcome = match (outcome, end) {
+            (Err(e), _) | (_, Err(e)) => Err(e),
+            (Ok(a), Ok(b)) => Ok(a && b),
+        };
+    }
+    (all, outcome)
 }
 
 /// How many segment objects of `segment_bytes` the uploader puts at once: a PUT's time on a
@@ -1252,12 +1476,15 @@ pub fn puts_in_flight(segment_bytes: u64) -> usize {
     ((32u64 << 20) / segment_bytes.max(1)).clamp(1, UPLOAD_PUTS_IN_FLIGHT as u64) as usize
 }
 
-/// One segment object a job puts: where its entry goes, the segment, its length.
+/// One segment object to put: where its entry goes (a job's), the segment, its length.
 #[derive(Clone, Copy)]
 struct ToPut {
     slot: usize,
     seg: SegmentId,
     pages: u32,
+    /// `State::release_gen` when the segment's bytes were known final (the job's hook, or the
+    /// log leaving it): a release after it means they may have changed.
+    gen: u64,
     /// An object in the store this segment may already be (review 32): taken instead of a
     /// put if its length, use and crc are the cache segment's, whoever put it.
     candidate: Option<SegmentEntry>,
@@ -1270,36 +1497,37 @@ enum Worker {
     Stopped,
 }
 
-/// Reads each of `todo` from the cache and puts it, [`puts_in_flight`] at once; every object
-/// acknowledged is returned with its place (also when the job ends early: what is in the store
-/// is known), and how the job goes on. A release seen around a read abandons the job (the
-/// newer one that released the segment has it), as in the one-at-a-time loop this replaced.
+/// Reads each segment `feed` gives from the cache and puts it, `workers` at once; every object
+/// acknowledged is returned with what was put (also when the work ends early: what is in the
+/// store is known), and how it ended. For a job (`ahead` false), a release seen around a read
+/// abandons it (the newer one that released the segment has it), as in the one-at-a-time loop
+/// this replaced; ahead of a checkpoint, only that segment is passed over.
 fn put_segments(
     sh: &Shared,
-    job: &Job,
-    todo: &[ToPut],
-) -> (Vec<(usize, SegmentEntry)>, LayerResult<Worker>) {
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    feed: &(dyn Fn() -> Option<ToPut> + Sync),
+    workers: usize,
+    ahead: bool,
+) -> (Vec<(ToPut, SegmentEntry)>, LayerResult<Worker>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
     let geo = &sh.geo;
-    let next = AtomicUsize::new(0);
     // Set when a worker ends early: the others take no new segment.
     let halt = AtomicBool::new(false);
-    let work = || -> (Vec<(usize, SegmentEntry)>, LayerResult<Worker>) {
+    let work = || -> (Vec<(ToPut, SegmentEntry)>, LayerResult<Worker>) {
         let mut done = Vec::new();
         let mut bytes = vec![0u8; geo.segment_pages as usize * PAGE_BYTES];
         let mut one = |t: ToPut| -> LayerResult<Option<Worker>> {
             let bytes = &mut bytes[..t.pages as usize * PAGE_BYTES];
             sh.dev.read_at(bytes, geo.page_addr(t.seg, 0))?;
-            // Released (and maybe rewritten) while we read: this job is stale.
-            if sh.state.lock().unwrap().released_at[t.seg.0 as usize] > job.gen {
-                return Ok(Some(Worker::Skipped));
+            // Released (and maybe rewritten) while we read: these bytes may be a mix.
+            if sh.state.lock().unwrap().released_at[t.seg.0 as usize] > t.gen {
+                return Ok((!ahead).then_some(Worker::Skipped));
             }
             let (first_seq, crc) = (first_seq_of(geo, t.seg, bytes)?, crc32c::crc32c(bytes));
             if let Some(c) = t
                 .candidate
                 .filter(|c| c.pages == t.pages && c.first_seq == first_seq && c.crc == crc)
             {
-                done.push((t.slot, c));
+                done.push((t, c));
                 return Ok(None);
             }
             let entry = SegmentEntry {
@@ -1321,15 +1549,16 @@ fn put_segments(
                 let mut st = sh.state.lock().unwrap();
                 st.stats.segments_put += 1;
                 st.stats.segment_bytes_put += bytes.len() as u64;
+                st.stats.segments_put_ahead += ahead as u64;
             }
-            done.push((t.slot, entry));
+            done.push((t, entry));
             Ok(None)
         };
         loop {
             if halt.load(Ordering::Relaxed) {
                 return (done, Ok(Worker::Finished));
             }
-            let Some(&t) = todo.get(next.fetch_add(1, Ordering::Relaxed)) else {
+            let Some(t) = feed() else {
                 return (done, Ok(Worker::Finished));
             };
             match one(t) {
@@ -1345,7 +1574,6 @@ fn put_segments(
             }
         }
     };
-    let workers = puts_in_flight(geo.segment_pages as u64 * PAGE_BYTES as u64).min(todo.len());
     let ends: Vec<_> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..workers.max(1))
             .map(|_| {
@@ -1378,7 +1606,7 @@ fn put_segments(
             _ => Ok(Worker::Finished),
         };
     }
-    all.sort_by_key(|(slot, _)| *slot);
+    all.sort_by_key(|(t, _)| t.slot);
     (all, outcome)
 }
 
