@@ -4,8 +4,8 @@
 //! environment, that every segment object the newest checkpoint object names is there with its
 //! size (a missing or short one is reported naming its key and segment); `fsck -y` and an
 //! offline `clean` are refused, saying to mount and use the online commands, and change nothing.
-//! And the mount's eager hand-over (DESIGN "Upload throughput"): a long write goes up while it
-//! is being written, not at the next upload window.
+//! And a long write goes up while it is being written, not at the next upload window: the
+//! segments as the log leaves them (DESIGN "Segments go up as the log leaves them").
 
 mod common;
 
@@ -254,8 +254,8 @@ fn fsck_inspect_and_clean_on_a_store_cache() {
 }
 
 /// With an upload window of 10 minutes, a 24 MiB write (12 segments of 2 MiB) is uploaded
-/// while the mount goes on, without `sync --remote`: the idle uploader is handed a checkpoint
-/// once 8 segments were written (`store_mount::EAGER_SEGMENTS`).
+/// while the mount goes on, without `sync --remote`: each segment the log left is put before
+/// any checkpoint names it (`SegmentStore::segment_hook`, which the mount gives lld).
 #[test]
 fn a_long_write_goes_up_before_the_upload_window() {
     let Some(e) = env() else { return };
@@ -276,12 +276,13 @@ fn a_long_write_goes_up_before_the_upload_window() {
         f.sync_all().unwrap();
     }
     let t = Instant::now();
-    let put = loop {
+    let (put, ahead) = loop {
         let out = ldfs().args(["stats", "--json"]).arg(&d).succeeds();
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let put = v["store"]["segment_bytes_put"].as_u64().unwrap();
+        let ahead = v["store"]["segments_put_ahead"].as_u64().unwrap();
         if put >= 16 << 20 || t.elapsed() > Duration::from_secs(20) {
-            break put;
+            break (put, ahead);
         }
         std::thread::sleep(Duration::from_millis(100));
     };
@@ -289,6 +290,8 @@ fn a_long_write_goes_up_before_the_upload_window() {
         put >= 16 << 20,
         "{put} bytes of segments uploaded 20 s after a 24 MiB write, with upload=600"
     );
+    // Without the hand-over (64 segments) or the window: the log's own leaving.
+    assert!(ahead >= 8, "{ahead} segments put as the log left them");
     m.unmount();
     e.remove_bucket();
 }

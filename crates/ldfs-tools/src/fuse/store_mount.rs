@@ -28,11 +28,13 @@ const SYNC_QUIET_WAIT: Duration = Duration::from_secs(10);
 /// watches the lease; one that finds no quiet moment is tried again at the next tick).
 const QUIET_WAIT: Duration = Duration::from_millis(500);
 /// While the uploader is idle, a checkpoint is handed to it as soon as this many segments'
-/// bytes were written since the last uploaded one, not only at the next upload window: a long
-/// write then goes up while it is being written instead of all after it (DESIGN "Upload
-/// throughput"). Each such checkpoint costs a checkpoint object and a put of the Active
-/// segment's prefix, about half a segment: 1/16 more bytes put at 8.
-pub const EAGER_SEGMENTS: u64 = 8;
+/// bytes were written since the last uploaded one, not only at the next upload window, so a
+/// long write is named by checkpoint objects as it goes (a lost machine loses less of it).
+/// The segments themselves go up as the log leaves them (`SegmentStore::segment_hook`); a
+/// checkpoint mid-write costs a local checkpoint, a put of the Active segment's prefix (about
+/// half a segment) and a pause of those puts while it goes up (DESIGN "Upload throughput"):
+/// at 64, about 1/128 more bytes are put.
+pub const EAGER_SEGMENTS: u64 = 64;
 
 pub struct StoreMount {
     pub url: StoreUrl,
@@ -114,7 +116,7 @@ impl StoreMount {
         format!(
             "store: {}, writer {}\nlease: generation {}, held by {}, expires in {} s{}\n\
              upload backlog: {} bytes (writers wait above {})\nbytes in the store: {} (segment objects of the newest checkpoint object)\n\
-             last uploaded checkpoint: {} ({})\nuploads: {} segment objects ({} bytes), {} checkpoint objects, {} skipped for newer, {} objects deleted, {} retries\n\
+             last uploaded checkpoint: {} ({})\nuploads: {} segment objects ({} bytes; {} put as the log left them), {} checkpoint objects, {} skipped for newer, {} objects deleted, {} retries\n\
              cache: {} bytes allocated, bound {}; {} segments held ({} bytes), {} in the store only; {} hits, {} misses, {} bytes fetched, {} failed fetches, {} evictions\n",
             self.url,
             s("writer"),
@@ -135,6 +137,7 @@ impl StoreMount {
             },
             s("segments_put"),
             s("segment_bytes_put"),
+            s("segments_put_ahead"),
             s("checkpoints_put"),
             s("checkpoints_skipped"),
             s("objects_deleted"),
@@ -180,6 +183,7 @@ impl StoreMount {
             "announced_checkpoint": self.seg.announced(),
             "segments_put": st.segments_put,
             "segment_bytes_put": st.segment_bytes_put,
+            "segments_put_ahead": st.segments_put_ahead,
             "checkpoints_put": st.checkpoints_put,
             "checkpoints_skipped": st.checkpoints_skipped,
             "objects_deleted": st.objects_deleted,

@@ -1211,15 +1211,13 @@ fn upload(
     let workers = puts_in_flight(geo.segment_bytes()).min(todo.len());
     let (done, end) = put_segments(sh, &feed, workers, false);
     // What was acknowledged is in the store, whatever became of the job.
-    let done = done.into_iter().map(|(t, entry)| {
+    let mut acknowledged: Vec<(SegmentEntry, u64)> =
+        taken.iter().map(|a| (a.entry, a.read_gen)).collect();
+    for (t, entry) in done {
         entries[t.slot] = Some(entry);
-        (entry, job.gen)
-    });
-    for (entry, read_gen) in done
-        .collect::<Vec<_>>()
-        .into_iter()
-        .chain(taken.iter().map(|a| (a.entry, a.read_gen)))
-    {
+        acknowledged.push((entry, job.gen));
+    }
+    for (entry, read_gen) in acknowledged {
         if ahead.get(&entry.segment).is_some_and(|a| a.entry == entry) {
             ahead.remove(&entry.segment);
         }
@@ -1349,11 +1347,23 @@ fn put_ahead(
         let ahead = &*ahead;
         let feed = || {
             let mut st = sh.state.lock().unwrap();
-            // A checkpoint waits only for the puts under way.
-            if st.stop || st.job.is_some() {
-                return None;
-            }
-            while let Some((seg, gen)) = st.left.pop_front() {
+            let linger_end = Instant::now() + AHEAD_LINGER;
+            loop {
+                // A checkpoint waits only for the puts under way.
+                if st.stop || st.job.is_some() {
+                    return None;
+                }
+                let Some((seg, gen)) = st.left.pop_front() else {
+                    // A long write leaves a segment every few milliseconds: a worker that
+                    // ended at the first empty queue (or the first report another worker
+                    // took) left one put in flight, not several.
+                    let now = Instant::now();
+                    if now >= linger_end {
+                        return None;
+                    }
+                    st = sh.cv.wait_timeout(st, linger_end - now).unwrap().0;
+                    continue;
+                };
                 if st.released_at[seg.0 as usize] > gen {
                     continue;
                 }
@@ -1366,7 +1376,6 @@ fn put_ahead(
                     candidate: candidate.map(|k| k.entry),
                 });
             }
-            None
         };
         put_segments(sh, &feed, puts_in_flight(sh.geo.segment_bytes()), true)
     };
@@ -1475,6 +1484,10 @@ fn delete_objects(sh: &Shared, keys: &[String]) -> (Vec<String>, LayerResult<boo
 pub fn puts_in_flight(segment_bytes: u64) -> usize {
     ((32u64 << 20) / segment_bytes.max(1)).clamp(1, UPLOAD_PUTS_IN_FLIGHT as u64) as usize
 }
+
+/// How long a worker putting segments ahead waits for the log to leave another before it ends
+/// (a checkpoint job or a stop ends the wait at once).
+const AHEAD_LINGER: Duration = Duration::from_millis(100);
 
 /// One segment object to put: where its entry goes (a job's), the segment, its length.
 #[derive(Clone, Copy)]
