@@ -7,14 +7,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use ldfs::device::{CrashDevice, CrashOptions, Device, DeviceError, MemoryDevice};
+use ldfs::device::{
+    CrashDevice, CrashOptions, Device, DeviceError, FileDevice, FileDeviceOptions, MemoryDevice,
+};
 use ldfs::ld::{ListHints, ListId, LogicalDisk};
 use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::{Lld, LldOptions, PolicyKind, PAGE_BYTES};
 use ldfs::store::segments::decode_checkpoint_object;
 use ldfs::store::{
-    restore, MemoryStore, MemoryStoreFaults, ObjectInfo, ObjectStore, PutOutcome, SegmentStore,
-    StoreResult,
+    restore, CacheConfig, MemoryStore, MemoryStoreFaults, ObjectInfo, ObjectStore, PutOutcome,
+    SegmentStore, StoreResult,
 };
 use ldfs::testing::store::{crash_lease, fast_backoff, take_lease, TestClock};
 use rand::{Rng, SeedableRng};
@@ -42,7 +44,9 @@ fn seeds(default: &[u64]) -> Vec<u64> {
 }
 
 fn replay(seed: u64) -> String {
-    format!("seed {seed}; replay: LDFS_SEED={seed} cargo test --release -p ldfs --test review39_probes")
+    format!(
+        "seed {seed}; replay: LDFS_SEED={seed} cargo test --release -p ldfs --test review39_probes"
+    )
 }
 
 /// Waits until `f` holds, or panics after 30 s saying `what`.
@@ -77,15 +81,31 @@ fn wait_settled<T: PartialEq>(quiet: Duration, mut f: impl FnMut() -> T) -> T {
 struct GateStore {
     inner: MemoryStore,
     closed: Mutex<bool>,
+    /// Segment puts let through while closed.
+    allow: AtomicU64,
     cv: Condvar,
     /// Segment puts waiting at the gate.
     waiting: AtomicU64,
     seg_puts: Mutex<BTreeMap<String, u64>>,
+    /// Deletes wait while this is set.
+    deletes_closed: Mutex<bool>,
+    /// Deletes waiting.
+    deletes_waiting: AtomicU64,
 }
 
 impl GateStore {
     fn close(&self) {
         *self.closed.lock().unwrap() = true;
+    }
+    /// Lets `n` more segment puts through the closed gate.
+    fn let_through(&self, n: u64) {
+        let _c = self.closed.lock().unwrap();
+        self.allow.fetch_add(n, Ordering::SeqCst);
+        self.cv.notify_all();
+    }
+    fn set_deletes(&self, closed: bool) {
+        *self.deletes_closed.lock().unwrap() = closed;
+        self.cv.notify_all();
     }
     fn open(&self) {
         *self.closed.lock().unwrap() = false;
@@ -98,8 +118,20 @@ impl ObjectStore for GateStore {
         if key.starts_with("seg/") {
             let mut c = self.closed.lock().unwrap();
             self.waiting.fetch_add(1, Ordering::SeqCst);
-            while *c {
-                c = self.cv.wait(c).unwrap();
+            let end = Instant::now() + Duration::from_secs(20);
+            while *c && Instant::now() < end {
+                if self
+                    .allow
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |a| a.checked_sub(1))
+                    .is_ok()
+                {
+                    break;
+                }
+                c = self
+                    .cv
+                    .wait_timeout(c, Duration::from_millis(100))
+                    .unwrap()
+                    .0;
             }
             self.waiting.fetch_sub(1, Ordering::SeqCst);
             drop(c);
@@ -122,6 +154,19 @@ impl ObjectStore for GateStore {
         self.inner.get_range(key, offset, len)
     }
     fn delete(&self, key: &str) -> StoreResult<()> {
+        let mut c = self.deletes_closed.lock().unwrap();
+        self.deletes_waiting.fetch_add(1, Ordering::SeqCst);
+        // Bounded: a probe that panics with the gate closed must not hang in its drops.
+        let end = Instant::now() + Duration::from_secs(20);
+        while *c && Instant::now() < end {
+            c = self
+                .cv
+                .wait_timeout(c, Duration::from_millis(100))
+                .unwrap()
+                .0;
+        }
+        self.deletes_waiting.fetch_sub(1, Ordering::SeqCst);
+        drop(c);
         self.inner.delete(key)
     }
     fn list(&self, prefix: &str) -> StoreResult<Vec<ObjectInfo>> {
@@ -249,8 +294,9 @@ fn a_segment_the_checkpoint_put_is_not_read_again_for_a_put_ahead() {
     }
     lld.flush().unwrap();
     wait_for("the ahead puts at the gate", || {
-        store.waiting.load(Ordering::SeqCst) >= 4
+        store.waiting.load(Ordering::SeqCst) >= 1
     });
+    std::thread::sleep(Duration::from_millis(200));
     // A checkpoint now (an fsync's, a timer's): its job goes before the puts ahead queued.
     lld.checkpoint_now().unwrap();
     store.open();
@@ -272,7 +318,10 @@ fn a_segment_the_checkpoint_put_is_not_read_again_for_a_put_ahead() {
         .filter(|(_, n)| **n > 1)
         .map(|(k, n)| (k.clone(), *n))
         .collect();
-    assert!(dup.is_empty(), "segment objects put more than once: {dup:?}");
+    assert!(
+        dup.is_empty(),
+        "segment objects put more than once: {dup:?}"
+    );
     // One whole read per segment object put (the Active prefix is not a whole read).
     assert!(
         reads <= put,
@@ -301,8 +350,7 @@ fn a_crash_after_puts_ahead_of_the_flush_leaves_the_store_consistent() {
         let clock = TestClock::default();
         let lease = take_lease(store.clone(), &clock, false);
         let seg =
-            SegmentStore::start(store.clone(), dev.clone(), lease.clone(), fast_backoff())
-                .unwrap();
+            SegmentStore::start(store.clone(), dev.clone(), lease.clone(), fast_backoff()).unwrap();
         let lld = open(&dev, &seg, false);
         seg.wait_uploaded(seg.announced(), Duration::from_secs(30))
             .unwrap();
@@ -321,9 +369,10 @@ fn a_crash_after_puts_ahead_of_the_flush_leaves_the_store_consistent() {
         for i in 20..60u64 {
             let v: Vec<u8> = (0..32 << 10).map(|_| rng.gen()).collect();
             lld.write(None, l, i, &v).unwrap();
+            // The log writer catches up, so a later seal tells of what was left (finding 3:
+            // nothing else does without a flush).
+            std::thread::sleep(Duration::from_millis(5));
         }
-        std::thread::sleep(Duration::from_millis(500));
-        eprintln!("{:?} {ahead0}", seg.stats());
         wait_for("unflushed segments put ahead", || {
             seg.stats().segments_put_ahead >= ahead0 + 4
         });
@@ -349,7 +398,11 @@ fn a_crash_after_puts_ahead_of_the_flush_leaves_the_store_consistent() {
             }
         }
         for (i, v) in &model {
-            assert_eq!(now.get(i), Some(v), "index {i} flushed before the crash: {why}");
+            assert_eq!(
+                now.get(i),
+                Some(v),
+                "index {i} flushed before the crash: {why}"
+            );
         }
         for i in 30..70u64 {
             let v: Vec<u8> = (0..32 << 10).map(|_| rng.gen()).collect();
@@ -379,11 +432,11 @@ fn a_crash_after_puts_ahead_of_the_flush_leaves_the_store_consistent() {
 }
 
 /// Churn with the cleaner and checkpoints (many releases and reuses of segments the log left)
-/// while the store is slow and loses or delays puts: every kept checkpoint object names only
-/// objects that are there with the bytes it says, nothing is left that no checkpoint names once
-/// the uploads are done, and the store rebuilds the last checkpoint's tree.
+/// while the store loses puts or their answers: every kept checkpoint object names only
+/// objects that are there with the bytes it says, and the store rebuilds the last checkpoint's
+/// tree.
 #[test]
-fn churn_with_reuse_keeps_every_named_object_and_deletes_the_rest() {
+fn churn_with_reuse_keeps_every_named_object() {
     for seed in seeds(&[11, 12, 13]) {
         let why = replay(seed);
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -442,13 +495,8 @@ fn churn_with_reuse_keeps_every_named_object_and_deletes_the_rest() {
             seg.wait_uploaded(seg.announced(), Duration::from_secs(30))
                 .unwrap();
         }
-        let named = check_store(&*store, &why);
-        let keys = seg_keys(&*store);
-        let extra: Vec<&String> = keys.difference(&named).collect();
-        assert!(
-            extra.is_empty(),
-            "objects no kept checkpoint names after the uploads settled: {extra:?}: {why}"
-        );
+        // Objects left unnamed are finding 2 (its own probe): here only what is named.
+        check_store(&*store, &why);
         assert!(seg.failed().is_none(), "{:?}: {why}", seg.failed());
         drop(lld);
         seg.stop();
@@ -466,4 +514,258 @@ fn churn_with_reuse_keeps_every_named_object_and_deletes_the_rest() {
             }
         }
     }
+}
+
+/// Finding 2: a checkpoint job given up for a newer one (`Outcome::Skipped`: a segment it names
+/// was released while it uploaded) moves what it put, and the objects put ahead it took, into
+/// `known`; none of them is named by any checkpoint object. When their segments are released
+/// too, nothing deletes them: `gone` looks at `ahead` only, and the old checkpoints' deletes at
+/// what they named. They stay in the store until the next start's sweep.
+#[test]
+#[ignore = "review 39 finding 2: objects a skipped job put or took from ahead, never named, are never deleted once their segments are released"]
+fn objects_of_a_skipped_job_whose_segments_are_released_are_deleted() {
+    let store = Arc::new(GateStore::default());
+    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
+    ldfs::lld::mkfs::mkfs(&*dev, &mkfs_opts()).unwrap();
+    let clock = TestClock::default();
+    let lease = take_lease(store.clone(), &clock, false);
+    let seg = SegmentStore::start(store.clone(), dev.clone(), lease, fast_backoff()).unwrap();
+    let lld = open(&dev, &seg, false);
+    seg.wait_uploaded(seg.announced(), Duration::from_secs(30))
+        .unwrap();
+    let keep = lld.create_list(None, ListHints::default()).unwrap();
+    let v: Vec<u8> = vec![7; 8192];
+    lld.write(None, keep, 0, &v).unwrap();
+    let a = lld.create_list(None, ListHints::default()).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(392);
+    store.close();
+    // About 16 segments of list `a`: the first go to puts ahead, which wait at the gate.
+    for i in 0..64u64 {
+        let v: Vec<u8> = (0..32 << 10).map(|_| rng.gen()).collect();
+        lld.write(None, a, i, &v).unwrap();
+    }
+    lld.flush().unwrap();
+    wait_for("the ahead puts at the gate", || {
+        store.waiting.load(Ordering::SeqCst) >= 1
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    // Checkpoint 1 names them all; its job takes those put ahead and puts two itself, then
+    // four more wait at the gate, read already, and the rest is not read yet.
+    lld.checkpoint_now().unwrap();
+    store.let_through(store.waiting.load(Ordering::SeqCst) + 2);
+    wait_for("the job's puts at the gate", || {
+        store.waiting.load(Ordering::SeqCst) >= 4 && store.allow.load(Ordering::SeqCst) == 0
+    });
+    let skipped0 = seg.stats().checkpoints_skipped;
+    // List `a` goes, and checkpoint 2 releases its segments while job 1 is under way.
+    lld.delete_list(None, a).unwrap();
+    let cancel = std::sync::atomic::AtomicBool::new(false);
+    lld.clean_now(PolicyKind::Greedy, Some(64), 0.9, &cancel)
+        .unwrap();
+    lld.checkpoint_now().unwrap();
+    store.open();
+    for _ in 0..3 {
+        lld.checkpoint_now().unwrap();
+        seg.wait_uploaded(seg.announced(), Duration::from_secs(30))
+            .unwrap();
+    }
+    let st = seg.stats();
+    assert!(
+        st.checkpoints_skipped > skipped0,
+        "job 1 was not given up: the probe did not reach its case: {st:?}"
+    );
+    let named = check_store(&*store, "after the releases");
+    let left: Vec<String> = seg_keys(&*store).difference(&named).cloned().collect();
+    assert!(
+        left.is_empty(),
+        "{} segment objects no checkpoint names, of segments released, left in the store: \
+         {left:?}",
+        left.len()
+    );
+    drop(lld);
+    seg.stop();
+}
+
+/// A device whose writes take a while: the log writer thread finishes a segment's writes
+/// well after the operation that left it returned.
+struct SlowDevice(MemoryDevice);
+
+impl Device for SlowDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+        std::thread::sleep(Duration::from_millis(3));
+        self.0.write_at(buf, offset)
+    }
+    fn flush(&self) -> Result<(), DeviceError> {
+        self.0.flush()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.0.size_bytes()
+    }
+}
+
+/// Finding 3: lld tells the hook of a segment it left only from `seal` and after a flush, and
+/// only if the log writer has written it by then. A burst of writes faster than the device
+/// leaves full segments nobody is told of until the next write, flush or checkpoint: a file
+/// written and then left alone (no fsync) is not uploaded while it waits ("each full segment
+/// is uploaded as soon as it is sealed", issue 20).
+#[test]
+#[ignore = "review 39 finding 3: segments left during a burst are told of only at a later seal or flush, not when their writes return"]
+fn segments_left_by_a_burst_go_up_without_a_later_write_or_flush() {
+    let store = Arc::new(MemoryStore::new());
+    let dev: Arc<dyn Device> = Arc::new(SlowDevice(MemoryDevice::new(DEV_BYTES)));
+    ldfs::lld::mkfs::mkfs(&*dev, &mkfs_opts()).unwrap();
+    let clock = TestClock::default();
+    let lease = take_lease(store.clone(), &clock, false);
+    let seg = SegmentStore::start(store.clone(), dev.clone(), lease, fast_backoff()).unwrap();
+    let lld = open(&dev, &seg, false);
+    seg.wait_uploaded(seg.announced(), Duration::from_secs(30))
+        .unwrap();
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(393);
+    let ahead0 = seg.stats().segments_put_ahead;
+    let dirty0 = dirty(&lld);
+    for i in 0..40u64 {
+        let v: Vec<u8> = (0..32 << 10).map(|_| rng.gen()).collect();
+        lld.write(None, l, i, &v).unwrap();
+    }
+    let left = dirty(&lld) - dirty0;
+    assert!(left >= 8, "{left} segments left");
+    // No flush, no more writes: the log writer finishes on its own (40 writes of 3 ms).
+    let ahead = wait_settled(Duration::from_secs(2), || seg.stats().segments_put_ahead) - ahead0;
+    assert_eq!(
+        ahead, left,
+        "{ahead} of the {left} segments the burst left went up ahead of a checkpoint"
+    );
+    drop(lld);
+    seg.stop();
+}
+
+/// Segments the log left (Dirty).
+fn dirty(lld: &Lld) -> u64 {
+    lld.segment_usage()
+        .iter()
+        .filter(|(_, u)| u.state == ldfs::lld::usage::SegmentState::Dirty)
+        .count() as u64
+}
+
+/// Finding 1 through a bounded cache: a segment the checkpoint job put, evicted once its
+/// checkpoint object was in the store, is fetched back from the store for the stale put ahead
+/// (nothing else reads it): a GET of a whole segment, and an eviction more, for nothing.
+#[test]
+#[ignore = "review 39 finding 1: put_ahead fetches back evicted segments a checkpoint job already put"]
+fn a_segment_the_checkpoint_put_is_not_fetched_back_for_a_put_ahead() {
+    // Scratch under /var/tmp (the repository's rule for tests' files).
+    std::fs::create_dir_all("/var/tmp/review39").unwrap();
+    let dir = tempfile::tempdir_in("/var/tmp/review39").unwrap();
+    let path = dir.path().join("cache");
+    let dev: Arc<dyn Device> =
+        Arc::new(FileDevice::create(&path, DEV_BYTES, FileDeviceOptions::default()).unwrap());
+    ldfs::lld::mkfs::mkfs(&*dev, &mkfs_opts()).unwrap();
+    let store = Arc::new(GateStore::default());
+    let clock = TestClock::default();
+    let lease = take_lease(store.clone(), &clock, false);
+    let cfg = CacheConfig {
+        map_path: dir.path().join("map"),
+        bound_bytes: 8 * SEGMENT_BYTES,
+        fetch_patience: Duration::from_millis(200),
+    };
+    let seg =
+        SegmentStore::start_cached(store.clone(), dev, lease, fast_backoff(), Some(cfg)).unwrap();
+    let cdev = seg.device();
+    let lld = open(&cdev, &seg, false);
+    // Three checkpoint objects: the next upload deletes one (after it made its segments
+    // evictable), where this probe holds it.
+    for _ in 0..2 {
+        lld.checkpoint_now().unwrap();
+    }
+    seg.wait_uploaded(seg.announced(), Duration::from_secs(30))
+        .unwrap();
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(391);
+    store.close();
+    for i in 0..80u64 {
+        let v: Vec<u8> = (0..32 << 10).map(|_| rng.gen()).collect();
+        lld.write(None, l, i, &v).unwrap();
+    }
+    lld.flush().unwrap();
+    wait_for("the ahead puts at the gate", || {
+        store.waiting.load(Ordering::SeqCst) >= 1
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    store.set_deletes(true);
+    lld.checkpoint_now().unwrap();
+    store.open();
+    seg.wait_uploaded(seg.announced(), Duration::from_secs(30))
+        .unwrap();
+    wait_for("the upload's deletes at their gate", || {
+        store.deletes_waiting.load(Ordering::SeqCst) >= 1
+    });
+    // What the checkpoint made evictable goes (as the eviction thread would).
+    seg.shrink_cache().unwrap();
+    let before = seg.cache_stats().unwrap();
+    assert!(before.evicted_segments > 0, "nothing evicted: {before:?}");
+    store.set_deletes(false);
+    let after = wait_settled(Duration::from_millis(500), || seg.cache_stats().unwrap());
+    assert_eq!(
+        after.misses, before.misses,
+        "segments fetched back from the store though nothing read them: {after:?}"
+    );
+    drop(lld);
+    seg.stop();
+}
+
+/// Finding 4: `put_ahead` starts its workers once, each taking segments from `State::left`
+/// until it finds it empty, and runs again only when all of them ended. Segments left one by
+/// one (a write streaming, each seal telling of one) find one worker: the others found the
+/// queue empty at their start and ended, and the one left carries every later segment alone,
+/// one put at a time, for as long as the stream goes on.
+#[test]
+#[ignore = "review 39 finding 4: puts ahead of segments left one by one go one at a time (idle workers end and are not restarted)"]
+fn segments_left_one_by_one_go_up_several_at_once() {
+    let store = Arc::new(GateStore::default());
+    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
+    ldfs::lld::mkfs::mkfs(&*dev, &mkfs_opts()).unwrap();
+    let clock = TestClock::default();
+    let lease = take_lease(store.clone(), &clock, false);
+    let seg = SegmentStore::start(store.clone(), dev.clone(), lease, fast_backoff()).unwrap();
+    let lld = open(&dev, &seg, false);
+    seg.wait_uploaded(seg.announced(), Duration::from_secs(30))
+        .unwrap();
+    let l = lld.create_list(None, ListHints::default()).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(394);
+    // A slow store: each put takes until the probe opens the gate.
+    store.close();
+    let mut i = 0u64;
+    let mut write_segment = |lld: &Lld| {
+        let d = dirty(lld);
+        while dirty(lld) == d {
+            let v: Vec<u8> = (0..32 << 10).map(|_| rng.gen()).collect();
+            lld.write(None, l, i, &v).unwrap();
+            i += 1;
+        }
+        lld.flush().unwrap();
+    };
+    write_segment(&lld);
+    wait_for("the first put ahead at the gate", || {
+        store.waiting.load(Ordering::SeqCst) >= 1
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    // The stream goes on: six more segments left while the first put is under way.
+    for _ in 0..6 {
+        write_segment(&lld);
+    }
+    let waiting = wait_settled(Duration::from_millis(500), || {
+        store.waiting.load(Ordering::SeqCst)
+    });
+    let in_flight = ldfs::store::segments::puts_in_flight(SEGMENT_BYTES) as u64;
+    store.open();
+    assert_eq!(
+        waiting, in_flight,
+        "{waiting} puts ahead under way with 7 segments left and {in_flight} allowed at once"
+    );
+    drop(lld);
+    seg.stop();
 }
