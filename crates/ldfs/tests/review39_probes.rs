@@ -769,3 +769,136 @@ fn segments_left_one_by_one_go_up_several_at_once() {
     drop(lld);
     seg.stop();
 }
+
+/// What the engine-level probe records of the hooks' calls.
+#[derive(Default)]
+struct HookLog {
+    /// Per segment: the crc of its bytes and of its page 0 when reported (its use not yet
+    /// released).
+    reported: BTreeMap<u32, (u32, u32)>,
+    /// Per segment: page 0's crc when its last reported use was released.
+    released_page0: BTreeMap<u32, u32>,
+    reports: u64,
+    reported_then_released: u64,
+    violations: Vec<String>,
+}
+
+/// lld's side of the contract (`SegmentHook`): a segment is told of once per use, only after
+/// every write of that use returned, never after the checkpoint that releases it, and its bytes
+/// stay as they were told until that release. Checked from the hooks themselves (reading the
+/// device), under a background cleaner, the checkpoint thread and two writers.
+#[test]
+fn lld_tells_each_use_once_before_its_release_with_its_final_bytes() {
+    for seed in seeds(&[31, 32]) {
+        let why = replay(seed);
+        let mem = Arc::new(MemoryDevice::new(12 << 20));
+        let dev: Arc<dyn Device> = mem.clone();
+        ldfs::lld::mkfs::mkfs(&*dev, &mkfs_opts()).unwrap();
+        let geo = {
+            let mut sb = vec![0u8; PAGE_BYTES];
+            dev.read_at(&mut sb, 0).unwrap();
+            ldfs::lld::layout::Geometry::decode_superblock(&sb, 0, dev.size_bytes()).unwrap()
+        };
+        let log = Arc::new(Mutex::new(HookLog::default()));
+        let read_seg = {
+            let dev = dev.clone();
+            move |s: u32| -> (u32, u32) {
+                let mut b = vec![0u8; geo.segment_pages as usize * PAGE_BYTES];
+                dev.read_at(&mut b, geo.page_addr(ldfs::lld::SegmentId(s), 0))
+                    .unwrap();
+                (crc32c::crc32c(&b), crc32c::crc32c(&b[..PAGE_BYTES]))
+            }
+        };
+        let seg_hook = {
+            let log = log.clone();
+            let read_seg = read_seg.clone();
+            ldfs::lld::SegmentHook(Arc::new(move |s: ldfs::lld::SegmentId| {
+                let (all, p0) = read_seg(s.0);
+                let mut l = log.lock().unwrap();
+                l.reports += 1;
+                if l.reported.contains_key(&s.0) {
+                    l.violations
+                        .push(format!("segment {} told of twice without a release", s.0));
+                }
+                if l.released_page0.get(&s.0) == Some(&p0) {
+                    l.violations.push(format!(
+                        "segment {} told of after the release of that use",
+                        s.0
+                    ));
+                }
+                l.reported.insert(s.0, (all, p0));
+            }))
+        };
+        let ck_hook = {
+            let log = log.clone();
+            ldfs::lld::CheckpointHook(Arc::new(move |c: &ldfs::lld::DurableCheckpoint<'_>| {
+                for s in c.released {
+                    let (all, p0) = read_seg(s.0);
+                    let mut l = log.lock().unwrap();
+                    if let Some((was, _)) = l.reported.remove(&s.0) {
+                        l.reported_then_released += 1;
+                        if was != all {
+                            l.violations.push(format!(
+                                "segment {} changed between its report and its release \
+                                 (checkpoint {})",
+                                s.0, c.serial
+                            ));
+                        }
+                    }
+                    l.released_page0.insert(s.0, p0);
+                }
+            }))
+        };
+        let mut opts = LldOptions {
+            checkpoint_hook: Some(ck_hook),
+            segment_hook: Some(seg_hook),
+            checkpoint_log_bytes: 1 << 20,
+            ..LldOptions::default()
+        };
+        opts.cleaner.background = true;
+        let lld = Arc::new(Lld::open(dev.clone(), opts).unwrap());
+        let lists: Vec<ListId> = (0..2)
+            .map(|_| lld.create_list(None, ListHints::default()).unwrap())
+            .collect();
+        let threads: Vec<_> = (0..2)
+            .map(|t| {
+                let lld = lld.clone();
+                let l = lists[t];
+                std::thread::spawn(move || {
+                    let mut rng = ChaCha8Rng::seed_from_u64(seed * 10 + t as u64);
+                    for n in 0..3000u64 {
+                        let i = rng.gen_range(0..60u64);
+                        let v: Vec<u8> =
+                            (0..rng.gen_range(1..24 << 10)).map(|_| rng.gen()).collect();
+                        lld.write(None, l, i, &v).unwrap();
+                        if n % 97 == 0 {
+                            lld.flush().unwrap();
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        lld.flush().unwrap();
+        lld.checkpoint_now().unwrap();
+        let l = log.lock().unwrap();
+        assert!(
+            l.violations.is_empty(),
+            "{} violations, first {:?}: {why}",
+            l.violations.len(),
+            &l.violations[..l.violations.len().min(5)]
+        );
+        assert!(
+            l.reports > 50 && l.reported_then_released > 20,
+            "the probe did not reach its case: {} reports, {} of them released: {why}",
+            l.reports,
+            l.reported_then_released
+        );
+        eprintln!(
+            "{} reports, {} released after their report: {why}",
+            l.reports, l.reported_then_released
+        );
+    }
+}
