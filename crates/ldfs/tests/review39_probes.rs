@@ -1,6 +1,7 @@
 //! Review 39 probes: full segments uploaded ahead of the checkpoint that names them
 //! (`LldOptions::segment_hook`, `SegmentStore::segment_hook`, commit a8cec9e). Each probe fails
-//! if the defect it names exists; an ignored one fails now (its `ignore` says which finding).
+//! if the defect it names exists; the four findings' probes failed on a8cec9e and pass since
+//! their fixes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -267,7 +268,6 @@ fn seg_keys(store: &dyn ObjectStore) -> BTreeSet<String> {
 /// twice; through a bounded cache the second read of a segment evicted meanwhile fetches it
 /// back from the store.
 #[test]
-#[ignore = "review 39 finding 1: put_ahead re-reads every segment a checkpoint job already put (stale State::left entries)"]
 fn a_segment_the_checkpoint_put_is_not_read_again_for_a_put_ahead() {
     let store = Arc::new(GateStore::default());
     let counting = Arc::new(CountingDevice {
@@ -522,7 +522,6 @@ fn churn_with_reuse_keeps_every_named_object() {
 /// too, nothing deletes them: `gone` looks at `ahead` only, and the old checkpoints' deletes at
 /// what they named. They stay in the store until the next start's sweep.
 #[test]
-#[ignore = "review 39 finding 2: objects a skipped job put or took from ahead, never named, are never deleted once their segments are released"]
 fn objects_of_a_skipped_job_whose_segments_are_released_are_deleted() {
     let store = Arc::new(GateStore::default());
     let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
@@ -612,7 +611,6 @@ impl Device for SlowDevice {
 /// written and then left alone (no fsync) is not uploaded while it waits ("each full segment
 /// is uploaded as soon as it is sealed", issue 20).
 #[test]
-#[ignore = "review 39 finding 3: segments left during a burst are told of only at a later seal or flush, not when their writes return"]
 fn segments_left_by_a_burst_go_up_without_a_later_write_or_flush() {
     let store = Arc::new(MemoryStore::new());
     let dev: Arc<dyn Device> = Arc::new(SlowDevice(MemoryDevice::new(DEV_BYTES)));
@@ -655,7 +653,6 @@ fn dirty(lld: &Lld) -> u64 {
 /// checkpoint object was in the store, is fetched back from the store for the stale put ahead
 /// (nothing else reads it): a GET of a whole segment, and an eviction more, for nothing.
 #[test]
-#[ignore = "review 39 finding 1: put_ahead fetches back evicted segments a checkpoint job already put"]
 fn a_segment_the_checkpoint_put_is_not_fetched_back_for_a_put_ahead() {
     // Scratch under /var/tmp (the repository's rule for tests' files).
     std::fs::create_dir_all("/var/tmp/review39").unwrap();
@@ -723,7 +720,6 @@ fn a_segment_the_checkpoint_put_is_not_fetched_back_for_a_put_ahead() {
 /// queue empty at their start and ended, and the one left carries every later segment alone,
 /// one put at a time, for as long as the stream goes on.
 #[test]
-#[ignore = "review 39 finding 4: puts ahead of segments left one by one go one at a time (idle workers end and are not restarted)"]
 fn segments_left_one_by_one_go_up_several_at_once() {
     let store = Arc::new(GateStore::default());
     let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));

@@ -145,7 +145,8 @@ pub struct DurableCheckpoint<'a> {
 pub struct CheckpointHook(pub Arc<dyn Fn(&DurableCheckpoint<'_>) + Send + Sync>);
 
 /// Called with a segment the log head left, once every write of that use of
-/// it has returned from the device (not yet flushed), under the engine lock;
+/// it has returned from the device (not yet flushed), by the thread whose
+/// write completed it (the log writer's, or one holding the engine lock);
 /// it must only take note. Its bytes then stay as they are until a
 /// checkpoint releases the segment, and that checkpoint's
 /// [`CheckpointHook`] call comes after this one: a segment the log left
@@ -342,11 +343,6 @@ pub(crate) struct Inner {
     snap_change: Option<SnapChange>,
     /// `LldOptions::checkpoint_hook`.
     checkpoint_hook: Option<CheckpointHook>,
-    /// `LldOptions::segment_hook`, and the segments left that it has not
-    /// been told of yet, each with the log writer's item that ends its
-    /// writes (only kept with a hook).
-    segment_hook: Option<SegmentHook>,
-    left: VecDeque<(SegmentId, u64)>,
     /// `Engine::geo` as of now, for code holding the lock: the per-write
     /// admission arithmetic read it through the `RwLock` about fifteen
     /// times per operation, a shared cache line bounced between cores
@@ -390,6 +386,9 @@ pub struct Engine {
     durable_op: Arc<AtomicU64>,
     /// Sealed partial segments not yet written.
     flight: Arc<Flight>,
+    /// With `LldOptions::segment_hook`: the segments left it has not been
+    /// told of yet.
+    left: Option<Arc<LeftSegments>>,
     report: OpenReport,
     /// Held for a whole cleaning pass (one cleaner at a time); holds the
     /// policy and the cleaner's counters.
@@ -593,11 +592,22 @@ impl Engine {
             snapshots: recovered.snapshots,
             snap_change: None,
             checkpoint_hook: opts.checkpoint_hook.clone(),
-            segment_hook: opts.segment_hook.clone(),
-            left: VecDeque::new(),
             geo,
         };
         let flight = Arc::new(Flight::default());
+        let left = opts
+            .segment_hook
+            .clone()
+            .filter(|_| !opts.read_only)
+            .map(|hook| {
+                let left = Arc::new(LeftSegments {
+                    hook,
+                    queue: Mutex::new(VecDeque::new()),
+                });
+                let l = left.clone();
+                flight.set_on_written(Box::new(move |written| l.tell(written)));
+                left
+            });
         let opts_policy = opts.cleaner.policy;
         let opts_dirty_limit = opts
             .checkpoint_dirty_pages
@@ -638,6 +648,7 @@ impl Engine {
             commit_cv: Condvar::new(),
             durable_op,
             flight,
+            left,
             report: recovered.report,
             cleaner: Mutex::new(CleanerState::new(opts_policy)),
             aru_cv: Condvar::new(),
@@ -1733,11 +1744,11 @@ impl Engine {
     /// Moves the log head to the next segment.
     fn advance(&self, g: &mut Inner) -> LdResult<()> {
         assert!(g.pending.is_empty());
-        if g.segment_hook.is_some() && g.log.page > 0 {
+        if let Some(left) = self.left.as_ref().filter(|_| g.log.page > 0) {
             // Every write to it is queued by now (`seal` submits before it
             // advances): told once the log writer is past the newest.
-            let left = (g.log.seg, self.flight.submitted());
-            g.left.push_back(left);
+            let ticket = self.flight.submitted();
+            left.push(g.log.seg, ticket, self.flight.written());
         }
         let Inner {
             usage,
@@ -1824,24 +1835,7 @@ impl Engine {
         if g.geo.segment_pages - g.log.page < 2 {
             self.advance(g)?;
         }
-        self.tell_left(g);
         Ok(())
-    }
-
-    /// Tells `segment_hook` of the segments left whose writes all returned.
-    fn tell_left(&self, g: &mut Inner) {
-        let Some(hook) = &g.segment_hook else { return };
-        if g.left.is_empty() {
-            return;
-        }
-        let written = self.flight.written();
-        while let Some(&(seg, ticket)) = g.left.front() {
-            if ticket > written {
-                break;
-            }
-            g.left.pop_front();
-            (hook.0)(seg);
-        }
     }
 
     /// Removes a block's current version before it is replaced or deleted:
@@ -2074,7 +2068,9 @@ impl Engine {
         self.seal(g)?;
         // This checkpoint names (or releases) every segment left so far:
         // none is told of after its hook (`SegmentHook`).
-        g.left.clear();
+        if let Some(left) = &self.left {
+            left.forget();
+        }
         // Admission kept room for exactly this placement.
         let (entered, page) = (g.log.entered, g.log.page);
         let predicted = checkpoint_log_pages(&g.geo, page, g.map.dirty_pages());
@@ -2519,6 +2515,53 @@ pub(crate) fn advance_head(usage: &mut Usage, log: &mut LogHead, geo: &Geometry)
     log.entered += 1;
     choose_next(usage, log);
     Ok(())
+}
+
+/// The segments the log left that `LldOptions::segment_hook` has not been
+/// told of yet, each with the log writer's item that ends its writes. A
+/// lock of its own, not the engine's: they are told as the log writer's
+/// writes return (`Flight::set_on_written`), by whoever wrote, so a burst
+/// the writer finishes after the engine went quiet still goes up (review
+/// 39 finding 3). Telling happens under this lock, and a checkpoint's
+/// snapshot forgets the queue under it too, so no report follows the
+/// snapshot of a checkpoint that names or releases its segment.
+struct LeftSegments {
+    hook: SegmentHook,
+    queue: Mutex<VecDeque<(SegmentId, u64)>>,
+}
+
+impl LeftSegments {
+    fn lock(&self) -> MutexGuard<'_, VecDeque<(SegmentId, u64)>> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `seg` was left with its last write at item `ticket`; `written` items
+    /// are written now (a write may have returned before the push).
+    fn push(&self, seg: SegmentId, ticket: u64, written: u64) {
+        let mut q = self.lock();
+        q.push_back((seg, ticket));
+        self.tell_locked(&mut q, written);
+    }
+
+    /// Items `1..=written` are written: tells of the segments they end.
+    fn tell(&self, written: u64) {
+        let mut q = self.lock();
+        self.tell_locked(&mut q, written);
+    }
+
+    fn tell_locked(&self, q: &mut VecDeque<(SegmentId, u64)>, written: u64) {
+        while let Some(&(seg, ticket)) = q.front() {
+            if ticket > written {
+                break;
+            }
+            q.pop_front();
+            (self.hook.0)(seg);
+        }
+    }
+
+    fn forget(&self) {
+        self.lock().clear();
+    }
 }
 
 /// `advance_head` for the running engine: the cleaner's clock notes it.
@@ -3438,7 +3481,6 @@ impl Engine {
             return Err(self.fail(&mut g, e.into()));
         }
         self.device_failed(&mut g)?;
-        self.tell_left(&mut g);
         self.durable_op.fetch_max(written, Ordering::SeqCst);
         Ok(())
     }

@@ -78,6 +78,8 @@ pub(crate) struct Flight {
     /// `State::failed` is set (it never clears): every writable check of
     /// the engine asks, and without this each took the queue's lock.
     has_failed: AtomicBool,
+    /// Told the new `written` count each time it grows (`set_on_written`).
+    on_written: OnceLock<Box<dyn Fn(u64) + Send + Sync>>,
 }
 
 /// The writer thread.
@@ -89,6 +91,14 @@ pub(crate) struct Writer {
 impl Flight {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().expect("in-flight queue poisoned")
+    }
+
+    /// `f` is told the count of written items each time it grows, after
+    /// the queue's lock is let go, by the thread whose write grew it (the
+    /// writer thread, a waiter writing its own items, or an inline
+    /// submit). Set before the first submit.
+    pub fn set_on_written(&self, f: Box<dyn Fn(u64) + Send + Sync>) {
+        assert!(self.on_written.set(f).is_ok(), "on_written set twice");
     }
 
     pub fn start(self: &Arc<Self>, dev: Arc<dyn Device>) -> Writer {
@@ -146,15 +156,18 @@ impl Flight {
         let dev = self.dev.get().expect("taken without a device");
         let res = dev.write_at(&item.bytes, item.addr);
         let mut s = self.lock();
+        let mut grew = None;
         match res {
             Ok(()) => {
                 let st = &mut *s;
                 st.done.insert(ticket);
+                let before = st.written;
                 while st.done.remove(&(st.written + 1)) {
                     let it = st.queue.pop_front().expect("written item queued");
                     st.queued_bytes -= it.bytes.len();
                     st.written += 1;
                 }
+                grew = (st.written > before).then_some(st.written);
             }
             Err(e) => {
                 if s.failed.is_none() {
@@ -168,6 +181,10 @@ impl Flight {
             }
         }
         self.cv.notify_all();
+        drop(s);
+        if let (Some(w), Some(f)) = (grew, self.on_written.get()) {
+            f(w);
+        }
     }
 
     /// Queues a write; returns its number (see `wait_written`). Waits while

@@ -1,17 +1,20 @@
 //! The segment store layer: lld's durable checkpoints, uploaded as immutable objects.
 //!
 //! docs/DESIGN.md "The segment store layer" has the design, docs/FORMAT.md "Object store
-//! layout" the keys and the checkpoint object. In short: lld's checkpoint hook hands each
-//! durable slot to [`SegmentStore`] (no I/O in the hook: the newest one is kept as
-//! the next job); the uploader thread puts every segment the slot names that the store lacks,
-//! then the checkpoint object, then deletes what neither of the newest two checkpoint objects
-//! names. [`restore`] rebuilds a fresh cache device from the newest complete checkpoint object.
+//! layout" the keys and the checkpoint object. In short: lld's segment hook tells of each
+//! segment the log left once its writes returned, and the uploader puts it at once ("ahead",
+//! an object no checkpoint object names yet); lld's checkpoint hook hands each durable slot to
+//! [`SegmentStore`] (no I/O in the hooks: the newest slot is kept as the next job), and the
+//! uploader puts every segment the slot names that the store lacks, then the checkpoint
+//! object, then deletes what neither of the newest two checkpoint objects names. [`restore`]
+//! rebuilds a fresh cache device from the newest complete checkpoint object.
 //!
 //! Invariants: a checkpoint object is put only after every segment object it names was
-//! acknowledged; a key always names the same bytes (only content a durable checkpoint names is
-//! uploaded, and a segment's content changes only after a later checkpoint releases it, which
-//! the uploader detects around each read); an object is deleted only when neither of the two
-//! newest uploaded checkpoint objects names it.
+//! acknowledged; a key always names the same bytes (what is uploaded is a durable checkpoint's
+//! content or a segment the log left with its writes returned, within one writer the log never
+//! writes a use twice, and a segment's content changes only after a checkpoint releases it,
+//! which the uploader detects around each read); an object is deleted only when neither of the
+//! two newest uploaded checkpoint objects names it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Condvar, Mutex};
@@ -1209,7 +1212,7 @@ fn upload(
             .copied()
     };
     let workers = puts_in_flight(geo.segment_bytes()).min(todo.len());
-    let (done, end) = put_segments(sh, &feed, workers, false);
+    let (done, end) = put_segments(sh, &feed, workers, None);
     // What was acknowledged is in the store, whatever became of the job.
     let mut acknowledged: Vec<(SegmentEntry, u64)> =
         taken.iter().map(|a| (a.entry, a.read_gen)).collect();
@@ -1292,18 +1295,28 @@ fn upload(
         st.stats.checkpoints_put += 1;
         sh.cv.notify_all();
     }
-    // Put ahead for a use that ended before any checkpoint named it (the segment was
-    // released since): no checkpoint object will name it.
+    // Put for a use that ended (the segment was released since) and that neither kept
+    // checkpoint object names: put ahead and never named, or put or taken by a job abandoned
+    // for a newer one (review 39 finding 2). No checkpoint object will name it; what a kept
+    // one names goes when that one is deleted, below.
+    let is_named = |k: &String| named.iter().any(|(_, keys)| keys.contains(k));
     let gone: Vec<SegmentEntry> = {
         let st = sh.state.lock().unwrap();
         ahead
             .values()
+            .chain(known.values())
             .filter(|a| st.released_at[a.entry.segment as usize] > a.read_gen)
             .map(|a| a.entry)
+            .filter(|e| !is_named(&e.key()))
             .collect()
     };
     for e in &gone {
-        ahead.remove(&e.segment);
+        if ahead.get(&e.segment).is_some_and(|a| a.entry == *e) {
+            ahead.remove(&e.segment);
+        }
+        if known.get(&e.segment).is_some_and(|k| k.entry == *e) {
+            known.remove(&e.segment);
+        }
     }
     let mut deletes: Vec<String> = gone.iter().map(|e| e.key()).collect();
     // Keep the newest two checkpoint objects and what they name.
@@ -1342,7 +1355,10 @@ fn put_ahead(
     ahead: &mut BTreeMap<u32, Known>,
     named: &[(String, BTreeSet<String>)],
 ) -> LayerResult<Outcome> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     let full = sh.geo.segment_pages;
+    // Workers with a segment in hand.
+    let busy = AtomicUsize::new(0);
     let (done, end) = {
         let ahead = &*ahead;
         let feed = || {
@@ -1355,16 +1371,30 @@ fn put_ahead(
                 }
                 let Some((seg, gen)) = st.left.pop_front() else {
                     // A long write leaves a segment every few milliseconds: a worker that
-                    // ended at the first empty queue (or the first report another worker
-                    // took) left one put in flight, not several.
+                    // ended at an empty queue while others were putting left fewer puts in
+                    // flight for the rest of the stream (review 39 finding 4). So an idle
+                    // worker ends only once every worker is idle and the linger is over.
                     let now = Instant::now();
-                    if now >= linger_end {
+                    if now >= linger_end && busy.load(Ordering::SeqCst) == 0 {
                         return None;
                     }
-                    st = sh.cv.wait_timeout(st, linger_end - now).unwrap().0;
+                    let wait = linger_end
+                        .saturating_duration_since(now)
+                        .max(Duration::from_millis(10));
+                    st = sh.cv.wait_timeout(st, wait).unwrap().0;
                     continue;
                 };
-                if st.released_at[seg.0 as usize] > gen {
+                let released_at = st.released_at[seg.0 as usize];
+                if released_at > gen {
+                    continue;
+                }
+                // Put already (a checkpoint job took it while it was queued, or an earlier
+                // report): the object holding this use is there, so the segment is not read
+                // again (review 39 finding 1). No release since that read: the same use.
+                let current =
+                    |k: &Known| !k.verify && k.entry.pages == full && released_at <= k.read_gen;
+                if known.get(&seg.0).is_some_and(current) || ahead.get(&seg.0).is_some_and(current)
+                {
                     continue;
                 }
                 let candidate = ahead.get(&seg.0).or_else(|| known.get(&seg.0));
@@ -1377,7 +1407,12 @@ fn put_ahead(
                 });
             }
         };
-        put_segments(sh, &feed, puts_in_flight(sh.geo.segment_bytes()), true)
+        put_segments(
+            sh,
+            &feed,
+            puts_in_flight(sh.geo.segment_bytes()),
+            Some(&busy),
+        )
     };
     for (t, entry) in done {
         if known.get(&entry.segment).is_some_and(|k| k.entry == entry) {
@@ -1399,6 +1434,36 @@ fn put_ahead(
         Worker::Stopped => Ok(Outcome::Stopped),
         Worker::Finished | Worker::Skipped => Ok(Outcome::Done),
     }
+}
+
+/// Runs `work` on `workers` threads named `name` (scoped: they borrow the caller's state) and
+/// returns what each did and how it ended; one that panicked did nothing and failed, saying so.
+#[allow(clippy::type_complexity)]
+fn on_threads<T: Send, W: Send>(
+    name: &str,
+    workers: usize,
+    work: &(dyn Fn() -> (Vec<T>, LayerResult<W>) + Sync),
+) -> Vec<(Vec<T>, LayerResult<W>)> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..workers)
+            .map(|_| {
+                std::thread::Builder::new()
+                    .name(name.into())
+                    .spawn_scoped(s, work)
+                    .unwrap_or_else(|e| panic!("spawn a {name} thread: {e}"))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    (
+                        Vec::new(),
+                        Err(LayerError::Other(format!("a {name} thread panicked"))),
+                    )
+                })
+            })
+            .collect()
+    })
 }
 
 /// Deletes `keys` (fenced), [`UPLOAD_PUTS_IN_FLIGHT`] at once: a delete is one short request,
@@ -1444,26 +1509,7 @@ fn delete_objects(sh: &Shared, keys: &[String]) -> (Vec<String>, LayerResult<boo
     if workers <= 1 {
         return work();
     }
-    let ends: Vec<_> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..workers)
-            .map(|_| {
-                std::thread::Builder::new()
-                    .name("ldfs-upload-del".into())
-                    .spawn_scoped(s, work)
-                    .expect("spawn a delete thread")
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    (
-                        Vec::new(),
-                        Err(LayerError::Other("a delete thread panicked".into())),
-                    )
-                })
-            })
-            .collect()
-    });
+    let ends = on_threads("ldfs-upload-del", workers, &work);
     let mut all = Vec::new();
     let mut outcome = Ok(true);
     for (done, end) in ends {
@@ -1512,16 +1558,27 @@ enum Worker {
 
 /// Reads each segment `feed` gives from the cache and puts it, `workers` at once; every object
 /// acknowledged is returned with what was put (also when the work ends early: what is in the
-/// store is known), and how it ended. For a job (`ahead` false), a release seen around a read
+/// store is known), and how it ended. For a job (`busy` none), a release seen around a read
 /// abandons it (the newer one that released the segment has it), as in the one-at-a-time loop
-/// this replaced; ahead of a checkpoint, only that segment is passed over.
+/// this replaced; ahead of a checkpoint (`busy` counts the workers with a segment in hand, for
+/// the feed), only that segment is passed over.
 fn put_segments(
     sh: &Shared,
     feed: &(dyn Fn() -> Option<ToPut> + Sync),
     workers: usize,
-    ahead: bool,
+    busy: Option<&std::sync::atomic::AtomicUsize>,
 ) -> (Vec<(ToPut, SegmentEntry)>, LayerResult<Worker>) {
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let ahead = busy.is_some();
+    /// Counts a worker busy while it lives (a panic included: the others' wait ends).
+    struct Busy<'a>(Option<&'a AtomicUsize>);
+    impl Drop for Busy<'_> {
+        fn drop(&mut self) {
+            if let Some(b) = self.0 {
+                b.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
     let geo = &sh.geo;
     // Set when a worker ends early: the others take no new segment.
     let halt = AtomicBool::new(false);
@@ -1574,6 +1631,10 @@ fn put_segments(
             let Some(t) = feed() else {
                 return (done, Ok(Worker::Finished));
             };
+            if let Some(b) = busy {
+                b.fetch_add(1, Ordering::SeqCst);
+            }
+            let _busy = Busy(busy);
             match one(t) {
                 Ok(None) => {}
                 Ok(Some(w)) => {
@@ -1587,26 +1648,7 @@ fn put_segments(
             }
         }
     };
-    let ends: Vec<_> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..workers.max(1))
-            .map(|_| {
-                std::thread::Builder::new()
-                    .name("ldfs-upload-put".into())
-                    .spawn_scoped(s, work)
-                    .expect("spawn an upload thread")
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    (
-                        Vec::new(),
-                        Err(LayerError::Other("an upload thread panicked".into())),
-                    )
-                })
-            })
-            .collect()
-    });
+    let ends = on_threads("ldfs-upload-put", workers.max(1), &work);
     let mut all = Vec::new();
     let mut outcome = Ok(Worker::Finished);
     for (done, end) in ends {
