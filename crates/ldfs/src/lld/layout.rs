@@ -313,6 +313,9 @@ impl Geometry {
         (seg < self.segment_count as u64).then_some(SegmentId(seg as u32))
     }
 
+    /// Where mkfs and a resize put the copies: page 0 and this geometry's last page. On a
+    /// device of exactly `total_pages` (mkfs's, or any resizable image's: its total is the
+    /// device's) that is the device's last page, where readers look ([`copy1_addr`]).
     pub fn superblock_addrs(&self) -> [u64; 2] {
         [0, (self.total_pages - 1) * PAGE_BYTES as u64]
     }
@@ -544,8 +547,30 @@ impl Geometry {
     }
 }
 
-/// Pages of one checkpoint slot for `segments` segments: a header page plus
-/// the usage table.
+/// Where superblock copy 1 is read on a device of `device_bytes`: its last page
+/// (`read_superblock`, `Lld::open`'s fallback, fsck's `check_superblocks`). mkfs plans for the
+/// device's size, so its copy 1 is there; so is a resizable image's (the device's size is its
+/// total). A file system on a device larger than its geometry without [`INCOMPAT_RESIZE`]
+/// (a store cache rebuilt on a larger block device) keeps its copy 1 here too, not at the
+/// geometry's last page, which no reader looks at (review 37 finding 1).
+pub fn copy1_addr(device_bytes: u64) -> u64 {
+    (device_bytes / PAGE_BYTES as u64).saturating_sub(1) * PAGE_BYTES as u64
+}
+
+/// A superblock page re-encoded as copy `copy` (its copy number and crc), every other byte
+/// kept: page 0 restored from copy 1 keeps the total pages copy 1 records, which decoding a
+/// resizable image replaces with the device's (a store cache's page 0 is uploaded, and a
+/// rebuild sizes its cache by the total it records). Decode the result to check it.
+pub fn superblock_as_copy(page: &[u8], copy: u32) -> Vec<u8> {
+    assert_eq!(page.len(), PAGE_BYTES);
+    assert!(copy < 2, "superblock copy {copy}");
+    let mut b = page.to_vec();
+    put_u32(&mut b, SB_COPY, copy);
+    let crc = crc_with_hole(&b, SB_CRC);
+    put_u32(&mut b, SB_CRC, crc);
+    b
+}
+
 /// The total pages a superblock page records, unchecked: with [`INCOMPAT_RESIZE`] the
 /// device's size when copy 1 was last written (decoding takes the device's own size instead),
 /// which is what a copy of the image elsewhere needs (the segment store's rebuild). Decode
@@ -554,6 +579,8 @@ pub fn recorded_total_pages(page: &[u8]) -> u64 {
     get_u64(page, SB_TOTAL_PAGES)
 }
 
+/// Pages of one checkpoint slot for `segments` segments: a header page plus
+/// the usage table.
 pub fn checkpoint_pages_for(segments: u32) -> u32 {
     1 + (segments as usize * USAGE_ENTRY_BYTES).div_ceil(PAGE_BYTES) as u32
 }

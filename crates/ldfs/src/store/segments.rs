@@ -23,7 +23,7 @@ use super::lease::{HeldLease, LeaseCheck};
 use super::{ObjectInfo, ObjectStore, PutOutcome, StoreError, StoreResult};
 use crate::device::{Device, DeviceError};
 use crate::lld::checkpoint;
-use crate::lld::layout::{recorded_total_pages, Geometry};
+use crate::lld::layout::{copy1_addr, recorded_total_pages, superblock_as_copy, Geometry};
 use crate::lld::summary::{self, Expect};
 use crate::lld::usage::SegmentState;
 use crate::lld::{CheckpointHook, DurableCheckpoint, SegmentId, PAGE_BYTES};
@@ -1475,8 +1475,7 @@ fn forget_cache(dev: &dyn Device, geo: &Geometry) -> LayerResult<()> {
     let zero = vec![0u8; PAGE_BYTES];
     dev.write_at(&zero, 0)?;
     dev.write_at(&zero, geo.superblock_addrs()[1])?;
-    let last = (dev.size_bytes() / PAGE_BYTES as u64 - 1) * PAGE_BYTES as u64;
-    dev.write_at(&zero, last)?;
+    dev.write_at(&zero, copy1_addr(dev.size_bytes()))?;
     dev.flush()?;
     Ok(())
 }
@@ -1616,9 +1615,12 @@ pub fn restore_lazy(
 }
 
 /// The end of a rebuild: the checkpoint object's slot (the other zeroed), zeros where the log
-/// ends, a flush, then the superblocks (page 0's the very last) and a flush: a rebuild cut
-/// short leaves zeros at page 0, which the next mount takes for an empty cache and rebuilds
-/// (review 31).
+/// ends, a flush, then superblock copy 1, a flush, and page 0 the very last, and a flush: a
+/// rebuild cut short leaves zeros at page 0 (review 31). Copy 1 goes where readers look for
+/// it, the device's last page (`layout::copy1_addr`; on a device larger than the file system
+/// the geometry's own last page is read by no one: review 37 finding 1). Written and flushed
+/// before page 0, a good copy 1 with page 0 zero or torn means the rebuild finished but for
+/// page 0: everything else was flushed before it.
 fn write_slot_and_superblocks(
     dev: &dyn Device,
     key: &str,
@@ -1646,9 +1648,12 @@ fn write_slot_and_superblocks(
         dev.write_at(&zero, geo.page_addr(SegmentId(hdr.next_segment), 0))?;
     }
     dev.flush()?;
-    let [sb0, sb1] = geo.superblock_addrs();
-    dev.write_at(&geo.encode_superblock(1), sb1)?;
-    dev.write_at(&obj.superblock, sb0)?;
+    dev.write_at(
+        &superblock_as_copy(&obj.superblock, 1),
+        copy1_addr(dev.size_bytes()),
+    )?;
+    dev.flush()?;
+    dev.write_at(&obj.superblock, 0)?;
     dev.flush()?;
     Ok(())
 }
