@@ -127,7 +127,6 @@ fn a_writers_rebuild_killed_before_its_note_is_rebuilt_or_used() {
 /// no note, or a writer's, is refused when page 0 is not a superblock (tried with finding 2's
 /// fix: both probes pass).
 #[test]
-#[ignore = "review 36 finding 4 (open): a reader's rebuild torn at its last page-0 write is refused; the note cannot vouch for the device (review 37 finding 2), the refusal names the remedy"]
 fn a_readers_rebuild_torn_at_its_last_write_is_rebuilt() {
     let d = tempfile::tempdir().unwrap();
     let url = StoreUrl::parse("s3://probe36/torn").unwrap();

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ldfs::device::{Device, FileDevice, FileDeviceOptions};
-use ldfs::lld::layout::Geometry;
+use ldfs::lld::layout::{copy1_addr, superblock_as_copy, Geometry};
 use ldfs::lld::PAGE_BYTES;
 use ldfs::store::cache::{map_path_for_note, remove_map};
 use ldfs::store::lease::{HeldLease, LeaseError, LeaseOptions};
@@ -407,7 +407,7 @@ pub fn read_through(
 /// What a user can do with a cache whose state cannot be trusted (no note of it, a damaged
 /// residency map): mount from the store, losing what only the cache holds.
 const FROM_THE_STORE: &str = "move the cache away (or delete it; a block device: zero its first \
-     4 KiB) and mount again: a new cache is rebuilt from the store's last uploaded checkpoint, \
+     and its last 4 KiB, the superblock's two copies) and mount again: a new cache is rebuilt from the store's last uploaded checkpoint, \
      and writes this cache holds that were never uploaded are lost with it";
 
 /// Why a read-write mount refuses a cache of the store's file system that has no note (or a
@@ -504,31 +504,99 @@ pub fn holds_file_system(store: &dyn ObjectStore, url: &StoreUrl) -> Result<(), 
     }
 }
 
-/// The cache's superblock geometry, `None` if it holds none (absent, empty, or zeros where
-/// the superblock goes); an error if it holds something else.
-fn cache_geometry(cache: &Path) -> Result<Option<Geometry>, String> {
+/// What a cache's superblock pages say ([`cache_superblock`]).
+#[derive(Debug)]
+enum CacheSuperblock {
+    /// No cache: absent, empty, or page 0 zeros with no superblock copy 1 either (a rebuild's
+    /// first step zeroes both, `store::segments::forget_cache`).
+    Empty,
+    /// Page 0 is a superblock.
+    Whole(Geometry),
+    /// Page 0 zeros or torn (each 512-byte sector zeros or the bytes of copy 1's superblock as
+    /// copy 0), copy 1 at the device's last page good: a cache of the file system whose page
+    /// 0 was lost, or a rebuild torn at its very last write (it writes and flushes copy 1
+    /// before page 0, everything else before copy 1). `page0`: copy 1 as copy 0, to restore.
+    Page0Lost { geo: Geometry, page0: Vec<u8> },
+}
+
+/// The sector a torn write lands whole or not at all.
+const SECTOR_BYTES: usize = 512;
+
+/// What the cache's superblock pages hold; an error if page 0 holds something else (neither
+/// zeros, nor a superblock, nor a torn write of the superblock copy 1 holds).
+fn cache_superblock(cache: &Path) -> Result<CacheSuperblock, String> {
     if !cache.exists() {
-        return Ok(None);
+        return Ok(CacheSuperblock::Empty);
     }
     // The device's size, not the file's length: a block device's st_size is 0 (review 31).
     let dev = FileDevice::open_read_only(cache).map_err(|e| format!("{}: {e}", cache.display()))?;
-    if dev.size_bytes() < PAGE_BYTES as u64 {
-        return Ok(None);
+    let size = dev.size_bytes();
+    if size < PAGE_BYTES as u64 {
+        return Ok(CacheSuperblock::Empty);
     }
-    let mut page = vec![0u8; PAGE_BYTES];
-    dev.read_at(&mut page, 0)
-        .map_err(|e| format!("{}: {e}", cache.display()))?;
+    let read = |addr: u64| -> Result<Vec<u8>, String> {
+        let mut page = vec![0u8; PAGE_BYTES];
+        dev.read_at(&mut page, addr)
+            .map_err(|e| format!("{}: {e}", cache.display()))?;
+        Ok(page)
+    };
+    let page = read(0)?;
+    let whole = Geometry::decode_superblock(&page, 0, size);
+    if let Ok(g) = whole {
+        return Ok(CacheSuperblock::Whole(g));
+    }
+    // Copy 1, where lld and fsck read it (review 37 finding 1): page 0 lost with it good is a
+    // cache of the file system, never an empty one to rebuild over (store5).
+    let last = copy1_addr(size);
+    if last > 0 {
+        let copy1 = read(last)?;
+        if let Ok(geo) = Geometry::decode_superblock(&copy1, last, size) {
+            let page0 = superblock_as_copy(&copy1, 0);
+            let torn_of_it = page
+                .chunks(SECTOR_BYTES)
+                .zip(page0.chunks(SECTOR_BYTES))
+                .all(|(got, want)| got == want || got.iter().all(|&b| b == 0));
+            if torn_of_it && Geometry::decode_superblock(&page0, 0, size).is_ok() {
+                return Ok(CacheSuperblock::Page0Lost { geo, page0 });
+            }
+        }
+    }
     if page.iter().all(|&b| b == 0) {
-        return Ok(None);
+        return Ok(CacheSuperblock::Empty);
     }
-    Geometry::decode_superblock(&page, 0, dev.size_bytes())
-        .map(Some)
-        .map_err(|e| format!("{}: not an ldfs cache: {e}", cache.display()))
+    Err(format!(
+        "{}: not an ldfs cache: {}",
+        cache.display(),
+        whole.expect_err("decoded above")
+    ))
+}
+
+/// Writes page 0 of a cache whose superblock copy 0 was lost from copy 1 ([`CacheSuperblock::
+/// Page0Lost`]), then flushes: the segment store reads page 0 at its start, and fsck would
+/// report it.
+fn restore_page0(cache: &Path, page0: &[u8]) -> Result<(), String> {
+    let err = |e: String| {
+        format!(
+            "{}: restoring superblock copy 0 from copy 1: {e}",
+            cache.display()
+        )
+    };
+    let dev =
+        FileDevice::open(cache, FileDeviceOptions::default()).map_err(|e| err(e.to_string()))?;
+    dev.write_at(page0, 0).map_err(|e| err(e.to_string()))?;
+    dev.flush().map_err(|e| err(e.to_string()))?;
+    eprintln!(
+        "ldfs: {}: superblock copy 0 (page 0) was zeros or torn; restored from copy 1",
+        cache.display()
+    );
+    Ok(())
 }
 
 /// Gets `cache` ready for a mount of the file system in `store`: a cache that is absent, empty
-/// or zeros is made the file system's size (sparse) and rebuilt from the newest checkpoint
-/// object, as is a cache only read-only mounts used; a read-only mount refuses a writer's
+/// or zeros (both superblock copies) is made the file system's size (sparse) and rebuilt from
+/// the newest checkpoint object, as is a cache only read-only mounts used; one whose page 0
+/// is zeros or torn with copy 1 good is a cache, not an empty one (`CacheSuperblock`): kept
+/// for its writer (page 0 restored from copy 1), never rebuilt over; a read-only mount refuses a writer's
 /// cache (rebuilding it would overwrite what it has not uploaded); a read-write mount keeps
 /// a writer's cache of the same file system unless a later writer uploaded since it was last
 /// mounted (see the module documentation). `writer` is the lease generation of this mount
@@ -576,18 +644,28 @@ pub fn prepare_cache_sized(
     }
     let (newest_writer, _) = parse_checkpoint_key(&key).expect("newest_checkpoint parsed it");
     let fs_id = newest.geo.fs_id;
-    // A page 0 that is neither zeros nor an ldfs superblock is refused, READER note or not: the
-    // note is a file found by the cache's path and outlives the cache (a name reused, a /dev
-    // name given to another disk), so it cannot vouch for what the device holds (review 37
-    // finding 2). A rebuild torn at its very last write is therefore refused too, naming the
-    // remedy (review 36 finding 4, left open).
-    let geometry = cache_geometry(cache).map_err(|e| {
+    // A page 0 that is neither zeros, an ldfs superblock nor a torn write of the superblock
+    // copy 1 holds is refused, READER note or not: the note is a file found by the cache's
+    // path and outlives the cache (a name reused, a /dev name given to another disk), so it
+    // cannot vouch for what the device holds (review 37 finding 2). The device vouches for
+    // itself: a rebuild writes and flushes copy 1 before page 0, so one torn at its very last
+    // write has a good copy 1 and a page 0 each of whose sectors is zeros or copy 1's; such
+    // a cache is a reader's to rebuild or a writer's to open (review 36 finding 4).
+    let found = cache_superblock(cache).map_err(|e| {
         format!(
-            "{e}. If it is a cache of this file system whose rebuild was cut short, move it away \
-             (for a device, zero its first 4 KiB): the next mount rebuilds it from {url}"
+            "{e}. If it is a cache of this file system, move it away (for a device, zero its \
+             first and its last 4 KiB, the superblock's two copies): the next mount rebuilds \
+             it from {url}"
         )
     })?;
+    let (geometry, page0) = match found {
+        CacheSuperblock::Empty => (None, None),
+        CacheSuperblock::Whole(g) => (Some(g), None),
+        CacheSuperblock::Page0Lost { geo, page0 } => (Some(geo), Some(page0)),
+    };
     let rebuild = match geometry {
+        // Page 0 zeros with copy 1 good is a cache, never taken for an empty one: a writer's
+        // fsynced, unuploaded writes would be rebuilt over (store5).
         None => true,
         Some(g) if g.fs_id != fs_id => {
             return Err(format!(
@@ -682,6 +760,9 @@ pub fn prepare_cache_sized(
             },
             t.elapsed().as_secs_f64()
         );
+    }
+    if let (false, Some(page0)) = (rebuild, &page0) {
+        restore_page0(cache, page0)?;
     }
     if let Some(w) = writer {
         write_note_with(cache, url, fs_id, w, bound)?;
