@@ -234,3 +234,75 @@ fn a_foreign_page_0_over_a_good_copy_1_is_refused() {
         "the device was changed"
     );
 }
+
+/// Review 36 finding 4's other half, the cache's identity (store5): the note is found by the
+/// cache's path, so a cache moved to a path whose note is another cache's took that note.
+/// A writer's note (current: no later writer) at a path now holding another cache of the same
+/// file system (a read-only mount's, rebuilt from the store; or a disk swapped under a /dev
+/// name) made the mount keep it as the writer's, and upload its tree as the next head: a
+/// branch the writer never wrote. The note records the cache's identity (an id each rebuild
+/// and `mkfs --store` writes into both superblock copies); a note of another cache is refused.
+#[test]
+fn a_writers_note_does_not_vouch_for_another_cache_at_its_path() {
+    let d = tempfile::tempdir().unwrap();
+    let url = StoreUrl::parse("s3://store5/swap").unwrap();
+    let (store, clock) = store_with_fs();
+    let a = d.path().join("a.img");
+    let b = d.path().join("b.img");
+    std::fs::File::create(&a).unwrap();
+    std::fs::File::create(&b).unwrap();
+    let lease = take_lease(store.clone(), &clock, true);
+    prepare_cache_sized(
+        &*store as &dyn ObjectStore,
+        &url,
+        &a,
+        Some(lease.writer()),
+        None,
+    )
+    .unwrap();
+    // Another cache of the same file system (a read-only mount's), moved to a's path.
+    prepare_cache_sized(&*store as &dyn ObjectStore, &url, &b, None, None).unwrap();
+    std::fs::rename(&b, &a).unwrap();
+    let before = std::fs::read(&a).unwrap();
+    let r = prepare_cache_sized(
+        &*store as &dyn ObjectStore,
+        &url,
+        &a,
+        Some(lease.writer()),
+        None,
+    );
+    assert!(
+        r.is_err(),
+        "another cache at a writer's path was taken as the writer's cache"
+    );
+    assert!(
+        std::fs::read(&a).unwrap() == before,
+        "the cache was changed"
+    );
+}
+
+/// The same the other way: a writer's cache (holding a write never uploaded) moved to a path
+/// whose note is a read-only mount's (READER, rebuilt at every mount) was rebuilt over by the
+/// next read-only mount there, its write lost. Refused: the note is of another cache.
+#[test]
+fn a_readers_note_does_not_vouch_for_a_writers_cache_at_its_path() {
+    let d = tempfile::tempdir().unwrap();
+    let url = StoreUrl::parse("s3://store5/swap2").unwrap();
+    let (store, clock) = store_with_fs();
+    let w = d.path().join("w.img");
+    let r = d.path().join("r.img");
+    writers_cache_with_unuploaded_write(&w, &url, &store, &clock);
+    std::fs::File::create(&r).unwrap();
+    prepare_cache_sized(&*store as &dyn ObjectStore, &url, &r, None, None).unwrap();
+    std::fs::rename(&w, &r).unwrap();
+    let before = std::fs::read(&r).unwrap();
+    let got = prepare_cache_sized(&*store as &dyn ObjectStore, &url, &r, None, None);
+    assert!(
+        got.is_err(),
+        "a writer's cache at a reader's path was rebuilt over"
+    );
+    assert!(
+        std::fs::read(&r).unwrap() == before,
+        "the cache was changed"
+    );
+}

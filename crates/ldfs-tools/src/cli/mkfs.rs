@@ -181,6 +181,8 @@ fn upload_first_checkpoint(
     if let Some(removed) = super::store::remove_stale_map(cache)? {
         eprintln!("ldfs mkfs: {removed}");
     }
+    // The cache's identity, which its note records (a note vouches only for it; store5).
+    let cache_id = super::store::stamp_cache_id(cache)?;
     let dev: std::sync::Arc<dyn Device> =
         std::sync::Arc::new(FileDevice::open(cache, FileDeviceOptions::default())?);
     let seg = SegmentStore::start(
@@ -196,12 +198,13 @@ fn upload_first_checkpoint(
             ..Default::default()
         },
     )?;
-    super::store::write_note_with(
+    super::store::write_note_as(
         cache,
         url,
         lld.geometry().fs_id,
         lease.writer(),
         a.cache_size,
+        Some(cache_id),
     )?;
     lld.checkpoint_now()?;
     lld.close()?;

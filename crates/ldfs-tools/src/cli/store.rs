@@ -19,12 +19,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ldfs::device::{Device, FileDevice, FileDeviceOptions};
-use ldfs::lld::layout::{copy1_addr, superblock_as_copy, Geometry};
+use ldfs::lld::layout::{
+    copy1_addr, random_cache_id, superblock_as_copy, superblock_with_cache_id, Geometry,
+};
 use ldfs::lld::PAGE_BYTES;
 use ldfs::store::cache::{map_path_for_note, remove_map};
 use ldfs::store::lease::{HeldLease, LeaseError, LeaseOptions};
 use ldfs::store::segments::{newest_checkpoint, parse_checkpoint_key};
-use ldfs::store::{restore, restore_lazy, ObjectStore, S3Config, S3Store};
+use ldfs::store::{restore_as, restore_lazy_as, ObjectStore, S3Config, S3Store};
 
 /// `s3://BUCKET[/PREFIX]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -193,7 +195,7 @@ fn notes_disagree(notes: &[PathBuf]) -> bool {
         let mut f: Vec<String> = text
             .lines()
             .filter(|l| {
-                ["store=", "fs_id=", "writer="]
+                ["store=", "fs_id=", "writer=", "cache_id="]
                     .iter()
                     .any(|k| l.starts_with(k))
             })
@@ -272,17 +274,25 @@ pub fn noted_cache_size(cache: &Path) -> Option<u64> {
 
 /// (fs id, writer) from the note, if it reads.
 fn read_note(cache: &Path) -> Option<(u64, u64)> {
+    read_note_id(cache).map(|(fs_id, writer, _)| (fs_id, writer))
+}
+
+/// (fs id, writer, cache id) from the note, if it reads; the cache id `None` in a note written
+/// before notes recorded it (`Geometry::cache_id`).
+fn read_note_id(cache: &Path) -> Option<(u64, u64, Option<u64>)> {
     let text = std::fs::read_to_string(note_path(cache)).ok()?;
     let mut fs_id = None;
     let mut writer = None;
+    let mut cache_id = None;
     for l in text.lines() {
         match l.split_once('=') {
             Some(("fs_id", v)) => fs_id = u64::from_str_radix(v.trim(), 16).ok(),
             Some(("writer", v)) => writer = v.trim().parse().ok(),
+            Some(("cache_id", v)) => cache_id = u64::from_str_radix(v.trim(), 16).ok(),
             _ => {}
         }
     }
-    Some((fs_id?, writer?))
+    Some((fs_id?, writer?, cache_id))
 }
 
 /// Writes the note durably (before this writer uploads anything), keeping the cache bound it
@@ -291,13 +301,31 @@ pub fn write_note(cache: &Path, url: &StoreUrl, fs_id: u64, writer: u64) -> Resu
     write_note_with(cache, url, fs_id, writer, noted_cache_size(cache))
 }
 
-/// [`write_note`] with the cache bound to remember (`None`: none).
+/// [`write_note`] with the cache bound to remember (`None`: none), keeping the cache id the
+/// note records for the same file system.
 pub fn write_note_with(
     cache: &Path,
     url: &StoreUrl,
     fs_id: u64,
     writer: u64,
     cache_size: Option<u64>,
+) -> Result<(), String> {
+    let id = read_note_id(cache)
+        .filter(|n| n.0 == fs_id)
+        .and_then(|n| n.2);
+    write_note_as(cache, url, fs_id, writer, cache_size, id)
+}
+
+/// [`write_note_with`] recording `cache_id`, the identity of the cache it is the note of (the
+/// id in its superblocks, `Geometry::cache_id`): a note vouches only for the cache that
+/// carries its id (store5).
+pub fn write_note_as(
+    cache: &Path,
+    url: &StoreUrl,
+    fs_id: u64,
+    writer: u64,
+    cache_size: Option<u64>,
+    cache_id: Option<u64>,
 ) -> Result<(), String> {
     let p = note_path(cache);
     let tmp = p.with_extension("ldfs-store.tmp");
@@ -309,6 +337,9 @@ pub fn write_note_with(
     writeln!(f, "store={url}\nfs_id={fs_id:016x}\nwriter={writer}").map_err(err)?;
     if let Some(n) = cache_size {
         writeln!(f, "cache_size={n}").map_err(err)?;
+    }
+    if let Some(id) = cache_id {
+        writeln!(f, "cache_id={id:016x}").map_err(err)?;
     }
     f.sync_all().map_err(err)?;
     std::fs::rename(&tmp, &p).map_err(err)?;
@@ -571,25 +602,60 @@ fn cache_superblock(cache: &Path) -> Result<CacheSuperblock, String> {
     ))
 }
 
-/// Writes page 0 of a cache whose superblock copy 0 was lost from copy 1 ([`CacheSuperblock::
-/// Page0Lost`]), then flushes: the segment store reads page 0 at its start, and fsck would
-/// report it.
-fn restore_page0(cache: &Path, page0: &[u8]) -> Result<(), String> {
-    let err = |e: String| {
-        format!(
-            "{}: restoring superblock copy 0 from copy 1: {e}",
-            cache.display()
-        )
-    };
+/// Writes both superblock copies of a cache from `page0` (a superblock page as copy 0): copy
+/// 1 at the device's last page, a flush, then page 0, a flush (each copy alone describes the
+/// cache at every moment). For page 0 lost (`CacheSuperblock::Page0Lost`: the segment store
+/// reads page 0 at its start) and for a cache id given to a cache made before caches had one.
+fn write_superblocks(cache: &Path, page0: &[u8], why: &str) -> Result<(), String> {
+    let err = |e: String| format!("{}: {why}: {e}", cache.display());
     let dev =
         FileDevice::open(cache, FileDeviceOptions::default()).map_err(|e| err(e.to_string()))?;
-    dev.write_at(page0, 0).map_err(|e| err(e.to_string()))?;
-    dev.flush().map_err(|e| err(e.to_string()))?;
-    eprintln!(
-        "ldfs: {}: superblock copy 0 (page 0) was zeros or torn; restored from copy 1",
-        cache.display()
-    );
-    Ok(())
+    let last = copy1_addr(dev.size_bytes());
+    dev.write_at(&superblock_as_copy(page0, 1), last)
+        .and_then(|()| dev.flush())
+        .and_then(|()| dev.write_at(page0, 0))
+        .and_then(|()| dev.flush())
+        .map_err(|e| err(e.to_string()))
+}
+
+/// Page 0 of a cache, read as it is.
+fn read_page0(cache: &Path) -> Result<Vec<u8>, String> {
+    let dev = FileDevice::open_read_only(cache).map_err(|e| format!("{}: {e}", cache.display()))?;
+    let mut page = vec![0u8; PAGE_BYTES];
+    dev.read_at(&mut page, 0)
+        .map_err(|e| format!("{}: {e}", cache.display()))?;
+    Ok(page)
+}
+
+/// Gives the cache just formatted at `cache` (page 0 a superblock) an identity
+/// (`Geometry::cache_id`) in both superblock copies, for its note (`ldfs mkfs --store`).
+pub fn stamp_cache_id(cache: &Path) -> Result<u64, String> {
+    let CacheSuperblock::Whole(_) = cache_superblock(cache)? else {
+        return Err(format!("{}: no superblock at page 0", cache.display()));
+    };
+    let id = random_cache_id();
+    let page0 = superblock_with_cache_id(&read_page0(cache)?, id);
+    write_superblocks(cache, &page0, "writing its cache id")?;
+    Ok(id)
+}
+
+/// Why a cache is refused whose note is another cache's: the note is found by the cache's path
+/// and records the identity of the cache it was written for (`Geometry::cache_id`), which this
+/// one does not carry (store5).
+fn other_cache_refusal(cache: &Path, noted: u64, holds: u64) -> String {
+    format!(
+        "{}: its note {} is of another cache (cache id {noted:016x}; this one carries {}): a \
+         cache moved or copied to this path, or a device now at this name that is not the one \
+         the note was written for, so nothing says which writer last wrote it, nor whether it \
+         holds writes the store lacks. Mount it by the name or at the path its mounts used (its \
+         own note), or {FROM_THE_STORE}",
+        cache.display(),
+        note_path(cache).display(),
+        match holds {
+            0 => "none".to_string(),
+            id => format!("{id:016x}"),
+        }
+    )
 }
 
 /// Gets `cache` ready for a mount of the file system in `store`: a cache that is absent, empty
@@ -674,8 +740,15 @@ pub fn prepare_cache_sized(
                 g.fs_id
             ))
         }
-        Some(_) => {
-            let noted = read_note(cache).filter(|(id, _)| *id == fs_id).map(|n| n.1);
+        Some(g) => {
+            let note = read_note_id(cache).filter(|n| n.0 == fs_id);
+            // The note vouches only for the cache carrying its id: one found by this path
+            // for another cache (moved here, a /dev name given to another disk) is refused,
+            // READER or writer (store5). A note from before ids: as before.
+            if let Some(id) = note.and_then(|n| n.2).filter(|&id| id != g.cache_id) {
+                return Err(other_cache_refusal(cache, id, g.cache_id));
+            }
+            let noted = note.map(|n| n.1);
             match noted {
                 Some(READER) => true,
                 Some(w) if writer.is_none() => {
@@ -712,11 +785,17 @@ pub fn prepare_cache_sized(
             }
         }
     };
+    // The cache's identity: a rebuild writes a new one (recorded in the note first); a kept
+    // cache keeps its own, or gets one if it was made before caches had one.
+    let cache_id = match geometry {
+        Some(g) if !rebuild && g.cache_id != 0 => g.cache_id,
+        _ => random_cache_id(),
+    };
     if rebuild {
         // Before every rebuild, a reader's or a writer's: one cut short, or a writer's finished
         // but killed before its own note, leaves a cache the next mount rebuilds again, not one
         // refused or taken as a writer's (review 36 finding 2).
-        write_note_with(cache, url, fs_id, READER, bound)?;
+        write_note_as(cache, url, fs_id, READER, bound, Some(cache_id))?;
     }
     if rebuild {
         let need = newest.geo.total_pages * PAGE_BYTES as u64;
@@ -742,10 +821,10 @@ pub fn prepare_cache_sized(
             .map_err(|e| format!("{}: {e}", cache.display()))?;
         let map = map_path(cache);
         let r = match writer {
-            Some(_) => restore_lazy(store, &dev, &map),
+            Some(_) => restore_lazy_as(store, &dev, &map, cache_id),
             None => remove_map(&map)
                 .map_err(|e| ldfs::store::LayerError::Other(format!("{}: {e}", map.display())))
-                .and_then(|()| restore(store, &dev)),
+                .and_then(|()| restore_as(store, &dev, cache_id)),
         }
         .map_err(|e| format!("rebuilding {} from {url}: {e}", cache.display()))?;
         eprintln!(
@@ -761,11 +840,29 @@ pub fn prepare_cache_sized(
             t.elapsed().as_secs_f64()
         );
     }
-    if let (false, Some(page0)) = (rebuild, &page0) {
-        restore_page0(cache, page0)?;
+    if let (false, Some(g)) = (rebuild, geometry) {
+        // Kept: page 0 restored from copy 1 if it was lost, an id given if it has none.
+        let lost = page0.is_some();
+        if lost || g.cache_id != cache_id {
+            let base = match page0 {
+                Some(p) => p,
+                None => read_page0(cache)?,
+            };
+            write_superblocks(
+                cache,
+                &superblock_with_cache_id(&base, cache_id),
+                "writing its superblocks",
+            )?;
+            if lost {
+                eprintln!(
+                    "ldfs: {}: superblock copy 0 (page 0) was zeros or torn; restored from copy 1",
+                    cache.display()
+                );
+            }
+        }
     }
     if let Some(w) = writer {
-        write_note_with(cache, url, fs_id, w, bound)?;
+        write_note_as(cache, url, fs_id, w, bound, Some(cache_id))?;
     }
     Ok(bound)
 }

@@ -23,7 +23,10 @@ use super::lease::{HeldLease, LeaseCheck};
 use super::{ObjectInfo, ObjectStore, PutOutcome, StoreError, StoreResult};
 use crate::device::{Device, DeviceError};
 use crate::lld::checkpoint;
-use crate::lld::layout::{copy1_addr, recorded_total_pages, superblock_as_copy, Geometry};
+use crate::lld::layout::{
+    copy1_addr, random_cache_id, recorded_total_pages, superblock_as_copy,
+    superblock_with_cache_id, Geometry,
+};
 use crate::lld::summary::{self, Expect};
 use crate::lld::usage::SegmentState;
 use crate::lld::{CheckpointHook, DurableCheckpoint, SegmentId, PAGE_BYTES};
@@ -1494,6 +1497,16 @@ pub struct RestoreReport {
 /// that lld opens the tree of that checkpoint. Page 0 (the superblock) is written last: a
 /// rebuild cut short leaves a cache with zeros there, which a mount rebuilds again.
 pub fn restore(store: &dyn ObjectStore, dev: &dyn Device) -> LayerResult<RestoreReport> {
+    restore_as(store, dev, random_cache_id())
+}
+
+/// [`restore`] writing `cache_id` as the cache's identity into both superblock copies
+/// (`Geometry::cache_id`; its note records it before the rebuild).
+pub fn restore_as(
+    store: &dyn ObjectStore,
+    dev: &dyn Device,
+    cache_id: u64,
+) -> LayerResult<RestoreReport> {
     // A writer uploading meanwhile deletes the objects two later uploads superseded: a
     // download that spans two of its upload windows finds one of its objects gone, and
     // chooses again (review 34). What was written already under the same key and crc is not
@@ -1546,7 +1559,7 @@ pub fn restore(store: &dyn ObjectStore, dev: &dyn Device) -> LayerResult<Restore
         if gone {
             continue;
         }
-        write_slot_and_superblocks(dev, &key, &obj)?;
+        write_slot_and_superblocks(dev, &key, &obj, cache_id)?;
         return Ok(RestoreReport {
             serial: obj.serial,
             segments: obj.entries.len(),
@@ -1570,6 +1583,16 @@ pub fn restore_lazy(
     store: &dyn ObjectStore,
     dev: &dyn Device,
     map_path: &std::path::Path,
+) -> LayerResult<RestoreReport> {
+    restore_lazy_as(store, dev, map_path, random_cache_id())
+}
+
+/// [`restore_lazy`] writing `cache_id` as the cache's identity (see [`restore_as`]).
+pub fn restore_lazy_as(
+    store: &dyn ObjectStore,
+    dev: &dyn Device,
+    map_path: &std::path::Path,
+    cache_id: u64,
 ) -> LayerResult<RestoreReport> {
     let (key, obj) = checkpoint_to_rebuild(store, dev)?;
     let geo = &obj.geo;
@@ -1606,7 +1629,7 @@ pub fn restore_lazy(
         dev.write_at(&b, geo.page_addr(SegmentId(e.segment), 0))?;
         bytes += b.len() as u64;
     }
-    write_slot_and_superblocks(dev, &key, &obj)?;
+    write_slot_and_superblocks(dev, &key, &obj, cache_id)?;
     Ok(RestoreReport {
         serial: obj.serial,
         segments: prefix.len(),
@@ -1625,7 +1648,9 @@ fn write_slot_and_superblocks(
     dev: &dyn Device,
     key: &str,
     obj: &CheckpointObject,
+    cache_id: u64,
 ) -> LayerResult<()> {
+    assert_ne!(cache_id, 0, "a rebuilt cache has an identity");
     let geo = &obj.geo;
     let slot = (obj.serial % 2) as usize;
     dev.write_at(&obj.slot, geo.slot_addr(slot))?;
@@ -1648,12 +1673,11 @@ fn write_slot_and_superblocks(
         dev.write_at(&zero, geo.page_addr(SegmentId(hdr.next_segment), 0))?;
     }
     dev.flush()?;
-    dev.write_at(
-        &superblock_as_copy(&obj.superblock, 1),
-        copy1_addr(dev.size_bytes()),
-    )?;
+    // The uploaded page 0 is the writer's cache's, with its identity: this cache gets its own.
+    let page0 = superblock_with_cache_id(&obj.superblock, cache_id);
+    dev.write_at(&superblock_as_copy(&page0, 1), copy1_addr(dev.size_bytes()))?;
     dev.flush()?;
-    dev.write_at(&obj.superblock, 0)?;
+    dev.write_at(&page0, 0)?;
     dev.flush()?;
     Ok(())
 }
