@@ -30,10 +30,15 @@ fn mkfs_opts() -> MkfsOptions {
 
 /// A store holding one uploaded checkpoint of a 16 MiB file system.
 fn uploaded_store() -> Arc<MemoryStore> {
+    uploaded_store_with(&mkfs_opts())
+}
+
+/// [`uploaded_store`] of a file system made with `opts`.
+fn uploaded_store_with(opts: &MkfsOptions) -> Arc<MemoryStore> {
     let store = Arc::new(MemoryStore::new());
     let clock = TestClock::default();
     let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
-    ldfs::lld::mkfs::mkfs(&*dev, &mkfs_opts()).unwrap();
+    ldfs::lld::mkfs::mkfs(&*dev, opts).unwrap();
     let lease = take_lease(store.clone(), &clock, false);
     let seg = SegmentStore::start(store.clone(), dev, lease, fast()).unwrap();
     let lld = Lld::open(
@@ -135,4 +140,34 @@ fn fsck_repairs_copy_1_where_it_reads_it_on_a_larger_device() {
         texts.is_empty(),
         "copy 1 repaired where no one reads it: {texts:?}"
     );
+}
+
+/// store5: the same for a file system with room to grow (`INCOMPAT_RESIZE`: the device's size
+/// is its total, so both copies decode to the larger device's geometry): both rebuilds on a
+/// device twice its size leave both copies good, and page 0 damaged the cache still opens
+/// through copy 1 with the uploaded tree.
+#[test]
+fn a_finished_rebuild_of_a_resizable_fs_on_a_larger_device_has_both_copies() {
+    let store = uploaded_store_with(&MkfsOptions {
+        max_bytes: Some(4 * DEV_BYTES),
+        ..mkfs_opts()
+    });
+    let map = std::env::temp_dir().join(format!("review37-map-resize-{}", std::process::id()));
+    for lazy in [false, true] {
+        let dev = MemoryDevice::new(2 * DEV_BYTES);
+        if lazy {
+            restore_lazy(&*store, &dev, &map).expect("rebuild");
+        } else {
+            restore(&*store, &dev).expect("rebuild");
+        }
+        let (geo, problems) = check_superblocks(&dev).unwrap();
+        assert!(geo.unwrap().resizable());
+        let texts: Vec<_> = problems.iter().map(|p| p.text.clone()).collect();
+        assert!(texts.is_empty(), "lazy={lazy}: {texts:?}");
+        dev.write_at(&[0xffu8; 16], 8).unwrap();
+        let (g, errs) = ldfs::lld::mkfs::read_superblock(&dev).expect("copy 1");
+        assert!(errs[0].is_some() && errs[1].is_none());
+        assert_eq!(g.total_pages, 2 * DEV_BYTES / ldfs::lld::PAGE_BYTES as u64);
+    }
+    let _ = std::fs::remove_file(&map);
 }
