@@ -306,3 +306,37 @@ fn a_readers_note_does_not_vouch_for_a_writers_cache_at_its_path() {
         "the cache was changed"
     );
 }
+
+/// The offline tools too (`fsck -n`, `inspect` read a cache through the residency map beside
+/// its note): a cache at a path whose note (and map) are another cache's is refused, not read
+/// with the other cache's map (which would send its reads to the wrong objects or take its
+/// holes for data).
+#[test]
+fn the_offline_tools_refuse_a_cache_whose_note_is_another_caches() {
+    let d = tempfile::tempdir().unwrap();
+    let url = StoreUrl::parse("s3://store5/tools").unwrap();
+    let (store, clock) = store_with_fs();
+    let a = d.path().join("a.img");
+    let b = d.path().join("b.img");
+    std::fs::File::create(&a).unwrap();
+    std::fs::File::create(&b).unwrap();
+    // A writer's cold cache (a residency map beside it), and a read-only mount's moved there.
+    let lease = take_lease(store.clone(), &clock, true);
+    prepare_cache_sized(
+        &*store as &dyn ObjectStore,
+        &url,
+        &a,
+        Some(lease.writer()),
+        None,
+    )
+    .unwrap();
+    assert!(map_path(&a).exists());
+    prepare_cache_sized(&*store as &dyn ObjectStore, &url, &b, None, None).unwrap();
+    std::fs::rename(&b, &a).unwrap();
+    let dev: Arc<dyn Device> =
+        Arc::new(FileDevice::open(&a, FileDeviceOptions::default()).unwrap());
+    match ldfs_tools::cli::store::read_through(&a, dev) {
+        Err(why) => assert!(why.contains("another cache"), "{why}"),
+        Ok(v) => panic!("read through another cache's map: {:?}", v.map(|v| v.1)),
+    }
+}

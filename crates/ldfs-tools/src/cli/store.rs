@@ -403,11 +403,11 @@ pub fn read_through(
     // Only the map of this cache's file system counts: one left beside a device since
     // formatted as a plain image (no note, or a note of another fs id) is not its.
     let mut sb = vec![0u8; PAGE_BYTES];
-    let fs_id = dev
+    let geo = dev
         .read_at(&mut sb, 0)
         .ok()
-        .and_then(|()| Geometry::decode_superblock(&sb, 0, dev.size_bytes()).ok())
-        .map(|g| g.fs_id);
+        .and_then(|()| Geometry::decode_superblock(&sb, 0, dev.size_bytes()).ok());
+    let fs_id = geo.map(|g| g.fs_id);
     let (Some(url), Some((noted_id, _))) = (noted_store(cache), read_note(cache)) else {
         eprintln!(
             "ldfs: {}: ignoring the residency map {}: no note ({}) names a store",
@@ -425,6 +425,14 @@ pub fn read_through(
             map.display()
         );
         return Ok(None);
+    }
+    // The map beside the note is the note's cache's: another cache at this path (its id not
+    // the note's) would read its holes by another cache's map (store5).
+    let noted_cache = read_note_id(cache).and_then(|n| n.2);
+    if let (Some(id), Some(g)) = (noted_cache, geo) {
+        if id != g.cache_id {
+            return Err(other_cache_refusal(cache, id, g.cache_id));
+        }
     }
     let store: Arc<dyn ObjectStore> = url.open(None)?;
     let view = ldfs::store::cache::ReadThroughDevice::open(dev, store, &map)
