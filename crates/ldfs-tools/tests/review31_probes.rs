@@ -482,9 +482,16 @@ fn a_block_device_cache_is_kept_across_mounts() {
         "the block device cache was rebuilt over its unuploaded writes"
     );
     drop(lld);
-    // Zeros at its superblock (a new machine's device): rebuilt from the store in place.
+    // Zeros at both superblock copies (a new machine's device): rebuilt from the store in
+    // place. (Page 0 alone zeroed with copy 1 good is a cache whose page 0 was lost: opened,
+    // never rebuilt over, store5.)
     let dev = FileDevice::open(&lo.dev, FileDeviceOptions::default()).unwrap();
     dev.write_at(&[0u8; ldfs::lld::PAGE_BYTES], 0).unwrap();
+    dev.write_at(
+        &[0u8; ldfs::lld::PAGE_BYTES],
+        ldfs::lld::layout::copy1_addr(dev.size_bytes()),
+    )
+    .unwrap();
     dev.flush().unwrap();
     drop(dev);
     prepare_cache(&*store, &url(), &lo.dev, Some(lease.writer() + 4)).unwrap();

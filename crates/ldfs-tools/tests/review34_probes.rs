@@ -400,7 +400,8 @@ fn read_list(path: &Path, store: &Arc<MemoryStore>, l: ListId) -> Option<Vec<u8>
 /// moved from the machine that kept its note) was refused with "older than the store: a later
 /// writer uploaded ... after this cache was last mounted", which nothing said. The refusal must
 /// give the true reason (no note says which writer last mounted it) and a remedy that works:
-/// zeroing its first 4 KiB (a block device) makes the next mount rebuild it from the store.
+/// zeroing its first and its last 4 KiB (a block device) makes the next mount rebuild it from the
+/// store.
 #[test]
 fn a_writers_mount_of_a_device_cache_without_a_note_says_why_and_what_to_do() {
     if !Path::new("/dev/shm").is_dir() || !writable(Path::new(DEVICE_NOTES)) {
@@ -426,12 +427,20 @@ fn a_writers_mount_of_a_device_cache_without_a_note_says_why_and_what_to_do() {
         "the refusal does not give the true reason: {why}"
     );
     assert!(
-        why.contains("zero its first 4 KiB") && why.contains("rebuilt from the store"),
+        why.contains("zero its first and its last 4 KiB") && why.contains("rebuilt from the store"),
         "the refusal names no remedy: {why}"
     );
-    // The remedy it names: zeros at the first 4 KiB, then the mount rebuilds from the store.
+    // The remedy it names: zeros at the first and the last 4 KiB (the superblock's copies:
+    // page 0 alone zeroed with copy 1 good is a cache whose page 0 was lost, store5), then
+    // the mount rebuilds from the store.
     let dev = FileDevice::open(&cache, FileDeviceOptions::default()).unwrap();
+    let page = ldfs::lld::PAGE_BYTES as u64;
     dev.write_at(&[0u8; ldfs::lld::PAGE_BYTES], 0).unwrap();
+    dev.write_at(
+        &[0u8; ldfs::lld::PAGE_BYTES],
+        dev.size_bytes() / page * page - page,
+    )
+    .unwrap();
     dev.flush().unwrap();
     drop(dev);
     prepare_cache_sized(&*store as &dyn ObjectStore, &url, &cache, Some(w + 2), None).unwrap();

@@ -126,9 +126,10 @@ fn a_writers_rebuild_killed_before_its_note_is_rebuilt_or_used() {
 /// rebuild with the fix of finding 2, that it was being rebuilt. Fix: a cache whose note says
 /// `READER` (written before every rebuild) is rebuilt whatever page 0 holds; only a cache with
 /// no note, or a writer's, is refused when page 0 is not a superblock (tried with finding 2's
-/// fix: both probes pass).
+/// fix: both probes pass). Fixed on store5 without trusting the note for the device (review 37
+/// finding 2): the rebuild flushes copy 1 before page 0, and a page 0 each of whose sectors is
+/// zeros or copy 1's superblock, copy 1 good, is the file system's cache.
 #[test]
-#[ignore = "review 36 finding 4 (open): a reader's rebuild torn at its last page-0 write is refused; the note cannot vouch for the device (review 37 finding 2), the refusal names the remedy"]
 fn a_readers_rebuild_torn_at_its_last_write_is_rebuilt() {
     let d = tempfile::tempdir().unwrap();
     let url = StoreUrl::parse("s3://probe36/torn").unwrap();

@@ -18,9 +18,25 @@ use ldfs::store::segments::{
     decode_checkpoint_object, newest_checkpoint, parse_checkpoint_key, CheckpointObject,
 };
 use ldfs::store::{
-    restore, restore_lazy, LayerError, MemoryStore, ObjectInfo, ObjectStore, PutOutcome,
-    SegmentStore, StoreResult,
+    restore_as, restore_lazy_as, LayerError, MemoryStore, ObjectInfo, ObjectStore, PutOutcome,
+    RestoreReport, SegmentStore, StoreResult,
 };
+
+/// The cache id every rebuild here writes: a rebuild writes a random one by default (store5),
+/// and these probes compare images of rebuilds byte for byte.
+const CACHE_ID: u64 = 0x3636_3636;
+
+fn restore(store: &dyn ObjectStore, dev: &dyn Device) -> Result<RestoreReport, LayerError> {
+    restore_as(store, dev, CACHE_ID)
+}
+
+fn restore_lazy(
+    store: &dyn ObjectStore,
+    dev: &dyn Device,
+    map: &std::path::Path,
+) -> Result<RestoreReport, LayerError> {
+    restore_lazy_as(store, dev, map, CACHE_ID)
+}
 use ldfs::testing::store::{crash_lease, take_lease, TestClock};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -30,10 +30,15 @@ fn mkfs_opts() -> MkfsOptions {
 
 /// A store holding one uploaded checkpoint of a 16 MiB file system.
 fn uploaded_store() -> Arc<MemoryStore> {
+    uploaded_store_with(&mkfs_opts())
+}
+
+/// [`uploaded_store`] of a file system made with `opts`.
+fn uploaded_store_with(opts: &MkfsOptions) -> Arc<MemoryStore> {
     let store = Arc::new(MemoryStore::new());
     let clock = TestClock::default();
     let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
-    ldfs::lld::mkfs::mkfs(&*dev, &mkfs_opts()).unwrap();
+    ldfs::lld::mkfs::mkfs(&*dev, opts).unwrap();
     let lease = take_lease(store.clone(), &clock, false);
     let seg = SegmentStore::start(store.clone(), dev, lease, fast()).unwrap();
     let lld = Lld::open(
@@ -64,7 +69,6 @@ fn uploaded_store() -> Arc<MemoryStore> {
 /// a healthy cache, and a later damaged page 0 has no copy to fall back to. Before f440280 the
 /// page held whatever the device held (an older cache's copy). Both rebuilds.
 #[test]
-#[ignore = "review 37 finding 1: a finished rebuild on a device larger than the fs leaves the device's copy 1 zero"]
 fn a_finished_rebuild_on_a_larger_device_has_both_superblock_copies() {
     let store = uploaded_store();
     let map = std::env::temp_dir().join(format!("review37-map-{}", std::process::id()));
@@ -110,6 +114,61 @@ fn a_finished_rebuild_on_an_exact_device_has_both_superblock_copies() {
         r.expect("rebuild");
         let (_, problems) = check_superblocks(&dev).unwrap();
         assert!(problems.is_empty(), "lazy={lazy}: {:?}", problems.len());
+    }
+    let _ = std::fs::remove_file(&map);
+}
+
+/// Review 37 finding 1's other half (store5): fsck's repair of superblock copy 1 on a device
+/// larger than a file system without the resize flag wrote the geometry's last page, which no
+/// reader looks at: the damage it reported ("superblock copy 1" at the device's last page)
+/// stayed after the repair. A copy of a 16 MiB image on a 32 MiB device (a cache rebuilt there
+/// by an older binary), repaired: both copies good after.
+#[test]
+fn fsck_repairs_copy_1_where_it_reads_it_on_a_larger_device() {
+    let small = MemoryDevice::new(DEV_BYTES);
+    let g = ldfs::lld::mkfs::mkfs(&small, &mkfs_opts()).unwrap();
+    assert!(!g.resizable());
+    let big = MemoryDevice::new(2 * DEV_BYTES);
+    let mut b = vec![0u8; DEV_BYTES as usize];
+    small.read_at(&mut b, 0).unwrap();
+    big.write_at(&b, 0).unwrap();
+    let (geo, problems) = check_superblocks(&big).unwrap();
+    assert_eq!(problems.len(), 1, "the copy's device's last page is zeros");
+    ldfs::lld::verify::rewrite_superblock(&big, &geo.unwrap(), 1).unwrap();
+    let (_, problems) = check_superblocks(&big).unwrap();
+    let texts: Vec<_> = problems.iter().map(|p| p.text.clone()).collect();
+    assert!(
+        texts.is_empty(),
+        "copy 1 repaired where no one reads it: {texts:?}"
+    );
+}
+
+/// store5: the same for a file system with room to grow (`INCOMPAT_RESIZE`: the device's size
+/// is its total, so both copies decode to the larger device's geometry): both rebuilds on a
+/// device twice its size leave both copies good, and page 0 damaged the cache still opens
+/// through copy 1 with the uploaded tree.
+#[test]
+fn a_finished_rebuild_of_a_resizable_fs_on_a_larger_device_has_both_copies() {
+    let store = uploaded_store_with(&MkfsOptions {
+        max_bytes: Some(4 * DEV_BYTES),
+        ..mkfs_opts()
+    });
+    let map = std::env::temp_dir().join(format!("review37-map-resize-{}", std::process::id()));
+    for lazy in [false, true] {
+        let dev = MemoryDevice::new(2 * DEV_BYTES);
+        if lazy {
+            restore_lazy(&*store, &dev, &map).expect("rebuild");
+        } else {
+            restore(&*store, &dev).expect("rebuild");
+        }
+        let (geo, problems) = check_superblocks(&dev).unwrap();
+        assert!(geo.unwrap().resizable());
+        let texts: Vec<_> = problems.iter().map(|p| p.text.clone()).collect();
+        assert!(texts.is_empty(), "lazy={lazy}: {texts:?}");
+        dev.write_at(&[0xffu8; 16], 8).unwrap();
+        let (g, errs) = ldfs::lld::mkfs::read_superblock(&dev).expect("copy 1");
+        assert!(errs[0].is_some() && errs[1].is_none());
+        assert_eq!(g.total_pages, 2 * DEV_BYTES / ldfs::lld::PAGE_BYTES as u64);
     }
     let _ = std::fs::remove_file(&map);
 }

@@ -104,7 +104,6 @@ pub fn run(a: MkfsArgs) -> CmdResult {
 /// and releases the lease.
 fn mkfs_store(url: &str, cache: &std::path::Path, a: &MkfsArgs) -> CmdResult {
     use ldfs::store::segments::newest_checkpoint;
-    use ldfs::store::{SegmentStore, SegmentStoreOptions};
     let url = super::store::StoreUrl::parse(url)?;
     let s3 = url.open(None)?;
     s3.create_bucket().map_err(|e| format!("{url}: {e}"))?;
@@ -155,12 +154,35 @@ fn mkfs_store(url: &str, cache: &std::path::Path, a: &MkfsArgs) -> CmdResult {
         ldfs::store::LeaseOptions::default().duration,
         false,
     )?;
+    // A failure from here gives the lease back (taken free: nothing of this cache is the
+    // store's yet but what it uploaded whole), so that mkfs can be run again at once (store5).
+    let r = upload_first_checkpoint(store, &url, cache, a, &lease);
+    if r.is_err() {
+        match lease.give_back() {
+            Ok(what) => eprintln!("ldfs mkfs: {url}: {what}"),
+            Err(e) => eprintln!("ldfs mkfs: {url}: giving the lease back failed: {e}"),
+        }
+    }
+    r
+}
+
+/// `mkfs_store` holding the lease: the cache's first checkpoint uploaded, the lease released.
+fn upload_first_checkpoint(
+    store: std::sync::Arc<dyn ldfs::store::ObjectStore>,
+    url: &super::store::StoreUrl,
+    cache: &std::path::Path,
+    a: &MkfsArgs,
+    lease: &std::sync::Arc<ldfs::store::HeldLease>,
+) -> CmdResult {
+    use ldfs::store::{SegmentStore, SegmentStoreOptions};
     let _lock =
         crate::fuse::mount::lock_image(cache, true, "ldfs mkfs").map_err(|e| e.to_string())?;
     // Under the lock: a mount of the cache (holding its map) would have refused the format.
     if let Some(removed) = super::store::remove_stale_map(cache)? {
         eprintln!("ldfs mkfs: {removed}");
     }
+    // The cache's identity, which its note records (a note vouches only for it; store5).
+    let cache_id = super::store::stamp_cache_id(cache)?;
     let dev: std::sync::Arc<dyn Device> =
         std::sync::Arc::new(FileDevice::open(cache, FileDeviceOptions::default())?);
     let seg = SegmentStore::start(
@@ -177,12 +199,13 @@ fn mkfs_store(url: &str, cache: &std::path::Path, a: &MkfsArgs) -> CmdResult {
             ..Default::default()
         },
     )?;
-    super::store::write_note_with(
+    super::store::write_note_as(
         cache,
-        &url,
+        url,
         lld.geometry().fs_id,
         lease.writer(),
         a.cache_size,
+        Some(cache_id),
     )?;
     lld.checkpoint_now()?;
     lld.close()?;

@@ -19,12 +19,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ldfs::device::{Device, FileDevice, FileDeviceOptions};
-use ldfs::lld::layout::Geometry;
+use ldfs::lld::layout::{
+    copy1_addr, random_cache_id, superblock_as_copy, superblock_with_cache_id, Geometry,
+};
 use ldfs::lld::PAGE_BYTES;
 use ldfs::store::cache::{map_path_for_note, remove_map};
 use ldfs::store::lease::{HeldLease, LeaseError, LeaseOptions};
 use ldfs::store::segments::{newest_checkpoint, parse_checkpoint_key};
-use ldfs::store::{restore, restore_lazy, ObjectStore, S3Config, S3Store};
+use ldfs::store::{restore_as, restore_lazy_as, ObjectStore, S3Config, S3Store};
 
 /// `s3://BUCKET[/PREFIX]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -193,7 +195,7 @@ fn notes_disagree(notes: &[PathBuf]) -> bool {
         let mut f: Vec<String> = text
             .lines()
             .filter(|l| {
-                ["store=", "fs_id=", "writer="]
+                ["store=", "fs_id=", "writer=", "cache_id="]
                     .iter()
                     .any(|k| l.starts_with(k))
             })
@@ -272,17 +274,25 @@ pub fn noted_cache_size(cache: &Path) -> Option<u64> {
 
 /// (fs id, writer) from the note, if it reads.
 fn read_note(cache: &Path) -> Option<(u64, u64)> {
+    read_note_id(cache).map(|(fs_id, writer, _)| (fs_id, writer))
+}
+
+/// (fs id, writer, cache id) from the note, if it reads; the cache id `None` in a note written
+/// before notes recorded it (`Geometry::cache_id`).
+fn read_note_id(cache: &Path) -> Option<(u64, u64, Option<u64>)> {
     let text = std::fs::read_to_string(note_path(cache)).ok()?;
     let mut fs_id = None;
     let mut writer = None;
+    let mut cache_id = None;
     for l in text.lines() {
         match l.split_once('=') {
             Some(("fs_id", v)) => fs_id = u64::from_str_radix(v.trim(), 16).ok(),
             Some(("writer", v)) => writer = v.trim().parse().ok(),
+            Some(("cache_id", v)) => cache_id = u64::from_str_radix(v.trim(), 16).ok(),
             _ => {}
         }
     }
-    Some((fs_id?, writer?))
+    Some((fs_id?, writer?, cache_id))
 }
 
 /// Writes the note durably (before this writer uploads anything), keeping the cache bound it
@@ -291,13 +301,31 @@ pub fn write_note(cache: &Path, url: &StoreUrl, fs_id: u64, writer: u64) -> Resu
     write_note_with(cache, url, fs_id, writer, noted_cache_size(cache))
 }
 
-/// [`write_note`] with the cache bound to remember (`None`: none).
+/// [`write_note`] with the cache bound to remember (`None`: none), keeping the cache id the
+/// note records for the same file system.
 pub fn write_note_with(
     cache: &Path,
     url: &StoreUrl,
     fs_id: u64,
     writer: u64,
     cache_size: Option<u64>,
+) -> Result<(), String> {
+    let id = read_note_id(cache)
+        .filter(|n| n.0 == fs_id)
+        .and_then(|n| n.2);
+    write_note_as(cache, url, fs_id, writer, cache_size, id)
+}
+
+/// [`write_note_with`] recording `cache_id`, the identity of the cache it is the note of (the
+/// id in its superblocks, `Geometry::cache_id`): a note vouches only for the cache that
+/// carries its id (store5).
+pub fn write_note_as(
+    cache: &Path,
+    url: &StoreUrl,
+    fs_id: u64,
+    writer: u64,
+    cache_size: Option<u64>,
+    cache_id: Option<u64>,
 ) -> Result<(), String> {
     let p = note_path(cache);
     let tmp = p.with_extension("ldfs-store.tmp");
@@ -309,6 +337,9 @@ pub fn write_note_with(
     writeln!(f, "store={url}\nfs_id={fs_id:016x}\nwriter={writer}").map_err(err)?;
     if let Some(n) = cache_size {
         writeln!(f, "cache_size={n}").map_err(err)?;
+    }
+    if let Some(id) = cache_id {
+        writeln!(f, "cache_id={id:016x}").map_err(err)?;
     }
     f.sync_all().map_err(err)?;
     std::fs::rename(&tmp, &p).map_err(err)?;
@@ -372,11 +403,11 @@ pub fn read_through(
     // Only the map of this cache's file system counts: one left beside a device since
     // formatted as a plain image (no note, or a note of another fs id) is not its.
     let mut sb = vec![0u8; PAGE_BYTES];
-    let fs_id = dev
+    let geo = dev
         .read_at(&mut sb, 0)
         .ok()
-        .and_then(|()| Geometry::decode_superblock(&sb, 0, dev.size_bytes()).ok())
-        .map(|g| g.fs_id);
+        .and_then(|()| Geometry::decode_superblock(&sb, 0, dev.size_bytes()).ok());
+    let fs_id = geo.map(|g| g.fs_id);
     let (Some(url), Some((noted_id, _))) = (noted_store(cache), read_note(cache)) else {
         eprintln!(
             "ldfs: {}: ignoring the residency map {}: no note ({}) names a store",
@@ -395,6 +426,14 @@ pub fn read_through(
         );
         return Ok(None);
     }
+    // The map beside the note is the note's cache's: another cache at this path (its id not
+    // the note's) would read its holes by another cache's map (store5).
+    let noted_cache = read_note_id(cache).and_then(|n| n.2);
+    if let (Some(id), Some(g)) = (noted_cache, geo) {
+        if id != g.cache_id {
+            return Err(other_cache_refusal(cache, id, g.cache_id));
+        }
+    }
     let store: Arc<dyn ObjectStore> = url.open(None)?;
     let view = ldfs::store::cache::ReadThroughDevice::open(dev, store, &map)
         .map_err(|e| format!("{}: {e}", cache.display()))?;
@@ -407,7 +446,7 @@ pub fn read_through(
 /// What a user can do with a cache whose state cannot be trusted (no note of it, a damaged
 /// residency map): mount from the store, losing what only the cache holds.
 const FROM_THE_STORE: &str = "move the cache away (or delete it; a block device: zero its first \
-     4 KiB) and mount again: a new cache is rebuilt from the store's last uploaded checkpoint, \
+     and its last 4 KiB, the superblock's two copies) and mount again: a new cache is rebuilt from the store's last uploaded checkpoint, \
      and writes this cache holds that were never uploaded are lost with it";
 
 /// Why a read-write mount refuses a cache of the store's file system that has no note (or a
@@ -504,31 +543,134 @@ pub fn holds_file_system(store: &dyn ObjectStore, url: &StoreUrl) -> Result<(), 
     }
 }
 
-/// The cache's superblock geometry, `None` if it holds none (absent, empty, or zeros where
-/// the superblock goes); an error if it holds something else.
-fn cache_geometry(cache: &Path) -> Result<Option<Geometry>, String> {
+/// What a cache's superblock pages say ([`cache_superblock`]).
+#[derive(Debug)]
+enum CacheSuperblock {
+    /// No cache: absent, empty, or page 0 zeros with no superblock copy 1 either (a rebuild's
+    /// first step zeroes both, `store::segments::forget_cache`).
+    Empty,
+    /// Page 0 is a superblock.
+    Whole(Geometry),
+    /// Page 0 zeros or torn (each 512-byte sector zeros or the bytes of copy 1's superblock as
+    /// copy 0), copy 1 at the device's last page good: a cache of the file system whose page
+    /// 0 was lost, or a rebuild torn at its very last write (it writes and flushes copy 1
+    /// before page 0, everything else before copy 1). `page0`: copy 1 as copy 0, to restore.
+    Page0Lost { geo: Geometry, page0: Vec<u8> },
+}
+
+/// The sector a torn write lands whole or not at all.
+const SECTOR_BYTES: usize = 512;
+
+/// What the cache's superblock pages hold; an error if page 0 holds something else (neither
+/// zeros, nor a superblock, nor a torn write of the superblock copy 1 holds).
+fn cache_superblock(cache: &Path) -> Result<CacheSuperblock, String> {
     if !cache.exists() {
-        return Ok(None);
+        return Ok(CacheSuperblock::Empty);
     }
     // The device's size, not the file's length: a block device's st_size is 0 (review 31).
     let dev = FileDevice::open_read_only(cache).map_err(|e| format!("{}: {e}", cache.display()))?;
-    if dev.size_bytes() < PAGE_BYTES as u64 {
-        return Ok(None);
+    let size = dev.size_bytes();
+    if size < PAGE_BYTES as u64 {
+        return Ok(CacheSuperblock::Empty);
     }
+    let read = |addr: u64| -> Result<Vec<u8>, String> {
+        let mut page = vec![0u8; PAGE_BYTES];
+        dev.read_at(&mut page, addr)
+            .map_err(|e| format!("{}: {e}", cache.display()))?;
+        Ok(page)
+    };
+    let page = read(0)?;
+    let whole = Geometry::decode_superblock(&page, 0, size);
+    if let Ok(g) = whole {
+        return Ok(CacheSuperblock::Whole(g));
+    }
+    // Copy 1, where lld and fsck read it (review 37 finding 1): page 0 lost with it good is a
+    // cache of the file system, never an empty one to rebuild over (store5).
+    let last = copy1_addr(size);
+    if last > 0 {
+        let copy1 = read(last)?;
+        if let Ok(geo) = Geometry::decode_superblock(&copy1, last, size) {
+            let page0 = superblock_as_copy(&copy1, 0);
+            let torn_of_it = page
+                .chunks(SECTOR_BYTES)
+                .zip(page0.chunks(SECTOR_BYTES))
+                .all(|(got, want)| got == want || got.iter().all(|&b| b == 0));
+            if torn_of_it && Geometry::decode_superblock(&page0, 0, size).is_ok() {
+                return Ok(CacheSuperblock::Page0Lost { geo, page0 });
+            }
+        }
+    }
+    if page.iter().all(|&b| b == 0) {
+        return Ok(CacheSuperblock::Empty);
+    }
+    Err(format!(
+        "{}: not an ldfs cache: {}",
+        cache.display(),
+        whole.expect_err("decoded above")
+    ))
+}
+
+/// Writes both superblock copies of a cache from `page0` (a superblock page as copy 0): copy
+/// 1 at the device's last page, a flush, then page 0, a flush (each copy alone describes the
+/// cache at every moment). For page 0 lost (`CacheSuperblock::Page0Lost`: the segment store
+/// reads page 0 at its start) and for a cache id given to a cache made before caches had one.
+fn write_superblocks(cache: &Path, page0: &[u8], why: &str) -> Result<(), String> {
+    let err = |e: String| format!("{}: {why}: {e}", cache.display());
+    let dev =
+        FileDevice::open(cache, FileDeviceOptions::default()).map_err(|e| err(e.to_string()))?;
+    let last = copy1_addr(dev.size_bytes());
+    dev.write_at(&superblock_as_copy(page0, 1), last)
+        .and_then(|()| dev.flush())
+        .and_then(|()| dev.write_at(page0, 0))
+        .and_then(|()| dev.flush())
+        .map_err(|e| err(e.to_string()))
+}
+
+/// Page 0 of a cache, read as it is.
+fn read_page0(cache: &Path) -> Result<Vec<u8>, String> {
+    let dev = FileDevice::open_read_only(cache).map_err(|e| format!("{}: {e}", cache.display()))?;
     let mut page = vec![0u8; PAGE_BYTES];
     dev.read_at(&mut page, 0)
         .map_err(|e| format!("{}: {e}", cache.display()))?;
-    if page.iter().all(|&b| b == 0) {
-        return Ok(None);
-    }
-    Geometry::decode_superblock(&page, 0, dev.size_bytes())
-        .map(Some)
-        .map_err(|e| format!("{}: not an ldfs cache: {e}", cache.display()))
+    Ok(page)
+}
+
+/// Gives the cache just formatted at `cache` (page 0 a superblock) an identity
+/// (`Geometry::cache_id`) in both superblock copies, for its note (`ldfs mkfs --store`).
+pub fn stamp_cache_id(cache: &Path) -> Result<u64, String> {
+    let CacheSuperblock::Whole(_) = cache_superblock(cache)? else {
+        return Err(format!("{}: no superblock at page 0", cache.display()));
+    };
+    let id = random_cache_id();
+    let page0 = superblock_with_cache_id(&read_page0(cache)?, id);
+    write_superblocks(cache, &page0, "writing its cache id")?;
+    Ok(id)
+}
+
+/// Why a cache is refused whose note is another cache's: the note is found by the cache's path
+/// and records the identity of the cache it was written for (`Geometry::cache_id`), which this
+/// one does not carry (store5).
+fn other_cache_refusal(cache: &Path, noted: u64, holds: u64) -> String {
+    format!(
+        "{}: its note {} is of another cache (cache id {noted:016x}; this one carries {}): a \
+         cache moved or copied to this path, or a device now at this name that is not the one \
+         the note was written for, so nothing says which writer last wrote it, nor whether it \
+         holds writes the store lacks. Mount it by the name or at the path its mounts used (its \
+         own note), or {FROM_THE_STORE}",
+        cache.display(),
+        note_path(cache).display(),
+        match holds {
+            0 => "none".to_string(),
+            id => format!("{id:016x}"),
+        }
+    )
 }
 
 /// Gets `cache` ready for a mount of the file system in `store`: a cache that is absent, empty
-/// or zeros is made the file system's size (sparse) and rebuilt from the newest checkpoint
-/// object, as is a cache only read-only mounts used; a read-only mount refuses a writer's
+/// or zeros (both superblock copies) is made the file system's size (sparse) and rebuilt from
+/// the newest checkpoint object, as is a cache only read-only mounts used; one whose page 0
+/// is zeros or torn with copy 1 good is a cache, not an empty one (`CacheSuperblock`): kept
+/// for its writer (page 0 restored from copy 1), never rebuilt over; a read-only mount refuses a writer's
 /// cache (rebuilding it would overwrite what it has not uploaded); a read-write mount keeps
 /// a writer's cache of the same file system unless a later writer uploaded since it was last
 /// mounted (see the module documentation). `writer` is the lease generation of this mount
@@ -576,18 +718,28 @@ pub fn prepare_cache_sized(
     }
     let (newest_writer, _) = parse_checkpoint_key(&key).expect("newest_checkpoint parsed it");
     let fs_id = newest.geo.fs_id;
-    // A page 0 that is neither zeros nor an ldfs superblock is refused, READER note or not: the
-    // note is a file found by the cache's path and outlives the cache (a name reused, a /dev
-    // name given to another disk), so it cannot vouch for what the device holds (review 37
-    // finding 2). A rebuild torn at its very last write is therefore refused too, naming the
-    // remedy (review 36 finding 4, left open).
-    let geometry = cache_geometry(cache).map_err(|e| {
+    // A page 0 that is neither zeros, an ldfs superblock nor a torn write of the superblock
+    // copy 1 holds is refused, READER note or not: the note is a file found by the cache's
+    // path and outlives the cache (a name reused, a /dev name given to another disk), so it
+    // cannot vouch for what the device holds (review 37 finding 2). The device vouches for
+    // itself: a rebuild writes and flushes copy 1 before page 0, so one torn at its very last
+    // write has a good copy 1 and a page 0 each of whose sectors is zeros or copy 1's; such
+    // a cache is a reader's to rebuild or a writer's to open (review 36 finding 4).
+    let found = cache_superblock(cache).map_err(|e| {
         format!(
-            "{e}. If it is a cache of this file system whose rebuild was cut short, move it away \
-             (for a device, zero its first 4 KiB): the next mount rebuilds it from {url}"
+            "{e}. If it is a cache of this file system, move it away (for a device, zero its \
+             first and its last 4 KiB, the superblock's two copies): the next mount rebuilds \
+             it from {url}"
         )
     })?;
+    let (geometry, page0) = match found {
+        CacheSuperblock::Empty => (None, None),
+        CacheSuperblock::Whole(g) => (Some(g), None),
+        CacheSuperblock::Page0Lost { geo, page0 } => (Some(geo), Some(page0)),
+    };
     let rebuild = match geometry {
+        // Page 0 zeros with copy 1 good is a cache, never taken for an empty one: a writer's
+        // fsynced, unuploaded writes would be rebuilt over (store5).
         None => true,
         Some(g) if g.fs_id != fs_id => {
             return Err(format!(
@@ -596,8 +748,15 @@ pub fn prepare_cache_sized(
                 g.fs_id
             ))
         }
-        Some(_) => {
-            let noted = read_note(cache).filter(|(id, _)| *id == fs_id).map(|n| n.1);
+        Some(g) => {
+            let note = read_note_id(cache).filter(|n| n.0 == fs_id);
+            // The note vouches only for the cache carrying its id: one found by this path
+            // for another cache (moved here, a /dev name given to another disk) is refused,
+            // READER or writer (store5). A note from before ids: as before.
+            if let Some(id) = note.and_then(|n| n.2).filter(|&id| id != g.cache_id) {
+                return Err(other_cache_refusal(cache, id, g.cache_id));
+            }
+            let noted = note.map(|n| n.1);
             match noted {
                 Some(READER) => true,
                 Some(w) if writer.is_none() => {
@@ -634,11 +793,17 @@ pub fn prepare_cache_sized(
             }
         }
     };
+    // The cache's identity: a rebuild writes a new one (recorded in the note first); a kept
+    // cache keeps its own, or gets one if it was made before caches had one.
+    let cache_id = match geometry {
+        Some(g) if !rebuild && g.cache_id != 0 => g.cache_id,
+        _ => random_cache_id(),
+    };
     if rebuild {
         // Before every rebuild, a reader's or a writer's: one cut short, or a writer's finished
         // but killed before its own note, leaves a cache the next mount rebuilds again, not one
         // refused or taken as a writer's (review 36 finding 2).
-        write_note_with(cache, url, fs_id, READER, bound)?;
+        write_note_as(cache, url, fs_id, READER, bound, Some(cache_id))?;
     }
     if rebuild {
         let need = newest.geo.total_pages * PAGE_BYTES as u64;
@@ -664,10 +829,10 @@ pub fn prepare_cache_sized(
             .map_err(|e| format!("{}: {e}", cache.display()))?;
         let map = map_path(cache);
         let r = match writer {
-            Some(_) => restore_lazy(store, &dev, &map),
+            Some(_) => restore_lazy_as(store, &dev, &map, cache_id),
             None => remove_map(&map)
                 .map_err(|e| ldfs::store::LayerError::Other(format!("{}: {e}", map.display())))
-                .and_then(|()| restore(store, &dev)),
+                .and_then(|()| restore_as(store, &dev, cache_id)),
         }
         .map_err(|e| format!("rebuilding {} from {url}: {e}", cache.display()))?;
         eprintln!(
@@ -683,8 +848,29 @@ pub fn prepare_cache_sized(
             t.elapsed().as_secs_f64()
         );
     }
+    if let (false, Some(g)) = (rebuild, geometry) {
+        // Kept: page 0 restored from copy 1 if it was lost, an id given if it has none.
+        let lost = page0.is_some();
+        if lost || g.cache_id != cache_id {
+            let base = match page0 {
+                Some(p) => p,
+                None => read_page0(cache)?,
+            };
+            write_superblocks(
+                cache,
+                &superblock_with_cache_id(&base, cache_id),
+                "writing its superblocks",
+            )?;
+            if lost {
+                eprintln!(
+                    "ldfs: {}: superblock copy 0 (page 0) was zeros or torn; restored from copy 1",
+                    cache.display()
+                );
+            }
+        }
+    }
     if let Some(w) = writer {
-        write_note_with(cache, url, fs_id, w, bound)?;
+        write_note_as(cache, url, fs_id, w, bound, Some(cache_id))?;
     }
     Ok(bound)
 }

@@ -1728,6 +1728,8 @@ pub fn run(
         Some(n) => (None, Some(lock_snapshot(&image, n)?)),
     };
     // A store mount: the lease (read-write), then the cache kept or rebuilt from the store.
+    // Given back as it was found if the mount is refused before it serves (store5).
+    let mut lease_until_served = LeaseUntilServed::default();
     let store_ctx = match (&url, store) {
         (Some(u), Some(store)) => {
             // Its renewer thread must never take a signal: a process-directed one goes to a
@@ -1747,6 +1749,7 @@ pub fn run(
                     )
                 })?)
             };
+            lease_until_served.hold(lease.clone(), u.clone());
             let bound = crate::cli::store::prepare_cache_sized(
                 &*store,
                 u,
@@ -1977,6 +1980,8 @@ pub fn run(
         &cfg,
     )
     .map_err(|e| format!("mounting on {}: {e}", dir.display()))?;
+    // Mounted: from here the mount's end (`StoreMount::finish`) releases the lease or keeps it.
+    lease_until_served.served();
 
     // Signals end the mount (see Ender); the session then returns and the
     // engine closes. A later signal is never ignored: it forces the end.
@@ -2118,6 +2123,45 @@ pub fn run(
     served.map_err(|e| format!("serving {}: {e}", dir.display()))?;
     closed.map_err(|e| format!("final checkpoint of {}: {e}", image.display()))?;
     ring
+}
+
+/// The lease a read-write store mount took, until it serves: a mount refused before then
+/// (no note, a damaged residency map, a cache of a branch the store no longer has, a failed
+/// open) gives it back as it found it on its way out (`HeldLease::give_back`), saying so.
+/// Before, it kept it until it expired (`HeldLease`'s drop never releases), and the remedy's
+/// mount was refused naming the refused mount's pid, then needed `--force-takeover` (store5).
+/// Safe: the refused mount wrote nothing of its own the store lacks (at most lld's recovery
+/// checkpoint and the reclaim of orphans, the same tree), and a lease it took over from a
+/// holder that never released it goes back to that state, so whatever that holder's cache may
+/// hold still needs `--force-takeover`. Declared before the segment store and the engine: they
+/// are dropped (the uploader stopped) before it gives the lease back.
+#[derive(Default)]
+struct LeaseUntilServed {
+    held: Option<(Arc<ldfs::store::HeldLease>, StoreUrl)>,
+}
+
+impl LeaseUntilServed {
+    fn hold(&mut self, lease: Option<Arc<ldfs::store::HeldLease>>, url: StoreUrl) {
+        self.held = lease.map(|l| (l, url));
+    }
+
+    fn served(&mut self) {
+        self.held = None;
+    }
+}
+
+impl Drop for LeaseUntilServed {
+    fn drop(&mut self) {
+        if let Some((lease, url)) = self.held.take() {
+            match lease.give_back() {
+                Ok(what) => eprintln!("ldfs: {url}: {what}"),
+                Err(e) => eprintln!(
+                    "ldfs: {url}: giving the lease back failed ({e}): it is kept until it \
+                     expires, then taken with --force-takeover"
+                ),
+            }
+        }
+    }
 }
 
 /// What starting the ring needs.

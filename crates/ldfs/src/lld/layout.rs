@@ -57,6 +57,7 @@ const SB_MAX_BLOCK_BYTES: usize = 76;
 const SB_RESERVED_SEGMENTS: usize = 80;
 const SB_COPY: usize = 84;
 const SB_KEPT_PAGES: usize = 88;
+const SB_CACHE_ID: usize = 92;
 const SB_CRC: usize = PAGE_BYTES - 4;
 
 /// Limits on geometry; every value read from a superblock is checked against them.
@@ -94,6 +95,12 @@ pub struct Geometry {
     /// Pages per slot for the kept-checkpoint table (with
     /// [`INCOMPAT_KEPT_TABLE`]; else 0), part of `checkpoint_pages`.
     pub kept_pages: u32,
+    /// A store cache's identity (random, nonzero; 0: none, any image that is not a store
+    /// cache, or one made before it): written by `ldfs mkfs --store` and by every rebuild
+    /// from the store into both copies, and recorded in the cache's note, so a note found by
+    /// the cache's path vouches only for the cache it was written for (docs/DESIGN.md
+    /// "Rebuilding a cache"). lld never changes it (resize and fsck re-encode it).
+    pub cache_id: u64,
 }
 
 /// Options for formatting.
@@ -225,6 +232,7 @@ impl Geometry {
                 0
             },
             kept_pages: opts.kept_pages,
+            cache_id: 0,
         })
     }
 
@@ -313,6 +321,9 @@ impl Geometry {
         (seg < self.segment_count as u64).then_some(SegmentId(seg as u32))
     }
 
+    /// Where mkfs and a resize put the copies: page 0 and this geometry's last page. On a
+    /// device of exactly `total_pages` (mkfs's, or any resizable image's: its total is the
+    /// device's) that is the device's last page, where readers look ([`copy1_addr`]).
     pub fn superblock_addrs(&self) -> [u64; 2] {
         [0, (self.total_pages - 1) * PAGE_BYTES as u64]
     }
@@ -337,7 +348,7 @@ impl Geometry {
         if a.len() != PAGE_BYTES || b.len() != PAGE_BYTES {
             return None;
         }
-        let fields = (0..SB_COPY).chain(SB_KEPT_PAGES..SB_KEPT_PAGES + 4);
+        let fields = (0..SB_COPY).chain(SB_KEPT_PAGES..SB_CACHE_ID + 8);
         let diff: Vec<usize> = fields.filter(|&i| a[i] != b[i]).collect();
         if diff.len() > MAX_DIFF {
             return None;
@@ -346,8 +357,7 @@ impl Geometry {
         for mask in 0u32..(1 << diff.len()) {
             let mut c = vec![0u8; PAGE_BYTES];
             c[..SB_COPY].copy_from_slice(&a[..SB_COPY]);
-            c[SB_KEPT_PAGES..SB_KEPT_PAGES + 4]
-                .copy_from_slice(&a[SB_KEPT_PAGES..SB_KEPT_PAGES + 4]);
+            c[SB_KEPT_PAGES..SB_CACHE_ID + 8].copy_from_slice(&a[SB_KEPT_PAGES..SB_CACHE_ID + 8]);
             for (k, &i) in diff.iter().enumerate() {
                 if mask >> k & 1 == 1 {
                     c[i] = b[i];
@@ -392,6 +402,7 @@ impl Geometry {
         put_u32(&mut b, SB_RESERVED_SEGMENTS, self.reserved_segments);
         put_u32(&mut b, SB_COPY, copy);
         put_u32(&mut b, SB_KEPT_PAGES, self.kept_pages);
+        put_u64(&mut b, SB_CACHE_ID, self.cache_id);
         let crc = crc_with_hole(&b, SB_CRC);
         put_u32(&mut b, SB_CRC, crc);
         b
@@ -540,12 +551,35 @@ impl Geometry {
             max_block_bytes,
             reserved_segments,
             kept_pages,
+            cache_id: get_u64(b, SB_CACHE_ID),
         })
     }
 }
 
-/// Pages of one checkpoint slot for `segments` segments: a header page plus
-/// the usage table.
+/// Where superblock copy 1 is read on a device of `device_bytes`: its last page
+/// (`read_superblock`, `Lld::open`'s fallback, fsck's `check_superblocks`). mkfs plans for the
+/// device's size, so its copy 1 is there; so is a resizable image's (the device's size is its
+/// total). A file system on a device larger than its geometry without [`INCOMPAT_RESIZE`]
+/// (a store cache rebuilt on a larger block device) keeps its copy 1 here too, not at the
+/// geometry's last page, which no reader looks at (review 37 finding 1).
+pub fn copy1_addr(device_bytes: u64) -> u64 {
+    (device_bytes / PAGE_BYTES as u64).saturating_sub(1) * PAGE_BYTES as u64
+}
+
+/// A superblock page re-encoded as copy `copy` (its copy number and crc), every other byte
+/// kept: page 0 restored from copy 1 keeps the total pages copy 1 records, which decoding a
+/// resizable image replaces with the device's (a store cache's page 0 is uploaded, and a
+/// rebuild sizes its cache by the total it records). Decode the result to check it.
+pub fn superblock_as_copy(page: &[u8], copy: u32) -> Vec<u8> {
+    assert_eq!(page.len(), PAGE_BYTES);
+    assert!(copy < 2, "superblock copy {copy}");
+    let mut b = page.to_vec();
+    put_u32(&mut b, SB_COPY, copy);
+    let crc = crc_with_hole(&b, SB_CRC);
+    put_u32(&mut b, SB_CRC, crc);
+    b
+}
+
 /// The total pages a superblock page records, unchecked: with [`INCOMPAT_RESIZE`] the
 /// device's size when copy 1 was last written (decoding takes the device's own size instead),
 /// which is what a copy of the image elsewhere needs (the segment store's rebuild). Decode
@@ -554,6 +588,25 @@ pub fn recorded_total_pages(page: &[u8]) -> u64 {
     get_u64(page, SB_TOTAL_PAGES)
 }
 
+/// A superblock page with its cache id set to `id` (its crc again), every other byte kept
+/// ([`Geometry::cache_id`]): a rebuild writes the checkpoint object's page (the writer's
+/// cache's) with its own id. Decode the result to check it.
+pub fn superblock_with_cache_id(page: &[u8], id: u64) -> Vec<u8> {
+    assert_eq!(page.len(), PAGE_BYTES);
+    let mut b = page.to_vec();
+    put_u64(&mut b, SB_CACHE_ID, id);
+    let crc = crc_with_hole(&b, SB_CRC);
+    put_u32(&mut b, SB_CRC, crc);
+    b
+}
+
+/// A random nonzero cache id ([`Geometry::cache_id`]).
+pub fn random_cache_id() -> u64 {
+    rand::random::<u64>() | 1
+}
+
+/// Pages of one checkpoint slot for `segments` segments: a header page plus
+/// the usage table.
 pub fn checkpoint_pages_for(segments: u32) -> u32 {
     1 + (segments as usize * USAGE_ENTRY_BYTES).div_ceil(PAGE_BYTES) as u32
 }
@@ -621,6 +674,31 @@ mod tests {
             Geometry::salvage_superblock(&[0xa5; PAGE_BYTES], &[0x5a; PAGE_BYTES], addrs, size),
             None
         );
+    }
+
+    /// The cache id (store5) round-trips in both copies, is set by `superblock_with_cache_id`
+    /// without touching another field, and a salvage from two damaged copies keeps it.
+    #[test]
+    fn the_cache_id_round_trips_and_is_salvaged() {
+        let size = 64 << 20;
+        let g = Geometry {
+            cache_id: 0x5105_0001,
+            ..Geometry::plan(size, &MkfsOptions::default()).unwrap()
+        };
+        for copy in 0..2 {
+            let b = g.encode_superblock(copy);
+            assert_eq!(Geometry::decode_superblock(&b, 0, size).unwrap(), g);
+        }
+        let plain = Geometry { cache_id: 0, ..g };
+        let stamped = superblock_with_cache_id(&plain.encode_superblock(0), g.cache_id);
+        assert_eq!(stamped, g.encode_superblock(0));
+        let one = superblock_as_copy(&stamped, 1);
+        assert_eq!(one, g.encode_superblock(1));
+        let (mut a, mut b) = (g.encode_superblock(0), g.encode_superblock(1));
+        a[SB_CACHE_ID] ^= 1;
+        b[SB_FS_ID] ^= 1;
+        let addrs = g.superblock_addrs();
+        assert_eq!(Geometry::salvage_superblock(&a, &b, addrs, size), Some(g));
     }
 
     #[test]

@@ -69,7 +69,7 @@ pub fn read_superblock(
     let size = dev.size_bytes();
     let mut errs: [Option<crate::ld::Corruption>; 2] = [None, None];
     let mut found = None;
-    let last = (size / PAGE_BYTES as u64).saturating_sub(1) * PAGE_BYTES as u64;
+    let last = crate::lld::layout::copy1_addr(size);
     for (i, addr) in [0, last].into_iter().enumerate() {
         let mut b = vec![0u8; PAGE_BYTES];
         dev.read_at(&mut b, addr)?;

@@ -109,7 +109,7 @@ const MAX_REPORTED: usize = 64;
 /// copy) if any copy is good, and a problem for each bad or disagreeing one.
 pub fn check_superblocks(dev: &dyn Device) -> LdResult<(Option<Geometry>, Vec<EngineProblem>)> {
     let size = dev.size_bytes();
-    let last = (size / PAGE_BYTES as u64).saturating_sub(1) * PAGE_BYTES as u64;
+    let last = crate::lld::layout::copy1_addr(size);
     let mut problems = Vec::new();
     let mut copies = [None, None];
     let mut pages = [vec![0u8; PAGE_BYTES], vec![0u8; PAGE_BYTES]];
@@ -156,13 +156,17 @@ pub fn check_superblocks(dev: &dyn Device) -> LdResult<(Option<Geometry>, Vec<En
 }
 
 /// Rewrites superblock copy `copy` from the geometry (the other copy's),
-/// then flushes.
+/// then flushes. Copy 1 goes where [`check_superblocks`] reads it, the
+/// device's last page (`layout::copy1_addr`): on a device larger than a
+/// geometry without the resize flag, the geometry's own last page is read
+/// by no one, and a repair there left the damage it reported.
 pub fn rewrite_superblock(dev: &dyn Device, g: &Geometry, copy: usize) -> LdResult<()> {
     assert!(copy < 2, "superblock copy {copy}");
-    dev.write_at(
-        &g.encode_superblock(copy as u32),
-        g.superblock_addrs()[copy],
-    )?;
+    let addr = match copy {
+        0 => 0,
+        _ => crate::lld::layout::copy1_addr(dev.size_bytes()),
+    };
+    dev.write_at(&g.encode_superblock(copy as u32), addr)?;
     dev.flush()?;
     Ok(())
 }

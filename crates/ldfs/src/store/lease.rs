@@ -154,8 +154,20 @@ pub fn acquire(
     now_secs: u64,
     force_takeover: bool,
 ) -> Result<Lease, LeaseError> {
-    let generation = match current(store)? {
-        None => 1,
+    acquire_over(store, me, now_secs, force_takeover).map(|(l, _)| l)
+}
+
+/// [`acquire`], with the record it took over: another holder's that was never released
+/// (expired, taken with `force_takeover`), `None` when the lease was free (none yet, or
+/// released). [`give_back`] puts that state back.
+pub fn acquire_over(
+    store: &dyn ObjectStore,
+    me: LeaseRecord,
+    now_secs: u64,
+    force_takeover: bool,
+) -> Result<(Lease, Option<LeaseRecord>), LeaseError> {
+    let (generation, over) = match current(store)? {
+        None => (1, None),
         Some((g, holder)) => {
             // Expiry 0: given up by `release`, free for anyone.
             if holder.owner != me.owner && holder.expires_secs != 0 {
@@ -163,11 +175,38 @@ pub fn acquire(
                 if !(expired && force_takeover) {
                     return Err(LeaseError::Held { holder, expired });
                 }
+                (g + 1, Some(holder))
+            } else {
+                (g + 1, None)
             }
-            g + 1
         }
     };
-    put_next(store, generation, me)
+    Ok((put_next(store, generation, me)?, over))
+}
+
+/// Gives a lease taken a moment ago back in the state it was found in (a mount refused before
+/// it wrote anything of its own, store5): released if it was free (`over` `None`), else
+/// expired and not released, as `over` left it (its expiry, host and pid; this lease's owner,
+/// so that `over`'s holder never takes the record for a renewal of its own): the next mount
+/// then needs `--force-takeover` as it did before, at once. `over` from [`acquire_over`].
+pub fn give_back(
+    store: &dyn ObjectStore,
+    lease: &Lease,
+    over: Option<&LeaseRecord>,
+) -> Result<(), LeaseError> {
+    let Some(over) = over else {
+        return release(store, lease);
+    };
+    let as_found = LeaseRecord {
+        owner: lease.record.owner,
+        ..over.clone()
+    };
+    let l = put_next(store, lease.generation + 1, as_found.clone())?;
+    if l.record != as_found {
+        // The generation held an earlier renewal of ours whose answer was lost: one more.
+        put_next(store, l.generation + 1, as_found)?;
+    }
+    Ok(())
 }
 
 /// Extends a held lease to `expires_secs`; `Lost` if another writer took it meanwhile.
@@ -315,6 +354,8 @@ struct KeeperState {
 
 struct Keeper {
     store: Arc<dyn ObjectStore>,
+    /// The unreleased record this lease took over (`--force-takeover`), if it did.
+    over: Option<LeaseRecord>,
     opts: LeaseOptions,
     /// The generation taken at acquire: this mount's writer number (keys of its objects).
     writer: u64,
@@ -355,7 +396,7 @@ impl HeldLease {
         // next try (same owner) and the generation after it taken.
         let give_up = Instant::now() + opts.duration / 2;
         let mut wait = Duration::from_millis(50);
-        let lease = loop {
+        let (lease, over) = loop {
             let now = (opts.clock)();
             let me = LeaseRecord {
                 owner,
@@ -363,7 +404,7 @@ impl HeldLease {
                 pid,
                 host: host.to_string(),
             };
-            match acquire(&*store, me, now, opts.force_takeover) {
+            match acquire_over(&*store, me, now, opts.force_takeover) {
                 Ok(l) => break l,
                 Err(LeaseError::Store(e)) if e.is_transient() && Instant::now() < give_up => {
                     std::thread::sleep(wait);
@@ -374,6 +415,7 @@ impl HeldLease {
         };
         let k = Arc::new(Keeper {
             store,
+            over,
             writer: lease.generation,
             opts,
             state: Mutex::new(KeeperState {
@@ -459,6 +501,36 @@ impl HeldLease {
             return Ok(());
         }
         r
+    }
+
+    /// Gives the lease back as it was found ([`give_back`]): a mount refused after taking it
+    /// and before writing anything of its own (store5: it kept the lease until it expired,
+    /// and the remedy's mount was refused, then needed `--force-takeover`). Stops renewing;
+    /// after it, [`HeldLease::check`] fails. Returns what the next mount needs, for the
+    /// refusal's message.
+    pub fn give_back(&self) -> Result<String, LeaseError> {
+        self.stop_thread();
+        let mut st = self.k.state.lock().unwrap();
+        if st.released || st.lost.is_some() {
+            st.released = true;
+            return Ok("the lease this mount took is no longer its own".into());
+        }
+        st.released = true;
+        match give_back(&*self.k.store, &st.lease, self.k.over.as_ref()) {
+            Ok(()) | Err(LeaseError::Lost { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        Ok(match &self.k.over {
+            None => {
+                "the lease this mount took was given back: the next mount takes it at once".into()
+            }
+            Some(o) => format!(
+                "the lease this mount took over was given back as it was found, expired and \
+                 not released by pid {} on {} (whose cache may hold writes the store lacks): \
+                 the next mount takes it with --force-takeover, at once",
+                o.pid, o.host
+            ),
+        })
     }
 
     /// Stops renewing without releasing: what a crash leaves (tests), and what an unmount
@@ -571,6 +643,35 @@ mod tests {
             pid: 42,
             host: host.to_string(),
         }
+    }
+
+    /// store5: a lease given back (a mount refused before it served) is as it was found: free
+    /// when it was free, so the next writer takes it at once; expired and unreleased when it
+    /// was taken over from such a holder, so the next writer still needs force (at once), and
+    /// the refusal names the holder that left it.
+    #[test]
+    fn a_lease_given_back_is_as_it_was_found() {
+        let s = MemoryStore::new();
+        let (a, over) = acquire_over(&s, rec(1, 1_000, "alpha"), 900, false).unwrap();
+        assert_eq!(over, None);
+        give_back(&s, &a, over.as_ref()).unwrap();
+        let (b, over) = acquire_over(&s, rec(2, 2_000, "beta"), 901, false).unwrap();
+        assert_eq!(over, None, "a lease given back free is taken without force");
+        // beta crashes (never releases); gamma takes it over after expiry, then gives it back.
+        let (c, over) = acquire_over(&s, rec(3, 3_000, "gamma"), 2_001, true).unwrap();
+        assert_eq!(over.as_ref(), Some(&b.record));
+        give_back(&s, &c, over.as_ref()).unwrap();
+        match acquire(&s, rec(4, 4_000, "delta"), 2_002, false) {
+            Err(e @ LeaseError::Held { expired: true, .. }) => {
+                assert!(e.to_string().contains("on beta"), "{e}");
+            }
+            other => panic!("expected an expired lease needing force, got {other:?}"),
+        }
+        // beta, back, cannot take the record for its own renewal: another owner's.
+        assert!(matches!(renew(&s, &b, 5_000), Err(LeaseError::Lost { .. })));
+        let (d, over) = acquire_over(&s, rec(4, 4_000, "delta"), 2_002, true).unwrap();
+        assert_eq!(over.map(|o| o.host), Some("beta".to_string()));
+        assert!(d.generation > c.generation);
     }
 
     #[test]

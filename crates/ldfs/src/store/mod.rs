@@ -27,8 +27,8 @@ pub use lease::{HeldLease, LeaseOptions};
 pub use memory::{MemoryStore, MemoryStoreFaults};
 pub use s3::{S3Config, S3Store};
 pub use segments::{
-    restore, restore_lazy, LayerError, RestoreReport, SegmentStore, SegmentStoreOptions,
-    UploadStats,
+    restore, restore_as, restore_lazy, restore_lazy_as, LayerError, RestoreReport, SegmentStore,
+    SegmentStoreOptions, UploadStats,
 };
 
 use std::fmt;

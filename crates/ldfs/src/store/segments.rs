@@ -26,7 +26,10 @@ use super::lease::{HeldLease, LeaseCheck};
 use super::{ObjectInfo, ObjectStore, PutOutcome, StoreError, StoreResult};
 use crate::device::{Device, DeviceError};
 use crate::lld::checkpoint;
-use crate::lld::layout::{recorded_total_pages, Geometry};
+use crate::lld::layout::{
+    copy1_addr, random_cache_id, recorded_total_pages, superblock_as_copy,
+    superblock_with_cache_id, Geometry,
+};
 use crate::lld::summary::{self, Expect};
 use crate::lld::usage::SegmentState;
 use crate::lld::{CheckpointHook, DurableCheckpoint, SegmentHook, SegmentId, PAGE_BYTES};
@@ -1758,8 +1761,7 @@ fn forget_cache(dev: &dyn Device, geo: &Geometry) -> LayerResult<()> {
     let zero = vec![0u8; PAGE_BYTES];
     dev.write_at(&zero, 0)?;
     dev.write_at(&zero, geo.superblock_addrs()[1])?;
-    let last = (dev.size_bytes() / PAGE_BYTES as u64 - 1) * PAGE_BYTES as u64;
-    dev.write_at(&zero, last)?;
+    dev.write_at(&zero, copy1_addr(dev.size_bytes()))?;
     dev.flush()?;
     Ok(())
 }
@@ -1778,6 +1780,16 @@ pub struct RestoreReport {
 /// that lld opens the tree of that checkpoint. Page 0 (the superblock) is written last: a
 /// rebuild cut short leaves a cache with zeros there, which a mount rebuilds again.
 pub fn restore(store: &dyn ObjectStore, dev: &dyn Device) -> LayerResult<RestoreReport> {
+    restore_as(store, dev, random_cache_id())
+}
+
+/// [`restore`] writing `cache_id` as the cache's identity into both superblock copies
+/// (`Geometry::cache_id`; its note records it before the rebuild).
+pub fn restore_as(
+    store: &dyn ObjectStore,
+    dev: &dyn Device,
+    cache_id: u64,
+) -> LayerResult<RestoreReport> {
     // A writer uploading meanwhile deletes the objects two later uploads superseded: a
     // download that spans two of its upload windows finds one of its objects gone, and
     // chooses again (review 34). What was written already under the same key and crc is not
@@ -1830,7 +1842,7 @@ pub fn restore(store: &dyn ObjectStore, dev: &dyn Device) -> LayerResult<Restore
         if gone {
             continue;
         }
-        write_slot_and_superblocks(dev, &key, &obj)?;
+        write_slot_and_superblocks(dev, &key, &obj, cache_id)?;
         return Ok(RestoreReport {
             serial: obj.serial,
             segments: obj.entries.len(),
@@ -1854,6 +1866,16 @@ pub fn restore_lazy(
     store: &dyn ObjectStore,
     dev: &dyn Device,
     map_path: &std::path::Path,
+) -> LayerResult<RestoreReport> {
+    restore_lazy_as(store, dev, map_path, random_cache_id())
+}
+
+/// [`restore_lazy`] writing `cache_id` as the cache's identity (see [`restore_as`]).
+pub fn restore_lazy_as(
+    store: &dyn ObjectStore,
+    dev: &dyn Device,
+    map_path: &std::path::Path,
+    cache_id: u64,
 ) -> LayerResult<RestoreReport> {
     let (key, obj) = checkpoint_to_rebuild(store, dev)?;
     let geo = &obj.geo;
@@ -1890,7 +1912,7 @@ pub fn restore_lazy(
         dev.write_at(&b, geo.page_addr(SegmentId(e.segment), 0))?;
         bytes += b.len() as u64;
     }
-    write_slot_and_superblocks(dev, &key, &obj)?;
+    write_slot_and_superblocks(dev, &key, &obj, cache_id)?;
     Ok(RestoreReport {
         serial: obj.serial,
         segments: prefix.len(),
@@ -1899,14 +1921,19 @@ pub fn restore_lazy(
 }
 
 /// The end of a rebuild: the checkpoint object's slot (the other zeroed), zeros where the log
-/// ends, a flush, then the superblocks (page 0's the very last) and a flush: a rebuild cut
-/// short leaves zeros at page 0, which the next mount takes for an empty cache and rebuilds
-/// (review 31).
+/// ends, a flush, then superblock copy 1, a flush, and page 0 the very last, and a flush: a
+/// rebuild cut short leaves zeros at page 0 (review 31). Copy 1 goes where readers look for
+/// it, the device's last page (`layout::copy1_addr`; on a device larger than the file system
+/// the geometry's own last page is read by no one: review 37 finding 1). Written and flushed
+/// before page 0, a good copy 1 with page 0 zero or torn means the rebuild finished but for
+/// page 0: everything else was flushed before it.
 fn write_slot_and_superblocks(
     dev: &dyn Device,
     key: &str,
     obj: &CheckpointObject,
+    cache_id: u64,
 ) -> LayerResult<()> {
+    assert_ne!(cache_id, 0, "a rebuilt cache has an identity");
     let geo = &obj.geo;
     let slot = (obj.serial % 2) as usize;
     dev.write_at(&obj.slot, geo.slot_addr(slot))?;
@@ -1929,9 +1956,11 @@ fn write_slot_and_superblocks(
         dev.write_at(&zero, geo.page_addr(SegmentId(hdr.next_segment), 0))?;
     }
     dev.flush()?;
-    let [sb0, sb1] = geo.superblock_addrs();
-    dev.write_at(&geo.encode_superblock(1), sb1)?;
-    dev.write_at(&obj.superblock, sb0)?;
+    // The uploaded page 0 is the writer's cache's, with its identity: this cache gets its own.
+    let page0 = superblock_with_cache_id(&obj.superblock, cache_id);
+    dev.write_at(&superblock_as_copy(&page0, 1), copy1_addr(dev.size_bytes()))?;
+    dev.flush()?;
+    dev.write_at(&page0, 0)?;
     dev.flush()?;
     Ok(())
 }
