@@ -1,7 +1,7 @@
 //! Review 40 probes: lld tells the segment hook as the log writer's writes return
 //! (`Flight::set_on_written`, `LeftSegments`, commit 43d6cf3), and the put-ahead feed and
-//! cleanup of the segment store layer. Each probe fails if the defect it names exists; those
-//! that fail now are ignored, saying which finding they show.
+//! cleanup of the segment store layer. Each probe fails if the defect it names exists; finding
+//! 1's probe failed on 43d6cf3 and passes since its fix.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -77,7 +77,6 @@ impl Device for SlowDevice {
 /// good, holding the engine lock. Before 43d6cf3 the hook ran on the operation's thread and a
 /// panic reached the caller. Here the writes must end (Ok or an error) within 30 s.
 #[test]
-#[ignore = "review 40 finding 1: a panicking segment hook kills the log writer thread; the engine hangs in submit holding its lock"]
 fn a_panicking_segment_hook_does_not_hang_the_engine() {
     let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(96 << 20));
     ldfs::lld::mkfs::mkfs(&*dev, &mkfs_opts()).unwrap();

@@ -146,8 +146,10 @@ pub struct CheckpointHook(pub Arc<dyn Fn(&DurableCheckpoint<'_>) + Send + Sync>)
 
 /// Called with a segment the log head left, once every write of that use of
 /// it has returned from the device (not yet flushed), by the thread whose
-/// write completed it (the log writer's, or one holding the engine lock);
-/// it must only take note. Its bytes then stay as they are until a
+/// write completed it: the log writer's, or one writing its own items (a
+/// flush leader, the checkpointer's phase 2, an operation holding the engine
+/// lock); it must only take note, and not panic (a panic stops all writing:
+/// the engine turns read-only). Its bytes then stay as they are until a
 /// checkpoint releases the segment, and that checkpoint's
 /// [`CheckpointHook`] call comes after this one: a segment the log left
 /// before a checkpoint's snapshot is not reported after it (that
@@ -602,7 +604,7 @@ impl Engine {
             .map(|hook| {
                 let left = Arc::new(LeftSegments {
                     hook,
-                    queue: Mutex::new(VecDeque::new()),
+                    queue: Mutex::new(LeftQueue::default()),
                 });
                 let l = left.clone();
                 flight.set_on_written(Box::new(move |written| l.tell(written)));
@@ -2527,19 +2529,28 @@ pub(crate) fn advance_head(usage: &mut Usage, log: &mut LogHead, geo: &Geometry)
 /// snapshot of a checkpoint that names or releases its segment.
 struct LeftSegments {
     hook: SegmentHook,
-    queue: Mutex<VecDeque<(SegmentId, u64)>>,
+    queue: Mutex<LeftQueue>,
+}
+
+#[derive(Default)]
+struct LeftQueue {
+    left: VecDeque<(SegmentId, u64)>,
+    /// The highest written count told so far: a push after a write whose
+    /// `tell` found the queue empty still sees it (review 40 finding 2).
+    written: u64,
 }
 
 impl LeftSegments {
-    fn lock(&self) -> MutexGuard<'_, VecDeque<(SegmentId, u64)>> {
+    fn lock(&self) -> MutexGuard<'_, LeftQueue> {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// `seg` was left with its last write at item `ticket`; `written` items
-    /// are written now (a write may have returned before the push).
+    /// were written when the caller looked (a write may have returned
+    /// before the push).
     fn push(&self, seg: SegmentId, ticket: u64, written: u64) {
         let mut q = self.lock();
-        q.push_back((seg, ticket));
+        q.left.push_back((seg, ticket));
         self.tell_locked(&mut q, written);
     }
 
@@ -2549,18 +2560,19 @@ impl LeftSegments {
         self.tell_locked(&mut q, written);
     }
 
-    fn tell_locked(&self, q: &mut VecDeque<(SegmentId, u64)>, written: u64) {
-        while let Some(&(seg, ticket)) = q.front() {
-            if ticket > written {
+    fn tell_locked(&self, q: &mut LeftQueue, written: u64) {
+        q.written = q.written.max(written);
+        while let Some(&(seg, ticket)) = q.left.front() {
+            if ticket > q.written {
                 break;
             }
-            q.pop_front();
+            q.left.pop_front();
             (self.hook.0)(seg);
         }
     }
 
     fn forget(&self) {
-        self.lock().clear();
+        self.lock().left.clear();
     }
 }
 

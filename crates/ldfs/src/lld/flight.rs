@@ -183,7 +183,18 @@ impl Flight {
         self.cv.notify_all();
         drop(s);
         if let (Some(w), Some(f)) = (grew, self.on_written.get()) {
-            f(w);
+            // A panic here would end the writer thread in silence, and the
+            // next submit that waits for room would hold the engine lock for
+            // good (review 40 finding 1): writing stops, with the reason.
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(w))).is_err() {
+                let mut s = self.lock();
+                if s.failed.is_none() {
+                    s.failed = Some("the segment hook panicked: nothing more is written".into());
+                    self.has_failed.store(true, Ordering::Release);
+                }
+                self.work.notify_all();
+                self.cv.notify_all();
+            }
         }
     }
 

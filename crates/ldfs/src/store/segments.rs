@@ -664,8 +664,11 @@ impl SegmentStore {
         let shared = Arc::downgrade(&self.shared);
         SegmentHook(Arc::new(move |seg: SegmentId| {
             let Some(sh) = shared.upgrade() else { return };
-            let mut st = sh.state.lock().expect("uploader state poisoned");
-            if st.stop {
+            // Never a panic on lld's writing threads (review 40 finding 1): a poisoned lock
+            // (the uploader panicked under it) means no more puts ahead; the checkpoint job
+            // path reports the uploader's end.
+            let Ok(mut st) = sh.state.lock() else { return };
+            if st.stop || st.failed.is_some() {
                 return;
             }
             let gen = st.release_gen;
