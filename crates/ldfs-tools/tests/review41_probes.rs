@@ -73,6 +73,17 @@ fn open_cache(
     store: &Arc<MemoryStore>,
     lease: &Arc<ldfs::store::HeldLease>,
 ) -> (SegmentStore, Lld) {
+    open_cache_as_a_mount(cache, store, lease, false)
+}
+
+/// `open_cache`, with the uploads held from before lld's open if `held` (as a read-write mount
+/// does until it serves: `fuse::mount`, `SegmentStore::hold_uploads`).
+fn open_cache_as_a_mount(
+    cache: &Path,
+    store: &Arc<MemoryStore>,
+    lease: &Arc<ldfs::store::HeldLease>,
+    held: bool,
+) -> (SegmentStore, Lld) {
     let dev: Arc<dyn Device> =
         Arc::new(FileDevice::open(cache, FileDeviceOptions::default()).unwrap());
     let seg = SegmentStore::start_cached(
@@ -83,6 +94,9 @@ fn open_cache(
         Some(CacheConfig::new(map_path(cache), None)),
     )
     .unwrap();
+    if held {
+        seg.hold_uploads();
+    }
     let lld = Lld::open(
         seg.device(),
         LldOptions {
@@ -169,7 +183,6 @@ impl ObjectStore for FailingCheckpointGets {
 /// review 36 finding 2 wants a rebuild cut short rebuilt again. A read-only mount's cache
 /// here; a stale writer's cache being rebuilt (lazily) has the same window.
 #[test]
-#[ignore = "review 41 finding 1: a rebuild failing between its READER note and forget_cache leaves a cache refused as another cache's"]
 fn a_rebuild_that_fails_before_it_forgets_the_cache_is_rebuilt_by_the_next_mount() {
     let d = tempfile::tempdir().unwrap();
     let url = StoreUrl::parse("s3://review41/f1").unwrap();
@@ -229,7 +242,6 @@ fn make_pre_id_cache(cache: &Path) {
 /// writer's fsynced, unuploaded writes -- though copy 1 is good and lld opens it through copy 1.
 /// The same holds for page 0 restored from copy 1 on a pre-id cache (a new id then too).
 #[test]
-#[ignore = "review 41 finding 2: a page 0 torn while a kept cache is given its id makes the writer's cache refused"]
 fn a_page_0_torn_while_a_kept_cache_gets_its_id_is_still_the_writers_cache() {
     let d = tempfile::tempdir().unwrap();
     let url = StoreUrl::parse("s3://review41/f2").unwrap();
@@ -333,9 +345,9 @@ fn a_crash_between_the_two_id_writes_keeps_the_writers_cache() {
 /// puts it at once under the refused mount's writer number: the store is not as found. The
 /// holder's cache (its note's writer now below the store's newest) is then refused as "a branch
 /// the store no longer has": the writes the message says its cache may hold cannot be mounted
-/// any more. Here the upload is awaited (in a mount it races the refusal: a few ms).
+/// any more. Fixed: a read-write mount holds its uploads until it serves; here the mount's
+/// protocol (held from before lld's open), and time for an upload that would race the refusal.
 #[test]
-#[ignore = "review 41 finding 3: a refused mount's give-back after lld's opening checkpoint was uploaded is not as found: the holder's cache is then refused"]
 fn a_lease_given_back_as_found_leaves_the_holders_cache_mountable() {
     let d = tempfile::tempdir().unwrap();
     let url = StoreUrl::parse("s3://review41/f3").unwrap();
@@ -356,9 +368,15 @@ fn a_lease_given_back_as_found_leaves_the_holders_cache_mountable() {
         None,
     )
     .unwrap();
-    let (seg, lld) = open_cache(&gamma, &store, &lease);
-    seg.wait_uploaded(seg.announced(), Duration::from_secs(30))
-        .unwrap();
+    let ckpts = store.list("ckpt/").unwrap().len();
+    let (seg, lld) = open_cache_as_a_mount(&gamma, &store, &lease, true);
+    assert!(seg.announced() > seg.uploaded(), "lld's open checkpointed");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        store.list("ckpt/").unwrap().len(),
+        ckpts,
+        "a checkpoint object went up before the mount served"
+    );
     // The refusal: the segment store stopped, the engine dropped, the lease given back.
     seg.stop();
     drop(lld);

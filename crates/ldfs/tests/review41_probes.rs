@@ -62,7 +62,6 @@ fn a_late_give_back_never_frees_or_expires_a_lease_another_writer_took() {
 /// file system stays one lost page 0 from unopenable (and a store mount from taking its cache
 /// for an empty one: `cache_superblock` finds no copy 1 either).
 #[test]
-#[ignore = "review 41 finding 4: lld's settle_superblocks writes copy 1 at the geometry's last page, not the device's"]
 fn a_writable_open_repairs_copy_1_where_it_is_read_on_a_larger_device() {
     let small = 32u64 << 20;
     let img = MemoryDevice::new(small);

@@ -591,10 +591,17 @@ fn cache_superblock(cache: &Path) -> Result<CacheSuperblock, String> {
         let copy1 = read(last)?;
         if let Ok(geo) = Geometry::decode_superblock(&copy1, last, size) {
             let page0 = superblock_as_copy(&copy1, 0);
+            // Torn while it was written: each sector is the new page's, zeros, or, when the
+            // write gave a cache made before ids its id (copy 1 first), the page it replaced,
+            // copy 1's with id 0 (review 41 finding 2).
+            let before_id = superblock_with_cache_id(&page0, 0);
             let torn_of_it = page
                 .chunks(SECTOR_BYTES)
                 .zip(page0.chunks(SECTOR_BYTES))
-                .all(|(got, want)| got == want || got.iter().all(|&b| b == 0));
+                .zip(before_id.chunks(SECTOR_BYTES))
+                .all(|((got, want), old)| {
+                    got == want || (geo.cache_id != 0 && got == old) || got.iter().all(|&b| b == 0)
+                });
             if torn_of_it && Geometry::decode_superblock(&page0, 0, size).is_ok() {
                 return Ok(CacheSuperblock::Page0Lost { geo, page0 });
             }
@@ -800,12 +807,6 @@ pub fn prepare_cache_sized(
         _ => random_cache_id(),
     };
     if rebuild {
-        // Before every rebuild, a reader's or a writer's: one cut short, or a writer's finished
-        // but killed before its own note, leaves a cache the next mount rebuilds again, not one
-        // refused or taken as a writer's (review 36 finding 2).
-        write_note_as(cache, url, fs_id, READER, bound, Some(cache_id))?;
-    }
-    if rebuild {
         let need = newest.geo.total_pages * PAGE_BYTES as u64;
         let t = Instant::now();
         {
@@ -827,6 +828,16 @@ pub fn prepare_cache_sized(
         }
         let dev = FileDevice::open(cache, FileDeviceOptions::default())
             .map_err(|e| format!("{}: {e}", cache.display()))?;
+        // The old superblocks go first (the cache is being replaced): a rebuild that stops
+        // before its own first step must not leave them, with their id, under the note below,
+        // which names the id the rebuild writes: the next mount refused it as another cache's
+        // (review 41 finding 1); with no superblock it rebuilds again.
+        ldfs::store::segments::forget_cache(&dev, geometry.as_ref())
+            .map_err(|e| format!("{}: {e}", cache.display()))?;
+        // Before every rebuild, a reader's or a writer's: one cut short, or a writer's finished
+        // but killed before its own note, leaves a cache the next mount rebuilds again, not one
+        // refused or taken as a writer's (review 36 finding 2).
+        write_note_as(cache, url, fs_id, READER, bound, Some(cache_id))?;
         let map = map_path(cache);
         let r = match writer {
             Some(_) => restore_lazy_as(store, &dev, &map, cache_id),

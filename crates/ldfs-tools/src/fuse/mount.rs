@@ -1806,6 +1806,8 @@ pub fn run(
                 )),
             )
             .map_err(|e| crate::cli::store::start_failed(u, &image, &e))?;
+            // Nothing goes to the store until the mount serves (`LeaseUntilServed`).
+            seg.hold_uploads();
             (seg.device(), Some(seg))
         }
         _ => (dev, None),
@@ -1982,6 +1984,9 @@ pub fn run(
     .map_err(|e| format!("mounting on {}: {e}", dir.display()))?;
     // Mounted: from here the mount's end (`StoreMount::finish`) releases the lease or keeps it.
     lease_until_served.served();
+    if let Some(s) = &store_mount {
+        s.seg.release_uploads();
+    }
 
     // Signals end the mount (see Ender); the session then returns and the
     // engine closes. A later signal is never ignored: it forces the end.
@@ -2130,8 +2135,9 @@ pub fn run(
 /// open) gives it back as it found it on its way out (`HeldLease::give_back`), saying so.
 /// Before, it kept it until it expired (`HeldLease`'s drop never releases), and the remedy's
 /// mount was refused naming the refused mount's pid, then needed `--force-takeover` (store5).
-/// Safe: the refused mount wrote nothing of its own the store lacks (at most lld's recovery
-/// checkpoint and the reclaim of orphans, the same tree), and a lease it took over from a
+/// Safe: the refused mount put nothing in the store (its uploads are held until it serves:
+/// lld's recovery checkpoint went up under its writer before, and the holder's cache was then
+/// refused as a branch the store no longer has; review 41 finding 3), and a lease it took over from a
 /// holder that never released it goes back to that state, so whatever that holder's cache may
 /// hold still needs `--force-takeover`. Declared before the segment store and the engine: they
 /// are dropped (the uploader stopped) before it gives the lease back.

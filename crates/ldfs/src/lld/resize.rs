@@ -160,7 +160,11 @@ pub(crate) fn settle_superblocks(dev: &dyn Device, g: Geometry) -> LdResult<Geom
             None => true,
         };
         if lags {
-            write_superblock(dev, &want, copy as u32)?;
+            // Where it was read: copy 1 at the device's last page, which is
+            // where every reader looks, also on a device larger than an
+            // unflagged file system (review 41 finding 4; `write_superblock`
+            // puts it at the geometry's end, which a shrink needs).
+            dev.write_at(&want.encode_superblock(copy as u32), [0, last][copy])?;
             wrote = true;
         }
     }

@@ -363,6 +363,9 @@ struct State {
     announced: u64,
     failed: Option<String>,
     stop: bool,
+    /// Nothing is put or deleted until [`SegmentStore::release_uploads`] (a mount that may
+    /// still be refused: review 41 finding 3).
+    held: bool,
     /// The mount is ending: [`SegmentStore::wait_backlog`] returns at once (review 32 finding 7).
     backlog_waits_ended: bool,
     stats: UploadStats,
@@ -602,6 +605,7 @@ impl SegmentStore {
                 announced: 0,
                 failed: None,
                 stop: false,
+                held: false,
                 backlog_waits_ended: false,
                 stats: UploadStats {
                     objects_deleted: swept,
@@ -675,6 +679,20 @@ impl SegmentStore {
             st.left.push_back((seg, gen));
             sh.cv.notify_all();
         }))
+    }
+
+    /// Puts and deletes wait until [`SegmentStore::release_uploads`]: a mount that may still
+    /// be refused after lld's open (whose recovery checkpoint would otherwise go up under this
+    /// writer) leaves the store as it found it, so the lease it gives back is as it found it
+    /// too (review 41 finding 3). Call before lld's open.
+    pub fn hold_uploads(&self) {
+        self.shared.state.lock().unwrap().held = true;
+    }
+
+    /// Lets the uploader go on (see [`SegmentStore::hold_uploads`]).
+    pub fn release_uploads(&self) {
+        self.shared.state.lock().unwrap().held = false;
+        self.shared.cv.notify_all();
     }
 
     /// The serial of the newest checkpoint object in the store.
@@ -1044,11 +1062,13 @@ fn uploader(
                     return;
                 }
                 // A checkpoint first: it is what a lost machine comes back to.
-                if let Some(j) = st.job.take() {
-                    break Work::Job(j);
-                }
-                if !st.left.is_empty() {
-                    break Work::Ahead;
+                if !st.held {
+                    if let Some(j) = st.job.take() {
+                        break Work::Job(j);
+                    }
+                    if !st.left.is_empty() {
+                        break Work::Ahead;
+                    }
                 }
                 st = sh.cv.wait(st).unwrap();
             }
@@ -1760,10 +1780,14 @@ fn checkpoint_to_rebuild(
 /// zeroed and flushed before anything else is written, so a rebuild cut short leaves no
 /// superblock that `Lld::open` could take over a mix of old and new segments: the next mount
 /// finds no cache and rebuilds (review 36 findings 1 and 3).
-fn forget_cache(dev: &dyn Device, geo: &Geometry) -> LayerResult<()> {
+/// `geo`: a geometry whose copy 1 may lie elsewhere (the file system being restored, or the
+/// one the cache held). Also called by a mount before it notes a rebuild (review 41 finding 1).
+pub fn forget_cache(dev: &dyn Device, geo: Option<&Geometry>) -> LayerResult<()> {
     let zero = vec![0u8; PAGE_BYTES];
     dev.write_at(&zero, 0)?;
-    dev.write_at(&zero, geo.superblock_addrs()[1])?;
+    if let Some(geo) = geo {
+        dev.write_at(&zero, geo.superblock_addrs()[1])?;
+    }
     dev.write_at(&zero, copy1_addr(dev.size_bytes()))?;
     dev.flush()?;
     Ok(())
@@ -1806,7 +1830,7 @@ pub fn restore_as(
         let geo = &obj.geo;
         if attempt == 1 {
             // Later attempts reuse what this one wrote (same key and crc): only the first forgets.
-            forget_cache(dev, geo)?;
+            forget_cache(dev, Some(geo))?;
         }
         let mut gone = false;
         for e in &obj.entries {
@@ -1882,7 +1906,7 @@ pub fn restore_lazy_as(
 ) -> LayerResult<RestoreReport> {
     let (key, obj) = checkpoint_to_rebuild(store, dev)?;
     let geo = &obj.geo;
-    forget_cache(dev, geo)?;
+    forget_cache(dev, Some(geo))?;
     let (full, prefix): (Vec<SegmentEntry>, Vec<SegmentEntry>) = obj
         .entries
         .iter()
