@@ -8,133 +8,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ldfs::device::{Device, FileDevice, FileDeviceOptions, MemoryDevice};
-use ldfs::ld::{ListHints, ListId, LogicalDisk};
-use ldfs::lld::layout::{copy1_addr, superblock_as_copy, superblock_with_cache_id, MkfsOptions};
-use ldfs::lld::{Lld, LldOptions, PAGE_BYTES};
+use ldfs::ld::LogicalDisk;
+use ldfs::lld::layout::{copy1_addr, superblock_as_copy, superblock_with_cache_id};
+use ldfs::lld::PAGE_BYTES;
 use ldfs::store::{
-    CacheConfig, MemoryStore, ObjectInfo, ObjectStore, PutOutcome, SegmentStore,
-    SegmentStoreOptions, StoreError, StoreOp, StoreResult,
+    MemoryStore, ObjectInfo, ObjectStore, PutOutcome, StoreError, StoreOp, StoreResult,
 };
-use ldfs::testing::store::{crash_lease, take_lease, TestClock};
-use ldfs_tools::cli::store::{map_path, note_path, prepare_cache_sized, StoreUrl};
+use ldfs::testing::store::take_lease;
+use ldfs_tools::cli::store::{note_path, prepare_cache_sized, StoreUrl};
 
-const DEV_BYTES: u64 = 16 << 20;
-
-/// A store holding a file system (one checkpoint uploaded by a writer that then crashed) and
-/// the clock its lease is on (as in `store_cache_superblocks.rs`).
-fn store_with_fs() -> (Arc<MemoryStore>, TestClock) {
-    let store = Arc::new(MemoryStore::new());
-    let clock = TestClock::default();
-    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
-    ldfs::lld::mkfs::mkfs(
-        &*dev,
-        &MkfsOptions {
-            segment_bytes: 128 << 10,
-            max_block_bytes: 32 << 10,
-            reserved_segments: Some(4),
-            fs_id: 0x4141,
-            max_bytes: None,
-            kept_pages: 0,
-        },
-    )
-    .unwrap();
-    let lease = take_lease(store.clone(), &clock, false);
-    let seg = SegmentStore::start(
-        store.clone(),
-        dev,
-        lease.clone(),
-        SegmentStoreOptions::default(),
-    )
-    .unwrap();
-    let lld = Lld::open(
-        seg.device(),
-        LldOptions {
-            checkpoint_hook: Some(seg.hook()),
-            ..LldOptions::default()
-        },
-    )
-    .unwrap();
-    let l = lld.create_list(None, ListHints::default()).unwrap();
-    for i in 0..20 {
-        lld.write(None, l, i, &[7u8; 9000]).unwrap();
-    }
-    lld.close().unwrap();
-    seg.wait_uploaded(seg.announced(), Duration::from_secs(30))
-        .unwrap();
-    seg.stop();
-    crash_lease(&lease, &clock);
-    (store, clock)
-}
-
-/// Opens the cache as a read-write mount does.
-fn open_cache(
-    cache: &Path,
-    store: &Arc<MemoryStore>,
-    lease: &Arc<ldfs::store::HeldLease>,
-) -> (SegmentStore, Lld) {
-    open_cache_as_a_mount(cache, store, lease, false)
-}
-
-/// `open_cache`, with the uploads held from before lld's open if `held` (as a read-write mount
-/// does until it serves: `fuse::mount`, `SegmentStore::hold_uploads`).
-fn open_cache_as_a_mount(
-    cache: &Path,
-    store: &Arc<MemoryStore>,
-    lease: &Arc<ldfs::store::HeldLease>,
-    held: bool,
-) -> (SegmentStore, Lld) {
-    let dev: Arc<dyn Device> =
-        Arc::new(FileDevice::open(cache, FileDeviceOptions::default()).unwrap());
-    let seg = SegmentStore::start_cached(
-        store.clone(),
-        dev,
-        lease.clone(),
-        SegmentStoreOptions::default(),
-        Some(CacheConfig::new(map_path(cache), None)),
-    )
-    .unwrap();
-    if held {
-        seg.hold_uploads();
-    }
-    let lld = Lld::open(
-        seg.device(),
-        LldOptions {
-            checkpoint_hook: Some(seg.hook()),
-            ..LldOptions::default()
-        },
-    )
-    .unwrap();
-    (seg, lld)
-}
-
-/// A writer's cache holding a write fsynced and never uploaded (its mount crashed).
-fn writers_cache_with_unuploaded_write(
-    cache: &Path,
-    url: &StoreUrl,
-    store: &Arc<MemoryStore>,
-    clock: &TestClock,
-) -> ListId {
-    std::fs::File::create(cache).unwrap();
-    let lease = take_lease(store.clone(), clock, true);
-    prepare_cache_sized(
-        &**store as &dyn ObjectStore,
-        url,
-        cache,
-        Some(lease.writer()),
-        None,
-    )
-    .unwrap();
-    let (seg, lld) = open_cache(cache, store, &lease);
-    let l = lld.create_list(None, ListHints::default()).unwrap();
-    lld.write(None, l, 0, &[0x5a; 5000]).unwrap();
-    lld.flush().unwrap();
-    seg.stop();
-    drop(lld);
-    drop(seg);
-    crash_lease(&lease, clock);
-    l
-}
+mod common;
+use common::store_cache::{
+    open_cache, open_cache_as_a_mount, store_with_fs, writers_cache_with_unuploaded_write,
+};
 
 /// A store whose `get`s of checkpoint objects fail (transient) once `allowed` of them passed:
 /// the gateway dropping out in the middle of a mount.
@@ -186,7 +72,7 @@ impl ObjectStore for FailingCheckpointGets {
 fn a_rebuild_that_fails_before_it_forgets_the_cache_is_rebuilt_by_the_next_mount() {
     let d = tempfile::tempdir().unwrap();
     let url = StoreUrl::parse("s3://review41/f1").unwrap();
-    let (store, _clock) = store_with_fs();
+    let (store, _clock) = store_with_fs(0x4141);
     let cache = d.path().join("r.img");
     std::fs::File::create(&cache).unwrap();
     // A read-only mount's cache (noted READER, with its id).
@@ -245,7 +131,7 @@ fn make_pre_id_cache(cache: &Path) {
 fn a_page_0_torn_while_a_kept_cache_gets_its_id_is_still_the_writers_cache() {
     let d = tempfile::tempdir().unwrap();
     let url = StoreUrl::parse("s3://review41/f2").unwrap();
-    let (store, clock) = store_with_fs();
+    let (store, clock) = store_with_fs(0x4141);
     let cache = d.path().join("w.img");
     let l = writers_cache_with_unuploaded_write(&cache, &url, &store, &clock);
     make_pre_id_cache(&cache);
@@ -295,7 +181,7 @@ fn a_page_0_torn_while_a_kept_cache_gets_its_id_is_still_the_writers_cache() {
 fn a_crash_between_the_two_id_writes_keeps_the_writers_cache() {
     let d = tempfile::tempdir().unwrap();
     let url = StoreUrl::parse("s3://review41/g1").unwrap();
-    let (store, clock) = store_with_fs();
+    let (store, clock) = store_with_fs(0x4141);
     let cache = d.path().join("w.img");
     let l = writers_cache_with_unuploaded_write(&cache, &url, &store, &clock);
     make_pre_id_cache(&cache);
@@ -351,7 +237,7 @@ fn a_crash_between_the_two_id_writes_keeps_the_writers_cache() {
 fn a_lease_given_back_as_found_leaves_the_holders_cache_mountable() {
     let d = tempfile::tempdir().unwrap();
     let url = StoreUrl::parse("s3://review41/f3").unwrap();
-    let (store, clock) = store_with_fs();
+    let (store, clock) = store_with_fs(0x4141);
     // beta: a writer whose mount crashed holding a write never uploaded; its lease expired.
     let beta = d.path().join("beta.img");
     let l = writers_cache_with_unuploaded_write(&beta, &url, &store, &clock);

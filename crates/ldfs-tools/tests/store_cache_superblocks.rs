@@ -6,124 +6,17 @@
 //! 1's superblock is refused, whatever the note says (review 37 finding 2).
 
 use std::os::unix::fs::FileExt;
-use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
-use ldfs::device::{Device, FileDevice, FileDeviceOptions, MemoryDevice};
-use ldfs::ld::{ListHints, ListId, LogicalDisk};
-use ldfs::lld::layout::MkfsOptions;
-use ldfs::lld::{Lld, LldOptions, PAGE_BYTES};
-use ldfs::store::{CacheConfig, MemoryStore, ObjectStore, SegmentStore, SegmentStoreOptions};
-use ldfs::testing::store::{crash_lease, take_lease, TestClock};
+use ldfs::device::{Device, FileDevice, FileDeviceOptions};
+use ldfs::ld::LogicalDisk;
+use ldfs::lld::PAGE_BYTES;
+use ldfs::store::ObjectStore;
+use ldfs::testing::store::take_lease;
 use ldfs_tools::cli::store::{map_path, prepare_cache_sized, StoreUrl};
 
-const DEV_BYTES: u64 = 16 << 20;
-
-/// A store holding a file system (one checkpoint uploaded by a writer that then crashed) and
-/// the clock its lease is on.
-fn store_with_fs() -> (Arc<MemoryStore>, TestClock) {
-    let store = Arc::new(MemoryStore::new());
-    let clock = TestClock::default();
-    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
-    ldfs::lld::mkfs::mkfs(
-        &*dev,
-        &MkfsOptions {
-            segment_bytes: 128 << 10,
-            max_block_bytes: 32 << 10,
-            reserved_segments: Some(4),
-            fs_id: 0x5105,
-            max_bytes: None,
-            kept_pages: 0,
-        },
-    )
-    .unwrap();
-    let lease = take_lease(store.clone(), &clock, false);
-    let seg = SegmentStore::start(
-        store.clone(),
-        dev,
-        lease.clone(),
-        SegmentStoreOptions::default(),
-    )
-    .unwrap();
-    let lld = Lld::open(
-        seg.device(),
-        LldOptions {
-            checkpoint_hook: Some(seg.hook()),
-            ..LldOptions::default()
-        },
-    )
-    .unwrap();
-    let l = lld.create_list(None, ListHints::default()).unwrap();
-    for i in 0..20 {
-        lld.write(None, l, i, &[7u8; 9000]).unwrap();
-    }
-    lld.close().unwrap();
-    seg.wait_uploaded(seg.announced(), Duration::from_secs(30))
-        .unwrap();
-    seg.stop();
-    crash_lease(&lease, &clock);
-    (store, clock)
-}
-
-/// Opens the cache as a read-write mount does (the segment store under lld, the residency
-/// map beside it) with `lease`.
-fn open_cache(
-    cache: &Path,
-    store: &Arc<MemoryStore>,
-    lease: &Arc<ldfs::store::HeldLease>,
-) -> (SegmentStore, Lld) {
-    let dev: Arc<dyn Device> =
-        Arc::new(FileDevice::open(cache, FileDeviceOptions::default()).unwrap());
-    let seg = SegmentStore::start_cached(
-        store.clone(),
-        dev,
-        lease.clone(),
-        SegmentStoreOptions::default(),
-        Some(CacheConfig::new(map_path(cache), None)),
-    )
-    .unwrap();
-    let lld = Lld::open(
-        seg.device(),
-        LldOptions {
-            checkpoint_hook: Some(seg.hook()),
-            ..LldOptions::default()
-        },
-    )
-    .unwrap();
-    (seg, lld)
-}
-
-/// A writer's cache (rebuilt from the store, noted as the writer's) that then holds a write
-/// fsynced and never uploaded (its mount crashed before the next upload). Returns the list.
-fn writers_cache_with_unuploaded_write(
-    cache: &Path,
-    url: &StoreUrl,
-    store: &Arc<MemoryStore>,
-    clock: &TestClock,
-) -> ListId {
-    std::fs::File::create(cache).unwrap();
-    let lease = take_lease(store.clone(), clock, true);
-    prepare_cache_sized(
-        &**store as &dyn ObjectStore,
-        url,
-        cache,
-        Some(lease.writer()),
-        None,
-    )
-    .unwrap();
-    let (seg, lld) = open_cache(cache, store, &lease);
-    let l = lld.create_list(None, ListHints::default()).unwrap();
-    lld.write(None, l, 0, &[0x5a; 5000]).unwrap();
-    lld.flush().unwrap();
-    // The crash: nothing more reaches the store (the engine's closing checkpoint stays in the
-    // cache), the lease is left to expire.
-    seg.stop();
-    drop(lld);
-    drop(seg);
-    crash_lease(&lease, clock);
-    l
-}
+mod common;
+use common::store_cache::{open_cache, store_with_fs, writers_cache_with_unuploaded_write};
 
 /// store5 finding (issue 20): a writer's cache whose page 0 reads as zeros (a sector lost, a
 /// stray write) while superblock copy 1 is good was taken for an empty cache (`cache_geometry`
@@ -134,7 +27,7 @@ fn writers_cache_with_unuploaded_write(
 fn a_writers_cache_whose_page_0_is_lost_is_opened_not_rebuilt() {
     let d = tempfile::tempdir().unwrap();
     let url = StoreUrl::parse("s3://store5/page0").unwrap();
-    let (store, clock) = store_with_fs();
+    let (store, clock) = store_with_fs(0x5105);
     let cache = d.path().join("c.img");
     let l = writers_cache_with_unuploaded_write(&cache, &url, &store, &clock);
     // Page 0 lost.
@@ -172,7 +65,7 @@ fn a_writers_cache_whose_page_0_is_lost_is_opened_not_rebuilt() {
 fn a_writers_cache_whose_page_0_is_torn_is_opened() {
     let d = tempfile::tempdir().unwrap();
     let url = StoreUrl::parse("s3://store5/torn").unwrap();
-    let (store, clock) = store_with_fs();
+    let (store, clock) = store_with_fs(0x5105);
     let cache = d.path().join("c.img");
     let l = writers_cache_with_unuploaded_write(&cache, &url, &store, &clock);
     let f = std::fs::OpenOptions::new()
@@ -210,7 +103,7 @@ fn a_writers_cache_whose_page_0_is_torn_is_opened() {
 fn a_foreign_page_0_over_a_good_copy_1_is_refused() {
     let d = tempfile::tempdir().unwrap();
     let url = StoreUrl::parse("s3://store5/foreign").unwrap();
-    let (store, _clock) = store_with_fs();
+    let (store, _clock) = store_with_fs(0x5105);
     let cache = d.path().join("c.img");
     std::fs::File::create(&cache).unwrap();
     // A read-only mount's cache (noted READER): rebuilt at every mount.
@@ -246,7 +139,7 @@ fn a_foreign_page_0_over_a_good_copy_1_is_refused() {
 fn a_writers_note_does_not_vouch_for_another_cache_at_its_path() {
     let d = tempfile::tempdir().unwrap();
     let url = StoreUrl::parse("s3://store5/swap").unwrap();
-    let (store, clock) = store_with_fs();
+    let (store, clock) = store_with_fs(0x5105);
     let a = d.path().join("a.img");
     let b = d.path().join("b.img");
     std::fs::File::create(&a).unwrap();
@@ -288,7 +181,7 @@ fn a_writers_note_does_not_vouch_for_another_cache_at_its_path() {
 fn a_readers_note_does_not_vouch_for_a_writers_cache_at_its_path() {
     let d = tempfile::tempdir().unwrap();
     let url = StoreUrl::parse("s3://store5/swap2").unwrap();
-    let (store, clock) = store_with_fs();
+    let (store, clock) = store_with_fs(0x5105);
     let w = d.path().join("w.img");
     let r = d.path().join("r.img");
     writers_cache_with_unuploaded_write(&w, &url, &store, &clock);
@@ -315,7 +208,7 @@ fn a_readers_note_does_not_vouch_for_a_writers_cache_at_its_path() {
 fn the_offline_tools_refuse_a_cache_whose_note_is_another_caches() {
     let d = tempfile::tempdir().unwrap();
     let url = StoreUrl::parse("s3://store5/tools").unwrap();
-    let (store, clock) = store_with_fs();
+    let (store, clock) = store_with_fs(0x5105);
     let a = d.path().join("a.img");
     let b = d.path().join("b.img");
     std::fs::File::create(&a).unwrap();

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod store_cache;
+
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
