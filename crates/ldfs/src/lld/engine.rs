@@ -148,8 +148,8 @@ pub struct CheckpointHook(pub Arc<dyn Fn(&DurableCheckpoint<'_>) + Send + Sync>)
 /// it has returned from the device (not yet flushed), by the thread whose
 /// write completed it: the log writer's, or one writing its own items (a
 /// flush leader, the checkpointer's phase 2, an operation holding the engine
-/// lock); it must only take note, and not panic (a panic stops all writing:
-/// the engine turns read-only). Its bytes then stay as they are until a
+/// lock); it must only take note. A panic is caught and ends the reports
+/// (logged): the engine goes on, its checkpoints naming every segment. Its bytes then stay as they are until a
 /// checkpoint releases the segment, and that checkpoint's
 /// [`CheckpointHook`] call comes after this one: a segment the log left
 /// before a checkpoint's snapshot is not reported after it (that
@@ -2535,6 +2535,9 @@ struct LeftSegments {
 #[derive(Default)]
 struct LeftQueue {
     left: VecDeque<(SegmentId, u64)>,
+    /// The hook panicked: no more reports (the checkpoints still name every
+    /// segment; only the early uploads stop).
+    broken: bool,
     /// The highest written count told so far: a push after a write whose
     /// `tell` found the queue empty still sees it (review 40 finding 2).
     written: u64,
@@ -2550,6 +2553,9 @@ impl LeftSegments {
     /// before the push).
     fn push(&self, seg: SegmentId, ticket: u64, written: u64) {
         let mut q = self.lock();
+        if q.broken {
+            return;
+        }
         q.left.push_back((seg, ticket));
         self.tell_locked(&mut q, written);
     }
@@ -2563,11 +2569,24 @@ impl LeftSegments {
     fn tell_locked(&self, q: &mut LeftQueue, written: u64) {
         q.written = q.written.max(written);
         while let Some(&(seg, ticket)) = q.left.front() {
-            if ticket > q.written {
+            if ticket > q.written || q.broken {
                 break;
             }
             q.left.pop_front();
-            (self.hook.0)(seg);
+            // The hook runs on whichever thread wrote (the log writer's, or
+            // one holding the engine lock): a panic must reach neither, one
+            // ending the writer thread in silence, the other poisoning the
+            // engine (review 40 finding 1).
+            let hook = &self.hook;
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (hook.0)(seg))).is_err() {
+                eprintln!(
+                    "ldfs: the segment hook panicked at segment {}: no more segments are \
+                     reported (checkpoints still name them all)",
+                    seg.0
+                );
+                q.broken = true;
+                q.left.clear();
+            }
         }
     }
 

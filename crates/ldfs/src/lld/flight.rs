@@ -185,7 +185,8 @@ impl Flight {
         if let (Some(w), Some(f)) = (grew, self.on_written.get()) {
             // A panic here would end the writer thread in silence, and the
             // next submit that waits for room would hold the engine lock for
-            // good (review 40 finding 1): writing stops, with the reason.
+            // good (review 40 finding 1): writing stops, with the reason. (The
+            // engine's callback catches the segment hook's own panics.)
             if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(w))).is_err() {
                 let mut s = self.lock();
                 if s.failed.is_none() {
