@@ -3,67 +3,19 @@
 //! marks an open defect: `cargo test --release -p ldfs-tools --test review36_probes --
 //! --ignored` runs it.
 
-use std::sync::Arc;
-use std::time::Duration;
+mod common;
 
-use ldfs::device::{Device, MemoryDevice};
-use ldfs::ld::{ListHints, LogicalDisk};
-use ldfs::lld::layout::MkfsOptions;
-use ldfs::lld::{Lld, LldOptions, PAGE_BYTES};
-use ldfs::store::{MemoryStore, ObjectStore, SegmentStore, SegmentStoreOptions};
+use std::sync::Arc;
+
+use ldfs::lld::PAGE_BYTES;
+use ldfs::store::{MemoryStore, ObjectStore};
 use ldfs::testing::store::{crash_lease, take_lease, TestClock};
 use ldfs_tools::cli::store::{note_path, prepare_cache_sized, StoreUrl};
-
-const DEV_BYTES: u64 = 16 << 20;
 
 /// A store holding a file system (one checkpoint uploaded by a writer that then crashed) and
 /// the clock its lease is on.
 fn store_with_fs() -> (Arc<MemoryStore>, TestClock) {
-    let store = Arc::new(MemoryStore::new());
-    let clock = TestClock::default();
-    // A writer made the file system and uploaded a checkpoint, then stopped.
-    {
-        let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
-        ldfs::lld::mkfs::mkfs(
-            &*dev,
-            &MkfsOptions {
-                segment_bytes: 128 << 10,
-                max_block_bytes: 32 << 10,
-                reserved_segments: Some(4),
-                fs_id: 0x3636,
-                max_bytes: None,
-                kept_pages: 0,
-            },
-        )
-        .unwrap();
-        let lease = take_lease(store.clone(), &clock, false);
-        let seg = SegmentStore::start(
-            store.clone(),
-            dev,
-            lease.clone(),
-            SegmentStoreOptions::default(),
-        )
-        .unwrap();
-        let lld = Lld::open(
-            seg.device(),
-            LldOptions {
-                checkpoint_hook: Some(seg.hook()),
-                segment_hook: Some(seg.segment_hook()),
-                ..LldOptions::default()
-            },
-        )
-        .unwrap();
-        let l = lld.create_list(None, ListHints::default()).unwrap();
-        for i in 0..20 {
-            lld.write(None, l, i, &[7u8; 9000]).unwrap();
-        }
-        lld.close().unwrap();
-        seg.wait_uploaded(seg.announced(), Duration::from_secs(30))
-            .unwrap();
-        seg.stop();
-        crash_lease(&lease, &clock);
-    }
-    (store, clock)
+    common::store_cache::store_with_fs(0x3636)
 }
 
 /// Finding 2 (low; availability, no data lost): a read-write mount on an absent (or zeroed)

@@ -2,15 +2,11 @@
 //! whatever page 0 holds). `#[ignore]` marks an open defect:
 //! `cargo test --release -p ldfs-tools --test review37_probes -- --ignored` runs it.
 
-use std::sync::Arc;
-use std::time::Duration;
+mod common;
 
-use ldfs::device::{Device, MemoryDevice};
-use ldfs::ld::{ListHints, LogicalDisk};
-use ldfs::lld::layout::MkfsOptions;
-use ldfs::lld::{Lld, LldOptions};
-use ldfs::store::{MemoryStore, ObjectStore, SegmentStore, SegmentStoreOptions};
-use ldfs::testing::store::{crash_lease, take_lease, TestClock};
+use std::sync::Arc;
+
+use ldfs::store::{MemoryStore, ObjectStore};
 use ldfs_tools::cli::store::{note_path, prepare_cache_sized, StoreUrl};
 
 const DEV_BYTES: u64 = 16 << 20;
@@ -18,48 +14,7 @@ const FS_ID: u64 = 0x3737;
 
 /// A store holding a file system (one checkpoint uploaded by a writer that then crashed).
 fn store_with_fs() -> Arc<MemoryStore> {
-    let store = Arc::new(MemoryStore::new());
-    let clock = TestClock::default();
-    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
-    ldfs::lld::mkfs::mkfs(
-        &*dev,
-        &MkfsOptions {
-            segment_bytes: 128 << 10,
-            max_block_bytes: 32 << 10,
-            reserved_segments: Some(4),
-            fs_id: FS_ID,
-            max_bytes: None,
-            kept_pages: 0,
-        },
-    )
-    .unwrap();
-    let lease = take_lease(store.clone(), &clock, false);
-    let seg = SegmentStore::start(
-        store.clone(),
-        dev,
-        lease.clone(),
-        SegmentStoreOptions::default(),
-    )
-    .unwrap();
-    let lld = Lld::open(
-        seg.device(),
-        LldOptions {
-            checkpoint_hook: Some(seg.hook()),
-            segment_hook: Some(seg.segment_hook()),
-            ..LldOptions::default()
-        },
-    )
-    .unwrap();
-    let l = lld.create_list(None, ListHints::default()).unwrap();
-    for i in 0..20 {
-        lld.write(None, l, i, &[7u8; 9000]).unwrap();
-    }
-    lld.close().unwrap();
-    seg.wait_uploaded(seg.announced(), Duration::from_secs(30))
-        .unwrap();
-    seg.stop();
-    crash_lease(&lease, &clock);
-    store
+    common::store_cache::store_with_fs(FS_ID).0
 }
 
 /// Finding 2: the note is a sidecar keyed by the cache's path (`c.img.ldfs-store`, or

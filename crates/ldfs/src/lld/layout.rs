@@ -575,6 +575,11 @@ pub fn superblock_as_copy(page: &[u8], copy: u32) -> Vec<u8> {
     assert!(copy < 2, "superblock copy {copy}");
     let mut b = page.to_vec();
     put_u32(&mut b, SB_COPY, copy);
+    with_crc(b)
+}
+
+/// `b` with its crc set for what it now holds.
+fn with_crc(mut b: Vec<u8>) -> Vec<u8> {
     let crc = crc_with_hole(&b, SB_CRC);
     put_u32(&mut b, SB_CRC, crc);
     b
@@ -595,9 +600,7 @@ pub fn superblock_with_cache_id(page: &[u8], id: u64) -> Vec<u8> {
     assert_eq!(page.len(), PAGE_BYTES);
     let mut b = page.to_vec();
     put_u64(&mut b, SB_CACHE_ID, id);
-    let crc = crc_with_hole(&b, SB_CRC);
-    put_u32(&mut b, SB_CRC, crc);
-    b
+    with_crc(b)
 }
 
 /// A random nonzero cache id ([`Geometry::cache_id`]).

@@ -136,7 +136,7 @@ fn set_resize_flag(dev: &dyn Device, g: Geometry) -> LdResult<Geometry> {
 /// the other does (the engine knows the geometry: recovery used it).
 /// Returns the geometry to run with (flagged if either copy was).
 pub(crate) fn settle_superblocks(dev: &dyn Device, g: Geometry) -> LdResult<Geometry> {
-    let last = (device_pages(dev).saturating_sub(1)) * PAGE_BYTES as u64;
+    let last = super::layout::copy1_addr(dev.size_bytes());
     let mut copies = [None, None];
     for (i, addr) in [0, last].into_iter().enumerate() {
         let mut b = vec![0u8; PAGE_BYTES];
