@@ -97,3 +97,20 @@ fn a_writable_open_repairs_copy_1_where_it_is_read_on_a_larger_device() {
     let r = Lld::open(dev.clone(), LldOptions::default());
     assert!(r.is_ok(), "page 0 lost: {:?}", r.err());
 }
+
+/// Review 41's smaller note: a mount giving back a lease another writer took meanwhile (its
+/// give-back finds the next generation taken) said "given back" all the same. It must not
+/// claim it gave back what was not its own.
+#[test]
+fn a_give_back_after_a_takeover_does_not_say_given_back() {
+    use ldfs::testing::store::{take_lease, TestClock};
+    let store: std::sync::Arc<dyn ldfs::store::ObjectStore> =
+        std::sync::Arc::new(ldfs::store::MemoryStore::new());
+    let clock = TestClock::default();
+    // A's renewer runs every fifth of its 60 s: it has not noticed B by the give-back.
+    let a = take_lease(store.clone(), &clock, false);
+    clock.advance(61);
+    let _b = take_lease(store.clone(), &clock, true);
+    let said = a.give_back().unwrap();
+    assert!(said.contains("another writer took the lease"), "{said}");
+}

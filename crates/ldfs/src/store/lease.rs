@@ -517,7 +517,11 @@ impl HeldLease {
         }
         st.released = true;
         match give_back(&*self.k.store, &st.lease, self.k.over.as_ref()) {
-            Ok(()) | Err(LeaseError::Lost { .. }) => {}
+            Ok(()) => {}
+            // Another writer took the next generation meanwhile: not ours to give (review 41).
+            Err(LeaseError::Lost { .. }) => {
+                return Ok("another writer took the lease meanwhile: nothing was given back".into())
+            }
             Err(e) => return Err(e),
         }
         Ok(match &self.k.over {
