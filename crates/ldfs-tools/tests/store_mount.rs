@@ -89,6 +89,13 @@ impl Env {
             child: Some(child),
         }
     }
+    /// The store itself (to look at its objects).
+    fn store(&self) -> ldfs::store::S3Store {
+        let bucket = self.url["s3://".len()..].split('/').next().unwrap();
+        let cfg =
+            ldfs::store::S3Config::from_vars(bucket, "fs", |k| self.vars.get(k).cloned()).unwrap();
+        ldfs::store::S3Store::new(&cfg).unwrap()
+    }
     /// A mount that must fail: its stderr.
     fn mount_refused(&self, cache: &Path, dir: &Path) -> String {
         std::fs::create_dir_all(dir).unwrap();
@@ -792,4 +799,104 @@ fn inspect_reads_from_the_store(e: &Env, cache: &Path) {
         text.contains(&format!("segment {s} summaries\n  page 0: epoch")),
         "inspect of segment {s}, in the store only: {text}"
     );
+}
+
+/// A read-only mount on an empty cache a quarter of the data's size. Before, a read-only mount
+/// downloaded the file system whole before it mounted (a reader beside a writer must not
+/// depend on objects the writer deletes); now it pins the checkpoint it mounts
+/// (`store::readers`) and fetches segments as it reads. It mounts having written little to
+/// its cache, and reads the tree of its checkpoint whole and exact, within its bound, while the
+/// writer beside it deletes and rewrites every file and uploads several times. Unmounted, its
+/// pin goes, and the writer's next upload deletes what only the pin kept.
+#[test]
+fn a_read_only_mount_on_a_small_cache_reads_its_tree_while_the_writer_rewrites_it() {
+    use ldfs::store::ObjectStore;
+    let Some(e) = env("reader") else { return };
+    const DATA: u64 = 16 << 20;
+    const BOUND: u64 = DATA / 4;
+    let c1 = e.path("c1.img");
+    e.ldfs()
+        .args(["mkfs", "--store", &e.url, "--cache"])
+        .arg(&c1)
+        .args(["--size", "128M", "--segment-size", "512K", "--sparse"])
+        .succeeds();
+    let d1 = e.path("d1");
+    let m = e.mount(&c1, &d1, &["upload=1"], false);
+    let tree = write_bytes(&d1, 7, DATA);
+    e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
+    let c2 = e.path("c2.img");
+    let d2 = e.path("d2");
+    let t = Instant::now();
+    let ro = e.mount_with(&c2, &d2, &["ro"], &["--cache-size", &BOUND.to_string()]);
+    let usable = t.elapsed();
+    assert!(
+        allocated(&c2) <= 2 << 20,
+        "a read-only mount wrote {} bytes to its cache before any read",
+        allocated(&c2)
+    );
+    let store = e.store();
+    let pins = store.list("readers/").unwrap();
+    assert_eq!(pins.len(), 1, "{pins:?}");
+    // The writer replaces everything, uploading after each step.
+    for rel in tree.keys() {
+        std::fs::remove_file(d1.join(rel)).unwrap();
+    }
+    e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
+    let new = write_bytes(&d1, 8, DATA);
+    for i in 0..3 {
+        std::fs::write(d1.join(format!("small{i}")), [i as u8; 100]).unwrap();
+        e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
+    }
+    let t = Instant::now();
+    assert_same(
+        &read_tree(&d2),
+        &tree,
+        "the read-only mount after the writer rewrote everything",
+    );
+    let read = t.elapsed();
+    let st = stats_json(&d2);
+    let s = &st["store"];
+    let meta = s["cache_metadata_bytes"].as_u64().unwrap();
+    assert!(
+        allocated(&c2) <= BOUND + meta,
+        "the reader's cache holds {} bytes, over its bound {BOUND} + {meta}: {st}",
+        allocated(&c2)
+    );
+    assert_eq!(s["read_only"], true, "{st}");
+    assert_eq!(s["cache_bound_bytes"].as_u64(), Some(BOUND), "{st}");
+    assert!(
+        s["pinned_checkpoint"]
+            .as_str()
+            .unwrap()
+            .starts_with("ckpt/")
+            && s["cache_misses"].as_u64().unwrap() > 0
+            && s["cache_evictions"].as_u64().unwrap() > 0,
+        "{st}"
+    );
+    println!(
+        "read-only mount of {} MiB in the store on an empty {} MiB cache: usable in {:.2} s; \
+         every file read in {:.2} s",
+        DATA >> 20,
+        BOUND >> 20,
+        usable.as_secs_f64(),
+        read.as_secs_f64()
+    );
+    ro.unmount();
+    assert!(
+        store.list("readers/").unwrap().is_empty(),
+        "the unmount deletes the pin"
+    );
+    std::fs::write(d1.join("after"), b"after").unwrap();
+    e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
+    let t = Instant::now();
+    while store.list("ckpt/").unwrap().len() > 2 {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the pinned checkpoint outlived its pin: {:?}",
+            store.list("ckpt/").unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_same(&read_tree(&d1), &new, "the writer");
+    m.unmount();
 }

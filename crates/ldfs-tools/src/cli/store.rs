@@ -25,8 +25,10 @@ use ldfs::lld::layout::{
 use ldfs::lld::PAGE_BYTES;
 use ldfs::store::cache::{map_path_for_note, remove_map};
 use ldfs::store::lease::{HeldLease, LeaseError, LeaseOptions};
+use ldfs::store::readers::{PinOptions, ReaderPin};
 use ldfs::store::segments::{newest_checkpoint, parse_checkpoint_key};
-use ldfs::store::{restore_as, restore_lazy_as, ObjectStore, S3Config, S3Store};
+use ldfs::store::segments::{restore_lazy_of, CheckpointObject};
+use ldfs::store::{restore_lazy_as, ObjectStore, S3Config, S3Store};
 
 /// `s3://BUCKET[/PREFIX]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,6 +105,22 @@ pub fn take_lease(
         Err(e @ LeaseError::Held { .. }) => Err(format!("{url}: {e}")),
         Err(e) => Err(format!("{url}: taking the lease: {e}")),
     }
+}
+
+/// Pins the store's newest complete checkpoint for a read-only mount (`store::readers`), turning
+/// a failure into the message a user reads: the pin, and the checkpoint (its key first).
+pub fn take_pin(
+    store: Arc<dyn ObjectStore>,
+    url: &StoreUrl,
+    duration: Duration,
+) -> Result<(ReaderPin, String, CheckpointObject), String> {
+    let opts = PinOptions {
+        duration,
+        clock: ldfs::store::lease::system_clock(),
+        host: hostname(),
+        pid: std::process::id(),
+    };
+    ReaderPin::take(store, opts).map_err(|e| format!("{url}: pinning a checkpoint to read: {e}"))
 }
 
 /// Where the notes of caches under `/dev` go: beside a block device the note would be on a
@@ -692,16 +710,41 @@ pub fn prepare_cache(
 }
 
 /// [`prepare_cache`] with the mount's `--cache-size` (which wins over, and replaces, the one
-/// the note remembers). A read-write mount's rebuild downloads nothing but what lld appends to
-/// (`restore_lazy`: segments are fetched as read); a read-only mount's downloads everything (a
-/// reader beside a writer must not depend on objects the writer deletes later). Returns the
-/// cache's bound, if it has one.
+/// the note remembers). A rebuild downloads nothing but the Active segment's prefix
+/// (`restore_lazy`: segments are fetched as read): a read-write mount's of the store's newest
+/// complete checkpoint, a read-only mount's of the one its pin keeps
+/// ([`prepare_reader_cache`]; without a pin, the newest complete one). Returns the cache's
+/// bound, if it has one.
 pub fn prepare_cache_sized(
     store: &dyn ObjectStore,
     url: &StoreUrl,
     cache: &Path,
     writer: Option<u64>,
     cache_size: Option<u64>,
+) -> Result<Option<u64>, String> {
+    prepare(store, url, cache, writer, cache_size, None)
+}
+
+/// A read-only mount's [`prepare_cache_sized`]: the cache is rebuilt (it always is for a
+/// reader) from the checkpoint object `key` its pin keeps (`store::readers`).
+pub fn prepare_reader_cache(
+    store: &dyn ObjectStore,
+    url: &StoreUrl,
+    cache: &Path,
+    cache_size: Option<u64>,
+    key: &str,
+    obj: &CheckpointObject,
+) -> Result<Option<u64>, String> {
+    prepare(store, url, cache, None, cache_size, Some((key, obj)))
+}
+
+fn prepare(
+    store: &dyn ObjectStore,
+    url: &StoreUrl,
+    cache: &Path,
+    writer: Option<u64>,
+    cache_size: Option<u64>,
+    pinned: Option<(&str, &CheckpointObject)>,
 ) -> Result<Option<u64>, String> {
     if let Some(why) = ambiguous_note(cache) {
         return Err(why);
@@ -839,23 +882,17 @@ pub fn prepare_cache_sized(
         // refused or taken as a writer's (review 36 finding 2).
         write_note_as(cache, url, fs_id, READER, bound, Some(cache_id))?;
         let map = map_path(cache);
-        let r = match writer {
-            Some(_) => restore_lazy_as(store, &dev, &map, cache_id),
-            None => remove_map(&map)
-                .map_err(|e| ldfs::store::LayerError::Other(format!("{}: {e}", map.display())))
-                .and_then(|()| restore_as(store, &dev, cache_id)),
+        let r = match pinned {
+            Some((key, obj)) => restore_lazy_of(store, &dev, &map, cache_id, key, obj),
+            None => restore_lazy_as(store, &dev, &map, cache_id),
         }
         .map_err(|e| format!("rebuilding {} from {url}: {e}", cache.display()))?;
         eprintln!(
-            "ldfs: rebuilt the cache {} from {url}: checkpoint {}, {} segment objects ({} bytes) downloaded{}, in {:.1} s",
+            "ldfs: rebuilt the cache {} from {url}: checkpoint {}, {} segment objects ({} bytes) downloaded; the rest is fetched as read, in {:.1} s",
             cache.display(),
             r.serial,
             r.segments,
             r.bytes,
-            match writer {
-                Some(_) => "; the rest is fetched as read",
-                None => "",
-            },
             t.elapsed().as_secs_f64()
         );
     }

@@ -66,6 +66,8 @@ struct Daemon {
     history: Arc<ProtectedHistory>,
     /// A store-backed file system's layer and lease (read-write mounts of one).
     store: Option<Arc<StoreMount>>,
+    /// A read-only mount of one: its pin and cache.
+    reader: Option<Arc<crate::fuse::store_mount::ReaderMount>>,
 }
 
 /// How many `snapshot` command results the daemon keeps.
@@ -157,6 +159,9 @@ impl Control for Daemon {
                 if let Some(s) = &self.store {
                     t += &s.text();
                 }
+                if let Some(r) = &self.reader {
+                    t += &r.text();
+                }
                 Ok(t.into_bytes())
             }
             "stats-json" => {
@@ -169,7 +174,11 @@ impl Control for Daemon {
                     "live_bytes": sp.live_bytes,
                     "capacity_bytes": sp.capacity_bytes,
                     "available_bytes": sp.available_bytes,
-                    "store": self.store.as_ref().map(|s| s.json()),
+                    "store": match (&self.store, &self.reader) {
+                        (Some(s), _) => Some(s.json()),
+                        (None, Some(r)) => Some(r.json()),
+                        (None, None) => None,
+                    },
                 })
                 .to_string()
                 .into_bytes())
@@ -1730,7 +1739,7 @@ pub fn run(
     // A store mount: the lease (read-write), then the cache kept or rebuilt from the store.
     // Given back as it was found if the mount is refused before it serves (store5).
     let mut lease_until_served = LeaseUntilServed::default();
-    let store_ctx = match (&url, store) {
+    let mut store_ctx = match (&url, store) {
         (Some(u), Some(store)) => {
             // Its renewer thread must never take a signal: a process-directed one goes to a
             // thread that does not block it, and SIGTERM's default action there ended the
@@ -1750,14 +1759,41 @@ pub fn run(
                 })?)
             };
             lease_until_served.hold(lease.clone(), u.clone());
-            let bound = crate::cli::store::prepare_cache_sized(
-                &*store,
-                u,
-                &image,
-                lease.as_ref().map(|l| l.writer()),
-                store_args.cache_size,
-            )?;
-            Some((u.clone(), store, lease, bound))
+            let (bound, pin) = match &lease {
+                Some(l) => (
+                    crate::cli::store::prepare_cache_sized(
+                        &*store,
+                        u,
+                        &image,
+                        Some(l.writer()),
+                        store_args.cache_size,
+                    )?,
+                    None,
+                ),
+                // A reader pins the checkpoint it mounts, so the writer keeps what it names
+                // while this mount lives, and fetches segments as it reads them
+                // (`store::readers`). Its renewer thread takes no signal (as the lease's).
+                None => {
+                    let (pin, key, obj) = with_signals_blocked(|| {
+                        crate::cli::store::take_pin(
+                            store.clone(),
+                            u,
+                            opts.lease
+                                .unwrap_or(ldfs::store::LeaseOptions::default().duration),
+                        )
+                    })?;
+                    let bound = crate::cli::store::prepare_reader_cache(
+                        &*store,
+                        u,
+                        &image,
+                        store_args.cache_size,
+                        &key,
+                        &obj,
+                    )?;
+                    (bound, Some((pin, obj)))
+                }
+            };
+            Some((u.clone(), store, lease, bound, pin))
         }
         _ => None,
     };
@@ -1793,8 +1829,12 @@ pub fn run(
     // the backlog), and tells it of each durable checkpoint.
     // Its reads go through the cache's residency (segments the cache does not hold fetched;
     // with a bound, uploaded ones evicted).
+    // A read-only store mount's pin and checkpoint, taken out: the pin goes to its
+    // `ReaderMount` (deleted at the mount's end, or on any earlier way out when dropped).
+    let mut reader_pin = store_ctx.as_mut().and_then(|c| c.4.take());
+    let mut reader_cache = None;
     let (dev, seg) = match &store_ctx {
-        Some((u, store, Some(lease), bound)) => {
+        Some((u, store, Some(lease), bound, _)) => {
             let seg = ldfs::store::SegmentStore::start_cached(
                 store.clone(),
                 dev,
@@ -1810,9 +1850,22 @@ pub fn run(
             seg.hold_uploads();
             (seg.device(), Some(seg))
         }
+        Some((u, store, None, bound, _)) => {
+            let (_, obj) = reader_pin.as_ref().expect("a read-only store mount pins");
+            let cache = ldfs::store::readers::open_reader_cache(
+                store.clone(),
+                dev,
+                ldfs::store::CacheConfig::new(crate::cli::store::map_path(&image), *bound),
+                obj,
+            )
+            .map_err(|e| format!("{u}: opening the cache {}: {e}", image.display()))?;
+            reader_cache = Some(cache.clone());
+            let d: Arc<dyn Device> = Arc::new(ldfs::store::cache::CacheDevice(cache));
+            (d, None)
+        }
         _ => (dev, None),
     };
-    let bounded = matches!(&store_ctx, Some((_, _, Some(_), Some(_))));
+    let bounded = matches!(&store_ctx, Some((_, _, Some(_), Some(_), _)));
     let lld_opts = LldOptions {
         checkpoint_hook: seg.as_ref().map(|s| s.hook()),
         segment_hook: seg.as_ref().map(|s| s.segment_hook()),
@@ -1873,8 +1926,20 @@ pub fn run(
         )
         .map_err(|e| format!("{}: {e}", image.display()))?,
     );
+    let reader = match (reader_pin.take(), reader_cache, &store_ctx) {
+        (Some((pin, _)), Some(cache), Some((u, ..))) => {
+            Some(Arc::new(crate::fuse::store_mount::ReaderMount::new(
+                u.clone(),
+                pin,
+                cache,
+                lld.clone(),
+                image.clone(),
+            )))
+        }
+        _ => None,
+    };
     let store_mount = match (seg, &store_ctx) {
-        (Some(seg), Some((u, _, _, cache_bound))) => {
+        (Some(seg), Some((u, _, _, cache_bound, _))) => {
             // Segments Clean in the cache but still allocated (a mount without discard
             // before) count against no bound: given back now.
             if cache_bound.is_some() {
@@ -1955,6 +2020,7 @@ pub fn run(
         snapshot_results: std::sync::Mutex::new(std::collections::VecDeque::new()),
         history: history.clone(),
         store: store_mount.clone(),
+        reader: reader.clone(),
     });
     let want_uring = transport::choose(opts.transport)?;
     // Protected checkpoints yield to writes whether or not this mount
@@ -2124,6 +2190,9 @@ pub fn run(
     };
     if let Some(s) = &store_mount {
         s.finish(&image, closed.is_ok());
+    }
+    if let Some(r) = &reader {
+        r.finish();
     }
     served.map_err(|e| format!("serving {}: {e}", dir.display()))?;
     closed.map_err(|e| format!("final checkpoint of {}: {e}", image.display()))?;

@@ -66,16 +66,6 @@ impl StoreMount {
         self
     }
 
-    /// The cache's allocated bytes (st_blocks; a block device's: its size).
-    fn cache_allocated_bytes(&self) -> Option<u64> {
-        use std::os::unix::fs::MetadataExt;
-        let m = std::fs::metadata(&self.cache).ok()?;
-        Some(match m.file_type().is_file() {
-            true => m.blocks() * 512,
-            false => self.lld.device_bytes(),
-        })
-    }
-
     /// A checkpoint taken beside running operations: it waits up to `wait` for the ARUs other
     /// threads' operations hold open to end (`checkpoint_now` fails at once while one is open,
     /// which beside a steady writer is nearly always; review 33).
@@ -116,8 +106,7 @@ impl StoreMount {
         format!(
             "store: {}, writer {}\nlease: generation {}, held by {}, expires in {} s{}\n\
              upload backlog: {} bytes (writers wait above {})\nbytes in the store: {} (segment objects of the newest checkpoint object)\n\
-             last uploaded checkpoint: {} ({})\nuploads: {} segment objects ({} bytes; {} put as the log left them), {} checkpoint objects, {} skipped for newer, {} objects deleted, {} retries\n\
-             cache: {} bytes allocated, bound {}; {} segments held ({} bytes), {} in the store only; {} hits, {} misses, {} bytes fetched, {} failed fetches, {} evictions\n",
+             last uploaded checkpoint: {} ({})\nuploads: {} segment objects ({} bytes; {} put as the log left them), {} checkpoint objects, {} skipped for newer, {} objects deleted, {} retries\n{}",
             self.url,
             s("writer"),
             s("lease_generation"),
@@ -142,19 +131,7 @@ impl StoreMount {
             s("checkpoints_skipped"),
             s("objects_deleted"),
             s("retries"),
-            s("cache_allocated_bytes"),
-            match j["cache_bound_bytes"].as_u64() {
-                Some(b) => format!("{b} bytes of segments"),
-                None => "none".to_string(),
-            },
-            s("cache_held_segments"),
-            s("cache_held_bytes"),
-            s("cache_evicted_segments"),
-            s("cache_hits"),
-            s("cache_misses"),
-            s("cache_bytes_fetched"),
-            s("cache_fetch_failures"),
-            s("cache_evictions"),
+            cache_line(&j),
         )
     }
 
@@ -168,7 +145,7 @@ impl StoreMount {
         let age = at.and_then(|t| t.elapsed().ok()).map(|d| d.as_secs());
         let st = self.seg.stats();
         let c = self.seg.cache_stats().unwrap_or_default();
-        serde_json::json!({
+        let mut j = serde_json::json!({
             "url": self.url.to_string(),
             "writer": self.seg.lease().writer(),
             "lease_generation": generation,
@@ -190,19 +167,9 @@ impl StoreMount {
             "retries": st.retries,
             "lease_waits": st.lease_waits,
             "uploader_failed": self.seg.failed(),
-            "cache_allocated_bytes": self.cache_allocated_bytes(),
-            "cache_bound_bytes": (c.bound_bytes != u64::MAX).then_some(c.bound_bytes),
-            // What the cache file holds beyond the bound: superblocks and checkpoint slots.
-            "cache_metadata_bytes": ldfs::store::cache::metadata_allowance_bytes(&self.lld.geometry()),
-            "cache_held_segments": c.held_segments,
-            "cache_held_bytes": c.held_bytes,
-            "cache_evicted_segments": c.evicted_segments,
-            "cache_hits": c.hits,
-            "cache_misses": c.misses,
-            "cache_bytes_fetched": c.bytes_fetched,
-            "cache_fetch_failures": c.fetch_failures,
-            "cache_evictions": c.evictions,
-        })
+        });
+        add_cache_figures(&mut j, &c, &self.cache, &self.lld);
+        j
     }
 
     /// The upload window and the lease watch, until `stop`: a checkpoint every `every` while
@@ -348,5 +315,134 @@ impl WriteGate for StoreMount {
 
     fn let_go(&self) {
         self.seg.end_backlog_waits();
+    }
+}
+
+/// The cache's allocated bytes (st_blocks; a block device's: its size).
+fn cache_allocated_bytes(cache: &std::path::Path, lld: &Lld) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(cache).ok()?;
+    Some(match m.file_type().is_file() {
+        true => m.blocks() * 512,
+        false => lld.device_bytes(),
+    })
+}
+
+/// The cache's figures (`cache_*`) added to a store mount's `ldfs stats --json`.
+fn add_cache_figures(
+    j: &mut serde_json::Value,
+    c: &ldfs::store::CacheStats,
+    cache: &std::path::Path,
+    lld: &Lld,
+) {
+    let figures = serde_json::json!({
+        "cache_allocated_bytes": cache_allocated_bytes(cache, lld),
+        "cache_bound_bytes": (c.bound_bytes != u64::MAX).then_some(c.bound_bytes),
+        // What the cache file holds beyond the bound: superblocks and checkpoint slots.
+        "cache_metadata_bytes": ldfs::store::cache::metadata_allowance_bytes(&lld.geometry()),
+        "cache_held_segments": c.held_segments,
+        "cache_held_bytes": c.held_bytes,
+        "cache_evicted_segments": c.evicted_segments,
+        "cache_hits": c.hits,
+        "cache_misses": c.misses,
+        "cache_bytes_fetched": c.bytes_fetched,
+        "cache_fetch_failures": c.fetch_failures,
+        "cache_evictions": c.evictions,
+    });
+    if let (Some(j), serde_json::Value::Object(f)) = (j.as_object_mut(), figures) {
+        j.extend(f);
+    }
+}
+
+/// `ldfs stats`'s cache line, from the figures [`add_cache_figures`] added.
+fn cache_line(j: &serde_json::Value) -> String {
+    let s = |k: &str| j[k].to_string();
+    format!(
+        "cache: {} bytes allocated, bound {}; {} segments held ({} bytes), {} in the store only; \
+         {} hits, {} misses, {} bytes fetched, {} failed fetches, {} evictions\n",
+        s("cache_allocated_bytes"),
+        match j["cache_bound_bytes"].as_u64() {
+            Some(b) => format!("{b} bytes of segments"),
+            None => "none".to_string(),
+        },
+        s("cache_held_segments"),
+        s("cache_held_bytes"),
+        s("cache_evicted_segments"),
+        s("cache_hits"),
+        s("cache_misses"),
+        s("cache_bytes_fetched"),
+        s("cache_fetch_failures"),
+        s("cache_evictions"),
+    )
+}
+
+/// What a read-only mount of a store-backed file system runs beside the engine: the pin on its
+/// checkpoint (`store::readers`, renewed by its own thread) and the cache it fetches into. The
+/// pin is deleted at [`ReaderMount::finish`] (or when this is dropped, on any other end).
+pub struct ReaderMount {
+    pub url: StoreUrl,
+    pin: ldfs::store::readers::ReaderPin,
+    cache: Arc<ldfs::store::cache::Cache>,
+    lld: Arc<Lld>,
+    cache_file: std::path::PathBuf,
+}
+
+impl ReaderMount {
+    pub fn new(
+        url: StoreUrl,
+        pin: ldfs::store::readers::ReaderPin,
+        cache: Arc<ldfs::store::cache::Cache>,
+        lld: Arc<Lld>,
+        cache_file: std::path::PathBuf,
+    ) -> Self {
+        ReaderMount {
+            url,
+            pin,
+            cache,
+            lld,
+            cache_file,
+        }
+    }
+
+    /// `ldfs stats --json`'s "store".
+    pub fn json(&self) -> serde_json::Value {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let rec = self.pin.record();
+        let mut j = serde_json::json!({
+            "url": self.url.to_string(),
+            "read_only": true,
+            "pinned_checkpoint": self.pin.checkpoint(),
+            "pin_expires_secs": rec.expires_secs,
+            "pin_expires_in_secs": rec.expires_secs.saturating_sub(now),
+        });
+        add_cache_figures(&mut j, &self.cache.stats(), &self.cache_file, &self.lld);
+        j
+    }
+
+    /// The figures `ldfs stats` prints.
+    pub fn text(&self) -> String {
+        let j = self.json();
+        format!(
+            "store: {}, read-only at checkpoint object {} (pinned: the writer keeps it; the pin \
+             expires in {} s unless renewed)\n{}",
+            self.url,
+            self.pin.checkpoint(),
+            j["pin_expires_in_secs"],
+            cache_line(&j)
+        )
+    }
+
+    /// The mount's end: the pin deleted (the writer may then delete what it kept for it).
+    pub fn finish(&self) {
+        self.cache.stop();
+        if let Err(e) = self.pin.release() {
+            eprintln!(
+                "ldfs: {}: deleting the pin on {}: {e} (it expires on its own)",
+                self.url,
+                self.pin.checkpoint()
+            );
+        }
     }
 }

@@ -55,7 +55,7 @@ impl LeaseRecord {
         b[L_PID..L_PID + 4].copy_from_slice(&self.pid.to_le_bytes());
         b[L_HOST_LEN..L_HOST_LEN + 4].copy_from_slice(&(host.len() as u32).to_le_bytes());
         b[L_HOST..].copy_from_slice(host);
-        let crc = crc_with_hole(&b);
+        let crc = crc_with_hole(&b, L_CRC);
         b[L_CRC..L_CRC + 4].copy_from_slice(&crc.to_le_bytes());
         b
     }
@@ -76,7 +76,7 @@ impl LeaseRecord {
         if host_len > HOST_MAX || b.len() != L_HOST + host_len {
             return Err(format!("host of {host_len} bytes in {} bytes", b.len()));
         }
-        if u32_at(L_CRC) != crc_with_hole(b) {
+        if u32_at(L_CRC) != crc_with_hole(b, L_CRC) {
             return Err("crc mismatch".into());
         }
         Ok(LeaseRecord {
@@ -88,10 +88,11 @@ impl LeaseRecord {
     }
 }
 
-fn crc_with_hole(b: &[u8]) -> u32 {
-    let c = crc32c::crc32c(&b[..L_CRC]);
+/// The crc32c of `b` with its 4-byte crc field at `at` taken as zeros (lease and pin records).
+pub(super) fn crc_with_hole(b: &[u8], at: usize) -> u32 {
+    let c = crc32c::crc32c(&b[..at]);
     let c = crc32c::crc32c_append(c, &[0u8; 4]);
-    crc32c::crc32c_append(c, &b[L_CRC + 4..])
+    crc32c::crc32c_append(c, &b[at + 4..])
 }
 
 /// Why a lease was not had.
@@ -441,6 +442,12 @@ impl HeldLease {
     /// above every earlier writer's (generations only grow).
     pub fn writer(&self) -> u64 {
         self.k.writer
+    }
+
+    /// Now by the lease's clock, in seconds since 1970: what a reader's pin expiry is compared
+    /// with (`store::readers`).
+    pub fn now_secs(&self) -> u64 {
+        (self.k.opts.clock)()
     }
 
     /// The newest generation and record this mount put.

@@ -19,6 +19,7 @@
 pub mod cache;
 pub mod lease;
 mod memory;
+pub mod readers;
 mod s3;
 pub mod segments;
 

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use super::cache::{Cache, CacheConfig, CacheDevice, CacheStats};
 use super::lease::{HeldLease, LeaseCheck};
-use super::{ObjectInfo, ObjectStore, PutOutcome, StoreError, StoreResult};
+use super::{ObjectStore, PutOutcome, StoreError, StoreResult};
 use crate::device::{Device, DeviceError};
 use crate::lld::checkpoint;
 use crate::lld::layout::{
@@ -462,6 +462,10 @@ impl SegmentStore {
             }
         }
         let holds = newest_slot_states(&*dev, &geo)?;
+        // One decision of what the sweep keeps, for the cache and the sweep alike (a pin
+        // expiring between two listings must not let the sweep delete what the cache was told
+        // stays).
+        let plan = plan_sweep(&*store, lease.now_secs())?;
         // The residency: a segment only an object the sweep is about to delete holds is
         // fetched back (or left as a hole if lld reads nothing of it) first.
         let (cache, dev) = match cache {
@@ -473,13 +477,13 @@ impl SegmentStore {
                     geo,
                     cfg,
                     holds.as_deref(),
-                    &kept_named(&*store)?,
+                    &plan.named(),
                 )?;
                 let d: Arc<dyn Device> = Arc::new(CacheDevice(c.clone()));
                 (Some(c), d)
             }
         };
-        let (kept, swept) = sweep_kept(&*store)?;
+        let (kept, swept) = run_sweep(&*store, plan)?;
         if let Some(k) = kept.iter().find(|k| k.fs_id != geo.fs_id) {
             return Err(LayerError::Other(format!(
                 "the store holds checkpoint object {} of file system {:016x}; this cache is of \
@@ -502,7 +506,8 @@ impl SegmentStore {
         // writer's late checkpoint that landed after a taker rebuilt its cache from the one
         // before is complete, but of another branch: the sequence numbers after the
         // checkpoint both continued from are the same in both, so page 0 cannot tell).
-        let newest = kept.iter().rev().find(|k| k.complete);
+        // Of the newest two: an older one kept for a reader's pin is not what the store holds.
+        let newest = kept.iter().rev().take(2).find(|k| k.complete);
         let held = newest.filter(|k| cache_holds_slot(&*dev, &geo, k.serial, &k.slot));
         let uploaded = held.map_or(0, |k| k.serial);
         let store_bytes = newest.map_or(0, |k| {
@@ -939,7 +944,8 @@ pub fn newest_complete_checkpoint(
     Ok(None)
 }
 
-/// Deletes what no kept checkpoint object names: objects of uploads a stopped or crashed
+/// Deletes what no kept checkpoint object (the newest two, and any a live reader's pin names)
+/// names, and pins expired by this host's clock: objects of uploads a stopped or crashed
 /// writer never finished, and puts that landed after their key was deleted (a request the
 /// client gave up on may still arrive). One writer at a time (the lease), so nothing else is
 /// putting meanwhile. Returns the newest checkpoint serial in the store and how many objects
@@ -947,22 +953,6 @@ pub fn newest_complete_checkpoint(
 pub fn sweep(store: &dyn ObjectStore) -> LayerResult<(u64, u64)> {
     let (kept, deleted) = sweep_kept(store)?;
     Ok((kept.last().map_or(0, |k| k.serial), deleted))
-}
-
-/// The keys of the segment objects the newest two checkpoint objects name: what a sweep
-/// keeps.
-fn kept_named(store: &dyn ObjectStore) -> LayerResult<BTreeSet<String>> {
-    let ckpts: Vec<ObjectInfo> = store
-        .list("ckpt/")?
-        .into_iter()
-        .filter(|o| parse_checkpoint_key(&o.key).is_some())
-        .collect();
-    let mut named = BTreeSet::new();
-    for c in ckpts.iter().rev().take(2) {
-        let obj = decode_checkpoint_object(&c.key, &store.get(&c.key)?)?;
-        named.extend(obj.entries.iter().map(|e| e.key()));
-    }
-    Ok(named)
 }
 
 /// A kept checkpoint object.
@@ -981,28 +971,52 @@ struct KeptCheckpoint {
 /// The kept checkpoint objects, oldest first.
 type Kept = Vec<KeptCheckpoint>;
 
-/// `sweep`, returning the kept checkpoint objects and how many objects it deleted.
-fn sweep_kept(store: &dyn ObjectStore) -> LayerResult<(Kept, u64)> {
+/// What a sweep keeps and deletes, decided from one listing of the checkpoint objects and,
+/// after it, of the readers' pins (`store::readers`): the newest two checkpoint objects and any
+/// a live pin names are kept, with what they name.
+struct SweepPlan {
+    /// Decoded, oldest first (`complete` is found by [`run_sweep`]).
+    kept: Kept,
+    /// Checkpoint objects to delete, oldest first.
+    doomed: Vec<String>,
+    /// Pins expired by this host's clock.
+    expired_pins: Vec<String>,
+}
+
+impl SweepPlan {
+    /// The keys of the segment objects the kept checkpoint objects name.
+    fn named(&self) -> BTreeSet<String> {
+        self.kept
+            .iter()
+            .flat_map(|k| k.entries.iter().map(|e| e.key()))
+            .collect()
+    }
+}
+
+/// `now_secs`: the sweeping writer's clock (its lease's), for the pins' expiry.
+fn plan_sweep(store: &dyn ObjectStore, now_secs: u64) -> LayerResult<SweepPlan> {
     // Only checkpoint keys count towards the newest two: an object of another kind under
     // `ckpt/` (review 31) is left alone, and never pushes a checkpoint out.
-    let ckpts: Vec<(ObjectInfo, u64, u64)> = store
+    let ckpts: Vec<(String, u64, u64)> = store
         .list("ckpt/")?
         .into_iter()
-        .filter_map(|o| parse_checkpoint_key(&o.key).map(|(w, s)| (o, w, s)))
+        .filter_map(|o| parse_checkpoint_key(&o.key).map(|(w, s)| (o.key, w, s)))
         .collect();
+    // Listed after the checkpoints: a reader whose pin this misses checks, after its pin, that
+    // its checkpoint is among the newest two this listing saw, so none that is doomed here.
+    let pins = super::readers::pins(store, now_secs)?;
+    let keys: Vec<String> = ckpts.iter().map(|c| c.0.clone()).collect();
+    let keep = super::readers::retained(&keys, &pins);
     let mut kept = Vec::new();
-    let mut deleted = 0;
-    let keep = ckpts.len().saturating_sub(2);
-    for (i, (c, writer, serial)) in ckpts.iter().enumerate() {
-        let (writer, serial) = (*writer, *serial);
-        if i < keep {
-            store.delete(&c.key)?;
-            deleted += 1;
+    let mut doomed = Vec::new();
+    for (key, writer, serial) in ckpts {
+        if !keep.contains(&key) {
+            doomed.push(key);
             continue;
         }
-        let obj = decode_checkpoint_object(&c.key, &store.get(&c.key)?)?;
+        let obj = decode_checkpoint_object(&key, &store.get(&key)?)?;
         kept.push(KeptCheckpoint {
-            key: c.key.clone(),
+            key,
             writer,
             serial,
             fs_id: obj.geo.fs_id,
@@ -1011,10 +1025,22 @@ fn sweep_kept(store: &dyn ObjectStore) -> LayerResult<(Kept, u64)> {
             complete: false,
         });
     }
-    let named: BTreeSet<String> = kept
-        .iter()
-        .flat_map(|k| k.entries.iter().map(|e| e.key()))
-        .collect();
+    Ok(SweepPlan {
+        kept,
+        doomed,
+        expired_pins: pins.expired,
+    })
+}
+
+/// Carries out `plan`: returns the kept checkpoint objects and how many objects it deleted.
+fn run_sweep(store: &dyn ObjectStore, plan: SweepPlan) -> LayerResult<(Kept, u64)> {
+    let mut deleted = 0;
+    for k in plan.doomed.iter().chain(&plan.expired_pins) {
+        store.delete(k)?;
+        deleted += 1;
+    }
+    let named = plan.named();
+    let mut kept = plan.kept;
     let mut present = BTreeSet::new();
     for o in store.list("seg/")? {
         if !named.contains(&o.key) {
@@ -1028,6 +1054,11 @@ fn sweep_kept(store: &dyn ObjectStore) -> LayerResult<(Kept, u64)> {
         k.complete = k.entries.iter().all(|e| present.contains(&e.key()));
     }
     Ok((kept, deleted))
+}
+
+/// `sweep`, returning the kept checkpoint objects and how many objects it deleted.
+fn sweep_kept(store: &dyn ObjectStore) -> LayerResult<(Kept, u64)> {
+    run_sweep(store, plan_sweep(store, (super::lease::system_clock())())?)
 }
 
 enum Outcome {
@@ -1345,12 +1376,25 @@ fn upload(
         }
     }
     let mut deletes: Vec<String> = gone.iter().map(|e| e.key()).collect();
-    // Keep the newest two checkpoint objects and what they name.
+    // Keep the newest two checkpoint objects, any a reader's pin names, and what they name.
+    // The pins are listed after this checkpoint's put (`store::readers`): a reader that pinned
+    // an older one after this listing found it no longer among the newest two, and chose again.
     let mut old_checkpoints = Vec::new();
-    while named.len() > 2 {
-        let (ck, old_keys) = named.remove(0);
-        deletes.extend(old_keys);
-        old_checkpoints.push(ck);
+    if named.len() > 2 {
+        let now = sh.lease.now_secs();
+        let Some(pins) = retry(sh, || super::readers::pins(&*sh.store, now))? else {
+            return Ok(Outcome::Stopped);
+        };
+        let keys: Vec<String> = named.iter().map(|n| n.0.clone()).collect();
+        let keep = super::readers::retained(&keys, &pins);
+        named.retain(|(ck, old_keys)| {
+            if keep.contains(ck) {
+                return true;
+            }
+            deletes.extend(old_keys.iter().cloned());
+            old_checkpoints.push(ck.clone());
+            false
+        });
     }
     deletes.sort();
     deletes.dedup();
@@ -1720,7 +1764,10 @@ fn cache_holds_slot(dev: &dyn Device, geo: &Geometry, serial: u64, slot: &[u8]) 
 /// if neither decodes: nothing from the store is then taken as held).
 /// `None`: no slot decodes. An error reading them is an error (review 34: taken for `None`,
 /// one transient read error made the cache's residency map drop every segment it listed).
-fn newest_slot_states(dev: &dyn Device, geo: &Geometry) -> LayerResult<Option<Vec<SegmentState>>> {
+pub(super) fn newest_slot_states(
+    dev: &dyn Device,
+    geo: &Geometry,
+) -> LayerResult<Option<Vec<SegmentState>>> {
     let slots = crate::lld::mkfs::read_checkpoints(dev, geo)
         .map_err(|e| LayerError::Other(format!("reading the cache's checkpoint slots: {e}")))?;
     Ok(slots
@@ -1765,6 +1812,12 @@ fn checkpoint_to_rebuild(
             None => LayerError::Other("the store holds no checkpoint object".into()),
         });
     };
+    fits(dev, &obj)?;
+    Ok((key, obj))
+}
+
+/// Refuses a device too small for `obj`'s file system.
+fn fits(dev: &dyn Device, obj: &CheckpointObject) -> LayerResult<()> {
     let need = obj.geo.total_pages * PAGE_BYTES as u64;
     if dev.size_bytes() < need {
         return Err(LayerError::Other(format!(
@@ -1772,7 +1825,7 @@ fn checkpoint_to_rebuild(
             dev.size_bytes()
         )));
     }
-    Ok((key, obj))
+    Ok(())
 }
 
 /// The first step of a rebuild: whatever the device held is no cache from here on. Both
@@ -1905,6 +1958,20 @@ pub fn restore_lazy_as(
     cache_id: u64,
 ) -> LayerResult<RestoreReport> {
     let (key, obj) = checkpoint_to_rebuild(store, dev)?;
+    restore_lazy_of(store, dev, map_path, cache_id, &key, &obj)
+}
+
+/// [`restore_lazy_as`] of the checkpoint object `obj` (under `key`), chosen by the caller: a
+/// read-only mount's, the one its pin keeps (`store::readers`).
+pub fn restore_lazy_of(
+    store: &dyn ObjectStore,
+    dev: &dyn Device,
+    map_path: &std::path::Path,
+    cache_id: u64,
+    key: &str,
+    obj: &CheckpointObject,
+) -> LayerResult<RestoreReport> {
+    fits(dev, obj)?;
     let geo = &obj.geo;
     forget_cache(dev, Some(geo))?;
     let (full, prefix): (Vec<SegmentEntry>, Vec<SegmentEntry>) = obj
@@ -1939,7 +2006,7 @@ pub fn restore_lazy_as(
         dev.write_at(&b, geo.page_addr(SegmentId(e.segment), 0))?;
         bytes += b.len() as u64;
     }
-    write_slot_and_superblocks(dev, &key, &obj, cache_id)?;
+    write_slot_and_superblocks(dev, key, obj, cache_id)?;
     Ok(RestoreReport {
         serial: obj.serial,
         segments: prefix.len(),

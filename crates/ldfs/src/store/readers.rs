@@ -1,0 +1,488 @@
+//! Read-only mounts beside the writer (issue 20): a reader pins the checkpoint object it
+//! mounts, and the writer keeps that object and every segment object it names while the pin
+//! lives, so the reader can fetch segments lazily (a bounded cache, a mount in seconds) instead
+//! of downloading the file system whole before it mounts.
+//!
+//! A pin is the object `readers/OOOOOOOOOOOOOOOO` (the reader's random owner, hex): who holds
+//! it (owner, pid, host), until when (the reader's wall clock plus the lease duration, renewed
+//! every fifth of it), and the key of the checkpoint object it reads. DESIGN "Readers pin their
+//! checkpoint" has the argument; in short:
+//!
+//! - The writer deletes a checkpoint object (and what only it names) after it put two newer
+//!   ones, and lists the pins after the newer one's put and before any delete; a start's sweep
+//!   lists them after the checkpoints it decides on.
+//! - A reader puts its pin, then lists the checkpoint objects: if the one it chose is still
+//!   among the newest two, no writer decided to delete it before the pin was there, and every
+//!   later decision sees the pin. Otherwise it chooses again.
+//! - Clocks: as the lease's (`store::lease`): the duration must dwarf the hosts' skew. A
+//!   reader whose renewals fail past its expiry says so: the writer may then delete what it
+//!   reads (EIO for the segments not in its cache); a remount reads the newest tree.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::cache::{Cache, CacheConfig};
+use super::lease::Clock;
+use super::segments::{
+    newest_complete_checkpoint, newest_slot_states, parse_checkpoint_key, CheckpointObject,
+    LayerError, LayerResult, SegmentEntry,
+};
+use super::{ObjectStore, StoreError};
+use crate::device::Device;
+use crate::lld::layout::Geometry;
+use crate::lld::usage::SegmentState;
+use crate::lld::PAGE_BYTES;
+
+pub const PIN_MAGIC: u64 = u64::from_le_bytes(*b"LDFSREAD");
+pub const PIN_VERSION: u32 = 1;
+/// Where the pins live.
+pub const PIN_PREFIX: &str = "readers/";
+const HOST_MAX: usize = 255;
+const KEY_MAX: usize = 1024;
+const P_MAGIC: usize = 0;
+const P_VERSION: usize = 8;
+const P_CRC: usize = 12;
+const P_OWNER: usize = 16;
+const P_EXPIRES: usize = 24;
+const P_PID: usize = 32;
+const P_HOST_LEN: usize = 36;
+const P_KEY_LEN: usize = 40;
+const P_HOST: usize = 44;
+
+/// A reader's pin: FORMAT "Reader pins".
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PinRecord {
+    /// Random per mount.
+    pub owner: u64,
+    /// Seconds since 1970 on the reader's clock.
+    pub expires_secs: u64,
+    pub pid: u32,
+    pub host: String,
+    /// The key of the checkpoint object the reader mounted.
+    pub checkpoint: String,
+}
+
+impl PinRecord {
+    pub fn encode(&self) -> Vec<u8> {
+        let host = self.host.as_bytes();
+        let key = self.checkpoint.as_bytes();
+        assert!(host.len() <= HOST_MAX, "host name over {HOST_MAX} bytes");
+        assert!(key.len() <= KEY_MAX, "checkpoint key over {KEY_MAX} bytes");
+        let mut b = vec![0u8; P_HOST + host.len() + key.len()];
+        b[P_MAGIC..P_MAGIC + 8].copy_from_slice(&PIN_MAGIC.to_le_bytes());
+        b[P_VERSION..P_VERSION + 4].copy_from_slice(&PIN_VERSION.to_le_bytes());
+        b[P_OWNER..P_OWNER + 8].copy_from_slice(&self.owner.to_le_bytes());
+        b[P_EXPIRES..P_EXPIRES + 8].copy_from_slice(&self.expires_secs.to_le_bytes());
+        b[P_PID..P_PID + 4].copy_from_slice(&self.pid.to_le_bytes());
+        b[P_HOST_LEN..P_HOST_LEN + 4].copy_from_slice(&(host.len() as u32).to_le_bytes());
+        b[P_KEY_LEN..P_KEY_LEN + 4].copy_from_slice(&(key.len() as u32).to_le_bytes());
+        b[P_HOST..P_HOST + host.len()].copy_from_slice(host);
+        b[P_HOST + host.len()..].copy_from_slice(key);
+        let crc = super::lease::crc_with_hole(&b, P_CRC);
+        b[P_CRC..P_CRC + 4].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<PinRecord, String> {
+        if b.len() < P_HOST {
+            return Err(format!("{} bytes, shorter than a reader pin", b.len()));
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+        if u64_at(P_MAGIC) != PIN_MAGIC {
+            return Err(format!("bad magic {:#x}", u64_at(P_MAGIC)));
+        }
+        if u32_at(P_VERSION) != PIN_VERSION {
+            return Err(format!("version {}", u32_at(P_VERSION)));
+        }
+        let host_len = u32_at(P_HOST_LEN) as usize;
+        let key_len = u32_at(P_KEY_LEN) as usize;
+        if host_len > HOST_MAX || key_len > KEY_MAX || b.len() != P_HOST + host_len + key_len {
+            return Err(format!(
+                "host of {host_len} and key of {key_len} bytes in {} bytes",
+                b.len()
+            ));
+        }
+        if u32_at(P_CRC) != super::lease::crc_with_hole(b, P_CRC) {
+            return Err("crc mismatch".into());
+        }
+        let key = &b[P_HOST + host_len..];
+        Ok(PinRecord {
+            owner: u64_at(P_OWNER),
+            expires_secs: u64_at(P_EXPIRES),
+            pid: u32_at(P_PID),
+            host: String::from_utf8_lossy(&b[P_HOST..P_HOST + host_len]).into_owned(),
+            checkpoint: String::from_utf8(key.to_vec())
+                .map_err(|_| "checkpoint key is not UTF-8".to_string())?,
+        })
+    }
+}
+
+fn pin_key(owner: u64) -> String {
+    format!("{PIN_PREFIX}{owner:016x}")
+}
+
+/// The pins in the store, as the writer sees them at `now_secs` (its clock).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Pins {
+    /// Checkpoint keys a live pin names: kept with what they name.
+    pub checkpoints: BTreeSet<String>,
+    /// Keys of pins expired by `now_secs`: nothing kept for them.
+    pub expired: Vec<String>,
+}
+
+/// Lists the pins. A pin that does not decode (damaged, or a newer version's) pins nothing
+/// and is said on stderr: the cost of ignoring it is a reader's EIO, never the writer's data;
+/// one deleted between the listing and its read (its reader unmounted) is skipped.
+pub fn pins(store: &dyn ObjectStore, now_secs: u64) -> Result<Pins, StoreError> {
+    let mut p = Pins::default();
+    for o in store.list(PIN_PREFIX)? {
+        let b = match store.get(&o.key) {
+            Ok(b) => b,
+            Err(StoreError::NotFound { .. }) => continue,
+            Err(e) => return Err(e),
+        };
+        match PinRecord::decode(&b) {
+            Ok(r) if r.expires_secs >= now_secs => {
+                p.checkpoints.insert(r.checkpoint);
+            }
+            Ok(_) => p.expired.push(o.key),
+            Err(why) => eprintln!("ldfs: reader pin {}: {why}; it pins nothing", o.key),
+        }
+    }
+    Ok(p)
+}
+
+/// Which of `checkpoints` (checkpoint keys, oldest first) are kept: the newest two, and any a
+/// live pin names.
+pub fn retained(checkpoints: &[String], pins: &Pins) -> BTreeSet<String> {
+    let newest_two = checkpoints.len().saturating_sub(2);
+    checkpoints
+        .iter()
+        .enumerate()
+        .filter(|(i, k)| *i >= newest_two || pins.checkpoints.contains(*k))
+        .map(|(_, k)| k.clone())
+        .collect()
+}
+
+/// How a reader holds its pin.
+#[derive(Clone)]
+pub struct PinOptions {
+    /// How long one renewal lasts (the lease's duration, `-o lease=`).
+    pub duration: Duration,
+    pub clock: Clock,
+    pub host: String,
+    pub pid: u32,
+}
+
+struct PinState {
+    record: PinRecord,
+    stop: bool,
+    /// The last renewal failed past the pin's expiry (said once per lapse).
+    lapsed: bool,
+}
+
+struct Keeper {
+    store: Arc<dyn ObjectStore>,
+    opts: PinOptions,
+    state: Mutex<PinState>,
+    cv: Condvar,
+}
+
+/// A pin this read-only mount holds, renewed by a thread of its own every fifth of the
+/// duration until [`ReaderPin::release`] or drop (both delete it: a reader holds nothing the
+/// store lacks, so letting go early harms no one).
+pub struct ReaderPin {
+    k: Arc<Keeper>,
+    checkpoint: String,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// How many times a reader chooses again before it gives up (each time the writer put two
+/// checkpoint objects between its choice and its pin: a writer uploading every second or so).
+const PIN_TRIES: usize = 20;
+
+impl ReaderPin {
+    /// Chooses the newest complete checkpoint object, pins it and checks the pin came in time
+    /// (the module documentation); returns the pin and the checkpoint (its key first).
+    pub fn take(
+        store: Arc<dyn ObjectStore>,
+        opts: PinOptions,
+    ) -> LayerResult<(ReaderPin, String, CheckpointObject)> {
+        let owner = rand::random::<u64>() | 1;
+        let key = pin_key(owner);
+        for _ in 0..PIN_TRIES {
+            let Some((ckpt, obj)) = newest_complete_checkpoint(&*store)? else {
+                return Err(LayerError::Other(
+                    "the store holds no complete checkpoint object".into(),
+                ));
+            };
+            let record = PinRecord {
+                owner,
+                expires_secs: (opts.clock)() + opts.duration.as_secs().max(1),
+                pid: opts.pid,
+                host: opts.host.clone(),
+                checkpoint: ckpt.clone(),
+            };
+            put_patiently(&*store, &key, &record.encode(), opts.duration / 2)?;
+            let listed: Vec<String> = store
+                .list("ckpt/")?
+                .into_iter()
+                .filter(|o| parse_checkpoint_key(&o.key).is_some())
+                .map(|o| o.key)
+                .collect();
+            if listed.iter().rev().take(2).any(|k| *k == ckpt) {
+                let k = Arc::new(Keeper {
+                    store,
+                    opts,
+                    state: Mutex::new(PinState {
+                        record,
+                        stop: false,
+                        lapsed: false,
+                    }),
+                    cv: Condvar::new(),
+                });
+                let k2 = k.clone();
+                let thread = std::thread::Builder::new()
+                    .name("ldfs-pin".into())
+                    .spawn(move || renewer(&k2))
+                    .expect("spawn pin thread");
+                return Ok((
+                    ReaderPin {
+                        k,
+                        checkpoint: ckpt.clone(),
+                        thread: Mutex::new(Some(thread)),
+                    },
+                    ckpt,
+                    obj,
+                ));
+            }
+        }
+        let _ = store.delete(&key);
+        Err(LayerError::Other(format!(
+            "the writer put two checkpoint objects between each of {PIN_TRIES} choices of a \
+             checkpoint and its pin: try again"
+        )))
+    }
+
+    /// The checkpoint object this pin keeps.
+    pub fn checkpoint(&self) -> &str {
+        &self.checkpoint
+    }
+
+    /// The record as last put.
+    pub fn record(&self) -> PinRecord {
+        self.k.state.lock().unwrap().record.clone()
+    }
+
+    /// Renews now (tests; the thread renews on its own).
+    pub fn renew_now(&self) -> Result<(), StoreError> {
+        renew_once(&self.k)
+    }
+
+    /// Stops renewing and deletes the pin (the unmount). Idempotent.
+    pub fn release(&self) -> Result<(), StoreError> {
+        let was_stopped = {
+            let mut st = self.k.state.lock().unwrap_or_else(|p| p.into_inner());
+            std::mem::replace(&mut st.stop, true)
+        };
+        self.k.cv.notify_all();
+        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = t.join();
+        }
+        if was_stopped {
+            return Ok(());
+        }
+        let owner = self.record().owner;
+        self.k.store.delete(&pin_key(owner))
+    }
+}
+
+impl Drop for ReaderPin {
+    fn drop(&mut self) {
+        if let Err(e) = self.release() {
+            eprintln!(
+                "ldfs: deleting the reader pin of {}: {e} (it expires on its own)",
+                self.checkpoint
+            );
+        }
+    }
+}
+
+/// A put retried while the store answers "unavailable", up to `patience`.
+fn put_patiently(
+    store: &dyn ObjectStore,
+    key: &str,
+    b: &[u8],
+    patience: Duration,
+) -> Result<(), StoreError> {
+    let give_up = Instant::now() + patience;
+    let mut wait = Duration::from_millis(50);
+    loop {
+        match store.put(key, b) {
+            Err(e) if e.is_transient() && Instant::now() < give_up => {
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(Duration::from_secs(2));
+            }
+            r => return r,
+        }
+    }
+}
+
+fn renew_once(k: &Keeper) -> Result<(), StoreError> {
+    let now = (k.opts.clock)();
+    let mut record = k.state.lock().unwrap().record.clone();
+    let was = record.expires_secs;
+    record.expires_secs = now + k.opts.duration.as_secs().max(1);
+    k.store.put(&pin_key(record.owner), &record.encode())?;
+    let mut st = k.state.lock().unwrap();
+    if now > was {
+        // Renewed after it had expired: a writer may have deleted objects meanwhile.
+        eprintln!(
+            "ldfs: the reader pin on {} was renewed {} s after it expired: the writer may have \
+             deleted segments this read-only mount has not read yet (they then fail with EIO); \
+             a remount reads the store's newest tree",
+            record.checkpoint,
+            now - was
+        );
+    }
+    st.lapsed = false;
+    st.record = record;
+    Ok(())
+}
+
+/// Renews every fifth of the duration; a failure is tried again at the next tick, said once
+/// when the pin has expired meanwhile.
+fn renewer(k: &Keeper) {
+    let tick = (k.opts.duration / 5).max(Duration::from_millis(100));
+    loop {
+        {
+            let st = k.state.lock().unwrap();
+            let st = k.cv.wait_timeout_while(st, tick, |s| !s.stop).unwrap().0;
+            if st.stop {
+                return;
+            }
+        }
+        if let Err(e) = renew_once(k) {
+            let mut st = k.state.lock().unwrap();
+            let now = (k.opts.clock)();
+            if now > st.record.expires_secs && !st.lapsed {
+                st.lapsed = true;
+                eprintln!(
+                    "ldfs: the reader pin on {} expired and cannot be renewed ({e}): the \
+                     writer may delete segments this read-only mount has not read yet",
+                    st.record.checkpoint
+                );
+            }
+        }
+    }
+}
+
+/// The cache of a read-only mount of the checkpoint object `obj` its pin keeps, rebuilt by
+/// `restore_lazy_of` on `dev`: segments are fetched as read (each whole, its crc checked) and,
+/// with a bound, evicted least recently used first: every segment `obj` names in full is its
+/// object, which the pin keeps in the store. Everything must then read through
+/// `CacheDevice(cache)`.
+pub fn open_reader_cache(
+    store: Arc<dyn ObjectStore>,
+    dev: Arc<dyn Device>,
+    cfg: CacheConfig,
+    obj: &CheckpointObject,
+) -> LayerResult<Arc<Cache>> {
+    let mut sb = vec![0u8; PAGE_BYTES];
+    dev.read_at(&mut sb, 0)?;
+    let geo =
+        Geometry::decode_superblock(&sb, 0, dev.size_bytes()).map_err(|e| LayerError::Corrupt {
+            what: "cache device",
+            key: "superblock".into(),
+            detail: e.to_string(),
+        })?;
+    if geo.fs_id != obj.geo.fs_id {
+        return Err(LayerError::Other(format!(
+            "the cache holds file system {:016x}; the pinned checkpoint is of {:016x}",
+            geo.fs_id, obj.geo.fs_id
+        )));
+    }
+    let holds = newest_slot_states(&*dev, &geo)?;
+    let named: BTreeSet<String> = obj.entries.iter().map(|e| e.key()).collect();
+    let cache = Cache::open(dev, store, geo, cfg, holds.as_deref(), &named)?;
+    let full: Vec<SegmentEntry> = obj
+        .entries
+        .iter()
+        .filter(|e| {
+            e.pages == geo.segment_pages
+                && holds
+                    .as_ref()
+                    .is_some_and(|st| st.get(e.segment as usize) == Some(&SegmentState::Dirty))
+        })
+        .copied()
+        .collect();
+    cache.set_evictable(&full);
+    Ok(cache)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    #[test]
+    fn a_pin_record_round_trips_and_every_flipped_byte_is_refused() {
+        let r = PinRecord {
+            owner: 0x1234_5678_9abc_def1,
+            expires_secs: 1_800_000_000,
+            pid: 4242,
+            host: "reader-host".into(),
+            checkpoint: "ckpt/0000000000000003/0000000000000011".into(),
+        };
+        let b = r.encode();
+        assert_eq!(PinRecord::decode(&b).unwrap(), r);
+        for i in 0..b.len() {
+            let mut c = b.clone();
+            c[i] ^= 0x40;
+            assert!(
+                PinRecord::decode(&c).is_err(),
+                "byte {i} flipped was accepted"
+            );
+        }
+        assert!(PinRecord::decode(&b[..b.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn retained_keeps_the_newest_two_and_what_a_live_pin_names() {
+        let ck: Vec<String> = (1..=5).map(|i| format!("ckpt/{i}")).collect();
+        let none = Pins::default();
+        assert_eq!(
+            retained(&ck, &none),
+            ["ckpt/4", "ckpt/5"].map(String::from).into()
+        );
+        let p = Pins {
+            checkpoints: ["ckpt/2".to_string()].into(),
+            expired: vec![],
+        };
+        assert_eq!(
+            retained(&ck, &p),
+            ["ckpt/2", "ckpt/4", "ckpt/5"].map(String::from).into()
+        );
+    }
+
+    #[test]
+    fn pins_tells_live_from_expired_and_skips_a_damaged_one() {
+        let s = MemoryStore::new();
+        let rec = |owner: u64, expires_secs: u64, ck: &str| PinRecord {
+            owner,
+            expires_secs,
+            pid: 1,
+            host: "h".into(),
+            checkpoint: ck.into(),
+        };
+        s.put(&pin_key(1), &rec(1, 100, "ckpt/a").encode()).unwrap();
+        s.put(&pin_key(2), &rec(2, 99, "ckpt/b").encode()).unwrap();
+        s.put(&pin_key(3), b"not a pin").unwrap();
+        let p = pins(&s, 100).unwrap();
+        assert_eq!(p.checkpoints, ["ckpt/a".to_string()].into());
+        assert_eq!(p.expired, vec![pin_key(2)]);
+    }
+}
