@@ -72,8 +72,7 @@ fn first_value(store: &Arc<MemoryStore>, p: &Path, l: ListId) -> Option<u8> {
         },
     )
     .unwrap();
-    let v = lld.read(l, 0).unwrap().map(|v| v[0]);
-    v
+    lld.read(l, 0).unwrap().map(|v| v[0])
 }
 
 /// Finding 6 (low): the note that tells a writer's cache from a read-only mount's own is kept
