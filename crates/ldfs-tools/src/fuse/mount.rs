@@ -3074,6 +3074,7 @@ mod tests {
             snapshot_results: std::sync::Mutex::new(std::collections::VecDeque::new()),
             history,
             store: None,
+            reader: None,
         }
     }
 
