@@ -15,7 +15,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{cstr, fuse_usable, mkfs, mkfs_dual, Mount};
+use common::{cstr, fuse_usable, mkfs, mkfs_dual, mkfs_store, Mount, MountExtra};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -406,17 +406,32 @@ fn run_seed(seed: u64, ops: usize, ldfs_root: &Path, ref_root: &Path) -> Result<
 
 #[test]
 fn ldfs_agrees_with_tmpfs() {
-    agrees_with_tmpfs(false);
+    agrees_with_tmpfs(Layout::OneLog);
 }
 
 /// The same on the dual layout (metadata log on one image, file data in
 /// groups on another).
 #[test]
 fn dual_ldfs_agrees_with_tmpfs() {
-    agrees_with_tmpfs(true);
+    agrees_with_tmpfs(Layout::Dual);
 }
 
-fn agrees_with_tmpfs(dual: bool) {
+/// The same on a store-backed file system (issue 20), its segments uploaded every second
+/// while the operations run, then a mount on an empty cache (machine loss after the final
+/// upload) must hold the same tree as tmpfs.
+#[test]
+fn store_ldfs_agrees_with_tmpfs() {
+    agrees_with_tmpfs(Layout::Store);
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    OneLog,
+    Dual,
+    Store,
+}
+
+fn agrees_with_tmpfs(layout: Layout) {
     if !fuse_usable() {
         return;
     }
@@ -425,12 +440,25 @@ fn agrees_with_tmpfs(dual: bool) {
         return;
     };
     let img = t.path().join("diff.img");
-    if dual {
-        mkfs_dual(&img, &t.path().join("meta.img"), "512M");
-    } else {
-        mkfs(&img, "512M");
-    }
-    let m = Mount::new(&img, &t.path().join("mnt"), &[]);
+    let (source, extra) = match layout {
+        Layout::OneLog => {
+            mkfs(&img, "512M");
+            (img.clone(), MountExtra::default())
+        }
+        Layout::Dual => {
+            mkfs_dual(&img, &t.path().join("meta.img"), "512M");
+            (img.clone(), MountExtra::default())
+        }
+        Layout::Store => match mkfs_store("diff", &img, "512M") {
+            Some(s) => s,
+            None => return,
+        },
+    };
+    let opts: &[&str] = match layout {
+        Layout::Store => &["upload=1"],
+        _ => &[],
+    };
+    let m = Mount::new_with(&source, &t.path().join("mnt"), opts, &extra);
     let ops: usize = std::env::var("LDFS_DIFF_OPS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -439,7 +467,7 @@ fn agrees_with_tmpfs(dual: bool) {
         Ok(s) => vec![s.parse().unwrap()],
         Err(_) => (1..=4).collect(),
     };
-    for seed in seeds {
+    for &seed in &seeds {
         let (a, b) = (
             m.dir.join(format!("s{seed}")),
             tmp.0.join(format!("s{seed}")),
@@ -453,4 +481,21 @@ fn agrees_with_tmpfs(dual: bool) {
         }
     }
     m.unmount();
+    if layout == Layout::Store {
+        // The machine is lost after the final upload: a mount on an empty cache.
+        let fresh = MountExtra {
+            args: vec!["--cache".into(), t.path().join("fresh.img").into()],
+            envs: extra.envs.clone(),
+        };
+        let m = Mount::new_with(&source, &t.path().join("mnt"), &[], &fresh);
+        for seed in seeds {
+            let d = format!("s{seed}");
+            let (got, want) = (snapshot(&m.dir.join(&d)), snapshot(&tmp.0.join(&d)));
+            assert!(
+                got == want,
+                "seed {seed}: a fresh cache from the store differs from tmpfs:\n{got:#?}\nvs\n{want:#?}"
+            );
+        }
+        m.unmount();
+    }
 }

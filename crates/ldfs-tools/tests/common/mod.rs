@@ -75,13 +75,27 @@ pub struct Mount {
     child: Option<Child>,
 }
 
+/// What a store-backed file system's mount adds to `ldfs mount`: `--cache PATH` after the
+/// `s3://` URL (given as the image), and the gateway's environment.
+#[derive(Clone, Debug, Default)]
+pub struct MountExtra {
+    pub args: Vec<std::ffi::OsString>,
+    pub envs: std::collections::BTreeMap<String, String>,
+}
+
 impl Mount {
     /// Mounts with `opts`; `LDFS_TEST_TRANSPORT=uring|dev|auto` adds
     /// `transport=` to every mount that names none (TESTING.md: the FUSE
     /// tests over io_uring).
     pub fn new(img: &Path, dir: &Path, opts: &[&str]) -> Mount {
+        Mount::new_with(img, dir, opts, &MountExtra::default())
+    }
+
+    /// [`Mount::new`] with `extra`'s arguments and environment.
+    pub fn new_with(img: &Path, dir: &Path, opts: &[&str], extra: &MountExtra) -> Mount {
         std::fs::create_dir_all(dir).unwrap();
         let mut cmd = ldfs();
+        cmd.envs(&extra.envs);
         cmd.arg("mount").arg("-f");
         for o in opts {
             cmd.args(["-o", o]);
@@ -91,7 +105,13 @@ impl Mount {
                 cmd.args(["-o", &format!("transport={t}")]);
             }
         }
-        let child = cmd.arg(img).arg(dir).stdin(Stdio::null()).spawn().unwrap();
+        let child = cmd
+            .arg(img)
+            .arg(dir)
+            .args(&extra.args)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
         let mut m = Mount {
             dir: dir.to_path_buf(),
             img: img.to_path_buf(),
@@ -251,4 +271,31 @@ pub fn set_flags(path: &Path, flags: u32) -> Result<(), i32> {
     } else {
         Err(errno())
     }
+}
+
+/// A store-backed file system for a test (issue 20: the POSIX and fsx-style tests through a
+/// mount on the store): `ldfs mkfs --store` of `size` in a fresh bucket of the gateway the tests
+/// use, its cache at `cache`. Returns the URL (to mount as the image) and what a mount of it
+/// adds, or `None` (said loudly) without a gateway.
+pub fn mkfs_store(what: &str, cache: &Path, size: &str) -> Option<(PathBuf, MountExtra)> {
+    use ldfs::testing::ceph::{gateway, unique_bucket, Gateway};
+    let envs = match gateway() {
+        Gateway::Ready(v) => v,
+        Gateway::Skip(why) => {
+            eprintln!("\n*** SKIPPING the store-backed variant: {why} ***\n");
+            return None;
+        }
+    };
+    let url = format!("s3://{}/fs", unique_bucket(what));
+    ldfs()
+        .envs(&envs)
+        .args(["mkfs", "--store", &url, "--cache"])
+        .arg(cache)
+        .args(["--size", size, "--sparse"])
+        .succeeds();
+    let extra = MountExtra {
+        args: vec!["--cache".into(), cache.as_os_str().to_owned()],
+        envs,
+    };
+    Some((PathBuf::from(url), extra))
 }
