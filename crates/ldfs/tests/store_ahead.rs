@@ -15,7 +15,7 @@ use ldfs::lld::layout::{Geometry, MkfsOptions};
 use ldfs::lld::{Lld, LldOptions, SegmentId, PAGE_BYTES};
 use ldfs::store::segments::decode_checkpoint_object;
 use ldfs::store::{restore, MemoryStore, ObjectStore, SegmentStore};
-use ldfs::testing::store::{fast_backoff, take_lease, TestClock};
+use ldfs::testing::store::{fast_backoff, seed_or, small_mkfs, take_lease, TestClock};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -23,21 +23,11 @@ const DEV_BYTES: u64 = 32 << 20;
 const SEGMENT_BYTES: u64 = 128 << 10;
 
 fn mkfs_opts() -> MkfsOptions {
-    MkfsOptions {
-        segment_bytes: SEGMENT_BYTES,
-        max_block_bytes: 32 << 10,
-        reserved_segments: Some(4),
-        fs_id: 2026,
-        max_bytes: None,
-        kept_pages: 0,
-    }
+    small_mkfs(SEGMENT_BYTES, 2026)
 }
 
 fn seed() -> u64 {
-    std::env::var("LDFS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20261127)
+    seed_or(20261127)
 }
 
 /// lld on `dev` with both of `seg`'s hooks, and no checkpoint before the test asks for one.

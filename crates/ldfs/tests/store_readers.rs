@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use ldfs::device::{Device, MemoryDevice};
 use ldfs::ld::{ListHints, ListId, LogicalDisk};
-use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::{Lld, LldOptions, PolicyKind};
 use ldfs::store::cache::CacheDevice;
 use ldfs::store::readers::{open_reader_cache, PinOptions, PinRecord, ReaderPin};
@@ -18,7 +17,9 @@ use ldfs::store::segments::{decode_checkpoint_object, restore_lazy_of, Checkpoin
 use ldfs::store::{
     CacheConfig, HeldLease, MemoryStore, ObjectStore, PutOutcome, SegmentStore, StoreError,
 };
-use ldfs::testing::store::{crash_lease, fast_backoff, take_lease, TestClock};
+use ldfs::testing::store::{
+    crash_lease, fast_backoff, open_with_hooks, seed_or, small_mkfs, take_lease, TestClock,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -27,22 +28,8 @@ const SEGMENT_BYTES: u64 = 128 << 10;
 
 type Model = BTreeMap<(u64, u64), Vec<u8>>;
 
-fn mkfs_opts() -> MkfsOptions {
-    MkfsOptions {
-        segment_bytes: SEGMENT_BYTES,
-        max_block_bytes: 32 << 10,
-        reserved_segments: Some(4),
-        fs_id: 2026,
-        max_bytes: None,
-        kept_pages: 0,
-    }
-}
-
 fn seed() -> u64 {
-    std::env::var("LDFS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20261127)
+    seed_or(20261127)
 }
 
 fn replay(seed: u64) -> String {
@@ -64,18 +51,10 @@ impl Writer {
     /// `force`: take over a crashed writer's lease.
     fn start(store: Arc<dyn ObjectStore>, clock: &TestClock, force: bool) -> Writer {
         let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
-        ldfs::lld::mkfs::mkfs(&*dev, &mkfs_opts()).unwrap();
+        ldfs::lld::mkfs::mkfs(&*dev, &small_mkfs(SEGMENT_BYTES, 2026)).unwrap();
         let lease = take_lease(store.clone(), clock, force);
         let seg = SegmentStore::start(store, dev.clone(), lease.clone(), fast_backoff()).unwrap();
-        let lld = Lld::open(
-            seg.device(),
-            LldOptions {
-                checkpoint_hook: Some(seg.hook()),
-                segment_hook: Some(seg.segment_hook()),
-                ..LldOptions::default()
-            },
-        )
-        .unwrap();
+        let lld = open_with_hooks(&seg, LldOptions::default());
         let lists = (0..4)
             .map(|_| lld.create_list(None, ListHints::default()).unwrap())
             .collect();

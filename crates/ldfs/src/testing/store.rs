@@ -64,3 +64,41 @@ pub fn fast_backoff() -> SegmentStoreOptions {
         backoff_max: Duration::from_millis(20),
     }
 }
+
+/// A small geometry for store tests: segments of `segment_bytes`, 32 KiB blocks, 4 reserved
+/// segments, fs id `fs_id`.
+pub fn small_mkfs(segment_bytes: u64, fs_id: u64) -> crate::lld::layout::MkfsOptions {
+    crate::lld::layout::MkfsOptions {
+        segment_bytes,
+        max_block_bytes: 32 << 10,
+        reserved_segments: Some(4),
+        fs_id,
+        max_bytes: None,
+        kept_pages: 0,
+    }
+}
+
+/// `LDFS_SEED` from the environment (a failure's replay), else `default`.
+pub fn seed_or(default: u64) -> u64 {
+    std::env::var("LDFS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// lld on the layer's device with both of its hooks, as a read-write store mount opens it;
+/// `opts` gives the rest.
+pub fn open_with_hooks(
+    seg: &crate::store::SegmentStore,
+    opts: crate::lld::LldOptions,
+) -> crate::lld::Lld {
+    crate::lld::Lld::open(
+        seg.device(),
+        crate::lld::LldOptions {
+            checkpoint_hook: Some(seg.hook()),
+            segment_hook: Some(seg.segment_hook()),
+            ..opts
+        },
+    )
+    .expect("open lld over the segment store")
+}
