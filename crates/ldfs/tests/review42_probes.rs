@@ -11,7 +11,10 @@ use ldfs::lld::{Lld, LldOptions, PolicyKind};
 use ldfs::store::cache::CacheDevice;
 use ldfs::store::readers::{open_reader_cache, PinOptions, ReaderPin};
 use ldfs::store::segments::{decode_checkpoint_object, restore_lazy_of, CheckpointObject};
-use ldfs::store::{restore_as, CacheConfig, HeldLease, MemoryStore, ObjectStore, SegmentStore};
+use ldfs::store::{
+    restore_as, CacheConfig, HeldLease, MemoryStore, ObjectInfo, ObjectStore, PutOutcome,
+    SegmentStore, StoreError, StoreOp,
+};
 use ldfs::testing::store::{crash_lease, fast_backoff, take_lease, TestClock};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -280,4 +283,136 @@ fn a_pin_on_a_checkpoint_the_running_writer_never_listed_is_ignored() {
         ck.contains(&late),
         replay(seed)
     );
+}
+
+/// A store whose listing of `ckpt/` answers "unavailable" once, right after the first pin put
+/// (one 503 at the reader's check).
+struct ListFailsAfterPin {
+    inner: Arc<dyn ObjectStore>,
+    armed: std::sync::atomic::AtomicBool,
+}
+
+impl ObjectStore for ListFailsAfterPin {
+    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        self.inner.put(key, bytes)?;
+        if key.starts_with("readers/") {
+            self.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        Ok(())
+    }
+    fn put_if_absent(&self, key: &str, bytes: &[u8]) -> Result<PutOutcome, StoreError> {
+        self.inner.put_if_absent(key, bytes)
+    }
+    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
+        self.inner.get(key)
+    }
+    fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, StoreError> {
+        self.inner.get_range(key, offset, len)
+    }
+    fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.inner.delete(key)
+    }
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
+        if prefix == "ckpt/" && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            return Err(StoreError::Unavailable {
+                op: StoreOp::List,
+                key: prefix.into(),
+                reason: "probe: one 503".into(),
+            });
+        }
+        self.inner.list(prefix)
+    }
+}
+
+/// Finding 2. `ReaderPin::take` returns with `?` on an error after its pin is put (the check's
+/// listing, or the next try's `newest_complete_checkpoint`): the pin is left in the store, and
+/// the writer keeps that checkpoint and what it names for a whole lease duration after the
+/// mount failed. One transient answer at the check also fails the mount (the put is patient,
+/// the listing is not).
+#[test]
+fn a_take_that_fails_after_its_pin_put_leaves_the_pin() {
+    let seed = seed();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mem: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
+    let clock = TestClock::default();
+    let mut w = Writer::start(mem.clone(), &clock);
+    w.round(&mut rng, false);
+    let store: Arc<dyn ObjectStore> = Arc::new(ListFailsAfterPin {
+        inner: mem.clone(),
+        armed: false.into(),
+    });
+    let r = ReaderPin::take(store, pin_opts());
+    let left: Vec<String> = mem
+        .list("readers/")
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
+    assert!(
+        left.is_empty(),
+        "take answered {:?}, and left the pin {left:?} in the store",
+        r.as_ref().map(|x| x.1.clone()).map_err(|e| e.to_string())
+    );
+}
+
+/// Probe (expected sound): a reader's cache stays within its bound while it reads its whole
+/// tree, and reads it exactly.
+#[test]
+fn a_reader_cache_stays_within_its_bound() {
+    let seed = seed();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
+    let clock = TestClock::default();
+    let mut w = Writer::start(store.clone(), &clock);
+    for r in 0..4 {
+        w.round(&mut rng, r == 2);
+    }
+    let (pin, key, obj) = ReaderPin::take(store.clone(), pin_opts()).unwrap();
+    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
+    let map = dir.path().join("reader.ldfs-resident");
+    restore_lazy_of(&*store, &*dev, &map, 7, &key, &obj).unwrap();
+    let bound = 3u64;
+    let cache = open_reader_cache(
+        store.clone(),
+        dev,
+        CacheConfig::new(map, Some(bound * SEGMENT_BYTES)),
+        &obj,
+    )
+    .unwrap();
+    let r = Lld::open(
+        Arc::new(CacheDevice(cache.clone())),
+        LldOptions {
+            read_only: true,
+            ..LldOptions::default()
+        },
+    )
+    .unwrap();
+    let mut most = 0;
+    for _ in 0..2 {
+        for &l in &w.lists {
+            for i in 0..60u64 {
+                let got = r.read(l, i).unwrap();
+                assert_eq!(
+                    got.as_deref(),
+                    w.model.get(&(l.0, i)).map(|v| v.as_slice()),
+                    "({})",
+                    replay(seed)
+                );
+                cache.shrink().unwrap();
+                most = most.max(cache.stats().held_segments);
+            }
+        }
+    }
+    let st = cache.stats();
+    assert!(st.misses > 0, "nothing was fetched: {st:?}");
+    // The Active segment's prefix is held and never evicted: one over the bound at most.
+    assert!(
+        most <= bound + 1,
+        "a reader's cache held {most} segments, bound {bound}: {st:?} ({})",
+        replay(seed)
+    );
+    drop(r);
+    cache.stop();
+    pin.release().unwrap();
 }
