@@ -416,3 +416,78 @@ fn a_reader_cache_stays_within_its_bound() {
     cache.stop();
     pin.release().unwrap();
 }
+
+/// A store refusing (HTTP 403) every read of one object: a pin put by a reader whose
+/// credentials the writer's cannot read (another user's object in the writer's bucket).
+struct RefusesOne {
+    inner: Arc<dyn ObjectStore>,
+    key: String,
+}
+
+impl ObjectStore for RefusesOne {
+    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        self.inner.put(key, bytes)
+    }
+    fn put_if_absent(&self, key: &str, bytes: &[u8]) -> Result<PutOutcome, StoreError> {
+        self.inner.put_if_absent(key, bytes)
+    }
+    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
+        if key == self.key {
+            return Err(StoreError::Refused {
+                op: StoreOp::Get,
+                key: key.into(),
+                status: 403,
+                detail: "probe: AccessDenied".into(),
+            });
+        }
+        self.inner.get(key)
+    }
+    fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, StoreError> {
+        self.inner.get_range(key, offset, len)
+    }
+    fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.inner.delete(key)
+    }
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
+        self.inner.list(prefix)
+    }
+}
+
+/// Finding 3. An object under `readers/` the writer cannot read (refused, not transient) fails
+/// the writer's upload for good (`pins()` returns the error, `upload` fails, the uploader is
+/// failed) at its next upload with more than two checkpoint objects, and a later start
+/// (`plan_sweep`) refuses to mount at all; a pin that reads but does not decode is only said
+/// and ignored ("the cost of ignoring it is a reader's EIO, never the writer's data").
+#[test]
+fn an_unreadable_pin_object_stops_the_writers_uploads() {
+    let seed = seed();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mem: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
+    let foreign = "readers/00000000000000ff".to_string();
+    let store: Arc<dyn ObjectStore> = Arc::new(RefusesOne {
+        inner: mem.clone(),
+        key: foreign.clone(),
+    });
+    let clock = TestClock::default();
+    let mut w = Writer::start(store.clone(), &clock);
+    for _ in 0..2 {
+        w.round(&mut rng, false);
+    }
+    mem.put(&foreign, b"another user's pin").unwrap();
+    // Two more uploads: the first with three checkpoint objects lists the pins.
+    for _ in 0..2 {
+        let l = w.lists[0];
+        w.lld.write(None, l, 1, &[7u8; 5000]).unwrap();
+        w.lld.checkpoint_now().unwrap();
+        let r = w
+            .seg
+            .wait_uploaded(w.seg.announced(), Duration::from_secs(20));
+        assert!(
+            r.is_ok() && w.seg.failed().is_none(),
+            "an unreadable readers/ object failed the upload: {:?} / {:?} ({})",
+            r.map_err(|e| e.to_string()),
+            w.seg.failed(),
+            replay(seed)
+        );
+    }
+}
