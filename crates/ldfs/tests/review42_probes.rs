@@ -1,4 +1,7 @@
-//! Review 42 probes: read-only mounts pin their checkpoint (issue 20, `store::readers`).
+//! Review 42's probes of 53f2f7e (issue 20: read-only mounts pin their checkpoint,
+//! `store::readers`). Each probe fails while the defect its doc comment names is there.
+//! `#[ignore]` marks an open defect:
+//! `cargo test --release -p ldfs --test review42_probes -- --ignored` runs them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -206,6 +209,7 @@ fn named_by(store: &dyn ObjectStore, key: &str) -> BTreeSet<String> {
 /// lacks the late one: the pin is ignored, and the objects the pinned checkpoint shares with
 /// the checkpoints the writer moves past are deleted under the reader.
 #[test]
+#[ignore = "review 42 finding 1"]
 fn a_pin_on_a_checkpoint_the_running_writer_never_listed_is_ignored() {
     let seed = seed();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -330,6 +334,7 @@ impl ObjectStore for ListFailsAfterPin {
 /// mount failed. One transient answer at the check also fails the mount (the put is patient,
 /// the listing is not).
 #[test]
+#[ignore = "review 42 finding 2"]
 fn a_take_that_fails_after_its_pin_put_leaves_the_pin() {
     let seed = seed();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -459,6 +464,7 @@ impl ObjectStore for RefusesOne {
 /// (`plan_sweep`) refuses to mount at all; a pin that reads but does not decode is only said
 /// and ignored ("the cost of ignoring it is a reader's EIO, never the writer's data").
 #[test]
+#[ignore = "review 42 finding 3"]
 fn an_unreadable_pin_object_stops_the_writers_uploads() {
     let seed = seed();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -533,6 +539,7 @@ impl ObjectStore for SlowSegList {
 /// the newest two, then testing completeness under the pin's protection closes the window to
 /// one `ckpt/` listing.
 #[test]
+#[ignore = "review 42 finding 4"]
 fn a_busy_writer_beside_a_slow_segment_listing_keeps_a_reader_from_pinning() {
     let seed = seed();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
