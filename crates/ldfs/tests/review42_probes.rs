@@ -579,3 +579,86 @@ fn a_busy_writer_beside_a_slow_segment_listing_keeps_a_reader_from_pinning() {
         replay(seed)
     );
 }
+
+/// Probe: what a reader's cache counts as held right after it opens, before any read, when the
+/// writer deleted most of what it wrote just before the pinned checkpoint (segments Dirty with
+/// nothing live, which no checkpoint object names and the rebuild left as holes).
+#[test]
+fn a_reader_cache_counts_no_phantom_segments_at_open() {
+    let seed = seed();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
+    let clock = TestClock::default();
+    let mut w = Writer::start(store.clone(), &clock);
+    for _ in 0..4 {
+        w.round(&mut rng, false);
+    }
+    // Delete nearly everything, then one checkpoint.
+    for &l in &w.lists.clone() {
+        for i in 0..58u64 {
+            w.lld.delete(None, l, i).unwrap();
+            w.model.remove(&(l.0, i));
+        }
+    }
+    w.lld.checkpoint_now().unwrap();
+    w.seg
+        .wait_uploaded(w.seg.announced(), Duration::from_secs(60))
+        .unwrap();
+    let (pin, key, obj) = ReaderPin::take(store.clone(), pin_opts()).unwrap();
+    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
+    let map = dir.path().join("reader.ldfs-resident");
+    restore_lazy_of(&*store, &*dev, &map, 7, &key, &obj).unwrap();
+    let bound = 8u64;
+    let cache = open_reader_cache(
+        store.clone(),
+        dev,
+        CacheConfig::new(map, Some(bound * SEGMENT_BYTES)),
+        &obj,
+    )
+    .unwrap();
+    let at_open = cache.stats();
+    let r = Lld::open(
+        Arc::new(CacheDevice(cache.clone())),
+        LldOptions {
+            read_only: true,
+            ..LldOptions::default()
+        },
+    )
+    .unwrap();
+    for _ in 0..3 {
+        for &l in &w.lists {
+            for i in 0..60u64 {
+                let got = r.read(l, i).unwrap();
+                assert_eq!(
+                    got.as_deref(),
+                    w.model.get(&(l.0, i)).map(|v| v.as_slice()),
+                    "({})",
+                    replay(seed)
+                );
+            }
+        }
+    }
+    let after = cache.stats();
+    let prefixes = obj
+        .entries
+        .iter()
+        .filter(|e| e.pages != obj.geo.segment_pages)
+        .count() as u64;
+    let full = obj.entries.len() as u64 - prefixes;
+    println!(
+        "checkpoint names {full} full segments and {prefixes} prefixes; at open {at_open:?}; \
+         after three reads of the tree {after:?}"
+    );
+    assert!(
+        at_open.held_segments <= prefixes,
+        "a reader's cache counts {} segments held before any read (the checkpoint names {full} \
+         in full, {prefixes} prefix): segments the rebuild left as holes count against its \
+         bound {bound} ({})",
+        at_open.held_segments,
+        replay(seed)
+    );
+    drop(r);
+    cache.stop();
+    pin.release().unwrap();
+}
