@@ -145,7 +145,6 @@ fn write_bytes(root: &Path, seed: u64, bytes: u64) -> Vec<PathBuf> {
 /// ("in the store only, and its object cannot be read") and fails, for a cache that holds
 /// nothing the store lacks and that the next read-only mount rebuilds anyway.
 #[test]
-#[ignore = "review 42 finding 5"]
 fn fsck_of_an_unmounted_readers_cache_reports_problems_once_the_writer_moved_on() {
     let Some(e) = env("r42fsck") else { return };
     let c1 = e.path("c1.img");

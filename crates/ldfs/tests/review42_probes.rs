@@ -1,7 +1,6 @@
 //! Review 42's probes of 53f2f7e (issue 20: read-only mounts pin their checkpoint,
 //! `store::readers`). Each probe fails while the defect its doc comment names is there.
-//! `#[ignore]` marks an open defect:
-//! `cargo test --release -p ldfs --test review42_probes -- --ignored` runs them.
+//! All five findings are fixed (the fixes' commit says where); each probe passes now.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -209,8 +208,56 @@ fn named_by(store: &dyn ObjectStore, key: &str) -> BTreeSet<String> {
 /// lacks the late one: the pin is ignored, and the objects the pinned checkpoint shares with
 /// the checkpoints the writer moves past are deleted under the reader.
 #[test]
-#[ignore = "review 42 finding 1"]
 fn a_pin_on_a_checkpoint_the_running_writer_never_listed_is_ignored() {
+    late_checkpoint_pinned(false);
+}
+
+/// Finding 1's other window (the lead's probe, after the fix): A's late puts and the reader's
+/// pin land while B's start sweeps, after its listing of the checkpoint objects and before its
+/// listing of the pins. The sweep deleted the late checkpoint's own segment objects (named by
+/// no checkpoint it listed) under the reader.
+#[test]
+fn a_pin_landing_during_a_starts_sweep_keeps_the_late_checkpoint() {
+    late_checkpoint_pinned(true);
+}
+
+/// A store that runs `f` once, when the pins are first listed.
+struct OnPinsListing {
+    inner: Arc<dyn ObjectStore>,
+    f: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl ObjectStore for OnPinsListing {
+    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        self.inner.put(key, bytes)
+    }
+    fn put_if_absent(&self, key: &str, bytes: &[u8]) -> Result<PutOutcome, StoreError> {
+        self.inner.put_if_absent(key, bytes)
+    }
+    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
+        self.inner.get(key)
+    }
+    fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, StoreError> {
+        self.inner.get_range(key, offset, len)
+    }
+    fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.inner.delete(key)
+    }
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
+        if prefix == "readers/" {
+            let f = self.f.lock().unwrap().take();
+            if let Some(f) = f {
+                f();
+            }
+        }
+        self.inner.list(prefix)
+    }
+}
+
+/// A stale writer's late checkpoint pinned by a reader, landing after the next writer's start
+/// (`during_sweep`: inside its sweep); the reader must read its tree whole while the writer
+/// moves on.
+fn late_checkpoint_pinned(during_sweep: bool) {
     let seed = seed();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
@@ -239,15 +286,27 @@ fn a_pin_on_a_checkpoint_the_running_writer_never_listed_is_ignored() {
     // B takes over: rebuilds from the store's newest (the one before) and sweeps; then, before
     // its first upload, A's in-flight puts land (its segment objects, then its checkpoint
     // object), and a reader pins.
-    let mut taken = None;
-    let mut b = Writer::take_over(store.clone(), &clock, lists.clone(), before_late, || {
-        for (k, v) in &late_segs {
-            store.put(k, v).unwrap();
+    let taken = Arc::new(std::sync::Mutex::new(None));
+    let land = {
+        let (store, taken, late) = (store.clone(), taken.clone(), late.clone());
+        move || {
+            for (k, v) in &late_segs {
+                store.put(k, v).unwrap();
+            }
+            store.put(&late, &late_bytes).unwrap();
+            *taken.lock().unwrap() = Some(ReaderPin::take(store.clone(), pin_opts()).unwrap());
         }
-        store.put(&late, &late_bytes).unwrap();
-        taken = Some(ReaderPin::take(store.clone(), pin_opts()).unwrap());
-    });
-    let (pin, key, obj) = taken.unwrap();
+    };
+    let mut b = if during_sweep {
+        let wrapped: Arc<dyn ObjectStore> = Arc::new(OnPinsListing {
+            inner: store.clone(),
+            f: std::sync::Mutex::new(Some(Box::new(land))),
+        });
+        Writer::take_over(wrapped, &clock, lists.clone(), before_late, || {})
+    } else {
+        Writer::take_over(store.clone(), &clock, lists.clone(), before_late, land)
+    };
+    let (pin, key, obj) = taken.lock().unwrap().take().unwrap();
     assert_eq!(
         key,
         late,
@@ -289,11 +348,12 @@ fn a_pin_on_a_checkpoint_the_running_writer_never_listed_is_ignored() {
     );
 }
 
-/// A store whose listing of `ckpt/` answers "unavailable" once, right after the first pin put
-/// (one 503 at the reader's check).
+/// A store whose listing of `ckpt/` fails once, right after the first pin put: "unavailable"
+/// (one 503 at the reader's check), or with `refuse` a final refusal.
 struct ListFailsAfterPin {
     inner: Arc<dyn ObjectStore>,
     armed: std::sync::atomic::AtomicBool,
+    refuse: bool,
 }
 
 impl ObjectStore for ListFailsAfterPin {
@@ -318,6 +378,14 @@ impl ObjectStore for ListFailsAfterPin {
     }
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
         if prefix == "ckpt/" && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            if self.refuse {
+                return Err(StoreError::Refused {
+                    op: StoreOp::List,
+                    key: prefix.into(),
+                    status: 403,
+                    detail: "probe: refused".into(),
+                });
+            }
             return Err(StoreError::Unavailable {
                 op: StoreOp::List,
                 key: prefix.into(),
@@ -334,7 +402,6 @@ impl ObjectStore for ListFailsAfterPin {
 /// mount failed. One transient answer at the check also fails the mount (the put is patient,
 /// the listing is not).
 #[test]
-#[ignore = "review 42 finding 2"]
 fn a_take_that_fails_after_its_pin_put_leaves_the_pin() {
     let seed = seed();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -342,22 +409,41 @@ fn a_take_that_fails_after_its_pin_put_leaves_the_pin() {
     let clock = TestClock::default();
     let mut w = Writer::start(mem.clone(), &clock);
     w.round(&mut rng, false);
+    let pins = || -> Vec<String> {
+        mem.list("readers/")
+            .unwrap()
+            .into_iter()
+            .map(|o| o.key)
+            .collect()
+    };
+    // A final refusal at the check: the take fails and leaves no pin.
     let store: Arc<dyn ObjectStore> = Arc::new(ListFailsAfterPin {
         inner: mem.clone(),
         armed: false.into(),
+        refuse: true,
     });
     let r = ReaderPin::take(store, pin_opts());
-    let left: Vec<String> = mem
-        .list("readers/")
-        .unwrap()
-        .into_iter()
-        .map(|o| o.key)
-        .collect();
     assert!(
-        left.is_empty(),
-        "take answered {:?}, and left the pin {left:?} in the store",
-        r.as_ref().map(|x| x.1.clone()).map_err(|e| e.to_string())
+        r.is_err(),
+        "a refused listing at the check: {:?}",
+        r.map(|x| x.1)
     );
+    assert!(pins().is_empty(), "a failed take left the pin {:?}", pins());
+    // One transient answer there is retried; the pin lives until the take's pin is dropped.
+    let store: Arc<dyn ObjectStore> = Arc::new(ListFailsAfterPin {
+        inner: mem.clone(),
+        armed: false.into(),
+        refuse: false,
+    });
+    let r = ReaderPin::take(store, pin_opts());
+    assert!(
+        r.is_ok(),
+        "one 503 at the check failed the take: {:?}",
+        r.err()
+    );
+    assert_eq!(pins().len(), 1);
+    drop(r);
+    assert!(pins().is_empty(), "a dropped pin was left: {:?}", pins());
 }
 
 /// Probe (expected sound): a reader's cache stays within its bound while it reads its whole
@@ -464,7 +550,6 @@ impl ObjectStore for RefusesOne {
 /// (`plan_sweep`) refuses to mount at all; a pin that reads but does not decode is only said
 /// and ignored ("the cost of ignoring it is a reader's EIO, never the writer's data").
 #[test]
-#[ignore = "review 42 finding 3"]
 fn an_unreadable_pin_object_stops_the_writers_uploads() {
     let seed = seed();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -539,7 +624,6 @@ impl ObjectStore for SlowSegList {
 /// the newest two, then testing completeness under the pin's protection closes the window to
 /// one `ckpt/` listing.
 #[test]
-#[ignore = "review 42 finding 4"]
 fn a_busy_writer_beside_a_slow_segment_listing_keeps_a_reader_from_pinning() {
     let seed = seed();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);

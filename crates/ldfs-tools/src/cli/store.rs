@@ -315,6 +315,12 @@ fn read_note_id(cache: &Path) -> Option<(u64, u64, Option<u64>)> {
 
 /// Writes the note durably (before this writer uploads anything), keeping the cache bound it
 /// remembers.
+/// Whether the cache's note says read-only mounts use it (`READER`): it holds nothing the store
+/// lacks, and each read-only mount rebuilds it.
+pub fn is_readers_cache(cache: &Path) -> bool {
+    read_note(cache).is_some_and(|n| n.1 == READER)
+}
+
 pub fn write_note(cache: &Path, url: &StoreUrl, fs_id: u64, writer: u64) -> Result<(), String> {
     write_note_with(cache, url, fs_id, writer, noted_cache_size(cache))
 }

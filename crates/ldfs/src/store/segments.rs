@@ -507,7 +507,12 @@ impl SegmentStore {
         // before is complete, but of another branch: the sequence numbers after the
         // checkpoint both continued from are the same in both, so page 0 cannot tell).
         // Of the newest two: an older one kept for a reader's pin is not what the store holds.
-        let newest = kept.iter().rev().take(2).find(|k| k.complete);
+        let newest = kept
+            .iter()
+            .filter(|k| !k.pinned_late)
+            .rev()
+            .take(2)
+            .find(|k| k.complete);
         let held = newest.filter(|k| cache_holds_slot(&*dev, &geo, k.serial, &k.slot));
         let uploaded = held.map_or(0, |k| k.serial);
         let store_bytes = newest.map_or(0, |k| {
@@ -966,6 +971,30 @@ struct KeptCheckpoint {
     slot: Vec<u8>,
     /// Every segment object it names is in the store (see [`newest_complete_checkpoint`]).
     complete: bool,
+    /// Kept only for a reader's pin, found after the listing the start decided on: never what
+    /// the store holds for this writer's start.
+    pinned_late: bool,
+}
+
+impl KeptCheckpoint {
+    fn of(
+        key: String,
+        writer: u64,
+        serial: u64,
+        obj: CheckpointObject,
+        pinned_late: bool,
+    ) -> KeptCheckpoint {
+        KeptCheckpoint {
+            key,
+            writer,
+            serial,
+            fs_id: obj.geo.fs_id,
+            entries: obj.entries,
+            slot: obj.slot,
+            complete: false,
+            pinned_late,
+        }
+    }
 }
 
 /// The kept checkpoint objects, oldest first.
@@ -1015,16 +1044,17 @@ fn plan_sweep(store: &dyn ObjectStore, now_secs: u64) -> LayerResult<SweepPlan> 
             continue;
         }
         let obj = decode_checkpoint_object(&key, &store.get(&key)?)?;
-        kept.push(KeptCheckpoint {
-            key,
-            writer,
-            serial,
-            fs_id: obj.geo.fs_id,
-            entries: obj.entries,
-            slot: obj.slot,
-            complete: false,
-        });
+        kept.push(KeptCheckpoint::of(key, writer, serial, obj, false));
     }
+    // A pinned checkpoint object put after the listing above (a stale writer's late put, a
+    // reader pinning it before the pins were listed): kept with what it names (review 42
+    // finding 1: its objects were swept).
+    for (key, obj) in super::readers::pinned_unknown(store, &pins, |k| keys.iter().any(|x| x == k))?
+    {
+        let (writer, serial) = parse_checkpoint_key(&key).expect("pinned_unknown parsed it");
+        kept.push(KeptCheckpoint::of(key, writer, serial, obj, true));
+    }
+    kept.sort_by(|a, b| a.key.cmp(&b.key));
     Ok(SweepPlan {
         kept,
         doomed,
@@ -1385,6 +1415,20 @@ fn upload(
         let Some(pins) = retry(sh, || super::readers::pins(&*sh.store, now))? else {
             return Ok(Outcome::Stopped);
         };
+        // A pinned checkpoint this writer never listed (a stale writer's late put, which sorts
+        // among the newest two until this writer's second upload) is kept as if it had
+        // (review 42 finding 1: its objects went with the older checkpoints it shares them
+        // with).
+        let Some(late) = retry(sh, || {
+            super::readers::pinned_unknown(&*sh.store, &pins, |k| named.iter().any(|n| n.0 == k))
+        })?
+        else {
+            return Ok(Outcome::Stopped);
+        };
+        for (key, obj) in late {
+            named.push((key, obj.entries.iter().map(|e| e.key()).collect()));
+        }
+        named.sort_by(|a, b| a.0.cmp(&b.0));
         let keys: Vec<String> = named.iter().map(|n| n.0.clone()).collect();
         let keep = super::readers::retained(&keys, &pins);
         named.retain(|(ck, old_keys)| {
