@@ -208,9 +208,24 @@ fn a_reader_reads_its_pinned_tree_while_the_writer_churns_cleans_and_uploads() {
     );
     let named = named_by(&*store, &key);
     let r = reader(store.clone(), dir.path(), &key, &obj, 4);
+    // A crashed reader's pin, expired by the writer's clock: its delete rounds remove it.
+    let stale = PinRecord {
+        owner: 98,
+        expires_secs: clock.now() - 1,
+        pid: 1,
+        host: "gone".into(),
+        checkpoint: key.clone(),
+    };
+    store
+        .put("readers/0000000000000062", &stale.encode())
+        .unwrap();
     for round in 0..10 {
         w.round(&mut rng, round % 3 == 2);
     }
+    assert!(
+        store.get("readers/0000000000000062").is_err(),
+        "an expired pin outlived ten delete rounds"
+    );
     assert_ne!(
         w.model, pinned_model,
         "the writer must have changed the tree"

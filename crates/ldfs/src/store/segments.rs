@@ -1439,6 +1439,9 @@ fn upload(
             old_checkpoints.push(ck.clone());
             false
         });
+        // Expired by this writer's clock, they pin nothing: deleted with the rest (a crashed
+        // reader's pin was otherwise read at every upload until the next start's sweep).
+        deletes.extend(pins.expired);
     }
     deletes.sort();
     deletes.dedup();
