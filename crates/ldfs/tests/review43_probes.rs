@@ -410,3 +410,77 @@ fn a_pin_the_writer_may_not_read_lets_it_delete_under_the_reader() {
         replay(seed)
     );
 }
+
+/// A store whose listing of `seg/` takes `secs` by `clock` (a large store's listing, or one
+/// retried patiently through 503s: `choose_and_pin` waits up to half the pin's duration for
+/// each of its listing of `ckpt/`, its get and its listing of `seg/`).
+struct SlowSegListing {
+    inner: Arc<dyn ObjectStore>,
+    clock: TestClock,
+    secs: u64,
+}
+
+impl ObjectStore for SlowSegListing {
+    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        self.inner.put(key, bytes)
+    }
+    fn put_if_absent(&self, key: &str, bytes: &[u8]) -> Result<PutOutcome, StoreError> {
+        self.inner.put_if_absent(key, bytes)
+    }
+    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
+        self.inner.get(key)
+    }
+    fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, StoreError> {
+        self.inner.get_range(key, offset, len)
+    }
+    fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.inner.delete(key)
+    }
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
+        let r = self.inner.list(prefix);
+        if prefix == "seg/" {
+            self.clock.advance(self.secs);
+        }
+        r
+    }
+}
+
+/// `choose_and_pin` puts the pin (expiry: now + duration) and then checks the choice, and
+/// returns it without looking whether the pin is still live: a check that outlasts the pin's
+/// duration (the listing of every segment object, review 42 finding 4's "seconds in a large
+/// store", plus up to half the duration of patience for each of three calls) returns a pin a
+/// writer already ignores (`readers::pins` drops it as expired), so the checkpoint it "keeps"
+/// and what only it names may be deleted before the renewer's first renewal, a fifth of the
+/// duration later. Re-putting the pin (or checking its expiry) before returning closes it.
+#[test]
+fn a_take_whose_check_outlasts_the_pin_returns_an_expired_pin() {
+    let seed = seed();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
+    let clock = TestClock::default();
+    let mut a = Writer::start(store.clone(), &clock);
+    for r in 0..3 {
+        a.round(&mut rng, r == 1);
+    }
+    let slow: Arc<dyn ObjectStore> = Arc::new(SlowSegListing {
+        inner: store.clone(),
+        clock: clock.clone(),
+        secs: 61,
+    });
+    let opts = PinOptions {
+        duration: Duration::from_secs(60),
+        clock: clock.clock(),
+        host: "reader".into(),
+        pid: std::process::id(),
+    };
+    let (pin, key, _obj) = ReaderPin::take(slow, opts).unwrap();
+    let live = ldfs::store::readers::pins(&*store, clock.now()).unwrap();
+    let pinned = live.checkpoints.contains(&key);
+    drop(pin);
+    a.seg.stop();
+    assert!(
+        pinned,
+        "ReaderPin::take returned {key} with a pin a writer now takes for expired ({})",
+        replay(seed)
+    );
+}
