@@ -462,25 +462,41 @@ fn a_take_whose_check_outlasts_the_pin_returns_an_expired_pin() {
     for r in 0..3 {
         a.round(&mut rng, r == 1);
     }
-    let slow: Arc<dyn ObjectStore> = Arc::new(SlowSegListing {
-        inner: store.clone(),
-        clock: clock.clone(),
-        secs: 61,
-    });
-    let opts = PinOptions {
-        duration: Duration::from_secs(60),
-        clock: clock.clock(),
-        host: "reader".into(),
-        pid: std::process::id(),
-    };
-    let (pin, key, _obj) = ReaderPin::take(slow, opts).unwrap();
-    let live = ldfs::store::readers::pins(&*store, clock.now()).unwrap();
-    let pinned = live.checkpoints.contains(&key);
-    drop(pin);
+    // A check that outlasts the pin (61 s against 60) can never return a live pin: the take
+    // chooses again and, every listing as slow, fails, leaving no pin. One that takes a third
+    // of it returns a pin renewed at its end. (The lead's change of this probe, after the fix:
+    // before it, the take returned the expired pin in both cases.)
+    for secs in [61, 20] {
+        let slow: Arc<dyn ObjectStore> = Arc::new(SlowSegListing {
+            inner: store.clone(),
+            clock: clock.clone(),
+            secs,
+        });
+        let opts = PinOptions {
+            duration: Duration::from_secs(60),
+            clock: clock.clock(),
+            host: "reader".into(),
+            pid: std::process::id(),
+        };
+        match ReaderPin::take(slow, opts) {
+            Ok((pin, key, _obj)) => {
+                let live = ldfs::store::readers::pins(&*store, clock.now()).unwrap();
+                assert!(
+                    live.checkpoints.contains(&key) && secs == 20,
+                    "ReaderPin::take returned {key} with a pin a writer now takes for expired \
+                     (listing {secs} s; {})",
+                    replay(seed)
+                );
+                drop(pin);
+            }
+            Err(e) => {
+                assert_eq!(secs, 61, "a listing of {secs} s failed the take: {e}");
+                assert!(
+                    store.list("readers/").unwrap().is_empty(),
+                    "a failed take left its pin"
+                );
+            }
+        }
+    }
     a.seg.stop();
-    assert!(
-        pinned,
-        "ReaderPin::take returned {key} with a pin a writer now takes for expired ({})",
-        replay(seed)
-    );
 }

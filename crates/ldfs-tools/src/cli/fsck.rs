@@ -142,14 +142,18 @@ fn run(a: &FsckArgs) -> Result<u8, String> {
     // rest is read from the store, each object checked; nothing is repaired.
     let (dev, store_problems, in_store) = match crate::cli::store::cache_view(image, dev.clone())? {
         None => (dev, Vec::new(), false),
-        Some((_, bad)) if !bad.is_empty() && crate::cli::store::is_readers_cache(image) => {
+        Some((_, bad))
+            if !bad.is_empty()
+                && crate::cli::store::is_readers_cache(image)
+                && crate::cli::store::readers_checkpoint_gone(image, &*dev)? =>
+        {
             // Its checkpoint's objects go once no mount pins it (review 42 finding 5: each
             // was reported as a problem of a cache that holds nothing the store lacks).
             println!(
                 "fsck.ldfs {}: the cache of read-only mounts (rebuilt from the store at each \
                  read-only mount; it holds nothing the store lacks): {} of the segments it \
-                 does not hold are gone from the store since no mount pins its checkpoint; \
-                 nothing to check",
+                 does not hold are gone from the store, with the checkpoint it was rebuilt \
+                 from (no mount pins it): nothing to check",
                 image.display(),
                 bad.len()
             );

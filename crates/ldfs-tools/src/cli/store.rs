@@ -321,6 +321,42 @@ pub fn is_readers_cache(cache: &Path) -> bool {
     read_note(cache).is_some_and(|n| n.1 == READER)
 }
 
+/// Whether the checkpoint a read-only mount's cache was rebuilt from (its slot) is gone from
+/// the store: no checkpoint object listed there holds that slot, byte for byte. Then the
+/// objects its map sends reads to may be gone too, with no harm (its pin ended); while the
+/// checkpoint is there they are not, and one missing is the store's damage (review 43 finding
+/// 3). An error (the store unreachable) is an error, not "gone".
+pub fn readers_checkpoint_gone(cache: &Path, dev: &dyn Device) -> Result<bool, String> {
+    let url =
+        noted_store(cache).ok_or_else(|| format!("{}: no note names a store", cache.display()))?;
+    let mut sb = vec![0u8; PAGE_BYTES];
+    dev.read_at(&mut sb, 0)
+        .map_err(|e| format!("{}: {e}", cache.display()))?;
+    let geo = Geometry::decode_superblock(&sb, 0, dev.size_bytes())
+        .map_err(|e| format!("{}: {e}", cache.display()))?;
+    let store = url.open(None)?;
+    let listed = store.list("ckpt/").map_err(|e| format!("{url}: {e}"))?;
+    for o in listed
+        .iter()
+        .filter(|o| parse_checkpoint_key(&o.key).is_some())
+    {
+        let b = match store.get(&o.key) {
+            Ok(b) => b,
+            Err(ldfs::store::StoreError::NotFound { .. }) => continue,
+            Err(e) => return Err(format!("{url}: {e}")),
+        };
+        let Ok(obj) = ldfs::store::segments::decode_checkpoint_object(&o.key, &b) else {
+            continue;
+        };
+        let mut slot = vec![0u8; obj.slot.len()];
+        let at = geo.slot_addr((obj.serial % 2) as usize);
+        if dev.read_at(&mut slot, at).is_ok() && slot == obj.slot {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 pub fn write_note(cache: &Path, url: &StoreUrl, fs_id: u64, writer: u64) -> Result<(), String> {
     write_note_with(cache, url, fs_id, writer, noted_cache_size(cache))
 }

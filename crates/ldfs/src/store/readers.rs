@@ -131,6 +131,10 @@ pub struct Pins {
     pub checkpoints: BTreeSet<String>,
     /// Keys of pins expired by `now_secs`: nothing kept for them.
     pub expired: Vec<String>,
+    /// Pins listed that this writer may not read (refused: another user's object). Any
+    /// checkpoint may be what one names, so while one is listed the writer keeps every
+    /// checkpoint object and every object it does not know (review 43 finding 2).
+    pub unreadable: Vec<String>,
 }
 
 /// Lists the pins. A pin that does not decode (damaged, or a newer version's) pins nothing
@@ -143,10 +147,15 @@ pub fn pins(store: &dyn ObjectStore, now_secs: u64) -> Result<Pins, StoreError> 
             Ok(b) => b,
             Err(StoreError::NotFound { .. }) => continue,
             Err(e) if e.is_transient() => return Err(e),
-            // Refused (another user's object: review 42 finding 3): as one that does not
-            // decode. Failing here stopped the writer's uploads for good.
+            // Refused (another user's object): failing here stopped the writer's uploads for
+            // good (review 42 finding 3); pinning nothing let it delete under a live reader
+            // (review 43 finding 2). It may name any checkpoint: the caller keeps them all.
             Err(e) => {
-                eprintln!("ldfs: reader pin {}: {e}; it pins nothing", o.key);
+                eprintln!(
+                    "ldfs: reader pin {}: {e}; every checkpoint object is kept while it is there",
+                    o.key
+                );
+                p.unreadable.push(o.key);
                 continue;
             }
         };
@@ -194,6 +203,9 @@ pub fn pinned_unknown(
 /// Which of `checkpoints` (checkpoint keys, oldest first) are kept: the newest two, and any a
 /// live pin names.
 pub fn retained(checkpoints: &[String], pins: &Pins) -> BTreeSet<String> {
+    if !pins.unreadable.is_empty() {
+        return checkpoints.iter().cloned().collect();
+    }
     let newest_two = checkpoints.len().saturating_sub(2);
     checkpoints
         .iter()
@@ -399,6 +411,19 @@ fn choose_and_pin(
                 .map(|o| o.key)
                 .collect();
             if obj.entries.iter().all(|e| present.contains(&e.key())) {
+                // The checks may have taken long (a large store lists slowly): a pin expired,
+                // or near it, by now may have been passed over by a writer (review 43 finding
+                // 4). Expired: choose again; else renewed before it is returned.
+                let now = (opts.clock)();
+                let margin = (opts.duration.as_secs() / 10).max(1);
+                if now + margin >= record.expires_secs {
+                    break;
+                }
+                let record = PinRecord {
+                    expires_secs: now + opts.duration.as_secs().max(1),
+                    ..record
+                };
+                patiently(patience, || store.put(key, &record.encode()))?;
                 return Ok((record, ckpt.clone(), obj));
             }
         }
@@ -538,7 +563,7 @@ mod tests {
         );
         let p = Pins {
             checkpoints: ["ckpt/2".to_string()].into(),
-            expired: vec![],
+            ..Pins::default()
         };
         assert_eq!(
             retained(&ck, &p),

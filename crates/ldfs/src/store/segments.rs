@@ -375,6 +375,14 @@ struct State {
     /// sizes of the segment objects it names.
     uploaded_at: Option<std::time::SystemTime>,
     store_bytes: u64,
+    /// Segment objects the start's sweep found no kept checkpoint object naming, deleted only
+    /// in the delete round of this writer's second checkpoint put (review 43 finding 1): until
+    /// then a stale writer's late checkpoint put may sort among the newest two and name them,
+    /// and a reader may pin it after the start listed the pins; from then on this writer's two
+    /// checkpoints sort above it, and the round lists the pins after its put.
+    sweep_deferred: Vec<String>,
+    /// Checkpoint puts before `sweep_deferred` goes.
+    puts_before_sweep: u32,
 }
 
 struct Shared {
@@ -483,7 +491,7 @@ impl SegmentStore {
                 (Some(c), d)
             }
         };
-        let (kept, swept) = run_sweep(&*store, plan)?;
+        let (kept, swept, sweep_deferred) = run_sweep(&*store, plan, true)?;
         if let Some(k) = kept.iter().find(|k| k.fs_id != geo.fs_id) {
             return Err(LayerError::Other(format!(
                 "the store holds checkpoint object {} of file system {:016x}; this cache is of \
@@ -624,6 +632,8 @@ impl SegmentStore {
                 uploaded_written: 0,
                 uploaded_at: None,
                 store_bytes,
+                sweep_deferred,
+                puts_before_sweep: 2,
             }),
             geo,
             cv: Condvar::new(),
@@ -1063,7 +1073,13 @@ fn plan_sweep(store: &dyn ObjectStore, now_secs: u64) -> LayerResult<SweepPlan> 
 }
 
 /// Carries out `plan`: returns the kept checkpoint objects and how many objects it deleted.
-fn run_sweep(store: &dyn ObjectStore, plan: SweepPlan) -> LayerResult<(Kept, u64)> {
+/// `defer`: segment objects no kept checkpoint object names are returned, not deleted (a
+/// writer's start: see [`State::sweep_deferred`]).
+fn run_sweep(
+    store: &dyn ObjectStore,
+    plan: SweepPlan,
+    defer: bool,
+) -> LayerResult<(Kept, u64, Vec<String>)> {
     let mut deleted = 0;
     for k in plan.doomed.iter().chain(&plan.expired_pins) {
         store.delete(k)?;
@@ -1072,23 +1088,31 @@ fn run_sweep(store: &dyn ObjectStore, plan: SweepPlan) -> LayerResult<(Kept, u64
     let named = plan.named();
     let mut kept = plan.kept;
     let mut present = BTreeSet::new();
+    let mut deferred = Vec::new();
     for o in store.list("seg/")? {
-        if !named.contains(&o.key) {
+        if named.contains(&o.key) {
+            present.insert(o.key);
+        } else if defer {
+            deferred.push(o.key);
+        } else {
             store.delete(&o.key)?;
             deleted += 1;
-        } else {
-            present.insert(o.key);
         }
     }
     for k in &mut kept {
         k.complete = k.entries.iter().all(|e| present.contains(&e.key()));
     }
-    Ok((kept, deleted))
+    Ok((kept, deleted, deferred))
 }
 
 /// `sweep`, returning the kept checkpoint objects and how many objects it deleted.
 fn sweep_kept(store: &dyn ObjectStore) -> LayerResult<(Kept, u64)> {
-    run_sweep(store, plan_sweep(store, (super::lease::system_clock())())?)
+    let (kept, deleted, _) = run_sweep(
+        store,
+        plan_sweep(store, (super::lease::system_clock())())?,
+        false,
+    )?;
+    Ok((kept, deleted))
 }
 
 enum Outcome {
@@ -1410,7 +1434,15 @@ fn upload(
     // The pins are listed after this checkpoint's put (`store::readers`): a reader that pinned
     // an older one after this listing found it no longer among the newest two, and chose again.
     let mut old_checkpoints = Vec::new();
-    if named.len() > 2 {
+    let mut late_sweep = {
+        let mut st = sh.state.lock().unwrap();
+        st.puts_before_sweep = st.puts_before_sweep.saturating_sub(1);
+        match st.puts_before_sweep {
+            0 => std::mem::take(&mut st.sweep_deferred),
+            _ => Vec::new(),
+        }
+    };
+    if named.len() > 2 || !late_sweep.is_empty() {
         let now = sh.lease.now_secs();
         let Some(pins) = retry(sh, || super::readers::pins(&*sh.store, now))? else {
             return Ok(Outcome::Stopped);
@@ -1442,6 +1474,14 @@ fn upload(
         // Expired by this writer's clock, they pin nothing: deleted with the rest (a crashed
         // reader's pin was otherwise read at every upload until the next start's sweep).
         deletes.extend(pins.expired);
+        if pins.unreadable.is_empty() {
+            // What the start's sweep deferred, less what a pinned checkpoint names (below).
+            deletes.append(&mut late_sweep);
+        }
+    }
+    if !late_sweep.is_empty() {
+        // A pin it may not read names any checkpoint: kept for a later round.
+        sh.state.lock().unwrap().sweep_deferred = late_sweep;
     }
     deletes.sort();
     deletes.dedup();
