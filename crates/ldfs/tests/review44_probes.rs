@@ -12,8 +12,7 @@ use ldfs::lld::layout::MkfsOptions;
 use ldfs::lld::{Lld, LldOptions};
 use ldfs::store::readers::{PinOptions, ReaderPin};
 use ldfs::store::{
-    HeldLease, MemoryStore, ObjectInfo, ObjectStore, PutOutcome, SegmentStore, StoreError,
-    StoreOp,
+    HeldLease, MemoryStore, ObjectInfo, ObjectStore, PutOutcome, SegmentStore, StoreError, StoreOp,
 };
 use ldfs::testing::store::{fast_backoff, take_lease, TestClock};
 use rand::{Rng, SeedableRng};
@@ -104,6 +103,8 @@ struct SlowRenewal {
     pin_puts: AtomicU32,
     refusals: AtomicU32,
     lapsed: AtomicBool,
+    /// Pin puts landed since the lapse: 1, the late renewal only (the pin returned).
+    puts_since_lapse: AtomicU32,
     pinned: Mutex<Option<String>>,
 }
 
@@ -118,6 +119,7 @@ impl ObjectStore for SlowRenewal {
                 let ck = self.pinned.lock().unwrap().clone().unwrap();
                 if !live.checkpoints.contains(&ck) {
                     self.lapsed.store(true, Ordering::SeqCst);
+                    self.puts_since_lapse.store(0, Ordering::SeqCst);
                 }
                 return Err(StoreError::Unavailable {
                     op: StoreOp::Put,
@@ -126,6 +128,7 @@ impl ObjectStore for SlowRenewal {
                 });
             }
             self.pin_puts.fetch_add(1, Ordering::SeqCst);
+            self.puts_since_lapse.fetch_add(1, Ordering::SeqCst);
             let rec = self.inner.put(key, bytes);
             let live = ldfs::store::readers::pins(&*self.inner, self.clock.now()).unwrap();
             *self.pinned.lock().unwrap() = live.checkpoints.iter().next_back().cloned();
@@ -180,6 +183,7 @@ fn a_take_whose_renewal_lands_after_the_pin_expired_returns_it() {
         pin_puts: AtomicU32::new(0),
         refusals: AtomicU32::new(0),
         lapsed: AtomicBool::new(false),
+        puts_since_lapse: AtomicU32::new(0),
         pinned: Mutex::new(None),
     });
     let opts = PinOptions {
@@ -189,7 +193,9 @@ fn a_take_whose_renewal_lands_after_the_pin_expired_returns_it() {
         pid: std::process::id(),
     };
     let taken = ReaderPin::take(slow.clone(), opts);
-    let lapsed = slow.lapsed.load(Ordering::SeqCst);
+    // The pin returned is the one renewed late: no fresh choice put since the lapse.
+    let lapsed =
+        slow.lapsed.load(Ordering::SeqCst) && slow.puts_since_lapse.load(Ordering::SeqCst) == 1;
     match taken {
         Ok((pin, key, _obj)) => {
             drop(pin);
@@ -201,5 +207,83 @@ fn a_take_whose_renewal_lands_after_the_pin_expired_returns_it() {
             );
         }
         Err(e) => panic!("the take failed: {e} ({})", replay(seed)),
+    }
+}
+
+/// A store whose listing of `seg/` takes `secs` by `clock` (a large store's listing).
+struct SlowSegListing {
+    inner: Arc<dyn ObjectStore>,
+    clock: TestClock,
+    secs: u64,
+}
+
+impl ObjectStore for SlowSegListing {
+    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        self.inner.put(key, bytes)
+    }
+    fn put_if_absent(&self, key: &str, bytes: &[u8]) -> Result<PutOutcome, StoreError> {
+        self.inner.put_if_absent(key, bytes)
+    }
+    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
+        self.inner.get(key)
+    }
+    fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, StoreError> {
+        self.inner.get_range(key, offset, len)
+    }
+    fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.inner.delete(key)
+    }
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
+        let r = self.inner.list(prefix);
+        if prefix == "seg/" {
+            self.clock.advance(self.secs);
+        }
+        r
+    }
+}
+
+/// Finding B (review 43 finding 4's fix, `choose_and_pin`, readers.rs ~417). A take whose
+/// checks end with its pin still live but within the margin (a tenth of the duration) of its
+/// expiry chooses again instead of renewing it, and every check as slow fails the take after
+/// `PIN_TRIES`. So a store whose listing of `seg/` takes 0.9 to 1.0 of the pin's duration
+/// (at `lease=10`: 9 s, a few hundred thousand objects) can no longer be mounted read-only,
+/// though the pin held throughout every check (here 55 s of 60: the writer's `readers::pins`
+/// keeps it at the end of each). Renewing the pin while the checks run (the keeper's renewer
+/// started before them) would keep it live, and the take would succeed.
+#[test]
+fn a_take_whose_checks_end_within_the_margin_fails_though_its_pin_held() {
+    let seed = seed();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
+    let clock = TestClock::default();
+    let mut a = Writer::start(store.clone(), &clock);
+    for _ in 0..3 {
+        a.round(&mut rng);
+    }
+    a.seg.stop();
+    let slow: Arc<dyn ObjectStore> = Arc::new(SlowSegListing {
+        inner: store.clone(),
+        clock: clock.clone(),
+        secs: 55,
+    });
+    let opts = PinOptions {
+        duration: Duration::from_secs(60),
+        clock: clock.clock(),
+        host: "reader".into(),
+        pid: std::process::id(),
+    };
+    match ReaderPin::take(slow, opts) {
+        Ok((pin, key, _)) => {
+            let live = ldfs::store::readers::pins(&*store, clock.now()).unwrap();
+            assert!(
+                live.checkpoints.contains(&key),
+                "a take returned a lapsed pin"
+            );
+            drop(pin);
+        }
+        Err(e) => panic!(
+            "a take whose every check ended with its pin live (55 s of 60) failed: {e} ({})",
+            replay(seed)
+        ),
     }
 }
