@@ -419,11 +419,17 @@ fn choose_and_pin(
                 if now + margin >= record.expires_secs {
                     break;
                 }
+                let old_expiry = record.expires_secs;
                 let record = PinRecord {
                     expires_secs: now + opts.duration.as_secs().max(1),
                     ..record
                 };
                 patiently(patience, || store.put(key, &record.encode()))?;
+                // A renewal retried past the old expiry left a gap a writer may have deleted
+                // in (review 44 finding A): choose again.
+                if (opts.clock)() >= old_expiry {
+                    break;
+                }
                 return Ok((record, ckpt.clone(), obj));
             }
         }
