@@ -313,8 +313,6 @@ fn read_note_id(cache: &Path) -> Option<(u64, u64, Option<u64>)> {
     Some((fs_id?, writer?, cache_id))
 }
 
-/// Writes the note durably (before this writer uploads anything), keeping the cache bound it
-/// remembers.
 /// Whether the cache's note says read-only mounts use it (`READER`): it holds nothing the store
 /// lacks, and each read-only mount rebuilds it.
 pub fn is_readers_cache(cache: &Path) -> bool {
@@ -348,15 +346,15 @@ pub fn readers_checkpoint_gone(cache: &Path, dev: &dyn Device) -> Result<bool, S
         let Ok(obj) = ldfs::store::segments::decode_checkpoint_object(&o.key, &b) else {
             continue;
         };
-        let mut slot = vec![0u8; obj.slot.len()];
-        let at = geo.slot_addr((obj.serial % 2) as usize);
-        if dev.read_at(&mut slot, at).is_ok() && slot == obj.slot {
+        if ldfs::store::segments::cache_holds_slot(dev, &geo, obj.serial, &obj.slot) {
             return Ok(false);
         }
     }
     Ok(true)
 }
 
+/// Writes the note durably (before this writer uploads anything), keeping the cache bound it
+/// remembers.
 pub fn write_note(cache: &Path, url: &StoreUrl, fs_id: u64, writer: u64) -> Result<(), String> {
     write_note_with(cache, url, fs_id, writer, noted_cache_size(cache))
 }

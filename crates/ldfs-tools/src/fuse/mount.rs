@@ -1739,7 +1739,10 @@ pub fn run(
     // A store mount: the lease (read-write), then the cache kept or rebuilt from the store.
     // Given back as it was found if the mount is refused before it serves (store5).
     let mut lease_until_served = LeaseUntilServed::default();
-    let mut store_ctx = match (&url, store) {
+    // A read-only store mount's pin and the checkpoint it keeps: the pin goes to its
+    // `ReaderMount` (deleted at the mount's end, or on any earlier way out when dropped).
+    let mut reader_pin = None;
+    let store_ctx = match (&url, store) {
         (Some(u), Some(store)) => {
             // Its renewer thread must never take a signal: a process-directed one goes to a
             // thread that does not block it, and SIGTERM's default action there ended the
@@ -1759,17 +1762,14 @@ pub fn run(
                 })?)
             };
             lease_until_served.hold(lease.clone(), u.clone());
-            let (bound, pin) = match &lease {
-                Some(l) => (
-                    crate::cli::store::prepare_cache_sized(
-                        &*store,
-                        u,
-                        &image,
-                        Some(l.writer()),
-                        store_args.cache_size,
-                    )?,
-                    None,
-                ),
+            let bound = match &lease {
+                Some(l) => crate::cli::store::prepare_cache_sized(
+                    &*store,
+                    u,
+                    &image,
+                    Some(l.writer()),
+                    store_args.cache_size,
+                )?,
                 // A reader pins the checkpoint it mounts, so the writer keeps what it names
                 // while this mount lives, and fetches segments as it reads them
                 // (`store::readers`). Its renewer thread takes no signal (as the lease's).
@@ -1790,10 +1790,11 @@ pub fn run(
                         &key,
                         &obj,
                     )?;
-                    (bound, Some((pin, obj)))
+                    reader_pin = Some((pin, obj));
+                    bound
                 }
             };
-            Some((u.clone(), store, lease, bound, pin))
+            Some((u.clone(), store, lease, bound))
         }
         _ => None,
     };
@@ -1829,12 +1830,9 @@ pub fn run(
     // the backlog), and tells it of each durable checkpoint.
     // Its reads go through the cache's residency (segments the cache does not hold fetched;
     // with a bound, uploaded ones evicted).
-    // A read-only store mount's pin and checkpoint, taken out: the pin goes to its
-    // `ReaderMount` (deleted at the mount's end, or on any earlier way out when dropped).
-    let mut reader_pin = store_ctx.as_mut().and_then(|c| c.4.take());
     let mut reader_cache = None;
     let (dev, seg) = match &store_ctx {
-        Some((u, store, Some(lease), bound, _)) => {
+        Some((u, store, Some(lease), bound)) => {
             let seg = ldfs::store::SegmentStore::start_cached(
                 store.clone(),
                 dev,
@@ -1850,7 +1848,7 @@ pub fn run(
             seg.hold_uploads();
             (seg.device(), Some(seg))
         }
-        Some((u, store, None, bound, _)) => {
+        Some((u, store, None, bound)) => {
             let (_, obj) = reader_pin.as_ref().expect("a read-only store mount pins");
             let cache = ldfs::store::readers::open_reader_cache(
                 store.clone(),
@@ -1865,7 +1863,7 @@ pub fn run(
         }
         _ => (dev, None),
     };
-    let bounded = matches!(&store_ctx, Some((_, _, Some(_), Some(_), _)));
+    let bounded = matches!(&store_ctx, Some((_, _, Some(_), Some(_))));
     let lld_opts = LldOptions {
         checkpoint_hook: seg.as_ref().map(|s| s.hook()),
         segment_hook: seg.as_ref().map(|s| s.segment_hook()),
@@ -1939,7 +1937,7 @@ pub fn run(
         _ => None,
     };
     let store_mount = match (seg, &store_ctx) {
-        (Some(seg), Some((u, _, _, cache_bound, _))) => {
+        (Some(seg), Some((u, _, _, cache_bound))) => {
             // Segments Clean in the cache but still allocated (a mount without discard
             // before) count against no bound: given back now.
             if cache_bound.is_some() {

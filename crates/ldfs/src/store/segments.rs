@@ -1840,7 +1840,7 @@ fn orphan(sh: &Shared, key: String, named: &[(String, BTreeSet<String>)]) -> Lay
 }
 
 /// Whether the cache's slot for `serial` holds `slot`, byte for byte.
-fn cache_holds_slot(dev: &dyn Device, geo: &Geometry, serial: u64, slot: &[u8]) -> bool {
+pub fn cache_holds_slot(dev: &dyn Device, geo: &Geometry, serial: u64, slot: &[u8]) -> bool {
     let mut b = vec![0u8; slot.len()];
     dev.read_at(&mut b, geo.slot_addr((serial % 2) as usize))
         .is_ok()
@@ -1883,12 +1883,9 @@ fn first_seq_of(geo: &Geometry, seg: SegmentId, bytes: &[u8]) -> LayerResult<u64
         })
 }
 
-/// The checkpoint a rebuild takes: the newest complete one in `store`, if the cache `dev` can
-/// hold its file system ([`restore`], [`restore_lazy`]).
-fn checkpoint_to_rebuild(
-    store: &dyn ObjectStore,
-    dev: &dyn Device,
-) -> LayerResult<(String, CheckpointObject)> {
+/// The checkpoint a rebuild takes: the newest complete one in `store` ([`restore`],
+/// [`restore_lazy`]; each then checks the cache can hold its file system, [`fits`]).
+fn checkpoint_to_rebuild(store: &dyn ObjectStore) -> LayerResult<(String, CheckpointObject)> {
     let Some((key, obj)) = newest_complete_checkpoint(store)? else {
         return Err(match newest_checkpoint(store)? {
             Some((key, _)) => LayerError::Corrupt {
@@ -1899,7 +1896,6 @@ fn checkpoint_to_rebuild(
             None => LayerError::Other("the store holds no checkpoint object".into()),
         });
     };
-    fits(dev, &obj)?;
     Ok((key, obj))
 }
 
@@ -1966,7 +1962,8 @@ pub fn restore_as(
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let (key, obj) = checkpoint_to_rebuild(store, dev)?;
+        let (key, obj) = checkpoint_to_rebuild(store)?;
+        fits(dev, &obj)?;
         let geo = &obj.geo;
         if attempt == 1 {
             // Later attempts reuse what this one wrote (same key and crc): only the first forgets.
@@ -2044,7 +2041,7 @@ pub fn restore_lazy_as(
     map_path: &std::path::Path,
     cache_id: u64,
 ) -> LayerResult<RestoreReport> {
-    let (key, obj) = checkpoint_to_rebuild(store, dev)?;
+    let (key, obj) = checkpoint_to_rebuild(store)?;
     restore_lazy_of(store, dev, map_path, cache_id, &key, &obj)
 }
 
