@@ -393,3 +393,122 @@ fn a_reader_whose_choice_was_superseded_before_its_pin_chooses_again() {
     drop(r);
     pin.release().unwrap();
 }
+
+/// A store whose first listing of `seg/` takes `first` of real time, the test clock moved on
+/// by `jump` seconds halfway through; every listing is counted.
+struct SlowFirstSegListing {
+    inner: Arc<dyn ObjectStore>,
+    first: Duration,
+    jump: Option<(TestClock, u64)>,
+    listings: std::sync::atomic::AtomicU32,
+}
+
+impl ObjectStore for SlowFirstSegListing {
+    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        self.inner.put(key, bytes)
+    }
+    fn put_if_absent(&self, key: &str, bytes: &[u8]) -> Result<PutOutcome, StoreError> {
+        self.inner.put_if_absent(key, bytes)
+    }
+    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
+        self.inner.get(key)
+    }
+    fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, StoreError> {
+        self.inner.get_range(key, offset, len)
+    }
+    fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.inner.delete(key)
+    }
+    fn list(&self, prefix: &str) -> Result<Vec<ldfs::store::ObjectInfo>, StoreError> {
+        let r = self.inner.list(prefix);
+        if prefix == "seg/"
+            && self
+                .listings
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+                == 0
+        {
+            std::thread::sleep(self.first / 2);
+            if let Some((clock, secs)) = &self.jump {
+                clock.advance(*secs);
+            }
+            std::thread::sleep(self.first / 2);
+        }
+        r
+    }
+}
+
+/// A store holding three uploads' checkpoints, its writer stopped.
+fn uploaded_store(seed: u64) -> Arc<dyn ObjectStore> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
+    let mut w = Writer::start(store.clone(), &TestClock::default(), false);
+    for r in 0..3 {
+        w.round(&mut rng, r == 2);
+    }
+    w.seg.stop();
+    store
+}
+
+/// Review 44 finding B: a take whose checks outlast the pin's duration (a large store lists
+/// `seg/` slowly) keeps its pin live by renewing it meanwhile, and returns its first choice.
+/// Before, the pin expired during the checks and the take chose again, and again for as long
+/// as every listing was that slow.
+#[test]
+fn a_take_whose_checks_outlast_its_pins_duration_keeps_the_pin_live() {
+    let seed = seed();
+    let inner = uploaded_store(seed);
+    let store = Arc::new(SlowFirstSegListing {
+        inner: inner.clone(),
+        first: Duration::from_secs(3),
+        jump: None,
+        listings: Default::default(),
+    });
+    let opts = PinOptions {
+        duration: Duration::from_secs(2),
+        ..pin_opts()
+    };
+    let clock = opts.clock.clone();
+    let (pin, key, _) = ReaderPin::take(store.clone(), opts).unwrap();
+    let listings = store.listings.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        listings,
+        1,
+        "the take chose again: its pin lapsed during 3 s of checks ({})",
+        replay(seed)
+    );
+    let live = ldfs::store::readers::pins(&*inner, clock()).unwrap();
+    assert!(live.checkpoints.contains(&key), "{}", replay(seed));
+    pin.release().unwrap();
+}
+
+/// A renewal that lands after the pin it renews expired (the clock jumped 5 s past a 1 s pin
+/// while the take listed `seg/`: a writer's delete round meanwhile would not have kept the
+/// choice) makes the take choose again (review 44 finding A, now found by the renewer).
+#[test]
+fn a_take_whose_pin_lapsed_during_its_checks_chooses_again() {
+    let seed = seed();
+    let inner = uploaded_store(seed);
+    let clock = TestClock::default();
+    let store = Arc::new(SlowFirstSegListing {
+        inner: inner.clone(),
+        first: Duration::from_secs(3),
+        jump: Some((clock.clone(), 5)),
+        listings: Default::default(),
+    });
+    let opts = PinOptions {
+        duration: Duration::from_secs(1),
+        clock: clock.clock(),
+        ..pin_opts()
+    };
+    let (pin, key, _) = ReaderPin::take(store.clone(), opts).unwrap();
+    let listings = store.listings.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        listings,
+        2,
+        "the take returned the choice whose pin lapsed during its checks ({})",
+        replay(seed)
+    );
+    let live = ldfs::store::readers::pins(&*inner, clock.now()).unwrap();
+    assert!(live.checkpoints.contains(&key), "{}", replay(seed));
+    pin.release().unwrap();
+}

@@ -226,22 +226,33 @@ pub struct PinOptions {
 }
 
 struct PinState {
-    record: PinRecord,
+    /// The record as last put: none before the take's first pin.
+    record: Option<PinRecord>,
     stop: bool,
+    /// The take returned: the pin now keeps what this mount reads (lapses are said).
+    serving: bool,
     /// The last renewal failed past the pin's expiry (said once per lapse).
     lapsed: bool,
+    /// Every put since the record's checkpoint was first pinned landed before the one it
+    /// replaced expired: no writer's decision meanwhile can have passed it over. A take
+    /// returns its choice only while this holds (review 44 findings A and B).
+    unbroken: bool,
 }
 
 struct Keeper {
     store: Arc<dyn ObjectStore>,
     opts: PinOptions,
+    owner: u64,
     state: Mutex<PinState>,
     cv: Condvar,
+    /// Held across each put of the pin and the record's update after it, so a renewal never
+    /// puts back a choice the take has moved on from.
+    puts: Mutex<()>,
 }
 
 /// A pin this read-only mount holds, renewed by a thread of its own every fifth of the
-/// duration until [`ReaderPin::release`] or drop (both delete it: a reader holds nothing the
-/// store lacks, so letting go early harms no one).
+/// duration from the take's first pin until [`ReaderPin::release`] or drop (both delete it: a
+/// reader holds nothing the store lacks, so letting go early harms no one).
 pub struct ReaderPin {
     k: Arc<Keeper>,
     checkpoint: String,
@@ -254,45 +265,51 @@ const PIN_TRIES: usize = 20;
 
 impl ReaderPin {
     /// Chooses the newest complete checkpoint object, pins it and checks the pin came in time
-    /// (the module documentation); returns the pin and the checkpoint (its key first). A take
-    /// that fails leaves no pin behind (review 42 finding 2).
+    /// (the module documentation); returns the pin and the checkpoint (its key first). The
+    /// renewer runs from the first pin, so checks that take longer than the pin's duration (a
+    /// large store lists slowly) keep it live (review 44 finding B). A take that fails leaves
+    /// no pin behind (review 42 finding 2).
     pub fn take(
         store: Arc<dyn ObjectStore>,
         opts: PinOptions,
     ) -> LayerResult<(ReaderPin, String, CheckpointObject)> {
-        let owner = rand::random::<u64>() | 1;
-        let key = pin_key(owner);
-        let (record, ckpt, obj) = match choose_and_pin(&*store, &opts, owner, &key) {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = store.delete(&key);
-                return Err(e);
-            }
-        };
         let k = Arc::new(Keeper {
             store,
             opts,
+            owner: rand::random::<u64>() | 1,
             state: Mutex::new(PinState {
-                record,
+                record: None,
                 stop: false,
+                serving: false,
                 lapsed: false,
+                unbroken: false,
             }),
             cv: Condvar::new(),
+            puts: Mutex::new(()),
         });
         let k2 = k.clone();
         let thread = std::thread::Builder::new()
             .name("ldfs-pin".into())
             .spawn(move || renewer(&k2))
             .expect("spawn pin thread");
-        Ok((
-            ReaderPin {
-                k,
-                checkpoint: ckpt.clone(),
-                thread: Mutex::new(Some(thread)),
-            },
-            ckpt,
-            obj,
-        ))
+        let mut pin = ReaderPin {
+            k,
+            checkpoint: String::new(),
+            thread: Mutex::new(Some(thread)),
+        };
+        match choose_and_pin(&pin.k) {
+            Ok((ckpt, obj)) => {
+                pin.k.state.lock().unwrap().serving = true;
+                pin.checkpoint = ckpt.clone();
+                Ok((pin, ckpt, obj))
+            }
+            Err(e) => {
+                // The pin may have landed though its put failed: deleted (errors ignored:
+                // it expires on its own), and drop then does nothing more.
+                let _ = pin.release();
+                Err(e)
+            }
+        }
     }
 
     /// The checkpoint object this pin keeps.
@@ -302,7 +319,9 @@ impl ReaderPin {
 
     /// The record as last put.
     pub fn record(&self) -> PinRecord {
-        self.k.state.lock().unwrap().record.clone()
+        let st = self.k.state.lock().unwrap();
+        // A ReaderPin is returned only once its take put a record.
+        st.record.clone().expect("a taken pin has a record")
     }
 
     /// Renews now (tests; the thread renews on its own).
@@ -323,8 +342,7 @@ impl ReaderPin {
         if was_stopped {
             return Ok(());
         }
-        let owner = self.record().owner;
-        self.k.store.delete(&pin_key(owner))
+        self.k.store.delete(&pin_key(self.k.owner))
     }
 }
 
@@ -372,14 +390,14 @@ fn checkpoint_keys(store: &dyn ObjectStore, patience: Duration) -> Result<Vec<St
 /// a sweep deleted, and the one before it is then the file system). Completeness is checked
 /// under the pin, so a writer uploading meanwhile cannot make every choice look incomplete
 /// (review 42 finding 4: choosing first with `newest_complete_checkpoint`, whose listing of
-/// every segment object takes seconds in a large store, failed beside a busy writer).
-fn choose_and_pin(
-    store: &dyn ObjectStore,
-    opts: &PinOptions,
-    owner: u64,
-    key: &str,
-) -> LayerResult<(PinRecord, String, CheckpointObject)> {
-    let patience = opts.duration / 2;
+/// every segment object takes seconds in a large store, failed beside a busy writer). The
+/// keeper's renewer keeps the pin live while the checks run; a choice whose pin lapsed
+/// meanwhile (every renewal failed past an expiry, or landed after it) may have been passed
+/// over by a writer's delete round, so it is chosen again (review 43 finding 4, review 44
+/// finding A).
+fn choose_and_pin(k: &Keeper) -> LayerResult<(String, CheckpointObject)> {
+    let store = &*k.store;
+    let patience = k.opts.duration / 2;
     for _ in 0..PIN_TRIES {
         let listed = checkpoint_keys(store, patience)?;
         if listed.is_empty() {
@@ -388,16 +406,9 @@ fn choose_and_pin(
             ));
         }
         for ckpt in listed.iter().rev().take(2) {
-            let record = PinRecord {
-                owner,
-                expires_secs: (opts.clock)() + opts.duration.as_secs().max(1),
-                pid: opts.pid,
-                host: opts.host.clone(),
-                checkpoint: ckpt.clone(),
-            };
-            patiently(patience, || store.put(key, &record.encode()))?;
+            pin_choice(k, ckpt, patience)?;
             let now = checkpoint_keys(store, patience)?;
-            if !now.iter().rev().take(2).any(|k| k == ckpt) {
+            if !now.iter().rev().take(2).any(|c| c == ckpt) {
                 break; // superseded before the pin: list again
             }
             let b = match patiently(patience, || store.get(ckpt)) {
@@ -411,54 +422,73 @@ fn choose_and_pin(
                 .map(|o| o.key)
                 .collect();
             if obj.entries.iter().all(|e| present.contains(&e.key())) {
-                // The checks may have taken long (a large store lists slowly): a pin expired,
-                // or near it, by now may have been passed over by a writer (review 43 finding
-                // 4). Expired: choose again; else renewed before it is returned.
-                let now = (opts.clock)();
-                let margin = (opts.duration.as_secs() / 10).max(1);
-                if now + margin >= record.expires_secs {
-                    break;
-                }
-                let old_expiry = record.expires_secs;
-                let record = PinRecord {
-                    expires_secs: now + opts.duration.as_secs().max(1),
-                    ..record
+                let held = {
+                    let st = k.state.lock().unwrap();
+                    let expires = st.record.as_ref().map_or(0, |r| r.expires_secs);
+                    st.unbroken && (k.opts.clock)() < expires
                 };
-                patiently(patience, || store.put(key, &record.encode()))?;
-                // A renewal retried past the old expiry left a gap a writer may have deleted
-                // in (review 44 finding A): choose again.
-                if (opts.clock)() >= old_expiry {
-                    break;
+                if !held {
+                    break; // lapsed during the checks: choose again
                 }
-                return Ok((record, ckpt.clone(), obj));
+                return Ok((ckpt.clone(), obj));
             }
         }
     }
     Err(LayerError::Other(format!(
         "no checkpoint object could be pinned whole in {PIN_TRIES} tries (a writer uploading \
-         faster than the store lists, or only incomplete checkpoint objects): try again"
+         faster than the store lists, a pin that could not be kept live, or only incomplete \
+         checkpoint objects): try again"
     )))
 }
 
-fn renew_once(k: &Keeper) -> Result<(), StoreError> {
-    let now = (k.opts.clock)();
-    let mut record = k.state.lock().unwrap().record.clone();
-    let was = record.expires_secs;
-    record.expires_secs = now + k.opts.duration.as_secs().max(1);
-    k.store.put(&pin_key(record.owner), &record.encode())?;
+/// Pins `ckpt` (a fresh choice: the pin held unbroken from here).
+fn pin_choice(k: &Keeper, ckpt: &str, patience: Duration) -> Result<(), StoreError> {
+    let _p = k.puts.lock().unwrap();
+    let record = PinRecord {
+        owner: k.owner,
+        expires_secs: (k.opts.clock)() + k.opts.duration.as_secs().max(1),
+        pid: k.opts.pid,
+        host: k.opts.host.clone(),
+        checkpoint: ckpt.to_string(),
+    };
+    patiently(patience, || {
+        k.store.put(&pin_key(k.owner), &record.encode())
+    })?;
+    let landed = (k.opts.clock)();
     let mut st = k.state.lock().unwrap();
-    if now > was {
-        // Renewed after it had expired: a writer may have deleted objects meanwhile.
-        eprintln!(
-            "ldfs: the reader pin on {} was renewed {} s after it expired: the writer may have \
-             deleted segments this read-only mount has not read yet (they then fail with EIO); \
-             a remount reads the store's newest tree",
-            record.checkpoint,
-            now - was
-        );
+    st.unbroken = landed < record.expires_secs;
+    st.lapsed = false;
+    st.record = Some(record);
+    Ok(())
+}
+
+fn renew_once(k: &Keeper) -> Result<(), StoreError> {
+    let _p = k.puts.lock().unwrap();
+    let Some(mut record) = k.state.lock().unwrap().record.clone() else {
+        return Ok(()); // nothing pinned yet
+    };
+    let was = record.expires_secs;
+    record.expires_secs = (k.opts.clock)() + k.opts.duration.as_secs().max(1);
+    k.store.put(&pin_key(k.owner), &record.encode())?;
+    // When it landed, not when it was sent: a put the store answered late may have landed
+    // after the record it replaced expired (review 44 finding A).
+    let landed = (k.opts.clock)();
+    let mut st = k.state.lock().unwrap();
+    if landed >= was {
+        // A writer may have deleted objects meanwhile.
+        st.unbroken = false;
+        if st.serving {
+            eprintln!(
+                "ldfs: the reader pin on {} was renewed {} s after it expired: the writer may \
+                 have deleted segments this read-only mount has not read yet (they then fail \
+                 with EIO); a remount reads the store's newest tree",
+                record.checkpoint,
+                landed - was
+            );
+        }
     }
     st.lapsed = false;
-    st.record = record;
+    st.record = Some(record);
     Ok(())
 }
 
@@ -477,13 +507,16 @@ fn renewer(k: &Keeper) {
         if let Err(e) = renew_once(k) {
             let mut st = k.state.lock().unwrap();
             let now = (k.opts.clock)();
-            if now > st.record.expires_secs && !st.lapsed {
+            let Some(r) = st.record.clone() else { continue };
+            if now > r.expires_secs && !st.lapsed {
                 st.lapsed = true;
-                eprintln!(
-                    "ldfs: the reader pin on {} expired and cannot be renewed ({e}): the \
-                     writer may delete segments this read-only mount has not read yet",
-                    st.record.checkpoint
-                );
+                if st.serving {
+                    eprintln!(
+                        "ldfs: the reader pin on {} expired and cannot be renewed ({e}): the \
+                         writer may delete segments this read-only mount has not read yet",
+                        r.checkpoint
+                    );
+                }
             }
         }
     }
