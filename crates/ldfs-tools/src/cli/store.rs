@@ -323,7 +323,8 @@ pub fn is_readers_cache(cache: &Path) -> bool {
 /// the store: no checkpoint object listed there holds that slot, byte for byte. Then the
 /// objects its map sends reads to may be gone too, with no harm (its pin ended); while the
 /// checkpoint is there they are not, and one missing is the store's damage (review 43 finding
-/// 3). An error (the store unreachable) is an error, not "gone".
+/// 3). An error (the store unreachable) is an error, not "gone"; so is a checkpoint object
+/// that does not decode.
 pub fn readers_checkpoint_gone(cache: &Path, dev: &dyn Device) -> Result<bool, String> {
     let url =
         noted_store(cache).ok_or_else(|| format!("{}: no note names a store", cache.display()))?;
@@ -343,8 +344,10 @@ pub fn readers_checkpoint_gone(cache: &Path, dev: &dyn Device) -> Result<bool, S
             Err(ldfs::store::StoreError::NotFound { .. }) => continue,
             Err(e) => return Err(format!("{url}: {e}")),
         };
+        // One that does not decode may be the cache's own, damaged: the store's damage, not
+        // "gone" (review 44 finding E).
         let Ok(obj) = ldfs::store::segments::decode_checkpoint_object(&o.key, &b) else {
-            continue;
+            return Ok(false);
         };
         if ldfs::store::segments::cache_holds_slot(dev, &geo, obj.serial, &obj.slot) {
             return Ok(false);
