@@ -965,6 +965,11 @@ pub fn newest_complete_checkpoint(
 /// client gave up on may still arrive). One writer at a time (the lease), so nothing else is
 /// putting meanwhile. Returns the newest checkpoint serial in the store and how many objects
 /// were deleted.
+///
+/// Everything goes at once: sound only when no stale writer's checkpoint put can still land
+/// (tests, after the stale writer is gone). A writer's start does not call this: it defers the
+/// segment objects no kept checkpoint names to its second upload (`run_sweep`, review 43
+/// finding 1), for a late checkpoint a reader pins may name them (review 44 finding C).
 pub fn sweep(store: &dyn ObjectStore) -> LayerResult<(u64, u64)> {
     let (kept, deleted) = sweep_kept(store)?;
     Ok((kept.last().map_or(0, |k| k.serial), deleted))
