@@ -231,3 +231,146 @@ fn a_retaken_pin_deleted_by_a_writer_that_saw_it_expired_is_returned() {
     let w = Arc::try_unwrap(writer).ok().unwrap().into_inner().unwrap();
     w.seg.stop();
 }
+
+/// The reader's puts of its pin counted (the renewer's among them).
+struct CountingPins {
+    inner: Arc<dyn ObjectStore>,
+    pin_puts: AtomicU32,
+    hook: Mutex<Hook>,
+}
+
+impl ObjectStore for CountingPins {
+    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        let r = self.inner.put(key, bytes);
+        if key.starts_with("readers/") {
+            self.pin_puts.fetch_add(1, Ordering::SeqCst);
+        }
+        r
+    }
+    fn put_if_absent(&self, key: &str, bytes: &[u8]) -> Result<PutOutcome, StoreError> {
+        self.inner.put_if_absent(key, bytes)
+    }
+    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
+        self.inner.get(key)
+    }
+    fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, StoreError> {
+        self.inner.get_range(key, offset, len)
+    }
+    fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.inner.delete(key)
+    }
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
+        let r = self.inner.list(prefix);
+        if prefix == "seg/" {
+            (self.hook.lock().unwrap())(0);
+        }
+        r
+    }
+}
+
+/// Finding 3 (low): the renewal's lapse test is a second early against the writer's. The
+/// writer keeps a pin while `expires_secs >= now` (readers.rs 163), so a renewal that lands in
+/// the second `expires_secs` itself replaced a pin every writer still counted live; but
+/// `renew_once` (readers.rs 477) takes `landed >= was` as a lapse: during a take it clears
+/// `unbroken` and the take chooses again for nothing; while serving it says "renewed 0 s after
+/// it expired: the writer may have deleted segments" when it cannot have.
+///
+/// Here: a 5 s pin (the renewer every second); during the first listing of `seg/` the clock
+/// moves to the pin's expiry second exactly and the renewer renews once; the writer's test
+/// still counts the old pin live then (checked), yet the take chooses again.
+#[test]
+fn a_renewal_in_the_expiry_second_is_taken_for_a_lapse() {
+    let seed = seed();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let inner: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
+    let wclock = TestClock::default();
+    let mut w = Writer::start(inner.clone(), &wclock);
+    for _ in 0..3 {
+        w.round(&mut rng);
+    }
+    w.seg.stop();
+    let clock = TestClock::default();
+    let listings = Arc::new(AtomicU32::new(0));
+    let live_at_expiry = Arc::new(Mutex::new(None));
+    let store = Arc::new_cyclic(|weak: &std::sync::Weak<CountingPins>| {
+        let weak = weak.clone();
+        let clock = clock.clone();
+        let listings = listings.clone();
+        let live_at_expiry = live_at_expiry.clone();
+        let inner2 = inner.clone();
+        let hook: Hook = Box::new(move |_| {
+            if listings.fetch_add(1, Ordering::SeqCst) != 0 {
+                return;
+            }
+            let me = weak.upgrade().unwrap();
+            clock.advance(5); // now == the first pin's expiry
+            // The writer's view: still live in this second.
+            let p = ldfs::store::readers::pins(&*inner2, clock.now()).unwrap();
+            *live_at_expiry.lock().unwrap() = Some(p.checkpoints.len());
+            let before = me.pin_puts.load(Ordering::SeqCst);
+            for _ in 0..100 {
+                if me.pin_puts.load(Ordering::SeqCst) > before {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            assert!(me.pin_puts.load(Ordering::SeqCst) > before, "no renewal in 5 s");
+        });
+        CountingPins {
+            inner: inner.clone(),
+            pin_puts: AtomicU32::new(0),
+            hook: Mutex::new(hook),
+        }
+    });
+    let opts = PinOptions {
+        duration: Duration::from_secs(5),
+        clock: clock.clock(),
+        host: "reader".into(),
+        pid: std::process::id(),
+    };
+    let (pin, _, _) = ReaderPin::take(store.clone(), opts).unwrap();
+    assert_eq!(
+        *live_at_expiry.lock().unwrap(),
+        Some(1),
+        "the writer counts the pin live in its expiry second ({})",
+        replay(seed)
+    );
+    assert_eq!(
+        listings.load(Ordering::SeqCst),
+        1,
+        "the take chose again though its pin never lapsed by the writer's test ({})",
+        replay(seed)
+    );
+    pin.release().unwrap();
+}
+
+/// Finding 4 (low, the test API): `renew_now` after `release` puts the pin back (renew_once,
+/// readers.rs 465-472, does not look at `stop`), and nothing deletes it again: the writer keeps
+/// the checkpoint a whole duration for an unmounted reader.
+#[test]
+fn renew_now_after_release_puts_the_pin_back() {
+    let seed = seed();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let inner: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
+    let clock = TestClock::default();
+    let mut w = Writer::start(inner.clone(), &clock);
+    for _ in 0..3 {
+        w.round(&mut rng);
+    }
+    w.seg.stop();
+    let opts = PinOptions {
+        duration: Duration::from_secs(60),
+        clock: clock.clock(),
+        host: "reader".into(),
+        pid: std::process::id(),
+    };
+    let (pin, _, _) = ReaderPin::take(inner.clone(), opts).unwrap();
+    pin.release().unwrap();
+    let _ = pin.renew_now();
+    let left = inner.list("readers/").unwrap();
+    assert!(
+        left.is_empty(),
+        "a released pin was put back: {left:?} ({})",
+        replay(seed)
+    );
+}
