@@ -165,7 +165,11 @@ fn a_retaken_pin_deleted_by_a_writer_that_saw_it_expired_is_returned() {
                 // The pin lapses; a writer's delete round lists the pins meanwhile.
                 writer.lock().unwrap().advance(&clock, 601);
                 let p = ldfs::store::readers::pins(&*inner, clock.now()).unwrap();
-                assert_eq!(p.expired.len(), 1, "the reader's pin is expired for the writer");
+                assert_eq!(
+                    p.expired.len(),
+                    1,
+                    "the reader's pin is expired for the writer"
+                );
                 *expired_seen.lock().unwrap() = p.expired;
             }
             1 => {
@@ -304,7 +308,7 @@ fn a_renewal_in_the_expiry_second_is_taken_for_a_lapse() {
             }
             let me = weak.upgrade().unwrap();
             clock.advance(5); // now == the first pin's expiry
-            // The writer's view: still live in this second.
+                              // The writer's view: still live in this second.
             let p = ldfs::store::readers::pins(&*inner2, clock.now()).unwrap();
             *live_at_expiry.lock().unwrap() = Some(p.checkpoints.len());
             let before = me.pin_puts.load(Ordering::SeqCst);
@@ -314,7 +318,10 @@ fn a_renewal_in_the_expiry_second_is_taken_for_a_lapse() {
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
-            assert!(me.pin_puts.load(Ordering::SeqCst) > before, "no renewal in 5 s");
+            assert!(
+                me.pin_puts.load(Ordering::SeqCst) > before,
+                "no renewal in 5 s"
+            );
         });
         CountingPins {
             inner: inner.clone(),
