@@ -5,6 +5,7 @@
 //! released or expired, and a reader that pins while the writer moves on chooses again.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,11 +15,10 @@ use ldfs::lld::{Lld, LldOptions, PolicyKind};
 use ldfs::store::cache::CacheDevice;
 use ldfs::store::readers::{open_reader_cache, PinOptions, PinRecord, ReaderPin};
 use ldfs::store::segments::{decode_checkpoint_object, restore_lazy_of, CheckpointObject};
-use ldfs::store::{
-    CacheConfig, HeldLease, MemoryStore, ObjectStore, PutOutcome, SegmentStore, StoreError,
-};
+use ldfs::store::{CacheConfig, HeldLease, MemoryStore, ObjectStore, SegmentStore, StoreOp};
 use ldfs::testing::store::{
-    crash_lease, fast_backoff, open_with_hooks, seed_or, small_mkfs, take_lease, TestClock,
+    crash_lease, fast_backoff, open_with_hooks, seed_or, small_mkfs, take_lease, HookStore,
+    TestClock, When,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -320,39 +320,19 @@ fn a_start_keeps_a_pinned_checkpoint_and_deletes_expired_pins() {
     assert!(!settled(&*store).contains(&key));
 }
 
-/// A store that runs `f` once, right after the first pin lands: the writer uploading two
+/// `inner`, running `f` once, right after the first pin lands: the writer uploading two
 /// checkpoints between the reader's choice and its pin.
-struct AfterPin {
-    inner: Arc<dyn ObjectStore>,
-    f: Mutex<Option<Box<dyn FnOnce() + Send>>>,
-}
-
-impl ObjectStore for AfterPin {
-    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
-        self.inner.put(key, bytes)?;
-        if key.starts_with("readers/") {
-            let f = self.f.lock().unwrap().take();
+fn after_pin(inner: Arc<dyn ObjectStore>, f: Box<dyn FnOnce() + Send>) -> HookStore {
+    let f = Mutex::new(Some(f));
+    HookStore::new(inner, move |op, key, when| {
+        if (op, when) == (StoreOp::Put, When::After) && key.starts_with("readers/") {
+            let f = f.lock().unwrap().take();
             if let Some(f) = f {
                 f();
             }
         }
         Ok(())
-    }
-    fn put_if_absent(&self, key: &str, bytes: &[u8]) -> Result<PutOutcome, StoreError> {
-        self.inner.put_if_absent(key, bytes)
-    }
-    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
-        self.inner.get(key)
-    }
-    fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, StoreError> {
-        self.inner.get_range(key, offset, len)
-    }
-    fn delete(&self, key: &str) -> Result<(), StoreError> {
-        self.inner.delete(key)
-    }
-    fn list(&self, prefix: &str) -> Result<Vec<ldfs::store::ObjectInfo>, StoreError> {
-        self.inner.list(prefix)
-    }
+    })
 }
 
 /// The writer puts two checkpoint objects (and deletes the first choice's objects, whose pin
@@ -372,9 +352,9 @@ fn a_reader_whose_choice_was_superseded_before_its_pin_chooses_again() {
     let first = checkpoints(&*mem).last().cloned().unwrap();
     let w2 = w.clone();
     let mut rng2 = ChaCha8Rng::seed_from_u64(seed ^ 1);
-    let store: Arc<dyn ObjectStore> = Arc::new(AfterPin {
-        inner: mem.clone(),
-        f: Mutex::new(Some(Box::new(move || {
+    let store: Arc<dyn ObjectStore> = Arc::new(after_pin(
+        mem.clone(),
+        Box::new(move || {
             // The pin landed after this writer's listing of pins: it must not count on it.
             let mut w = w2.lock().unwrap();
             let saved = mem.get(&mem.list("readers/").unwrap()[0].key).unwrap();
@@ -383,8 +363,8 @@ fn a_reader_whose_choice_was_superseded_before_its_pin_chooses_again() {
             w.round(&mut rng2, true);
             w.round(&mut rng2, true);
             mem.put(&key, &saved).unwrap();
-        }))),
-    });
+        }),
+    ));
     let (pin, key, obj) = ReaderPin::take(store.clone(), pin_opts()).unwrap();
     assert_ne!(key, first, "the superseded choice was kept");
     let w = w.lock().unwrap();
@@ -394,47 +374,26 @@ fn a_reader_whose_choice_was_superseded_before_its_pin_chooses_again() {
     pin.release().unwrap();
 }
 
-/// A store whose first listing of `seg/` takes `first` of real time, the test clock moved on
-/// by `jump` seconds halfway through; every listing is counted.
-struct SlowFirstSegListing {
+/// `inner` whose first listing of `seg/` takes `first` of real time, the test clock moved on
+/// by `jump` seconds halfway through; `listings` counts the listings of `seg/`.
+fn slow_first_seg_listing(
     inner: Arc<dyn ObjectStore>,
     first: Duration,
     jump: Option<(TestClock, u64)>,
-    listings: std::sync::atomic::AtomicU32,
-}
-
-impl ObjectStore for SlowFirstSegListing {
-    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
-        self.inner.put(key, bytes)
-    }
-    fn put_if_absent(&self, key: &str, bytes: &[u8]) -> Result<PutOutcome, StoreError> {
-        self.inner.put_if_absent(key, bytes)
-    }
-    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
-        self.inner.get(key)
-    }
-    fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, StoreError> {
-        self.inner.get_range(key, offset, len)
-    }
-    fn delete(&self, key: &str) -> Result<(), StoreError> {
-        self.inner.delete(key)
-    }
-    fn list(&self, prefix: &str) -> Result<Vec<ldfs::store::ObjectInfo>, StoreError> {
-        let r = self.inner.list(prefix);
-        if prefix == "seg/"
-            && self
-                .listings
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-                == 0
+    listings: Arc<AtomicU32>,
+) -> Arc<HookStore> {
+    Arc::new(HookStore::new(inner, move |op, key, when| {
+        if (op, key, when) == (StoreOp::List, "seg/", When::After)
+            && listings.fetch_add(1, Ordering::SeqCst) == 0
         {
-            std::thread::sleep(self.first / 2);
-            if let Some((clock, secs)) = &self.jump {
+            std::thread::sleep(first / 2);
+            if let Some((clock, secs)) = &jump {
                 clock.advance(*secs);
             }
-            std::thread::sleep(self.first / 2);
+            std::thread::sleep(first / 2);
         }
-        r
-    }
+        Ok(())
+    }))
 }
 
 /// A store holding three uploads' checkpoints, its writer stopped.
@@ -457,19 +416,20 @@ fn uploaded_store(seed: u64) -> Arc<dyn ObjectStore> {
 fn a_take_whose_checks_outlast_its_pins_duration_keeps_the_pin_live() {
     let seed = seed();
     let inner = uploaded_store(seed);
-    let store = Arc::new(SlowFirstSegListing {
-        inner: inner.clone(),
-        first: Duration::from_secs(3),
-        jump: None,
-        listings: Default::default(),
-    });
+    let listings = Arc::new(AtomicU32::new(0));
+    let store = slow_first_seg_listing(
+        inner.clone(),
+        Duration::from_secs(3),
+        None,
+        listings.clone(),
+    );
     let opts = PinOptions {
         duration: Duration::from_secs(2),
         ..pin_opts()
     };
     let clock = opts.clock.clone();
     let (pin, key, _) = ReaderPin::take(store.clone(), opts).unwrap();
-    let listings = store.listings.load(std::sync::atomic::Ordering::SeqCst);
+    let listings = listings.load(Ordering::SeqCst);
     assert_eq!(
         listings,
         1,
@@ -489,19 +449,20 @@ fn a_take_whose_pin_lapsed_during_its_checks_chooses_again() {
     let seed = seed();
     let inner = uploaded_store(seed);
     let clock = TestClock::default();
-    let store = Arc::new(SlowFirstSegListing {
-        inner: inner.clone(),
-        first: Duration::from_secs(3),
-        jump: Some((clock.clone(), 5)),
-        listings: Default::default(),
-    });
+    let listings = Arc::new(AtomicU32::new(0));
+    let store = slow_first_seg_listing(
+        inner.clone(),
+        Duration::from_secs(3),
+        Some((clock.clone(), 5)),
+        listings.clone(),
+    );
     let opts = PinOptions {
         duration: Duration::from_secs(1),
         clock: clock.clock(),
         ..pin_opts()
     };
     let (pin, key, _) = ReaderPin::take(store.clone(), opts).unwrap();
-    let listings = store.listings.load(std::sync::atomic::Ordering::SeqCst);
+    let listings = listings.load(Ordering::SeqCst);
     assert_eq!(
         listings,
         2,

@@ -237,12 +237,16 @@ struct PinState {
     /// replaced expired: no writer's decision meanwhile can have passed it over. A take
     /// returns its choice only while this holds (review 44 findings A and B).
     unbroken: bool,
+    /// Owners of pin objects this take may have put and not deleted: each choice gets a key
+    /// of its own (review 45 finding 1: a writer that listed a lapsed pin as expired deletes
+    /// that key later, so a choice put again under it could vanish unseen). Release deletes
+    /// them all (a put that failed may have landed).
+    owners: Vec<u64>,
 }
 
 struct Keeper {
     store: Arc<dyn ObjectStore>,
     opts: PinOptions,
-    owner: u64,
     state: Mutex<PinState>,
     cv: Condvar,
     /// Held across each put of the pin and the record's update after it, so a renewal never
@@ -276,13 +280,13 @@ impl ReaderPin {
         let k = Arc::new(Keeper {
             store,
             opts,
-            owner: rand::random::<u64>() | 1,
             state: Mutex::new(PinState {
                 record: None,
                 stop: false,
                 serving: false,
                 lapsed: false,
                 unbroken: false,
+                owners: Vec::new(),
             }),
             cv: Condvar::new(),
             puts: Mutex::new(()),
@@ -342,7 +346,23 @@ impl ReaderPin {
         if was_stopped {
             return Ok(());
         }
-        self.k.store.delete(&pin_key(self.k.owner))
+        // After any put in flight (`renew_now`), which, seeing `stop`, puts nothing more.
+        let _p = self.k.puts.lock().unwrap_or_else(|p| p.into_inner());
+        let owners = std::mem::take(
+            &mut self
+                .k
+                .state
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .owners,
+        );
+        let mut first_err = None;
+        for owner in owners {
+            if let Err(e) = self.k.store.delete(&pin_key(owner)) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
     }
 }
 
@@ -425,7 +445,7 @@ fn choose_and_pin(k: &Keeper) -> LayerResult<(String, CheckpointObject)> {
                 let held = {
                     let st = k.state.lock().unwrap();
                     let expires = st.record.as_ref().map_or(0, |r| r.expires_secs);
-                    st.unbroken && (k.opts.clock)() < expires
+                    st.unbroken && (k.opts.clock)() <= expires
                 };
                 if !held {
                     break; // lapsed during the checks: choose again
@@ -441,41 +461,61 @@ fn choose_and_pin(k: &Keeper) -> LayerResult<(String, CheckpointObject)> {
     )))
 }
 
-/// Pins `ckpt` (a fresh choice: the pin held unbroken from here).
+/// Pins `ckpt` under a key of its own (a fresh choice: the pin held unbroken from here), then
+/// deletes the previous choice's pin.
 fn pin_choice(k: &Keeper, ckpt: &str, patience: Duration) -> Result<(), StoreError> {
     let _p = k.puts.lock().unwrap();
+    let owner = rand::random::<u64>() | 1;
+    k.state.lock().unwrap().owners.push(owner);
     let record = PinRecord {
-        owner: k.owner,
+        owner,
         expires_secs: (k.opts.clock)() + k.opts.duration.as_secs().max(1),
         pid: k.opts.pid,
         host: k.opts.host.clone(),
         checkpoint: ckpt.to_string(),
     };
-    patiently(patience, || {
-        k.store.put(&pin_key(k.owner), &record.encode())
-    })?;
+    patiently(patience, || k.store.put(&pin_key(owner), &record.encode()))?;
     let landed = (k.opts.clock)();
-    let mut st = k.state.lock().unwrap();
-    st.unbroken = landed < record.expires_secs;
-    st.lapsed = false;
-    st.record = Some(record);
+    let previous = {
+        let mut st = k.state.lock().unwrap();
+        // Live by the writer's test (`pins`: expires >= now).
+        st.unbroken = landed <= record.expires_secs;
+        st.lapsed = false;
+        st.record.replace(record).map(|r| r.owner)
+    };
+    // A failed delete leaves a pin that keeps an older checkpoint until it expires, or until
+    // release tries again.
+    if let Some(old) = previous {
+        if k.store.delete(&pin_key(old)).is_ok() {
+            k.state.lock().unwrap().owners.retain(|&o| o != old);
+        }
+    }
     Ok(())
 }
 
 fn renew_once(k: &Keeper) -> Result<(), StoreError> {
     let _p = k.puts.lock().unwrap();
-    let Some(mut record) = k.state.lock().unwrap().record.clone() else {
+    let record = {
+        let st = k.state.lock().unwrap();
+        // Released: the pin is deleted, or being deleted (review 45 finding 4).
+        if st.stop {
+            return Ok(());
+        }
+        st.record.clone()
+    };
+    let Some(mut record) = record else {
         return Ok(()); // nothing pinned yet
     };
     let was = record.expires_secs;
     record.expires_secs = (k.opts.clock)() + k.opts.duration.as_secs().max(1);
-    k.store.put(&pin_key(k.owner), &record.encode())?;
+    k.store.put(&pin_key(record.owner), &record.encode())?;
     // When it landed, not when it was sent: a put the store answered late may have landed
     // after the record it replaced expired (review 44 finding A).
     let landed = (k.opts.clock)();
     let mut st = k.state.lock().unwrap();
-    if landed >= was {
-        // A writer may have deleted objects meanwhile.
+    if landed > was {
+        // Expired before it landed, by the writer's test (`pins`: expires >= now; review 45
+        // finding 3): a writer may have deleted objects meanwhile.
         st.unbroken = false;
         if st.serving {
             eprintln!(

@@ -1,4 +1,5 @@
-//! Test support for the store layer: a clock a test moves, and a lease taken by it.
+//! Test support for the store layer: a clock a test moves, a lease taken by it, and a store
+//! with a hook around each request.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -6,7 +7,7 @@ use std::time::Duration;
 
 use crate::store::lease::{Clock, HeldLease, LeaseOptions};
 use crate::store::segments::SegmentStoreOptions;
-use crate::store::ObjectStore;
+use crate::store::{ObjectInfo, ObjectStore, PutOutcome, StoreOp, StoreResult};
 
 /// Seconds since 1970 that stand still until the test moves them.
 #[derive(Clone, Debug)]
@@ -101,4 +102,71 @@ pub fn open_with_hooks(
         },
     )
     .expect("open lld over the segment store")
+}
+
+/// When a [`HookStore`]'s hook runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum When {
+    /// Before the request: an error fails it unsent.
+    Before,
+    /// After it was applied: an error fails it all the same (a lost answer).
+    After,
+}
+
+type Hook = dyn Fn(StoreOp, &str, When) -> StoreResult<()> + Send + Sync;
+
+/// `inner` with a hook around every request, given the operation and the key (the prefix of a
+/// listing): probes slow, fail or interleave requests with it.
+pub struct HookStore {
+    inner: Arc<dyn ObjectStore>,
+    hook: Box<Hook>,
+}
+
+impl HookStore {
+    pub fn new(
+        inner: Arc<dyn ObjectStore>,
+        hook: impl Fn(StoreOp, &str, When) -> StoreResult<()> + Send + Sync + 'static,
+    ) -> HookStore {
+        HookStore {
+            inner,
+            hook: Box::new(hook),
+        }
+    }
+
+    fn around<T>(
+        &self,
+        op: StoreOp,
+        key: &str,
+        f: impl FnOnce() -> StoreResult<T>,
+    ) -> StoreResult<T> {
+        (self.hook)(op, key, When::Before)?;
+        let r = f()?;
+        (self.hook)(op, key, When::After)?;
+        Ok(r)
+    }
+}
+
+impl ObjectStore for HookStore {
+    fn put(&self, key: &str, bytes: &[u8]) -> StoreResult<()> {
+        self.around(StoreOp::Put, key, || self.inner.put(key, bytes))
+    }
+    fn put_if_absent(&self, key: &str, bytes: &[u8]) -> StoreResult<PutOutcome> {
+        self.around(StoreOp::PutIfAbsent, key, || {
+            self.inner.put_if_absent(key, bytes)
+        })
+    }
+    fn get(&self, key: &str) -> StoreResult<Vec<u8>> {
+        self.around(StoreOp::Get, key, || self.inner.get(key))
+    }
+    fn get_range(&self, key: &str, offset: u64, len: u64) -> StoreResult<Vec<u8>> {
+        self.around(StoreOp::GetRange, key, || {
+            self.inner.get_range(key, offset, len)
+        })
+    }
+    fn delete(&self, key: &str) -> StoreResult<()> {
+        self.around(StoreOp::Delete, key, || self.inner.delete(key))
+    }
+    fn list(&self, prefix: &str) -> StoreResult<Vec<ObjectInfo>> {
+        self.around(StoreOp::List, prefix, || self.inner.list(prefix))
+    }
 }
