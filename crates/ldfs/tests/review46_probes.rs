@@ -195,15 +195,15 @@ fn a_renewal_in_flight_when_the_take_moves_on_does_not_put_the_old_pin_back() {
                 (StoreOp::Put, When::After) if key.starts_with("readers/") && !renewer => {
                     first_key.lock().unwrap().get_or_insert(key.to_string());
                 }
+                // The first renewal of the first key waits for the take to delete it.
                 (StoreOp::Put, When::Before)
-                    if renewer && first_key.lock().unwrap().as_deref() == Some(key) =>
+                    if renewer
+                        && first_key.lock().unwrap().as_deref() == Some(key)
+                        && !renewing.swap(true, Ordering::SeqCst) =>
                 {
-                    if !renewing.swap(true, Ordering::SeqCst) {
-                        // The renewal of the first key waits for the take to delete it.
-                        let give_up = Instant::now() + Duration::from_secs(2);
-                        while !deleted.load(Ordering::SeqCst) && Instant::now() < give_up {
-                            std::thread::sleep(Duration::from_millis(10));
-                        }
+                    let give_up = Instant::now() + Duration::from_secs(2);
+                    while !deleted.load(Ordering::SeqCst) && Instant::now() < give_up {
+                        std::thread::sleep(Duration::from_millis(10));
                     }
                 }
                 (StoreOp::Delete, When::After)
