@@ -3,7 +3,7 @@
 //! lives, so the reader can fetch segments lazily (a bounded cache, a mount in seconds) instead
 //! of downloading the file system whole before it mounts.
 //!
-//! A pin is the object `readers/OOOOOOOOOOOOOOOO` (the reader's random owner, hex): who holds
+//! A pin is the object `readers/OOOOOOOOOOOOOOOO` (a random owner per choice, hex): who holds
 //! it (owner, pid, host), until when (the reader's wall clock plus the lease duration, renewed
 //! every fifth of it), and the key of the checkpoint object it reads. DESIGN "Readers pin their
 //! checkpoint" has the argument; in short:
@@ -54,7 +54,7 @@ const P_HOST: usize = 44;
 /// A reader's pin: FORMAT "Reader pins".
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PinRecord {
-    /// Random per mount.
+    /// Random per choice of the mount (the key's `O`: review 45 finding 1).
     pub owner: u64,
     /// Seconds since 1970 on the reader's clock.
     pub expires_secs: u64,
@@ -303,7 +303,6 @@ impl ReaderPin {
         };
         match choose_and_pin(&pin.k) {
             Ok((ckpt, obj)) => {
-                pin.k.state.lock().unwrap().serving = true;
                 pin.checkpoint = ckpt.clone();
                 Ok((pin, ckpt, obj))
             }
@@ -443,9 +442,12 @@ fn choose_and_pin(k: &Keeper) -> LayerResult<(String, CheckpointObject)> {
                 .collect();
             if obj.entries.iter().all(|e| present.contains(&e.key())) {
                 let held = {
-                    let st = k.state.lock().unwrap();
+                    let mut st = k.state.lock().unwrap();
                     let expires = st.record.as_ref().map_or(0, |r| r.expires_secs);
-                    st.unbroken && (k.opts.clock)() <= expires
+                    // Serving from here, under the same lock: a lapse after the check is
+                    // said (review 46 note 1).
+                    st.serving = st.unbroken && (k.opts.clock)() <= expires;
+                    st.serving
                 };
                 if !held {
                     break; // lapsed during the checks: choose again
@@ -464,7 +466,7 @@ fn choose_and_pin(k: &Keeper) -> LayerResult<(String, CheckpointObject)> {
 /// Pins `ckpt` under a key of its own (a fresh choice: the pin held unbroken from here), then
 /// deletes the previous choice's pin.
 fn pin_choice(k: &Keeper, ckpt: &str, patience: Duration) -> Result<(), StoreError> {
-    let _p = k.puts.lock().unwrap();
+    let p = k.puts.lock().unwrap();
     let owner = rand::random::<u64>() | 1;
     k.state.lock().unwrap().owners.push(owner);
     let record = PinRecord {
@@ -483,6 +485,9 @@ fn pin_choice(k: &Keeper, ckpt: &str, patience: Duration) -> Result<(), StoreErr
         st.lapsed = false;
         st.record.replace(record).map(|r| r.owner)
     };
+    // Renewals renew only the record's key from here: a slow delete need not hold them up
+    // (review 46 note 2).
+    drop(p);
     // A failed delete leaves a pin that keeps an older checkpoint until it expires, or until
     // release tries again.
     if let Some(old) = previous {
