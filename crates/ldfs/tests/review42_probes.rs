@@ -2,202 +2,25 @@
 //! `store::readers`). Each probe fails while the defect its doc comment names is there.
 //! All five findings are fixed (the fixes' commit says where); each probe passes now.
 
-use std::collections::{BTreeMap, BTreeSet};
+mod readers_common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ldfs::device::{Device, MemoryDevice};
-use ldfs::ld::{ListHints, ListId, LogicalDisk};
-use ldfs::lld::layout::MkfsOptions;
-use ldfs::lld::{Lld, LldOptions, PolicyKind};
-use ldfs::store::cache::CacheDevice;
-use ldfs::store::readers::{open_reader_cache, PinOptions, ReaderPin};
-use ldfs::store::segments::{decode_checkpoint_object, restore_lazy_of, CheckpointObject};
-use ldfs::store::{
-    restore_as, CacheConfig, HeldLease, MemoryStore, ObjectInfo, ObjectStore, PutOutcome,
-    SegmentStore, StoreError, StoreOp,
-};
-use ldfs::testing::store::{crash_lease, fast_backoff, take_lease, TestClock};
-use rand::{Rng, SeedableRng};
+use ldfs::ld::LogicalDisk;
+use ldfs::store::readers::ReaderPin;
+use ldfs::store::{MemoryStore, ObjectStore, StoreError, StoreOp};
+use ldfs::testing::store::{HookStore, TestClock, When};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-
-const DEV_BYTES: u64 = 24 << 20;
-const SEGMENT_BYTES: u64 = 128 << 10;
-
-type Model = BTreeMap<(u64, u64), Vec<u8>>;
-
-fn mkfs_opts() -> MkfsOptions {
-    MkfsOptions {
-        segment_bytes: SEGMENT_BYTES,
-        max_block_bytes: 32 << 10,
-        reserved_segments: Some(4),
-        fs_id: 2026,
-        max_bytes: None,
-        kept_pages: 0,
-    }
-}
-
-fn seed() -> u64 {
-    std::env::var("LDFS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20261127)
-}
+use readers_common::{
+    checkpoints, keys, once, pin_opts, read_errors, read_only, reader, reader_cache, replay_in,
+    seed, segment_objects, Late, Writer,
+};
 
 fn replay(seed: u64) -> String {
-    format!(
-        "seed {seed}; replay: LDFS_SEED={seed} cargo test --release -p ldfs --test review42_probes"
-    )
-}
-
-struct Writer {
-    lld: Lld,
-    seg: SegmentStore,
-    lease: Arc<HeldLease>,
-    lists: Vec<ListId>,
-    model: Model,
-}
-
-impl Writer {
-    /// A first writer, on a fresh file system.
-    fn start(store: Arc<dyn ObjectStore>, clock: &TestClock) -> Writer {
-        let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
-        ldfs::lld::mkfs::mkfs(&*dev, &mkfs_opts()).unwrap();
-        let lease = take_lease(store.clone(), clock, false);
-        let seg = SegmentStore::start(store, dev, lease.clone(), fast_backoff()).unwrap();
-        let lld = open_rw(&seg);
-        let lists = (0..4)
-            .map(|_| lld.create_list(None, ListHints::default()).unwrap())
-            .collect();
-        Writer {
-            lld,
-            seg,
-            lease,
-            lists,
-            model: Model::new(),
-        }
-    }
-
-    /// A writer taking over (a crashed writer's lease): its cache rebuilt from the store
-    /// (`restore_as`, the store's newest complete checkpoint), as a mount on a new host does;
-    /// `between` runs after its start's sweep and before lld opens (and checkpoints).
-    fn take_over(
-        store: Arc<dyn ObjectStore>,
-        clock: &TestClock,
-        lists: Vec<ListId>,
-        model: Model,
-        between: impl FnOnce(),
-    ) -> Writer {
-        let lease = take_lease(store.clone(), clock, true);
-        let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
-        restore_as(&*store, &*dev, 9).unwrap();
-        let seg = SegmentStore::start(store, dev, lease.clone(), fast_backoff()).unwrap();
-        between();
-        let lld = open_rw(&seg);
-        Writer {
-            lld,
-            seg,
-            lease,
-            lists,
-            model,
-        }
-    }
-
-    fn round(&mut self, rng: &mut ChaCha8Rng, clean: bool) {
-        for _ in 0..300 {
-            let l = self.lists[rng.gen_range(0..self.lists.len())];
-            let i = rng.gen_range(0..60u64);
-            if rng.gen_bool(0.2) {
-                self.lld.delete(None, l, i).unwrap();
-                self.model.remove(&(l.0, i));
-            } else {
-                let v: Vec<u8> = (0..rng.gen_range(1..9000)).map(|_| rng.gen()).collect();
-                self.lld.write(None, l, i, &v).unwrap();
-                self.model.insert((l.0, i), v);
-            }
-        }
-        if clean {
-            let cancel = std::sync::atomic::AtomicBool::new(false);
-            self.lld
-                .clean_now(PolicyKind::Greedy, Some(16), 0.9, &cancel)
-                .unwrap();
-        }
-        self.lld.checkpoint_now().unwrap();
-        self.seg
-            .wait_uploaded(self.seg.announced(), Duration::from_secs(60))
-            .unwrap();
-    }
-}
-
-fn open_rw(seg: &SegmentStore) -> Lld {
-    Lld::open(
-        seg.device(),
-        LldOptions {
-            checkpoint_hook: Some(seg.hook()),
-            segment_hook: Some(seg.segment_hook()),
-            ..LldOptions::default()
-        },
-    )
-    .unwrap()
-}
-
-fn pin_opts() -> PinOptions {
-    PinOptions {
-        duration: Duration::from_secs(60),
-        clock: ldfs::store::lease::system_clock(),
-        host: "reader".into(),
-        pid: std::process::id(),
-    }
-}
-
-fn reader(
-    store: Arc<dyn ObjectStore>,
-    dir: &std::path::Path,
-    key: &str,
-    obj: &CheckpointObject,
-    bound_segments: u64,
-) -> Lld {
-    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
-    let map = dir.join("reader.ldfs-resident");
-    restore_lazy_of(&*store, &*dev, &map, 7, key, obj).unwrap();
-    let cache = open_reader_cache(
-        store,
-        dev,
-        CacheConfig::new(map, Some(bound_segments * SEGMENT_BYTES)),
-        obj,
-    )
-    .unwrap();
-    Lld::open(
-        Arc::new(CacheDevice(cache)),
-        LldOptions {
-            read_only: true,
-            ..LldOptions::default()
-        },
-    )
-    .unwrap()
-}
-
-fn checkpoints(store: &dyn ObjectStore) -> Vec<String> {
-    store
-        .list("ckpt/")
-        .unwrap()
-        .into_iter()
-        .map(|o| o.key)
-        .collect()
-}
-
-fn segment_objects(store: &dyn ObjectStore) -> BTreeSet<String> {
-    store
-        .list("seg/")
-        .unwrap()
-        .into_iter()
-        .map(|o| o.key)
-        .collect()
-}
-
-fn named_by(store: &dyn ObjectStore, key: &str) -> BTreeSet<String> {
-    let obj = decode_checkpoint_object(key, &store.get(key).unwrap()).unwrap();
-    obj.entries.iter().map(|e| e.key()).collect()
+    replay_in("review42_probes", seed)
 }
 
 /// Finding 1. A stale writer's late checkpoint put (and the segment puts before it) land after
@@ -221,39 +44,6 @@ fn a_pin_landing_during_a_starts_sweep_keeps_the_late_checkpoint() {
     late_checkpoint_pinned(true);
 }
 
-/// A store that runs `f` once, when the pins are first listed.
-struct OnPinsListing {
-    inner: Arc<dyn ObjectStore>,
-    f: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
-}
-
-impl ObjectStore for OnPinsListing {
-    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
-        self.inner.put(key, bytes)
-    }
-    fn put_if_absent(&self, key: &str, bytes: &[u8]) -> Result<PutOutcome, StoreError> {
-        self.inner.put_if_absent(key, bytes)
-    }
-    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
-        self.inner.get(key)
-    }
-    fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, StoreError> {
-        self.inner.get_range(key, offset, len)
-    }
-    fn delete(&self, key: &str) -> Result<(), StoreError> {
-        self.inner.delete(key)
-    }
-    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
-        if prefix == "readers/" {
-            let f = self.f.lock().unwrap().take();
-            if let Some(f) = f {
-                f();
-            }
-        }
-        self.inner.list(prefix)
-    }
-}
-
 /// A stale writer's late checkpoint pinned by a reader, landing after the next writer's start
 /// (`during_sweep`: inside its sweep); the reader must read its tree whole while the writer
 /// moves on.
@@ -263,137 +53,68 @@ fn late_checkpoint_pinned(during_sweep: bool) {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
     let clock = TestClock::default();
-    let mut a = Writer::start(store.clone(), &clock);
-    for r in 0..4 {
-        a.round(&mut rng, r == 2);
-    }
-    let before_late = a.model.clone();
-    a.round(&mut rng, false);
-    let late_model = a.model.clone();
-    let late = checkpoints(&*store).last().cloned().unwrap();
-    let late_bytes = store.get(&late).unwrap();
-    let late_named = named_by(&*store, &late);
-    let late_segs: Vec<(String, Vec<u8>)> = late_named
-        .iter()
-        .map(|k| (k.clone(), store.get(k).unwrap()))
-        .collect();
-    // A's last checkpoint put had not landed when it lost its host: as if it never was, yet.
-    a.seg.stop();
-    crash_lease(&a.lease, &clock);
-    let lists = a.lists.clone();
-    drop(a);
-    store.delete(&late).unwrap();
     // B takes over: rebuilds from the store's newest (the one before) and sweeps; then, before
     // its first upload, A's in-flight puts land (its segment objects, then its checkpoint
     // object), and a reader pins.
-    let taken = Arc::new(std::sync::Mutex::new(None));
-    let land = {
-        let (store, taken, late) = (store.clone(), taken.clone(), late.clone());
-        move || {
-            for (k, v) in &late_segs {
-                store.put(k, v).unwrap();
-            }
-            store.put(&late, &late_bytes).unwrap();
-            *taken.lock().unwrap() = Some(ReaderPin::take(store.clone(), pin_opts()).unwrap());
-        }
-    };
+    let (late, land) = Late::new(&store, &clock, &mut rng);
+    let (lists, before) = (late.lists.clone(), late.before.clone());
     let mut b = if during_sweep {
-        let wrapped: Arc<dyn ObjectStore> = Arc::new(OnPinsListing {
-            inner: store.clone(),
-            f: std::sync::Mutex::new(Some(Box::new(land))),
-        });
-        Writer::take_over(wrapped, &clock, lists.clone(), before_late, || {})
+        // `land` runs once, when the pins are first listed (inside B's start's sweep).
+        let at = |op, key: &str, when| (op, key, when) == (StoreOp::List, "readers/", When::Before);
+        let wrapped: Arc<dyn ObjectStore> = Arc::new(HookStore::new(store.clone(), once(at, land)));
+        Writer::take_over(wrapped, &clock, lists, before, || {})
     } else {
-        Writer::take_over(store.clone(), &clock, lists.clone(), before_late, land)
+        Writer::take_over(store.clone(), &clock, lists, before, land)
     };
-    let (pin, key, obj) = taken.lock().unwrap().take().unwrap();
-    assert_eq!(
-        key,
-        late,
-        "setup: the reader pins the late checkpoint ({})",
-        replay(seed)
-    );
+    let (pin, key, obj) = late.pinned(&replay(seed));
     let r = reader(store.clone(), dir.path(), &key, &obj, 2);
     for round in 0..4 {
         b.round(&mut rng, round % 2 == 1);
     }
     let segs = segment_objects(&*store);
-    let missing: Vec<&String> = late_named.difference(&segs).collect();
-    let ck = checkpoints(&*store);
+    let missing: Vec<&String> = late.named.difference(&segs).collect();
+    let listed = checkpoints(&*store).contains(&key);
     // What the reader reads (a cache of two segments: the rest is fetched).
-    let mut read_errors = 0;
-    for &l in &lists {
-        for i in 0..60u64 {
-            match r.read(l, i) {
-                Ok(got) => assert_eq!(
-                    got.as_deref(),
-                    late_model.get(&(l.0, i)).map(|v| v.as_slice()),
-                    "the reader read other bytes than its checkpoint's ({})",
-                    replay(seed)
-                ),
-                Err(_) => read_errors += 1,
-            }
-        }
-    }
+    let read_errors = read_errors(&r, &late.lists, &late.model, &replay(seed));
     drop(r);
     pin.release().unwrap();
     assert!(
-        missing.is_empty() && ck.contains(&late),
-        "while its pin lived, the writer deleted {} of the {} objects the pinned checkpoint {late} \
-         names (checkpoint still listed: {}); the reader failed {read_errors} reads ({})",
+        missing.is_empty() && listed,
+        "while its pin lived, the writer deleted {} of the {} objects the pinned checkpoint {key} \
+         names (checkpoint still listed: {listed}); the reader failed {read_errors} reads ({})",
         missing.len(),
-        late_named.len(),
-        ck.contains(&late),
+        late.named.len(),
         replay(seed)
     );
 }
 
 /// A store whose listing of `ckpt/` fails once, right after the first pin put: "unavailable"
 /// (one 503 at the reader's check), or with `refuse` a final refusal.
-struct ListFailsAfterPin {
-    inner: Arc<dyn ObjectStore>,
-    armed: std::sync::atomic::AtomicBool,
-    refuse: bool,
-}
-
-impl ObjectStore for ListFailsAfterPin {
-    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
-        self.inner.put(key, bytes)?;
-        if key.starts_with("readers/") {
-            self.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+fn list_fails_after_pin(inner: Arc<dyn ObjectStore>, refuse: bool) -> HookStore {
+    let armed = AtomicBool::new(false);
+    HookStore::new(inner, move |op, key, when| {
+        if (op, when) == (StoreOp::Put, When::After) && key.starts_with("readers/") {
+            armed.store(true, Ordering::SeqCst);
         }
-        Ok(())
-    }
-    fn put_if_absent(&self, key: &str, bytes: &[u8]) -> Result<PutOutcome, StoreError> {
-        self.inner.put_if_absent(key, bytes)
-    }
-    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
-        self.inner.get(key)
-    }
-    fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, StoreError> {
-        self.inner.get_range(key, offset, len)
-    }
-    fn delete(&self, key: &str) -> Result<(), StoreError> {
-        self.inner.delete(key)
-    }
-    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
-        if prefix == "ckpt/" && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
-            if self.refuse {
+        if (op, key, when) == (StoreOp::List, "ckpt/", When::Before)
+            && armed.swap(false, Ordering::SeqCst)
+        {
+            if refuse {
                 return Err(StoreError::Refused {
                     op: StoreOp::List,
-                    key: prefix.into(),
+                    key: key.into(),
                     status: 403,
                     detail: "probe: refused".into(),
                 });
             }
             return Err(StoreError::Unavailable {
                 op: StoreOp::List,
-                key: prefix.into(),
+                key: key.into(),
                 reason: "probe: one 503".into(),
             });
         }
-        self.inner.list(prefix)
-    }
+        Ok(())
+    })
 }
 
 /// Finding 2. `ReaderPin::take` returns with `?` on an error after its pin is put (the check's
@@ -407,21 +128,11 @@ fn a_take_that_fails_after_its_pin_put_leaves_the_pin() {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mem: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
     let clock = TestClock::default();
-    let mut w = Writer::start(mem.clone(), &clock);
+    let mut w = Writer::start(mem.clone(), &clock, false);
     w.round(&mut rng, false);
-    let pins = || -> Vec<String> {
-        mem.list("readers/")
-            .unwrap()
-            .into_iter()
-            .map(|o| o.key)
-            .collect()
-    };
+    let pins = || keys(&*mem, "readers/");
     // A final refusal at the check: the take fails and leaves no pin.
-    let store: Arc<dyn ObjectStore> = Arc::new(ListFailsAfterPin {
-        inner: mem.clone(),
-        armed: false.into(),
-        refuse: true,
-    });
+    let store: Arc<dyn ObjectStore> = Arc::new(list_fails_after_pin(mem.clone(), true));
     let r = ReaderPin::take(store, pin_opts());
     assert!(
         r.is_err(),
@@ -430,11 +141,7 @@ fn a_take_that_fails_after_its_pin_put_leaves_the_pin() {
     );
     assert!(pins().is_empty(), "a failed take left the pin {:?}", pins());
     // One transient answer there is retried; the pin lives until the take's pin is dropped.
-    let store: Arc<dyn ObjectStore> = Arc::new(ListFailsAfterPin {
-        inner: mem.clone(),
-        armed: false.into(),
-        refuse: false,
-    });
+    let store: Arc<dyn ObjectStore> = Arc::new(list_fails_after_pin(mem.clone(), false));
     let r = ReaderPin::take(store, pin_opts());
     assert!(
         r.is_ok(),
@@ -455,30 +162,14 @@ fn a_reader_cache_stays_within_its_bound() {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
     let clock = TestClock::default();
-    let mut w = Writer::start(store.clone(), &clock);
+    let mut w = Writer::start(store.clone(), &clock, false);
     for r in 0..4 {
         w.round(&mut rng, r == 2);
     }
     let (pin, key, obj) = ReaderPin::take(store.clone(), pin_opts()).unwrap();
-    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
-    let map = dir.path().join("reader.ldfs-resident");
-    restore_lazy_of(&*store, &*dev, &map, 7, &key, &obj).unwrap();
     let bound = 3u64;
-    let cache = open_reader_cache(
-        store.clone(),
-        dev,
-        CacheConfig::new(map, Some(bound * SEGMENT_BYTES)),
-        &obj,
-    )
-    .unwrap();
-    let r = Lld::open(
-        Arc::new(CacheDevice(cache.clone())),
-        LldOptions {
-            read_only: true,
-            ..LldOptions::default()
-        },
-    )
-    .unwrap();
+    let cache = reader_cache(store.clone(), dir.path(), &key, &obj, bound);
+    let r = read_only(cache.clone());
     let mut most = 0;
     for _ in 0..2 {
         for &l in &w.lists {
@@ -510,20 +201,9 @@ fn a_reader_cache_stays_within_its_bound() {
 
 /// A store refusing (HTTP 403) every read of one object: a pin put by a reader whose
 /// credentials the writer's cannot read (another user's object in the writer's bucket).
-struct RefusesOne {
-    inner: Arc<dyn ObjectStore>,
-    key: String,
-}
-
-impl ObjectStore for RefusesOne {
-    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
-        self.inner.put(key, bytes)
-    }
-    fn put_if_absent(&self, key: &str, bytes: &[u8]) -> Result<PutOutcome, StoreError> {
-        self.inner.put_if_absent(key, bytes)
-    }
-    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
-        if key == self.key {
+fn refuses_one(inner: Arc<dyn ObjectStore>, refused: String) -> HookStore {
+    HookStore::new(inner, move |op, key, when| {
+        if (op, when) == (StoreOp::Get, When::Before) && key == refused {
             return Err(StoreError::Refused {
                 op: StoreOp::Get,
                 key: key.into(),
@@ -531,17 +211,8 @@ impl ObjectStore for RefusesOne {
                 detail: "probe: AccessDenied".into(),
             });
         }
-        self.inner.get(key)
-    }
-    fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, StoreError> {
-        self.inner.get_range(key, offset, len)
-    }
-    fn delete(&self, key: &str) -> Result<(), StoreError> {
-        self.inner.delete(key)
-    }
-    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
-        self.inner.list(prefix)
-    }
+        Ok(())
+    })
 }
 
 /// Finding 3. An object under `readers/` the writer cannot read (refused, not transient) fails
@@ -555,12 +226,9 @@ fn an_unreadable_pin_object_stops_the_writers_uploads() {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mem: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
     let foreign = "readers/00000000000000ff".to_string();
-    let store: Arc<dyn ObjectStore> = Arc::new(RefusesOne {
-        inner: mem.clone(),
-        key: foreign.clone(),
-    });
+    let store: Arc<dyn ObjectStore> = Arc::new(refuses_one(mem.clone(), foreign.clone()));
     let clock = TestClock::default();
-    let mut w = Writer::start(store.clone(), &clock);
+    let mut w = Writer::start(store.clone(), &clock, false);
     for _ in 0..2 {
         w.round(&mut rng, false);
     }
@@ -584,33 +252,13 @@ fn an_unreadable_pin_object_stops_the_writers_uploads() {
 }
 
 /// A store whose listing of `seg/` takes `delay` (a large store: S3 lists 1000 keys a page).
-struct SlowSegList {
-    inner: Arc<dyn ObjectStore>,
-    delay: Duration,
-}
-
-impl ObjectStore for SlowSegList {
-    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
-        self.inner.put(key, bytes)
-    }
-    fn put_if_absent(&self, key: &str, bytes: &[u8]) -> Result<PutOutcome, StoreError> {
-        self.inner.put_if_absent(key, bytes)
-    }
-    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
-        self.inner.get(key)
-    }
-    fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, StoreError> {
-        self.inner.get_range(key, offset, len)
-    }
-    fn delete(&self, key: &str) -> Result<(), StoreError> {
-        self.inner.delete(key)
-    }
-    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
-        if prefix == "seg/" {
-            std::thread::sleep(self.delay);
+fn slow_seg_list(inner: Arc<dyn ObjectStore>, delay: Duration) -> HookStore {
+    HookStore::new(inner, move |op, key, when| {
+        if (op, key, when) == (StoreOp::List, "seg/", When::Before) {
+            std::thread::sleep(delay);
         }
-        self.inner.list(prefix)
-    }
+        Ok(())
+    })
 }
 
 /// Finding 4. `ReaderPin::take` chooses with `newest_complete_checkpoint`, which lists every
@@ -629,7 +277,7 @@ fn a_busy_writer_beside_a_slow_segment_listing_keeps_a_reader_from_pinning() {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mem: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
     let clock = TestClock::default();
-    let mut w = Writer::start(mem.clone(), &clock);
+    let mut w = Writer::start(mem.clone(), &clock, false);
     w.round(&mut rng, false);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop2 = stop.clone();
@@ -647,10 +295,8 @@ fn a_busy_writer_beside_a_slow_segment_listing_keeps_a_reader_from_pinning() {
         }
         n
     });
-    let store: Arc<dyn ObjectStore> = Arc::new(SlowSegList {
-        inner: mem.clone(),
-        delay: Duration::from_millis(400),
-    });
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(slow_seg_list(mem.clone(), Duration::from_millis(400)));
     let t = std::time::Instant::now();
     let r = ReaderPin::take(store, pin_opts());
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -674,7 +320,7 @@ fn a_reader_cache_counts_no_phantom_segments_at_open() {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
     let clock = TestClock::default();
-    let mut w = Writer::start(store.clone(), &clock);
+    let mut w = Writer::start(store.clone(), &clock, false);
     for _ in 0..4 {
         w.round(&mut rng, false);
     }
@@ -685,31 +331,12 @@ fn a_reader_cache_counts_no_phantom_segments_at_open() {
             w.model.remove(&(l.0, i));
         }
     }
-    w.lld.checkpoint_now().unwrap();
-    w.seg
-        .wait_uploaded(w.seg.announced(), Duration::from_secs(60))
-        .unwrap();
+    w.upload();
     let (pin, key, obj) = ReaderPin::take(store.clone(), pin_opts()).unwrap();
-    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
-    let map = dir.path().join("reader.ldfs-resident");
-    restore_lazy_of(&*store, &*dev, &map, 7, &key, &obj).unwrap();
     let bound = 8u64;
-    let cache = open_reader_cache(
-        store.clone(),
-        dev,
-        CacheConfig::new(map, Some(bound * SEGMENT_BYTES)),
-        &obj,
-    )
-    .unwrap();
+    let cache = reader_cache(store.clone(), dir.path(), &key, &obj, bound);
     let at_open = cache.stats();
-    let r = Lld::open(
-        Arc::new(CacheDevice(cache.clone())),
-        LldOptions {
-            read_only: true,
-            ..LldOptions::default()
-        },
-    )
-    .unwrap();
+    let r = read_only(cache.clone());
     for _ in 0..3 {
         for &l in &w.lists {
             for i in 0..60u64 {

@@ -2,94 +2,18 @@
 //! unreadable pins, `readers_checkpoint_gone`, `choose_and_pin`'s renewal). Each probe fails
 //! while the defect its doc comment names is there.
 
+mod readers_common;
+
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use ldfs::device::{Device, MemoryDevice};
-use ldfs::ld::{ListHints, ListId, LogicalDisk};
-use ldfs::lld::layout::MkfsOptions;
-use ldfs::lld::{Lld, LldOptions};
-use ldfs::store::readers::{PinOptions, ReaderPin};
-use ldfs::store::{
-    HeldLease, MemoryStore, ObjectInfo, ObjectStore, PutOutcome, SegmentStore, StoreError, StoreOp,
-};
-use ldfs::testing::store::{fast_backoff, take_lease, TestClock};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
-
-const DEV_BYTES: u64 = 24 << 20;
-const SEGMENT_BYTES: u64 = 128 << 10;
-
-fn mkfs_opts() -> MkfsOptions {
-    MkfsOptions {
-        segment_bytes: SEGMENT_BYTES,
-        max_block_bytes: 32 << 10,
-        reserved_segments: Some(4),
-        fs_id: 2026,
-        max_bytes: None,
-        kept_pages: 0,
-    }
-}
-
-fn seed() -> u64 {
-    std::env::var("LDFS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20261127)
-}
+use ldfs::store::readers::ReaderPin;
+use ldfs::store::{ObjectStore, StoreError, StoreOp, StoreResult};
+use ldfs::testing::store::{HookStore, TestClock, When};
+use readers_common::{pin_opts_by, replay_in, seed, seg_listing_takes, uploaded};
 
 fn replay(seed: u64) -> String {
-    format!(
-        "seed {seed}; replay: LDFS_SEED={seed} cargo test --release -p ldfs --test review44_probes"
-    )
-}
-
-struct Writer {
-    lld: Lld,
-    seg: SegmentStore,
-    _lease: Arc<HeldLease>,
-    lists: Vec<ListId>,
-}
-
-impl Writer {
-    fn start(store: Arc<dyn ObjectStore>, clock: &TestClock) -> Writer {
-        let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
-        ldfs::lld::mkfs::mkfs(&*dev, &mkfs_opts()).unwrap();
-        let lease = take_lease(store.clone(), clock, false);
-        let seg = SegmentStore::start(store, dev, lease.clone(), fast_backoff()).unwrap();
-        let lld = Lld::open(
-            seg.device(),
-            LldOptions {
-                checkpoint_hook: Some(seg.hook()),
-                segment_hook: Some(seg.segment_hook()),
-                ..LldOptions::default()
-            },
-        )
-        .unwrap();
-        let lists = (0..4)
-            .map(|_| lld.create_list(None, ListHints::default()).unwrap())
-            .collect();
-        Writer {
-            lld,
-            seg,
-            _lease: lease,
-            lists,
-        }
-    }
-
-    fn round(&mut self, rng: &mut ChaCha8Rng) {
-        for _ in 0..300 {
-            let l = self.lists[rng.gen_range(0..self.lists.len())];
-            let i = rng.gen_range(0..60u64);
-            let v: Vec<u8> = (0..rng.gen_range(1..9000)).map(|_| rng.gen()).collect();
-            self.lld.write(None, l, i, &v).unwrap();
-        }
-        self.lld.checkpoint_now().unwrap();
-        self.seg
-            .wait_uploaded(self.seg.announced(), Duration::from_secs(60))
-            .unwrap();
-    }
+    replay_in("review44_probes", seed)
 }
 
 /// A store whose listing of `seg/` takes 50 s by `clock` (the take's completeness check), and
@@ -108,52 +32,45 @@ struct SlowRenewal {
     pinned: Mutex<Option<String>>,
 }
 
-impl ObjectStore for SlowRenewal {
-    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
-        if key.starts_with("readers/") {
-            if self.pin_puts.load(Ordering::SeqCst) == 1 && self.refusals.load(Ordering::SeqCst) < 3
-            {
-                self.refusals.fetch_add(1, Ordering::SeqCst);
-                self.clock.advance(5);
-                let live = ldfs::store::readers::pins(&*self.inner, self.clock.now()).unwrap();
-                let ck = self.pinned.lock().unwrap().clone().unwrap();
-                if !live.checkpoints.contains(&ck) {
-                    self.lapsed.store(true, Ordering::SeqCst);
-                    self.puts_since_lapse.store(0, Ordering::SeqCst);
-                }
-                return Err(StoreError::Unavailable {
-                    op: StoreOp::Put,
-                    key: key.into(),
-                    reason: "503 SlowDown (probe)".into(),
-                });
-            }
-            self.pin_puts.fetch_add(1, Ordering::SeqCst);
-            self.puts_since_lapse.fetch_add(1, Ordering::SeqCst);
-            let rec = self.inner.put(key, bytes);
-            let live = ldfs::store::readers::pins(&*self.inner, self.clock.now()).unwrap();
-            *self.pinned.lock().unwrap() = live.checkpoints.iter().next_back().cloned();
-            return rec;
-        }
-        self.inner.put(key, bytes)
+impl SlowRenewal {
+    /// `inner` with this hook (the state stays with the probe).
+    fn store(self: &Arc<Self>) -> HookStore {
+        let me = self.clone();
+        HookStore::new(self.inner.clone(), move |op, key, when| {
+            me.hook(op, key, when)
+        })
     }
-    fn put_if_absent(&self, key: &str, bytes: &[u8]) -> Result<PutOutcome, StoreError> {
-        self.inner.put_if_absent(key, bytes)
-    }
-    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
-        self.inner.get(key)
-    }
-    fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, StoreError> {
-        self.inner.get_range(key, offset, len)
-    }
-    fn delete(&self, key: &str) -> Result<(), StoreError> {
-        self.inner.delete(key)
-    }
-    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
-        let r = self.inner.list(prefix);
-        if prefix == "seg/" {
+
+    fn hook(&self, op: StoreOp, key: &str, when: When) -> StoreResult<()> {
+        if op == StoreOp::List && key == "seg/" && when == When::After {
             self.clock.advance(50);
         }
-        r
+        if op != StoreOp::Put || !key.starts_with("readers/") {
+            return Ok(());
+        }
+        if when == When::After {
+            let live = ldfs::store::readers::pins(&*self.inner, self.clock.now()).unwrap();
+            *self.pinned.lock().unwrap() = live.checkpoints.iter().next_back().cloned();
+            return Ok(());
+        }
+        if self.pin_puts.load(Ordering::SeqCst) == 1 && self.refusals.load(Ordering::SeqCst) < 3 {
+            self.refusals.fetch_add(1, Ordering::SeqCst);
+            self.clock.advance(5);
+            let live = ldfs::store::readers::pins(&*self.inner, self.clock.now()).unwrap();
+            let ck = self.pinned.lock().unwrap().clone().unwrap();
+            if !live.checkpoints.contains(&ck) {
+                self.lapsed.store(true, Ordering::SeqCst);
+                self.puts_since_lapse.store(0, Ordering::SeqCst);
+            }
+            return Err(StoreError::Unavailable {
+                op: StoreOp::Put,
+                key: key.into(),
+                reason: "503 SlowDown (probe)".into(),
+            });
+        }
+        self.pin_puts.fetch_add(1, Ordering::SeqCst);
+        self.puts_since_lapse.fetch_add(1, Ordering::SeqCst);
+        Ok(())
     }
 }
 
@@ -169,14 +86,8 @@ impl ObjectStore for SlowRenewal {
 #[test]
 fn a_take_whose_renewal_lands_after_the_pin_expired_returns_it() {
     let seed = seed();
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
     let clock = TestClock::default();
-    let mut a = Writer::start(store.clone(), &clock);
-    for _ in 0..3 {
-        a.round(&mut rng);
-    }
-    a.seg.stop();
+    let (store, _writer) = uploaded(seed, &clock, |w, rng, _| w.write_round(rng));
     let slow = Arc::new(SlowRenewal {
         inner: store.clone(),
         clock: clock.clone(),
@@ -186,13 +97,7 @@ fn a_take_whose_renewal_lands_after_the_pin_expired_returns_it() {
         puts_since_lapse: AtomicU32::new(0),
         pinned: Mutex::new(None),
     });
-    let opts = PinOptions {
-        duration: Duration::from_secs(60),
-        clock: clock.clock(),
-        host: "reader".into(),
-        pid: std::process::id(),
-    };
-    let taken = ReaderPin::take(slow.clone(), opts);
+    let taken = ReaderPin::take(Arc::new(slow.store()), pin_opts_by(&clock, 60));
     // The pin returned is the one renewed late: no fresh choice put since the lapse.
     let lapsed =
         slow.lapsed.load(Ordering::SeqCst) && slow.puts_since_lapse.load(Ordering::SeqCst) == 1;
@@ -210,38 +115,6 @@ fn a_take_whose_renewal_lands_after_the_pin_expired_returns_it() {
     }
 }
 
-/// A store whose listing of `seg/` takes `secs` by `clock` (a large store's listing).
-struct SlowSegListing {
-    inner: Arc<dyn ObjectStore>,
-    clock: TestClock,
-    secs: u64,
-}
-
-impl ObjectStore for SlowSegListing {
-    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
-        self.inner.put(key, bytes)
-    }
-    fn put_if_absent(&self, key: &str, bytes: &[u8]) -> Result<PutOutcome, StoreError> {
-        self.inner.put_if_absent(key, bytes)
-    }
-    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
-        self.inner.get(key)
-    }
-    fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, StoreError> {
-        self.inner.get_range(key, offset, len)
-    }
-    fn delete(&self, key: &str) -> Result<(), StoreError> {
-        self.inner.delete(key)
-    }
-    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
-        let r = self.inner.list(prefix);
-        if prefix == "seg/" {
-            self.clock.advance(self.secs);
-        }
-        r
-    }
-}
-
 /// Finding B (review 43 finding 4's fix, `choose_and_pin`, readers.rs ~417). A take whose
 /// checks end with its pin still live but within the margin (a tenth of the duration) of its
 /// expiry chooses again instead of renewing it, and every check as slow fails the take after
@@ -254,26 +127,11 @@ impl ObjectStore for SlowSegListing {
 #[test]
 fn a_take_whose_checks_end_within_the_margin_fails_though_its_pin_held() {
     let seed = seed();
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
     let clock = TestClock::default();
-    let mut a = Writer::start(store.clone(), &clock);
-    for _ in 0..3 {
-        a.round(&mut rng);
-    }
-    a.seg.stop();
-    let slow: Arc<dyn ObjectStore> = Arc::new(SlowSegListing {
-        inner: store.clone(),
-        clock: clock.clone(),
-        secs: 55,
-    });
-    let opts = PinOptions {
-        duration: Duration::from_secs(60),
-        clock: clock.clock(),
-        host: "reader".into(),
-        pid: std::process::id(),
-    };
-    match ReaderPin::take(slow, opts) {
+    let (store, _writer) = uploaded(seed, &clock, |w, rng, _| w.write_round(rng));
+    // The take's listing of `seg/` takes 55 s by `clock` (a large store's listing).
+    let slow = Arc::new(seg_listing_takes(store.clone(), clock.clone(), 55));
+    match ReaderPin::take(slow, pin_opts_by(&clock, 60)) {
         Ok((pin, key, _)) => {
             let live = ldfs::store::readers::pins(&*store, clock.now()).unwrap();
             assert!(

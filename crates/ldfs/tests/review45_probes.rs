@@ -1,129 +1,43 @@
 //! Review 45's probes of 61c2bcb (the reader pin's renewer running during the take). Each probe
 //! fails while the defect its doc comment names is there.
 
+mod readers_common;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ldfs::device::{Device, MemoryDevice};
-use ldfs::ld::{ListHints, ListId, LogicalDisk};
-use ldfs::lld::Lld;
-use ldfs::lld::LldOptions;
-use ldfs::store::readers::{PinOptions, ReaderPin};
-use ldfs::store::{
-    HeldLease, MemoryStore, ObjectInfo, ObjectStore, PutOutcome, SegmentStore, StoreError,
-};
-use ldfs::testing::store::{
-    fast_backoff, open_with_hooks, seed_or, small_mkfs, take_lease, TestClock,
-};
-use rand::{Rng, SeedableRng};
+use ldfs::store::readers::ReaderPin;
+use ldfs::store::{MemoryStore, ObjectStore, StoreError, StoreOp};
+use ldfs::testing::store::{seed_or, HookStore, TestClock, When};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-
-const DEV_BYTES: u64 = 24 << 20;
-const SEGMENT_BYTES: u64 = 128 << 10;
+use readers_common::{keys, pin_opts_by, replay_in, uploaded, Writer};
 
 fn seed() -> u64 {
     seed_or(20261128)
 }
 
 fn replay(seed: u64) -> String {
-    format!(
-        "seed {seed}; replay: LDFS_SEED={seed} cargo test --release -p ldfs --test review45_probes"
-    )
+    replay_in("review45_probes", seed)
 }
-
-/// A writer: lld on a memory cache, uploading to `store`.
-struct Writer {
-    lld: Lld,
-    seg: SegmentStore,
-    lease: Arc<HeldLease>,
-    lists: Vec<ListId>,
-}
-
-impl Writer {
-    fn start(store: Arc<dyn ObjectStore>, clock: &TestClock) -> Writer {
-        let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
-        ldfs::lld::mkfs::mkfs(&*dev, &small_mkfs(SEGMENT_BYTES, 2026)).unwrap();
-        let lease = take_lease(store.clone(), clock, false);
-        let seg = SegmentStore::start(store, dev.clone(), lease.clone(), fast_backoff()).unwrap();
-        let lld = open_with_hooks(&seg, LldOptions::default());
-        let lists = (0..4)
-            .map(|_| lld.create_list(None, ListHints::default()).unwrap())
-            .collect();
-        Writer {
-            lld,
-            seg,
-            lease,
-            lists,
-        }
-    }
-
-    /// Overwrites and deletes, then a checkpoint uploaded (with the writer's delete round).
-    fn round(&mut self, rng: &mut ChaCha8Rng) {
-        for _ in 0..300 {
-            let l = self.lists[rng.gen_range(0..self.lists.len())];
-            let i = rng.gen_range(0..60u64);
-            if rng.gen_bool(0.2) {
-                self.lld.delete(None, l, i).unwrap();
-            } else {
-                let v: Vec<u8> = (0..rng.gen_range(1..9000)).map(|_| rng.gen()).collect();
-                self.lld.write(None, l, i, &v).unwrap();
-            }
-        }
-        self.lld.checkpoint_now().unwrap();
-        self.seg
-            .wait_uploaded(self.seg.announced(), Duration::from_secs(60))
-            .unwrap();
-    }
-
-    /// The shared test clock moved on by `secs`, the writer's lease renewed on the way (as its
-    /// renewer would: it must not expire by the jump).
-    fn advance(&self, clock: &TestClock, secs: u64) {
-        let mut left = secs;
-        while left > 0 {
-            let step = left.min(20);
-            clock.advance(step);
-            self.lease.renew_now().unwrap();
-            left -= step;
-        }
-    }
-}
-
-type Hook = Box<dyn FnMut(u32) + Send>;
 
 /// The reader's view of the store: each listing of `seg/` is taken, then `hook` runs with its
-/// number (from 0) before the listing is returned: what a writer does while the reader's
-/// answer is on its way.
-struct HookedSegListing {
+/// number (from 0, counted in `listings`) before the listing is returned: what a writer does
+/// while the reader's answer is on its way.
+fn hooked_seg_listing(
     inner: Arc<dyn ObjectStore>,
-    hook: Mutex<Hook>,
-    listings: AtomicU32,
-}
-
-impl ObjectStore for HookedSegListing {
-    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
-        self.inner.put(key, bytes)
-    }
-    fn put_if_absent(&self, key: &str, bytes: &[u8]) -> Result<PutOutcome, StoreError> {
-        self.inner.put_if_absent(key, bytes)
-    }
-    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
-        self.inner.get(key)
-    }
-    fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, StoreError> {
-        self.inner.get_range(key, offset, len)
-    }
-    fn delete(&self, key: &str) -> Result<(), StoreError> {
-        self.inner.delete(key)
-    }
-    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
-        let r = self.inner.list(prefix);
-        if prefix == "seg/" {
-            let n = self.listings.fetch_add(1, Ordering::SeqCst);
-            (self.hook.lock().unwrap())(n);
+    listings: Arc<AtomicU32>,
+    hook: impl FnMut(u32) + Send + 'static,
+) -> HookStore {
+    let hook = Mutex::new(hook);
+    HookStore::new(inner, move |op, key, when| {
+        if (op, key, when) == (StoreOp::List, "seg/", When::After) {
+            let n = listings.fetch_add(1, Ordering::SeqCst);
+            (hook.lock().unwrap())(n);
         }
-        r
-    }
+        Ok(())
+    })
 }
 
 /// Finding 1 (medium): a take whose pin lapsed during its checks chooses again under the SAME
@@ -149,18 +63,19 @@ fn a_retaken_pin_deleted_by_a_writer_that_saw_it_expired_is_returned() {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let inner: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
     let clock = TestClock::default();
-    let writer = Arc::new(Mutex::new(Writer::start(inner.clone(), &clock)));
+    let writer = Arc::new(Mutex::new(Writer::start(inner.clone(), &clock, false)));
     for _ in 0..3 {
-        writer.lock().unwrap().round(&mut rng);
+        writer.lock().unwrap().round(&mut rng, false);
     }
     let expired_seen: Arc<Mutex<Vec<String>>> = Arc::default();
-    let hook: Hook = {
+    let listings = Arc::new(AtomicU32::new(0));
+    let hook = {
         let inner = inner.clone();
         let clock = clock.clone();
         let writer = writer.clone();
         let expired_seen = expired_seen.clone();
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x45);
-        Box::new(move |n| match n {
+        move |n: u32| match n {
             0 => {
                 // The pin lapses; a writer's delete round lists the pins meanwhile.
                 writer.lock().unwrap().advance(&clock, 601);
@@ -179,26 +94,16 @@ fn a_retaken_pin_deleted_by_a_writer_that_saw_it_expired_is_returned() {
                     inner.delete(k).unwrap();
                 }
                 let mut w = writer.lock().unwrap();
-                w.round(&mut rng);
-                w.round(&mut rng);
+                w.round(&mut rng, false);
+                w.round(&mut rng, false);
             }
             _ => {}
-        })
+        }
     };
-    let store = Arc::new(HookedSegListing {
-        inner: inner.clone(),
-        hook: Mutex::new(hook),
-        listings: AtomicU32::new(0),
-    });
-    let opts = PinOptions {
-        duration: Duration::from_secs(600),
-        clock: clock.clock(),
-        host: "reader".into(),
-        pid: std::process::id(),
-    };
-    let (pin, key, obj) = ReaderPin::take(store.clone(), opts).unwrap();
+    let store = Arc::new(hooked_seg_listing(inner.clone(), listings.clone(), hook));
+    let (pin, key, obj) = ReaderPin::take(store.clone(), pin_opts_by(&clock, 600)).unwrap();
     assert_eq!(
-        store.listings.load(Ordering::SeqCst),
+        listings.load(Ordering::SeqCst),
         2,
         "the take chose again once ({})",
         replay(seed)
@@ -236,42 +141,6 @@ fn a_retaken_pin_deleted_by_a_writer_that_saw_it_expired_is_returned() {
     w.seg.stop();
 }
 
-/// The reader's puts of its pin counted (the renewer's among them).
-struct CountingPins {
-    inner: Arc<dyn ObjectStore>,
-    pin_puts: AtomicU32,
-    hook: Mutex<Hook>,
-}
-
-impl ObjectStore for CountingPins {
-    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
-        let r = self.inner.put(key, bytes);
-        if key.starts_with("readers/") {
-            self.pin_puts.fetch_add(1, Ordering::SeqCst);
-        }
-        r
-    }
-    fn put_if_absent(&self, key: &str, bytes: &[u8]) -> Result<PutOutcome, StoreError> {
-        self.inner.put_if_absent(key, bytes)
-    }
-    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
-        self.inner.get(key)
-    }
-    fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, StoreError> {
-        self.inner.get_range(key, offset, len)
-    }
-    fn delete(&self, key: &str) -> Result<(), StoreError> {
-        self.inner.delete(key)
-    }
-    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
-        let r = self.inner.list(prefix);
-        if prefix == "seg/" {
-            (self.hook.lock().unwrap())(0);
-        }
-        r
-    }
-}
-
 /// Finding 3 (low): the renewal's lapse test is a second early against the writer's. The
 /// writer keeps a pin while `expires_secs >= now` (readers.rs 163), so a renewal that lands in
 /// the second `expires_secs` itself replaced a pin every writer still counted live; but
@@ -285,56 +154,52 @@ impl ObjectStore for CountingPins {
 #[test]
 fn a_renewal_in_the_expiry_second_is_taken_for_a_lapse() {
     let seed = seed();
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let inner: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
-    let wclock = TestClock::default();
-    let mut w = Writer::start(inner.clone(), &wclock);
-    for _ in 0..3 {
-        w.round(&mut rng);
-    }
-    w.seg.stop();
+    let (inner, _writer) = uploaded(seed, &TestClock::default(), |w, rng, _| w.round(rng, false));
     let clock = TestClock::default();
     let listings = Arc::new(AtomicU32::new(0));
     let live_at_expiry = Arc::new(Mutex::new(None));
-    let store = Arc::new_cyclic(|weak: &std::sync::Weak<CountingPins>| {
-        let weak = weak.clone();
+    // The reader's puts of its pin counted (the renewer's among them).
+    let pin_puts = Arc::new(AtomicU32::new(0));
+    let counting = {
+        let pin_puts = pin_puts.clone();
+        HookStore::new(inner.clone(), move |op, key, when| {
+            if (op, when) == (StoreOp::Put, When::After) && key.starts_with("readers/") {
+                pin_puts.fetch_add(1, Ordering::SeqCst);
+            }
+            Ok(())
+        })
+    };
+    let hook = {
         let clock = clock.clone();
-        let listings = listings.clone();
         let live_at_expiry = live_at_expiry.clone();
-        let inner2 = inner.clone();
-        let hook: Hook = Box::new(move |_| {
-            if listings.fetch_add(1, Ordering::SeqCst) != 0 {
+        let inner = inner.clone();
+        move |n: u32| {
+            if n != 0 {
                 return;
             }
-            let me = weak.upgrade().unwrap();
             clock.advance(5); // now == the first pin's expiry
                               // The writer's view: still live in this second.
-            let p = ldfs::store::readers::pins(&*inner2, clock.now()).unwrap();
+            let p = ldfs::store::readers::pins(&*inner, clock.now()).unwrap();
             *live_at_expiry.lock().unwrap() = Some(p.checkpoints.len());
-            let before = me.pin_puts.load(Ordering::SeqCst);
+            let before = pin_puts.load(Ordering::SeqCst);
             for _ in 0..100 {
-                if me.pin_puts.load(Ordering::SeqCst) > before {
+                if pin_puts.load(Ordering::SeqCst) > before {
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
             assert!(
-                me.pin_puts.load(Ordering::SeqCst) > before,
+                pin_puts.load(Ordering::SeqCst) > before,
                 "no renewal in 5 s"
             );
-        });
-        CountingPins {
-            inner: inner.clone(),
-            pin_puts: AtomicU32::new(0),
-            hook: Mutex::new(hook),
         }
-    });
-    let opts = PinOptions {
-        duration: Duration::from_secs(5),
-        clock: clock.clock(),
-        host: "reader".into(),
-        pid: std::process::id(),
     };
+    let store = Arc::new(hooked_seg_listing(
+        Arc::new(counting),
+        listings.clone(),
+        hook,
+    ));
+    let opts = pin_opts_by(&clock, 5);
     let (pin, _, _) = ReaderPin::take(store.clone(), opts).unwrap();
     assert_eq!(
         *live_at_expiry.lock().unwrap(),
@@ -357,24 +222,12 @@ fn a_renewal_in_the_expiry_second_is_taken_for_a_lapse() {
 #[test]
 fn renew_now_after_release_puts_the_pin_back() {
     let seed = seed();
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let inner: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
     let clock = TestClock::default();
-    let mut w = Writer::start(inner.clone(), &clock);
-    for _ in 0..3 {
-        w.round(&mut rng);
-    }
-    w.seg.stop();
-    let opts = PinOptions {
-        duration: Duration::from_secs(60),
-        clock: clock.clock(),
-        host: "reader".into(),
-        pid: std::process::id(),
-    };
-    let (pin, _, _) = ReaderPin::take(inner.clone(), opts).unwrap();
+    let (inner, _writer) = uploaded(seed, &clock, |w, rng, _| w.round(rng, false));
+    let (pin, _, _) = ReaderPin::take(inner.clone(), pin_opts_by(&clock, 60)).unwrap();
     pin.release().unwrap();
     let _ = pin.renew_now();
-    let left = inner.list("readers/").unwrap();
+    let left = keys(&*inner, "readers/");
     assert!(
         left.is_empty(),
         "a released pin was put back: {left:?} ({})",

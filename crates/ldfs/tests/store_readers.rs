@@ -4,158 +4,25 @@
 //! what a live pin names (at each upload and at a start's sweep), lets it go once the pin is
 //! released or expired, and a reader that pins while the writer moves on chooses again.
 
-use std::collections::{BTreeMap, BTreeSet};
+mod readers_common;
+
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ldfs::device::{Device, MemoryDevice};
-use ldfs::ld::{ListHints, ListId, LogicalDisk};
-use ldfs::lld::{Lld, LldOptions, PolicyKind};
-use ldfs::store::cache::CacheDevice;
-use ldfs::store::readers::{open_reader_cache, PinOptions, PinRecord, ReaderPin};
-use ldfs::store::segments::{decode_checkpoint_object, restore_lazy_of, CheckpointObject};
-use ldfs::store::{CacheConfig, HeldLease, MemoryStore, ObjectStore, SegmentStore, StoreOp};
-use ldfs::testing::store::{
-    crash_lease, fast_backoff, open_with_hooks, seed_or, small_mkfs, take_lease, HookStore,
-    TestClock, When,
-};
-use rand::{Rng, SeedableRng};
+use ldfs::store::readers::{PinOptions, PinRecord, ReaderPin};
+use ldfs::store::{MemoryStore, ObjectStore, StoreOp};
+use ldfs::testing::store::{crash_lease, HookStore, TestClock, When};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-
-const DEV_BYTES: u64 = 24 << 20;
-const SEGMENT_BYTES: u64 = 128 << 10;
-
-type Model = BTreeMap<(u64, u64), Vec<u8>>;
-
-fn seed() -> u64 {
-    seed_or(20261127)
-}
+use readers_common::{
+    check, checkpoints, keys, named_by, once, pin_opts, reader, replay_in, seed, segment_objects,
+    uploaded, Writer,
+};
 
 fn replay(seed: u64) -> String {
-    format!(
-        "seed {seed}; replay: LDFS_SEED={seed} cargo test --release -p ldfs --test store_readers"
-    )
-}
-
-/// A writer: lld on a memory cache, uploading to `store`.
-struct Writer {
-    lld: Lld,
-    seg: SegmentStore,
-    lease: Arc<HeldLease>,
-    lists: Vec<ListId>,
-    model: Model,
-}
-
-impl Writer {
-    /// `force`: take over a crashed writer's lease.
-    fn start(store: Arc<dyn ObjectStore>, clock: &TestClock, force: bool) -> Writer {
-        let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
-        ldfs::lld::mkfs::mkfs(&*dev, &small_mkfs(SEGMENT_BYTES, 2026)).unwrap();
-        let lease = take_lease(store.clone(), clock, force);
-        let seg = SegmentStore::start(store, dev.clone(), lease.clone(), fast_backoff()).unwrap();
-        let lld = open_with_hooks(&seg, LldOptions::default());
-        let lists = (0..4)
-            .map(|_| lld.create_list(None, ListHints::default()).unwrap())
-            .collect();
-        Writer {
-            lld,
-            seg,
-            lease,
-            lists,
-            model: Model::new(),
-        }
-    }
-
-    /// Overwrites and deletes, some cleaning, then a checkpoint uploaded.
-    fn round(&mut self, rng: &mut ChaCha8Rng, clean: bool) {
-        for _ in 0..300 {
-            let l = self.lists[rng.gen_range(0..self.lists.len())];
-            let i = rng.gen_range(0..60u64);
-            if rng.gen_bool(0.2) {
-                self.lld.delete(None, l, i).unwrap();
-                self.model.remove(&(l.0, i));
-            } else {
-                let v: Vec<u8> = (0..rng.gen_range(1..9000)).map(|_| rng.gen()).collect();
-                self.lld.write(None, l, i, &v).unwrap();
-                self.model.insert((l.0, i), v);
-            }
-        }
-        if clean {
-            let cancel = std::sync::atomic::AtomicBool::new(false);
-            self.lld
-                .clean_now(PolicyKind::Greedy, Some(16), 0.9, &cancel)
-                .unwrap();
-        }
-        self.lld.checkpoint_now().unwrap();
-        self.seg
-            .wait_uploaded(self.seg.announced(), Duration::from_secs(60))
-            .unwrap();
-    }
-}
-
-fn pin_opts() -> PinOptions {
-    PinOptions {
-        duration: Duration::from_secs(60),
-        clock: ldfs::store::lease::system_clock(),
-        host: "reader".into(),
-        pid: std::process::id(),
-    }
-}
-
-/// A read-only engine on a cache rebuilt lazily from the checkpoint `key` (`obj`), bounded to
-/// `bound_segments` segments.
-fn reader(
-    store: Arc<dyn ObjectStore>,
-    dir: &std::path::Path,
-    key: &str,
-    obj: &CheckpointObject,
-    bound_segments: u64,
-) -> Lld {
-    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new(DEV_BYTES));
-    let map = dir.join("reader.ldfs-resident");
-    restore_lazy_of(&*store, &*dev, &map, 7, key, obj).unwrap();
-    let cache = open_reader_cache(
-        store,
-        dev,
-        CacheConfig::new(map, Some(bound_segments * SEGMENT_BYTES)),
-        obj,
-    )
-    .unwrap();
-    Lld::open(
-        Arc::new(CacheDevice(cache)),
-        LldOptions {
-            read_only: true,
-            ..LldOptions::default()
-        },
-    )
-    .unwrap()
-}
-
-fn check(lld: &Lld, lists: &[ListId], model: &Model, what: &str, seed: u64) {
-    for &l in lists {
-        for i in 0..60u64 {
-            let got = lld.read(l, i).unwrap_or_else(|e| {
-                panic!("{what}: list {} index {i}: {e} ({})", l.0, replay(seed))
-            });
-            assert_eq!(
-                got.as_deref(),
-                model.get(&(l.0, i)).map(|v| v.as_slice()),
-                "{what}: list {} index {i} ({})",
-                l.0,
-                replay(seed)
-            );
-        }
-    }
-}
-
-fn checkpoints(store: &dyn ObjectStore) -> Vec<String> {
-    store
-        .list("ckpt/")
-        .unwrap()
-        .into_iter()
-        .map(|o| o.key)
-        .collect()
+    replay_in("store_readers", seed)
 }
 
 /// The checkpoint objects once the deletes behind the last upload are done (at most two), or
@@ -169,20 +36,6 @@ fn settled(store: &dyn ObjectStore) -> Vec<String> {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-}
-
-fn segment_objects(store: &dyn ObjectStore) -> BTreeSet<String> {
-    store
-        .list("seg/")
-        .unwrap()
-        .into_iter()
-        .map(|o| o.key)
-        .collect()
-}
-
-fn named_by(store: &dyn ObjectStore, key: &str) -> BTreeSet<String> {
-    let obj = decode_checkpoint_object(key, &store.get(key).unwrap()).unwrap();
-    obj.entries.iter().map(|e| e.key()).collect()
 }
 
 /// The reader's tree stays readable, whole and exact, through ten uploads of overwrites,
@@ -245,7 +98,7 @@ fn a_reader_reads_its_pinned_tree_while_the_writer_churns_cleans_and_uploads() {
         &w.lists,
         &pinned_model,
         "the reader after 10 uploads",
-        seed,
+        &replay(seed),
     );
     drop(r);
     pin.release().unwrap();
@@ -303,12 +156,7 @@ fn a_start_keeps_a_pinned_checkpoint_and_deletes_expired_pins() {
     let mut w2 = Writer::start(store.clone(), &clock, true);
     assert!(checkpoints(&*store).contains(&key));
     assert!(named.is_subset(&segment_objects(&*store)));
-    let pins: Vec<String> = store
-        .list("readers/")
-        .unwrap()
-        .into_iter()
-        .map(|o| o.key)
-        .collect();
+    let pins = keys(&*store, "readers/");
     assert_eq!(
         pins.len(),
         1,
@@ -323,16 +171,10 @@ fn a_start_keeps_a_pinned_checkpoint_and_deletes_expired_pins() {
 /// `inner`, running `f` once, right after the first pin lands: the writer uploading two
 /// checkpoints between the reader's choice and its pin.
 fn after_pin(inner: Arc<dyn ObjectStore>, f: Box<dyn FnOnce() + Send>) -> HookStore {
-    let f = Mutex::new(Some(f));
-    HookStore::new(inner, move |op, key, when| {
-        if (op, when) == (StoreOp::Put, When::After) && key.starts_with("readers/") {
-            let f = f.lock().unwrap().take();
-            if let Some(f) = f {
-                f();
-            }
-        }
-        Ok(())
-    })
+    let at = |op, key: &str, when| {
+        (op, when) == (StoreOp::Put, When::After) && key.starts_with("readers/")
+    };
+    HookStore::new(inner, once(at, f))
 }
 
 /// The writer puts two checkpoint objects (and deletes the first choice's objects, whose pin
@@ -369,7 +211,13 @@ fn a_reader_whose_choice_was_superseded_before_its_pin_chooses_again() {
     assert_ne!(key, first, "the superseded choice was kept");
     let w = w.lock().unwrap();
     let r = reader(store.clone(), dir.path(), &key, &obj, 4);
-    check(&r, &w.lists, &w.model, "the reader's second choice", seed);
+    check(
+        &r,
+        &w.lists,
+        &w.model,
+        "the reader's second choice",
+        &replay(seed),
+    );
     drop(r);
     pin.release().unwrap();
 }
@@ -398,14 +246,10 @@ fn slow_first_seg_listing(
 
 /// A store holding three uploads' checkpoints, its writer stopped.
 fn uploaded_store(seed: u64) -> Arc<dyn ObjectStore> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
-    let mut w = Writer::start(store.clone(), &TestClock::default(), false);
-    for r in 0..3 {
-        w.round(&mut rng, r == 2);
-    }
-    w.seg.stop();
-    store
+    uploaded(seed, &TestClock::default(), |w, rng, r| {
+        w.round(rng, r == 2)
+    })
+    .0
 }
 
 /// Review 44 finding B: a take whose checks outlast the pin's duration (a large store lists
