@@ -320,10 +320,10 @@ pub enum BenchCmd {
     /// gateway (the AWS_* environment's, or a one-node Ceph cluster the run starts and
     /// destroys); then a read-write mount on an empty cache is timed to a usable mount and
     /// every file read once (cold sequential read MB/s, bytes fetched), and a read-only mount
-    /// on an empty cache (which downloads everything) is timed. Needs root (FUSE,
-    /// drop_caches).
+    /// on an empty cache with the same bound (it pins its checkpoint and fetches as it reads)
+    /// is timed the same way. Needs root (FUSE, drop_caches).
     StoreCold {
-        /// Directory for the caches (needs about --size free for the read-only mount).
+        /// Directory for the caches (each sparse, holding about --cache-size).
         #[arg(long, default_value = ".")]
         dir: PathBuf,
         /// Smaller sizes: 512 MiB of files, a 64 MiB cache bound, 64 MiB files.
@@ -342,7 +342,7 @@ pub enum BenchCmd {
         /// Segment size (the size of each object).
         #[arg(long, default_value = "2M", value_parser = parse_size)]
         segment_size: u64,
-        /// Leave out the read-only mount (it needs --size of free disk).
+        /// Leave out the read-only mount.
         #[arg(long)]
         no_read_only: bool,
         /// Write the figures to this JSON file.
