@@ -180,24 +180,28 @@ fn fsck_of_a_readers_cache_calls_a_store_that_lost_its_newest_checkpoints_object
     for o in &segs {
         s3.delete(&o.key).unwrap();
     }
-    let out = e.ldfs().args(["fsck", "-n"]).arg(&c2).output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        !out.status.success(),
-        "fsck -n of a read-only mount's cache whose checkpoint is still the store's newest, \
-         with every segment object of it gone from the store, exits {} (clean):\n{text}",
-        out.status
+    fails_fsck_n(
+        &e,
+        &c2,
+        "whose checkpoint is still the store's newest, with every segment object of it gone \
+         from the store",
     );
     // Review 44 finding E: the checkpoint objects damaged too (none decodes): the one the
     // cache holds may be among them, so this is still the store's damage, not "gone".
     for o in s3.list("ckpt/").unwrap() {
         s3.put(&o.key, b"not a checkpoint object").unwrap();
     }
-    let out = e.ldfs().args(["fsck", "-n"]).arg(&c2).output().unwrap();
+    fails_fsck_n(
+        &e,
+        &c2,
+        "every checkpoint object in the store damaged and every segment object gone",
+    );
+}
+
+/// `ldfs fsck -n` of the read-only mount's cache `cache` must not exit clean (`what`: the
+/// store's state, for the message).
+fn fails_fsck_n(e: &Env, cache: &Path, what: &str) {
+    let out = e.ldfs().args(["fsck", "-n"]).arg(cache).output().unwrap();
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -205,8 +209,7 @@ fn fsck_of_a_readers_cache_calls_a_store_that_lost_its_newest_checkpoints_object
     );
     assert!(
         !out.status.success(),
-        "fsck -n of a read-only mount's cache, every checkpoint object in the store damaged \
-         and every segment object gone, exits {} (clean):\n{text}",
+        "fsck -n of a read-only mount's cache, {what}, exits {} (clean):\n{text}",
         out.status
     );
 }
