@@ -827,7 +827,13 @@ fn a_read_only_mount_on_a_small_cache_reads_its_tree_while_the_writer_rewrites_i
     let c2 = e.path("c2.img");
     let d2 = e.path("d2");
     let t = Instant::now();
-    let ro = e.mount_with(&c2, &d2, &["ro"], &["--cache-size", &BOUND.to_string()]);
+    // Not refreshed (`refresh=0`): the tree of the checkpoint it pinned, until it is asked.
+    let ro = e.mount_with(
+        &c2,
+        &d2,
+        &["ro", "refresh=0"],
+        &["--cache-size", &BOUND.to_string()],
+    );
     let usable = t.elapsed();
     assert!(
         allocated(&c2) <= 2 << 20,
@@ -837,6 +843,13 @@ fn a_read_only_mount_on_a_small_cache_reads_its_tree_while_the_writer_rewrites_i
     let store = e.store();
     let pins = store.list("readers/").unwrap();
     assert_eq!(pins.len(), 1, "{pins:?}");
+    // `ldfs stats` says whether the store has moved on from the pinned checkpoint.
+    let st = stats_json(&d2);
+    assert_eq!(st["store"]["behind_the_store"], false, "{st}");
+    assert_eq!(
+        st["store"]["store_newest_checkpoint"], st["store"]["pinned_checkpoint"],
+        "{st}"
+    );
     // The writer replaces everything, uploading after each step.
     for rel in tree.keys() {
         std::fs::remove_file(d1.join(rel)).unwrap();
@@ -856,6 +869,15 @@ fn a_read_only_mount_on_a_small_cache_reads_its_tree_while_the_writer_rewrites_i
     let read = t.elapsed();
     let st = stats_json(&d2);
     let s = &st["store"];
+    let newest = store.list("ckpt/").unwrap().pop().unwrap().key;
+    assert_eq!(s["behind_the_store"], true, "{st}");
+    assert_eq!(s["store_newest_checkpoint"], newest.as_str(), "{st}");
+    let text = String::from_utf8(e.ldfs().arg("stats").arg(&d2).succeeds().stdout).unwrap();
+    assert!(
+        text.contains(&format!("the store's newest is {newest}"))
+            && text.contains("at its next refresh"),
+        "{text}"
+    );
     let meta = s["cache_metadata_bytes"].as_u64().unwrap();
     assert!(
         allocated(&c2) <= BOUND + meta,
@@ -899,4 +921,130 @@ fn a_read_only_mount_on_a_small_cache_reads_its_tree_while_the_writer_rewrites_i
     }
     assert_same(&read_tree(&d1), &new, "the writer");
     m.unmount();
+}
+
+/// A read-only mount follows the writer's uploads (`fuse::refresh`): asked for with `ldfs sync
+/// --remote` on it, and every `refresh=` seconds. Before, it showed the checkpoint it mounted
+/// until it was mounted again. What the kernel cached of the old tree goes with it: a file read
+/// before and rewritten since is read anew (its pages and size), a name looked up before and
+/// removed since is gone, a name looked up and found absent before and made since is found, a
+/// directory renamed since is found under its new name only. A file held open across the
+/// refresh reads on. The old pin goes with the refresh, and the store's newest is what the
+/// mount says it shows.
+#[test]
+fn a_read_only_mount_moves_to_the_writers_newer_uploads() {
+    use ldfs::store::ObjectStore;
+    let Some(e) = env("refresh") else { return };
+    let c1 = e.path("c1.img");
+    e.mkfs(&c1);
+    let d1 = e.path("d1");
+    // noatime: the writer's reads of its own tree change nothing, so it uploads only what the
+    // test writes (and the store's newest stays what the reader moved to).
+    let m = e.mount(&c1, &d1, &["upload=1", "noatime"], false);
+    let put = |rel: &str, data: &[u8]| {
+        let p = d1.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, data).unwrap();
+    };
+    put("d0/a", &pattern(1, 300_000));
+    put("d0/b", &pattern(2, 5_000));
+    put("d1/keep", &pattern(3, 70_000));
+    e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
+    let d2 = e.path("d2");
+    let ro = e.mount(&e.path("c2.img"), &d2, &["ro", "refresh=0"], false);
+    assert_same(
+        &read_tree(&d2),
+        &read_tree(&d1),
+        "the read-only mount at first",
+    );
+    // What the kernel then holds: a's pages, b's name, n's absence, d1's name, keep open.
+    assert!(std::fs::metadata(d2.join("d0/b")).is_ok());
+    assert!(std::fs::metadata(d2.join("d0/n")).is_err());
+    let mut held = std::fs::File::open(d2.join("d1/keep")).unwrap();
+    // The writer moves on.
+    put("d0/a", &pattern(4, 120_000));
+    std::fs::remove_file(d1.join("d0/b")).unwrap();
+    put("d0/n", &pattern(5, 10_000));
+    std::fs::rename(d1.join("d1"), d1.join("d9")).unwrap();
+    put("d3/new", &pattern(6, 3_000_000));
+    e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
+    let want = read_tree(&d1);
+    let store = e.store();
+    let newest = store.list("ckpt/").unwrap().pop().unwrap().key;
+    // Not refreshed yet (refresh=0): the old tree, and the mount says the store moved on.
+    assert_eq!(std::fs::read(d2.join("d0/a")).unwrap(), pattern(1, 300_000));
+    assert_eq!(stats_json(&d2)["store"]["behind_the_store"], true);
+    let out = e.ldfs().args(["sync", "--remote"]).arg(&d2).succeeds();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("moved from") && said.contains(&newest),
+        "{said}"
+    );
+    assert!(
+        std::fs::metadata(d2.join("d0/b")).is_err(),
+        "a name removed since is still there"
+    );
+    assert!(
+        std::fs::metadata(d2.join("d0/n")).is_ok(),
+        "a name made since is still absent"
+    );
+    assert!(!d2.join("d1").exists() && d2.join("d9").exists());
+    assert_same(
+        &read_tree(&d2),
+        &want,
+        "the read-only mount after its refresh",
+    );
+    let mut again = Vec::new();
+    std::io::Read::read_to_end(&mut held, &mut again).unwrap();
+    assert_eq!(
+        again,
+        pattern(3, 70_000),
+        "a file held open across the refresh"
+    );
+    let st = stats_json(&d2);
+    assert_eq!(st["store"]["pinned_checkpoint"], newest.as_str(), "{st}");
+    assert_eq!(st["store"]["behind_the_store"], false, "{st}");
+    assert_eq!(
+        store.list("readers/").unwrap().len(),
+        1,
+        "the refresh deletes the old pin"
+    );
+    // Nothing newer: nothing moves.
+    let out = e.ldfs().args(["sync", "--remote"]).arg(&d2).succeeds();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("at the store's newest"), "{said}");
+    // Every second on its own.
+    let d3 = e.path("d3");
+    let ro3 = e.mount(&e.path("c3.img"), &d3, &["ro", "refresh=1"], false);
+    assert_same(&read_tree(&d3), &want, "a second read-only mount");
+    put("d0/late", &pattern(7, 50_000));
+    e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
+    let t = Instant::now();
+    while std::fs::read(d3.join("d0/late")).ok() != Some(pattern(7, 50_000)) {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "refresh=1 did not show an upload within 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_same(&read_tree(&d3), &read_tree(&d1), "the refreshing mount");
+    drop(held);
+    ro.unmount();
+    ro3.unmount();
+    assert!(store.list("readers/").unwrap().is_empty(), "pins left");
+    m.unmount();
+    // A read-write mount refuses refresh=, as a local image does.
+    let out = e
+        .ldfs()
+        .args(["mount", "-o", "refresh=5", &e.url])
+        .arg(&d1)
+        .arg("--cache")
+        .arg(&c1)
+        .output()
+        .unwrap();
+    let why = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && why.contains("refresh= is for a read-only mount"),
+        "{why}"
+    );
 }

@@ -60,8 +60,9 @@ enum Cmd {
     /// --store`), with --cache PATH: a read-write mount holds the store's
     /// lease while mounted (a second one anywhere is refused naming the
     /// holder), an empty or absent cache is made ready from the store
-    /// (read-write: segments fetched as read; read-only: downloaded whole),
-    /// and the unmount waits for the final checkpoint's upload.
+    /// (segments fetched as read; a read-only mount pins the newest uploaded
+    /// checkpoint and shows it until it is mounted again), and a read-write
+    /// mount's unmount waits for the final checkpoint's upload.
     Mount {
         image: PathBuf,
         dir: PathBuf,
@@ -94,7 +95,9 @@ enum Cmd {
         /// A store mount: upload=SECONDS (a checkpoint uploaded at least
         /// that often while there are changes; default 30), lease=SECONDS
         /// (default 300), upload_backlog=SIZE (writers wait while uploads
-        /// are behind by more; default a quarter of the file system, or half the --cache-size).
+        /// are behind by more; default a quarter of the file system, or half the --cache-size);
+        /// read-only, refresh=SECONDS (moves to the store's newest upload that often; default
+        /// 30, 0: only at `ldfs sync --remote` on it).
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,
         #[arg(long, hide = true)]
@@ -106,7 +109,9 @@ enum Cmd {
     Sync {
         mountpoint: PathBuf,
         /// A store-backed mount: return when everything written before
-        /// this call is in the store (a checkpoint, and its upload).
+        /// this call is in the store (a checkpoint, and its upload). On a
+        /// read-only mount of one: move it to the store's newest checkpoint
+        /// now (as `-o refresh=` does periodically) and say what changed.
         #[arg(long)]
         remote: bool,
     },
@@ -253,10 +258,21 @@ pub fn main() -> ExitCode {
         Cmd::Checkpoints(a) => checkpoints::run(a),
         Cmd::Sync { mountpoint, remote } => {
             sync::run(&mountpoint).map_err(Into::into).and_then(|()| {
-                if remote {
-                    control::control_set(&mountpoint, "upload", b"")
-                } else {
-                    Ok(())
+                match (remote, sync::read_only(&mountpoint)) {
+                    (false, _) => Ok(()),
+                    (true, false) => control::control_set(&mountpoint, "upload", b""),
+                    // The kernel refuses setxattr on a read-only mount: a query.
+                    (true, true) => {
+                        let said = control::control_get(&mountpoint, "refresh")?;
+                        let said = String::from_utf8_lossy(&said);
+                        match said.strip_prefix("failed: ") {
+                            Some(why) => Err(format!("{}: {why}", mountpoint.display()).into()),
+                            None => {
+                                println!("{}: {said}", mountpoint.display());
+                                Ok(())
+                            }
+                        }
+                    }
                 }
             })
         }

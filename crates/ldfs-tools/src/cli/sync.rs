@@ -82,6 +82,16 @@ fn fsync_held(path: &Path, dev: u64, ino: u64) -> Result<(), String> {
     }
 }
 
+/// Whether the file system at `mountpoint` is mounted read-only.
+pub fn read_only(mountpoint: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) else {
+        return false;
+    };
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    unsafe { libc::statvfs(path.as_ptr(), &mut st) == 0 && st.f_flag & libc::ST_RDONLY != 0 }
+}
+
 pub fn run(mountpoint: &Path) -> Result<(), String> {
     let name = mountpoint.display();
     let root = File::open(mountpoint).map_err(|e| format!("{name}: {e}"))?;

@@ -28,6 +28,7 @@ use ldfs::lld::{Lld, LldOptions};
 
 use crate::cli::store::StoreUrl;
 use crate::fuse::adapter::{Control, FuseFs, GiveBack, WriteGate};
+use crate::fuse::refresh::{Refresher, Refreshing, Served};
 use crate::fuse::store_mount::StoreMount;
 use crate::fuse::transport::{self, dev::Dev, uring, Transport};
 
@@ -193,6 +194,20 @@ impl Control for Daemon {
             // commands, because the kernel refuses setxattr on a read-only
             // mount, and the helper must reach the daemon while it is one.
             "scrub" => Ok(self.scrub.json().into_bytes()),
+            // `ldfs sync --remote` on a read-only mount; a store's is answered before it gets
+            // here (`fuse::refresh`).
+            "refresh" => Ok(match (&self.store, self.fs.is_read_only()) {
+                (Some(_), _) => {
+                    "failed: the writer's mount, remounted read-only: it uploads \
+                     (`ldfs sync --remote`) once remounted read-write"
+                }
+                (None, false) => "failed: not a read-only mount: nothing to refresh",
+                (None, true) => {
+                    "failed: not a mount of a store-backed file system: nothing to refresh from"
+                }
+            }
+            .as_bytes()
+            .to_vec()),
             "trim" => Ok(self
                 .last_trim
                 .lock()
@@ -582,6 +597,25 @@ pub struct MountOpts {
     /// A store-backed mount's upload backlog bound (`upload_backlog=SIZE`; default a
     /// quarter of the file system, or half the cache bound).
     pub upload_backlog: Option<u64>,
+    /// A read-only store mount moves to the store's newest checkpoint this often
+    /// (`refresh=SECONDS`, default [`DEFAULT_REFRESH`]; 0: only when asked, by `ldfs sync
+    /// --remote` on it).
+    pub refresh: Option<u64>,
+}
+
+/// How often a read-only store mount looks for a newer upload by default: the writer's
+/// default upload window, so it lags the writer's last upload by at most as much again.
+pub const DEFAULT_REFRESH: Duration = Duration::from_secs(30);
+
+impl MountOpts {
+    /// How often a read-only store mount refreshes (`None`: only when asked).
+    pub fn refresh_every(&self) -> Option<Duration> {
+        match self.refresh {
+            None => Some(DEFAULT_REFRESH),
+            Some(0) => None,
+            Some(s) => Some(Duration::from_secs(s)),
+        }
+    }
 }
 
 /// An option that is on, off, or on where it can be had (the default).
@@ -619,6 +653,7 @@ impl Default for MountOpts {
             upload: None,
             lease: None,
             upload_backlog: None,
+            refresh: None,
         }
     }
 }
@@ -722,6 +757,11 @@ pub fn parse_options(list: &[String]) -> Result<MountOpts, String> {
                             )
                         })?,
                 ));
+            }
+            ("refresh", Some(v)) => {
+                o.refresh = Some(v.parse().ok().filter(|&s: &u64| s <= 86_400).ok_or_else(
+                    || format!("refresh={v}: seconds from 0 (only when asked) to 86400"),
+                )?);
             }
             ("upload_backlog", Some(v)) => {
                 o.upload_backlog = Some(
@@ -1661,6 +1701,12 @@ pub fn run(
                 "{u}: snapshot= and protect= are not for a store-backed file system (yet)"
             ));
         }
+        if opts.refresh.is_some() && !opts.read_only {
+            return Err(format!(
+                "{u}: refresh= is for a read-only mount (-o ro), which follows the writer's \
+                 uploads; a read-write mount is the writer"
+            ));
+        }
         Some(u)
     } else {
         if store_args.cache.is_some()
@@ -1671,9 +1717,14 @@ pub fn run(
                 "--cache and --force-takeover are for a store mount (s3://BUCKET[/PREFIX])".into(),
             );
         }
-        if opts.upload.is_some() || opts.lease.is_some() || opts.upload_backlog.is_some() {
+        if opts.upload.is_some()
+            || opts.lease.is_some()
+            || opts.upload_backlog.is_some()
+            || opts.refresh.is_some()
+        {
             return Err(
-                "upload=, lease= and upload_backlog= are for a store mount (s3://BUCKET[/PREFIX])"
+                "upload=, lease=, upload_backlog= and refresh= are for a store mount \
+                 (s3://BUCKET[/PREFIX])"
                     .into(),
             );
         }
@@ -1790,7 +1841,7 @@ pub fn run(
                         &key,
                         &obj,
                     )?;
-                    reader_pin = Some((pin, obj));
+                    reader_pin = Some((Arc::new(pin), key, obj));
                     bound
                 }
             };
@@ -1804,9 +1855,7 @@ pub fn run(
             FileDevice::open_read_only(&image).map_err(|e| format!("{}: {e}", image.display()))?,
         )
     } else {
-        let dev = FileDevice::open(&image, FileDeviceOptions::default())
-            .map_err(|e| format!("{}: {e}", image.display()))?;
-        Arc::new(with_direct_writes(dev, &image, opts.direct_writes)?)
+        open_image(&image, opts.direct_writes)?
     };
     if let (Some(n), true) = (opts.snapshot, ldfs::dual::is_data_device(&*dev)) {
         return Err(format!(
@@ -1830,7 +1879,22 @@ pub fn run(
     // the backlog), and tells it of each durable checkpoint.
     // Its reads go through the cache's residency (segments the cache does not hold fetched;
     // with a bound, uploaded ones evicted).
-    let mut reader_cache = None;
+    // A read-only store mount: the engine of its pinned checkpoint (a refresh builds the next
+    // one the same way: `fuse::refresh`).
+    let reader_engine = match (&store_ctx, reader_pin.take()) {
+        (Some((u, store, None, bound)), Some((pin, key, obj))) => Some(open_reader_engine(
+            store,
+            u,
+            &image,
+            dev.clone(),
+            *bound,
+            pin,
+            &key,
+            &obj,
+            &opts,
+        )?),
+        _ => None,
+    };
     let (dev, seg) = match &store_ctx {
         Some((u, store, Some(lease), bound)) => {
             let seg = ldfs::store::SegmentStore::start_cached(
@@ -1848,94 +1912,63 @@ pub fn run(
             seg.hold_uploads();
             (seg.device(), Some(seg))
         }
-        Some((u, store, None, bound)) => {
-            let (_, obj) = reader_pin.as_ref().expect("a read-only store mount pins");
-            let cache = ldfs::store::readers::open_reader_cache(
-                store.clone(),
-                dev,
-                ldfs::store::CacheConfig::new(crate::cli::store::map_path(&image), *bound),
-                obj,
-            )
-            .map_err(|e| format!("{u}: opening the cache {}: {e}", image.display()))?;
-            reader_cache = Some(cache.clone());
-            let d: Arc<dyn Device> = Arc::new(ldfs::store::cache::CacheDevice(cache));
-            (d, None)
-        }
         _ => (dev, None),
     };
     let bounded = matches!(&store_ctx, Some((_, _, Some(_), Some(_))));
-    let lld_opts = LldOptions {
-        checkpoint_hook: seg.as_ref().map(|s| s.hook()),
-        segment_hook: seg.as_ref().map(|s| s.segment_hook()),
-        snapshot: opts.snapshot,
-        read_only: opts.read_only,
-        map_budget_bytes: opts.cache_bytes,
-        cleaner: ldfs::lld::CleanerOptions {
-            policy: opts.cleaner.unwrap_or_default(),
-            background: opts.cleaner.is_some() && !opts.read_only,
-            start_clean_segments: opts.clean_start,
-            stop_clean_segments: opts.clean_stop,
-            recompress_cold: opts.compress_cold,
-            ..Default::default()
-        },
-        // A bounded cache gives released segments back (holes) at once.
-        discard: opts.discard || bounded,
-        ..Default::default()
-    };
+    let lld_opts = lld_options(&opts, seg.as_ref(), bounded);
     // A dual file system: IMAGE is its data device; the metadata device is
     // found by the path its label recorded, or `meta=`, and locked too.
     let mut _meta_lock = None;
-    let (ld, lld, dual): (Arc<dyn LogicalDisk>, Arc<Lld>, Option<Arc<Dual>>) =
-        if ldfs::dual::is_data_device(&*dev) {
-            let meta_path = dual_meta_path(&*dev, &image, opts.meta.as_deref())?;
-            _meta_lock = Some(lock_image(&meta_path, true, "ldfs").map_err(|e| e.to_string())?);
-            let meta = FileDevice::open(&meta_path, FileDeviceOptions::default())
-                .map_err(|e| format!("{}: {e}", meta_path.display()))?;
-            let meta: Arc<dyn Device> =
-                Arc::new(with_direct_writes(meta, &meta_path, opts.direct_writes)?);
-            let d = Arc::new(Dual::open(meta, dev, lld_opts).map_err(|e| {
-                format!(
-                    "{} with metadata {}: {e}",
-                    image.display(),
-                    meta_path.display()
-                )
-            })?);
-            (d.clone(), d.meta_arc(), Some(d))
-        } else {
-            if opts.meta.is_some() {
-                return Err(format!(
-                    "{}: meta= is for a dual file system (ldfs mkfs --meta); this one has one log",
-                    image.display()
-                ));
-            }
-            let l = Arc::new(
-                Lld::open(dev, lld_opts).map_err(|e| format!("{}: {e}", image.display()))?,
-            );
-            (l.clone(), l, None)
-        };
-    let fs = Arc::new(
-        Fs::mount(
-            ld,
-            FsOptions {
-                read_only: opts.read_only,
-                compress: opts.compress.unwrap_or_default(),
-                ..Default::default()
-            },
-        )
-        .map_err(|e| format!("{}: {e}", image.display()))?,
-    );
-    let reader = match (reader_pin.take(), reader_cache, &store_ctx) {
-        (Some((pin, _)), Some(cache), Some((u, ..))) => {
-            Some(Arc::new(crate::fuse::store_mount::ReaderMount::new(
-                u.clone(),
-                pin,
-                cache,
-                lld.clone(),
-                image.clone(),
-            )))
+    let (ld, lld, dual): (Arc<dyn LogicalDisk>, Arc<Lld>, Option<Arc<Dual>>) = if let Some(e) =
+        &reader_engine
+    {
+        (e.lld.clone(), e.lld.clone(), None)
+    } else if ldfs::dual::is_data_device(&*dev) {
+        let meta_path = dual_meta_path(&*dev, &image, opts.meta.as_deref())?;
+        _meta_lock = Some(lock_image(&meta_path, true, "ldfs").map_err(|e| e.to_string())?);
+        let meta = FileDevice::open(&meta_path, FileDeviceOptions::default())
+            .map_err(|e| format!("{}: {e}", meta_path.display()))?;
+        let meta: Arc<dyn Device> =
+            Arc::new(with_direct_writes(meta, &meta_path, opts.direct_writes)?);
+        let d = Arc::new(Dual::open(meta, dev, lld_opts).map_err(|e| {
+            format!(
+                "{} with metadata {}: {e}",
+                image.display(),
+                meta_path.display()
+            )
+        })?);
+        (d.clone(), d.meta_arc(), Some(d))
+    } else {
+        if opts.meta.is_some() {
+            return Err(format!(
+                "{}: meta= is for a dual file system (ldfs mkfs --meta); this one has one log",
+                image.display()
+            ));
         }
-        _ => None,
+        let l =
+            Arc::new(Lld::open(dev, lld_opts).map_err(|e| format!("{}: {e}", image.display()))?);
+        (l.clone(), l, None)
     };
+    let fs = match &reader_engine {
+        // The engine's own file system (`ld` is the same engine: not held past here, so that
+        // a refresh frees the engine it replaces).
+        Some(e) => {
+            drop(ld);
+            e.fs.clone()
+        }
+        None => Arc::new(
+            Fs::mount(
+                ld,
+                FsOptions {
+                    read_only: opts.read_only,
+                    compress: opts.compress.unwrap_or_default(),
+                    ..Default::default()
+                },
+            )
+            .map_err(|e| format!("{}: {e}", image.display()))?,
+        ),
+    };
+    let reader = reader_engine.map(|e| e.reader);
     let store_mount = match (seg, &store_ctx) {
         (Some(seg), Some((u, _, _, cache_bound))) => {
             // Segments Clean in the cache but still allocated (a mount without discard
@@ -1997,49 +2030,80 @@ pub fn run(
         cfg.acl = SessionACL::All;
     }
     cfg.n_threads = Some(crate::fuse::FUSE_THREADS);
-    let transport_text = Arc::new(std::sync::Mutex::new("/dev/fuse".to_string()));
-    let ring_served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let scrub = Arc::new(Scrub::default());
-    let history = Arc::new(ProtectedHistory::new(lld.clone(), canon_image.clone()));
-    let control: Arc<dyn Control> = Arc::new(Daemon {
-        lld: lld.clone(),
-        dual: dual.clone(),
-        fs: fs.clone(),
-        cleaner_before_ro: std::sync::Mutex::new(None),
-        cancel: AtomicBool::new(false),
-        last_clean: std::sync::Mutex::new("no clean since mount\n".into()),
-        transport: transport_text.clone(),
-        ring_served: ring_served.clone(),
-        scrub: scrub.clone(),
-        last_trim: std::sync::Mutex::new("no trim since mount\n".into()),
-        last_resize: std::sync::Mutex::new("no resize since mount\n".into()),
+    let frontend = Frontend {
+        transport: Arc::new(std::sync::Mutex::new("/dev/fuse".to_string())),
+        ring_served: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         image: canon_image.clone(),
         snapshot: opts.snapshot,
-        snapshot_results: std::sync::Mutex::new(std::collections::VecDeque::new()),
-        history: history.clone(),
-        store: store_mount.clone(),
-        reader: reader.clone(),
-    });
-    let want_uring = transport::choose(opts.transport)?;
-    // Protected checkpoints yield to writes whether or not this mount
-    // takes new ones (an earlier mount's `protect=` may have left some).
-    let yield_space =
-        (opts.snapshot.is_none() && !opts.read_only).then(|| history.clone() as Arc<dyn GiveBack>);
-    let fuse_fs = Arc::new(FuseFs {
-        fs: fs.clone(),
-        no_open: AtomicBool::new(false),
-        control: Some(control),
+        read_only: opts.read_only,
         writeback_cache: opts.writeback_cache,
         atime: opts.atime,
         nodiratime: opts.nodiratime,
-        forgets: std::sync::atomic::AtomicU64::new(0),
-        yield_space,
-        write_gate: store_mount.clone().map(|s| s as Arc<dyn WriteGate>),
+    };
+    let (transport_text, ring_served) = (frontend.transport.clone(), frontend.ring_served.clone());
+    let scrub = Arc::new(Scrub::default());
+    let history = Arc::new(ProtectedHistory::new(lld.clone(), canon_image.clone()));
+    let fuse_fs = frontend.adapter(Engine {
+        lld: lld.clone(),
+        dual: dual.clone(),
+        fs: fs.clone(),
+        store: store_mount.clone(),
+        reader: reader.clone(),
+        history: history.clone(),
+        scrub: scrub.clone(),
     });
+    drop(history);
+    let want_uring = transport::choose(opts.transport)?;
+    // A read-only store mount serves whichever engine its refresher put in; every other mount
+    // the one it opened.
+    let (serving, refresher, kept) = match (reader, &store_ctx) {
+        (Some(reader), Some((u, store, _, _))) => {
+            let serving = Arc::new(Refreshing::swappable(fuse_fs.clone()));
+            let first = Served {
+                fuse: fuse_fs.clone(),
+                fs,
+                lld,
+                reader,
+                quiesce: {
+                    let scrub = scrub.clone();
+                    Box::new(move || scrub.stop_and_join())
+                },
+            };
+            let duration = opts
+                .lease
+                .unwrap_or(ldfs::store::LeaseOptions::default().duration);
+            let take_pin: Box<crate::fuse::refresh::TakePin> = {
+                let (store, u) = (store.clone(), u.clone());
+                Box::new(move || crate::cli::store::take_pin(store.clone(), &u, duration))
+            };
+            let build: Box<crate::fuse::refresh::Build> = {
+                let (store, u, image, frontend, opts) = (
+                    store.clone(),
+                    u.clone(),
+                    image.clone(),
+                    frontend.clone(),
+                    opts.clone(),
+                );
+                let cache_size = store_args.cache_size;
+                Box::new(move |pin, key, obj| {
+                    rebuild_reader(
+                        &store, &u, &image, cache_size, &opts, &frontend, pin, key, obj,
+                    )
+                })
+            };
+            let r = Refresher::new(serving.clone(), first, store.clone(), take_pin, build);
+            (serving, Some(r), None)
+        }
+        (_, _) => (
+            Arc::new(Refreshing::fixed(fuse_fs.clone())),
+            None,
+            Some((fs, lld)),
+        ),
+    };
     let start = want_uring.then(|| Arc::new(uring::Start::default()));
     let session = Session::new(
         Dev {
-            fs: fuse_fs.clone(),
+            fs: serving.clone(),
             uring: start.clone(),
         },
         &dir,
@@ -2086,7 +2150,7 @@ pub fn run(
                 .try_clone_to_owned()
                 .map_err(|e| format!("duplicating /dev/fuse: {e}"))?;
             let setup = RingSetup {
-                fs: fuse_fs.clone(),
+                fs: serving.clone(),
                 start,
                 fd,
                 asked: opts.transport,
@@ -2099,6 +2163,17 @@ pub fn run(
         None => None,
     };
     drop(fuse_fs);
+    drop(serving);
+    // A read-only store mount moves to the store's newer uploads: asked (`ldfs sync --remote`
+    // on it), and every `refresh=` seconds.
+    let refresh_thread = refresher.clone().map(|r| {
+        r.set_notifier(session.notifier());
+        let every = opts.refresh_every();
+        std::thread::Builder::new()
+            .name("ldfs-refresh".into())
+            .spawn(move || r.run(every))
+            .expect("spawn refresh thread")
+    });
     {
         let ender = ender.clone();
         std::thread::spawn(move || {
@@ -2131,7 +2206,8 @@ pub fn run(
     // Commit on our own within the interval: the kernel does not pass
     // sync(2) on to FUSE daemons.
     let stop = Arc::new(AtomicBool::new(false));
-    let committer = {
+    // A read-only store mount has nothing to commit, and its engine is the refresher's.
+    let committer = kept.as_ref().map(|(fs, _)| {
         let (fs, stop) = (fs.clone(), stop.clone());
         let every = Duration::from_secs(opts.commit_secs);
         std::thread::spawn(move || {
@@ -2148,13 +2224,13 @@ pub fn run(
                 }
             }
         })
-    };
-    let uploader_window = store_mount.clone().map(|s| {
+    });
+    let uploader_window = store_mount.clone().zip(kept.as_ref()).map(|(s, (fs, _))| {
         let (fs, stop) = (fs.clone(), stop.clone());
         let every = opts.upload.unwrap_or(DEFAULT_UPLOAD);
         std::thread::spawn(move || s.run_window(&fs, every, &stop))
     });
-    let protector = opts.protect.map(|keep| {
+    let protector = opts.protect.zip(kept.as_ref()).map(|(keep, (fs, lld))| {
         let (lld, fs, image, stop) = (lld.clone(), fs.clone(), canon_image.clone(), stop.clone());
         let (every, window) = protect_schedule(keep, opts.commit_secs, lld.kept_capacity());
         std::thread::spawn(move || protect_loop(lld, fs, image, keep, every, window, &stop))
@@ -2171,7 +2247,9 @@ pub fn run(
     // finish the request they hold, if any, and end.
     let ring = rings.map_or(Ok(()), join_uring);
     stop.store(true, Ordering::Relaxed);
-    let _ = committer.join();
+    if let Some(c) = committer {
+        let _ = c.join();
+    }
     if let Some(p) = protector {
         let _ = p.join();
     }
@@ -2179,6 +2257,23 @@ pub fn run(
         let _ = w.join();
     }
     scrub.stop_and_join();
+    // The engine the mount ends with: a refreshing mount's current one (after the refresh
+    // under way, if any).
+    let (fs, lld, reader) = match (refresher, kept) {
+        (Some(r), _) => {
+            r.stop();
+            if let Some(t) = refresh_thread {
+                let _ = t.join();
+            }
+            let last = r
+                .take_served()
+                .expect("the refresher serves an engine until its end");
+            (last.quiesce)();
+            (last.fs, last.lld, Some(last.reader))
+        }
+        (None, Some((fs, lld))) => (fs, lld, None),
+        (None, None) => unreachable!("an engine is kept or refreshed"),
+    };
     // Before the final checkpoint, whoever else still holds the file system.
     fs.write_kept();
     drop(fs);
@@ -2238,8 +2333,204 @@ impl Drop for LeaseUntilServed {
 }
 
 /// What starting the ring needs.
+/// What the daemon's control and the FUSE adapter of every engine share (a read-only store
+/// mount's refresh makes new ones for each new engine).
+#[derive(Clone)]
+struct Frontend {
+    /// The transport serving the mount, for `ldfs stats`.
+    transport: Arc<std::sync::Mutex<String>>,
+    ring_served: Arc<std::sync::atomic::AtomicUsize>,
+    /// The image, absolute.
+    image: PathBuf,
+    snapshot: Option<u64>,
+    read_only: bool,
+    writeback_cache: bool,
+    atime: ldfs::fs::AtimeMode,
+    nodiratime: bool,
+}
+
+/// One engine and what runs beside it, for [`Frontend::adapter`].
+struct Engine {
+    lld: Arc<Lld>,
+    dual: Option<Arc<Dual>>,
+    fs: Arc<Fs>,
+    store: Option<Arc<StoreMount>>,
+    reader: Option<Arc<crate::fuse::store_mount::ReaderMount>>,
+    history: Arc<ProtectedHistory>,
+    scrub: Arc<Scrub>,
+}
+
+impl Frontend {
+    /// The daemon's control and the FUSE adapter serving `e`.
+    fn adapter(&self, e: Engine) -> Arc<FuseFs> {
+        // Protected checkpoints yield to writes whether or not this mount
+        // takes new ones (an earlier mount's `protect=` may have left some).
+        let yield_space = (self.snapshot.is_none() && !self.read_only)
+            .then(|| e.history.clone() as Arc<dyn GiveBack>);
+        let write_gate = e.store.clone().map(|s| s as Arc<dyn WriteGate>);
+        let control: Arc<dyn Control> = Arc::new(Daemon {
+            lld: e.lld,
+            dual: e.dual,
+            fs: e.fs.clone(),
+            cleaner_before_ro: std::sync::Mutex::new(None),
+            cancel: AtomicBool::new(false),
+            last_clean: std::sync::Mutex::new("no clean since mount\n".into()),
+            transport: self.transport.clone(),
+            ring_served: self.ring_served.clone(),
+            scrub: e.scrub,
+            last_trim: std::sync::Mutex::new("no trim since mount\n".into()),
+            last_resize: std::sync::Mutex::new("no resize since mount\n".into()),
+            image: self.image.clone(),
+            snapshot: self.snapshot,
+            snapshot_results: std::sync::Mutex::new(std::collections::VecDeque::new()),
+            history: e.history,
+            store: e.store,
+            reader: e.reader,
+        });
+        Arc::new(FuseFs {
+            fs: e.fs,
+            no_open: AtomicBool::new(false),
+            control: Some(control),
+            writeback_cache: self.writeback_cache,
+            atime: self.atime,
+            nodiratime: self.nodiratime,
+            forgets: std::sync::atomic::AtomicU64::new(0),
+            yield_space,
+            write_gate,
+        })
+    }
+}
+
+/// Opens an image (or a store mount's cache) read-write, with `direct_writes=` applied.
+fn open_image(image: &Path, direct: Toggle) -> Result<Arc<dyn Device>, String> {
+    let dev = FileDevice::open(image, FileDeviceOptions::default())
+        .map_err(|e| format!("{}: {e}", image.display()))?;
+    Ok(Arc::new(with_direct_writes(dev, image, direct)?))
+}
+
+/// The engine's options for a mount with `opts`; `seg`: a read-write store mount's layer (its
+/// hooks), `bounded`: its cache has a bound.
+fn lld_options(
+    opts: &MountOpts,
+    seg: Option<&ldfs::store::SegmentStore>,
+    bounded: bool,
+) -> LldOptions {
+    LldOptions {
+        checkpoint_hook: seg.map(|s| s.hook()),
+        segment_hook: seg.map(|s| s.segment_hook()),
+        snapshot: opts.snapshot,
+        read_only: opts.read_only,
+        map_budget_bytes: opts.cache_bytes,
+        cleaner: ldfs::lld::CleanerOptions {
+            policy: opts.cleaner.unwrap_or_default(),
+            background: opts.cleaner.is_some() && !opts.read_only,
+            start_clean_segments: opts.clean_start,
+            stop_clean_segments: opts.clean_stop,
+            recompress_cold: opts.compress_cold,
+            ..Default::default()
+        },
+        // A bounded cache gives released segments back (holes) at once.
+        discard: opts.discard || bounded,
+        ..Default::default()
+    }
+}
+
+/// A read-only store mount's engine: the cache's residency for the pinned checkpoint, the
+/// engine and the file system on it, and what the mount runs beside them (the pin, the cache).
+struct ReaderEngine {
+    lld: Arc<Lld>,
+    fs: Arc<Fs>,
+    reader: Arc<crate::fuse::store_mount::ReaderMount>,
+}
+
+/// Opens the engine of the checkpoint `key` (`obj`) pinned by `pin` on the cache `dev` at
+/// `image`, which `prepare_reader_cache` made ready for it (`bound`: its bound).
+#[allow(clippy::too_many_arguments)]
+fn open_reader_engine(
+    store: &Arc<dyn ldfs::store::ObjectStore>,
+    u: &StoreUrl,
+    image: &Path,
+    dev: Arc<dyn Device>,
+    bound: Option<u64>,
+    pin: Arc<ldfs::store::readers::ReaderPin>,
+    key: &str,
+    obj: &ldfs::store::segments::CheckpointObject,
+    opts: &MountOpts,
+) -> Result<ReaderEngine, String> {
+    let cache = ldfs::store::readers::open_reader_cache(
+        store.clone(),
+        dev,
+        ldfs::store::CacheConfig::new(crate::cli::store::map_path(image), bound),
+        obj,
+    )
+    .map_err(|e| format!("{u}: opening the cache {}: {e}", image.display()))?;
+    let d: Arc<dyn Device> = Arc::new(ldfs::store::cache::CacheDevice(cache.clone()));
+    let lld = Arc::new(
+        Lld::open(d, lld_options(opts, None, false))
+            .map_err(|e| format!("{u} at {key} (cache {}): {e}", image.display()))?,
+    );
+    let fs = Arc::new(
+        Fs::mount(
+            lld.clone(),
+            FsOptions {
+                read_only: true,
+                compress: opts.compress.unwrap_or_default(),
+                ..Default::default()
+            },
+        )
+        .map_err(|e| format!("{u} at {key} (cache {}): {e}", image.display()))?,
+    );
+    let reader = Arc::new(crate::fuse::store_mount::ReaderMount::new(
+        u.clone(),
+        store.clone(),
+        pin,
+        obj.clone(),
+        cache,
+        lld.clone(),
+        image.to_path_buf(),
+    ));
+    Ok(ReaderEngine { lld, fs, reader })
+}
+
+/// A refresh's engine (`fuse::refresh::Build`): the cache rebuilt from the checkpoint `key`
+/// (`obj`, pinned by `pin`), as a read-only mount on an empty cache does, and the engine, the
+/// daemon's control and the adapter on it.
+#[allow(clippy::too_many_arguments)]
+fn rebuild_reader(
+    store: &Arc<dyn ldfs::store::ObjectStore>,
+    u: &StoreUrl,
+    image: &Path,
+    cache_size: Option<u64>,
+    opts: &MountOpts,
+    frontend: &Frontend,
+    pin: Arc<ldfs::store::readers::ReaderPin>,
+    key: &str,
+    obj: &ldfs::store::segments::CheckpointObject,
+) -> Result<Served, String> {
+    let bound = crate::cli::store::prepare_reader_cache(&**store, u, image, cache_size, key, obj)?;
+    let dev = open_image(image, opts.direct_writes)?;
+    let e = open_reader_engine(store, u, image, dev, bound, pin, key, obj, opts)?;
+    let scrub = Arc::new(Scrub::default());
+    let fuse = frontend.adapter(Engine {
+        lld: e.lld.clone(),
+        dual: None,
+        fs: e.fs.clone(),
+        store: None,
+        reader: Some(e.reader.clone()),
+        history: Arc::new(ProtectedHistory::new(e.lld.clone(), frontend.image.clone())),
+        scrub: scrub.clone(),
+    });
+    Ok(Served {
+        fuse,
+        fs: e.fs,
+        lld: e.lld,
+        reader: e.reader,
+        quiesce: Box::new(move || scrub.stop_and_join()),
+    })
+}
+
 struct RingSetup {
-    fs: Arc<FuseFs>,
+    fs: Arc<Refreshing>,
     start: Arc<uring::Start>,
     /// The session's /dev/fuse.
     fd: std::os::fd::OwnedFd,

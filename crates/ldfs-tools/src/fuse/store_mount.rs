@@ -378,10 +378,16 @@ fn cache_line(j: &serde_json::Value) -> String {
 
 /// What a read-only mount of a store-backed file system runs beside the engine: the pin on its
 /// checkpoint (`store::readers`, renewed by its own thread) and the cache it fetches into. The
-/// pin is deleted at [`ReaderMount::finish`] (or when this is dropped, on any other end).
+/// pin is deleted at [`ReaderMount::finish`] (or when the last holder drops it, on any other
+/// end), or by a refresh that moved the mount to a newer checkpoint (`fuse::refresh`).
 pub struct ReaderMount {
     pub url: StoreUrl,
-    pin: ldfs::store::readers::ReaderPin,
+    /// Listed by `ldfs stats` for the newest checkpoint object: it says when the store has
+    /// moved on from the pinned one.
+    store: Arc<dyn ldfs::store::ObjectStore>,
+    pin: Arc<ldfs::store::readers::ReaderPin>,
+    /// The pinned checkpoint object (a failed refresh rebuilds the cache from it again).
+    object: ldfs::store::segments::CheckpointObject,
     cache: Arc<ldfs::store::cache::Cache>,
     lld: Arc<Lld>,
     cache_file: std::path::PathBuf,
@@ -390,18 +396,35 @@ pub struct ReaderMount {
 impl ReaderMount {
     pub fn new(
         url: StoreUrl,
-        pin: ldfs::store::readers::ReaderPin,
+        store: Arc<dyn ldfs::store::ObjectStore>,
+        pin: Arc<ldfs::store::readers::ReaderPin>,
+        object: ldfs::store::segments::CheckpointObject,
         cache: Arc<ldfs::store::cache::Cache>,
         lld: Arc<Lld>,
         cache_file: std::path::PathBuf,
     ) -> Self {
         ReaderMount {
             url,
+            store,
             pin,
+            object,
             cache,
             lld,
             cache_file,
         }
+    }
+
+    /// The key of the pinned checkpoint object.
+    pub fn checkpoint(&self) -> &str {
+        self.pin.checkpoint()
+    }
+
+    pub fn checkpoint_object(&self) -> &ldfs::store::segments::CheckpointObject {
+        &self.object
+    }
+
+    pub fn pin(&self) -> Arc<ldfs::store::readers::ReaderPin> {
+        self.pin.clone()
     }
 
     /// `ldfs stats --json`'s "store".
@@ -410,10 +433,14 @@ impl ReaderMount {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         let rec = self.pin.record();
+        let newest = self.newest();
         let mut j = serde_json::json!({
             "url": self.url.to_string(),
             "read_only": true,
             "pinned_checkpoint": self.pin.checkpoint(),
+            "store_newest_checkpoint": newest.as_ref().ok().cloned().flatten(),
+            "behind_the_store": newest.as_ref().is_ok_and(|n| n.as_deref().is_some_and(|k| k != self.pin.checkpoint())),
+            "store_error": newest.as_ref().err(),
             "pin_expires_secs": rec.expires_secs,
             "pin_expires_in_secs": rec.expires_secs.saturating_sub(now),
         });
@@ -421,14 +448,38 @@ impl ReaderMount {
         j
     }
 
+    /// The key of the newest checkpoint object in the store (one listing of `ckpt/`), or why
+    /// it could not be listed.
+    fn newest(&self) -> Result<Option<String>, String> {
+        let listed = self.store.list("ckpt/").map_err(|e| e.to_string())?;
+        Ok(listed
+            .into_iter()
+            .rev()
+            .find(|o| ldfs::store::segments::parse_checkpoint_key(&o.key).is_some())
+            .map(|o| o.key))
+    }
+
     /// The figures `ldfs stats` prints.
     pub fn text(&self) -> String {
         let j = self.json();
+        let pinned = self.pin.checkpoint();
+        let newest = match (&j["store_newest_checkpoint"], &j["store_error"]) {
+            (_, serde_json::Value::String(e)) => {
+                format!("the store's newest could not be listed: {e}")
+            }
+            (serde_json::Value::String(k), _) if k == pinned => {
+                "it is the store's newest".to_string()
+            }
+            (serde_json::Value::String(k), _) => format!(
+                "the store's newest is {k}: this mount moves to it at its next refresh (`-o refresh=`, or \
+                 `ldfs sync --remote` on it)"
+            ),
+            _ => "the store lists no checkpoint object".to_string(),
+        };
         format!(
-            "store: {}, read-only at checkpoint object {} (pinned: the writer keeps it; the pin \
-             expires in {} s unless renewed)\n{}",
+            "store: {}, read-only at checkpoint object {pinned} (pinned: the writer keeps it; the \
+             pin expires in {} s unless renewed); {newest}\n{}",
             self.url,
-            self.pin.checkpoint(),
             j["pin_expires_in_secs"],
             cache_line(&j)
         )
@@ -436,7 +487,17 @@ impl ReaderMount {
 
     /// The mount's end: the pin deleted (the writer may then delete what it kept for it).
     pub fn finish(&self) {
+        self.stop_cache();
+        self.release_pin();
+    }
+
+    /// Stops the cache's eviction thread: nothing is read through it any more.
+    pub fn stop_cache(&self) {
         self.cache.stop();
+    }
+
+    /// Deletes the pin (the writer may then delete what it kept for it).
+    pub fn release_pin(&self) {
         if let Err(e) = self.pin.release() {
             eprintln!(
                 "ldfs: {}: deleting the pin on {}: {e} (it expires on its own)",

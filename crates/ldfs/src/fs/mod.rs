@@ -1069,6 +1069,12 @@ impl Fs {
         *self.lock().open.entry(ino).or_insert(0) += n;
     }
 
+    /// The inodes referenced (`pin`) and how many times: through FUSE, the inodes the kernel
+    /// holds (a read-only mount moving to a newer tree tells the kernel which of them changed).
+    pub fn pinned(&self) -> Vec<(u64, u64)> {
+        self.lock().open.iter().map(|(&i, &n)| (i, n)).collect()
+    }
+
     /// The last release of an unlinked inode destroys it: `unpin(ino, 1)`.
     pub fn release(&self, ino: u64) -> FsResult<()> {
         self.unpin(ino, 1)

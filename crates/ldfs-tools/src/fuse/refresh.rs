@@ -1,0 +1,653 @@
+//! A read-only mount of a store-backed file system that moves to the store's newer uploads
+//! (issue 20: read-only mounts beside the writer see the last uploaded checkpoint).
+//!
+//! The mount serves through [`Refreshing`], which hands each request to the engine of the
+//! checkpoint it shows, under a read lock. A refresh ([`Refresher::refresh`]):
+//! 1. pins the store's newest checkpoint (`store::readers`: from then on the writer keeps what
+//!    it names), before anything of the mount changes;
+//! 2. notes what the kernel holds of the old tree (the inodes it has references to, their
+//!    attributes, and the names of its directories): the old tree is the old pin's, which no
+//!    one changes, so this runs beside the requests;
+//! 3. with no request in flight (the write lock), stops the old engine's cache, rebuilds the
+//!    cache from the new checkpoint (as a read-only mount on an empty cache does: nothing is
+//!    downloaded but the Active segment's prefix), opens an engine on it, and swaps it in;
+//! 4. deletes the old pin, and last tells the kernel what changed (FUSE notifications, with
+//!    requests served again: the kernel may wait on them): the attributes and pages of every
+//!    inode it holds whose attributes differ or that is gone, and every name of a directory
+//!    it holds whose target differs, appeared or went.
+//!
+//! A rebuild that fails goes back to the old checkpoint (still pinned); if that fails too, every
+//! request fails with EIO until a later refresh succeeds, and the old pin is kept meanwhile.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::time::Duration;
+
+use fuser::{Errno, FileAttr, INodeNo, KernelConfig};
+use ldfs::fs::inode::Kind;
+use ldfs::fs::{Attr, Fs};
+use ldfs::lld::Lld;
+use ldfs::store::readers::ReaderPin;
+use ldfs::store::segments::CheckpointObject;
+use ldfs::store::ObjectStore;
+
+use crate::fuse::adapter::FuseFs;
+use crate::fuse::store_mount::ReaderMount;
+use crate::fuse::transport::{
+    Caller, DirEntry, DirEntryPlus, Entry, FuseOps, OpResult, Opened, SetattrIn, Statfs, Xattr,
+};
+
+/// The control query (`trusted.ldfs.refresh` on the root) that asks for a refresh now and
+/// answers when it is done: `ldfs sync --remote` on a read-only mount.
+pub const REFRESH_QUERY: &[u8] = b"trusted.ldfs.refresh";
+
+/// What a read-only store mount serves from: rebuilt at each refresh.
+pub struct Served {
+    pub fuse: Arc<FuseFs>,
+    pub fs: Arc<Fs>,
+    pub lld: Arc<Lld>,
+    pub reader: Arc<ReaderMount>,
+    /// Stops what runs beside the engine on threads of its own (a scrub), before the cache
+    /// it reads is rebuilt.
+    pub quiesce: Box<dyn Fn() + Send + Sync>,
+}
+
+/// Builds the engine of a pinned checkpoint (its key and object): rebuilds the cache from it and
+/// opens the engine and the file system on it.
+pub type Build =
+    dyn Fn(Arc<ReaderPin>, &str, &CheckpointObject) -> Result<Served, String> + Send + Sync;
+
+/// Pins the store's newest checkpoint: the pin, its key and object.
+pub type TakePin = dyn Fn() -> Result<(ReaderPin, String, CheckpointObject), String> + Send + Sync;
+
+/// The requests of a mount, each served by its engine: the one it mounted, or for a read-only
+/// store mount, the engine in the slot (none, after a failed refresh: EIO).
+pub struct Refreshing {
+    /// Every mount but a read-only store mount: served with no lock.
+    fixed: Option<Arc<FuseFs>>,
+    slot: RwLock<Option<Arc<FuseFs>>>,
+    refresher: std::sync::OnceLock<Arc<Refresher>>,
+}
+
+impl Refreshing {
+    /// A mount whose engine never changes.
+    pub fn fixed(fs: Arc<FuseFs>) -> Refreshing {
+        Refreshing {
+            fixed: Some(fs),
+            slot: RwLock::new(None),
+            refresher: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// A mount whose engine a [`Refresher`] replaces.
+    pub fn swappable(first: Arc<FuseFs>) -> Refreshing {
+        Refreshing {
+            fixed: None,
+            slot: RwLock::new(Some(first)),
+            refresher: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Serves [`REFRESH_QUERY`] from now on.
+    pub fn set_refresher(&self, r: Arc<Refresher>) {
+        let _ = self.refresher.set(r);
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&FuseFs) -> OpResult<T>) -> OpResult<T> {
+        if let Some(fs) = &self.fixed {
+            return f(fs);
+        }
+        let slot = self.slot.read().unwrap_or_else(|p| p.into_inner());
+        match &*slot {
+            Some(fs) => f(fs),
+            None => Err(Errno::from_i32(libc::EIO)),
+        }
+    }
+}
+
+impl FuseOps for Refreshing {
+    fn init(&self, config: &mut KernelConfig) {
+        let _ = self.with(|f| {
+            f.init(config);
+            Ok(())
+        });
+    }
+    fn forget(&self, ino: u64, nlookup: u64) {
+        let _ = self.with(|f| {
+            f.forget(ino, nlookup);
+            Ok(())
+        });
+    }
+    fn lookup(&self, c: &Caller, parent: u64, name: &[u8]) -> OpResult<Entry> {
+        self.with(|f| f.lookup(c, parent, name))
+    }
+    fn getattr(&self, ino: u64) -> OpResult<(FileAttr, Duration)> {
+        self.with(|f| f.getattr(ino))
+    }
+    fn setattr(&self, c: &Caller, ino: u64, sa: &SetattrIn) -> OpResult<(FileAttr, Duration)> {
+        self.with(|f| f.setattr(c, ino, sa))
+    }
+    fn readlink(&self, ino: u64) -> OpResult<Vec<u8>> {
+        self.with(|f| f.readlink(ino))
+    }
+    fn mknod(
+        &self,
+        c: &Caller,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+    ) -> OpResult<Entry> {
+        self.with(|f| f.mknod(c, parent, name, mode, umask, rdev))
+    }
+    fn mkdir(
+        &self,
+        c: &Caller,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+    ) -> OpResult<Entry> {
+        self.with(|f| f.mkdir(c, parent, name, mode, umask))
+    }
+    fn unlink(&self, parent: u64, name: &[u8]) -> OpResult<()> {
+        self.with(|f| f.unlink(parent, name))
+    }
+    fn rmdir(&self, parent: u64, name: &[u8]) -> OpResult<()> {
+        self.with(|f| f.rmdir(parent, name))
+    }
+    fn symlink(&self, c: &Caller, parent: u64, name: &[u8], target: &[u8]) -> OpResult<Entry> {
+        self.with(|f| f.symlink(c, parent, name, target))
+    }
+    fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: u32,
+    ) -> OpResult<()> {
+        self.with(|f| f.rename(parent, name, newparent, newname, flags))
+    }
+    fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> OpResult<Entry> {
+        self.with(|f| f.link(ino, newparent, newname))
+    }
+    fn open(&self, ino: u64, flags: i32) -> OpResult<Opened> {
+        self.with(|f| f.open(ino, flags))
+    }
+    fn read(&self, ino: u64, fh: u64, offset: u64, size: u32) -> OpResult<Vec<u8>> {
+        self.with(|f| f.read(ino, fh, offset, size))
+    }
+    fn write(
+        &self,
+        c: &Caller,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        write_flags: u32,
+    ) -> OpResult<u32> {
+        self.with(|f| f.write(c, ino, fh, offset, data, write_flags))
+    }
+    fn flush(&self, ino: u64, fh: u64) -> OpResult<()> {
+        self.with(|f| f.flush(ino, fh))
+    }
+    fn release(&self, ino: u64, fh: u64) -> OpResult<()> {
+        self.with(|f| f.release(ino, fh))
+    }
+    fn fsync(&self, ino: u64, fh: u64, datasync: bool) -> OpResult<()> {
+        self.with(|f| f.fsync(ino, fh, datasync))
+    }
+    fn opendir(&self, ino: u64, flags: i32) -> OpResult<Opened> {
+        self.with(|f| f.opendir(ino, flags))
+    }
+    fn readdir(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        add: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> OpResult<()> {
+        self.with(|f| f.readdir(ino, fh, offset, add))
+    }
+    fn readdirplus(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        add: &mut dyn FnMut(DirEntryPlus) -> bool,
+    ) -> OpResult<()> {
+        self.with(|f| f.readdirplus(ino, fh, offset, add))
+    }
+    fn releasedir(&self, ino: u64, fh: u64) -> OpResult<()> {
+        self.with(|f| f.releasedir(ino, fh))
+    }
+    fn fsyncdir(&self, ino: u64, fh: u64, datasync: bool) -> OpResult<()> {
+        self.with(|f| f.fsyncdir(ino, fh, datasync))
+    }
+    fn statfs(&self, ino: u64) -> OpResult<Statfs> {
+        self.with(|f| f.statfs(ino))
+    }
+    fn setxattr(
+        &self,
+        c: &Caller,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        flags: i32,
+    ) -> OpResult<()> {
+        self.with(|f| f.setxattr(c, ino, name, value, flags))
+    }
+    fn getxattr(&self, c: &Caller, ino: u64, name: &[u8], size: u32) -> OpResult<Xattr> {
+        // Served outside the slot's lock: the refresh it waits for takes the lock exclusively.
+        if let (Some(r), true) = (
+            self.refresher.get(),
+            ino == ldfs::fs::ROOT_INO && name == REFRESH_QUERY,
+        ) {
+            return crate::fuse::adapter::sized(r.request().into_bytes(), size);
+        }
+        self.with(|f| f.getxattr(c, ino, name, size))
+    }
+    fn listxattr(&self, ino: u64, size: u32) -> OpResult<Xattr> {
+        self.with(|f| f.listxattr(ino, size))
+    }
+    fn removexattr(&self, ino: u64, name: &[u8]) -> OpResult<()> {
+        self.with(|f| f.removexattr(ino, name))
+    }
+    fn access(&self, ino: u64, mask: i32) -> OpResult<()> {
+        self.with(|f| f.access(ino, mask))
+    }
+    fn create(
+        &self,
+        c: &Caller,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        flags: i32,
+    ) -> OpResult<(Entry, Opened)> {
+        self.with(|f| f.create(c, parent, name, mode, umask, flags))
+    }
+    fn fallocate(&self, ino: u64, fh: u64, offset: u64, length: u64, mode: i32) -> OpResult<()> {
+        self.with(|f| f.fallocate(ino, fh, offset, length, mode))
+    }
+    fn lseek(&self, ino: u64, fh: u64, offset: i64, whence: i32) -> OpResult<i64> {
+        self.with(|f| f.lseek(ino, fh, offset, whence))
+    }
+    fn ioctl(
+        &self,
+        c: &Caller,
+        ino: u64,
+        fh: u64,
+        cmd: u32,
+        input: &[u8],
+        out_size: u32,
+    ) -> OpResult<Vec<u8>> {
+        self.with(|f| f.ioctl(c, ino, fh, cmd, input, out_size))
+    }
+}
+
+/// What the kernel holds of a tree, taken from it: per inode it has references to, the
+/// attributes (`None`: gone) and, for a directory, its names and their inodes.
+#[derive(Default)]
+struct Held {
+    attrs: BTreeMap<u64, Option<Attr>>,
+    names: BTreeMap<u64, BTreeMap<Vec<u8>, u64>>,
+}
+
+impl Held {
+    /// Adds what `fs` holds of `inos` that is not noted yet.
+    fn note(&mut self, fs: &Fs, inos: impl IntoIterator<Item = u64>) {
+        for ino in inos {
+            if self.attrs.contains_key(&ino) {
+                continue;
+            }
+            let attr = fs.getattr(ino).ok();
+            if let Some(a) = attr.filter(|a| a.kind == Kind::Dir) {
+                self.names.insert(ino, names_of(fs, a.ino));
+            }
+            self.attrs.insert(ino, attr);
+        }
+    }
+}
+
+/// Every name of directory `ino` (. and .. aside) and its inode; none if it cannot be read.
+fn names_of(fs: &Fs, ino: u64) -> BTreeMap<Vec<u8>, u64> {
+    let mut out = BTreeMap::new();
+    let mut offset = 0;
+    loop {
+        let Ok(batch) = fs.readdir(ino, offset, 1024) else {
+            return out;
+        };
+        let Some(last) = batch.last() else {
+            return out;
+        };
+        offset = last.next;
+        for e in batch {
+            if e.name != b"." && e.name != b".." {
+                out.insert(e.name, e.ino);
+            }
+        }
+    }
+}
+
+/// What the kernel must forget after the swap from the tree `old` notes to `new`: inodes whose
+/// attributes differ (or are gone), and (directory, name) pairs whose target differs.
+fn changes(old: &Held, new: &Fs) -> (Vec<u64>, Vec<(u64, Vec<u8>)>) {
+    let mut inodes = Vec::new();
+    let mut names = Vec::new();
+    for (&ino, attr) in &old.attrs {
+        let now = new.getattr(ino).ok();
+        if now != *attr {
+            inodes.push(ino);
+        }
+        let Some(was) = old.names.get(&ino) else {
+            continue;
+        };
+        let is = match now {
+            Some(a) if a.kind == Kind::Dir => names_of(new, ino),
+            _ => BTreeMap::new(),
+        };
+        for (name, target) in was {
+            if is.get(name) != Some(target) {
+                names.push((ino, name.clone()));
+            }
+        }
+        for name in is.keys() {
+            // A name the old tree lacked: the kernel may hold it as absent.
+            if !was.contains_key(name) {
+                names.push((ino, name.clone()));
+            }
+        }
+    }
+    (inodes, names)
+}
+
+#[derive(Default)]
+struct Asks {
+    /// Refreshes asked for (`request`), and refreshes done, each with what it said.
+    asked: u64,
+    done: u64,
+    said: String,
+    stop: bool,
+}
+
+/// Moves a read-only store mount to the store's newest checkpoint: on demand
+/// ([`Refresher::request`]) and, with `-o refresh=SECONDS`, that often.
+pub struct Refresher {
+    slot: Arc<Refreshing>,
+    served: Mutex<Option<Served>>,
+    store: Arc<dyn ObjectStore>,
+    take_pin: Box<TakePin>,
+    build: Box<Build>,
+    notifier: Mutex<Option<fuser::Notifier>>,
+    asks: Mutex<Asks>,
+    cv: Condvar,
+}
+
+impl Refresher {
+    pub fn new(
+        slot: Arc<Refreshing>,
+        first: Served,
+        store: Arc<dyn ObjectStore>,
+        take_pin: Box<TakePin>,
+        build: Box<Build>,
+    ) -> Arc<Refresher> {
+        let r = Arc::new(Refresher {
+            slot: slot.clone(),
+            served: Mutex::new(Some(first)),
+            store,
+            take_pin,
+            build,
+            notifier: Mutex::new(None),
+            asks: Mutex::new(Asks::default()),
+            cv: Condvar::new(),
+        });
+        slot.set_refresher(r.clone());
+        r
+    }
+
+    /// The kernel's caches are invalidated through it (given once the session exists).
+    pub fn set_notifier(&self, n: fuser::Notifier) {
+        *self.notifier.lock().unwrap() = Some(n);
+    }
+
+    /// Runs refreshes (asked for, or every `every`) until [`Refresher::stop`].
+    pub fn run(&self, every: Option<Duration>) {
+        loop {
+            // Every ask made before a refresh begins is answered by it.
+            let ask = {
+                let mut a = self.asks.lock().unwrap();
+                while a.asked == a.done && !a.stop {
+                    match every {
+                        Some(t) => {
+                            let (g, r) = self.cv.wait_timeout(a, t).unwrap();
+                            a = g;
+                            if r.timed_out() {
+                                break;
+                            }
+                        }
+                        None => a = self.cv.wait(a).unwrap(),
+                    }
+                }
+                if a.stop {
+                    return;
+                }
+                a.asked
+            };
+            let said = match self.refresh() {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("ldfs: refresh from the store: {e}");
+                    format!("failed: {e}")
+                }
+            };
+            let mut a = self.asks.lock().unwrap();
+            a.done = a.done.max(ask);
+            a.said = said;
+            self.cv.notify_all();
+        }
+    }
+
+    /// Asks for a refresh and waits for one that began after the ask; what it did.
+    pub fn request(&self) -> String {
+        let mut a = self.asks.lock().unwrap();
+        if a.stop {
+            return "failed: the mount is ending".into();
+        }
+        a.asked += 1;
+        let mine = a.asked;
+        self.cv.notify_all();
+        while a.done < mine && !a.stop {
+            a = self.cv.wait(a).unwrap();
+        }
+        match a.done >= mine {
+            true => a.said.clone(),
+            false => "failed: the mount is ending".into(),
+        }
+    }
+
+    /// The mount is ending: a refresh under way stops at its next step (before its swap).
+    fn stopping(&self) -> bool {
+        self.asks.lock().unwrap().stop
+    }
+
+    /// Ends [`Refresher::run`] (a refresh under way stops at its next step, before its swap);
+    /// then [`Refresher::take_served`] gives the engine to close.
+    pub fn stop(&self) {
+        self.asks.lock().unwrap().stop = true;
+        self.cv.notify_all();
+    }
+
+    /// What is served now (the mount's end closes it), once `run` has returned.
+    pub fn take_served(&self) -> Option<Served> {
+        self.served.lock().unwrap().take()
+    }
+
+    /// Moves the mount to the store's newest checkpoint if that is not the one it shows (or
+    /// rebuilds it if it serves none after a failure). Says what it did.
+    pub fn refresh(&self) -> Result<String, String> {
+        let mut served = self.served.lock().unwrap();
+        let Some(cur) = served.as_ref() else {
+            return Err("the mount is ending".into());
+        };
+        let current = cur.reader.checkpoint().to_string();
+        let broken = self
+            .slot
+            .slot
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none();
+        // One listing first: most refreshes find nothing new.
+        let newest = newest_key(&*self.store).map_err(|e| format!("listing the store: {e}"))?;
+        if !broken && newest.as_deref().is_none_or(|k| k == current) {
+            return Ok(format!("at the store's newest checkpoint, {current}"));
+        }
+        if self.stopping() {
+            return Err("the mount is ending".into());
+        }
+        let (pin, key, obj) = (self.take_pin)()?;
+        let pin = Arc::new(pin);
+        if self.stopping() {
+            release(&pin, &key);
+            return Err("the mount is ending".into());
+        }
+        if key == current && !broken {
+            release(&pin, &key);
+            return Ok(format!("at the store's newest checkpoint, {current}"));
+        }
+        // What the kernel holds of the old tree (the root, and what it has references to),
+        // beside the requests: nobody changes that tree. Not after a failed rebuild: the old
+        // engine's cache is gone, and every inode the kernel holds is invalidated.
+        let known = |fs: &Fs| {
+            let mut v: Vec<u64> = fs.pinned().into_iter().map(|(i, _)| i).collect();
+            v.push(ldfs::fs::ROOT_INO);
+            v
+        };
+        let mut held = Held::default();
+        if !broken {
+            held.note(&cur.fs, known(&cur.fs));
+        }
+        let mut slot = self.slot.slot.write().unwrap_or_else(|p| p.into_inner());
+        // No request in flight from here. Inodes the kernel took since the note above.
+        let pinned = cur.fs.pinned();
+        if !broken {
+            held.note(&cur.fs, known(&cur.fs));
+        }
+        let no_open = slot
+            .as_ref()
+            .map(|f| f.no_open.load(std::sync::atomic::Ordering::Relaxed));
+        (cur.quiesce)();
+        cur.reader.stop_cache();
+        let new = match (self.build)(pin.clone(), &key, &obj) {
+            Ok(n) => n,
+            Err(e) => {
+                release(&pin, &key);
+                // Back to the checkpoint the old pin still holds.
+                match (self.build)(
+                    cur.reader.pin(),
+                    cur.reader.checkpoint(),
+                    cur.reader.checkpoint_object(),
+                ) {
+                    Ok(again) => {
+                        again.fuse.no_open.store(
+                            no_open.unwrap_or(false),
+                            std::sync::atomic::Ordering::Relaxed,
+                        );
+                        for &(ino, n) in &pinned {
+                            again.fs.pin(ino, n);
+                        }
+                        *slot = Some(again.fuse.clone());
+                        drop(slot);
+                        let old = served.replace(again).expect("checked above");
+                        close(old);
+                        return Err(format!("opening {key}: {e}; still at {current}, rebuilt"));
+                    }
+                    Err(e2) => {
+                        *slot = None;
+                        return Err(format!(
+                            "opening {key}: {e}; rebuilding {current} again: {e2}; every \
+                             request fails (EIO) until a refresh succeeds"
+                        ));
+                    }
+                }
+            }
+        };
+        // The kernel keeps its negotiated way of opening files, and its lookup references.
+        if let Some(n) = no_open {
+            new.fuse
+                .no_open
+                .store(n, std::sync::atomic::Ordering::Relaxed);
+        }
+        for &(ino, n) in &pinned {
+            new.fs.pin(ino, n);
+        }
+        *slot = Some(new.fuse.clone());
+        drop(slot);
+        let old = served.replace(new).expect("checked above");
+        let new_fs = served.as_ref().expect("just set").fs.clone();
+        drop(served);
+        old.reader.release_pin();
+        close(old);
+        let (inodes, names) = match broken {
+            false => changes(&held, &new_fs),
+            true => (pinned.iter().map(|&(i, _)| i).collect(), Vec::new()),
+        };
+        self.tell_kernel(&inodes, &names);
+        Ok(format!(
+            "moved from {current} to {key}: {} inodes and {} names the kernel held changed",
+            inodes.len(),
+            names.len()
+        ))
+    }
+
+    /// Invalidates what changed in the kernel's caches (best effort: an entry the kernel no
+    /// longer holds answers ENOENT, which is no error here).
+    fn tell_kernel(&self, inodes: &[u64], names: &[(u64, Vec<u8>)]) {
+        let n = self.notifier.lock().unwrap();
+        let Some(n) = n.as_ref() else {
+            return;
+        };
+        for (dir, name) in names {
+            if let Err(e) = n.inval_entry(INodeNo(*dir), OsStr::from_bytes(name)) {
+                if e.raw_os_error() != Some(libc::ENOENT) {
+                    eprintln!("ldfs: refresh: invalidating a name of directory {dir}: {e}");
+                }
+            }
+        }
+        for &ino in inodes {
+            // Offset 0, length 0: the attributes and every cached page.
+            if let Err(e) = n.inval_inode(INodeNo(ino), 0, 0) {
+                if e.raw_os_error() != Some(libc::ENOENT) {
+                    eprintln!("ldfs: refresh: invalidating inode {ino}: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// The newest checkpoint object's key in the store, if any.
+fn newest_key(store: &dyn ObjectStore) -> Result<Option<String>, ldfs::store::StoreError> {
+    Ok(store
+        .list("ckpt/")?
+        .into_iter()
+        .rev()
+        .find(|o| ldfs::store::segments::parse_checkpoint_key(&o.key).is_some())
+        .map(|o| o.key))
+}
+
+fn release(pin: &ReaderPin, key: &str) {
+    if let Err(e) = pin.release() {
+        eprintln!("ldfs: deleting the pin on {key}: {e} (it expires on its own)");
+    }
+}
+
+/// Closes a replaced engine (read-only: nothing is written).
+fn close(old: Served) {
+    if let Err(e) = old.lld.close() {
+        eprintln!("ldfs: refresh: closing the replaced engine: {e}");
+    }
+}
