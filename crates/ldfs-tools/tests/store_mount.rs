@@ -1064,3 +1064,71 @@ fn settled_newest(store: &dyn ldfs::store::ObjectStore) -> String {
         seen = now;
     }
 }
+
+/// Review 48, finding 1: a read-only store mount refused after its pin was taken (the mount
+/// point gone before the FUSE mount, so `Session::new` fails) must delete its pin on the way
+/// out, as it did before the refresher: `Refresher` and `Refreshing` hold each other (`slot`,
+/// `refresher`), so neither is dropped, nor the `Served` whose `ReaderMount` holds the pin,
+/// and the pin stays in the store (the writer keeps that checkpoint's objects) until it
+/// expires. The race (the mount point removed once the pin shows, before the mount) is
+/// retried when the mount wins it.
+#[test]
+fn review48_a_read_only_mount_refused_after_its_pin_leaves_no_pin() {
+    use ldfs::store::ObjectStore;
+    let Some(e) = env("r48pin") else { return };
+    let c1 = e.path("c1.img");
+    e.mkfs(&c1);
+    let d1 = e.path("d1");
+    let m = e.mount(&c1, &d1, &["upload=1", "noatime"], false);
+    std::fs::write(d1.join("f"), pattern(1, 100_000)).unwrap();
+    e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
+    let store = e.store();
+    assert!(store.list("readers/").unwrap().is_empty());
+    let mut refused = None;
+    for attempt in 0..10 {
+        let d2 = e.path(&format!("ro{attempt}"));
+        std::fs::create_dir_all(&d2).unwrap();
+        let mut child = e
+            .ldfs()
+            .args(["mount", "-f", "-o", "ro,refresh=0", &e.url])
+            .arg(&d2)
+            .arg("--cache")
+            .arg(e.path(&format!("c-ro{attempt}.img")))
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while store.list("readers/").unwrap().is_empty() {
+            assert!(t.elapsed() < Duration::from_secs(60), "no pin in 60 s");
+            if child.try_wait().unwrap().is_some() || is_mounted(&d2) {
+                break;
+            }
+        }
+        // Before the FUSE mount: the mount point goes.
+        let _ = std::fs::remove_dir(&d2);
+        let out = child.wait_with_output().unwrap();
+        if (d2.exists() && is_mounted(&d2)) || out.status.success() {
+            let _ = Command::new("fusermount3")
+                .args(["-u", "-z"])
+                .arg(&d2)
+                .status();
+            continue; // the mount won the race
+        }
+        refused = Some(String::from_utf8_lossy(&out.stderr).into_owned());
+        break;
+    }
+    let why = refused.expect("the mount point never went before the mount in 10 tries");
+    assert!(
+        why.contains("mounting on"),
+        "refused for another reason: {why}"
+    );
+    let pins = store.list("readers/").unwrap();
+    assert!(
+        pins.is_empty(),
+        "a read-only mount refused at its FUSE mount left its pin {:?} (it keeps the writer from \
+         deleting until it expires); its stderr: {why}",
+        pins.iter().map(|o| &o.key).collect::<Vec<_>>()
+    );
+    m.unmount();
+}
