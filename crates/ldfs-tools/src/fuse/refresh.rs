@@ -68,7 +68,9 @@ pub struct Refreshing {
     /// Every mount but a read-only store mount: served with no lock.
     fixed: Option<Arc<FuseFs>>,
     slot: RwLock<Option<Arc<FuseFs>>>,
-    refresher: std::sync::OnceLock<Arc<Refresher>>,
+    /// Weak: the refresher holds this slot, and a strong reference back would keep both (and
+    /// the served engine's pin) alive past a mount refused before it serves (review 48).
+    refresher: std::sync::OnceLock<std::sync::Weak<Refresher>>,
 }
 
 impl Refreshing {
@@ -91,8 +93,8 @@ impl Refreshing {
     }
 
     /// Serves [`REFRESH_QUERY`] from now on.
-    pub fn set_refresher(&self, r: Arc<Refresher>) {
-        let _ = self.refresher.set(r);
+    pub fn set_refresher(&self, r: &Arc<Refresher>) {
+        let _ = self.refresher.set(Arc::downgrade(r));
     }
 
     fn with<T>(&self, f: impl FnOnce(&FuseFs) -> OpResult<T>) -> OpResult<T> {
@@ -244,7 +246,7 @@ impl FuseOps for Refreshing {
     fn getxattr(&self, c: &Caller, ino: u64, name: &[u8], size: u32) -> OpResult<Xattr> {
         // Served outside the slot's lock: the refresh it waits for takes the lock exclusively.
         if let (Some(r), true) = (
-            self.refresher.get(),
+            self.refresher.get().and_then(|r| r.upgrade()),
             ino == ldfs::fs::ROOT_INO && name == REFRESH_QUERY,
         ) {
             return crate::fuse::adapter::sized(r.request().into_bytes(), size);
@@ -406,7 +408,7 @@ impl Refresher {
             asks: Mutex::new(Asks::default()),
             cv: Condvar::new(),
         });
-        slot.set_refresher(r.clone());
+        slot.set_refresher(&r);
         r
     }
 
