@@ -1132,3 +1132,119 @@ fn review48_a_read_only_mount_refused_after_its_pin_leaves_no_pin() {
     );
     m.unmount();
 }
+
+/// Review 48, finding 2: a refresh serves the new engine before it tells the kernel what
+/// changed (`Refresher::refresh`: the slot is swapped, then the old engine closed, its pin
+/// deleted and `changes` read on the new tree, with requests served again, then the
+/// notifications), so meanwhile the kernel's caches of the old tree and the new engine answer
+/// together: a file whose first half the kernel holds (old pages) and whose second half it
+/// reads reads as neither version. A reader hammers such a file while the mount refreshes
+/// (the kernel holding many directories, whose names `changes` reads on the new tree's cold
+/// cache); every whole read must be one version.
+#[test]
+fn review48_a_refresh_never_serves_a_mix_of_the_old_and_the_new_tree() {
+    use std::os::unix::fs::FileExt;
+    use std::os::unix::io::AsRawFd;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let Some(e) = env("r48mix") else { return };
+    let c1 = e.path("c1.img");
+    e.mkfs(&c1);
+    let d1 = e.path("d1");
+    let m = e.mount(&c1, &d1, &["upload=1", "noatime"], false);
+    const HALF: usize = 1 << 20;
+    std::fs::create_dir_all(d1.join("d0")).unwrap();
+    std::fs::write(d1.join("d0/a"), pattern(0, 2 * HALF)).unwrap();
+    for i in 0..150 {
+        let d = d1.join(format!("many/{i}"));
+        std::fs::create_dir_all(&d).unwrap();
+        for j in 0..10 {
+            std::fs::write(d.join(format!("f{j}")), b"x").unwrap();
+        }
+    }
+    e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
+    let d2 = e.path("d2");
+    let ro = e.mount(&e.path("c2.img"), &d2, &["ro", "refresh=0"], false);
+    let mixed = Arc::new(AtomicUsize::new(0));
+    let reads = Arc::new(AtomicUsize::new(0));
+    for round in 1..=4u64 {
+        // The kernel holds every directory, and the first half of a's pages.
+        fn walk(p: &Path) {
+            for e in std::fs::read_dir(p).unwrap() {
+                let e = e.unwrap();
+                if std::fs::metadata(e.path()).unwrap().is_dir() {
+                    walk(&e.path());
+                }
+            }
+        }
+        walk(&d2);
+        let f = std::fs::File::open(d2.join("d0/a")).unwrap();
+        let mut first = vec![0u8; HALF];
+        f.read_exact_at(&mut first, 0).unwrap();
+        drop(f);
+        std::fs::write(d1.join("d0/a"), pattern(round, 2 * HALF)).unwrap();
+        std::fs::write(d1.join(format!("many/{round}/new")), b"y").unwrap();
+        e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
+        let stop = Arc::new(AtomicBool::new(false));
+        let hammer = {
+            let (stop, mixed, reads, path) =
+                (stop.clone(), mixed.clone(), reads.clone(), d2.join("d0/a"));
+            std::thread::spawn(move || {
+                let (old, new) = (pattern(round - 1, 2 * HALF), pattern(round, 2 * HALF));
+                let mut buf = vec![0u8; 2 * HALF];
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(f) = std::fs::File::open(&path) else {
+                        continue;
+                    };
+                    // The second half read from the engine each time; the first stays cached.
+                    unsafe {
+                        libc::posix_fadvise(
+                            f.as_raw_fd(),
+                            HALF as i64,
+                            HALF as i64,
+                            libc::POSIX_FADV_DONTNEED,
+                        )
+                    };
+                    let Ok(n) = f.read_at(&mut buf, 0) else {
+                        continue;
+                    };
+                    reads.fetch_add(1, Ordering::Relaxed);
+                    let got = &buf[..n];
+                    if got != &old[..] && got != &new[..] {
+                        let first_old = got.len() >= HALF && got[..HALF] == old[..HALF];
+                        let second_new = got.len() == 2 * HALF && got[HALF..] == new[HALF..];
+                        eprintln!(
+                            "round {round}: a read of {n} bytes is neither version (first half \
+                             old: {first_old}, second half new: {second_new})"
+                        );
+                        mixed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(300));
+        let out = e.ldfs().args(["sync", "--remote"]).arg(&d2).succeeds();
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        std::thread::sleep(Duration::from_millis(300));
+        stop.store(true, Ordering::Relaxed);
+        hammer.join().unwrap();
+        assert!(said.contains("moved from"), "{said}");
+        assert_eq!(
+            std::fs::read(d2.join("d0/a")).unwrap(),
+            pattern(round, 2 * HALF),
+            "round {round}: a after the refresh"
+        );
+    }
+    eprintln!(
+        "{} whole reads of a during 4 refreshes, {} of them neither version",
+        reads.load(Ordering::Relaxed),
+        mixed.load(Ordering::Relaxed)
+    );
+    assert_eq!(
+        mixed.load(Ordering::Relaxed),
+        0,
+        "reads during a refresh mixed the kernel's pages of the old tree with the new engine's"
+    );
+    ro.unmount();
+    m.unmount();
+}
