@@ -587,18 +587,20 @@ impl Refresher {
         for &(ino, n) in &pinned {
             new.fs.pin(ino, n);
         }
+        // What changed, before any request reaches the new engine: from the swap to the
+        // notifications the kernel's caches of the old tree and the new engine answer together
+        // (review 48), so that window holds nothing but the notifications.
+        let (inodes, names) = match broken {
+            false => changes(&held, &new.fs),
+            true => (pinned.iter().map(|&(i, _)| i).collect(), Vec::new()),
+        };
         *slot = Some(new.fuse.clone());
         drop(slot);
         let old = served.replace(new).expect("checked above");
-        let new_fs = served.as_ref().expect("just set").fs.clone();
         drop(served);
+        self.tell_kernel(&inodes, &names);
         old.reader.release_pin();
         close(old);
-        let (inodes, names) = match broken {
-            false => changes(&held, &new_fs),
-            true => (pinned.iter().map(|&(i, _)| i).collect(), Vec::new()),
-        };
-        self.tell_kernel(&inodes, &names);
         Ok(format!(
             "moved from {current} to {key}: {} inodes and {} names the kernel held changed",
             inodes.len(),
@@ -613,18 +615,18 @@ impl Refresher {
         let Some(n) = n.as_ref() else {
             return;
         };
-        for (dir, name) in names {
-            if let Err(e) = n.inval_entry(INodeNo(*dir), OsStr::from_bytes(name)) {
-                if e.raw_os_error() != Some(libc::ENOENT) {
-                    eprintln!("ldfs: refresh: invalidating a name of directory {dir}: {e}");
-                }
-            }
-        }
         for &ino in inodes {
             // Offset 0, length 0: the attributes and every cached page.
             if let Err(e) = n.inval_inode(INodeNo(ino), 0, 0) {
                 if e.raw_os_error() != Some(libc::ENOENT) {
                     eprintln!("ldfs: refresh: invalidating inode {ino}: {e}");
+                }
+            }
+        }
+        for (dir, name) in names {
+            if let Err(e) = n.inval_entry(INodeNo(*dir), OsStr::from_bytes(name)) {
+                if e.raw_os_error() != Some(libc::ENOENT) {
+                    eprintln!("ldfs: refresh: invalidating a name of directory {dir}: {e}");
                 }
             }
         }
