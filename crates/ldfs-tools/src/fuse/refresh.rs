@@ -109,6 +109,15 @@ impl Refreshing {
     }
 }
 
+/// `FuseOps` methods that hand the request to the engine serving it (`Refreshing::with`).
+macro_rules! served_by_engine {
+    ($($op:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
+        $(fn $op(&self, $($arg: $ty),*) -> OpResult<$ret> {
+            self.with(|f| f.$op($($arg),*))
+        })*
+    };
+}
+
 impl FuseOps for Refreshing {
     fn init(&self, config: &mut KernelConfig) {
         let _ = self.with(|f| {
@@ -122,127 +131,6 @@ impl FuseOps for Refreshing {
             Ok(())
         });
     }
-    fn lookup(&self, c: &Caller, parent: u64, name: &[u8]) -> OpResult<Entry> {
-        self.with(|f| f.lookup(c, parent, name))
-    }
-    fn getattr(&self, ino: u64) -> OpResult<(FileAttr, Duration)> {
-        self.with(|f| f.getattr(ino))
-    }
-    fn setattr(&self, c: &Caller, ino: u64, sa: &SetattrIn) -> OpResult<(FileAttr, Duration)> {
-        self.with(|f| f.setattr(c, ino, sa))
-    }
-    fn readlink(&self, ino: u64) -> OpResult<Vec<u8>> {
-        self.with(|f| f.readlink(ino))
-    }
-    fn mknod(
-        &self,
-        c: &Caller,
-        parent: u64,
-        name: &[u8],
-        mode: u32,
-        umask: u32,
-        rdev: u32,
-    ) -> OpResult<Entry> {
-        self.with(|f| f.mknod(c, parent, name, mode, umask, rdev))
-    }
-    fn mkdir(
-        &self,
-        c: &Caller,
-        parent: u64,
-        name: &[u8],
-        mode: u32,
-        umask: u32,
-    ) -> OpResult<Entry> {
-        self.with(|f| f.mkdir(c, parent, name, mode, umask))
-    }
-    fn unlink(&self, parent: u64, name: &[u8]) -> OpResult<()> {
-        self.with(|f| f.unlink(parent, name))
-    }
-    fn rmdir(&self, parent: u64, name: &[u8]) -> OpResult<()> {
-        self.with(|f| f.rmdir(parent, name))
-    }
-    fn symlink(&self, c: &Caller, parent: u64, name: &[u8], target: &[u8]) -> OpResult<Entry> {
-        self.with(|f| f.symlink(c, parent, name, target))
-    }
-    fn rename(
-        &self,
-        parent: u64,
-        name: &[u8],
-        newparent: u64,
-        newname: &[u8],
-        flags: u32,
-    ) -> OpResult<()> {
-        self.with(|f| f.rename(parent, name, newparent, newname, flags))
-    }
-    fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> OpResult<Entry> {
-        self.with(|f| f.link(ino, newparent, newname))
-    }
-    fn open(&self, ino: u64, flags: i32) -> OpResult<Opened> {
-        self.with(|f| f.open(ino, flags))
-    }
-    fn read(&self, ino: u64, fh: u64, offset: u64, size: u32) -> OpResult<Vec<u8>> {
-        self.with(|f| f.read(ino, fh, offset, size))
-    }
-    fn write(
-        &self,
-        c: &Caller,
-        ino: u64,
-        fh: u64,
-        offset: u64,
-        data: &[u8],
-        write_flags: u32,
-    ) -> OpResult<u32> {
-        self.with(|f| f.write(c, ino, fh, offset, data, write_flags))
-    }
-    fn flush(&self, ino: u64, fh: u64) -> OpResult<()> {
-        self.with(|f| f.flush(ino, fh))
-    }
-    fn release(&self, ino: u64, fh: u64) -> OpResult<()> {
-        self.with(|f| f.release(ino, fh))
-    }
-    fn fsync(&self, ino: u64, fh: u64, datasync: bool) -> OpResult<()> {
-        self.with(|f| f.fsync(ino, fh, datasync))
-    }
-    fn opendir(&self, ino: u64, flags: i32) -> OpResult<Opened> {
-        self.with(|f| f.opendir(ino, flags))
-    }
-    fn readdir(
-        &self,
-        ino: u64,
-        fh: u64,
-        offset: u64,
-        add: &mut dyn FnMut(DirEntry) -> bool,
-    ) -> OpResult<()> {
-        self.with(|f| f.readdir(ino, fh, offset, add))
-    }
-    fn readdirplus(
-        &self,
-        ino: u64,
-        fh: u64,
-        offset: u64,
-        add: &mut dyn FnMut(DirEntryPlus) -> bool,
-    ) -> OpResult<()> {
-        self.with(|f| f.readdirplus(ino, fh, offset, add))
-    }
-    fn releasedir(&self, ino: u64, fh: u64) -> OpResult<()> {
-        self.with(|f| f.releasedir(ino, fh))
-    }
-    fn fsyncdir(&self, ino: u64, fh: u64, datasync: bool) -> OpResult<()> {
-        self.with(|f| f.fsyncdir(ino, fh, datasync))
-    }
-    fn statfs(&self, ino: u64) -> OpResult<Statfs> {
-        self.with(|f| f.statfs(ino))
-    }
-    fn setxattr(
-        &self,
-        c: &Caller,
-        ino: u64,
-        name: &[u8],
-        value: &[u8],
-        flags: i32,
-    ) -> OpResult<()> {
-        self.with(|f| f.setxattr(c, ino, name, value, flags))
-    }
     fn getxattr(&self, c: &Caller, ino: u64, name: &[u8], size: u32) -> OpResult<Xattr> {
         // Served outside the slot's lock: the refresh it waits for takes the lock exclusively.
         if let (Some(r), true) = (
@@ -253,42 +141,50 @@ impl FuseOps for Refreshing {
         }
         self.with(|f| f.getxattr(c, ino, name, size))
     }
-    fn listxattr(&self, ino: u64, size: u32) -> OpResult<Xattr> {
-        self.with(|f| f.listxattr(ino, size))
-    }
-    fn removexattr(&self, ino: u64, name: &[u8]) -> OpResult<()> {
-        self.with(|f| f.removexattr(ino, name))
-    }
-    fn access(&self, ino: u64, mask: i32) -> OpResult<()> {
-        self.with(|f| f.access(ino, mask))
-    }
-    fn create(
-        &self,
-        c: &Caller,
-        parent: u64,
-        name: &[u8],
-        mode: u32,
-        umask: u32,
-        flags: i32,
-    ) -> OpResult<(Entry, Opened)> {
-        self.with(|f| f.create(c, parent, name, mode, umask, flags))
-    }
-    fn fallocate(&self, ino: u64, fh: u64, offset: u64, length: u64, mode: i32) -> OpResult<()> {
-        self.with(|f| f.fallocate(ino, fh, offset, length, mode))
-    }
-    fn lseek(&self, ino: u64, fh: u64, offset: i64, whence: i32) -> OpResult<i64> {
-        self.with(|f| f.lseek(ino, fh, offset, whence))
-    }
-    fn ioctl(
-        &self,
-        c: &Caller,
-        ino: u64,
-        fh: u64,
-        cmd: u32,
-        input: &[u8],
-        out_size: u32,
-    ) -> OpResult<Vec<u8>> {
-        self.with(|f| f.ioctl(c, ino, fh, cmd, input, out_size))
+    served_by_engine! {
+        lookup(c: &Caller, parent: u64, name: &[u8]) -> Entry;
+        getattr(ino: u64) -> (FileAttr, Duration);
+        setattr(c: &Caller, ino: u64, sa: &SetattrIn) -> (FileAttr, Duration);
+        readlink(ino: u64) -> Vec<u8>;
+        mknod(c: &Caller, parent: u64, name: &[u8], mode: u32, umask: u32, rdev: u32) -> Entry;
+        mkdir(c: &Caller, parent: u64, name: &[u8], mode: u32, umask: u32) -> Entry;
+        unlink(parent: u64, name: &[u8]) -> ();
+        rmdir(parent: u64, name: &[u8]) -> ();
+        symlink(c: &Caller, parent: u64, name: &[u8], target: &[u8]) -> Entry;
+        rename(parent: u64, name: &[u8], newparent: u64, newname: &[u8], flags: u32) -> ();
+        link(ino: u64, newparent: u64, newname: &[u8]) -> Entry;
+        open(ino: u64, flags: i32) -> Opened;
+        read(ino: u64, fh: u64, offset: u64, size: u32) -> Vec<u8>;
+        write(c: &Caller, ino: u64, fh: u64, offset: u64, data: &[u8], write_flags: u32) -> u32;
+        flush(ino: u64, fh: u64) -> ();
+        release(ino: u64, fh: u64) -> ();
+        fsync(ino: u64, fh: u64, datasync: bool) -> ();
+        opendir(ino: u64, flags: i32) -> Opened;
+        readdir(ino: u64, fh: u64, offset: u64, add: &mut dyn FnMut(DirEntry) -> bool) -> ();
+        readdirplus(
+            ino: u64,
+            fh: u64,
+            offset: u64,
+            add: &mut dyn FnMut(DirEntryPlus) -> bool
+        ) -> ();
+        releasedir(ino: u64, fh: u64) -> ();
+        fsyncdir(ino: u64, fh: u64, datasync: bool) -> ();
+        statfs(ino: u64) -> Statfs;
+        setxattr(c: &Caller, ino: u64, name: &[u8], value: &[u8], flags: i32) -> ();
+        listxattr(ino: u64, size: u32) -> Xattr;
+        removexattr(ino: u64, name: &[u8]) -> ();
+        access(ino: u64, mask: i32) -> ();
+        create(
+            c: &Caller,
+            parent: u64,
+            name: &[u8],
+            mode: u32,
+            umask: u32,
+            flags: i32
+        ) -> (Entry, Opened);
+        fallocate(ino: u64, fh: u64, offset: u64, length: u64, mode: i32) -> ();
+        lseek(ino: u64, fh: u64, offset: i64, whence: i32) -> i64;
+        ioctl(c: &Caller, ino: u64, fh: u64, cmd: u32, input: &[u8], out_size: u32) -> Vec<u8>;
     }
 }
 
