@@ -1005,6 +1005,24 @@ fn a_read_only_mount_moves_to_the_writers_newer_uploads() {
         1,
         "the refresh deletes the old pin"
     );
+    // A tool asking for the answer's size first (getfattr) is given room for any answer
+    // without a refresh, which happens once, at the read.
+    let query = std::ffi::CString::new("trusted.ldfs.refresh").unwrap();
+    let dir = std::ffi::CString::new(d2.as_os_str().as_encoded_bytes()).unwrap();
+    let room = unsafe { libc::getxattr(dir.as_ptr(), query.as_ptr(), std::ptr::null_mut(), 0) };
+    assert_eq!(room, 4096, "the size of the refresh query's answer");
+    let mut buf = vec![0u8; room as usize];
+    let n = unsafe {
+        libc::getxattr(
+            dir.as_ptr(),
+            query.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    assert!(n > 0, "{}", std::io::Error::last_os_error());
+    let said = String::from_utf8_lossy(&buf[..n as usize]);
+    assert!(said.contains("at the store's newest"), "{said}");
     // Nothing newer: nothing moves.
     let out = e.ldfs().args(["sync", "--remote"]).arg(&d2).succeeds();
     let said = String::from_utf8_lossy(&out.stdout);

@@ -918,7 +918,7 @@ impl FuseOps for FuseFs {
 }
 
 /// A GETXATTR/LISTXATTR answer for a buffer of `size` (0: the size only).
-pub(crate) fn sized(v: Vec<u8>, size: u32) -> OpResult<Xattr> {
+fn sized(v: Vec<u8>, size: u32) -> OpResult<Xattr> {
     if size == 0 {
         Ok(Xattr::Size(v.len() as u32))
     } else if v.len() <= size as usize {

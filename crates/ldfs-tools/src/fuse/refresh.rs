@@ -43,6 +43,9 @@ use crate::fuse::transport::{
 /// answers when it is done: `ldfs sync --remote` on a read-only mount.
 pub const REFRESH_QUERY: &[u8] = b"trusted.ldfs.refresh";
 
+/// The most bytes a refresh's answer takes ([`REFRESH_QUERY`]; longer ones are cut).
+const ANSWER_ROOM: usize = 4096;
+
 /// What a read-only store mount serves from: rebuilt at each refresh.
 pub struct Served {
     pub fuse: Arc<FuseFs>,
@@ -137,7 +140,14 @@ impl FuseOps for Refreshing {
             self.refresher.get().and_then(|r| r.upgrade()),
             ino == ldfs::fs::ROOT_INO && name == REFRESH_QUERY,
         ) {
-            return crate::fuse::adapter::sized(r.request().into_bytes(), size);
+            // A tool asking for the size first (getfattr) gets room for any answer, and the
+            // refresh happens once, at the read (review 48's note).
+            if size == 0 {
+                return Ok(Xattr::Size(ANSWER_ROOM as u32));
+            }
+            let mut said = r.request().into_bytes();
+            said.truncate(ANSWER_ROOM.min(size as usize));
+            return Ok(Xattr::Data(said));
         }
         self.with(|f| f.getxattr(c, ino, name, size))
     }
@@ -368,13 +378,15 @@ impl Refresher {
         }
     }
 
-    /// The mount is ending: a refresh under way stops at its next step (before its swap).
+    /// The mount is ending: a refresh under way stops at its next step that is not yet
+    /// holding requests back (once it holds them, it finishes its swap).
     fn stopping(&self) -> bool {
         self.asks.lock().unwrap().stop
     }
 
-    /// Ends [`Refresher::run`] (a refresh under way stops at its next step, before its swap);
-    /// then [`Refresher::take_served`] gives the engine to close.
+    /// Ends [`Refresher::run`] (a refresh under way stops at its next step that is not yet
+    /// holding requests back; once it holds them, it finishes its swap); then
+    /// [`Refresher::take_served`] gives the engine to close.
     pub fn stop(&self) {
         self.asks.lock().unwrap().stop = true;
         self.cv.notify_all();
