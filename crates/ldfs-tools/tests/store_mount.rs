@@ -59,6 +59,14 @@ impl Env {
             .succeeds();
     }
     /// `ldfs mount -f` of the store as a child; waits until mounted.
+    /// A fresh file system (`mkfs`, cache `c1.img`) mounted read-write at `d1` with `opts`.
+    fn writer(&self, opts: &[&str]) -> (PathBuf, PathBuf, StoreMount) {
+        let (cache, dir) = (self.path("c1.img"), self.path("d1"));
+        self.mkfs(&cache);
+        let m = self.mount(&cache, &dir, opts, false);
+        (cache, dir, m)
+    }
+
     fn mount(&self, cache: &Path, dir: &Path, opts: &[&str], force: bool) -> StoreMount {
         let force: &[&str] = if force { &["--force-takeover"] } else { &[] };
         self.mount_with(cache, dir, opts, force)
@@ -98,10 +106,19 @@ impl Env {
     }
     /// A mount that must fail: its stderr.
     fn mount_refused(&self, cache: &Path, dir: &Path) -> String {
+        self.mount_refused_with(&[], cache, dir)
+    }
+
+    /// `ldfs mount [-o OPTS] URL DIR --cache CACHE`, which must fail: what it said.
+    fn mount_refused_with(&self, opts: &[&str], cache: &Path, dir: &Path) -> String {
         std::fs::create_dir_all(dir).unwrap();
-        let out = self
-            .ldfs()
-            .args(["mount", &self.url])
+        let mut cmd = self.ldfs();
+        cmd.arg("mount");
+        if !opts.is_empty() {
+            cmd.args(["-o", &opts.join(",")]);
+        }
+        let out = cmd
+            .arg(&self.url)
             .arg(dir)
             .arg("--cache")
             .arg(cache)
@@ -109,7 +126,7 @@ impl Env {
             .unwrap();
         if out.status.success() {
             let _ = Command::new("fusermount3").arg("-u").arg(dir).status();
-            panic!("a second read-write mount of {} succeeded", self.url);
+            panic!("a mount of {} with {opts:?} succeeded", self.url);
         }
         String::from_utf8_lossy(&out.stderr).into_owned()
     }
@@ -240,10 +257,7 @@ fn stats_json(dir: &Path) -> serde_json::Value {
 #[test]
 fn a_fresh_cache_mounts_the_same_tree_and_a_second_writer_is_refused() {
     let Some(e) = env("mnt") else { return };
-    let c1 = e.path("c1.img");
-    e.mkfs(&c1);
-    let d1 = e.path("d1");
-    let m = e.mount(&c1, &d1, &["upload=2"], false);
+    let (c1, d1, m) = e.writer(&["upload=2"]);
     let tree = write_tree(&d1, 1, 40);
     // A second writer anywhere (another cache) is refused, naming the holder.
     let why = e.mount_refused(&e.path("c2.img"), &e.path("d2"));
@@ -312,19 +326,9 @@ fn mkfs_over_an_earlier_caches_map_removes_it_and_a_damaged_map_names_the_remedy
     m.unmount();
     // A damaged map: refused, naming the remedy; the remedy (the cache moved away) works.
     std::fs::write(&map, b"not a residency map").unwrap();
-    let out = e
-        .ldfs()
-        .args(["mount", "-o", "lease=10", &e.url])
-        .arg(&d1)
-        .arg("--cache")
-        .arg(&c1)
-        .output()
-        .unwrap();
-    let why = String::from_utf8_lossy(&out.stderr);
+    let why = e.mount_refused_with(&["lease=10"], &c1, &d1);
     assert!(
-        !out.status.success()
-            && why.contains("residency map")
-            && why.contains("move the cache away"),
+        why.contains("residency map") && why.contains("move the cache away"),
         "the refusal names no remedy: {why}"
     );
     // The refused mount had taken the lease (free: the last writer unmounted cleanly) and
@@ -348,10 +352,7 @@ fn mkfs_over_an_earlier_caches_map_removes_it_and_a_damaged_map_names_the_remedy
 #[test]
 fn kill_9_mid_upload_then_a_remount_on_the_same_cache() {
     let Some(e) = env("kill") else { return };
-    let c1 = e.path("c1.img");
-    e.mkfs(&c1);
-    let d1 = e.path("d1");
-    let m = e.mount(&c1, &d1, &["upload=1", "lease=10"], false);
+    let (c1, d1, m) = e.writer(&["upload=1", "lease=10"]);
     let tree = write_tree(&d1, 3, 30);
     // Uploads are under way (a checkpoint a second).
     std::thread::sleep(Duration::from_millis(1500));
@@ -928,12 +929,9 @@ fn a_read_only_mount_on_a_small_cache_reads_its_tree_while_the_writer_rewrites_i
 fn a_read_only_mount_moves_to_the_writers_newer_uploads() {
     use ldfs::store::ObjectStore;
     let Some(e) = env("refresh") else { return };
-    let c1 = e.path("c1.img");
-    e.mkfs(&c1);
-    let d1 = e.path("d1");
     // noatime: the writer's reads of its own tree change nothing, so it uploads only what the
     // test writes (and the store's newest stays what the reader moved to).
-    let m = e.mount(&c1, &d1, &["upload=1", "noatime"], false);
+    let (c1, d1, m) = e.writer(&["upload=1", "noatime"]);
     let put = |rel: &str, data: &[u8]| {
         let p = d1.join(rel);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
@@ -1048,19 +1046,8 @@ fn a_read_only_mount_moves_to_the_writers_newer_uploads() {
     assert!(store.list("readers/").unwrap().is_empty(), "pins left");
     m.unmount();
     // A read-write mount refuses refresh=, as a local image does.
-    let out = e
-        .ldfs()
-        .args(["mount", "-o", "refresh=5", &e.url])
-        .arg(&d1)
-        .arg("--cache")
-        .arg(&c1)
-        .output()
-        .unwrap();
-    let why = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && why.contains("refresh= is for a read-only mount"),
-        "{why}"
-    );
+    let why = e.mount_refused_with(&["refresh=5"], &c1, &d1);
+    assert!(why.contains("refresh= is for a read-only mount"), "{why}");
 }
 
 /// The store's newest checkpoint object once it has not changed for 3 s (a writer's window
@@ -1094,10 +1081,7 @@ fn settled_newest(store: &dyn ldfs::store::ObjectStore) -> String {
 fn review48_a_read_only_mount_refused_after_its_pin_leaves_no_pin() {
     use ldfs::store::ObjectStore;
     let Some(e) = env("r48pin") else { return };
-    let c1 = e.path("c1.img");
-    e.mkfs(&c1);
-    let d1 = e.path("d1");
-    let m = e.mount(&c1, &d1, &["upload=1", "noatime"], false);
+    let (_, d1, m) = e.writer(&["upload=1", "noatime"]);
     std::fs::write(d1.join("f"), pattern(1, 100_000)).unwrap();
     e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
     let store = e.store();
@@ -1176,10 +1160,7 @@ fn review48_a_refresh_never_serves_a_mix_of_the_old_and_the_new_tree() {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
     let Some(e) = env("r48mix") else { return };
-    let c1 = e.path("c1.img");
-    e.mkfs(&c1);
-    let d1 = e.path("d1");
-    let m = e.mount(&c1, &d1, &["upload=1", "noatime"], false);
+    let (_, d1, m) = e.writer(&["upload=1", "noatime"]);
     const HALF: usize = 1 << 20;
     std::fs::create_dir_all(d1.join("d0")).unwrap();
     std::fs::write(d1.join("d0/a"), pattern(0, 2 * HALF)).unwrap();
