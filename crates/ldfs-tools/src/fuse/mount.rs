@@ -1914,61 +1914,60 @@ pub fn run(
         }
         _ => (dev, None),
     };
-    let bounded = matches!(&store_ctx, Some((_, _, Some(_), Some(_))));
-    let lld_opts = lld_options(&opts, seg.as_ref(), bounded);
-    // A dual file system: IMAGE is its data device; the metadata device is
-    // found by the path its label recorded, or `meta=`, and locked too.
+    // A read-only store mount has its engine already; every other mount opens its own here.
     let mut _meta_lock = None;
-    let (ld, lld, dual): (Arc<dyn LogicalDisk>, Arc<Lld>, Option<Arc<Dual>>) = if let Some(e) =
-        &reader_engine
-    {
-        (e.lld.clone(), e.lld.clone(), None)
-    } else if ldfs::dual::is_data_device(&*dev) {
-        let meta_path = dual_meta_path(&*dev, &image, opts.meta.as_deref())?;
-        _meta_lock = Some(lock_image(&meta_path, true, "ldfs").map_err(|e| e.to_string())?);
-        let meta = FileDevice::open(&meta_path, FileDeviceOptions::default())
-            .map_err(|e| format!("{}: {e}", meta_path.display()))?;
-        let meta: Arc<dyn Device> =
-            Arc::new(with_direct_writes(meta, &meta_path, opts.direct_writes)?);
-        let d = Arc::new(Dual::open(meta, dev, lld_opts).map_err(|e| {
-            format!(
-                "{} with metadata {}: {e}",
-                image.display(),
-                meta_path.display()
-            )
-        })?);
-        (d.clone(), d.meta_arc(), Some(d))
-    } else {
-        if opts.meta.is_some() {
-            return Err(format!(
-                "{}: meta= is for a dual file system (ldfs mkfs --meta); this one has one log",
-                image.display()
-            ));
+    let (lld, dual, fs, reader) = match reader_engine {
+        Some(e) => (e.lld, None, e.fs, Some(e.reader)),
+        None => {
+            let bounded = matches!(&store_ctx, Some((_, _, Some(_), Some(_))));
+            let lld_opts = lld_options(&opts, seg.as_ref(), bounded);
+            // A dual file system: IMAGE is its data device; the metadata device is
+            // found by the path its label recorded, or `meta=`, and locked too.
+            let (ld, lld, dual): (Arc<dyn LogicalDisk>, Arc<Lld>, Option<Arc<Dual>>) =
+                if ldfs::dual::is_data_device(&*dev) {
+                    let meta_path = dual_meta_path(&*dev, &image, opts.meta.as_deref())?;
+                    _meta_lock =
+                        Some(lock_image(&meta_path, true, "ldfs").map_err(|e| e.to_string())?);
+                    let meta = FileDevice::open(&meta_path, FileDeviceOptions::default())
+                        .map_err(|e| format!("{}: {e}", meta_path.display()))?;
+                    let meta: Arc<dyn Device> =
+                        Arc::new(with_direct_writes(meta, &meta_path, opts.direct_writes)?);
+                    let d = Arc::new(Dual::open(meta, dev, lld_opts).map_err(|e| {
+                        format!(
+                            "{} with metadata {}: {e}",
+                            image.display(),
+                            meta_path.display()
+                        )
+                    })?);
+                    (d.clone(), d.meta_arc(), Some(d))
+                } else {
+                    if opts.meta.is_some() {
+                        return Err(format!(
+                            "{}: meta= is for a dual file system (ldfs mkfs --meta); this one \
+                             has one log",
+                            image.display()
+                        ));
+                    }
+                    let l = Arc::new(
+                        Lld::open(dev, lld_opts)
+                            .map_err(|e| format!("{}: {e}", image.display()))?,
+                    );
+                    (l.clone(), l, None)
+                };
+            let fs = Arc::new(
+                Fs::mount(
+                    ld,
+                    FsOptions {
+                        read_only: opts.read_only,
+                        compress: opts.compress.unwrap_or_default(),
+                        ..Default::default()
+                    },
+                )
+                .map_err(|e| format!("{}: {e}", image.display()))?,
+            );
+            (lld, dual, fs, None)
         }
-        let l =
-            Arc::new(Lld::open(dev, lld_opts).map_err(|e| format!("{}: {e}", image.display()))?);
-        (l.clone(), l, None)
     };
-    let fs = match &reader_engine {
-        // The engine's own file system (`ld` is the same engine: not held past here, so that
-        // a refresh frees the engine it replaces).
-        Some(e) => {
-            drop(ld);
-            e.fs.clone()
-        }
-        None => Arc::new(
-            Fs::mount(
-                ld,
-                FsOptions {
-                    read_only: opts.read_only,
-                    compress: opts.compress.unwrap_or_default(),
-                    ..Default::default()
-                },
-            )
-            .map_err(|e| format!("{}: {e}", image.display()))?,
-        ),
-    };
-    let reader = reader_engine.map(|e| e.reader);
     let store_mount = match (seg, &store_ctx) {
         (Some(seg), Some((u, _, _, cache_bound))) => {
             // Segments Clean in the cache but still allocated (a mount without discard

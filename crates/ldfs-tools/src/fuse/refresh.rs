@@ -10,11 +10,12 @@
 //!    one changes, so this runs beside the requests;
 //! 3. with no request in flight (the write lock), stops the old engine's cache, rebuilds the
 //!    cache from the new checkpoint (as a read-only mount on an empty cache does: nothing is
-//!    downloaded but the Active segment's prefix), opens an engine on it, and swaps it in;
-//! 4. deletes the old pin, and last tells the kernel what changed (FUSE notifications, with
-//!    requests served again: the kernel may wait on them): the attributes and pages of every
-//!    inode it holds whose attributes differ or that is gone, and every name of a directory
-//!    it holds whose target differs, appeared or went.
+//!    downloaded but the Active segment's prefix), opens an engine on it, works out what
+//!    changed against it, and swaps it in;
+//! 4. at once, with requests served again (the kernel may wait on them), tells the kernel
+//!    what changed (FUSE notifications): the attributes and pages of every inode it holds
+//!    whose attributes differ or that is gone, then every name of a directory it holds whose
+//!    target differs, appeared or went; last deletes the old pin and closes the old engine.
 //!
 //! A rebuild that fails goes back to the old checkpoint (still pinned); if that fails too, every
 //! request fails with EIO until a later refresh succeeds, and the old pin is kept meanwhile.
@@ -412,7 +413,8 @@ impl Refresher {
             .unwrap_or_else(|p| p.into_inner())
             .is_none();
         // One listing first: most refreshes find nothing new.
-        let newest = newest_key(&*self.store).map_err(|e| format!("listing the store: {e}"))?;
+        let newest = ldfs::store::segments::newest_checkpoint_key(&*self.store)
+            .map_err(|e| format!("listing the store: {e}"))?;
         if !broken && newest.as_deref().is_none_or(|k| k == current) {
             return Ok(format!("at the store's newest checkpoint, {current}"));
         }
@@ -447,9 +449,9 @@ impl Refresher {
         if !broken {
             held.note(&cur.fs, known(&cur.fs));
         }
-        let no_open = slot
-            .as_ref()
-            .map(|f| f.no_open.load(std::sync::atomic::Ordering::Relaxed));
+        // The served engine's, also after a failed refresh left the slot empty (the kernel's
+        // INIT answered once, by the first engine).
+        let no_open = cur.fuse.no_open.load(std::sync::atomic::Ordering::Relaxed);
         (cur.quiesce)();
         cur.reader.stop_cache();
         let new = match (self.build)(pin.clone(), &key, &obj) {
@@ -463,13 +465,7 @@ impl Refresher {
                     cur.reader.checkpoint_object(),
                 ) {
                     Ok(again) => {
-                        again.fuse.no_open.store(
-                            no_open.unwrap_or(false),
-                            std::sync::atomic::Ordering::Relaxed,
-                        );
-                        for &(ino, n) in &pinned {
-                            again.fs.pin(ino, n);
-                        }
+                        adopt(&again, no_open, &pinned);
                         *slot = Some(again.fuse.clone());
                         drop(slot);
                         let old = served.replace(again).expect("checked above");
@@ -486,15 +482,7 @@ impl Refresher {
                 }
             }
         };
-        // The kernel keeps its negotiated way of opening files, and its lookup references.
-        if let Some(n) = no_open {
-            new.fuse
-                .no_open
-                .store(n, std::sync::atomic::Ordering::Relaxed);
-        }
-        for &(ino, n) in &pinned {
-            new.fs.pin(ino, n);
-        }
+        adopt(&new, no_open, &pinned);
         // What changed, before any request reaches the new engine: from the swap to the
         // notifications the kernel's caches of the old tree and the new engine answer together
         // (review 48), so that window holds nothing but the notifications.
@@ -541,14 +529,15 @@ impl Refresher {
     }
 }
 
-/// The newest checkpoint object's key in the store, if any.
-fn newest_key(store: &dyn ObjectStore) -> Result<Option<String>, ldfs::store::StoreError> {
-    Ok(store
-        .list("ckpt/")?
-        .into_iter()
-        .rev()
-        .find(|o| ldfs::store::segments::parse_checkpoint_key(&o.key).is_some())
-        .map(|o| o.key))
+/// A new engine takes the kernel's negotiated way of opening files (`no_open`, from the INIT
+/// the first engine answered) and its lookup references (`pinned`).
+fn adopt(new: &Served, no_open: bool, pinned: &[(u64, u64)]) {
+    new.fuse
+        .no_open
+        .store(no_open, std::sync::atomic::Ordering::Relaxed);
+    for &(ino, n) in pinned {
+        new.fs.pin(ino, n);
+    }
 }
 
 fn release(pin: &ReaderPin, key: &str) {

@@ -451,12 +451,7 @@ impl ReaderMount {
     /// The key of the newest checkpoint object in the store (one listing of `ckpt/`), or why
     /// it could not be listed.
     fn newest(&self) -> Result<Option<String>, String> {
-        let listed = self.store.list("ckpt/").map_err(|e| e.to_string())?;
-        Ok(listed
-            .into_iter()
-            .rev()
-            .find(|o| ldfs::store::segments::parse_checkpoint_key(&o.key).is_some())
-            .map(|o| o.key))
+        ldfs::store::segments::newest_checkpoint_key(&*self.store).map_err(|e| e.to_string())
     }
 
     /// The figures `ldfs stats` prints.

@@ -912,17 +912,22 @@ impl Device for CountingDevice {
 pub fn newest_checkpoint(
     store: &dyn ObjectStore,
 ) -> LayerResult<Option<(String, CheckpointObject)>> {
-    let listed = store.list("ckpt/")?;
-    let Some(newest) = listed
-        .iter()
-        .rev()
-        .find(|o| parse_checkpoint_key(&o.key).is_some())
-    else {
+    let Some(key) = newest_checkpoint_key(store)? else {
         return Ok(None);
     };
-    let key = newest.key.clone();
     let obj = decode_checkpoint_object(&key, &store.get(&key)?)?;
     Ok(Some((key, obj)))
+}
+
+/// The key of the newest checkpoint object in the store (one listing, nothing read), or
+/// `None` if it holds none: what a read-only mount compares with the checkpoint it shows.
+pub fn newest_checkpoint_key(store: &dyn ObjectStore) -> Result<Option<String>, StoreError> {
+    Ok(store
+        .list("ckpt/")?
+        .into_iter()
+        .rev()
+        .find(|o| parse_checkpoint_key(&o.key).is_some())
+        .map(|o| o.key))
 }
 
 /// The newest checkpoint object whose every named segment object is in the store, decoded
