@@ -1262,3 +1262,116 @@ fn review48_a_refresh_never_serves_a_mix_of_the_old_and_the_new_tree() {
     ro.unmount();
     m.unmount();
 }
+
+/// Review 49, finding 1: a tool asking a read-only mount for a refresh (`ldfs sync --remote`,
+/// the `trusted.ldfs.refresh` query) holds a FUSE thread until the refresh it waits for is done
+/// (`Refresher::request`), and that refresh ends by telling the kernel what changed
+/// (`tell_kernel`), which for a name waits for the directory's lock in the kernel. A lookup in
+/// that directory holds the lock while its request waits for a free FUSE thread: with as many
+/// askers as threads, none is free, the notification never ends, the refresh never answers,
+/// and the mount hangs for good (killing the askers frees no thread: they stay in `request`).
+/// Askers (more than `FUSE_THREADS`) ask in a loop, the writer adds names to the root and
+/// uploads, and a looker looks up new names in the reader's root; its lookups must keep going.
+/// On a hang the probe aborts the FUSE connection to clean up.
+#[test]
+fn review49_askers_waiting_for_a_refresh_never_starve_its_notifications() {
+    use std::os::unix::fs::MetadataExt;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    let Some(e) = env("r49ask") else { return };
+    let (_, d1, m) = e.writer(&["upload=1", "noatime"]);
+    std::fs::write(d1.join("seed"), b"s").unwrap();
+    e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
+    let d2 = e.path("d2");
+    let mut ro = e.mount(&e.path("c2.img"), &d2, &["ro", "refresh=0"], false);
+    let dev = std::fs::metadata(&d2).unwrap().dev();
+    let conn = ((dev >> 12) & 0xfff00) | (dev & 0xff);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (looked, moved) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut threads = Vec::new();
+    for _ in 0..24 {
+        let (stop, moved, d2, vars) = (stop.clone(), moved.clone(), d2.clone(), e.vars.clone());
+        threads.push(std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let out = ldfs()
+                    .envs(&vars)
+                    .args(["sync", "--remote"])
+                    .arg(&d2)
+                    .output()
+                    .unwrap();
+                if String::from_utf8_lossy(&out.stdout).contains("moved from") {
+                    moved.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    {
+        let (stop, d1, vars) = (stop.clone(), d1.clone(), e.vars.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for _ in 0..20 {
+                    i += 1;
+                    std::fs::write(d1.join(format!("w{i}")), b"w").unwrap();
+                }
+                let _ = ldfs()
+                    .envs(&vars)
+                    .args(["sync", "--remote"])
+                    .arg(&d1)
+                    .output();
+            }
+        }));
+    }
+    {
+        let (stop, looked, d2) = (stop.clone(), looked.clone(), d2.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut k = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                k += 1;
+                let _ = std::fs::symlink_metadata(d2.join(format!("nx{k}")));
+                let _ = std::fs::symlink_metadata(d2.join(format!("w{k}")));
+                looked.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let t = Instant::now();
+    let (mut last, mut since) = (0, Instant::now());
+    let mut hung = None;
+    while t.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = looked.load(Ordering::Relaxed);
+        if now != last {
+            (last, since) = (now, Instant::now());
+        } else if since.elapsed() > Duration::from_secs(20) {
+            hung = Some(t.elapsed());
+            break;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    if hung.is_some() {
+        let _ = std::fs::write(format!("/sys/fs/fuse/connections/{conn}/abort"), b"1");
+    }
+    for th in threads {
+        th.join().unwrap();
+    }
+    let refreshes = moved.load(Ordering::Relaxed);
+    if let Some(at) = hung {
+        let _ = Command::new("fusermount3")
+            .args(["-u", "-z"])
+            .arg(&d2)
+            .status();
+        let c = ro.child.as_mut().unwrap();
+        let _ = c.kill();
+        let _ = c.wait();
+        m.unmount();
+        panic!(
+            "the read-only mount hung at {at:?} (no lookup in its root for 20 s, {last} before, \
+             {refreshes} refreshes moved): askers waiting for a refresh held every FUSE thread \
+             while the refresh's notification waited for a lookup that needs one"
+        );
+    }
+    eprintln!("{last} lookups, {refreshes} refreshes moved; no hang");
+    assert!(refreshes > 0, "no refresh moved: nothing checked");
+    ro.unmount();
+    m.unmount();
+}
