@@ -1375,3 +1375,100 @@ fn review49_askers_waiting_for_a_refresh_never_starve_its_notifications() {
     ro.unmount();
     m.unmount();
 }
+
+/// A read-only mount whose refresh failed twice (every request EIO): the writer made `late`
+/// after the reader cached its absence; the mount of `e`'s writer at `d1`, the reader at `d2`
+/// (cache `c2`). The cache file made immutable (`chattr +i`) fails both rebuilds.
+fn broken_reader(e: &Env) -> (PathBuf, StoreMount, PathBuf, StoreMount) {
+    let (_, d1, m) = e.writer(&["upload=1", "noatime"]);
+    std::fs::write(d1.join("seed"), b"s").unwrap();
+    e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
+    let (c2, d2) = (e.path("c2.img"), e.path("d2"));
+    let ro = e.mount(&c2, &d2, &["ro", "refresh=0"], false);
+    assert!(std::fs::symlink_metadata(d2.join("late")).is_err());
+    std::fs::write(d1.join("late"), b"l").unwrap();
+    e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
+    Command::new("chattr").arg("+i").arg(&c2).succeeds();
+    let out = e
+        .ldfs()
+        .args(["sync", "--remote"])
+        .arg(&d2)
+        .output()
+        .unwrap();
+    Command::new("chattr").arg("-i").arg(&c2).succeeds();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains("every request fails"),
+        "the first refresh: {said}"
+    );
+    (d1, m, d2, ro)
+}
+
+/// The refresh query itself (what `ldfs sync --remote` asks on a read-only mount).
+fn ask_refresh(d: &Path) -> String {
+    let path = std::ffi::CString::new(d.as_os_str().as_encoded_bytes()).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            c"trusted.ldfs.refresh".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    assert!(n >= 0, "{}", std::io::Error::last_os_error());
+    String::from_utf8_lossy(&buf[..n as usize]).into_owned()
+}
+
+/// Review 49, finding 2: a refresh that recovers from a failed one (both rebuilds failed: every
+/// request EIO, `Refresher::refresh`'s `broken`) invalidates the inodes the kernel holds but
+/// no name: the kernel's entries of the tree before the failure stay for their `ENTRY_TTL`
+/// (30 s). A name the reader looked up before it existed (a negative entry) and the writer
+/// then made stays missing on the reader after the recovery moved it to a tree that has it.
+#[test]
+fn review49_a_refresh_after_a_failed_one_leaves_no_stale_name() {
+    let Some(e) = env("r49neg") else { return };
+    let (_, m, d2, ro) = broken_reader(&e);
+    let again = ask_refresh(&d2);
+    let got = std::fs::symlink_metadata(d2.join("late")).map(|_| ());
+    ro.unmount();
+    m.unmount();
+    assert!(again.contains("moved from"), "the second refresh: {again}");
+    assert!(
+        got.is_ok(),
+        "after a refresh recovered from a failed one, `late` (made by the writer, in the tree \
+         the mount moved to) is still missing on the reader ({got:?}): the kernel's negative \
+         entry from before the failure was never invalidated"
+    );
+}
+
+/// Review 49, finding 3: `ldfs sync --remote`, the way to ask a read-only mount for a refresh,
+/// cannot ask the one that would end a failed refresh's EIO: it syncs the mount first
+/// (`cli::mod`'s `Cmd::Sync`: `sync::run`, then `sync::read_only`), which fails with EIO, so a
+/// mount with `refresh=0` stays failed until it is unmounted.
+#[test]
+fn review49_ldfs_sync_remote_recovers_a_failed_refresh() {
+    let Some(e) = env("r49cli") else { return };
+    let (_, m, d2, ro) = broken_reader(&e);
+    let out = e
+        .ldfs()
+        .args(["sync", "--remote"])
+        .arg(&d2)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ro.unmount();
+    m.unmount();
+    assert!(
+        out.status.success() && said.contains("moved from"),
+        "`ldfs sync --remote` on a mount whose refresh failed: {said}"
+    );
+}
