@@ -1262,3 +1262,213 @@ fn review48_a_refresh_never_serves_a_mix_of_the_old_and_the_new_tree() {
     ro.unmount();
     m.unmount();
 }
+
+/// Review 49, finding 1: a tool asking a read-only mount for a refresh (`ldfs sync --remote`,
+/// the `trusted.ldfs.refresh` query) holds a FUSE thread until the refresh it waits for is done
+/// (`Refresher::request`), and that refresh ends by telling the kernel what changed
+/// (`tell_kernel`), which for a name waits for the directory's lock in the kernel. A lookup in
+/// that directory holds the lock while its request waits for a free FUSE thread: with as many
+/// askers as threads, none is free, the notification never ends, the refresh never answers,
+/// and the mount hangs for good (killing the askers frees no thread: they stay in `request`).
+/// Askers (more than `FUSE_THREADS`) ask in a loop, the writer adds names to the root and
+/// uploads, and a looker looks up new names in the reader's root; its lookups must keep going.
+/// On a hang the probe aborts the FUSE connection to clean up.
+#[test]
+fn review49_askers_waiting_for_a_refresh_never_starve_its_notifications() {
+    use std::os::unix::fs::MetadataExt;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    let Some(e) = env("r49ask") else { return };
+    let (_, d1, m) = e.writer(&["upload=1", "noatime"]);
+    std::fs::write(d1.join("seed"), b"s").unwrap();
+    e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
+    let d2 = e.path("d2");
+    let mut ro = e.mount(&e.path("c2.img"), &d2, &["ro", "refresh=0"], false);
+    let dev = std::fs::metadata(&d2).unwrap().dev();
+    let conn = ((dev >> 12) & 0xfff00) | (dev & 0xff);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (looked, moved) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut threads = Vec::new();
+    for _ in 0..24 {
+        let (stop, moved, d2, vars) = (stop.clone(), moved.clone(), d2.clone(), e.vars.clone());
+        threads.push(std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let out = ldfs()
+                    .envs(&vars)
+                    .args(["sync", "--remote"])
+                    .arg(&d2)
+                    .output()
+                    .unwrap();
+                if String::from_utf8_lossy(&out.stdout).contains("moved from") {
+                    moved.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    {
+        let (stop, d1, vars) = (stop.clone(), d1.clone(), e.vars.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for _ in 0..20 {
+                    i += 1;
+                    std::fs::write(d1.join(format!("w{i}")), b"w").unwrap();
+                }
+                let _ = ldfs()
+                    .envs(&vars)
+                    .args(["sync", "--remote"])
+                    .arg(&d1)
+                    .output();
+            }
+        }));
+    }
+    {
+        let (stop, looked, d2) = (stop.clone(), looked.clone(), d2.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut k = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                k += 1;
+                let _ = std::fs::symlink_metadata(d2.join(format!("nx{k}")));
+                let _ = std::fs::symlink_metadata(d2.join(format!("w{k}")));
+                looked.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let t = Instant::now();
+    let (mut last, mut since) = (0, Instant::now());
+    let mut hung = None;
+    while t.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = looked.load(Ordering::Relaxed);
+        if now != last {
+            (last, since) = (now, Instant::now());
+        } else if since.elapsed() > Duration::from_secs(20) {
+            hung = Some(t.elapsed());
+            break;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    if hung.is_some() {
+        let _ = std::fs::write(format!("/sys/fs/fuse/connections/{conn}/abort"), b"1");
+    }
+    for th in threads {
+        th.join().unwrap();
+    }
+    let refreshes = moved.load(Ordering::Relaxed);
+    if let Some(at) = hung {
+        let _ = Command::new("fusermount3")
+            .args(["-u", "-z"])
+            .arg(&d2)
+            .status();
+        let c = ro.child.as_mut().unwrap();
+        let _ = c.kill();
+        let _ = c.wait();
+        m.unmount();
+        panic!(
+            "the read-only mount hung at {at:?} (no lookup in its root for 20 s, {last} before, \
+             {refreshes} refreshes moved): askers waiting for a refresh held every FUSE thread \
+             while the refresh's notification waited for a lookup that needs one"
+        );
+    }
+    eprintln!("{last} lookups, {refreshes} refreshes moved; no hang");
+    assert!(refreshes > 0, "no refresh moved: nothing checked");
+    ro.unmount();
+    m.unmount();
+}
+
+/// A read-only mount whose refresh failed twice (every request EIO): the writer made `late`
+/// after the reader cached its absence; the mount of `e`'s writer at `d1`, the reader at `d2`
+/// (cache `c2`). The cache file made immutable (`chattr +i`) fails both rebuilds.
+fn broken_reader(e: &Env) -> (PathBuf, StoreMount, PathBuf, StoreMount) {
+    let (_, d1, m) = e.writer(&["upload=1", "noatime"]);
+    std::fs::write(d1.join("seed"), b"s").unwrap();
+    e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
+    let (c2, d2) = (e.path("c2.img"), e.path("d2"));
+    let ro = e.mount(&c2, &d2, &["ro", "refresh=0"], false);
+    assert!(std::fs::symlink_metadata(d2.join("late")).is_err());
+    std::fs::write(d1.join("late"), b"l").unwrap();
+    e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
+    Command::new("chattr").arg("+i").arg(&c2).succeeds();
+    let out = e
+        .ldfs()
+        .args(["sync", "--remote"])
+        .arg(&d2)
+        .output()
+        .unwrap();
+    Command::new("chattr").arg("-i").arg(&c2).succeeds();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains("every request fails"),
+        "the first refresh: {said}"
+    );
+    (d1, m, d2, ro)
+}
+
+/// The refresh query itself (what `ldfs sync --remote` asks on a read-only mount).
+fn ask_refresh(d: &Path) -> String {
+    let path = std::ffi::CString::new(d.as_os_str().as_encoded_bytes()).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            c"trusted.ldfs.refresh".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    assert!(n >= 0, "{}", std::io::Error::last_os_error());
+    String::from_utf8_lossy(&buf[..n as usize]).into_owned()
+}
+
+/// Review 49, finding 2: a refresh that recovers from a failed one (both rebuilds failed: every
+/// request EIO, `Refresher::refresh`'s `broken`) invalidates the inodes the kernel holds but
+/// no name: the kernel's entries of the tree before the failure stay for their `ENTRY_TTL`
+/// (30 s). A name the reader looked up before it existed (a negative entry) and the writer
+/// then made stays missing on the reader after the recovery moved it to a tree that has it.
+#[test]
+fn review49_a_refresh_after_a_failed_one_leaves_no_stale_name() {
+    let Some(e) = env("r49neg") else { return };
+    let (_, m, d2, ro) = broken_reader(&e);
+    let again = ask_refresh(&d2);
+    let got = std::fs::symlink_metadata(d2.join("late")).map(|_| ());
+    ro.unmount();
+    m.unmount();
+    assert!(again.contains("moved from"), "the second refresh: {again}");
+    assert!(
+        got.is_ok(),
+        "after a refresh recovered from a failed one, `late` (made by the writer, in the tree \
+         the mount moved to) is still missing on the reader ({got:?}): the kernel's negative \
+         entry from before the failure was never invalidated"
+    );
+}
+
+/// Review 49, finding 3: `ldfs sync --remote`, the way to ask a read-only mount for a refresh,
+/// cannot ask the one that would end a failed refresh's EIO: it syncs the mount first
+/// (`cli::mod`'s `Cmd::Sync`: `sync::run`, then `sync::read_only`), which fails with EIO, so a
+/// mount with `refresh=0` stays failed until it is unmounted.
+#[test]
+fn review49_ldfs_sync_remote_recovers_a_failed_refresh() {
+    let Some(e) = env("r49cli") else { return };
+    let (_, m, d2, ro) = broken_reader(&e);
+    let out = e
+        .ldfs()
+        .args(["sync", "--remote"])
+        .arg(&d2)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ro.unmount();
+    m.unmount();
+    assert!(
+        out.status.success() && said.contains("moved from"),
+        "`ldfs sync --remote` on a mount whose refresh failed: {said}"
+    );
+}
