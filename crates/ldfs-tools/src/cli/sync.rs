@@ -82,14 +82,37 @@ fn fsync_held(path: &Path, dev: u64, ino: u64) -> Result<(), String> {
     }
 }
 
-/// Whether the file system at `mountpoint` is mounted read-only.
+/// Whether the file system at `mountpoint` is mounted read-only, by the mount table (a
+/// read-only store mount a failed refresh left failing every request fails statfs too).
 pub fn read_only(mountpoint: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(path) = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) else {
-        return false;
-    };
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    unsafe { libc::statvfs(path.as_ptr(), &mut st) == 0 && st.f_flag & libc::ST_RDONLY != 0 }
+    // Made absolute without asking the mount (`canonicalize` stats it, and fails on one
+    // failing every request).
+    std::path::absolute(mountpoint)
+        .ok()
+        .and_then(|dir| crate::fuse::mount::top_mount(&dir))
+        .is_some_and(|m| m.read_only)
+}
+
+/// `ldfs sync --remote` on a read-only mount of a store-backed file system: moves it to the
+/// store's newest checkpoint now and prints what changed. While another caller waits for a
+/// refresh the daemon answers busy at once (one waits at a time): asked again shortly.
+pub fn refresh(mountpoint: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let t = std::time::Instant::now();
+    loop {
+        let said = super::control::control_get(mountpoint, "refresh")?;
+        let said = String::from_utf8_lossy(&said).into_owned();
+        if said.starts_with("busy:") && t.elapsed() < std::time::Duration::from_secs(600) {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            continue;
+        }
+        return match said.strip_prefix("failed: ") {
+            Some(why) => Err(format!("{}: {why}", mountpoint.display()).into()),
+            None => {
+                println!("{}: {said}", mountpoint.display());
+                Ok(())
+            }
+        };
+    }
 }
 
 pub fn run(mountpoint: &Path) -> Result<(), String> {

@@ -1299,6 +1299,7 @@ pub(crate) fn mounts() -> Vec<MountEntry> {
                 dir: PathBuf::from(unescape_mount_field(w.get(4)?)),
                 kind: w.get(dash + 1)?.to_string(),
                 source: unescape_mount_field(w.get(dash + 2)?),
+                read_only: w.get(5)?.split(',').any(|o| o == "ro"),
             })
         })
         .collect()
@@ -1412,7 +1413,7 @@ fn check_mountpoint(dir: &Path) -> Result<PathBuf, String> {
 }
 
 /// The topmost mount at `dir` (absolute) in /proc/self/mountinfo.
-fn top_mount(dir: &Path) -> Option<MountEntry> {
+pub(crate) fn top_mount(dir: &Path) -> Option<MountEntry> {
     // Later lines are mounted later, so the last one at `dir` is on top.
     mounts().into_iter().rev().find(|m| m.dir == dir)
 }
@@ -1427,6 +1428,8 @@ pub(crate) struct MountEntry {
     pub kind: String,
     /// Its source (an ldfs mount's is its image's absolute path).
     pub source: String,
+    /// Mounted read-only (the mount's own options).
+    pub read_only: bool,
 }
 
 /// Ends the mount when a signal comes, also when it is busy (a file held

@@ -282,7 +282,13 @@ struct Asks {
     done: u64,
     said: String,
     stop: bool,
+    /// A caller waits in `request` (at most one: review 49 finding 1).
+    waiting: bool,
 }
+
+/// What [`Refresher::request`] answers while another caller waits for a refresh: the caller
+/// (`ldfs sync --remote`) asks again shortly.
+pub const BUSY: &str = "busy: another caller waits for a refresh";
 
 /// Moves a read-only store mount to the store's newest checkpoint: on demand
 /// ([`Refresher::request`]) and, with `-o refresh=SECONDS`, that often.
@@ -293,6 +299,10 @@ pub struct Refresher {
     take_pin: Box<TakePin>,
     build: Box<Build>,
     notifier: Mutex<Option<fuser::Notifier>>,
+    /// What the kernel held of the tree a failed refresh left (every request fails meanwhile,
+    /// so the kernel caches nothing new): what the refresh that recovers compares with
+    /// (review 49 finding 2: names cached before the failure stayed for their 30 s).
+    held_at_failure: Mutex<Option<Held>>,
     asks: Mutex<Asks>,
     cv: Condvar,
 }
@@ -312,6 +322,7 @@ impl Refresher {
             take_pin,
             build,
             notifier: Mutex::new(None),
+            held_at_failure: Mutex::new(None),
             asks: Mutex::new(Asks::default()),
             cv: Condvar::new(),
         });
@@ -361,18 +372,27 @@ impl Refresher {
         }
     }
 
-    /// Asks for a refresh and waits for one that began after the ask; what it did.
+    /// Asks for a refresh and waits for one that began after the ask; what it did. One caller
+    /// waits at a time, the others are answered [`BUSY`] at once: each waiter holds a FUSE
+    /// thread, and the refresh's notifications may wait for a request the kernel holds a
+    /// directory's lock for, which needs a free thread (review 49 finding 1: 16 waiters, the
+    /// whole pool, hung the mount for good).
     pub fn request(&self) -> String {
         let mut a = self.asks.lock().unwrap();
         if a.stop {
             return "failed: the mount is ending".into();
         }
+        if a.waiting {
+            return BUSY.into();
+        }
+        a.waiting = true;
         a.asked += 1;
         let mine = a.asked;
         self.cv.notify_all();
         while a.done < mine && !a.stop {
             a = self.cv.wait(a).unwrap();
         }
+        a.waiting = false;
         match a.done >= mine {
             true => a.said.clone(),
             false => "failed: the mount is ending".into(),
@@ -439,7 +459,15 @@ impl Refresher {
             v.push(ldfs::fs::ROOT_INO);
             v
         };
-        let mut held = Held::default();
+        let mut held = match broken {
+            true => self
+                .held_at_failure
+                .lock()
+                .unwrap()
+                .take()
+                .unwrap_or_default(),
+            false => Held::default(),
+        };
         if !broken {
             held.note(&cur.fs, known(&cur.fs));
         }
@@ -474,6 +502,7 @@ impl Refresher {
                     }
                     Err(e2) => {
                         *slot = None;
+                        *self.held_at_failure.lock().unwrap() = Some(held);
                         return Err(format!(
                             "opening {key}: {e}; rebuilding {current} again: {e2}; every \
                              request fails (EIO) until a refresh succeeds"
@@ -486,7 +515,9 @@ impl Refresher {
         // What changed, before any request reaches the new engine: from the swap to the
         // notifications the kernel's caches of the old tree and the new engine answer together
         // (review 48), so that window holds nothing but the notifications.
-        let (inodes, names) = match broken {
+        // After a failure, what the kernel held then (`held_at_failure`); without it, every
+        // inode it holds.
+        let (inodes, names) = match broken && held.attrs.is_empty() {
             false => changes(&held, &new.fs),
             true => (pinned.iter().map(|&(i, _)| i).collect(), Vec::new()),
         };
