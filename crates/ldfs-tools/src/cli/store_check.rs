@@ -15,7 +15,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use ldfs::lld::PAGE_BYTES;
-use ldfs::store::segments::{newest_checkpoint, newest_complete_checkpoint, parse_checkpoint_key};
+use ldfs::store::segments::{
+    newest_checkpoint, newest_checkpoint_key, newest_complete_checkpoint, parse_checkpoint_key,
+};
 use ldfs::store::ObjectStore;
 
 use super::store::{note_path, StoreUrl, READER};
@@ -127,18 +129,6 @@ pub fn check_store(store: &dyn ObjectStore, note: &CacheNote) -> Result<StoreChe
             return Ok(c);
         }
     }
-}
-
-/// The newest checkpoint key in the store (a listing only).
-fn newest_checkpoint_key(
-    store: &dyn ObjectStore,
-) -> Result<Option<String>, ldfs::store::StoreError> {
-    Ok(store
-        .list("ckpt/")?
-        .into_iter()
-        .rev()
-        .find(|o| parse_checkpoint_key(&o.key).is_some())
-        .map(|o| o.key))
 }
 
 /// One pass of [`check_store`], and the key of the checkpoint object it checked.
