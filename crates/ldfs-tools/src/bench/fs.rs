@@ -667,7 +667,12 @@ fn settle_uploads(t: &Target) -> R<()> {
 /// timed until `ldfs sync --remote` returns (everything in the store), and the gateway's own
 /// PUT throughput is measured right after with the same client: one [`UploadSample`] into
 /// `uploads` (issue 20: upload throughput at least 0.8x the gateway's).
-fn large_file(t: &Target, mib: u64, uploads: &mut Vec<super::s3::UploadSample>) -> R<Vec<f64>> {
+fn large_file(
+    t: &Target,
+    mib: u64,
+    image_bytes: u64,
+    uploads: &mut Vec<super::s3::UploadSample>,
+) -> R<Vec<f64>> {
     let p = t.mnt.join("large");
     let bytes = mib << 20;
     let mb = bytes as f64 / 1e6;
@@ -707,6 +712,7 @@ fn large_file(t: &Target, mib: u64, uploads: &mut Vec<super::s3::UploadSample>) 
             object_bytes: s3.segment_bytes,
             in_flight: s3.in_flight,
             split: Err("not measured yet".into()),
+            drain: Err("not measured yet".into()),
         });
         let u = sample.as_ref().expect("just set");
         eprintln!(
@@ -792,6 +798,17 @@ fn large_file(t: &Target, mib: u64, uploads: &mut Vec<super::s3::UploadSample>) 
                 s.ratio()
             ),
             Err(why) => eprintln!("bench fs:   {}: no split-CPU figures: {why}", t.name),
+        }
+        u.drain = drain_upload(t, s3, drain_mib(image_bytes), &chunk);
+        match &u.drain {
+            Ok(d) => eprintln!(
+                "bench fs:   {}: catching up after a stall: {:.1} MB/s from the gateway's return to sync --remote's, gateway PUT {:.1} MB/s: ratio {:.2}",
+                t.name,
+                d.drain_mb_s,
+                d.gateway_mb_s,
+                d.ratio()
+            ),
+            Err(why) => eprintln!("bench fs:   {}: no catch-up figure: {why}", t.name),
         }
         uploads.push(u);
     }
@@ -911,6 +928,68 @@ fn split_upload(
     fs::remove_file(&p).map_err(|e| e.to_string())?;
     t.durable()?;
     Ok(split)
+}
+
+/// MiB the catch-up figure writes with the gateway stopped: long enough (seconds of puts) that
+/// the gateway's own jitter (a put taking from 40 to 140 ms here) and a put's latency at the
+/// start and the end weigh little, as they did in the large file's 0.7 s; under the default
+/// upload backlog bound (1 GiB), past which the writer would wait for the stopped gateway; and
+/// at most a quarter of the image.
+fn drain_mib(image_bytes: u64) -> u64 {
+    512.min((image_bytes >> 20) / 4).max(1)
+}
+
+/// The uploader's own throughput ([`super::s3::DrainUpload`]): a sequential write (`mib` MiB
+/// of `chunk`, a file of its own, removed after) with this run's
+/// gateway stopped, so the whole file is left to upload; then timed from the gateway's return
+/// to `ldfs sync --remote`'s, and the gateway's PUT baseline measured right after. What
+/// earlier work left goes first, untimed. `Err`: why it was not measured.
+fn drain_upload(
+    t: &Target,
+    s3: &super::s3::S3Target,
+    mib: u64,
+    chunk: &[u8],
+) -> Result<super::s3::DrainUpload, String> {
+    let p = t.mnt.join("large-drain");
+    let bytes = mib << 20;
+    settle_uploads(t)?;
+    let put = |t: &Target| -> R<u64> { Ok(store_stats(t)?["segments_put"].as_u64().unwrap_or(0)) };
+    let before = put(t)?;
+    let stall = super::s3::GatewayStall::apply(&s3.ceph_pids)?;
+    let written = (|| -> R<u64> {
+        let mut f = File::create(&p).map_err(|e| e.to_string())?;
+        for _ in 0..mib {
+            f.write_all(chunk).map_err(|e| e.to_string())?;
+        }
+        f.sync_all().map_err(|e| e.to_string())?;
+        // A stats query reads the uploader's counters, not the store.
+        put(t)
+    })();
+    let t0 = Instant::now();
+    stall.resume();
+    let put_in_the_stall = written? - before;
+    if put_in_the_stall != 0 {
+        return Err(format!(
+            "{put_in_the_stall} segment object(s) were put while the gateway was stopped"
+        ));
+    }
+    sync_remote(t)?;
+    let drained = t0.elapsed();
+    let after = put(t)?;
+    eprintln!(
+        "bench fs:   {}: catching up: {} segment objects put after the gateway's return in {:.3} s",
+        t.name,
+        after - before,
+        drained.as_secs_f64()
+    );
+    let gateway_mb_s = s3.gateway_put_rate(bytes, chunk, s3.in_flight)?;
+    fs::remove_file(&p).map_err(|e| e.to_string())?;
+    t.durable()?;
+    Ok(super::s3::DrainUpload {
+        bytes,
+        drain_mb_s: bytes as f64 / 1e6 / drained.as_secs_f64(),
+        gateway_mb_s,
+    })
 }
 
 fn percentile(v: &mut [f64], p: f64) -> f64 {
@@ -1271,7 +1350,7 @@ fn run_workload(
             }
             Ok(v)
         }
-        "largefile" => large_file(t, b.large_mib, uploads),
+        "largefile" => large_file(t, b.large_mib, b.image_bytes, uploads),
         "bigdir" => big_dir(t, b.dir_names),
         "syncwrite" => {
             let mut v = sync_write(t, 1, b.sync_secs, true)?;

@@ -317,8 +317,17 @@ pub fn json(r: &Results) -> String {
                     ),
                     Err(why) => format!("\"split_skipped\": {}", json_str(why)),
                 };
+                let drain = match &u.drain {
+                    Ok(d) => format!(
+                        "\"drain\": {{\"bytes\": {}, \"drain_mb_s\": {}, \"gateway_mb_s\": {}}}",
+                        d.bytes,
+                        json_num(Some(d.drain_mb_s)),
+                        json_num(Some(d.gateway_mb_s))
+                    ),
+                    Err(why) => format!("\"drain_skipped\": {}", json_str(why)),
+                };
                 format!(
-                    "{{\"bytes\": {}, \"upload_mb_s\": {}, \"after_fsync_mb_s\": {}, \"gateway_mb_s\": {}, \"gateway_one_mb_s\": {}, \"segments_put\": {}, \"segment_bytes_put\": {}, \"object_bytes\": {}, \"in_flight\": {}, {split}}}",
+                    "{{\"bytes\": {}, \"upload_mb_s\": {}, \"after_fsync_mb_s\": {}, \"gateway_mb_s\": {}, \"gateway_one_mb_s\": {}, \"segments_put\": {}, \"segment_bytes_put\": {}, \"object_bytes\": {}, \"in_flight\": {}, {split}, {drain}}}",
                     u.bytes,
                     json_num(Some(u.upload_mb_s)),
                     json_num(Some(u.after_fsync_mb_s)),
@@ -432,47 +441,61 @@ pub fn from_json(text: &str) -> R<Results> {
         .as_array()
         .map(|a| a.iter().map(profile).collect())
         .unwrap_or_default();
-    let uploads = v["s3_uploads"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|u| {
-                    let n = |k: &str| u[k].as_u64().unwrap_or(0);
-                    let f = |k: &str| u[k].as_f64().unwrap_or(f64::NAN);
-                    super::s3::UploadSample {
-                        bytes: n("bytes"),
-                        upload_mb_s: f("upload_mb_s"),
-                        after_fsync_mb_s: f("after_fsync_mb_s"),
-                        gateway_mb_s: f("gateway_mb_s"),
-                        gateway_one_mb_s: f("gateway_one_mb_s"),
-                        segments_put: n("segments_put"),
-                        segment_bytes_put: n("segment_bytes_put"),
-                        object_bytes: n("object_bytes"),
-                        in_flight: n("in_flight") as usize,
-                        // Reports written before the split-CPU figures have neither.
-                        split: match (&u["split"], u["split_skipped"].as_str()) {
-                            (sp, _) if sp.is_object() => {
-                                let f = |k: &str| sp[k].as_f64().unwrap_or(f64::NAN);
-                                let t = |k: &str| sp[k].as_str().unwrap_or("").to_string();
-                                Ok(super::s3::SplitUpload {
-                                    upload_mb_s: f("upload_mb_s"),
-                                    after_fsync_mb_s: f("after_fsync_mb_s"),
-                                    gateway_mb_s: f("gateway_mb_s"),
-                                    ldfs_cpus: t("ldfs_cpus"),
-                                    ceph_cpus: t("ceph_cpus"),
-                                })
-                            }
-                            (_, Some(why)) => Err(why.to_string()),
-                            _ => {
-                                Err("not measured (a report from before the split-CPU figures)"
-                                    .into())
-                            }
-                        },
-                    }
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let uploads =
+        v["s3_uploads"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|u| {
+                        let n = |k: &str| u[k].as_u64().unwrap_or(0);
+                        let f = |k: &str| u[k].as_f64().unwrap_or(f64::NAN);
+                        super::s3::UploadSample {
+                            bytes: n("bytes"),
+                            upload_mb_s: f("upload_mb_s"),
+                            after_fsync_mb_s: f("after_fsync_mb_s"),
+                            gateway_mb_s: f("gateway_mb_s"),
+                            gateway_one_mb_s: f("gateway_one_mb_s"),
+                            segments_put: n("segments_put"),
+                            segment_bytes_put: n("segment_bytes_put"),
+                            object_bytes: n("object_bytes"),
+                            in_flight: n("in_flight") as usize,
+                            // Reports written before the split-CPU figures have neither.
+                            split: match (&u["split"], u["split_skipped"].as_str()) {
+                                (sp, _) if sp.is_object() => {
+                                    let f = |k: &str| sp[k].as_f64().unwrap_or(f64::NAN);
+                                    let t = |k: &str| sp[k].as_str().unwrap_or("").to_string();
+                                    Ok(super::s3::SplitUpload {
+                                        upload_mb_s: f("upload_mb_s"),
+                                        after_fsync_mb_s: f("after_fsync_mb_s"),
+                                        gateway_mb_s: f("gateway_mb_s"),
+                                        ldfs_cpus: t("ldfs_cpus"),
+                                        ceph_cpus: t("ceph_cpus"),
+                                    })
+                                }
+                                (_, Some(why)) => Err(why.to_string()),
+                                _ => {
+                                    Err("not measured (a report from before the split-CPU figures)"
+                                        .into())
+                                }
+                            },
+                            drain: match (&u["drain"], u["drain_skipped"].as_str()) {
+                                (d, _) if d.is_object() => {
+                                    let f = |k: &str| d[k].as_f64().unwrap_or(f64::NAN);
+                                    Ok(super::s3::DrainUpload {
+                                        bytes: d["bytes"].as_u64().unwrap_or(0),
+                                        drain_mb_s: f("drain_mb_s"),
+                                        gateway_mb_s: f("gateway_mb_s"),
+                                    })
+                                }
+                                (_, Some(why)) => Err(why.to_string()),
+                                _ => Err("not measured (a report from before the catch-up figure)"
+                                    .into()),
+                            },
+                        }
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
     Ok(Results {
         profiles,
         uploads,
@@ -734,13 +757,69 @@ fn uploads_markdown(u: &[super::s3::UploadSample]) -> String {
     let mut md = String::from("\n### ldfs-s3: upload throughput (large-file workload)\n\n");
     let _ = writeln!(
         md,
-        "The sequential write of the large-file workload ({} MiB), timed from its first write until `ldfs sync --remote` returns (everything in the store), against the gateway's own PUT throughput measured right after in the same run with the same client (`S3Store`): {} KiB objects (the segment size), {} in flight (the uploader's). Issue 20's target: a ratio of at least 0.8. Medians of {} round(s).\n",
-        first.bytes >> 20,
+        "Issue 20's target: upload throughput at least 0.8x the gateway's own PUT throughput for objects of the segment size, measured in the same run with the same client (`S3Store`): {} KiB objects (the segment size), {} in flight (the uploader's). Medians of {} round(s), the large file of {} MiB.\n",
         first.object_bytes >> 10,
         first.in_flight,
-        u.len()
+        u.len(),
+        first.bytes >> 20,
     );
-    let mut rows = vec![
+    let drains: Vec<&super::s3::DrainUpload> =
+        u.iter().filter_map(|s| s.drain.as_ref().ok()).collect();
+    let mut rows = Vec::new();
+    match drains.first() {
+        Some(first_drain) => {
+            let med_drain = |f: &dyn Fn(&super::s3::DrainUpload) -> f64| {
+                let v: Vec<f64> = drains
+                    .iter()
+                    .map(|s| f(s))
+                    .filter(|x| x.is_finite())
+                    .collect();
+                median(&v).map_or("".into(), fmt_value)
+            };
+            let _ = writeln!(
+                md,
+                "*Catching up*, the uploader's own throughput: {} MiB written sequentially (a file of its own; seconds of puts, so that the gateway's jitter and a put's latency at either end weigh little) with the run's gateway stopped (SIGSTOP to radosgw: it takes connections and answers nothing), so that no put completes before its return (the first puts' requests wait in its sockets); timed from the gateway's return until `ldfs sync --remote` returns, with nothing else running, against the gateway's PUT throughput measured right after for as many bytes ({} of {} round(s)).\n",
+                first_drain.bytes >> 20,
+                drains.len(),
+                u.len()
+            );
+            rows.extend([
+                vec![
+                    "catching up: from the gateway's return until in the store".into(),
+                    "MB/s".into(),
+                    med_drain(&|d| d.drain_mb_s),
+                ],
+                vec![
+                    format!(
+                        "catching up: gateway PUT right after, {} in flight",
+                        first.in_flight
+                    ),
+                    "MB/s".into(),
+                    med_drain(&|d| d.gateway_mb_s),
+                ],
+                vec![
+                    "catching up: ratio upload / gateway PUT".into(),
+                    "".into(),
+                    med_drain(&|d| d.ratio()),
+                ],
+            ]);
+        }
+        None => {
+            let why = u
+                .iter()
+                .find_map(|s| s.drain.as_ref().err())
+                .map_or("", String::as_str);
+            let _ = writeln!(
+                md,
+                "The catch-up figure (the uploader's own throughput) was not measured: {why}.\n"
+            );
+        }
+    }
+    let _ = writeln!(
+        md,
+        "*Write until in the store*: the large-file workload's sequential write, timed from its first write until `ldfs sync --remote` returns (everything in the store), the puts running beside the write; on one machine the write and its cache device share the CPU and the disk with the gateway and its OSD, which a gateway on other machines does not.\n"
+    );
+    rows.extend([
         vec![
             "upload: write until in the store".into(),
             "MB/s".into(),
@@ -776,7 +855,7 @@ fn uploads_markdown(u: &[super::s3::UploadSample]) -> String {
             "".into(),
             med(&|s| s.segment_bytes_put as f64 / s.bytes as f64),
         ],
-    ];
+    ]);
     let splits: Vec<&super::s3::SplitUpload> =
         u.iter().filter_map(|s| s.split.as_ref().ok()).collect();
     match splits.first() {
@@ -791,7 +870,7 @@ fn uploads_markdown(u: &[super::s3::UploadSample]) -> String {
             };
             let _ = writeln!(
                 md,
-                "Two measurements of each. *Shared cores*: as the machine runs them, the Ceph daemons, the ldfs daemon and the writer on the same cores (with whatever else runs), so the ratio also measures who gets the CPU: radosgw and its OSD spend CPU on every MB put. *Split CPUs*: the same write (a file of its own) and the same PUT baseline again with the gateway's CPU apart from ldfs's: every thread of the Ceph daemons (ceph-mon, ceph-mgr, ceph-osd, radosgw) on CPU {} and every thread of the ldfs daemon and of the benchmark (the writer, the PUT client) on CPU {}, the affinities restored after; that ratio compares the uploader with the gateway when neither takes the other's CPU ({} of {} round(s)).\n",
+                "Two measurements of the write until in the store. *Shared cores*: as the machine runs them, the Ceph daemons, the ldfs daemon and the writer on the same cores (with whatever else runs), so the ratio also measures who gets the CPU: radosgw and its OSD spend CPU on every MB put. *Split CPUs*: the same write (a file of its own) and the same PUT baseline again with the gateway's CPU apart from ldfs's: every thread of the Ceph daemons (ceph-mon, ceph-mgr, ceph-osd, radosgw) on CPU {} and every thread of the ldfs daemon and of the benchmark (the writer, the PUT client) on CPU {}, the affinities restored after; that ratio compares the uploader with the gateway when neither takes the other's CPU ({} of {} round(s)).\n",
                 first_split.ceph_cpus,
                 first_split.ldfs_cpus,
                 splits.len(),
@@ -1232,6 +1311,11 @@ mod tests {
                 ldfs_cpus: "0".into(),
                 ceph_cpus: "1".into(),
             }),
+            drain: Ok(super::super::s3::DrainUpload {
+                bytes: 512 << 20,
+                drain_mb_s: up + 40.0,
+                gateway_mb_s: 125.0,
+            }),
         };
         r.uploads = vec![sample(50.0), sample(90.0), sample(70.0)];
         let md = markdown(&r, None);
@@ -1273,10 +1357,38 @@ mod tests {
             md.contains("Ceph daemons (ceph-mon, ceph-mgr, ceph-osd, radosgw) on CPU 1 and every thread of the ldfs daemon and of the benchmark (the writer, the PUT client) on CPU 0"),
             "{md}"
         );
+        assert!(
+            md.contains(
+                "*Catching up*, the uploader's own throughput: 512 MiB written sequentially"
+            ),
+            "{md}"
+        );
+        // The catch-up rows: 90, 130, 110; ratio against 125: 0.88.
+        assert!(
+            md.contains(
+                "| catching up: from the gateway's return until in the store | MB/s | 110 |"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("| catching up: ratio upload / gateway PUT | | 0.88 |"),
+            "{md}"
+        );
         let j = json(&r);
         let back = from_json(&j).unwrap();
         assert_eq!(back.uploads, r.uploads);
         assert_eq!(json(&back), j);
+        // Not measured (a gateway from the environment): said, with why, no catch-up rows.
+        for s in &mut r.uploads {
+            s.drain = Err("no radosgw of this run's cluster to stop".into());
+        }
+        let md = markdown(&r, None);
+        assert!(
+            md.contains("The catch-up figure (the uploader's own throughput) was not measured: no radosgw of this run's cluster to stop."),
+            "{md}"
+        );
+        assert!(!md.contains("| catching up"), "{md}");
+        assert_eq!(from_json(&json(&r)).unwrap().uploads, r.uploads);
         // Not measured (one CPU): said, with why, and no split rows; the reason round-trips.
         for s in &mut r.uploads {
             s.split = Err("the benchmark may run on 1 CPU(s): nothing to split".into());

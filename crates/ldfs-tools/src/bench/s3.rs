@@ -354,6 +354,63 @@ impl Drop for CpuSplit {
     }
 }
 
+/// The gateway stopped (SIGSTOP to this run's radosgw) until [`GatewayStall::resume`] or
+/// drop: a stall, as of a gateway that takes connections and answers nothing, so that a write
+/// meanwhile leaves its whole upload for after the gateway's return (the catch-up figure,
+/// [`DrainUpload`]). Requests sent meanwhile wait in the gateway's sockets and are served on
+/// its return; none reaches its timeout (2 minutes) in the fraction of a second it lasts.
+pub struct GatewayStall {
+    stopped: Vec<u32>,
+}
+
+impl GatewayStall {
+    /// Stops every radosgw among `daemons` (this run's cluster's processes); `Err` is why not
+    /// (none: a gateway from the environment is not this run's to stop).
+    pub fn apply(daemons: &[u32]) -> R<GatewayStall> {
+        let gateways: Vec<u32> = daemons
+            .iter()
+            .copied()
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|c| c.trim() == "radosgw")
+            })
+            .collect();
+        if gateways.is_empty() {
+            return Err("no radosgw of this run's cluster to stop (a gateway from the environment is not stopped)".into());
+        }
+        let mut stall = GatewayStall {
+            stopped: Vec::new(),
+        };
+        for pid in gateways {
+            if unsafe { libc::kill(pid as i32, libc::SIGSTOP) } != 0 {
+                return Err(format!(
+                    "radosgw {pid}: SIGSTOP: {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
+            stall.stopped.push(pid);
+        }
+        Ok(stall)
+    }
+
+    /// The gateway goes on.
+    pub fn resume(mut self) {
+        self.resume_all();
+    }
+
+    fn resume_all(&mut self) {
+        for pid in std::mem::take(&mut self.stopped) {
+            unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+        }
+    }
+}
+
+impl Drop for GatewayStall {
+    fn drop(&mut self) {
+        self.resume_all();
+    }
+}
+
 /// Deletes every object of `store` (under its prefix); how many.
 pub fn delete_all(store: &dyn ObjectStore) -> R<usize> {
     let objects = store.list("").map_err(|e| e.to_string())?;
@@ -397,6 +454,27 @@ impl SplitUpload {
     }
 }
 
+/// The uploader catching up (issue 20's upload figure as the uploader's own throughput): a
+/// sequential write of `bytes` (a file of its own) with the gateway stopped
+/// ([`GatewayStall`]), so that no put completes before the gateway's return, then timed from
+/// that return until `ldfs sync --remote` returns: every byte of the file put in that time,
+/// with nothing but the uploader and the gateway running; against the gateway's PUT
+/// throughput measured right after (same client, the uploader's concurrency).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DrainUpload {
+    pub bytes: u64,
+    /// Bytes written (and put) over the time from the gateway's return to sync --remote's.
+    pub drain_mb_s: f64,
+    /// The gateway's PUT throughput, `in_flight` at once, measured right after.
+    pub gateway_mb_s: f64,
+}
+
+impl DrainUpload {
+    pub fn ratio(&self) -> f64 {
+        self.drain_mb_s / self.gateway_mb_s
+    }
+}
+
 /// The upload figures of one round's large-file workload on ldfs-s3.
 #[derive(Clone, Debug, PartialEq)]
 pub struct UploadSample {
@@ -419,6 +497,8 @@ pub struct UploadSample {
     pub in_flight: usize,
     /// The same measured with the gateway's CPU apart from ldfs's: `Ok`, or why not.
     pub split: Result<SplitUpload, String>,
+    /// The uploader catching up after a stall: `Ok`, or why not measured.
+    pub drain: Result<DrainUpload, String>,
 }
 
 impl UploadSample {
@@ -527,6 +607,51 @@ mod tests {
         v.sort();
         v.dedup();
         v
+    }
+
+    /// A process's state letter from /proc (`T`: stopped).
+    fn state(pid: u32) -> char {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        stat.rsplit_once(") ").unwrap().1.chars().next().unwrap()
+    }
+
+    /// Waits (bounded) for `pid` to reach a state `ok` accepts; its last state.
+    fn wait_state(pid: u32, ok: impl Fn(char) -> bool) -> char {
+        let t = Instant::now();
+        loop {
+            let s = state(pid);
+            if ok(s) || t.elapsed() > Duration::from_secs(10) {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn a_gateway_stall_stops_radosgw_only_and_resumes_it() {
+        // `sleep` under the name radosgw (its comm), beside a plain `sleep`.
+        let dir = tempfile::tempdir().unwrap();
+        let fake = dir.path().join("radosgw");
+        std::fs::copy("/bin/sleep", &fake).unwrap();
+        let mut rgw = Command::new(&fake).arg("30").spawn().unwrap();
+        let mut other = Command::new("sleep").arg("30").spawn().unwrap();
+        let (r, o) = (rgw.id(), other.id());
+        wait_state(r, |s| s == 'S');
+        let stall = GatewayStall::apply(&[r, o]).unwrap();
+        assert_eq!(wait_state(r, |s| s == 'T'), 'T', "radosgw not stopped");
+        assert_ne!(state(o), 'T', "another daemon stopped");
+        stall.resume();
+        assert_ne!(wait_state(r, |s| s != 'T'), 'T', "radosgw not resumed");
+        // Dropped rather than resumed (an error on the way): resumed all the same.
+        drop(GatewayStall::apply(&[r]).unwrap());
+        assert_ne!(wait_state(r, |s| s != 'T'), 'T', "radosgw left stopped");
+        // No radosgw among the daemons (a gateway from the environment): refused.
+        let e = GatewayStall::apply(&[o]).err().unwrap();
+        assert!(e.contains("no radosgw"), "{e}");
+        for c in [&mut rgw, &mut other] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 
     #[test]

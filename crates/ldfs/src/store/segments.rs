@@ -335,6 +335,10 @@ struct Job {
     gen: u64,
     /// Bytes lld had written to the cache when the hook ran.
     written: u64,
+    /// `State::left_pushed` when the first job still waiting came: the segments the log left
+    /// before it, which the checkpoint names (or released), and which the puts ahead under way
+    /// go on putting before the job is taken.
+    left_before: u64,
 }
 
 /// A segment object in the store, and when its bytes were read.
@@ -357,6 +361,9 @@ struct State {
     /// Segments the log left (`SegmentStore::segment_hook`), each with `release_gen` when told:
     /// put ahead of the checkpoint that will name them.
     left: std::collections::VecDeque<(SegmentId, u64)>,
+    /// Segments ever pushed onto and popped off `left`.
+    left_pushed: u64,
+    left_popped: u64,
     /// The newest checkpoint object in the store.
     uploaded: u64,
     /// The newest checkpoint the hook announced.
@@ -619,6 +626,8 @@ impl SegmentStore {
                 released_at: vec![0; geo.segment_count as usize],
                 job: None,
                 left: std::collections::VecDeque::new(),
+                left_pushed: 0,
+                left_popped: 0,
                 uploaded,
                 announced: 0,
                 failed: None,
@@ -666,9 +675,15 @@ impl SegmentStore {
                     st.released_at[s.0 as usize] = g;
                 }
             }
-            if st.job.take().is_some() {
-                st.stats.checkpoints_skipped += 1;
-            }
+            // A newer job replacing a waiting one keeps its bound: the puts ahead stop where
+            // they would have for the first, so a write stream never holds a checkpoint back.
+            let left_before = match st.job.take() {
+                Some(waiting) => {
+                    st.stats.checkpoints_skipped += 1;
+                    waiting.left_before
+                }
+                None => st.left_pushed,
+            };
             let gen = st.release_gen;
             st.announced = st.announced.max(c.serial);
             st.job = Some(Job {
@@ -676,6 +691,7 @@ impl SegmentStore {
                 slot: c.slot_bytes.to_vec(),
                 gen,
                 written: sh.written.load(std::sync::atomic::Ordering::Relaxed),
+                left_before,
             });
             sh.cv.notify_all();
         }))
@@ -697,6 +713,7 @@ impl SegmentStore {
             }
             let gen = st.release_gen;
             st.left.push_back((seg, gen));
+            st.left_pushed += 1;
             sh.cv.notify_all();
         }))
     }
@@ -1532,8 +1549,18 @@ fn put_ahead(
             let mut st = sh.state.lock().unwrap();
             let linger_end = Instant::now() + AHEAD_LINGER;
             loop {
-                // A checkpoint waits only for the puts under way.
-                if st.stop || st.job.is_some() {
+                if st.stop {
+                    return None;
+                }
+                // A checkpoint waits for the puts of the segments the log left before it,
+                // which it names: the workers go on with them rather than end one by one
+                // while the job waits for the last, then start again for the job (measured:
+                // about 50 ms of fewer puts in flight per checkpoint in a stream).
+                if st
+                    .job
+                    .as_ref()
+                    .is_some_and(|j| st.left_popped >= j.left_before)
+                {
                     return None;
                 }
                 let Some((seg, gen)) = st.left.pop_front() else {
@@ -1551,6 +1578,7 @@ fn put_ahead(
                     st = sh.cv.wait_timeout(st, wait).unwrap().0;
                     continue;
                 };
+                st.left_popped += 1;
                 let released_at = st.released_at[seg.0 as usize];
                 if released_at > gen {
                     continue;
