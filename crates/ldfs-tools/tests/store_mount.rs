@@ -937,6 +937,8 @@ fn a_read_only_mount_moves_to_the_writers_newer_uploads() {
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(&p, data).unwrap();
     };
+    // Segments the writer never changes, which the reader reads before its refresh.
+    put("big/stay", &pattern(8, 12_000_000));
     put("d0/a", &pattern(1, 300_000));
     put("d0/b", &pattern(2, 5_000));
     put("d1/keep", &pattern(3, 70_000));
@@ -973,6 +975,31 @@ fn a_read_only_mount_moves_to_the_writers_newer_uploads() {
     assert!(
         said.contains("moved from") && said.contains(&newest),
         "{said}"
+    );
+    // The segments the reader had fetched whose objects the new checkpoint still names stay
+    // in its cache: big/stay reads again (its pages dropped) fetching at most the segments
+    // rewritten since (its inode's, the one the log was filling), not its 12 MB.
+    let kept: u64 = said
+        .trim()
+        .split("; ")
+        .find_map(|p| p.strip_suffix(" cached segments kept"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no count of segments kept: {said}"));
+    assert!(kept > 0, "{said}");
+    assert!(std::fs::metadata(d2.join("big/stay")).is_ok());
+    let fetched = || {
+        stats_json(&d2)["store"]["cache_bytes_fetched"]
+            .as_u64()
+            .unwrap()
+    };
+    let before = fetched();
+    std::fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
+    assert!(std::fs::read(d2.join("big/stay")).unwrap() == pattern(8, 12_000_000));
+    let refetched = fetched() - before;
+    eprintln!("refresh: big/stay fetched {refetched} bytes again ({kept} segments kept)");
+    assert!(
+        refetched < 6_000_000,
+        "big/stay fetched {refetched} bytes again after the refresh ({kept} segments kept)"
     );
     assert!(
         std::fs::metadata(d2.join("d0/b")).is_err(),

@@ -27,7 +27,7 @@ use ldfs::store::cache::{map_path_for_note, remove_map};
 use ldfs::store::lease::{HeldLease, LeaseError, LeaseOptions};
 use ldfs::store::readers::{PinOptions, ReaderPin};
 use ldfs::store::segments::{newest_checkpoint, parse_checkpoint_key};
-use ldfs::store::segments::{restore_lazy_of, CheckpointObject};
+use ldfs::store::segments::{restore_lazy_keeping, CheckpointObject, SegmentEntry};
 use ldfs::store::{restore_lazy_as, ObjectStore, S3Config, S3Store};
 
 /// `s3://BUCKET[/PREFIX]`.
@@ -769,7 +769,8 @@ pub fn prepare_cache_sized(
 }
 
 /// A read-only mount's [`prepare_cache_sized`]: the cache is rebuilt (it always is for a
-/// reader) from the checkpoint object `key` its pin keeps (`store::readers`).
+/// reader) from the checkpoint object `key` its pin keeps (`store::readers`), keeping what
+/// the cache holds of `keep` (a refresh's: `segments::restore_lazy_keeping`; empty at a mount).
 pub fn prepare_reader_cache(
     store: &dyn ObjectStore,
     url: &StoreUrl,
@@ -777,8 +778,9 @@ pub fn prepare_reader_cache(
     cache_size: Option<u64>,
     key: &str,
     obj: &CheckpointObject,
+    keep: &[SegmentEntry],
 ) -> Result<Option<u64>, String> {
-    prepare(store, url, cache, None, cache_size, Some((key, obj)))
+    prepare(store, url, cache, None, cache_size, Some((key, obj, keep)))
 }
 
 fn prepare(
@@ -787,7 +789,7 @@ fn prepare(
     cache: &Path,
     writer: Option<u64>,
     cache_size: Option<u64>,
-    pinned: Option<(&str, &CheckpointObject)>,
+    pinned: Option<(&str, &CheckpointObject, &[SegmentEntry])>,
 ) -> Result<Option<u64>, String> {
     if let Some(why) = ambiguous_note(cache) {
         return Err(why);
@@ -926,16 +928,22 @@ fn prepare(
         write_note_as(cache, url, fs_id, READER, bound, Some(cache_id))?;
         let map = map_path(cache);
         let r = match pinned {
-            Some((key, obj)) => restore_lazy_of(store, &dev, &map, cache_id, key, obj),
+            Some((key, obj, keep)) => {
+                restore_lazy_keeping(store, &dev, &map, cache_id, key, obj, keep)
+            }
             None => restore_lazy_as(store, &dev, &map, cache_id),
         }
         .map_err(|e| format!("rebuilding {} from {url}: {e}", cache.display()))?;
         eprintln!(
-            "ldfs: rebuilt the cache {} from {url}: checkpoint {}, {} segment objects ({} bytes) downloaded; the rest is fetched as read, in {:.1} s",
+            "ldfs: rebuilt the cache {} from {url}: checkpoint {}, {} segment objects ({} bytes) downloaded{}; the rest is fetched as read, in {:.1} s",
             cache.display(),
             r.serial,
             r.segments,
             r.bytes,
+            match r.kept {
+                0 => String::new(),
+                k => format!(", {k} segments the cache held kept"),
+            },
             t.elapsed().as_secs_f64()
         );
     }

@@ -1843,6 +1843,7 @@ pub fn run(
                         store_args.cache_size,
                         &key,
                         &obj,
+                        &[],
                     )?;
                     reader_pin = Some((Arc::new(pin), key, obj));
                     bound
@@ -2087,9 +2088,9 @@ pub fn run(
                     opts.clone(),
                 );
                 let cache_size = store_args.cache_size;
-                Box::new(move |pin, key, obj| {
+                Box::new(move |pin, key, obj, keep| {
                     rebuild_reader(
-                        &store, &u, &image, cache_size, &opts, &frontend, pin, key, obj,
+                        &store, &u, &image, cache_size, &opts, &frontend, pin, key, obj, keep,
                     )
                 })
             };
@@ -2508,8 +2509,10 @@ fn rebuild_reader(
     pin: Arc<ldfs::store::readers::ReaderPin>,
     key: &str,
     obj: &ldfs::store::segments::CheckpointObject,
+    keep: &[ldfs::store::segments::SegmentEntry],
 ) -> Result<Served, String> {
-    let bound = crate::cli::store::prepare_reader_cache(&**store, u, image, cache_size, key, obj)?;
+    let bound =
+        crate::cli::store::prepare_reader_cache(&**store, u, image, cache_size, key, obj, keep)?;
     let dev = open_image(image, opts.direct_writes)?;
     let e = open_reader_engine(store, u, image, dev, bound, pin, key, obj, opts)?;
     let scrub = Arc::new(Scrub::default());

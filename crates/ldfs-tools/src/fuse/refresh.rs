@@ -31,7 +31,7 @@ use ldfs::fs::inode::Kind;
 use ldfs::fs::{Attr, Fs};
 use ldfs::lld::Lld;
 use ldfs::store::readers::ReaderPin;
-use ldfs::store::segments::CheckpointObject;
+use ldfs::store::segments::{CheckpointObject, SegmentEntry};
 use ldfs::store::ObjectStore;
 
 use crate::fuse::adapter::FuseFs;
@@ -58,10 +58,12 @@ pub struct Served {
     pub quiesce: Box<dyn Fn() + Send + Sync>,
 }
 
-/// Builds the engine of a pinned checkpoint (its key and object): rebuilds the cache from it and
-/// opens the engine and the file system on it.
-pub type Build =
-    dyn Fn(Arc<ReaderPin>, &str, &CheckpointObject) -> Result<Served, String> + Send + Sync;
+/// Builds the engine of a pinned checkpoint (its key and object): rebuilds the cache from it,
+/// keeping the segments given (entries of the object the cache holds byte for byte:
+/// `ReaderMount::unchanged_in`), and opens the engine and the file system on it.
+pub type Build = dyn Fn(Arc<ReaderPin>, &str, &CheckpointObject, &[SegmentEntry]) -> Result<Served, String>
+    + Send
+    + Sync;
 
 /// Pins the store's newest checkpoint: the pin, its key and object.
 pub type TakePin = dyn Fn() -> Result<(ReaderPin, String, CheckpointObject), String> + Send + Sync;
@@ -482,15 +484,23 @@ impl Refresher {
         let no_open = cur.fuse.no_open.load(std::sync::atomic::Ordering::Relaxed);
         (cur.quiesce)();
         cur.reader.stop_cache();
-        let new = match (self.build)(pin.clone(), &key, &obj) {
+        // What the old cache fetched and the new checkpoint still names. Not after a failed
+        // refresh: the cache file was rebuilt (in part) since its engine's cache last held it.
+        let keep = match broken {
+            true => Vec::new(),
+            false => cur.reader.unchanged_in(&obj),
+        };
+        let new = match (self.build)(pin.clone(), &key, &obj, &keep) {
             Ok(n) => n,
             Err(e) => {
                 release(&pin, &key);
                 // Back to the checkpoint the old pin still holds.
+                // Whole: the failed rebuild may have given back any segment but the kept.
                 match (self.build)(
                     cur.reader.pin(),
                     cur.reader.checkpoint(),
                     cur.reader.checkpoint_object(),
+                    &[],
                 ) {
                     Ok(again) => {
                         adopt(&again, no_open, &pinned);
@@ -529,9 +539,10 @@ impl Refresher {
         old.reader.release_pin();
         close(old);
         Ok(format!(
-            "moved from {current} to {key}: {} inodes and {} names the kernel held changed",
+            "moved from {current} to {key}: {} inodes and {} names the kernel held changed; {} cached segments kept",
             inodes.len(),
-            names.len()
+            names.len(),
+            keep.len()
         ))
     }
 

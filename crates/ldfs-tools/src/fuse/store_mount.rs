@@ -491,6 +491,38 @@ impl ReaderMount {
         self.cache.stop();
     }
 
+    /// The segments of the newer checkpoint object `new` this mount's cache holds already: an
+    /// entry naming a segment in full whose object is the one the pinned checkpoint names for
+    /// it (same key, pages and crc: the same bytes) and which the cache holds. A refresh
+    /// rebuilding the same cache file keeps them (`segments::restore_lazy_keeping`) rather
+    /// than fetch them again. None if the geometry differs (a resize moves segments). Call
+    /// after [`ReaderMount::stop_cache`], with no request in flight.
+    pub fn unchanged_in(
+        &self,
+        new: &ldfs::store::segments::CheckpointObject,
+    ) -> Vec<ldfs::store::segments::SegmentEntry> {
+        if new.geo != self.object.geo {
+            return Vec::new();
+        }
+        let full = new.geo.segment_pages;
+        let held: std::collections::BTreeSet<u32> =
+            self.cache.held_segments().into_iter().collect();
+        let old: std::collections::BTreeMap<u32, ldfs::store::segments::SegmentEntry> = self
+            .object
+            .entries
+            .iter()
+            .filter(|e| e.pages == full)
+            .map(|e| (e.segment, *e))
+            .collect();
+        new.entries
+            .iter()
+            .filter(|e| {
+                e.pages == full && held.contains(&e.segment) && old.get(&e.segment) == Some(*e)
+            })
+            .copied()
+            .collect()
+    }
+
     /// Deletes the pin (the writer may then delete what it kept for it).
     pub fn release_pin(&self) {
         if let Err(e) = self.pin.release() {

@@ -356,6 +356,17 @@ impl Cache {
         }
     }
 
+    /// The segments whose bytes the cache holds (held, allocated): what a rebuild of the same
+    /// device may keep (`segments::restore_lazy_keeping`). Stop the cache first
+    /// ([`Cache::stop`]) and read nothing through it after, so that none is evicted since.
+    pub fn held_segments(&self) -> Vec<u32> {
+        let st = self.state.lock().unwrap();
+        (0..st.seg.len())
+            .filter(|&s| st.seg[s] == Seg::Held && st.occupied[s])
+            .map(|s| s as u32)
+            .collect()
+    }
+
     pub fn stats(&self) -> CacheStats {
         let st = self.state.lock().unwrap();
         let held = st.held_count();

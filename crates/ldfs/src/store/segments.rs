@@ -1973,6 +1973,8 @@ pub struct RestoreReport {
     pub serial: u64,
     pub segments: usize,
     pub bytes: u64,
+    /// Segments the cache already held and kept ([`restore_lazy_keeping`]).
+    pub kept: usize,
 }
 
 /// Rebuilds a cache on `dev` (at least the file system's size; what it held is overwritten
@@ -2049,6 +2051,7 @@ pub fn restore_as(
             serial: obj.serial,
             segments: obj.entries.len(),
             bytes,
+            kept: 0,
         });
     }
 }
@@ -2093,6 +2096,25 @@ pub fn restore_lazy_of(
     key: &str,
     obj: &CheckpointObject,
 ) -> LayerResult<RestoreReport> {
+    restore_lazy_keeping(store, dev, map_path, cache_id, key, obj, &[])
+}
+
+/// [`restore_lazy_of`] keeping what `dev` already holds of `keep`: entries of `obj` naming a
+/// segment in full that the cache on `dev` holds byte for byte (a read-only mount moving to a
+/// newer checkpoint keeps the segments it had fetched whose objects the new one still names:
+/// a key always names the same bytes). Those are neither punched nor listed in the map, so the
+/// cache opens them as held; an entry of `keep` that `obj` does not name so, in full, is
+/// ignored. A rebuild cut short leaves no superblock ([`forget_cache`] first), so the next
+/// mount rebuilds it whole.
+pub fn restore_lazy_keeping(
+    store: &dyn ObjectStore,
+    dev: &dyn Device,
+    map_path: &std::path::Path,
+    cache_id: u64,
+    key: &str,
+    obj: &CheckpointObject,
+    keep: &[SegmentEntry],
+) -> LayerResult<RestoreReport> {
     fits(dev, obj)?;
     let geo = &obj.geo;
     forget_cache(dev, Some(geo))?;
@@ -2100,14 +2122,32 @@ pub fn restore_lazy_of(
         .entries
         .iter()
         .partition(|e| e.pages == geo.segment_pages);
-    super::cache::write_map(map_path, geo.fs_id, &full).map_err(|e| {
+    let (kept, listed): (Vec<SegmentEntry>, Vec<SegmentEntry>) =
+        full.into_iter().partition(|e| keep.contains(e));
+    super::cache::write_map(map_path, geo.fs_id, &listed).map_err(|e| {
         LayerError::Other(format!(
             "writing the residency map {}: {e}",
             map_path.display()
         ))
     })?;
-    let first = geo.page_addr(SegmentId(0), 0);
-    dev.discard(first, geo.segment_bytes() * geo.segment_count as u64)?;
+    // The segment area given back but for the segments kept, run by run.
+    let mut held = vec![false; geo.segment_count as usize];
+    for e in &kept {
+        held[e.segment as usize] = true;
+    }
+    let mut s = 0usize;
+    while s < held.len() {
+        if held[s] {
+            s += 1;
+            continue;
+        }
+        let end = (s..held.len()).find(|&t| held[t]).unwrap_or(held.len());
+        dev.discard(
+            geo.page_addr(SegmentId(s as u32), 0),
+            geo.segment_bytes() * (end - s) as u64,
+        )?;
+        s = end;
+    }
     let mut bytes = 0u64;
     for e in &prefix {
         let k = e.key();
@@ -2133,6 +2173,7 @@ pub fn restore_lazy_of(
         serial: obj.serial,
         segments: prefix.len(),
         bytes,
+        kept: kept.len(),
     })
 }
 
