@@ -119,7 +119,11 @@ impl Device for GatedDevice {
             let t = Instant::now();
             let mut o = self.open.lock().unwrap();
             while !*o && t.elapsed() < Duration::from_secs(60) {
-                o = self.cv.wait_timeout(o, Duration::from_millis(100)).unwrap().0;
+                o = self
+                    .cv
+                    .wait_timeout(o, Duration::from_millis(100))
+                    .unwrap()
+                    .0;
             }
         }
         self.inner.flush()
