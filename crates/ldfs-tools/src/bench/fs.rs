@@ -464,6 +464,7 @@ fn setup_mount(name: &str, b: &FsBench, gw: Option<&super::s3::Gateway>) -> R<Ta
                 segment_bytes,
                 in_flight: ldfs::store::segments::puts_in_flight(segment_bytes),
                 ceph_pids: gw.daemons(),
+                stall_pids: gw.stall_daemons(),
             });
             run(Command::new(&exe)
                 .envs(gw.env())
@@ -667,12 +668,7 @@ fn settle_uploads(t: &Target) -> R<()> {
 /// timed until `ldfs sync --remote` returns (everything in the store), and the gateway's own
 /// PUT throughput is measured right after with the same client: one [`UploadSample`] into
 /// `uploads` (issue 20: upload throughput at least 0.8x the gateway's).
-fn large_file(
-    t: &Target,
-    mib: u64,
-    image_bytes: u64,
-    uploads: &mut Vec<super::s3::UploadSample>,
-) -> R<Vec<f64>> {
+fn large_file(t: &Target, mib: u64, uploads: &mut Vec<super::s3::UploadSample>) -> R<Vec<f64>> {
     let p = t.mnt.join("large");
     let bytes = mib << 20;
     let mb = bytes as f64 / 1e6;
@@ -799,7 +795,7 @@ fn large_file(
             ),
             Err(why) => eprintln!("bench fs:   {}: no split-CPU figures: {why}", t.name),
         }
-        u.drain = drain_upload(t, s3, drain_mib(image_bytes), &chunk);
+        u.drain = drain_upload(t, s3, &chunk);
         match &u.drain {
             Ok(d) => eprintln!(
                 "bench fs:   {}: catching up after a stall: {:.1} MB/s from the gateway's return to sync --remote's, gateway PUT {:.1} MB/s: ratio {:.2}",
@@ -930,32 +926,36 @@ fn split_upload(
     Ok(split)
 }
 
-/// MiB the catch-up figure writes with the gateway stopped: long enough (seconds of puts) that
-/// the gateway's own jitter (a put taking from 40 to 140 ms here) and a put's latency at the
-/// start and the end weigh little, as they did in the large file's 0.7 s; under the default
-/// upload backlog bound (1 GiB), past which the writer would wait for the stopped gateway; and
-/// at most a quarter of the image.
-fn drain_mib(image_bytes: u64) -> u64 {
-    512.min((image_bytes >> 20) / 4).max(1)
+/// MiB the catch-up figure writes with the gateway stopped, given the mount's upload backlog
+/// bound (`backlog_bound_bytes` of its stats; a quarter of the file system by default): long
+/// enough (seconds of puts) that the gateway's own jitter (a put taking from 40 to 140 ms
+/// here) and a put's latency at the start and the end weigh little, as they did in the large
+/// file's 0.7 s; at most half the bound, past which the writer would wait for the stopped
+/// gateway (lld's own pages count in the backlog too: review 50 finding 2).
+fn drain_mib(backlog_bound_bytes: u64) -> u64 {
+    512.min((backlog_bound_bytes >> 20) / 2).max(1)
 }
 
-/// The uploader's own throughput ([`super::s3::DrainUpload`]): a sequential write (`mib` MiB
-/// of `chunk`, a file of its own, removed after) with this run's
-/// gateway stopped, so the whole file is left to upload; then timed from the gateway's return
+/// The uploader's own throughput ([`super::s3::DrainUpload`]): a sequential write
+/// ([`drain_mib`] MiB of `chunk`, a file of its own, removed after) with this run's own
+/// gateway stopped (not one from the environment: `S3Target::stall_pids`), so the whole file is left to upload; then timed from the gateway's return
 /// to `ldfs sync --remote`'s, and the gateway's PUT baseline measured right after. What
 /// earlier work left goes first, untimed. `Err`: why it was not measured.
 fn drain_upload(
     t: &Target,
     s3: &super::s3::S3Target,
-    mib: u64,
     chunk: &[u8],
 ) -> Result<super::s3::DrainUpload, String> {
     let p = t.mnt.join("large-drain");
-    let bytes = mib << 20;
     settle_uploads(t)?;
+    let bound = store_stats(t)?["backlog_bound_bytes"]
+        .as_u64()
+        .ok_or("the mount's stats give no upload backlog bound")?;
+    let mib = drain_mib(bound);
+    let bytes = mib << 20;
     let put = |t: &Target| -> R<u64> { Ok(store_stats(t)?["segments_put"].as_u64().unwrap_or(0)) };
     let before = put(t)?;
-    let stall = super::s3::GatewayStall::apply(&s3.ceph_pids)?;
+    let stall = super::s3::GatewayStall::apply(&s3.stall_pids)?;
     let written = (|| -> R<u64> {
         let mut f = File::create(&p).map_err(|e| e.to_string())?;
         for _ in 0..mib {
@@ -1350,7 +1350,7 @@ fn run_workload(
             }
             Ok(v)
         }
-        "largefile" => large_file(t, b.large_mib, b.image_bytes, uploads),
+        "largefile" => large_file(t, b.large_mib, uploads),
         "bigdir" => big_dir(t, b.dir_names),
         "syncwrite" => {
             let mut v = sync_write(t, 1, b.sync_secs, true)?;
@@ -1697,7 +1697,7 @@ mod tests {
     fn the_catch_up_write_stays_under_the_default_backlog_bound() {
         for image in [640u64 << 20, 1 << 30, 2 << 30, 4 << 30] {
             let bound = image / 4;
-            let write = drain_mib(image) << 20;
+            let write = drain_mib(bound) << 20;
             assert!(
                 write <= bound / 10 * 9,
                 "image {} MiB: the catch-up writes {} MiB with the gateway stopped against a \

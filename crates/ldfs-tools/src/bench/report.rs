@@ -745,15 +745,18 @@ pub fn markdown(r: &Results, charts: Option<&str>) -> String {
     md
 }
 
+/// The median of `f` over `items` (not-a-number values left out) as a table cell; empty if none.
+fn median_cell<T>(items: &[T], f: impl Fn(&T) -> f64) -> String {
+    let v: Vec<f64> = items.iter().map(f).filter(|x| x.is_finite()).collect();
+    median(&v).map_or("".into(), fmt_value)
+}
+
 /// ldfs-s3's upload figures (medians over rounds), if any were measured.
 fn uploads_markdown(u: &[super::s3::UploadSample]) -> String {
     let Some(first) = u.first() else {
         return String::new();
     };
-    let med = |f: &dyn Fn(&super::s3::UploadSample) -> f64| {
-        let v: Vec<f64> = u.iter().map(f).filter(|x| x.is_finite()).collect();
-        median(&v).map_or("".into(), fmt_value)
-    };
+    let med = |f: &dyn Fn(&super::s3::UploadSample) -> f64| median_cell(u, f);
     let mut md = String::from("\n### ldfs-s3: upload throughput (large-file workload)\n\n");
     let _ = writeln!(
         md,
@@ -768,14 +771,8 @@ fn uploads_markdown(u: &[super::s3::UploadSample]) -> String {
     let mut rows = Vec::new();
     match drains.first() {
         Some(first_drain) => {
-            let med_drain = |f: &dyn Fn(&super::s3::DrainUpload) -> f64| {
-                let v: Vec<f64> = drains
-                    .iter()
-                    .map(|s| f(s))
-                    .filter(|x| x.is_finite())
-                    .collect();
-                median(&v).map_or("".into(), fmt_value)
-            };
+            let med_drain =
+                |f: &dyn Fn(&super::s3::DrainUpload) -> f64| median_cell(&drains, |d| f(d));
             let _ = writeln!(
                 md,
                 "*Catching up*, the uploader's own throughput: {} MiB written sequentially (a file of its own; seconds of puts, so that the gateway's jitter and a put's latency at either end weigh little) with the run's gateway stopped (SIGSTOP to radosgw: it takes connections and answers nothing), so that no put completes before its return (the first puts' requests wait in its sockets); timed from the gateway's return until `ldfs sync --remote` returns, with nothing else running, against the gateway's PUT throughput measured right after for as many bytes ({} of {} round(s)).\n",
@@ -860,14 +857,8 @@ fn uploads_markdown(u: &[super::s3::UploadSample]) -> String {
         u.iter().filter_map(|s| s.split.as_ref().ok()).collect();
     match splits.first() {
         Some(first_split) => {
-            let med_split = |f: &dyn Fn(&super::s3::SplitUpload) -> f64| {
-                let v: Vec<f64> = splits
-                    .iter()
-                    .map(|s| f(s))
-                    .filter(|x| x.is_finite())
-                    .collect();
-                median(&v).map_or("".into(), fmt_value)
-            };
+            let med_split =
+                |f: &dyn Fn(&super::s3::SplitUpload) -> f64| median_cell(&splits, |s| f(s));
             let _ = writeln!(
                 md,
                 "Two measurements of the write until in the store. *Shared cores*: as the machine runs them, the Ceph daemons, the ldfs daemon and the writer on the same cores (with whatever else runs), so the ratio also measures who gets the CPU: radosgw and its OSD spend CPU on every MB put. *Split CPUs*: the same write (a file of its own) and the same PUT baseline again with the gateway's CPU apart from ldfs's: every thread of the Ceph daemons (ceph-mon, ceph-mgr, ceph-osd, radosgw) on CPU {} and every thread of the ldfs daemon and of the benchmark (the writer, the PUT client) on CPU {}, the affinities restored after; that ratio compares the uploader with the gateway when neither takes the other's CPU ({} of {} round(s)).\n",

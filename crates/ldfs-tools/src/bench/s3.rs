@@ -194,6 +194,18 @@ impl Gateway {
     }
 }
 
+impl Gateway {
+    /// The daemons of the cluster this run started, which it may stop for a moment
+    /// ([`GatewayStall`]); none for a gateway from the environment, which is not this run's
+    /// (every radosgw on the machine would be: review 50 finding 1).
+    pub fn stall_daemons(&self) -> Vec<u32> {
+        match self.own {
+            Some(_) => self.daemons(),
+            None => Vec::new(),
+        }
+    }
+}
+
 /// Every process id in /proc.
 fn processes() -> Vec<u32> {
     std::fs::read_dir("/proc")
@@ -434,6 +446,9 @@ pub struct S3Target {
     pub in_flight: usize,
     /// The gateway's cluster's processes (pinned apart for the split-CPU figures).
     pub ceph_pids: Vec<u32>,
+    /// The daemons the catch-up figure may stop ([`GatewayStall`]): this run's own cluster's,
+    /// none for a gateway from the environment ([`Gateway::stall_daemons`]).
+    pub stall_pids: Vec<u32>,
 }
 
 /// The upload figures measured again with the CPUs split ([`CpuSplit`]): the Ceph daemons on
@@ -650,7 +665,7 @@ mod tests {
             describe: String::new(),
         };
         let would_stop: Vec<u32> = g
-            .daemons()
+            .stall_daemons()
             .into_iter()
             .filter(|pid| {
                 std::fs::read_to_string(format!("/proc/{pid}/comm"))

@@ -40,6 +40,10 @@ pub(crate) struct Plan {
     pub slot_bytes: Vec<u8>,
     /// Segments the snapshot found empty: Clean once the slot is durable.
     pub released: Vec<SegmentId>,
+    /// Segment-hook reports made before the snapshot ([`DurableCheckpoint::segments_told`]).
+    ///
+    /// [`DurableCheckpoint::segments_told`]: super::engine::DurableCheckpoint::segments_told
+    pub segments_told: u64,
     /// Their byte ranges, to discard once the slot is durable and before
     /// they are Clean (nothing writes them in between); empty unless the
     /// engine discards.
@@ -139,6 +143,7 @@ impl PendingCheckpoint {
                     serial: self.plan.serial,
                     slot_bytes: &self.plan.slot_bytes,
                     released: &self.plan.released,
+                    segments_told: self.plan.segments_told,
                 })
             }));
             if told.is_err() {

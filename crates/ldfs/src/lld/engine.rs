@@ -135,6 +135,11 @@ pub struct DurableCheckpoint<'a> {
     /// (discarded if the engine discards, then Clean in phase 3): from then
     /// on the log may reuse them.
     pub released: &'a [SegmentId],
+    /// How many segments this engine had reported to `LldOptions::segment_hook` when the
+    /// checkpoint's snapshot was taken: the first `segments_told` reports are of segments it
+    /// names or releases; a report after them is of a segment the log left since, which it
+    /// does not name (0 without a segment hook).
+    pub segments_told: u64,
 }
 
 /// Called in a checkpoint's phase 2 right after the slot's second flush,
@@ -2070,9 +2075,7 @@ impl Engine {
         self.seal(g)?;
         // This checkpoint names (or releases) every segment left so far:
         // none is told of after its hook (`SegmentHook`).
-        if let Some(left) = &self.left {
-            left.forget();
-        }
+        let segments_told = self.left.as_ref().map_or(0, |left| left.forget());
         // Admission kept room for exactly this placement.
         let (entered, page) = (g.log.entered, g.log.page);
         let predicted = checkpoint_log_pages(&g.geo, page, g.map.dirty_pages());
@@ -2185,6 +2188,7 @@ impl Engine {
             slot_bytes,
             discard,
             released,
+            segments_told,
             op_seq: g.op_seq,
             dirtied,
             hook: g.checkpoint_hook.clone(),
@@ -2541,6 +2545,8 @@ struct LeftQueue {
     /// The highest written count told so far: a push after a write whose
     /// `tell` found the queue empty still sees it (review 40 finding 2).
     written: u64,
+    /// Segments reported to the hook so far.
+    told: u64,
 }
 
 impl LeftSegments {
@@ -2573,6 +2579,7 @@ impl LeftSegments {
                 break;
             }
             q.left.pop_front();
+            q.told += 1;
             // The hook runs on whichever thread wrote (the log writer's, or
             // one holding the engine lock): a panic must reach neither, one
             // ending the writer thread in silence, the other poisoning the
@@ -2590,8 +2597,11 @@ impl LeftSegments {
         }
     }
 
-    fn forget(&self) {
-        self.lock().left.clear();
+    /// A checkpoint's snapshot: the queue forgotten; the reports made so far.
+    fn forget(&self) -> u64 {
+        let mut q = self.lock();
+        q.left.clear();
+        q.told
     }
 }
 

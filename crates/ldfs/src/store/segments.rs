@@ -335,9 +335,10 @@ struct Job {
     gen: u64,
     /// Bytes lld had written to the cache when the hook ran.
     written: u64,
-    /// `State::left_pushed` when the first job still waiting came: the segments the log left
-    /// before it, which the checkpoint names (or released), and which the puts ahead under way
-    /// go on putting before the job is taken.
+    /// The segments the log had left at the snapshot of the first job still waiting
+    /// (`DurableCheckpoint::segments_told`, at most `State::left_pushed`): the checkpoint names
+    /// (or released) them, and the puts ahead under way go on putting them before the job is
+    /// taken.
     left_before: u64,
 }
 
@@ -675,14 +676,18 @@ impl SegmentStore {
                     st.released_at[s.0 as usize] = g;
                 }
             }
-            // A newer job replacing a waiting one keeps its bound: the puts ahead stop where
-            // they would have for the first, so a write stream never holds a checkpoint back.
+            // The segments left before the snapshot, which it names or releases; not those
+            // left during its flushes (review 50 finding 3). lld counts its own reports: one
+            // opened again on this layer counts from 0 again, which bounds lower, never past
+            // the snapshot. A newer job replacing a waiting one keeps its bound: the puts
+            // ahead stop where they would have for the first, so a write stream never holds
+            // a checkpoint back.
             let left_before = match st.job.take() {
                 Some(waiting) => {
                     st.stats.checkpoints_skipped += 1;
                     waiting.left_before
                 }
-                None => st.left_pushed,
+                None => c.segments_told.min(st.left_pushed),
             };
             let gen = st.release_gen;
             st.announced = st.announced.max(c.serial);
