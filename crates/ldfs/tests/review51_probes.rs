@@ -19,7 +19,7 @@ use ldfs::testing::store::TestClock;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use readers_common::{check, pin_opts, read_only, replay_in, seed, Writer, DEV_BYTES};
-use readers_common::{SEGMENT_BYTES, Model};
+use readers_common::{Model, SEGMENT_BYTES};
 
 fn replay(seed: u64) -> String {
     replay_in("review51_probes", seed)
@@ -154,6 +154,40 @@ fn kept_segments_hold_the_new_checkpoints_bytes_through_refreshes() {
             (pin, key, obj) = (pin2, key2, obj2);
             model = w.model.clone();
             cache = open(&store, &dev, &map, &obj, bound);
+            // The kept segments count as held, and may be evicted: a bound below them is kept
+            // once the cache shrinks (the Active segment, not evictable, aside).
+            let (_, usage) = ldfs::lld::checkpoint::decode(&obj.geo, &obj.slot, 0).unwrap();
+            let dirty = |s: u32| {
+                usage
+                    .iter()
+                    .any(|(g, u)| g.0 == s && u.state == ldfs::lld::usage::SegmentState::Dirty)
+            };
+            let kept_dirty = keep.iter().filter(|e| dirty(e.segment)).count() as u64;
+            assert!(
+                cache.stats().held_segments >= kept_dirty,
+                "bound {bound} step {step}: {kept_dirty} kept segments, {:?} ({why})",
+                cache.stats()
+            );
+            // Unbounded, every other step: opened once bounded to 2 segments and shrunk (what
+            // the unbounded cache kept must go), then opened again as it was.
+            if bound == 1000 && step % 2 == 0 {
+                cache.stop();
+                drop(cache);
+                let small = open(&store, &dev, &map, &obj, 2);
+                small.shrink().unwrap();
+                let still: BTreeSet<u32> = small.held_segments().into_iter().collect();
+                let kept_held = keep.iter().filter(|e| still.contains(&e.segment)).count();
+                assert!(
+                    kept_held <= 2,
+                    "step {step}: {kept_held} of {} kept segments held after a shrink to 2 \
+                     ({:?}) ({why})",
+                    keep.len(),
+                    small.stats()
+                );
+                small.stop();
+                drop(small);
+                cache = open(&store, &dev, &map, &obj, bound);
+            }
             lld = read_only(cache.clone());
             check(
                 &lld,
