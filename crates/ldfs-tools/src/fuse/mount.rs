@@ -2474,9 +2474,8 @@ fn open_reader_engine(
         cache.stop();
         format!("{u} at {key} (cache {}): {e}", image.display())
     };
-    let lld = Arc::new(
-        Lld::open(d, lld_options(opts, None, false)).map_err(|e| refused(e.to_string()))?,
-    );
+    let lld =
+        Arc::new(Lld::open(d, lld_options(opts, None, false)).map_err(|e| refused(e.to_string()))?);
     let fs = Arc::new(
         Fs::mount(
             lld.clone(),
