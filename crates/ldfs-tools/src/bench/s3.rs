@@ -627,6 +627,47 @@ mod tests {
         }
     }
 
+    /// Review 50 probe: `bench fs`'s catch-up figure stalls `S3Target::ceph_pids`, which is
+    /// `Gateway::daemons()`; for a gateway given by the environment (AWS_ENDPOINT_URL: the
+    /// shared one-node Ceph every session's tests use) that is every Ceph daemon on the
+    /// machine, so `GatewayStall::apply` SIGSTOPs every radosgw on it, although its contract is
+    /// that a gateway from the environment is not this run's to stop. No signal is sent here:
+    /// a radosgw no cluster of this run started (a `sleep` named radosgw) must not be among
+    /// what an environment gateway's run would stall.
+    #[test]
+    fn a_gateway_from_the_environment_is_not_among_what_a_stall_stops() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = dir.path().join("radosgw");
+        std::fs::copy("/bin/sleep", &fake).unwrap();
+        let mut rgw = Command::new(&fake).arg("30").spawn().unwrap();
+        let r = rgw.id();
+        wait_state(r, |s| s == 'S');
+        let g = Gateway {
+            env: BTreeMap::new(),
+            bucket: "review50-never-made".into(),
+            own: None,
+            next: AtomicUsize::new(0),
+            describe: String::new(),
+        };
+        let would_stop: Vec<u32> = g
+            .daemons()
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|c| c.trim() == "radosgw")
+            })
+            .collect();
+        // Its drop would delete a bucket of the environment's gateway.
+        std::mem::forget(g);
+        let _ = rgw.kill();
+        let _ = rgw.wait();
+        assert!(
+            !would_stop.contains(&r),
+            "a run on the environment's gateway would SIGSTOP radosgw {r}, which it did not \
+             start (every radosgw on the machine: {would_stop:?})"
+        );
+    }
+
     #[test]
     fn a_gateway_stall_stops_radosgw_only_and_resumes_it() {
         // `sleep` under the name radosgw (its comm), beside a plain `sleep`.

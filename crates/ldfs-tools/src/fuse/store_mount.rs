@@ -501,26 +501,7 @@ impl ReaderMount {
         &self,
         new: &ldfs::store::segments::CheckpointObject,
     ) -> Vec<ldfs::store::segments::SegmentEntry> {
-        if new.geo != self.object.geo {
-            return Vec::new();
-        }
-        let full = new.geo.segment_pages;
-        let held: std::collections::BTreeSet<u32> =
-            self.cache.held_segments().into_iter().collect();
-        let old: std::collections::BTreeMap<u32, ldfs::store::segments::SegmentEntry> = self
-            .object
-            .entries
-            .iter()
-            .filter(|e| e.pages == full)
-            .map(|e| (e.segment, *e))
-            .collect();
-        new.entries
-            .iter()
-            .filter(|e| {
-                e.pages == full && held.contains(&e.segment) && old.get(&e.segment) == Some(*e)
-            })
-            .copied()
-            .collect()
+        ldfs::store::readers::unchanged_segments(&self.object, new, &self.cache.held_segments())
     }
 
     /// Deletes the pin (the writer may then delete what it kept for it).

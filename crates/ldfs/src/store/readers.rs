@@ -610,6 +610,36 @@ pub fn open_reader_cache(
     Ok(cache)
 }
 
+/// What a reader moving from the checkpoint object `old` to `new` on the same cache keeps
+/// ([`super::segments::restore_lazy_keeping`]): the entries of `new` naming a segment in full
+/// whose entry in `old` is the same (key, pages and crc: the same bytes) and which the cache
+/// holds (`held`: [`Cache::held_segments`]). None if the geometry differs (a resize moves
+/// segments).
+pub fn unchanged_segments(
+    old: &CheckpointObject,
+    new: &CheckpointObject,
+    held: &[u32],
+) -> Vec<SegmentEntry> {
+    if new.geo != old.geo {
+        return Vec::new();
+    }
+    let full = new.geo.segment_pages;
+    let held: BTreeSet<u32> = held.iter().copied().collect();
+    let before: std::collections::BTreeMap<u32, SegmentEntry> = old
+        .entries
+        .iter()
+        .filter(|e| e.pages == full)
+        .map(|e| (e.segment, *e))
+        .collect();
+    new.entries
+        .iter()
+        .filter(|e| {
+            e.pages == full && held.contains(&e.segment) && before.get(&e.segment) == Some(*e)
+        })
+        .copied()
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
