@@ -1,19 +1,19 @@
 //! Review 51's probes of 359843c (a read-only mount's refresh keeps the segments its cache
 //! fetched whose objects the newer checkpoint still names: `Cache::held_segments`,
 //! `segments::restore_lazy_keeping`). The reader's refresh is replayed at library level on
-//! one cache device rebuilt again and again, the keep chosen as `ReaderMount::unchanged_in`
-//! does (ldfs-tools; its rule copied in [`unchanged_in`]).
+//! one cache device rebuilt again and again, the keep chosen by `readers::unchanged_segments`
+//! (what `ReaderMount::unchanged_in` calls).
 
 mod readers_common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use ldfs::device::{Device, MemoryDevice};
 use ldfs::lld::{SegmentId, PAGE_BYTES};
 use ldfs::store::cache::Cache;
-use ldfs::store::readers::{open_reader_cache, ReaderPin};
-use ldfs::store::segments::{restore_lazy_keeping, CheckpointObject, SegmentEntry};
+use ldfs::store::readers::{open_reader_cache, unchanged_segments, ReaderPin};
+use ldfs::store::segments::{restore_lazy_keeping, CheckpointObject};
 use ldfs::store::{CacheConfig, MemoryStore, ObjectStore};
 use ldfs::testing::store::TestClock;
 use rand::{Rng, SeedableRng};
@@ -23,27 +23,6 @@ use readers_common::{Model, SEGMENT_BYTES};
 
 fn replay(seed: u64) -> String {
     replay_in("review51_probes", seed)
-}
-
-/// `ReaderMount::unchanged_in` (crates/ldfs-tools/src/fuse/store_mount.rs), on `held`
-/// (`Cache::held_segments` of the old cache, stopped).
-fn unchanged_in(old: &CheckpointObject, new: &CheckpointObject, held: &[u32]) -> Vec<SegmentEntry> {
-    if new.geo != old.geo {
-        return Vec::new();
-    }
-    let full = new.geo.segment_pages;
-    let held: BTreeSet<u32> = held.iter().copied().collect();
-    let old: BTreeMap<u32, SegmentEntry> = old
-        .entries
-        .iter()
-        .filter(|e| e.pages == full)
-        .map(|e| (e.segment, *e))
-        .collect();
-    new.entries
-        .iter()
-        .filter(|e| e.pages == full && held.contains(&e.segment) && old.get(&e.segment) == Some(*e))
-        .copied()
-        .collect()
 }
 
 fn open(
@@ -78,10 +57,10 @@ fn read_some(lld: &ldfs::lld::Lld, w: &Writer, model: &Model, rng: &mut ChaCha8R
 /// A reader refreshing eight times on one cache device (bounds of 3, 6 and unbounded
 /// segments; between refreshes the writer uploads 1 to 3 rounds of overwrites, deletes and
 /// cleaning, or nothing but a rewrite of a few keys): after every rebuild keeping what
-/// `unchanged_in` chose, (a) each kept segment's bytes on the device are its object's in the
-/// store, byte for byte, (b) no kept segment is the new slot's log or next segment (the
-/// rebuild writes zeros there), and (c) the whole tree reads as the writer's model at the
-/// pinned checkpoint. Fails if the keep is chosen without the old entry's equality (checked by
+/// `unchanged_segments` chose, (a) each kept segment's bytes on the device are its object's
+/// in the store, byte for byte, (b) no kept segment is the new slot's log or next segment
+/// (the rebuild writes zeros there), and (c) the whole tree reads as the writer's model at
+/// the pinned checkpoint. Fails if the keep is chosen without the old entry's equality (checked by
 /// hand: keeping every held segment the new object names in full fails (a) and (c)).
 #[test]
 fn kept_segments_hold_the_new_checkpoints_bytes_through_refreshes() {
@@ -124,7 +103,7 @@ fn kept_segments_hold_the_new_checkpoints_bytes_through_refreshes() {
             }
             let (pin2, key2, obj2) = ReaderPin::take(store.clone(), pin_opts()).unwrap();
             assert_ne!(key2, key, "setup: the writer moved on ({why})");
-            let keep = unchanged_in(&obj, &obj2, &held);
+            let keep = unchanged_segments(&obj, &obj2, &held);
             let r = restore_lazy_keeping(&*store, &*dev, &map, 7, &key2, &obj2, &keep).unwrap();
             assert_eq!(r.kept, keep.len(), "bound {bound} step {step} ({why})");
             kept_total += keep.len();
