@@ -2468,10 +2468,14 @@ fn open_reader_engine(
     )
     .map_err(|e| format!("{u}: opening the cache {}: {e}", image.display()))?;
     let d: Arc<dyn Device> = Arc::new(ldfs::store::cache::CacheDevice(cache.clone()));
-    let lld = Arc::new(
-        Lld::open(d, lld_options(opts, None, false))
-            .map_err(|e| format!("{u} at {key} (cache {}): {e}", image.display()))?,
-    );
+    // Refused: the cache's evictor joined first. A refresh rebuilds this file next (its
+    // fallback), which an eviction still under way would punch and write the map of (review 51).
+    let refused = |e: String| {
+        cache.stop();
+        format!("{u} at {key} (cache {}): {e}", image.display())
+    };
+    let lld =
+        Arc::new(Lld::open(d, lld_options(opts, None, false)).map_err(|e| refused(e.to_string()))?);
     let fs = Arc::new(
         Fs::mount(
             lld.clone(),
@@ -2481,7 +2485,7 @@ fn open_reader_engine(
                 ..Default::default()
             },
         )
-        .map_err(|e| format!("{u} at {key} (cache {}): {e}", image.display()))?,
+        .map_err(|e| refused(e.to_string()))?,
     );
     let reader = Arc::new(crate::fuse::store_mount::ReaderMount::new(
         u.clone(),

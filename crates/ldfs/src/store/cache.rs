@@ -572,7 +572,18 @@ impl Cache {
                 return Err(err);
             }
         };
-        self.make_room(1)?;
+        if let Err(err) = self.make_room(1) {
+            // Evicted again, its waiters woken: left Fetching, every later read of the
+            // segment would wait for ever (review 51).
+            let mut st = self.state.lock().unwrap();
+            if st.seg[s] == Seg::Fetching(e) {
+                st.seg[s] = Seg::Evicted(e);
+            }
+            st.stats.fetch_failures += 1;
+            self.cv.notify_all();
+            eprintln!("ldfs: segment {s} (object {key}): no room could be made for it: {err}");
+            return Err(err);
+        }
         let _io = self.io.read().unwrap();
         let mut st = self.state.lock().unwrap();
         if st.seg[s] == Seg::Fetching(e) {

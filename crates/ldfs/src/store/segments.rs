@@ -2127,8 +2127,13 @@ pub fn restore_lazy_keeping(
         .entries
         .iter()
         .partition(|e| e.pages == geo.segment_pages);
-    let (kept, listed): (Vec<SegmentEntry>, Vec<SegmentEntry>) =
-        full.into_iter().partition(|e| keep.contains(e));
+    // By segment: `keep.contains` per entry was quadratic (a refresh of a reader holding
+    // 50,000 segments spent seconds here with every request held back: review 51).
+    let keep: std::collections::HashMap<u32, &SegmentEntry> =
+        keep.iter().map(|e| (e.segment, e)).collect();
+    let (kept, listed): (Vec<SegmentEntry>, Vec<SegmentEntry>) = full
+        .into_iter()
+        .partition(|e| keep.get(&e.segment).is_some_and(|k| *k == e));
     super::cache::write_map(map_path, geo.fs_id, &listed).map_err(|e| {
         LayerError::Other(format!(
             "writing the residency map {}: {e}",
