@@ -613,14 +613,17 @@ pub fn open_reader_cache(
 /// What a reader moving from the checkpoint object `old` to `new` on the same cache keeps
 /// ([`super::segments::restore_lazy_keeping`]): the entries of `new` naming a segment in full
 /// whose entry in `old` is the same (key, pages and crc: the same bytes) and which the cache
-/// holds (`held`: [`Cache::held_segments`]). None if the geometry differs (a resize moves
-/// segments).
+/// holds (`held`: [`Cache::held_segments`]). None if the layout differs (a resize moves
+/// segments); the cache id in the superblock does not count.
 pub fn unchanged_segments(
     old: &CheckpointObject,
     new: &CheckpointObject,
     held: &[u32],
 ) -> Vec<SegmentEntry> {
-    if new.geo != old.geo {
+    // The layout, not whose cache wrote it: a checkpoint object carries its writer's cache's
+    // superblock, whose id changes when a writer rebuilds its cache elsewhere (review 51).
+    let layout = |g: &Geometry| Geometry { cache_id: 0, ..*g };
+    if layout(&new.geo) != layout(&old.geo) {
         return Vec::new();
     }
     let full = new.geo.segment_pages;
@@ -644,6 +647,68 @@ pub fn unchanged_segments(
 mod tests {
     use super::*;
     use crate::store::MemoryStore;
+
+    /// What a refresh keeps: held, full, the same entry; across a writer's cache rebuilt
+    /// elsewhere (another cache id in the superblock) too; nothing across another layout.
+    #[test]
+    fn unchanged_segments_are_the_held_full_equal_entries_of_one_layout() {
+        let geo = Geometry::plan(
+            8 << 20,
+            &crate::lld::layout::MkfsOptions {
+                segment_bytes: 128 << 10,
+                max_block_bytes: 32 << 10,
+                reserved_segments: Some(4),
+                fs_id: 9,
+                max_bytes: None,
+                kept_pages: 0,
+            },
+        )
+        .unwrap();
+        let full = geo.segment_pages;
+        let e = |segment: u32, pages: u32, crc: u32| SegmentEntry {
+            segment,
+            pages,
+            first_seq: segment as u64 * 100,
+            writer: 3,
+            crc,
+        };
+        let obj = |geo: Geometry, entries: Vec<SegmentEntry>| CheckpointObject {
+            writer: 3,
+            serial: 1,
+            geo,
+            superblock: Vec::new(),
+            slot: Vec::new(),
+            entries,
+        };
+        let old = obj(
+            geo,
+            vec![e(1, full, 1), e(2, full, 2), e(3, full, 3), e(4, 5, 4)],
+        );
+        // 1 the same, 2 written again (another crc), 3 not held, 4 the old Active prefix now full.
+        let new_entries = vec![e(1, full, 1), e(2, full, 22), e(3, full, 3), e(4, full, 4)];
+        let held = [1, 2, 4];
+        let new = obj(geo, new_entries.clone());
+        assert_eq!(unchanged_segments(&old, &new, &held), vec![e(1, full, 1)]);
+        let elsewhere = obj(
+            Geometry {
+                cache_id: geo.cache_id ^ 0x55,
+                ..geo
+            },
+            new_entries.clone(),
+        );
+        assert_eq!(
+            unchanged_segments(&old, &elsewhere, &held),
+            vec![e(1, full, 1)]
+        );
+        let resized = obj(
+            Geometry {
+                segment_count: geo.segment_count + 8,
+                ..geo
+            },
+            new_entries,
+        );
+        assert!(unchanged_segments(&old, &resized, &held).is_empty());
+    }
 
     #[test]
     fn a_pin_record_round_trips_and_every_flipped_byte_is_refused() {
