@@ -495,7 +495,7 @@ impl ReaderMount {
     /// entry naming a segment in full whose object is the one the pinned checkpoint names for
     /// it (same key, pages and crc: the same bytes) and which the cache holds. A refresh
     /// rebuilding the same cache file keeps them (`segments::restore_lazy_keeping`) rather
-    /// than fetch them again. None if the geometry differs (a resize moves segments). Call
+    /// than fetch them again (`readers::unchanged_segments`: none across another layout). Call
     /// after [`ReaderMount::stop_cache`], with no request in flight.
     pub fn unchanged_in(
         &self,

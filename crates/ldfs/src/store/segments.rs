@@ -362,9 +362,8 @@ struct State {
     /// Segments the log left (`SegmentStore::segment_hook`), each with `release_gen` when told:
     /// put ahead of the checkpoint that will name them.
     left: std::collections::VecDeque<(SegmentId, u64)>,
-    /// Segments ever pushed onto and popped off `left`.
+    /// Segments ever pushed onto `left` (those popped: this less `left.len()`).
     left_pushed: u64,
-    left_popped: u64,
     /// The newest checkpoint object in the store.
     uploaded: u64,
     /// The newest checkpoint the hook announced.
@@ -628,7 +627,6 @@ impl SegmentStore {
                 job: None,
                 left: std::collections::VecDeque::new(),
                 left_pushed: 0,
-                left_popped: 0,
                 uploaded,
                 announced: 0,
                 failed: None,
@@ -1561,11 +1559,8 @@ fn put_ahead(
                 // which it names: the workers go on with them rather than end one by one
                 // while the job waits for the last, then start again for the job (measured:
                 // about 50 ms of fewer puts in flight per checkpoint in a stream).
-                if st
-                    .job
-                    .as_ref()
-                    .is_some_and(|j| st.left_popped >= j.left_before)
-                {
+                let popped = st.left_pushed - st.left.len() as u64;
+                if st.job.as_ref().is_some_and(|j| popped >= j.left_before) {
                     return None;
                 }
                 let Some((seg, gen)) = st.left.pop_front() else {
@@ -1583,7 +1578,6 @@ fn put_ahead(
                     st = sh.cv.wait_timeout(st, wait).unwrap().0;
                     continue;
                 };
-                st.left_popped += 1;
                 let released_at = st.released_at[seg.0 as usize];
                 if released_at > gen {
                     continue;
