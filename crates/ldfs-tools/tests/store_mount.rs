@@ -73,6 +73,21 @@ impl Env {
     }
     /// `mount` with more arguments.
     fn mount_with(&self, cache: &Path, dir: &Path, opts: &[&str], args: &[&str]) -> StoreMount {
+        self.spawn_mount(cache, dir, opts, args, Stdio::inherit())
+    }
+    /// `mount` with the daemon's stderr written to `log`.
+    fn mount_logged(&self, cache: &Path, dir: &Path, opts: &[&str], log: &Path) -> StoreMount {
+        let f = std::fs::File::create(log).unwrap();
+        self.spawn_mount(cache, dir, opts, &[], Stdio::from(f))
+    }
+    fn spawn_mount(
+        &self,
+        cache: &Path,
+        dir: &Path,
+        opts: &[&str],
+        args: &[&str],
+        stderr: Stdio,
+    ) -> StoreMount {
         std::fs::create_dir_all(dir).unwrap();
         let mut c = self.ldfs();
         c.args(["mount", "-f", &self.url])
@@ -83,7 +98,7 @@ impl Env {
         for o in opts {
             c.args(["-o", o]);
         }
-        let mut child = c.stdin(Stdio::null()).spawn().unwrap();
+        let mut child = c.stdin(Stdio::null()).stderr(stderr).spawn().unwrap();
         let t = Instant::now();
         while !is_mounted(dir) {
             if let Some(st) = child.try_wait().unwrap() {
@@ -1403,15 +1418,19 @@ fn review49_askers_waiting_for_a_refresh_never_starve_its_notifications() {
     m.unmount();
 }
 
-/// A read-only mount whose refresh failed twice (every request EIO): the writer made `late`
-/// after the reader cached its absence; the mount of `e`'s writer at `d1`, the reader at `d2`
-/// (cache `c2`). The cache file made immutable (`chattr +i`) fails both rebuilds.
+/// A read-only mount whose refresh failed (every request EIO): the writer made `late` after
+/// the reader cached its absence; the mount of `e`'s writer at `d1`, the reader at `d2` (cache
+/// `c2`, its daemon's stderr in `reader.log`). The cache file made immutable (`chattr +i`)
+/// fails both rebuilds of the refresh `ldfs sync --remote` asks for, and stays so until the
+/// refresh thread's own tries after 1 s and 2 s more failed too (`refresh::FIRST_RETRY`,
+/// doubling): its next comes 4 s after the last, so a caller asking at once is the one that
+/// recovers the mount.
 fn broken_reader(e: &Env) -> (PathBuf, StoreMount, PathBuf, StoreMount) {
     let (_, d1, m) = e.writer(&["upload=1", "noatime"]);
     std::fs::write(d1.join("seed"), b"s").unwrap();
     e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
-    let (c2, d2) = (e.path("c2.img"), e.path("d2"));
-    let ro = e.mount(&c2, &d2, &["ro", "refresh=0"], false);
+    let (c2, d2, log) = (e.path("c2.img"), e.path("d2"), e.path("reader.log"));
+    let ro = e.mount_logged(&c2, &d2, &["ro", "refresh=0"], &log);
     assert!(std::fs::symlink_metadata(d2.join("late")).is_err());
     std::fs::write(d1.join("late"), b"l").unwrap();
     e.ldfs().args(["sync", "--remote"]).arg(&d1).succeeds();
@@ -1422,6 +1441,13 @@ fn broken_reader(e: &Env) -> (PathBuf, StoreMount, PathBuf, StoreMount) {
         .arg(&d2)
         .output()
         .unwrap();
+    let t = Instant::now();
+    let third = "the next in 4 s";
+    let mut said_log = String::new();
+    while !said_log.contains(third) && t.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(50));
+        said_log = std::fs::read_to_string(&log).unwrap_or_default();
+    }
     Command::new("chattr").arg("-i").arg(&c2).succeeds();
     let said = format!(
         "{}{}",
@@ -1431,6 +1457,10 @@ fn broken_reader(e: &Env) -> (PathBuf, StoreMount, PathBuf, StoreMount) {
     assert!(
         said.contains("every request fails"),
         "the first refresh: {said}"
+    );
+    assert!(
+        said_log.contains(third),
+        "the refresh thread did not try again twice (its log: {said_log})"
     );
     (d1, m, d2, ro)
 }
@@ -1498,4 +1528,31 @@ fn review49_ldfs_sync_remote_recovers_a_failed_refresh() {
         out.status.success() && said.contains("moved from"),
         "`ldfs sync --remote` on a mount whose refresh failed: {said}"
     );
+}
+
+/// Review 48's note: a read-only mount whose refresh failed (both rebuilds: every request EIO)
+/// stayed failing until the next period, or with `refresh=0` until someone asked. Now the
+/// refresh thread tries again after 1 s, doubling: once the cause is gone (here the cache
+/// file made mutable again after two tries failed, so the third comes 4 s later; in use, a
+/// store back after a brief outage) the mount serves the newer tree without anyone asking.
+#[test]
+fn a_failed_refresh_is_tried_again_without_asking() {
+    let Some(e) = env("refretry") else { return };
+    let (_, m, d2, ro) = broken_reader(&e);
+    let t = Instant::now();
+    let mut got = std::fs::read(d2.join("late"));
+    while got.is_err() && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(100));
+        got = std::fs::read(d2.join("late"));
+    }
+    let waited = t.elapsed();
+    ro.unmount();
+    m.unmount();
+    assert_eq!(
+        got.as_deref().ok(),
+        Some(&b"l"[..]),
+        "20 s after a refresh left every request failing (and its cause was gone), the \
+         `refresh=0` mount still fails ({got:?}): nothing tried again without being asked"
+    );
+    eprintln!("the mount served again {waited:?} after the failed refresh");
 }

@@ -18,7 +18,8 @@
 //!    target differs, appeared or went; last deletes the old pin and closes the old engine.
 //!
 //! A rebuild that fails goes back to the old checkpoint (still pinned); if that fails too, every
-//! request fails with EIO until a later refresh succeeds, and the old pin is kept meanwhile.
+//! request fails with EIO until a later refresh succeeds, and the old pin is kept meanwhile;
+//! the refresh thread then tries again after 1 s, doubling to 60 s, whatever `refresh=` says.
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -39,6 +40,11 @@ use crate::fuse::store_mount::ReaderMount;
 use crate::fuse::transport::{
     Caller, DirEntry, DirEntryPlus, Entry, FuseOps, OpResult, Opened, SetattrIn, Statfs, Xattr,
 };
+
+/// The first wait before a refresh tries again after one that left every request failing
+/// ([`Refresher::run`]); each next one doubles, to [`LAST_RETRY`].
+pub const FIRST_RETRY: Duration = Duration::from_secs(1);
+pub const LAST_RETRY: Duration = Duration::from_secs(60);
 
 /// The control query (`trusted.ldfs.refresh` on the root) that asks for a refresh now and
 /// answers when it is done: `ldfs sync --remote` on a read-only mount.
@@ -337,14 +343,23 @@ impl Refresher {
         *self.notifier.lock().unwrap() = Some(n);
     }
 
-    /// Runs refreshes (asked for, or every `every`) until [`Refresher::stop`].
+    /// Runs refreshes (asked for, or every `every`) until [`Refresher::stop`]. After a refresh
+    /// that left every request failing (both rebuilds failed, most likely the store away), the
+    /// next comes after [`FIRST_RETRY`], doubling to [`LAST_RETRY`] (or `every`, if sooner),
+    /// `refresh=0` too: a store briefly away must not leave the mount failing until someone
+    /// asks or the period ends (review 48's note: 30 s of EIO, or for good with `refresh=0`).
     pub fn run(&self, every: Option<Duration>) {
+        let mut retry: Option<Duration> = None;
         loop {
+            let wait = match (every, retry) {
+                (Some(e), Some(r)) => Some(e.min(r)),
+                (e, r) => e.or(r),
+            };
             // Every ask made before a refresh begins is answered by it.
             let ask = {
                 let mut a = self.asks.lock().unwrap();
                 while a.asked == a.done && !a.stop {
-                    match every {
+                    match wait {
                         Some(t) => {
                             let (g, r) = self.cv.wait_timeout(a, t).unwrap();
                             a = g;
@@ -365,6 +380,18 @@ impl Refresher {
                 Err(e) => {
                     eprintln!("ldfs: refresh from the store: {e}");
                     format!("failed: {e}")
+                }
+            };
+            retry = match self.broken() {
+                false => None,
+                true => {
+                    let r = retry.map_or(FIRST_RETRY, |r| (r * 2).min(LAST_RETRY));
+                    eprintln!(
+                        "ldfs: refresh: every request fails until a refresh succeeds; the next \
+                         in {} s",
+                        r.as_secs()
+                    );
+                    Some(r)
                 }
             };
             let mut a = self.asks.lock().unwrap();
@@ -415,6 +442,15 @@ impl Refresher {
         self.cv.notify_all();
     }
 
+    /// Whether a failed refresh left no engine: every request fails (EIO).
+    fn broken(&self) -> bool {
+        self.slot
+            .slot
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+    }
+
     /// What is served now (the mount's end closes it), once `run` has returned.
     pub fn take_served(&self) -> Option<Served> {
         self.served.lock().unwrap().take()
@@ -428,12 +464,7 @@ impl Refresher {
             return Err("the mount is ending".into());
         };
         let current = cur.reader.checkpoint().to_string();
-        let broken = self
-            .slot
-            .slot
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none();
+        let broken = self.broken();
         // One listing first: most refreshes find nothing new.
         let newest = ldfs::store::segments::newest_checkpoint_key(&*self.store)
             .map_err(|e| format!("listing the store: {e}"))?;
@@ -547,25 +578,30 @@ impl Refresher {
     }
 
     /// Invalidates what changed in the kernel's caches (best effort: an entry the kernel no
-    /// longer holds answers ENOENT, which is no error here).
+    /// longer holds answers ENOENT, which is no error here). Once the connection is gone (the
+    /// mount ended during the refresh) it stops, saying so once rather than once for each.
     fn tell_kernel(&self, inodes: &[u64], names: &[(u64, Vec<u8>)]) {
         let n = self.notifier.lock().unwrap();
         let Some(n) = n.as_ref() else {
             return;
         };
-        for &ino in inodes {
-            // Offset 0, length 0: the attributes and every cached page.
-            if let Err(e) = n.inval_inode(INodeNo(ino), 0, 0) {
-                if e.raw_os_error() != Some(libc::ENOENT) {
-                    eprintln!("ldfs: refresh: invalidating inode {ino}: {e}");
+        // Offset 0, length 0: the attributes and every cached page.
+        let inodes = inodes
+            .iter()
+            .map(|&ino| (n.inval_inode(INodeNo(ino), 0, 0), format!("inode {ino}")));
+        let names = names.iter().map(|(dir, name)| {
+            let r = n.inval_entry(INodeNo(*dir), OsStr::from_bytes(name));
+            (r, format!("a name of directory {dir}"))
+        });
+        for (r, what) in inodes.chain(names) {
+            let Err(e) = r else { continue };
+            match e.raw_os_error() {
+                Some(libc::ENOENT) => {}
+                Some(libc::ENOTCONN | libc::ENODEV | libc::EBADF) => {
+                    eprintln!("ldfs: refresh: the mount ended, the kernel told nothing more ({e})");
+                    return;
                 }
-            }
-        }
-        for (dir, name) in names {
-            if let Err(e) = n.inval_entry(INodeNo(*dir), OsStr::from_bytes(name)) {
-                if e.raw_os_error() != Some(libc::ENOENT) {
-                    eprintln!("ldfs: refresh: invalidating a name of directory {dir}: {e}");
-                }
+                _ => eprintln!("ldfs: refresh: invalidating {what}: {e}"),
             }
         }
     }
