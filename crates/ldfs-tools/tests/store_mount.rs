@@ -1422,9 +1422,10 @@ fn review49_askers_waiting_for_a_refresh_never_starve_its_notifications() {
 /// the reader cached its absence; the mount of `e`'s writer at `d1`, the reader at `d2` (cache
 /// `c2`, its daemon's stderr in `reader.log`). The cache file made immutable (`chattr +i`)
 /// fails both rebuilds of the refresh `ldfs sync --remote` asks for, and stays so until the
-/// refresh thread's own tries after 1 s and 2 s more failed too (`refresh::FIRST_RETRY`,
-/// doubling): its next comes 4 s after the last, so a caller asking at once is the one that
-/// recovers the mount.
+/// refresh thread's own tries after 1, 2 and 4 s more failed too (`refresh::FIRST_RETRY`,
+/// doubling): its next comes 8 s after the last, so a caller asking at once is the one that
+/// recovers the mount (review 52: with 4 s, a caller slower than that under load would find
+/// the mount recovered already).
 fn broken_reader(e: &Env) -> (PathBuf, StoreMount, PathBuf, StoreMount) {
     let (_, d1, m) = e.writer(&["upload=1", "noatime"]);
     std::fs::write(d1.join("seed"), b"s").unwrap();
@@ -1442,9 +1443,9 @@ fn broken_reader(e: &Env) -> (PathBuf, StoreMount, PathBuf, StoreMount) {
         .output()
         .unwrap();
     let t = Instant::now();
-    let third = "the next in 4 s";
+    let fourth = "the next in 8 s";
     let mut said_log = String::new();
-    while !said_log.contains(third) && t.elapsed() < Duration::from_secs(60) {
+    while !said_log.contains(fourth) && t.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(50));
         said_log = std::fs::read_to_string(&log).unwrap_or_default();
     }
@@ -1459,8 +1460,8 @@ fn broken_reader(e: &Env) -> (PathBuf, StoreMount, PathBuf, StoreMount) {
         "the first refresh: {said}"
     );
     assert!(
-        said_log.contains(third),
-        "the refresh thread did not try again twice (its log: {said_log})"
+        said_log.contains(fourth),
+        "the refresh thread did not try again three times (its log: {said_log})"
     );
     (d1, m, d2, ro)
 }
@@ -1533,7 +1534,7 @@ fn review49_ldfs_sync_remote_recovers_a_failed_refresh() {
 /// Review 48's note: a read-only mount whose refresh failed (both rebuilds: every request EIO)
 /// stayed failing until the next period, or with `refresh=0` until someone asked. Now the
 /// refresh thread tries again after 1 s, doubling: once the cause is gone (here the cache
-/// file made mutable again after two tries failed, so the third comes 4 s later; in use, a
+/// file made mutable again after three tries failed, so the fourth comes 8 s later; in use, a
 /// store back after a brief outage) the mount serves the newer tree without anyone asking.
 #[test]
 fn a_failed_refresh_is_tried_again_without_asking() {

@@ -193,9 +193,11 @@ fn json_str(s: &str) -> String {
     o + "\""
 }
 
+/// A number as JSON: the shortest form that reads back as the same f64 (three decimals lost
+/// the fast phases' seconds: `ldfs bench report` drew memfs's 66 us as 0).
 fn json_num(x: Option<f64>) -> String {
     match x {
-        Some(x) if x.is_finite() => format!("{x:.3}"),
+        Some(x) if x.is_finite() => format!("{x}"),
         _ => "null".into(),
     }
 }
@@ -602,6 +604,10 @@ pub fn markdown(r: &Results, charts: Option<&str>) -> String {
     // ldfs-s3 / ldfs over the small-file and metadata phases (issue 20: >= 0.9).
     let mut s3_lowest: Option<(f64, String)> = None;
     let mut s3_apart_lowest: Option<(f64, String)> = None;
+    // And each round's ldfs-s3 / ldfs of those phases (the targets interleaved in each round, so
+    // paired by round), shared and apart: phases of about a second move by a third from round
+    // to round here, so the lowest of a few medians says little without them.
+    let (mut s3_rounds, mut s3_apart_rounds) = (Vec::new(), Vec::new());
     for (t, s) in r.targets.iter().zip(&r.skipped) {
         if let Some(why) = s {
             let _ = writeln!(md, "\nTarget {t} skipped: {why}.");
@@ -664,14 +670,15 @@ pub fn markdown(r: &Results, charts: Option<&str>) -> String {
                 };
                 if let (Some(x), "smallfiles" | "metadata", true) = (ratio, w.key.as_str(), higher)
                 {
-                    let low = if apart {
-                        &mut s3_apart_lowest
+                    let (low, rounds) = if apart {
+                        (&mut s3_apart_lowest, &mut s3_apart_rounds)
                     } else {
-                        &mut s3_lowest
+                        (&mut s3_lowest, &mut s3_rounds)
                     };
                     if low.as_ref().is_none_or(|(l, _)| x < *l) {
                         *low = Some((x, format!("{} {what}", w.key)));
                     }
+                    rounds.extend(paired_ratios(&r.targets, s, "ldfs-s3", "ldfs"));
                 }
                 row.push(ratio.map_or(String::new(), |x| format!("{x:.2}")));
             }
@@ -703,12 +710,14 @@ pub fn markdown(r: &Results, charts: Option<&str>) -> String {
             format!(
                 "; run again with the gateway's CPU apart (both targets on the same CPUs, the \
                  one-node gateway's work on the segments put ahead on the others): lowest \
-                 {y:.2} ({p})"
+                 {y:.2} ({p}){}",
+                pooled(&s3_apart_rounds)
             )
         });
         let _ = writeln!(
             md,
-            "\nldfs-s3 / ldfs on the small-file and metadata phases: lowest {x:.2} ({phase}){apart}; issue 20's target is at least 0.9."
+            "\nldfs-s3 / ldfs on the small-file and metadata phases: lowest {x:.2} ({phase}){}{apart}; issue 20's target is at least 0.9.",
+            pooled(&s3_rounds)
         );
     }
     md += &uploads_markdown(&r.uploads);
@@ -743,6 +752,34 @@ pub fn markdown(r: &Results, charts: Option<&str>) -> String {
     }
     md += &super::profile::markdown(&r.profiles);
     md
+}
+
+/// Round by round, `num`'s sample of a phase divided by `den`'s (`samples` by target, as
+/// `targets`): none unless both ran every round the same (a round one of them failed would
+/// pair the others wrongly).
+fn paired_ratios(targets: &[String], samples: &[Vec<f64>], num: &str, den: &str) -> Vec<f64> {
+    let of = |name: &str| targets.iter().position(|t| t == name).map(|k| &samples[k]);
+    match (of(num), of(den)) {
+        (Some(a), Some(e)) if a.len() == e.len() && e.iter().all(|&x| x > 0.0) => {
+            a.iter().zip(e).map(|(x, y)| x / y).collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// ", the geometric mean of the N per-round ratios G (LOW to HIGH)", or nothing for fewer than
+/// two (one is the ratio of the medians).
+fn pooled(ratios: &[f64]) -> String {
+    if ratios.len() < 2 || ratios.iter().any(|&x| x <= 0.0) {
+        return String::new();
+    }
+    let mean = (ratios.iter().map(|x| x.ln()).sum::<f64>() / ratios.len() as f64).exp();
+    let low = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    let high = ratios.iter().copied().fold(0.0, f64::max);
+    format!(
+        ", the geometric mean of the {} per-round ratios {mean:.2} ({low:.2} to {high:.2})",
+        ratios.len()
+    )
 }
 
 /// The median of `f` over `items` (not-a-number values left out) as a table cell; empty if none.
@@ -1211,6 +1248,60 @@ mod tests {
     }
 
     #[test]
+    fn ldfs_s3_against_ldfs_is_also_pooled_round_by_round() {
+        let mut r = results();
+        r.targets[1] = "ldfs-s3".into();
+        r.rounds = 3;
+        r.rounds_done = 3;
+        let w = &mut r.workloads[0];
+        w.phases.push((
+            format!("create{}", super::super::fs::APART),
+            "files/s".into(),
+            true,
+        ));
+        w.samples = vec![
+            vec![
+                vec![1000.0; 3],
+                vec![900.0, 1100.0, 800.0],
+                vec![],
+                vec![5.0; 3],
+            ],
+            vec![
+                vec![2000.0; 3],
+                vec![2000.0, 1000.0, 2000.0],
+                vec![],
+                vec![5.0; 3],
+            ],
+            // A time (lower is better): never pooled.
+            vec![vec![400.0; 3], vec![4000.0; 3], vec![], vec![1.0; 3]],
+            vec![vec![1000.0; 3], vec![500.0, 1000.0, 2000.0], vec![], vec![]],
+        ];
+        let md = markdown(&r, None);
+        // Shared: 0.9, 1.1, 0.8, 1.0, 0.5, 1.0; apart 0.5, 1.0, 2.0.
+        assert!(
+            md.contains(
+                "lowest 0.90 (smallfiles create), the geometric mean of the 6 per-round ratios \
+                 0.86 (0.50 to 1.10); run again"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains(
+                "(smallfiles create, gateway's CPU apart), the geometric mean of the 3 per-round \
+                 ratios 1.00 (0.50 to 2.00); issue 20's"
+            ),
+            "{md}"
+        );
+        // A round ldfs-s3 lacks (failed) pairs none of that phase's rounds.
+        r.workloads[0].samples[1][1].pop();
+        let md = markdown(&r, None);
+        assert!(
+            md.contains("the geometric mean of the 3 per-round ratios 0.93 (0.80 to 1.10); run"),
+            "{md}"
+        );
+    }
+
+    #[test]
     fn phases_with_the_gateways_cpu_apart_are_ldfs_and_ldfs_s3s_with_a_lowest_of_their_own() {
         let mut r = results();
         r.targets[1] = "ldfs-s3".into();
@@ -1435,9 +1526,23 @@ mod tests {
         assert!(md.contains("Failed: memfs: boom\n"));
         let j = json(&r);
         assert!(j.contains("\"title\": \"small \\\"files\\\"\""));
-        assert!(j.contains("\"samples\": [[2500.000, 2600.000], [3700.000], [], [150000.000]]"));
-        assert!(j.contains("\"median\": [2600.000, 3700.000, null, 150000.000]"));
+        assert!(j.contains("\"samples\": [[2500, 2600], [3700], [], [150000]]"));
+        assert!(j.contains("\"median\": [2600, 3700, null, 150000]"));
         assert_eq!(json(&from_json(&j).unwrap()), j);
+        // Read back, it draws the same report: small values (seconds of a fast phase) and the
+        // counters' order kept.
+        let mut r = results();
+        r.workloads[0].samples[2][3] = vec![0.000066, 0.000075];
+        r.workloads[0].ldfs_counters = vec![vec![
+            ("partial segments written".into(), 87.0),
+            ("device flushes".into(), 2.0),
+        ]];
+        let md = markdown(&r, None);
+        assert!(
+            md.contains("| p99 | us | 400 | 650 | skipped | 0.000075 |"),
+            "{md}"
+        );
+        assert_eq!(markdown(&from_json(&json(&r)).unwrap(), None), md);
         assert!(j.contains("\"profiles\": [{\"target\": \"ldfs\""), "{j}");
         assert!(md.contains("### Where the daemons' time goes"), "{md}");
         assert!(

@@ -389,7 +389,7 @@ impl Refresher {
                     eprintln!(
                         "ldfs: refresh: every request fails until a refresh succeeds; the next \
                          in {} s",
-                        r.as_secs()
+                        every.map_or(r, |e| e.min(r)).as_secs()
                     );
                     Some(r)
                 }
@@ -578,30 +578,25 @@ impl Refresher {
     }
 
     /// Invalidates what changed in the kernel's caches (best effort: an entry the kernel no
-    /// longer holds answers ENOENT, which is no error here). Once the connection is gone (the
-    /// mount ended during the refresh) it stops, saying so once rather than once for each.
+    /// longer holds answers ENOENT, which is no error here).
     fn tell_kernel(&self, inodes: &[u64], names: &[(u64, Vec<u8>)]) {
         let n = self.notifier.lock().unwrap();
         let Some(n) = n.as_ref() else {
             return;
         };
-        // Offset 0, length 0: the attributes and every cached page.
-        let inodes = inodes
-            .iter()
-            .map(|&ino| (n.inval_inode(INodeNo(ino), 0, 0), format!("inode {ino}")));
-        let names = names.iter().map(|(dir, name)| {
-            let r = n.inval_entry(INodeNo(*dir), OsStr::from_bytes(name));
-            (r, format!("a name of directory {dir}"))
-        });
-        for (r, what) in inodes.chain(names) {
-            let Err(e) = r else { continue };
-            match e.raw_os_error() {
-                Some(libc::ENOENT) => {}
-                Some(libc::ENOTCONN | libc::ENODEV | libc::EBADF) => {
-                    eprintln!("ldfs: refresh: the mount ended, the kernel told nothing more ({e})");
-                    return;
+        for &ino in inodes {
+            // Offset 0, length 0: the attributes and every cached page.
+            if let Err(e) = n.inval_inode(INodeNo(ino), 0, 0) {
+                if e.raw_os_error() != Some(libc::ENOENT) {
+                    eprintln!("ldfs: refresh: invalidating inode {ino}: {e}");
                 }
-                _ => eprintln!("ldfs: refresh: invalidating {what}: {e}"),
+            }
+        }
+        for (dir, name) in names {
+            if let Err(e) = n.inval_entry(INodeNo(*dir), OsStr::from_bytes(name)) {
+                if e.raw_os_error() != Some(libc::ENOENT) {
+                    eprintln!("ldfs: refresh: invalidating a name of directory {dir}: {e}");
+                }
             }
         }
     }
