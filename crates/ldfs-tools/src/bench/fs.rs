@@ -938,9 +938,10 @@ fn drain_mib(backlog_bound_bytes: u64) -> u64 {
 
 /// The uploader's own throughput ([`super::s3::DrainUpload`]): a sequential write
 /// ([`drain_mib`] MiB of `chunk`, a file of its own, removed after) with this run's own
-/// gateway stopped (not one from the environment: `S3Target::stall_pids`), so the whole file is left to upload; then timed from the gateway's return
-/// to `ldfs sync --remote`'s, and the gateway's PUT baseline measured right after. What
-/// earlier work left goes first, untimed. `Err`: why it was not measured.
+/// gateway stopped (not one from the environment: `S3Target::stall_pids`), so the whole file
+/// is left to upload; then timed from the gateway's return to `ldfs sync --remote`'s, and the
+/// gateway's PUT baseline measured right after. What earlier work left goes first, untimed.
+/// `Err`: why it was not measured.
 fn drain_upload(
     t: &Target,
     s3: &super::s3::S3Target,

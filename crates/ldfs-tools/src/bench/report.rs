@@ -1247,19 +1247,25 @@ mod tests {
         }
     }
 
-    #[test]
-    fn ldfs_s3_against_ldfs_is_also_pooled_round_by_round() {
+    /// [`results`] with ldfs-s3 as its second target and a create phase run again with the
+    /// gateway's CPU apart (its samples are the test's).
+    fn results_with_s3_apart() -> Results {
         let mut r = results();
         r.targets[1] = "ldfs-s3".into();
-        r.rounds = 3;
-        r.rounds_done = 3;
-        let w = &mut r.workloads[0];
-        w.phases.push((
+        r.workloads[0].phases.push((
             format!("create{}", super::super::fs::APART),
             "files/s".into(),
             true,
         ));
-        w.samples = vec![
+        r
+    }
+
+    #[test]
+    fn ldfs_s3_against_ldfs_is_also_pooled_round_by_round() {
+        let mut r = results_with_s3_apart();
+        r.rounds = 3;
+        r.rounds_done = 3;
+        r.workloads[0].samples = vec![
             vec![
                 vec![1000.0; 3],
                 vec![900.0, 1100.0, 800.0],
@@ -1303,16 +1309,10 @@ mod tests {
 
     #[test]
     fn phases_with_the_gateways_cpu_apart_are_ldfs_and_ldfs_s3s_with_a_lowest_of_their_own() {
-        let mut r = results();
-        r.targets[1] = "ldfs-s3".into();
-        let w = &mut r.workloads[0];
-        w.phases.push((
-            format!("create{}", super::super::fs::APART),
-            "files/s".into(),
-            true,
-        ));
+        let mut r = results_with_s3_apart();
         // ldfs 2000, ldfs-s3 1900 (0.95); ext4 and tmpfs do not run it.
-        w.samples
+        r.workloads[0]
+            .samples
             .push(vec![vec![2000.0], vec![1900.0], vec![], vec![]]);
         let md = markdown(&r, None);
         assert!(

@@ -192,9 +192,7 @@ impl Gateway {
             })
             .collect()
     }
-}
 
-impl Gateway {
     /// The daemons of the cluster this run started, which it may stop for a moment
     /// ([`GatewayStall`]); none for a gateway from the environment, which is not this run's
     /// (every radosgw on the machine would be: review 50 finding 1).

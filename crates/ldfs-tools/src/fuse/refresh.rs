@@ -349,17 +349,18 @@ impl Refresher {
     /// `refresh=0` too: a store briefly away must not leave the mount failing until someone
     /// asks or the period ends (review 48's note: 30 s of EIO, or for good with `refresh=0`).
     pub fn run(&self, every: Option<Duration>) {
+        // Waiting for the period, the retry's backoff, whichever ends first; or for an ask.
+        let wait = |retry: Option<Duration>| match (every, retry) {
+            (Some(e), Some(r)) => Some(e.min(r)),
+            (e, r) => e.or(r),
+        };
         let mut retry: Option<Duration> = None;
         loop {
-            let wait = match (every, retry) {
-                (Some(e), Some(r)) => Some(e.min(r)),
-                (e, r) => e.or(r),
-            };
             // Every ask made before a refresh begins is answered by it.
             let ask = {
                 let mut a = self.asks.lock().unwrap();
                 while a.asked == a.done && !a.stop {
-                    match wait {
+                    match wait(retry) {
                         Some(t) => {
                             let (g, r) = self.cv.wait_timeout(a, t).unwrap();
                             a = g;
@@ -385,13 +386,13 @@ impl Refresher {
             retry = match self.broken() {
                 false => None,
                 true => {
-                    let r = retry.map_or(FIRST_RETRY, |r| (r * 2).min(LAST_RETRY));
+                    let r = Some(retry.map_or(FIRST_RETRY, |r| (r * 2).min(LAST_RETRY)));
                     eprintln!(
                         "ldfs: refresh: every request fails until a refresh succeeds; the next \
                          in {} s",
-                        every.map_or(r, |e| e.min(r)).as_secs()
+                        wait(r).unwrap_or(LAST_RETRY).as_secs()
                     );
-                    Some(r)
+                    r
                 }
             };
             let mut a = self.asks.lock().unwrap();
