@@ -136,9 +136,10 @@ pub struct DurableCheckpoint<'a> {
     /// on the log may reuse them.
     pub released: &'a [SegmentId],
     /// How many segments this engine had reported to `LldOptions::segment_hook` when the
-    /// checkpoint's snapshot was taken: the first `segments_told` reports are of segments it
-    /// names or releases; a report after them is of a segment the log left since, which it
-    /// does not name (0 without a segment hook).
+    /// checkpoint's snapshot was taken: each of the first `segments_told` reports is of a
+    /// segment this checkpoint or an earlier one names or releases (in that use); a report
+    /// after them is of a segment the log left since, which it does not name (0 without a
+    /// segment hook).
     pub segments_told: u64,
 }
 
